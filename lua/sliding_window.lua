@@ -1,0 +1,78 @@
+-- sliding_window.lua: sliding window counter, two counters per key (O(1) memory).
+--
+-- KEYS: counters (STRING "<window start us>:<previous count>:<current count>")
+-- Params: p[1] = N (limit), p[2] = W (window, us), p[3] = U (weight step, us:
+--         ceil(W / 2^20), so weights have 2^20 steps and N * 2^20 < 2^53)
+-- Estimate at t: cur + prev * ceil(rem / U) / ceil(W / U), rem = time left in
+-- the current window. A cost c fits when prev * ceil(rem/U) <= (N - cur - c) * ceil(W/U).
+local function sw_load(k, p, now)
+  local st = { key = k[1], start = -1, prev = 0, cur = 0 }
+  local v = redis.call('GET', st.key)
+  if v then
+    local start, prev, cur = string.match(v, '^(%d+):(%d+):(%d+)$')
+    if start then
+      st.start = tonumber(start)
+      st.prev = tonumber(prev)
+      st.cur = tonumber(cur)
+    end
+  end
+  return st
+end
+
+local function sw_counts(st, p, start) -- (prev, cur) as seen in the window at `start`
+  if st.start == start then return st.prev, st.cur end
+  if st.start == start - p[2] then return st.cur, 0 end
+  return 0, 0
+end
+
+local function sw_earliest(st, p, now, cost)
+  local n, w, u = p[1], p[2], p[3]
+  if cost > n then return -1 end
+  local wu = cdiv(w, u)
+  local start = max(now - fmod(now, w), st.start)
+  local from = max(now, start)
+  for _ = 1, 3 do
+    local prev, cur = sw_counts(st, p, start)
+    if cur + cost <= n then
+      if prev == 0 then return max(from, start) end
+      local steps = fdiv((n - cur - cost) * wu, prev)
+      local t = max(start, start + w - steps * u)
+      if t < start + w then return max(from, t) end
+    end
+    start = start + w
+  end
+  return max(from, start)
+end
+
+local function sw_grant(st, p, at, cost)
+  local start = at - fmod(at, p[2])
+  local prev, cur = sw_counts(st, p, start)
+  st.start, st.prev, st.cur = start, prev, cur + cost
+  st.dirty = true
+end
+
+local function sw_status(st, p, now, at)
+  local n, w, u = p[1], p[2], p[3]
+  local start = at - fmod(at, w)
+  if st.start > start then return 0, st.start + 2 * w - now end
+  local prev, cur = sw_counts(st, p, start)
+  local used = cur + cdiv(prev * cdiv(start + w - at, u), cdiv(w, u))
+  local reset = 0
+  if cur > 0 then
+    reset = start + 2 * w - now
+  elseif prev > 0 then
+    reset = start + w - now
+  end
+  return max(0, n - used), reset
+end
+
+local function sw_save(st, p, now)
+  if not st.dirty then return end
+  redis.call('SET', st.key, fmt(st.start) .. ':' .. fmt(st.prev) .. ':' .. fmt(st.cur),
+    'PX', fmt(max(1, cdiv(st.start + 2 * p[2] - now, 1000))))
+end
+
+local sliding_window = {
+  nkeys = 1, load = sw_load, earliest = sw_earliest,
+  grant = sw_grant, status = sw_status, save = sw_save,
+}

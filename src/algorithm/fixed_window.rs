@@ -1,0 +1,60 @@
+//! Mirror of `lua/fixed_window.lua`: a count for the window starting at `start`.
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FixedWindow {
+    start: i64,
+    count: i64,
+}
+
+impl Default for FixedWindow {
+    fn default() -> Self {
+        Self {
+            start: -1,
+            count: 0,
+        }
+    }
+}
+
+impl FixedWindow {
+    fn count_in(&self, start: i64) -> i64 {
+        if self.start == start {
+            self.count
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn earliest(&self, p: &[i64; 4], now: i64, cost: i64) -> Option<i64> {
+        let (n, w) = (p[0], p[1]);
+        if cost > n {
+            return None;
+        }
+        let start = (now - now.rem_euclid(w)).max(self.start);
+        if self.count_in(start) + cost <= n {
+            return Some(now.max(start));
+        }
+        Some(start + w)
+    }
+
+    pub(crate) fn grant(&mut self, p: &[i64; 4], at: i64, cost: i64) {
+        let start = at - at.rem_euclid(p[1]);
+        self.count = self.count_in(start) + cost;
+        self.start = start;
+    }
+
+    pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
+        let (n, w) = (p[0], p[1]);
+        let start = at - at.rem_euclid(w);
+        if self.start > start {
+            (0, self.start + w - now)
+        } else if self.start == start {
+            ((n - self.count).max(0), start + w - now)
+        } else {
+            (n, 0)
+        }
+    }
+
+    pub(crate) fn ttl(&self, p: &[i64; 4], now: i64) -> i64 {
+        self.start + p[1] - now
+    }
+}

@@ -1,0 +1,170 @@
+//! What a check returns: [`Decision`], its [`Verdict`] and one [`LimitStatus`] per limit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Algorithm;
+
+/// Whether the cost was granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Granted (at once, or after [`Decision::wait`] for a reservation).
+    Allowed,
+    /// Not granted, and nothing was consumed. The same cost would be granted
+    /// after `retry_after` if nothing else consumes in between.
+    Denied {
+        /// Exact time until the same cost would succeed.
+        retry_after: Duration,
+    },
+    /// The cost exceeds a limit's capacity: it can never be granted, however
+    /// long the caller waits. Nothing was consumed.
+    CostExceedsCapacity,
+}
+
+/// The state of one limit after a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitStatus {
+    pub(crate) name: Arc<str>,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) limit: u64,
+    pub(crate) window: Duration,
+    pub(crate) remaining: u64,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) reset_after: Duration,
+    pub(crate) violated: bool,
+}
+
+impl LimitStatus {
+    /// The limit's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit's algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The capacity: the most that can pass at once.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Time for a spent capacity to come back in full (see [`crate::Limit::policy_window`]).
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// What could still be granted at once (after the grant, when granted).
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Time until this limit alone would grant the cost; `None` when the cost
+    /// exceeds its capacity.
+    pub fn wait(&self) -> Option<Duration> {
+        self.wait
+    }
+
+    /// Time until this limit is fully replenished.
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// Whether this limit is one that refused the request.
+    pub fn violated(&self) -> bool {
+        self.violated
+    }
+}
+
+/// The answer to a check: a [`Verdict`] and the state of every limit.
+///
+/// The top-level figures (`limit`, `remaining`, `reset_after`) are those of the
+/// binding limit: the one that refused (longest wait) when denied, the one with
+/// the least remaining when allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub(crate) verdict: Verdict,
+    pub(crate) wait: Duration,
+    pub(crate) statuses: Vec<LimitStatus>,
+    pub(crate) binding: usize,
+}
+
+impl Decision {
+    pub(crate) fn new(verdict: Verdict, wait: Duration, statuses: Vec<LimitStatus>) -> Self {
+        let binding = match verdict {
+            Verdict::Allowed => statuses
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, s)| s.remaining)
+                .map_or(0, |(i, _)| i),
+            Verdict::Denied { .. } | Verdict::CostExceedsCapacity => statuses
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.violated)
+                .max_by_key(|(_, s)| s.wait.unwrap_or(Duration::MAX))
+                .map_or(0, |(i, _)| i),
+        };
+        Self {
+            verdict,
+            wait,
+            statuses,
+            binding,
+        }
+    }
+
+    /// The verdict.
+    pub fn verdict(&self) -> Verdict {
+        self.verdict
+    }
+
+    /// Whether the cost was granted.
+    pub fn is_allowed(&self) -> bool {
+        self.verdict == Verdict::Allowed
+    }
+
+    /// When denied, the exact time until the same cost would be granted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.verdict {
+            Verdict::Denied { retry_after } => Some(retry_after),
+            _ => None,
+        }
+    }
+
+    /// For a reservation ([`crate::Limiter::acquire`]), how long the grant lies
+    /// in the future; zero for an immediate grant or a denial.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The binding limit's capacity.
+    pub fn limit(&self) -> u64 {
+        self.binding().map_or(0, |s| s.limit)
+    }
+
+    /// The binding limit's remaining amount.
+    pub fn remaining(&self) -> u64 {
+        self.binding().map_or(0, |s| s.remaining)
+    }
+
+    /// The binding limit's time until full replenishment.
+    pub fn reset_after(&self) -> Duration {
+        self.binding().map_or(Duration::ZERO, |s| s.reset_after)
+    }
+
+    /// The binding limit: see the type's documentation.
+    pub fn binding(&self) -> Option<&LimitStatus> {
+        self.statuses.get(self.binding)
+    }
+
+    /// Every limit's status, in the limiter's order.
+    pub fn statuses(&self) -> &[LimitStatus] {
+        &self.statuses
+    }
+
+    /// The limits that refused the request (empty when allowed).
+    pub fn violated(&self) -> impl Iterator<Item = &LimitStatus> {
+        self.statuses.iter().filter(|s| s.violated)
+    }
+}

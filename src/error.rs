@@ -1,0 +1,78 @@
+//! Error types: [`ConfigError`] when a limit is built, [`Error`] when a decision fails.
+
+use std::time::Duration;
+
+/// An invalid limit or limiter configuration, reported when it is built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// An amount (limit, capacity, refill, rate or burst) is zero.
+    #[error("the {what} of a quota must be at least 1")]
+    ZeroAmount {
+        /// Which amount was zero.
+        what: &'static str,
+    },
+    /// A window or period is shorter than one microsecond.
+    #[error("the {what} of a quota must be at least 1 microsecond")]
+    ZeroWindow {
+        /// Which duration was zero.
+        what: &'static str,
+    },
+    /// A value is too large for exact integer arithmetic in Redis Lua (below 2^53).
+    #[error("the quota is out of range: {0}")]
+    OutOfRange(String),
+    /// A limit name is empty, longer than 64 bytes, or has characters outside `[A-Za-z0-9_.-]`.
+    #[error("invalid limit name {0:?}: use 1 to 64 characters from A-Z, a-z, 0-9, '_', '.', '-'")]
+    InvalidName(String),
+    /// Two limits of one limiter share a name.
+    #[error("two limits are named {0:?}; limit names must be unique within a limiter")]
+    DuplicateName(String),
+    /// A limiter was built without any limit.
+    #[error("a limiter needs at least one limit")]
+    NoLimits,
+    /// A fixed cost can never be granted because it exceeds a limit's capacity.
+    #[error("a cost of {cost} can never be granted: limit {limit:?} holds at most {capacity}")]
+    CostExceedsCapacity {
+        /// The configured cost.
+        cost: u64,
+        /// The limit that cannot hold it.
+        limit: String,
+        /// Its capacity.
+        capacity: u64,
+    },
+    /// The Redis URL or pool configuration was rejected.
+    #[error("invalid Redis configuration: {0}")]
+    Redis(String),
+    /// A key prefix is empty or contains `{`, `}` or whitespace.
+    #[error("invalid key prefix {0:?}: use a non-empty string without braces or whitespace")]
+    InvalidPrefix(String),
+    /// A configuration value of the HTTP layer is invalid.
+    #[error("invalid layer configuration: {0}")]
+    Layer(String),
+}
+
+/// A decision could not be made; the request's fate is the caller's policy.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Redis answered with an error or the connection failed.
+    #[error("the Redis store failed: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// No connection could be taken from the pool.
+    #[error("no Redis connection available: {0}")]
+    Pool(String),
+    /// The store did not answer within the limiter's timeout.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store answered something this crate does not understand.
+    #[error("the store gave an unexpected reply: {0}")]
+    UnexpectedReply(String),
+    /// The number of keys does not match the number of limits.
+    #[error("expected {expected} keys (one per limit) or 1, got {got}")]
+    KeyCount {
+        /// Limits in the limiter.
+        expected: usize,
+        /// Keys passed.
+        got: usize,
+    },
+}

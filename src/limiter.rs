@@ -1,0 +1,278 @@
+//! The programmatic API: [`Limiter`] with `check`, `acquire`, `peek`, `reset`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Reply;
+use crate::decision::{Decision, LimitStatus, Verdict};
+use crate::store::keys;
+use crate::store::{Check, Store};
+use crate::{ConfigError, Error, Limit};
+
+/// Default bound on one store call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+struct Inner {
+    store: Arc<dyn Store>,
+    limits: Vec<Limit>,
+    timeout: Duration,
+}
+
+/// One or more limits over one store. Cheap to clone (an `Arc`), `Send` and
+/// `Sync`: share one limiter across tasks.
+///
+/// With several limits, a call decides all of them atomically in one store
+/// round trip: either every limit grants the cost, or none consumes anything.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, Verdict};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .limit(Limit::new("burst", Quota::gcra(10, Duration::from_secs(1), 10))?)
+///     .limit(Limit::new("daily", Quota::fixed_window(1000, Duration::from_secs(86_400)))?)
+///     .build()?;
+/// let d = limiter.check("client-7", 1).await?;
+/// assert!(d.is_allowed());
+/// assert_eq!(d.remaining(), 9); // the binding limit: burst
+/// assert_eq!(limiter.check("client-7", 11).await?.verdict(), Verdict::CostExceedsCapacity);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("limits", &self.inner.limits)
+            .field("timeout", &self.inner.timeout)
+            .finish()
+    }
+}
+
+/// Configures a [`Limiter`].
+#[must_use]
+pub struct LimiterBuilder {
+    store: Arc<dyn Store>,
+    limits: Vec<Limit>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for LimiterBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl LimiterBuilder {
+    /// Adds a limit. All limits are decided together.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Bounds every store call (default [`DEFAULT_TIMEOUT`]); a call that takes
+    /// longer fails with [`Error::Timeout`].
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Builds the limiter: at least one limit, unique names.
+    pub fn build(self) -> Result<Limiter, ConfigError> {
+        if self.limits.is_empty() {
+            return Err(ConfigError::NoLimits);
+        }
+        for (i, limit) in self.limits.iter().enumerate() {
+            if self.limits[..i].iter().any(|l| l.name() == limit.name()) {
+                return Err(ConfigError::DuplicateName(limit.name().to_owned()));
+            }
+        }
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                store: self.store,
+                limits: self.limits,
+                timeout: self.timeout,
+            }),
+        })
+    }
+}
+
+impl Limiter {
+    /// A limiter with one limit.
+    pub fn new(store: impl Store, limit: Limit) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store: Arc::new(store),
+                limits: vec![limit],
+                timeout: DEFAULT_TIMEOUT,
+            }),
+        }
+    }
+
+    /// Configures a limiter with several limits or a custom timeout.
+    pub fn builder(store: impl Store) -> LimiterBuilder {
+        LimiterBuilder {
+            store: Arc::new(store),
+            limits: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The limits, in order.
+    pub fn limits(&self) -> &[Limit] {
+        &self.inner.limits
+    }
+
+    /// The store call timeout.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Tries to take `cost` from every limit for `key`, now. Denied and
+    /// impossible requests consume nothing. A cost of 0 only looks.
+    pub async fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+        self.decide(&[key], cost, Duration::ZERO).await
+    }
+
+    /// The current state for `key`, consuming nothing (a check of cost 0).
+    pub async fn peek(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
+        self.check(key, 0).await
+    }
+
+    /// Takes `cost` now or reserves it for the earliest moment within
+    /// `max_wait`, in one round trip, then sleeps until that moment. When the
+    /// wait would exceed `max_wait` it returns the denial at once, consuming
+    /// nothing. Dropping the future while it sleeps does not return the
+    /// reserved amount.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("jobs", Quota::gcra(100, Duration::from_secs(1), 1))?);
+    /// limiter.check("queue", 1).await?;
+    /// let d = limiter.acquire("queue", 1, Duration::from_secs(1)).await?; // sleeps ~10 ms
+    /// assert!(d.is_allowed() && d.wait() > Duration::ZERO);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn acquire(
+        &self,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let decision = self.decide(&[key], cost, max_wait).await?;
+        if decision.is_allowed() && !decision.wait().is_zero() {
+            tokio::time::sleep(decision.wait()).await;
+        }
+        Ok(decision)
+    }
+
+    /// The general form: one key per limit (or one key for all), a cost, and
+    /// how far in the future a grant may be reserved. Returns at once; when the
+    /// decision is a reservation ([`Decision::wait`] > 0), the caller waits.
+    pub async fn decide<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let checks = self.checks(keys, cost)?;
+        let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
+        let reply = self
+            .bounded(self.inner.store.decide(&checks, max_wait))
+            .await?;
+        self.decision(reply, max_wait)
+    }
+
+    /// Forgets `key`'s state in every limit: the next check sees fresh limits.
+    pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
+        let checks = self.checks(&[key], 0)?;
+        self.bounded(self.inner.store.reset(&checks)).await
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        tokio::time::timeout(self.inner.timeout, call)
+            .await
+            .unwrap_or(Err(Error::Timeout(self.inner.timeout)))
+    }
+
+    fn checks<K: AsRef<[u8]>>(&self, keys: &[K], cost: u64) -> Result<Vec<Check<'_>>, Error> {
+        let limits = &self.inner.limits;
+        if keys.len() != 1 && keys.len() != limits.len() {
+            return Err(Error::KeyCount {
+                expected: limits.len(),
+                got: keys.len(),
+            });
+        }
+        // Costs above 2^53 can never fit any validated limit; clamp so the
+        // arithmetic in both stores stays exact.
+        let cost = i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX);
+        let shared = (keys.len() == 1).then(|| keys::tag(keys[0].as_ref()));
+        Ok(limits
+            .iter()
+            .enumerate()
+            .map(|(i, limit)| Check {
+                limit,
+                tag: shared
+                    .clone()
+                    .unwrap_or_else(|| keys::tag(keys[i].as_ref())),
+                cost,
+            })
+            .collect())
+    }
+
+    fn decision(&self, reply: Reply, max_wait: i64) -> Result<Decision, Error> {
+        let limits = &self.inner.limits;
+        if reply.limits.len() != limits.len() {
+            return Err(Error::UnexpectedReply(format!(
+                "{} statuses for {} limits",
+                reply.limits.len(),
+                limits.len()
+            )));
+        }
+        let micros = |us: i64| Duration::from_micros(u64::try_from(us).unwrap_or(0));
+        let statuses = limits
+            .iter()
+            .zip(&reply.limits)
+            .map(|(limit, &[wait, remaining, reset])| LimitStatus {
+                name: limit.shared_name().clone(),
+                algorithm: limit.quota().algorithm(),
+                limit: limit.capacity(),
+                window: limit.policy_window(),
+                remaining: u64::try_from(remaining).unwrap_or(0),
+                wait: (wait >= 0).then(|| micros(wait)),
+                reset_after: micros(reset),
+                violated: match reply.outcome {
+                    2 => wait < 0,
+                    1 => wait > max_wait,
+                    _ => false,
+                },
+            })
+            .collect();
+        let (verdict, wait) = match reply.outcome {
+            0 => (Verdict::Allowed, micros(reply.wait)),
+            1 => (
+                Verdict::Denied {
+                    retry_after: micros(reply.wait),
+                },
+                Duration::ZERO,
+            ),
+            2 => (Verdict::CostExceedsCapacity, Duration::ZERO),
+            other => return Err(Error::UnexpectedReply(format!("outcome {other}"))),
+        };
+        Ok(Decision::new(verdict, wait, statuses))
+    }
+}

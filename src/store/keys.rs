@@ -1,0 +1,64 @@
+//! Storage keys: `<prefix>:{<escaped key>}:<limit name>:<part>`.
+//!
+//! Everything between the braces is the Redis Cluster hash tag: the user key
+//! alone, so every limit of one key (10 per second AND 1000 per day for one
+//! client) lands in one slot and one script can decide them atomically. The
+//! limit name after the tag keeps limits apart (names never contain `{`, `}`
+//! or `:`). User key material is escaped
+//! injectively (no two keys share an encoding, none contains `{` or `}`), and
+//! keys longer than [`MAX_RAW_KEY`] bytes are replaced by `#` and their SHA-256
+//! (`#` is always escaped in plain keys, so a digest cannot be impersonated).
+
+use percent_encoding::{percent_encode, AsciiSet, CONTROLS};
+use sha2::{Digest, Sha256};
+
+/// Longest user key stored as-is; longer ones are hashed.
+pub(crate) const MAX_RAW_KEY: usize = 128;
+
+const ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'%').add(b'{').add(b'}').add(b'#');
+
+/// The hash tag of every key stored for the user key `key`: `{escaped key}`.
+pub(crate) fn tag(key: &[u8]) -> String {
+    let mut out = String::with_capacity(key.len().min(MAX_RAW_KEY) + 2);
+    out.push('{');
+    if key.len() > MAX_RAW_KEY {
+        out.push('#');
+        for byte in Sha256::digest(key) {
+            out.push_str(&format!("{byte:02x}"));
+        }
+    } else {
+        out.extend(percent_encode(key, ESCAPED));
+    }
+    out.push('}');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn escapes_braces_and_hashes_long_keys() {
+        assert_eq!(tag(b"+1 555"), "{+1%20555}");
+        assert_eq!(tag(b"x}:{y"), "{x%7D:%7By}");
+        assert_eq!(tag(b"#abc"), "{%23abc}");
+        assert_eq!(tag("é".as_bytes()), "{%C3%A9}");
+        let long = tag(&[b'k'; 10_000]);
+        assert_eq!(long.len(), "{#}".len() + 64);
+        assert_ne!(long, tag(&[b'k'; 10_001]));
+    }
+
+    proptest! {
+        #[test]
+        fn tags_are_injective_and_keep_one_hash_tag(a in proptest::collection::vec(any::<u8>(), 0..200),
+                                                    b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let (ta, tb) = (tag(&a), tag(&b));
+            prop_assert_eq!(a == b, ta == tb);
+            prop_assert_eq!(ta.matches('{').count(), 1);
+            prop_assert_eq!(ta.matches('}').count(), 1);
+            prop_assert!(ta.ends_with('}'));
+            prop_assert!(ta.len() <= 3 * MAX_RAW_KEY + 2);
+        }
+    }
+}

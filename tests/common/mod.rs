@@ -1,0 +1,168 @@
+//! Test support: a real `redis-server` started by the tests themselves.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use tower_ratelimit::{ManualClock, RedisStore};
+
+/// A `redis-server` child bound to 127.0.0.1 on a free port. It runs under a
+/// `sh` wrapper that kills it when our end of its stdin closes, so a crashed or
+/// finished test process never leaves a server behind.
+pub struct TestRedis {
+    pub url: String,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+impl TestRedis {
+    /// A server of our own (for tests that stop it).
+    pub fn spawn() -> TestRedis {
+        let port = free_port();
+        let script = format!(
+            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+             --loglevel warning & pid=$!; read _; kill $pid; wait $pid"
+        );
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("could not run sh to start redis-server");
+        let url = format!("redis://127.0.0.1:{port}/");
+        let mut server = TestRedis { url, port, child: Some(child) };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(client) = redis::Client::open(self.url.as_str()) {
+                if let Ok(mut conn) = client.get_connection() {
+                    if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
+                        return;
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "redis-server did not start on port {}: is it installed? Install it with \
+                     `apt-get install -y redis-server`, or set REDIS_URL to a Redis you own.",
+                    self.port
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the server (its port then refuses connections).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a stopped server again on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        let fresh = {
+            let script = format!(
+                "redis-server --port {} --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+                 --loglevel warning & pid=$!; read _; kill $pid; wait $pid",
+                self.port
+            );
+            Command::new("sh").arg("-c").arg(&script).stdin(Stdio::piped()).stdout(Stdio::null()).spawn()
+        };
+        self.child = Some(fresh.expect("restart redis-server"));
+        self.wait_ready();
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The URL of the Redis shared by this test binary: `REDIS_URL` when set, else
+/// a server started for it.
+pub fn redis_url() -> String {
+    static SHARED: OnceLock<String> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            if let Ok(url) = std::env::var("REDIS_URL") {
+                let client = redis::Client::open(url.as_str()).expect("REDIS_URL is not a valid Redis URL");
+                let mut conn = client
+                    .get_connection()
+                    .unwrap_or_else(|e| panic!("REDIS_URL={url} is set but unreachable: {e}"));
+                let _: String = redis::cmd("PING").query(&mut conn).expect("PING the REDIS_URL server");
+                return url;
+            }
+            let server = TestRedis::spawn();
+            let url = server.url.clone();
+            // Kept for the life of the process; the wrapper stops the server at exit.
+            std::mem::forget(server);
+            url
+        })
+        .clone()
+}
+
+/// A key prefix no other test (or earlier run) uses.
+pub fn unique_prefix(test: &str) -> String {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("t-{test}-{}-{n}-{nanos}", std::process::id())
+}
+
+pub fn redis_store(prefix: &str) -> RedisStore {
+    RedisStore::builder(redis_url()).prefix(prefix).build().expect("build the Redis store")
+}
+
+pub fn redis_store_with_clock(prefix: &str, clock: &ManualClock) -> RedisStore {
+    RedisStore::builder(redis_url()).prefix(prefix).clock(clock.clone()).build().expect("build the Redis store")
+}
+
+pub fn connection() -> redis::Connection {
+    redis::Client::open(redis_url()).expect("client").get_connection().expect("connect to the test Redis")
+}
+
+/// Every key under `prefix` carries a TTL (no key lives forever).
+pub fn assert_keys_have_ttl(prefix: &str) -> usize {
+    let mut conn = connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query(&mut conn).expect("KEYS");
+    for key in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).expect("PTTL");
+        assert!(ttl > 0, "key {key} has no TTL (PTTL = {ttl})");
+    }
+    keys.len()
+}
+
+/// Reads a line count from `INFO commandstats` for one command.
+pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).expect("INFO");
+    BufReader::new(info.as_bytes())
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let rest = line.strip_prefix(&format!("cmdstat_{command}:calls="))?;
+            rest.split(',').next()?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// 2027-01-15T08:00:00Z in microseconds: a whole hour, so windows of 1 s,
+/// 1 min and 1 h all start exactly here.
+pub const T0: i64 = 1_800_000_000_000_000;
