@@ -30,15 +30,30 @@ const SCRIPT: &str = concat!(
 /// so the store keeps a few of them and goes back to the pool only to replace
 /// one that failed.
 struct Lane {
+    held: Mutex<Option<Held>>,
+    fill: tokio::sync::Mutex<()>,
+}
+
+struct Held {
     conn: MultiplexedConnection,
     _pooled: deadpool_redis::Connection,
+}
+
+impl Lane {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn current(&self) -> Option<MultiplexedConnection> {
+        self.lock().as_ref().map(|held| held.conn.clone())
+    }
 }
 
 struct Inner {
     pool: Pool,
     prefix: String,
     script: Script,
-    lanes: Box<[Mutex<Option<Lane>>]>,
+    lanes: Box<[Lane]>,
     next: AtomicUsize,
     clock: Option<Arc<dyn Clock>>,
 }
@@ -131,10 +146,9 @@ impl RedisStoreBuilder {
             (Some(pool), _) => pool,
             (None, Some(url)) => {
                 let mut config = Config::from_url(url);
-                let size = self
-                    .lanes
-                    .max(deadpool_redis::PoolConfig::default().max_size);
-                config.pool = Some(deadpool_redis::PoolConfig::new(size));
+                // The lanes keep their connections; the rest of the pool is
+                // headroom to replace failed ones while those are returned.
+                config.pool = Some(deadpool_redis::PoolConfig::new(2 * self.lanes));
                 config
                     .create_pool(Some(Runtime::Tokio1))
                     .map_err(|e| ConfigError::Redis(e.to_string()))?
@@ -148,7 +162,12 @@ impl RedisStoreBuilder {
                 self.lanes
             )));
         }
-        let lanes = (0..self.lanes).map(|_| Mutex::new(None)).collect();
+        let lanes = (0..self.lanes)
+            .map(|_| Lane {
+                held: Mutex::new(None),
+                fill: tokio::sync::Mutex::new(()),
+            })
+            .collect();
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 pool,
@@ -213,37 +232,33 @@ impl RedisStore {
 
     /// A connection of the next lane, taken from the pool if the lane is empty.
     async fn connection(&self) -> Result<(usize, MultiplexedConnection), Error> {
-        let lanes = &self.inner.lanes;
-        let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % lanes.len();
-        if let Some(lane) = lanes[index]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            return Ok((index, lane.conn.clone()));
+        let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.lanes.len();
+        let lane = &self.inner.lanes[index];
+        if let Some(conn) = lane.current() {
+            return Ok((index, conn));
+        }
+        // One task fills an empty lane; the others wait for it rather than
+        // draining the pool (whose connections the lanes keep checked out).
+        let _filling = lane.fill.lock().await;
+        if let Some(conn) = lane.current() {
+            return Ok((index, conn));
         }
         let pooled = self.inner.pool.get().await.map_err(|e| match e {
             deadpool_redis::PoolError::Backend(e) => Error::Redis(e),
             other => Error::Pool(other.to_string()),
         })?;
-        let conn: MultiplexedConnection = (*pooled).clone();
-        let mut slot = lanes[index].lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.is_none() {
-            *slot = Some(Lane {
-                conn: conn.clone(),
-                _pooled: pooled,
-            });
-        }
+        let conn = (*pooled).clone();
+        *lane.lock() = Some(Held {
+            conn: conn.clone(),
+            _pooled: pooled,
+        });
         Ok((index, conn))
     }
 
     /// Drops a lane whose connection failed; the next use takes a fresh one.
     fn discard(&self, index: usize, error: &redis::RedisError) {
         if error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error() {
-            self.inner.lanes[index]
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
+            self.inner.lanes[index].lock().take();
         }
     }
 
