@@ -57,7 +57,7 @@ mod tests {
             prop_assert_eq!(a == b, ta == tb);
             prop_assert_eq!(ta.matches('{').count(), 1);
             prop_assert_eq!(ta.matches('}').count(), 1);
-            prop_assert!(ta.ends_with('}'));
+            prop_assert!(ta.ends_with('}'), "tag {}", ta);
             prop_assert!(ta.len() <= 3 * MAX_RAW_KEY + 2);
         }
     }

@@ -40,7 +40,11 @@ impl TestRedis {
             .spawn()
             .expect("could not run sh to start redis-server");
         let url = format!("redis://127.0.0.1:{port}/");
-        let mut server = TestRedis { url, port, child: Some(child) };
+        let mut server = TestRedis {
+            url,
+            port,
+            child: Some(child),
+        };
         server.wait_ready();
         server
     }
@@ -83,7 +87,12 @@ impl TestRedis {
                  --loglevel warning & pid=$!; read _; kill $pid; wait $pid",
                 self.port
             );
-            Command::new("sh").arg("-c").arg(&script).stdin(Stdio::piped()).stdout(Stdio::null()).spawn()
+            Command::new("sh")
+                .arg("-c")
+                .arg(&script)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
         };
         self.child = Some(fresh.expect("restart redis-server"));
         self.wait_ready();
@@ -103,11 +112,14 @@ pub fn redis_url() -> String {
     SHARED
         .get_or_init(|| {
             if let Ok(url) = std::env::var("REDIS_URL") {
-                let client = redis::Client::open(url.as_str()).expect("REDIS_URL is not a valid Redis URL");
+                let client =
+                    redis::Client::open(url.as_str()).expect("REDIS_URL is not a valid Redis URL");
                 let mut conn = client
                     .get_connection()
                     .unwrap_or_else(|e| panic!("REDIS_URL={url} is set but unreachable: {e}"));
-                let _: String = redis::cmd("PING").query(&mut conn).expect("PING the REDIS_URL server");
+                let _: String = redis::cmd("PING")
+                    .query(&mut conn)
+                    .expect("PING the REDIS_URL server");
                 return url;
             }
             let server = TestRedis::spawn();
@@ -123,26 +135,42 @@ pub fn redis_url() -> String {
 pub fn unique_prefix(test: &str) -> String {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     format!("t-{test}-{}-{n}-{nanos}", std::process::id())
 }
 
 pub fn redis_store(prefix: &str) -> RedisStore {
-    RedisStore::builder(redis_url()).prefix(prefix).build().expect("build the Redis store")
+    RedisStore::builder(redis_url())
+        .prefix(prefix)
+        .build()
+        .expect("build the Redis store")
 }
 
 pub fn redis_store_with_clock(prefix: &str, clock: &ManualClock) -> RedisStore {
-    RedisStore::builder(redis_url()).prefix(prefix).clock(clock.clone()).build().expect("build the Redis store")
+    RedisStore::builder(redis_url())
+        .prefix(prefix)
+        .clock(clock.clone())
+        .build()
+        .expect("build the Redis store")
 }
 
 pub fn connection() -> redis::Connection {
-    redis::Client::open(redis_url()).expect("client").get_connection().expect("connect to the test Redis")
+    redis::Client::open(redis_url())
+        .expect("client")
+        .get_connection()
+        .expect("connect to the test Redis")
 }
 
 /// Every key under `prefix` carries a TTL (no key lives forever).
 pub fn assert_keys_have_ttl(prefix: &str) -> usize {
     let mut conn = connection();
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query(&mut conn).expect("KEYS");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut conn)
+        .expect("KEYS");
     for key in &keys {
         let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).expect("PTTL");
         assert!(ttl > 0, "key {key} has no TTL (PTTL = {ttl})");
@@ -152,7 +180,10 @@ pub fn assert_keys_have_ttl(prefix: &str) -> usize {
 
 /// Reads a line count from `INFO commandstats` for one command.
 pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).expect("INFO");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO");
     BufReader::new(info.as_bytes())
         .lines()
         .map_while(Result::ok)

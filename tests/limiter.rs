@@ -1,0 +1,385 @@
+//! The programmatic API against both stores: multi-limit atomicity, reset,
+//! acquire, timeouts, Redis failures, one round trip per decision, eviction.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    assert_keys_have_ttl, command_calls, redis_store, redis_store_with_clock, unique_prefix,
+    TestRedis, T0,
+};
+use tower_ratelimit::{
+    ConfigError, Error, Limit, Limiter, ManualClock, MemoryStore, Quota, RedisStore, Verdict,
+};
+
+fn burst_and_daily() -> (Limit, Limit) {
+    (
+        Limit::new("burst", Quota::gcra(10, Duration::from_secs(1), 3)).unwrap(),
+        Limit::new("daily", Quota::fixed_window(4, Duration::from_secs(86_400))).unwrap(),
+    )
+}
+
+async fn all_or_nothing(limiter: Limiter, clock: ManualClock) {
+    // burst 3 at once, 4 per day
+    for _ in 0..3 {
+        assert!(limiter.check("u", 1).await.unwrap().is_allowed());
+    }
+    let d = limiter.check("u", 1).await.unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(
+        d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+        ["burst"]
+    );
+    clock.advance(Duration::from_secs(1));
+    // daily has 1 left: a cost of 2 passes burst but not daily, and consumes neither
+    let d = limiter.check("u", 2).await.unwrap();
+    assert_eq!(
+        d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+        ["daily"]
+    );
+    assert_eq!(d.binding().unwrap().name(), "daily");
+    let peek = limiter.peek("u").await.unwrap();
+    assert_eq!(
+        peek.statuses()[0].remaining(),
+        3,
+        "burst untouched by the denied request"
+    );
+    assert_eq!(
+        peek.statuses()[1].remaining(),
+        1,
+        "daily untouched by the denied request"
+    );
+    assert!(limiter.check("u", 1).await.unwrap().is_allowed());
+    // a cost over a capacity names the limit and is never a retry time
+    let d = limiter.check("other", 4).await.unwrap();
+    assert_eq!(d.verdict(), Verdict::CostExceedsCapacity);
+    assert_eq!(d.retry_after(), None);
+    assert_eq!(
+        d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+        ["burst"]
+    );
+    // reset forgets every limit of the key
+    limiter.reset("u").await.unwrap();
+    let fresh = limiter.peek("u").await.unwrap();
+    assert_eq!(
+        (
+            fresh.statuses()[0].remaining(),
+            fresh.statuses()[1].remaining()
+        ),
+        (3, 4)
+    );
+}
+
+#[tokio::test]
+async fn several_limits_are_all_or_nothing_memory() {
+    let clock = ManualClock::new(T0);
+    let (a, b) = burst_and_daily();
+    let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .limit(a)
+        .limit(b)
+        .build()
+        .unwrap();
+    all_or_nothing(limiter, clock).await;
+}
+
+#[tokio::test]
+async fn several_limits_are_all_or_nothing_redis() {
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("multi");
+    let (a, b) = burst_and_daily();
+    let limiter = Limiter::builder(redis_store_with_clock(&prefix, &clock))
+        .limit(a)
+        .limit(b)
+        .build()
+        .unwrap();
+    all_or_nothing(limiter, clock).await;
+    assert_keys_have_ttl(&prefix);
+}
+
+#[tokio::test]
+async fn keys_per_limit_and_key_count_errors() {
+    let (a, b) = burst_and_daily();
+    let limiter = Limiter::builder(MemoryStore::new())
+        .limit(a)
+        .limit(b)
+        .build()
+        .unwrap();
+    let d = limiter
+        .decide(&["ip-1", "user-9"], 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(d.is_allowed());
+    // the per-user daily limit is shared by another IP of the same user
+    let d = limiter
+        .decide(&["ip-2", "user-9"], 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        (d.statuses()[0].remaining(), d.statuses()[1].remaining()),
+        (2, 2)
+    );
+    let err = limiter
+        .decide(&["a", "b", "c"], 1, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::KeyCount {
+                expected: 2,
+                got: 3
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn invalid_limiters_are_config_errors() {
+    let (a, _) = burst_and_daily();
+    assert_eq!(
+        Limiter::builder(MemoryStore::new()).build().unwrap_err(),
+        ConfigError::NoLimits
+    );
+    let err = Limiter::builder(MemoryStore::new())
+        .limit(a.clone())
+        .limit(a)
+        .build()
+        .unwrap_err();
+    assert_eq!(err, ConfigError::DuplicateName("burst".into()));
+    assert!(matches!(
+        RedisStore::builder("redis://h").prefix("a{b").build(),
+        Err(ConfigError::InvalidPrefix(_))
+    ));
+    assert!(matches!(
+        RedisStore::builder("not a url").build(),
+        Err(ConfigError::Redis(_))
+    ));
+    assert!(matches!(
+        RedisStore::builder("redis://h").lanes(0).build(),
+        Err(ConfigError::Redis(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
+    // the memory store on a clock that follows tokio's paused time
+    #[derive(Clone)]
+    struct TokioClock(tokio::time::Instant);
+    impl tower_ratelimit::Clock for TokioClock {
+        fn now_micros(&self) -> i64 {
+            T0 + self.0.elapsed().as_micros() as i64
+        }
+    }
+    let clock = TokioClock(tokio::time::Instant::now());
+    let limit = Limit::new("jobs", Quota::gcra(10, Duration::from_secs(1), 1)).unwrap();
+    let limiter = Limiter::new(MemoryStore::with_clock(clock.clone()), limit);
+    assert!(limiter.check("q", 1).await.unwrap().is_allowed());
+    let started = tokio::time::Instant::now();
+    let d = limiter
+        .acquire("q", 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.wait(), Duration::from_millis(100));
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(100),
+        "slept exactly until the reserved slot"
+    );
+    // a second reservation queues behind the first
+    let d = limiter
+        .acquire("q", 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(d.wait(), Duration::from_millis(100));
+    // too far: denied at once, nothing consumed
+    let before = tokio::time::Instant::now();
+    let d = limiter
+        .acquire("q", 5, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(d.verdict(), Verdict::CostExceedsCapacity);
+    let d = limiter
+        .acquire("q", 1, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
+    assert_eq!(before.elapsed(), Duration::ZERO);
+    assert_eq!(
+        limiter.peek("q").await.unwrap().reset_after(),
+        Duration::from_millis(100)
+    );
+}
+
+#[tokio::test]
+async fn acquire_on_redis_waits_for_its_reservation() {
+    let prefix = unique_prefix("acquire");
+    let limit = Limit::new("jobs", Quota::gcra(20, Duration::from_secs(1), 1)).unwrap();
+    let limiter = Limiter::new(redis_store(&prefix), limit);
+    assert!(limiter.check("q", 1).await.unwrap().is_allowed());
+    let d = limiter
+        .acquire("q", 1, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(d.is_allowed());
+    assert!(
+        d.wait() > Duration::ZERO && d.wait() <= Duration::from_millis(50),
+        "{d:?}"
+    );
+    assert_keys_have_ttl(&prefix);
+}
+
+#[tokio::test]
+async fn exactly_one_evalsha_per_decision_and_noscript_reloads() {
+    let server = TestRedis::spawn();
+    let store = RedisStore::builder(&server.url)
+        .prefix("rt")
+        .build()
+        .unwrap();
+    let limit = Limit::new(
+        "l",
+        Quota::gcra(1_000_000, Duration::from_secs(1), 1_000_000),
+    )
+    .unwrap();
+    let limiter = Limiter::new(store, limit);
+    // warm up every lane (first use checks a connection out of the pool)
+    for _ in 0..8 {
+        limiter.check("k", 1).await.unwrap();
+    }
+    let mut conn = redis::Client::open(server.url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    for i in 0..200 {
+        limiter.check(format!("k{}", i % 7), 1).await.unwrap();
+    }
+    assert_eq!(command_calls(&mut conn, "evalsha"), 200);
+    assert_eq!(
+        command_calls(&mut conn, "ping"),
+        0,
+        "no recycle PING per decision"
+    );
+    assert_eq!(command_calls(&mut conn, "unwatch"), 0);
+    assert_eq!(command_calls(&mut conn, "eval"), 0);
+    // a flushed script cache costs one reload, then EVALSHA again
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+    assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+    assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+    assert_eq!(command_calls(&mut conn, "evalsha"), 203);
+    drop(server);
+}
+
+#[tokio::test]
+async fn a_paused_redis_times_out_and_a_stopped_one_errors_then_recovers() {
+    let mut server = TestRedis::spawn();
+    let store = RedisStore::builder(&server.url)
+        .prefix("fail")
+        .lanes(2)
+        .build()
+        .unwrap();
+    let limit = Limit::new("l", Quota::fixed_window(100, Duration::from_secs(60))).unwrap();
+    let limiter = Limiter::builder(store)
+        .limit(limit)
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+    let mut conn = redis::Client::open(server.url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(400)
+        .arg("ALL")
+        .query(&mut conn)
+        .unwrap();
+    let err = limiter.check("k", 1).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Timeout(t) if t == Duration::from_millis(50)),
+        "{err}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+
+    server.stop();
+    for _ in 0..3 {
+        let err = limiter.check("k", 1).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Redis(_) | Error::Pool(_) | Error::Timeout(_)),
+            "{err}"
+        );
+    }
+    server.restart();
+    let mut recovered = false;
+    for _ in 0..4 {
+        // each lane notices its dead connection once, then takes a fresh one
+        if limiter.check("k", 1).await.is_ok() {
+            recovered = true;
+            break;
+        }
+    }
+    assert!(recovered, "the store reconnects after Redis comes back");
+}
+
+#[tokio::test]
+async fn huge_and_crafted_keys_stay_bounded_and_apart() {
+    let prefix = unique_prefix("keys");
+    let limit = Limit::new("l", Quota::fixed_window(1, Duration::from_secs(60))).unwrap();
+    let limiter = Limiter::new(redis_store(&prefix), limit);
+    let huge = vec![b'x'; 1 << 20];
+    assert!(limiter.check(&huge, 1).await.unwrap().is_allowed());
+    assert!(!limiter.check(&huge, 1).await.unwrap().is_allowed());
+    for crafted in ["a}:{b", "a", "a%7D:%7Bb", "}{", "", "#abc", "\u{0}\n"] {
+        assert!(
+            limiter.check(crafted, 1).await.unwrap().is_allowed(),
+            "{crafted:?} has its own state"
+        );
+    }
+    let mut conn = common::connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(keys.len(), 8);
+    assert!(keys.iter().all(|k| k.len() < 200), "{keys:?}");
+    assert!(
+        keys.iter()
+            .all(|k| k.matches('{').count() == 1 && k.matches('}').count() == 1),
+        "{keys:?}"
+    );
+    assert_keys_have_ttl(&prefix);
+}
+
+#[tokio::test]
+async fn memory_store_evicts_idle_keys_by_itself() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone());
+    let limit = Limit::new("l", Quota::sliding_log(5, Duration::from_secs(1))).unwrap();
+    let limiter = Limiter::new(store.clone(), limit);
+    for i in 0..20_000 {
+        limiter.check(format!("client-{i}"), 1).await.unwrap();
+    }
+    assert_eq!(store.len(), 20_000);
+    // all idle for longer than the window: later traffic sweeps them away
+    clock.advance(Duration::from_secs(11));
+    for i in 0..2_000 {
+        limiter.check(format!("other-{i}"), 1).await.unwrap();
+    }
+    assert!(
+        store.len() <= 2_000,
+        "idle keys were not evicted: {}",
+        store.len()
+    );
+    // peeks of unknown keys store nothing
+    for i in 0..1_000 {
+        limiter.peek(format!("ghost-{i}")).await.unwrap();
+    }
+    assert!(store.len() <= 2_000);
+}
