@@ -50,6 +50,11 @@ mod limiter;
 mod quota;
 pub mod store;
 
+/// The README's examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
