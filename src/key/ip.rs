@@ -1,0 +1,1420 @@
+//! Client IP resolution behind reverse proxies, and grouping of addresses
+//! into rate-limit keys.
+//!
+//! See [`ClientIpResolver`] for the resolution rules.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+/// The most hops examined, counted from the right end of the list.
+const MAX_HOPS: usize = 32;
+
+/// The longest `for=` value (after unescaping) that is considered. The longest
+/// valid one, `"[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255]:65535"`, is
+/// 53 bytes; obfuscated ports could be longer but are not worth a heap buffer.
+const MAX_NODE_LEN: usize = 64;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+const DEFAULT_IPV4_PREFIX: u8 = 32;
+const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+/// Decides the client address of a request, and groups addresses into
+/// rate-limit keys.
+///
+/// By default no proxy is trusted, IPv4 addresses are keyed individually
+/// (`/32`) and IPv6 addresses by their `/64` (the usual size of one
+/// subscriber's allocation, so rotating through it does not escape a limit).
+/// # Rules
+///
+/// 1. IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) are turned into plain
+///    IPv4 everywhere (peer, header entries, trusted ranges, grouping) before
+///    any check.
+/// 2. If the peer is not in a trusted range, headers are ignored and the peer
+///    is the client.
+/// 3. Otherwise the hop list is taken from the one header chosen with
+///    [`ClientIpResolver::proxy_header`]: `X-Forwarded-For` by default, or
+///    `Forwarded` (RFC 7239); the other is never read. All lines of the
+///    chosen header are read, in order, as one list. The list is walked from
+///    the right: trusted entries are skipped, and the first untrusted entry is
+///    the client. When an entry cannot be used (not an address, `unknown`, an
+///    obfuscated `_identifier`, an empty entry, a `Forwarded` element without
+///    exactly one `for=`, a malformed element, or a line that is not UTF-8),
+///    the walk stops and the last trusted hop seen is returned: nothing left
+///    of such an entry is believed, and the entry itself never becomes a key.
+///    If every entry is trusted, the leftmost one is returned.
+/// 4. `X-Forwarded-For` entries may be `192.0.2.1`, `192.0.2.1:8080`,
+///    `2001:db8::1`, `[2001:db8::1]` or `[2001:db8::1]:443`. In `Forwarded`,
+///    only `for=` matters; IPv6 must be quoted and bracketed
+///    (`for="[2001:db8::1]:4711"`), IPv4 may be bare or quoted, with an
+///    optional (possibly obfuscated) port.
+/// 5. At most the 32 rightmost entries are examined. If all of them are
+///    trusted, the walk stops there as it does at an unusable entry, and the
+///    last (leftmost examined) trusted hop is returned. Parsing uses
+///    fixed-size buffers only: resolving an address never allocates.
+///
+/// # Deployment caveat
+///
+/// Every trusted proxy must append to (or replace) the header it maintains
+/// rather than pass a client's copy through untouched, and only the addresses
+/// of proxies that do so may be trusted. Otherwise a client can write the list
+/// that is read.
+///
+/// # Example
+///
+/// ```
+/// use std::net::IpAddr;
+///
+/// use http::HeaderMap;
+/// use tower_ratelimit::key::ClientIpResolver;
+///
+/// let resolver = ClientIpResolver::new()
+///     .trust_proxies(["10.0.0.0/8", "::1"])?
+///     .ipv6_prefix(56)?;
+///
+/// // The request reached us through two of our proxies.
+/// let mut headers = HeaderMap::new();
+/// headers.insert("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.0.0.2".parse()?);
+/// let peer: IpAddr = "10.0.0.1".parse()?;
+/// let client = resolver.client_ip(peer, &headers);
+/// assert_eq!(client, "203.0.113.7".parse::<IpAddr>()?);
+///
+/// // A peer we do not trust cannot choose its address.
+/// let peer: IpAddr = "198.51.100.9".parse()?;
+/// assert_eq!(resolver.client_ip(peer, &headers), peer);
+///
+/// // IPv6 clients are grouped by prefix.
+/// let peer: IpAddr = "2001:db8:1:2ff::1".parse()?;
+/// let key = resolver.client_net(peer, &HeaderMap::new());
+/// assert_eq!(key.to_string(), "2001:db8:1:200::/56");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ClientIpResolver {
+    trusted: Vec<IpNet>,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
+    header: ProxyHeader,
+}
+
+/// The header your trusted proxies maintain. Only that one is read: a proxy
+/// that appends to `X-Forwarded-For` usually passes a client's `Forwarded`
+/// through untouched, so reading both would let the client choose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProxyHeader {
+    /// `X-Forwarded-For` (nginx, HAProxy, AWS ALB, most CDNs). The default.
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239), `for=` parameters only.
+    Forwarded,
+}
+
+/// Error for an invalid [`ClientIpResolver`] configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IpConfigError {
+    /// A trusted proxy range did not parse as an IP address or CIDR.
+    InvalidCidr(String),
+    /// A grouping prefix is longer than the address family allows
+    /// (IPv4: `0..=32`, IPv6: `0..=128`).
+    InvalidPrefix {
+        /// `"IPv4"` or `"IPv6"`.
+        family: &'static str,
+        /// The rejected prefix length.
+        len: u8,
+    },
+}
+
+impl fmt::Display for IpConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IpConfigError::InvalidCidr(s) => write!(
+                f,
+                "invalid trusted proxy range {s:?}: expected an IP address or a CIDR such as \"10.0.0.0/8\""
+            ),
+            IpConfigError::InvalidPrefix { family, len } => {
+                let max = if *family == "IPv4" { 32 } else { 128 };
+                write!(
+                    f,
+                    "invalid {family} grouping prefix /{len}: it must be between 0 and {max}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for IpConfigError {}
+
+impl ClientIpResolver {
+    /// Creates a resolver that trusts no proxy: the peer address is the
+    /// client. IPv4 is grouped at `/32`, IPv6 at `/64`.
+    pub fn new() -> Self {
+        ClientIpResolver {
+            trusted: Vec::new(),
+            ipv4_prefix: DEFAULT_IPV4_PREFIX,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+            header: ProxyHeader::XForwardedFor,
+        }
+    }
+
+    /// Chooses the header the trusted proxies maintain (default
+    /// [`ProxyHeader::XForwardedFor`]); the other one is ignored.
+    pub fn proxy_header(mut self, header: ProxyHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Adds trusted proxy ranges, such as `["10.0.0.0/8", "::1",
+    /// "192.168.1.7"]`.
+    ///
+    /// A bare address means that single address (`/32` or `/128`).
+    /// Surrounding whitespace is ignored, host bits after the prefix are
+    /// cleared, and IPv4-mapped IPv6 ranges of `/96` or longer
+    /// (`::ffff:10.0.0.0/104`) are stored as the IPv4 range they cover.
+    /// Ranges are added to those already trusted.
+    ///
+    /// # Errors
+    ///
+    /// [`IpConfigError::InvalidCidr`] with the first string that is neither an
+    /// address nor a CIDR (zone ids such as `fe80::1%eth0` are rejected).
+    pub fn trust_proxies<I, S>(mut self, cidrs: I) -> Result<Self, IpConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        for cidr in cidrs {
+            let text = cidr.as_ref();
+            let net =
+                parse_trusted(text).ok_or_else(|| IpConfigError::InvalidCidr(text.to_owned()))?;
+            self.trusted.push(net);
+        }
+        Ok(self)
+    }
+
+    /// Adds already-parsed trusted proxy ranges, normalised as in
+    /// [`trust_proxies`](Self::trust_proxies).
+    pub fn trust_nets(mut self, nets: impl IntoIterator<Item = IpNet>) -> Self {
+        self.trusted.extend(nets.into_iter().map(normalise_net));
+        self
+    }
+
+    /// Sets the IPv6 grouping prefix (default 64; 128 keys each address
+    /// separately).
+    ///
+    /// # Errors
+    ///
+    /// [`IpConfigError::InvalidPrefix`] if `len` is greater than 128.
+    pub fn ipv6_prefix(mut self, len: u8) -> Result<Self, IpConfigError> {
+        if len > 128 {
+            return Err(IpConfigError::InvalidPrefix {
+                family: "IPv6",
+                len,
+            });
+        }
+        self.ipv6_prefix = len;
+        Ok(self)
+    }
+
+    /// Sets the IPv4 grouping prefix (default 32, one key per address).
+    ///
+    /// # Errors
+    ///
+    /// [`IpConfigError::InvalidPrefix`] if `len` is greater than 32.
+    pub fn ipv4_prefix(mut self, len: u8) -> Result<Self, IpConfigError> {
+        if len > 32 {
+            return Err(IpConfigError::InvalidPrefix {
+                family: "IPv4",
+                len,
+            });
+        }
+        self.ipv4_prefix = len;
+        Ok(self)
+    }
+
+    /// Returns the client address of a request whose TCP peer is `peer`.
+    ///
+    /// The result is always either the (normalised) peer or an address that
+    /// appears in the request's `Forwarded` or `X-Forwarded-For` headers. See
+    /// the [rules](ClientIpResolver#rules). Never panics and never allocates.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+
+        let mut hops = HopWindow::new();
+        match self.header {
+            ProxyHeader::Forwarded => {
+                for line in headers.get_all(header::FORWARDED) {
+                    read_forwarded_line(line, &mut hops);
+                }
+            }
+            ProxyHeader::XForwardedFor => {
+                for line in headers.get_all(X_FORWARDED_FOR) {
+                    read_xff_line(line, &mut hops);
+                }
+            }
+        }
+
+        // Walk from the right. Running out of hops (all trusted, or the cap
+        // reached) and meeting garbage both end at the last trusted hop.
+        let mut last_trusted = peer;
+        for k in 0..hops.len {
+            match hops.nth_from_right(k) {
+                Hop::Garbage => return last_trusted,
+                Hop::Addr(ip) if self.is_trusted(ip) => last_trusted = ip,
+                Hop::Addr(ip) => return ip,
+            }
+        }
+        last_trusted
+    }
+
+    /// Returns the client address (see [`client_ip`](Self::client_ip))
+    /// grouped by the configured prefix, e.g. `2001:db8:1:2:aa::1` becomes
+    /// `2001:db8:1:2::/64`.
+    pub fn client_net(&self, peer: IpAddr, headers: &HeaderMap) -> IpNet {
+        self.group(self.client_ip(peer, headers))
+    }
+
+    /// Groups `ip` by the configured prefix, after turning an IPv4-mapped
+    /// IPv6 address into IPv4. The result has its host bits cleared.
+    pub fn group(&self, ip: IpAddr) -> IpNet {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => match Ipv4Net::new(v4, self.ipv4_prefix) {
+                Ok(net) => IpNet::V4(net.trunc()),
+                // Unreachable: the prefix is validated when it is set.
+                Err(_) => IpNet::from(IpAddr::V4(v4)),
+            },
+            IpAddr::V6(v6) => match Ipv6Net::new(v6, self.ipv6_prefix) {
+                Ok(net) => IpNet::V6(net.trunc()),
+                Err(_) => IpNet::from(IpAddr::V6(v6)),
+            },
+        }
+    }
+
+    /// Returns whether `ip` (IPv4-mapped addresses as IPv4) falls in a
+    /// trusted range.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+}
+
+impl Default for ClientIpResolver {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Parses a trusted range: a CIDR or a bare address.
+fn parse_trusted(text: &str) -> Option<IpNet> {
+    let text = text.trim();
+    let net = match text.parse::<IpNet>() {
+        Ok(net) => net,
+        Err(_) => IpNet::from(text.parse::<IpAddr>().ok()?),
+    };
+    Some(normalise_net(net))
+}
+
+/// Clears host bits, and turns an IPv4-mapped IPv6 range into IPv4.
+fn normalise_net(net: IpNet) -> IpNet {
+    let net = net.trunc();
+    let as_v4 = match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => v6
+            .network()
+            .to_ipv4_mapped()
+            .and_then(|v4| Ipv4Net::new(v4, v6.prefix_len() - 96).ok()),
+        _ => None,
+    };
+    as_v4.map_or(net, IpNet::V4)
+}
+
+/// One entry of the hop list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hop {
+    /// A usable, normalised address.
+    Addr(IpAddr),
+    /// Anything else: the walk stops here.
+    Garbage,
+}
+
+impl From<Option<IpAddr>> for Hop {
+    fn from(ip: Option<IpAddr>) -> Self {
+        match ip {
+            Some(ip) => Hop::Addr(ip.to_canonical()),
+            None => Hop::Garbage,
+        }
+    }
+}
+
+/// Keeps the `MAX_HOPS` rightmost hops of a list read left to right.
+struct HopWindow {
+    ring: [Hop; MAX_HOPS],
+    /// Where the next hop goes.
+    next: usize,
+    /// How many hops are held (at most `MAX_HOPS`).
+    len: usize,
+}
+
+impl HopWindow {
+    fn new() -> Self {
+        HopWindow {
+            ring: [Hop::Garbage; MAX_HOPS],
+            next: 0,
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, hop: Hop) {
+        self.ring[self.next] = hop;
+        self.next = (self.next + 1) % MAX_HOPS;
+        if self.len < MAX_HOPS {
+            self.len += 1;
+        }
+    }
+
+    /// The `k`-th hop from the right (0 = rightmost); `k < self.len`.
+    fn nth_from_right(&self, k: usize) -> Hop {
+        self.ring[(self.next + MAX_HOPS - 1 - k % MAX_HOPS) % MAX_HOPS]
+    }
+}
+
+/// Whether `c` is an RFC 7230 `tchar`.
+fn is_tchar(c: u8) -> bool {
+    c.is_ascii_alphanumeric()
+        || matches!(
+            c,
+            b'!' | b'#'
+                | b'$'
+                | b'%'
+                | b'&'
+                | b'\''
+                | b'*'
+                | b'+'
+                | b'-'
+                | b'.'
+                | b'^'
+                | b'_'
+                | b'`'
+                | b'|'
+                | b'~'
+        )
+}
+
+fn is_ows(c: u8) -> bool {
+    c == b' ' || c == b'\t'
+}
+
+fn skip_ows(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && is_ows(b[i]) {
+        i += 1;
+    }
+    i
+}
+
+/// A decimal port: 1 to 5 digits, at most 65535.
+fn is_port(p: &str) -> bool {
+    (1..=5).contains(&p.len()) && p.bytes().all(|c| c.is_ascii_digit()) && p.parse::<u16>().is_ok()
+}
+
+/// An RFC 7239 obfuscated port: `_` followed by ALPHA / DIGIT / `.` `_` `-`.
+fn is_obf_port(p: &str) -> bool {
+    p.strip_prefix('_').is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+    })
+}
+
+// ---------------------------------------------------------------------------
+// X-Forwarded-For
+
+fn read_xff_line(line: &HeaderValue, hops: &mut HopWindow) {
+    match std::str::from_utf8(line.as_bytes()) {
+        Ok(text) => {
+            for entry in text.split(',') {
+                hops.push(parse_xff_entry(entry).into());
+            }
+        }
+        Err(_) => hops.push(Hop::Garbage),
+    }
+}
+
+/// Accepts `1.2.3.4`, `1.2.3.4:8080`, `2001:db8::1`, `[2001:db8::1]` and
+/// `[2001:db8::1]:443`, with surrounding spaces or tabs.
+fn parse_xff_entry(entry: &str) -> Option<IpAddr> {
+    let entry = entry.trim_matches(|c| c == ' ' || c == '\t');
+    if let Some(rest) = entry.strip_prefix('[') {
+        let (inner, after) = rest.split_once(']')?;
+        let ip = inner.parse::<Ipv6Addr>().ok()?;
+        if !after.is_empty() && !after.strip_prefix(':').is_some_and(is_port) {
+            return None;
+        }
+        return Some(IpAddr::V6(ip));
+    }
+    if let Ok(ip) = entry.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    let (host, port) = entry.rsplit_once(':')?;
+    let ip = host.parse::<Ipv4Addr>().ok()?;
+    is_port(port).then_some(IpAddr::V4(ip))
+}
+
+// ---------------------------------------------------------------------------
+// Forwarded (RFC 7239)
+
+/// A fixed-size buffer for an unescaped parameter value.
+struct ValueBuf {
+    bytes: [u8; MAX_NODE_LEN],
+    len: usize,
+    overflow: bool,
+}
+
+impl ValueBuf {
+    fn new() -> Self {
+        ValueBuf {
+            bytes: [0; MAX_NODE_LEN],
+            len: 0,
+            overflow: false,
+        }
+    }
+
+    fn push(&mut self, c: u8) {
+        if self.len < MAX_NODE_LEN {
+            self.bytes[self.len] = c;
+            self.len += 1;
+        } else {
+            self.overflow = true;
+        }
+    }
+
+    fn as_str(&self) -> Option<&str> {
+        if self.overflow {
+            return None;
+        }
+        std::str::from_utf8(self.bytes.get(..self.len)?).ok()
+    }
+}
+
+fn read_forwarded_line(line: &HeaderValue, hops: &mut HopWindow) {
+    let Ok(text) = std::str::from_utf8(line.as_bytes()) else {
+        hops.push(Hop::Garbage);
+        return;
+    };
+    let bytes = text.as_bytes();
+    let mut pos = 0;
+    loop {
+        let (hop, next) = parse_forwarded_element(bytes, pos);
+        hops.push(hop);
+        match next {
+            // Always past a comma, so the loop advances.
+            Some(next) => pos = next,
+            None => return,
+        }
+    }
+}
+
+/// Parses the element starting at `i`. Returns its hop and the index just past
+/// the comma that ends it, or `None` if it runs to the end of the line.
+///
+/// Element boundaries are found the same way whether or not the element is
+/// well-formed: commas inside quoted strings (where `\` escapes the next
+/// byte) do not count.
+fn parse_forwarded_element(b: &[u8], mut i: usize) -> (Hop, Option<usize>) {
+    // `None` until a `for=` is seen; then its parsed node, if any.
+    let mut node: Option<Option<IpAddr>> = None;
+    let mut well_formed = true;
+    loop {
+        i = skip_ows(b, i);
+        let name_start = i;
+        while i < b.len() && is_tchar(b[i]) {
+            i += 1;
+        }
+        let name = &b[name_start..i];
+        if !name.is_empty() {
+            if b.get(i) != Some(&b'=') {
+                return skip_to_next_element(b, i);
+            }
+            i += 1;
+            let mut value = ValueBuf::new();
+            let quoted = b.get(i) == Some(&b'"');
+            if quoted {
+                match read_quoted(b, i + 1, &mut value) {
+                    Some((end, clean)) => {
+                        i = end;
+                        well_formed &= clean;
+                    }
+                    // Unterminated: the rest of the line is this element.
+                    None => return (Hop::Garbage, None),
+                }
+            } else {
+                let start = i;
+                // Lenient: `:` is allowed so that `for=192.0.2.1:80` parses.
+                while i < b.len() && (is_tchar(b[i]) || b[i] == b':') {
+                    value.push(b[i]);
+                    i += 1;
+                }
+                if i == start {
+                    return skip_to_next_element(b, i);
+                }
+            }
+            if name.eq_ignore_ascii_case(b"for") {
+                if node.is_some() {
+                    // RFC 7239: a parameter must not occur twice in an element.
+                    well_formed = false;
+                }
+                node = Some(value.as_str().and_then(|v| parse_forwarded_node(v, quoted)));
+            }
+            i = skip_ows(b, i);
+        }
+        match b.get(i) {
+            Some(b';') => i += 1,
+            Some(b',') => return (finish_element(well_formed, node), Some(i + 1)),
+            None => return (finish_element(well_formed, node), None),
+            Some(_) => return skip_to_next_element(b, i),
+        }
+    }
+}
+
+fn finish_element(well_formed: bool, node: Option<Option<IpAddr>>) -> Hop {
+    match node {
+        Some(ip) if well_formed => ip.into(),
+        _ => Hop::Garbage,
+    }
+}
+
+/// Reads a quoted string whose opening quote is just before `i`, unescaping
+/// into `value`. Returns the index past the closing quote and whether every
+/// character was allowed, or `None` if the string is not terminated.
+fn read_quoted(b: &[u8], mut i: usize, value: &mut ValueBuf) -> Option<(usize, bool)> {
+    let mut clean = true;
+    loop {
+        let c = *b.get(i)?;
+        i += 1;
+        match c {
+            b'"' => return Some((i, clean)),
+            b'\\' => {
+                let escaped = *b.get(i)?;
+                i += 1;
+                clean &= escaped == b'\t' || (escaped >= 0x20 && escaped != 0x7f);
+                value.push(escaped);
+            }
+            _ => {
+                clean &= c == b'\t' || (c >= 0x20 && c != 0x7f);
+                value.push(c);
+            }
+        }
+    }
+}
+
+/// Error recovery: the current element is garbage; find where the next one
+/// starts, honouring quoted strings.
+fn skip_to_next_element(b: &[u8], mut i: usize) -> (Hop, Option<usize>) {
+    let mut in_quotes = false;
+    while i < b.len() {
+        let c = b[i];
+        i += 1;
+        if in_quotes {
+            match c {
+                b'\\' => i += 1,
+                b'"' => in_quotes = false,
+                _ => {}
+            }
+        } else {
+            match c {
+                b'"' => in_quotes = true,
+                b',' => return (Hop::Garbage, Some(i)),
+                _ => {}
+            }
+        }
+    }
+    (Hop::Garbage, None)
+}
+
+/// Parses a `for=` node: `192.0.2.1`, `192.0.2.1:80`, and, quoted only,
+/// `[2001:db8::1]` or `[2001:db8::1]:443`. Ports may be obfuscated
+/// (`_abc`). `unknown`, obfuscated identifiers and unbracketed IPv6 give
+/// `None`.
+fn parse_forwarded_node(v: &str, quoted: bool) -> Option<IpAddr> {
+    let port_ok = |p: &str| is_port(p) || is_obf_port(p);
+    if let Some(rest) = v.strip_prefix('[') {
+        if !quoted {
+            return None;
+        }
+        let (inner, after) = rest.split_once(']')?;
+        let ip = inner.parse::<Ipv6Addr>().ok()?;
+        if !after.is_empty() && !after.strip_prefix(':').is_some_and(port_ok) {
+            return None;
+        }
+        return Some(IpAddr::V6(ip));
+    }
+    let (host, port) = match v.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (v, None),
+    };
+    let ip = host.parse::<Ipv4Addr>().ok()?;
+    if port.is_some_and(|p| !port_ok(p)) {
+        return None;
+    }
+    Some(IpAddr::V4(ip))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let pairs: Vec<_> = values.iter().map(|v| ("x-forwarded-for", *v)).collect();
+        headers(&pairs)
+    }
+
+    fn fwd(values: &[&str]) -> HeaderMap {
+        let pairs: Vec<_> = values.iter().map(|v| ("forwarded", *v)).collect();
+        headers(&pairs)
+    }
+
+    /// Trusts 10.0.0.0/8, 192.168.1.7 and ::1.
+    fn resolver() -> ClientIpResolver {
+        ClientIpResolver::new()
+            .trust_proxies(["10.0.0.0/8", "192.168.1.7", "::1"])
+            .unwrap()
+    }
+
+    const PROXY: &str = "10.0.0.1";
+
+    /// Reads `Forwarded` when the request has one, else `X-Forwarded-For`.
+    fn via_proxy(h: &HeaderMap) -> IpAddr {
+        let header = if h.contains_key("forwarded") {
+            ProxyHeader::Forwarded
+        } else {
+            ProxyHeader::XForwardedFor
+        };
+        resolver().proxy_header(header).client_ip(ip(PROXY), h)
+    }
+
+    // --- Rule 2: untrusted peer -------------------------------------------
+
+    #[test]
+    fn untrusted_peer_ignores_spoofed_xff() {
+        let h = xff(&["1.2.3.4"]);
+        assert_eq!(resolver().client_ip(ip("8.8.8.8"), &h), ip("8.8.8.8"));
+    }
+
+    #[test]
+    fn untrusted_peer_ignores_spoofed_forwarded() {
+        let h = fwd(&["for=1.2.3.4"]);
+        assert_eq!(resolver().client_ip(ip("8.8.8.8"), &h), ip("8.8.8.8"));
+    }
+
+    #[test]
+    fn default_trusts_nobody() {
+        let h = xff(&["1.2.3.4"]);
+        let r = ClientIpResolver::default();
+        assert_eq!(r.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+        assert_eq!(r.client_ip(ip("::1"), &h), ip("::1"));
+        assert!(!r.is_trusted(ip("127.0.0.1")));
+    }
+
+    #[test]
+    fn trusted_peer_without_headers_is_client() {
+        assert_eq!(via_proxy(&HeaderMap::new()), ip(PROXY));
+    }
+
+    // --- Rule 3: walking the list -------------------------------------------
+
+    #[test]
+    fn rightmost_untrusted_wins() {
+        assert_eq!(via_proxy(&xff(&["6.6.6.6, 1.2.3.4"])), ip("1.2.3.4"));
+    }
+
+    #[test]
+    fn trusted_hops_are_skipped() {
+        let h = xff(&["1.2.3.4, 10.0.0.2, 10.0.0.3"]);
+        assert_eq!(via_proxy(&h), ip("1.2.3.4"));
+        let h = xff(&["6.6.6.6, 1.2.3.4, 192.168.1.7, ::1, 10.9.9.9"]);
+        assert_eq!(via_proxy(&h), ip("1.2.3.4"));
+    }
+
+    #[test]
+    fn all_trusted_gives_leftmost() {
+        let h = xff(&["10.0.0.5, 10.0.0.2, 10.0.0.3"]);
+        assert_eq!(via_proxy(&h), ip("10.0.0.5"));
+        let h = xff(&["::1"]);
+        assert_eq!(via_proxy(&h), ip("::1"));
+    }
+
+    #[test]
+    fn multiple_xff_lines_are_merged_in_order() {
+        let h = xff(&["6.6.6.6, 1.2.3.4", "10.0.0.2"]);
+        assert_eq!(via_proxy(&h), ip("1.2.3.4"));
+        let h = xff(&["1.2.3.4", "5.6.7.8"]);
+        assert_eq!(via_proxy(&h), ip("5.6.7.8"));
+        let h = xff(&["1.2.3.4", "10.0.0.7", "10.0.0.8, 10.0.0.9"]);
+        assert_eq!(via_proxy(&h), ip("1.2.3.4"));
+    }
+
+    #[test]
+    fn garbage_in_the_middle_stops_at_its_right_neighbour() {
+        let h = xff(&["1.2.3.4, garbage, 10.0.0.2, 10.0.0.3"]);
+        assert_eq!(via_proxy(&h), ip("10.0.0.2"));
+        let h = xff(&["1.2.3.4, unknown, 10.0.0.2"]);
+        assert_eq!(via_proxy(&h), ip("10.0.0.2"));
+        let h = xff(&["1.2.3.4, _hidden, 10.0.0.2"]);
+        assert_eq!(via_proxy(&h), ip("10.0.0.2"));
+        let h = xff(&["1.2.3.4, , 10.0.0.2"]);
+        assert_eq!(via_proxy(&h), ip("10.0.0.2"));
+        // Garbage left of the client does not matter.
+        let h = xff(&["garbage, 1.2.3.4, 10.0.0.2"]);
+        assert_eq!(via_proxy(&h), ip("1.2.3.4"));
+    }
+
+    #[test]
+    fn rightmost_garbage_gives_peer() {
+        assert_eq!(via_proxy(&xff(&["1.2.3.4, unknown"])), ip(PROXY));
+        assert_eq!(via_proxy(&xff(&["1.2.3.4,"])), ip(PROXY));
+        assert_eq!(via_proxy(&xff(&[""])), ip(PROXY));
+        assert_eq!(via_proxy(&xff(&["1.2.3.4", ""])), ip(PROXY));
+    }
+
+    #[test]
+    fn non_utf8_line_is_garbage() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"1.2.3.4, \xff").unwrap(),
+        );
+        assert_eq!(via_proxy(&h), ip(PROXY));
+
+        let mut h = HeaderMap::new();
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"1.2.3.4\xfe").unwrap(),
+        );
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
+        assert_eq!(via_proxy(&h), ip("10.0.0.2"));
+        h.append("x-forwarded-for", HeaderValue::from_static("5.5.5.5"));
+        assert_eq!(via_proxy(&h), ip("5.5.5.5"));
+
+        let mut h = HeaderMap::new();
+        h.append(
+            "forwarded",
+            HeaderValue::from_bytes(b"for=1.2.3.4;by=\"\xff\"").unwrap(),
+        );
+        assert_eq!(via_proxy(&h), ip(PROXY));
+    }
+
+    // --- Rule 4: X-Forwarded-For entry syntax -------------------------------
+
+    #[test]
+    fn xff_entry_forms() {
+        let accepted = [
+            ("1.2.3.4", "1.2.3.4"),
+            ("  1.2.3.4\t", "1.2.3.4"),
+            ("1.2.3.4:8080", "1.2.3.4"),
+            ("1.2.3.4:0", "1.2.3.4"),
+            ("1.2.3.4:65535", "1.2.3.4"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("[2001:db8::1]", "2001:db8::1"),
+            ("[2001:db8::1]:443", "2001:db8::1"),
+            (" [2001:db8::1]:443 ", "2001:db8::1"),
+        ];
+        for (entry, expected) in accepted {
+            assert_eq!(parse_xff_entry(entry), Some(ip(expected)), "{entry:?}");
+            assert_eq!(via_proxy(&xff(&[entry])), ip(expected), "{entry:?}");
+        }
+        let rejected = [
+            "",
+            " ",
+            "unknown",
+            "_hidden",
+            "fe80::1%eth0",
+            "[fe80::1%eth0]",
+            "[fe80::1%eth0]:80",
+            "[1.2.3.4]",
+            "1.2.3.4:",
+            "1.2.3.4:abc",
+            "1.2.3.4:+80",
+            "1.2.3.4:65536",
+            "1.2.3.4:123456",
+            "1.2.3.4 :80",
+            "[2001:db8::1]443",
+            "[2001:db8::1]:",
+            "[2001:db8::1",
+            "2001:db8::1]",
+            "::ffff:1.2.3.4:80",
+            "01.2.3.4",
+            "1.2.3",
+            "1.2.3.4.5",
+            "example.com",
+            "\"1.2.3.4\"",
+            "1.2.3.4 5.6.7.8",
+        ];
+        for entry in rejected {
+            assert_eq!(parse_xff_entry(entry), None, "{entry:?}");
+            assert_eq!(via_proxy(&xff(&[entry])), ip(PROXY), "{entry:?}");
+        }
+    }
+
+    // --- Rule 5: Forwarded ---------------------------------------------------
+
+    #[test]
+    fn forwarded_basic() {
+        let h = fwd(&["for=192.0.2.60;proto=http;by=203.0.113.43"]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.60"));
+        let h = fwd(&["for=192.0.2.43, for=198.51.100.17"]);
+        assert_eq!(via_proxy(&h), ip("198.51.100.17"));
+        let h = fwd(&["for=192.0.2.43, for=10.0.0.9;by=10.0.0.1"]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.43"));
+        let h = fwd(&["proto=https;For=192.0.2.43", "FOR=10.0.0.2"]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.43"));
+    }
+
+    #[test]
+    fn forwarded_quoted_ipv6_and_ports() {
+        let h = fwd(&["for=\"[2001:db8:cafe::17]:4711\""]);
+        assert_eq!(via_proxy(&h), ip("2001:db8:cafe::17"));
+        let h = fwd(&["For=\"[2001:db8:cafe::17]\";proto=https"]);
+        assert_eq!(via_proxy(&h), ip("2001:db8:cafe::17"));
+        let h = fwd(&["for=\"192.0.2.60:8080\""]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.60"));
+        let h = fwd(&["for=\"192.0.2.60\""]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.60"));
+        let h = fwd(&["for=\"[2001:db8::1]:_obf-port\""]);
+        assert_eq!(via_proxy(&h), ip("2001:db8::1"));
+        let h = fwd(&["for=192.0.2.60:_p"]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.60"));
+        // Lenient: unquoted IPv4 with a port.
+        let h = fwd(&["for=192.0.2.60:8080"]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.60"));
+        let h = fwd(&["for=\"[::1]:80\", for=\"[2001:db8::1]\" , for=\"[::1]\""]);
+        assert_eq!(via_proxy(&h), ip("2001:db8::1"));
+    }
+
+    #[test]
+    fn forwarded_quoting_and_escapes() {
+        // Commas and semicolons inside quotes do not split.
+        let h = fwd(&["for=192.0.2.1;by=\"a,for=6.6.6.6;b\""]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.1"));
+        // An escaped quote does not end the string.
+        let h = fwd(&["for=192.0.2.1;host=\"x\\\", for=6.6.6.6, y\""]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.1"));
+        // Escapes inside the for value are undone.
+        let h = fwd(&["for=\"192.0.2.\\1\""]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.1"));
+        // Whitespace around pairs and elements.
+        let h = fwd(&["  for=192.0.2.1 ; proto=http  ,\tfor=10.0.0.3 "]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.1"));
+        // Empty pairs are allowed by the grammar.
+        let h = fwd(&["for=192.0.2.1;;proto=http;"]);
+        assert_eq!(via_proxy(&h), ip("192.0.2.1"));
+    }
+
+    #[test]
+    fn forwarded_garbage() {
+        let garbage = [
+            "for=unknown",
+            "for=\"unknown\"",
+            "for=_hidden",
+            "for=\"_hidden:80\"",
+            "proto=https",
+            "",
+            "for=",
+            "for=\"\"",
+            "for=2001:db8::1",
+            "for=\"2001:db8::1\"",
+            "for=[2001:db8::1]",
+            "for=\"[fe80::1%eth0]\"",
+            "for=\"[1.2.3.4]\"",
+            "for=\"1.2.3.4:99999\"",
+            "for=\"1.2.3.4:\"",
+            "for=1.2.3.4;for=5.6.7.8",
+            "for =1.2.3.4",
+            "for= 1.2.3.4",
+            "for=1.2.3.4 proto=http",
+            "for=1.2.3.4\"x\"",
+            "=1.2.3.4",
+            "for=1.2.3.4;by=[::1]",
+            "for=\"0000000000000000000000000000000000000000000000000000000000001.2.3.4\"",
+        ];
+        for g in garbage {
+            // Rightmost garbage: the peer.
+            assert_eq!(via_proxy(&fwd(&[g])), ip(PROXY), "{g:?}");
+            // Garbage in the middle: its trusted right neighbour.
+            let line = format!("for=6.6.6.6, {g}, for=10.0.0.2");
+            assert_eq!(via_proxy(&fwd(&[&line])), ip("10.0.0.2"), "{line:?}");
+        }
+        // An unterminated quoted string takes the rest of its line with it.
+        for g in ["for=\"1.2.3.4", "for=\"1.2.3.4\\"] {
+            assert_eq!(via_proxy(&fwd(&[g])), ip(PROXY), "{g:?}");
+            let line = format!("for=6.6.6.6, {g}, for=10.0.0.2");
+            assert_eq!(via_proxy(&fwd(&[&line])), ip(PROXY), "{line:?}");
+            assert_eq!(via_proxy(&fwd(&[g, "for=10.0.0.2"])), ip("10.0.0.2"));
+        }
+        // An empty element between two commas.
+        let h = fwd(&["for=6.6.6.6,,for=10.0.0.2"]);
+        assert_eq!(via_proxy(&h), ip("10.0.0.2"));
+    }
+
+    #[test]
+    fn forwarded_unterminated_quote_stays_in_its_line() {
+        // Same line: the rest of the line is one garbage element.
+        let h = fwd(&["for=\"6.6.6.6, for=5.5.5.5"]);
+        assert_eq!(via_proxy(&h), ip(PROXY));
+        // A later line is read on its own.
+        let h = fwd(&["for=\"6.6.6.6", "for=5.5.5.5"]);
+        assert_eq!(via_proxy(&h), ip("5.5.5.5"));
+    }
+
+    #[test]
+    fn only_the_chosen_header_is_read() {
+        let h = headers(&[
+            ("x-forwarded-for", "5.5.5.5"),
+            ("forwarded", "for=192.0.2.1"),
+        ]);
+        let r = resolver();
+        assert_eq!(r.client_ip(ip(PROXY), &h), ip("5.5.5.5"));
+        let r = r.proxy_header(ProxyHeader::Forwarded);
+        assert_eq!(r.client_ip(ip(PROXY), &h), ip("192.0.2.1"));
+        // Garbage in the chosen header: no fallback to the other one.
+        let h = headers(&[("forwarded", "for=unknown"), ("x-forwarded-for", "5.5.5.5")]);
+        assert_eq!(r.client_ip(ip(PROXY), &h), ip(PROXY));
+        // A client's Forwarded behind an X-Forwarded-For proxy is ignored.
+        let h = headers(&[("forwarded", "for=6.6.6.6"), ("x-forwarded-for", "5.5.5.5")]);
+        assert_eq!(resolver().client_ip(ip(PROXY), &h), ip("5.5.5.5"));
+    }
+
+    // --- Rule 1: IPv4-mapped IPv6 --------------------------------------------
+
+    #[test]
+    fn ipv4_mapped_addresses_are_normalised() {
+        let r = resolver();
+        let mapped_proxy = ip("::ffff:10.0.0.1");
+        assert!(r.is_trusted(mapped_proxy));
+        assert_eq!(r.client_ip(mapped_proxy, &HeaderMap::new()), ip("10.0.0.1"));
+        // Untrusted mapped peer comes back as IPv4.
+        assert_eq!(
+            r.client_ip(ip("::ffff:8.8.8.8"), &xff(&["1.2.3.4"])),
+            ip("8.8.8.8")
+        );
+        // Mapped entries in headers.
+        let h = xff(&["::ffff:1.2.3.4"]);
+        assert_eq!(r.client_ip(mapped_proxy, &h), ip("1.2.3.4"));
+        let h = xff(&["1.2.3.4, [::ffff:10.0.0.5]:80"]);
+        assert_eq!(r.client_ip(mapped_proxy, &h), ip("1.2.3.4"));
+        let rf = r.clone().proxy_header(ProxyHeader::Forwarded);
+        let h = fwd(&["for=1.2.3.4, for=\"[::ffff:10.0.0.5]\""]);
+        assert_eq!(rf.client_ip(mapped_proxy, &h), ip("1.2.3.4"));
+        let h = fwd(&["for=\"[::ffff:1.2.3.4]:80\""]);
+        assert_eq!(rf.client_ip(mapped_proxy, &h), ip("1.2.3.4"));
+        // Grouping uses the IPv4 prefix.
+        assert_eq!(r.group(ip("::ffff:1.2.3.4")), net("1.2.3.4/32"));
+        // Mapped trusted ranges become IPv4 ranges.
+        let r = ClientIpResolver::new()
+            .trust_proxies(["::ffff:10.0.0.0/104"])
+            .unwrap();
+        assert!(r.is_trusted(ip("10.1.2.3")));
+        assert!(!r.is_trusted(ip("11.1.2.3")));
+        let r = ClientIpResolver::new().trust_nets([net("::ffff:192.168.0.1/128")]);
+        assert!(r.is_trusted(ip("192.168.0.1")));
+        assert!(r.is_trusted(ip("::ffff:192.168.0.1")));
+        // IPv4-compatible (not mapped) addresses are left alone.
+        assert_eq!(r.group(ip("::1.2.3.4")), net("::/64"));
+    }
+
+    // --- Rule 6: the cap -----------------------------------------------------
+
+    #[test]
+    fn only_32_rightmost_entries_are_examined() {
+        let trusted: Vec<String> = (1..=40).map(|i| format!("10.0.0.{i}")).collect();
+
+        // 32 entries, leftmost untrusted: found.
+        let mut list = vec!["1.2.3.4".to_owned()];
+        list.extend(trusted[..31].iter().cloned());
+        assert_eq!(via_proxy(&xff(&[&list.join(", ")])), ip("1.2.3.4"));
+
+        // 33 entries, leftmost untrusted: out of reach, last trusted seen.
+        let mut list = vec!["1.2.3.4".to_owned()];
+        list.extend(trusted[..32].iter().cloned());
+        assert_eq!(via_proxy(&xff(&[&list.join(", ")])), ip("10.0.0.1"));
+
+        // 41 entries split over lines; the 32nd from the right is 10.0.0.9.
+        let mut h = xff(&["1.2.3.4, 10.0.0.1"]);
+        for chunk in trusted[1..].chunks(7) {
+            h.append(
+                "x-forwarded-for",
+                HeaderValue::from_str(&chunk.join(",")).unwrap(),
+            );
+        }
+        assert_eq!(via_proxy(&h), ip("10.0.0.9"));
+
+        // Same for Forwarded.
+        let elements: Vec<String> = std::iter::once("for=1.2.3.4".to_owned())
+            .chain(trusted[..32].iter().map(|t| format!("for={t}")))
+            .collect();
+        assert_eq!(via_proxy(&fwd(&[&elements.join(",")])), ip("10.0.0.1"));
+        assert_eq!(via_proxy(&fwd(&[&elements[1..].join(",")])), ip("10.0.0.1"));
+        assert_eq!(via_proxy(&fwd(&[&elements[..32].join(",")])), ip("1.2.3.4"));
+    }
+
+    #[test]
+    fn hop_window_keeps_rightmost() {
+        let mut w = HopWindow::new();
+        for i in 0..100u8 {
+            w.push(Hop::Addr(IpAddr::V4(Ipv4Addr::new(0, 0, 0, i))));
+        }
+        assert_eq!(w.len, MAX_HOPS);
+        assert_eq!(w.nth_from_right(0), Hop::Addr(ip("0.0.0.99")));
+        assert_eq!(w.nth_from_right(31), Hop::Addr(ip("0.0.0.68")));
+    }
+
+    // --- Grouping --------------------------------------------------------------
+
+    #[test]
+    fn ipv6_grouped_by_64_by_default() {
+        let r = ClientIpResolver::new();
+        assert_eq!(r.group(ip("2001:db8:1:2:aa::1")), net("2001:db8:1:2::/64"));
+        assert_eq!(
+            r.client_net(ip("2001:db8:1:2:aa::1"), &HeaderMap::new()),
+            net("2001:db8:1:2::/64")
+        );
+        assert_eq!(r.group(ip("203.0.113.9")), net("203.0.113.9/32"));
+    }
+
+    #[test]
+    fn custom_ipv6_prefixes() {
+        let r = ClientIpResolver::new().ipv6_prefix(56).unwrap();
+        assert_eq!(r.group(ip("2001:db8:1:2ff::1")), net("2001:db8:1:200::/56"));
+        let r = ClientIpResolver::new().ipv6_prefix(128).unwrap();
+        assert_eq!(
+            r.group(ip("2001:db8:1:2:aa::1")),
+            net("2001:db8:1:2:aa::1/128")
+        );
+        let r = ClientIpResolver::new().ipv6_prefix(0).unwrap();
+        assert_eq!(r.group(ip("2001:db8::1")), net("::/0"));
+    }
+
+    #[test]
+    fn custom_ipv4_prefix() {
+        let r = ClientIpResolver::new().ipv4_prefix(24).unwrap();
+        assert_eq!(r.group(ip("203.0.113.9")), net("203.0.113.0/24"));
+        let r = resolver().ipv4_prefix(16).unwrap();
+        let h = xff(&["198.51.100.200"]);
+        assert_eq!(r.client_net(ip(PROXY), &h), net("198.51.0.0/16"));
+        let r = ClientIpResolver::new().ipv4_prefix(0).unwrap();
+        assert_eq!(r.group(ip("203.0.113.9")), net("0.0.0.0/0"));
+    }
+
+    #[test]
+    fn invalid_prefixes_are_rejected() {
+        assert_eq!(
+            ClientIpResolver::new().ipv4_prefix(33).unwrap_err(),
+            IpConfigError::InvalidPrefix {
+                family: "IPv4",
+                len: 33
+            }
+        );
+        assert_eq!(
+            ClientIpResolver::new().ipv6_prefix(129).unwrap_err(),
+            IpConfigError::InvalidPrefix {
+                family: "IPv6",
+                len: 129
+            }
+        );
+        assert!(ClientIpResolver::new().ipv6_prefix(255).is_err());
+        assert!(ClientIpResolver::new().ipv4_prefix(32).is_ok());
+        assert!(ClientIpResolver::new().ipv6_prefix(128).is_ok());
+        let msg = ClientIpResolver::new()
+            .ipv6_prefix(129)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            "invalid IPv6 grouping prefix /129: it must be between 0 and 128"
+        );
+        let msg = ClientIpResolver::new()
+            .ipv4_prefix(40)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            "invalid IPv4 grouping prefix /40: it must be between 0 and 32"
+        );
+    }
+
+    // --- Configuration -----------------------------------------------------------
+
+    #[test]
+    fn invalid_cidrs_are_rejected() {
+        for bad in [
+            "",
+            "not-an-ip",
+            "10.0.0.0/33",
+            "::/129",
+            "10.0.0.0/8/8",
+            "10.0.0.0/",
+            "fe80::1%eth0",
+            "10.0.0.0/-1",
+            "01.2.3.4",
+        ] {
+            let err = ClientIpResolver::new()
+                .trust_proxies(["10.0.0.0/8", bad])
+                .unwrap_err();
+            assert_eq!(err, IpConfigError::InvalidCidr(bad.to_owned()));
+        }
+        let err = IpConfigError::InvalidCidr("nope".into());
+        assert_eq!(
+            err.to_string(),
+            "invalid trusted proxy range \"nope\": expected an IP address or a CIDR such as \"10.0.0.0/8\""
+        );
+        let _: &dyn std::error::Error = &err;
+    }
+
+    #[test]
+    fn trusted_ranges() {
+        let r = resolver();
+        assert!(r.is_trusted(ip("10.255.0.1")));
+        assert!(r.is_trusted(ip("192.168.1.7")));
+        assert!(!r.is_trusted(ip("192.168.1.8")));
+        assert!(r.is_trusted(ip("::1")));
+        assert!(!r.is_trusted(ip("::2")));
+        assert!(!r.is_trusted(ip("11.0.0.1")));
+
+        let r = ClientIpResolver::new()
+            .trust_proxies([" 172.16.5.4/12 ".to_owned()])
+            .unwrap()
+            .trust_nets([net("2001:db8::/32")]);
+        assert!(r.is_trusted(ip("172.31.0.1")));
+        assert!(r.is_trusted(ip("2001:db8:ffff::1")));
+        assert!(!r.is_trusted(ip("2001:db9::1")));
+        // Ranges accumulate.
+        let r = r.trust_proxies(Vec::<String>::new()).unwrap();
+        assert!(r.is_trusted(ip("172.31.0.1")));
+    }
+
+    #[test]
+    fn trusted_ipv6_proxy_chain() {
+        let r = ClientIpResolver::new()
+            .trust_proxies(["2001:db8:ffff::/48"])
+            .unwrap();
+        let h = xff(&["2001:db8:1:2:aa::1, [2001:db8:ffff::2]:443"]);
+        let peer = ip("2001:db8:ffff::1");
+        assert_eq!(r.client_ip(peer, &h), ip("2001:db8:1:2:aa::1"));
+        assert_eq!(r.client_net(peer, &h), net("2001:db8:1:2::/64"));
+    }
+
+    // --- Properties ----------------------------------------------------------------
+
+    /// Every address that could be read out of the headers, generously:
+    /// maximal runs of address characters, with and without a trailing
+    /// `:port`, in the text as is and with backslashes removed.
+    fn candidates(h: &HeaderMap) -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        for value in h.values() {
+            let raw = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            let unescaped = raw.replace('\\', "");
+            for text in [raw, unescaped] {
+                let runs = text.split(|c: char| !(c.is_ascii_hexdigit() || c == '.' || c == ':'));
+                for run in runs {
+                    let mut forms = vec![run];
+                    if let Some((host, _)) = run.rsplit_once(':') {
+                        forms.push(host);
+                    }
+                    for form in forms {
+                        if let Ok(addr) = form.parse::<IpAddr>() {
+                            out.push(addr.to_canonical());
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn header_value(bytes: Vec<u8>) -> HeaderValue {
+        let bytes: Vec<u8> = bytes
+            .into_iter()
+            .map(|b| {
+                if (b < 0x20 && b != b'\t') || b == 0x7f {
+                    b','
+                } else {
+                    b
+                }
+            })
+            .collect();
+        HeaderValue::from_bytes(&bytes).unwrap()
+    }
+
+    /// Header text assembled from pieces that look like the real thing.
+    fn plausible_value() -> impl Strategy<Value = HeaderValue> {
+        let piece = prop::sample::select(vec![
+            "1.2.3.4",
+            "10.0.0.2",
+            "10.0.0.3",
+            "192.168.1.7",
+            "6.6.6.6",
+            "::1",
+            "[::1]",
+            "2001:db8::1",
+            "[2001:db8::1]:443",
+            "::ffff:10.0.0.9",
+            "::ffff:6.6.6.6",
+            "fe80::1%eth0",
+            ",",
+            ", ",
+            ";",
+            "for=",
+            "FOR=",
+            "by=",
+            "proto=http",
+            "=",
+            "\"",
+            "\\",
+            "\\\"",
+            "[",
+            "]",
+            ":80",
+            ":",
+            "unknown",
+            "_hidden",
+            " ",
+            "\t",
+            "\u{e9}",
+        ]);
+        prop::collection::vec(piece, 0..24)
+            .prop_map(|pieces| HeaderValue::from_bytes(pieces.concat().as_bytes()).unwrap())
+    }
+
+    /// A hop list of random addresses in every accepted syntax, with the
+    /// odd bit of garbage, meant to be mostly valid.
+    fn structured_value() -> impl Strategy<Value = HeaderValue> {
+        let entry =
+            (any_ip(), 0u8..8, any::<u16>()).prop_map(|(addr, form, port)| match (form, addr) {
+                (0, _) => addr.to_string(),
+                (1, IpAddr::V4(v4)) => format!("{v4}:{port}"),
+                (1, IpAddr::V6(v6)) => format!("[{v6}]:{port}"),
+                (2, IpAddr::V4(v4)) => format!("for={v4}"),
+                (2 | 3, IpAddr::V6(v6)) => format!("for=\"[{v6}]:{port}\""),
+                (3, IpAddr::V4(v4)) => format!("for=\"{v4}:{port}\";proto=http"),
+                (4, _) => format!("For=\"{addr}\""),
+                (5, _) => "unknown".to_owned(),
+                (6, _) => "by=\"a,b\\\";c\"".to_owned(),
+                _ => format!("[{addr}]"),
+            });
+        prop::collection::vec(entry, 1..8)
+            .prop_map(|entries| HeaderValue::from_str(&entries.join(", ")).unwrap())
+    }
+
+    fn any_value() -> impl Strategy<Value = HeaderValue> {
+        prop_oneof![
+            1 => prop::collection::vec(any::<u8>(), 0..64).prop_map(header_value),
+            1 => plausible_value(),
+            2 => structured_value(),
+        ]
+    }
+
+    fn header_map() -> impl Strategy<Value = HeaderMap> {
+        (
+            prop::collection::vec(any_value(), 0..4),
+            prop::collection::vec(any_value(), 0..4),
+        )
+            .prop_map(|(forwarded, xff)| {
+                let mut h = HeaderMap::new();
+                for v in forwarded {
+                    h.append(header::FORWARDED, v);
+                }
+                for v in xff {
+                    h.append(X_FORWARDED_FOR, v);
+                }
+                h
+            })
+    }
+
+    fn any_ip() -> impl Strategy<Value = IpAddr> {
+        prop_oneof![
+            any::<[u8; 4]>().prop_map(IpAddr::from),
+            any::<[u8; 16]>().prop_map(IpAddr::from),
+            any::<[u8; 4]>().prop_map(|o| IpAddr::V6(Ipv4Addr::from(o).to_ipv6_mapped())),
+            Just(ip("10.0.0.1")),
+            Just(ip("::ffff:10.0.0.1")),
+            Just(ip("::1")),
+        ]
+    }
+
+    fn untrusted_ip() -> impl Strategy<Value = IpAddr> {
+        prop_oneof![
+            any::<[u8; 4]>().prop_map(IpAddr::from),
+            any::<[u8; 16]>().prop_map(IpAddr::from),
+            any::<[u8; 4]>().prop_map(|o| IpAddr::V6(Ipv4Addr::from(o).to_ipv6_mapped())),
+            Just(ip("::ffff:8.8.8.8")),
+        ]
+        .prop_filter("trusted peer", |peer| !resolver().is_trusted(*peer))
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_and_only_returns_peer_or_header_address(
+            h in header_map(),
+            peer in any_ip(),
+            trust_all in any::<bool>(),
+            forwarded in any::<bool>(),
+        ) {
+            let r = if trust_all {
+                resolver().trust_proxies(["0.0.0.0/0", "::/0"]).unwrap()
+            } else {
+                resolver()
+            };
+            let r = if forwarded { r.proxy_header(ProxyHeader::Forwarded) } else { r };
+            let client = r.client_ip(peer, &h);
+            let net = r.client_net(peer, &h);
+            prop_assert!(net.contains(&client));
+            prop_assert!(
+                client == peer.to_canonical() || candidates(&h).contains(&client),
+                "{client} is neither the peer nor in {h:?}"
+            );
+        }
+
+        #[test]
+        fn untrusted_peer_is_always_the_client(h in header_map(), peer in untrusted_ip()) {
+            prop_assert_eq!(resolver().client_ip(peer, &h), peer.to_canonical());
+        }
+
+        #[test]
+        fn grouping_contains_the_address(
+            addr in any_ip(),
+            v4 in 0u8..=32,
+            v6 in 0u8..=128,
+        ) {
+            let r = ClientIpResolver::new().ipv4_prefix(v4).unwrap().ipv6_prefix(v6).unwrap();
+            let net = r.group(addr);
+            prop_assert!(net.contains(&addr.to_canonical()));
+            let expected = if addr.to_canonical().is_ipv4() { v4 } else { v6 };
+            prop_assert_eq!(net.prefix_len(), expected);
+            prop_assert_eq!(net, net.trunc());
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Keys from requests: what a limit counts per. Built-ins for the client IP
+//! (behind trusted proxies, IPv6 grouped by prefix), a header (API key), a
+//! request extension (a user id set by an auth layer), the matched route, a
+//! path parameter, one global key, and tuples of those (user id + action).
+//!
+//! An extractor answers `None` when the request has no such key (no header, no
+//! peer address); the layer then applies its [`MissingKey`](crate::layer::MissingKey) policy.
+
+mod ip;
+
+use std::fmt::Display;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, MatchedPath};
+use http::request::Parts;
+use http::HeaderName;
+use percent_encoding::percent_decode_str;
+
+pub use self::ip::{ClientIpResolver, IpConfigError, ProxyHeader};
+
+/// Extracts the key a limit counts per from a request's head.
+///
+/// Closures `Fn(&Parts) -> Option<String>` are extractors too:
+///
+/// ```
+/// use http::request::Parts;
+/// use tower_ratelimit::key::KeyExtractor;
+///
+/// let tenant = |parts: &Parts| parts.uri.host().map(str::to_owned);
+/// let (parts, _) = http::Request::get("http://acme.example/x").body(()).unwrap().into_parts();
+/// assert_eq!(tenant.extract(&parts), Some(b"acme.example".to_vec()));
+/// ```
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key, or `None` when the request has none.
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>>;
+}
+
+impl<F> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        self(parts).map(String::into_bytes)
+    }
+}
+
+/// The client's IP address, grouped by prefix (IPv6 /64 by default): the TCP
+/// peer, or the client behind trusted proxies (see [`ClientIpResolver`]).
+///
+/// The peer comes from axum's `ConnectInfo<SocketAddr>` (serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`) or a plain
+/// `SocketAddr` in the request extensions.
+#[derive(Debug, Clone, Default)]
+pub struct ClientIp {
+    resolver: ClientIpResolver,
+}
+
+impl ClientIp {
+    /// The TCP peer's address; forwarding headers are ignored.
+    pub fn peer() -> Self {
+        Self::default()
+    }
+
+    /// The client address as resolved by `resolver` (trusted proxies, grouping).
+    pub fn with_resolver(resolver: ClientIpResolver) -> Self {
+        Self { resolver }
+    }
+}
+
+impl KeyExtractor for ClientIp {
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(addr)| *addr)
+            .or_else(|| parts.extensions.get::<SocketAddr>().copied())?;
+        let net = self.resolver.client_net(peer.ip(), &parts.headers);
+        Some(net.to_string().into_bytes())
+    }
+}
+
+/// The value of a request header, such as an API key.
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: HeaderName,
+}
+
+impl Header {
+    /// Reads the header `name` (the first line when there are several).
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        let value = parts.headers.get(&self.name)?.as_bytes();
+        (!value.is_empty()).then(|| value.to_vec())
+    }
+}
+
+/// A value of type `T` that an earlier layer put in the request extensions,
+/// such as an authenticated user id; the key is its `Display` form.
+pub struct Extension<T> {
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> Extension<T> {
+    /// Reads the extension of type `T`.
+    pub fn new() -> Self {
+        Self { _type: PhantomData }
+    }
+}
+
+impl<T> Default for Extension<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Clone for Extension<T> {
+    fn clone(&self) -> Self {
+        Self::new()
+    }
+}
+
+impl<T> std::fmt::Debug for Extension<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Extension<{}>", std::any::type_name::<T>())
+    }
+}
+
+impl<T: Display + Send + Sync + 'static> KeyExtractor for Extension<T> {
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        parts
+            .extensions
+            .get::<T>()
+            .map(|value| value.to_string().into_bytes())
+    }
+}
+
+/// The method and matched route, e.g. `GET /users/{id}`: one key per endpoint,
+/// whatever the path parameters. Needs axum's `MatchedPath`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Route;
+
+impl KeyExtractor for Route {
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        let path = parts.extensions.get::<MatchedPath>()?;
+        Some(format!("{} {}", parts.method, path.as_str()).into_bytes())
+    }
+}
+
+/// One path parameter of the matched route, e.g. `phone` in `/sms/{phone}`,
+/// percent-decoded. Needs axum's `MatchedPath`; `None` for catch-all routes.
+#[derive(Debug, Clone)]
+pub struct PathParam {
+    placeholder: String,
+}
+
+impl PathParam {
+    /// Reads the parameter `name`.
+    pub fn new(name: &str) -> Self {
+        Self {
+            placeholder: format!("{{{name}}}"),
+        }
+    }
+}
+
+impl KeyExtractor for PathParam {
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        let pattern = parts.extensions.get::<MatchedPath>()?.as_str();
+        if pattern.contains("{*") {
+            return None;
+        }
+        let index = pattern
+            .split('/')
+            .position(|segment| segment == self.placeholder)?;
+        let segment = parts.uri.path().split('/').nth(index)?;
+        let value: Vec<u8> = percent_decode_str(segment).collect();
+        (!value.is_empty()).then_some(value)
+    }
+}
+
+/// The same key for every request: one limit for the whole service.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Global;
+
+impl KeyExtractor for Global {
+    fn extract(&self, _: &Parts) -> Option<Vec<u8>> {
+        Some(b"global".to_vec())
+    }
+}
+
+/// Appends `part` so that no two different sequences of parts give one key.
+fn push_part(out: &mut Vec<u8>, part: &[u8]) {
+    out.extend_from_slice(part.len().to_string().as_bytes());
+    out.push(b':');
+    out.extend_from_slice(part);
+}
+
+macro_rules! tuple_extractor {
+    ($($name:ident),+) => {
+        /// Several keys combined into one (e.g. user id and route); `None`
+        /// when any part is missing. Parts are length-prefixed, so distinct
+        /// combinations never share a key.
+        impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+                let ($($name,)+) = self;
+                let mut key = Vec::new();
+                $(push_part(&mut key, &$name.extract(parts)?);)+
+                Some(key)
+            }
+        }
+    };
+}
+
+tuple_extractor!(A, B);
+tuple_extractor!(A, B, C);
+tuple_extractor!(A, B, C, D);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(req: http::Request<()>) -> Parts {
+        req.into_parts().0
+    }
+
+    #[test]
+    fn built_in_extractors() {
+        let mut req = http::Request::get("/sms/%2B1555")
+            .header("x-api-key", "k1")
+            .body(())
+            .unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from(([203, 0, 113, 7], 4242))));
+        req.extensions_mut().insert(42u64);
+        let p = parts(req);
+        assert_eq!(
+            ClientIp::peer().extract(&p),
+            Some(b"203.0.113.7/32".to_vec())
+        );
+        assert_eq!(
+            Header::new(HeaderName::from_static("x-api-key")).extract(&p),
+            Some(b"k1".to_vec())
+        );
+        assert_eq!(
+            Header::new(HeaderName::from_static("x-other")).extract(&p),
+            None
+        );
+        assert_eq!(Extension::<u64>::new().extract(&p), Some(b"42".to_vec()));
+        assert_eq!(Extension::<String>::new().extract(&p), None);
+        // Route and PathParam need axum's MatchedPath: tested through a Router in tests/layer.rs
+        assert_eq!(Route.extract(&p), None);
+        assert_eq!(PathParam::new("phone").extract(&p), None);
+        assert_eq!(Global.extract(&p), Some(b"global".to_vec()));
+        assert_eq!(
+            (Extension::<u64>::new(), Global).extract(&p),
+            Some(b"2:426:global".to_vec())
+        );
+        assert_eq!(
+            (Extension::<u64>::new(), Extension::<String>::new()).extract(&p),
+            None
+        );
+        assert_eq!(
+            ClientIp::peer().extract(&parts(http::Request::new(()))),
+            None
+        );
+    }
+
+    #[test]
+    fn tuples_do_not_collide() {
+        let a = |s: &'static str| move |_: &Parts| Some(s.to_owned());
+        let p = parts(http::Request::new(()));
+        assert_ne!((a("ab"), a("c")).extract(&p), (a("a"), a("bc")).extract(&p));
+        assert_ne!(
+            (a("1:a"), a("b")).extract(&p),
+            (a("1"), a("a1:b")).extract(&p)
+        );
+    }
+
+    #[test]
+    fn ipv6_clients_are_grouped_by_64() {
+        let mut req = http::Request::new(());
+        req.extensions_mut().insert(SocketAddr::from((
+            [0x2001, 0xdb8, 1, 2, 0xaaaa, 1, 2, 3],
+            1,
+        )));
+        assert_eq!(
+            ClientIp::peer().extract(&parts(req)),
+            Some(b"2001:db8:1:2::/64".to_vec())
+        );
+    }
+}
