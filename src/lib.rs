@@ -46,6 +46,8 @@ mod algorithm;
 mod clock;
 mod decision;
 mod error;
+pub mod key;
+pub mod layer;
 mod limiter;
 mod quota;
 pub mod store;

@@ -116,6 +116,15 @@ impl Limiter {
         }
     }
 
+    /// A builder over a store that is already shared.
+    pub(crate) fn builder_shared(store: Arc<dyn Store>) -> LimiterBuilder {
+        LimiterBuilder {
+            store,
+            limits: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
     /// Configures a limiter with several limits or a custom timeout.
     pub fn builder(store: impl Store) -> LimiterBuilder {
         LimiterBuilder {
@@ -186,18 +195,53 @@ impl Limiter {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        let checks = self.checks(keys, cost)?;
-        let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
-        let reply = self
-            .bounded(self.inner.store.decide(&checks, max_wait))
-            .await?;
-        self.decision(reply, max_wait)
+        let limits = &self.inner.limits;
+        if keys.len() != 1 && keys.len() != limits.len() {
+            return Err(Error::KeyCount {
+                expected: limits.len(),
+                got: keys.len(),
+            });
+        }
+        let pairs = limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l, keys[i.min(keys.len() - 1)].as_ref()));
+        self.run(Self::checks(pairs, cost), max_wait).await
+    }
+
+    /// Decides only the limits that have a key (`keys[i]` for limit `i`); the
+    /// decision lists those limits only. `None` when no limit has a key.
+    pub(crate) async fn decide_present(
+        &self,
+        keys: &[Option<Vec<u8>>],
+        cost: u64,
+        max_wait: Duration,
+    ) -> Option<Result<Decision, Error>> {
+        let pairs = self
+            .inner
+            .limits
+            .iter()
+            .zip(keys)
+            .filter_map(|(l, k)| Some((l, k.as_deref()?)));
+        let checks = Self::checks(pairs, cost);
+        if checks.is_empty() {
+            return None;
+        }
+        Some(self.run(checks, max_wait).await)
     }
 
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
-        let checks = self.checks(&[key], 0)?;
+        let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), 0);
         self.bounded(self.inner.store.reset(&checks)).await
+    }
+
+    async fn run(&self, checks: Vec<Check<'_>>, max_wait: Duration) -> Result<Decision, Error> {
+        let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
+        let reply = self
+            .bounded(self.inner.store.decide(&checks, max_wait))
+            .await?;
+        Self::decision(&checks, reply, max_wait)
     }
 
     async fn bounded<T>(
@@ -209,43 +253,35 @@ impl Limiter {
             .unwrap_or(Err(Error::Timeout(self.inner.timeout)))
     }
 
-    fn checks<K: AsRef<[u8]>>(&self, keys: &[K], cost: u64) -> Result<Vec<Check<'_>>, Error> {
-        let limits = &self.inner.limits;
-        if keys.len() != 1 && keys.len() != limits.len() {
-            return Err(Error::KeyCount {
-                expected: limits.len(),
-                got: keys.len(),
-            });
-        }
+    fn checks<'a>(pairs: impl Iterator<Item = (&'a Limit, &'a [u8])>, cost: u64) -> Vec<Check<'a>> {
         // Costs above 2^53 can never fit any validated limit; clamp so the
         // arithmetic in both stores stays exact.
         let cost = i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX);
-        let shared = (keys.len() == 1).then(|| keys::tag(keys[0].as_ref()));
-        Ok(limits
-            .iter()
-            .enumerate()
-            .map(|(i, limit)| Check {
-                limit,
-                tag: shared
-                    .clone()
-                    .unwrap_or_else(|| keys::tag(keys[i].as_ref())),
-                cost,
+        let mut last: Option<(&[u8], String)> = None;
+        pairs
+            .map(|(limit, key)| {
+                let tag = match &last {
+                    Some((k, tag)) if *k == key => tag.clone(),
+                    _ => keys::tag(key),
+                };
+                last = Some((key, tag.clone()));
+                Check { limit, tag, cost }
             })
-            .collect())
+            .collect()
     }
 
-    fn decision(&self, reply: Reply, max_wait: i64) -> Result<Decision, Error> {
-        let limits = &self.inner.limits;
-        if reply.limits.len() != limits.len() {
+    fn decision(checks: &[Check<'_>], reply: Reply, max_wait: i64) -> Result<Decision, Error> {
+        if reply.limits.len() != checks.len() {
             return Err(Error::UnexpectedReply(format!(
                 "{} statuses for {} limits",
                 reply.limits.len(),
-                limits.len()
+                checks.len()
             )));
         }
         let micros = |us: i64| Duration::from_micros(u64::try_from(us).unwrap_or(0));
-        let statuses = limits
+        let statuses = checks
             .iter()
+            .map(|check| check.limit)
             .zip(&reply.limits)
             .map(|(limit, &[wait, remaining, reset])| LimitStatus {
                 name: limit.shared_name().clone(),

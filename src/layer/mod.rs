@@ -1,0 +1,359 @@
+//! Rate limiting as a Tower layer, for axum or any Tower stack.
+//!
+//! [`RateLimitLayer`] extracts a key per request for each of its limits, asks
+//! the store once for all of them, and either forwards the request (with the
+//! [`Decision`](crate::Decision) in its extensions and `RateLimit` headers on
+//! the response) or answers `429 Too Many Requests` with `Retry-After` and an
+//! RFC 9457 problem body. Nothing is consumed when any limit refuses.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::get, Router};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_ratelimit::{key::Global, layer::RateLimitLayer, Limit, Quota};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let limit = Limit::new("api", Quota::gcra(2, Duration::from_secs(60), 2))?;
+//! let app = Router::new().route("/", get(|| async { "hi" })).layer(RateLimitLayer::new(limit, Global));
+//!
+//! for expected in [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+//!     let response = app.clone().oneshot(Request::get("/").body(axum::body::Body::empty())?).await?;
+//!     assert_eq!(response.status(), expected);
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! Several limits, each with its own key, a store shared by every instance,
+//! and a fallback when Redis fails:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_ratelimit::key::{ClientIp, ClientIpResolver, Extension};
+//! use tower_ratelimit::layer::{OnStoreError, RateLimitLayer};
+//! use tower_ratelimit::{Limit, Quota, RedisStore};
+//!
+//! # #[derive(Clone)] struct UserId(u64);
+//! # impl std::fmt::Display for UserId { fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { self.0.fmt(f) } }
+//! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let behind_lb = ClientIpResolver::new().trust_proxies(["10.0.0.0/8"])?;
+//! let layer = RateLimitLayer::builder()
+//!     .store(RedisStore::new("redis://127.0.0.1:6379")?)
+//!     .limit(Limit::new("per-ip", Quota::gcra(10, Duration::from_secs(1), 20))?, ClientIp::with_resolver(behind_lb))
+//!     .limit(Limit::new("per-user-daily", Quota::fixed_window(10_000, Duration::from_secs(86_400)))?, Extension::<UserId>::new())
+//!     .on_store_error(OnStoreError::FallbackToMemory)
+//!     .build()?;
+//! # let _ = layer; Ok(()) }
+//! ```
+//!
+//! # Outcomes
+//!
+//! | situation | response |
+//! |---|---|
+//! | every limit grants | the inner service's, plus `RateLimit-Policy` / `RateLimit` |
+//! | a limit refuses | 429, `Retry-After` (whole seconds, rounded up, at least 1), `Cache-Control: no-store`, problem `quota-exceeded` with `violated-policies` |
+//! | the cost exceeds a limit's capacity | 429 without `Retry-After` (waiting cannot help) |
+//! | delay mode, grant within `max_delay` | forwarded after the wait; nothing is answered early |
+//! | no key for a limit | per [`MissingKey`]: 400 by default |
+//! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` by default |
+
+mod body;
+mod response;
+mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::Response;
+use http::request::Parts;
+use http::StatusCode;
+
+pub use self::body::ResponseBody;
+pub use self::response::{
+    QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
+    X_RATELIMIT_RESET,
+};
+pub use self::service::{RateLimit, ResponseFuture};
+
+use self::response::HeaderSet;
+use crate::key::KeyExtractor;
+use crate::store::Store;
+use crate::{ConfigError, Decision, Error, Limit, Limiter, MemoryStore, DEFAULT_TIMEOUT};
+
+/// What to do when the store fails or does not answer within the timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Forward the request unlimited (logged at `warn`).
+    FailOpen,
+    /// Answer 503 with this `Retry-After` (logged at `warn`). The default, with 1 s.
+    FailClosed {
+        /// Sent as `Retry-After`, rounded up to whole seconds.
+        retry_after: Duration,
+    },
+    /// Decide with an in-process store holding the same limits, so each
+    /// instance still enforces them on its own until Redis is back.
+    FallbackToMemory,
+}
+
+impl Default for OnStoreError {
+    fn default() -> Self {
+        OnStoreError::FailClosed {
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What to do with a request that has no key for a limit (e.g. no API key
+/// header, no peer address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Answer with this status and a problem body. The default, with 400.
+    Reject(StatusCode),
+    /// Skip that limit for this request (the others still apply).
+    Skip,
+    /// Count the request under this key: all keyless requests share one limit.
+    Shared(String),
+}
+
+impl Default for MissingKey {
+    fn default() -> Self {
+        MissingKey::Reject(StatusCode::BAD_REQUEST)
+    }
+}
+
+/// Why the layer answered instead of the inner service; passed to a custom
+/// rejection handler ([`RateLimitLayerBuilder::on_rejection`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Rejection<'a> {
+    /// A limit refused (or the cost can never fit). `Retry-After` and the rate
+    /// limit headers are added to the handler's response unless it sets them.
+    Limited(&'a Decision),
+    /// The store failed and the policy is [`OnStoreError::FailClosed`].
+    StoreFailed(&'a Error),
+    /// The request has no key for this limit and the policy is [`MissingKey::Reject`].
+    MissingKey(&'a str),
+}
+
+type Rejector = Arc<dyn Fn(&Rejection<'_>) -> Response + Send + Sync>;
+type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+pub(crate) struct Config {
+    pub(crate) limiter: Limiter,
+    pub(crate) keys: Vec<Arc<dyn KeyExtractor>>,
+    pub(crate) fallback: Option<Limiter>,
+    pub(crate) on_error: OnStoreError,
+    pub(crate) on_missing: MissingKey,
+    pub(crate) cost: Option<CostFn>,
+    pub(crate) fixed_cost: u64,
+    pub(crate) max_delay: Duration,
+    pub(crate) headers: HeaderSet,
+    pub(crate) rejector: Option<Rejector>,
+}
+
+/// A Tower layer that rate-limits requests; see the [module docs](self).
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    config: Arc<Config>,
+}
+
+impl std::fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.config.limiter)
+            .finish()
+    }
+}
+
+impl RateLimitLayer {
+    /// One limit per `key`, in memory, with the defaults.
+    pub fn new(limit: Limit, key: impl KeyExtractor) -> Self {
+        let layer = Self::builder().limit(limit, key).build();
+        // One validated limit with cost 1 and no other setting cannot fail.
+        layer.unwrap_or_else(|e| unreachable!("a single limit is always valid: {e}"))
+    }
+
+    /// Configures a layer: limits with their keys, store, cost, delay mode,
+    /// failure policies, headers and rejection response.
+    pub fn builder() -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            store: None,
+            limits: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            on_error: OnStoreError::default(),
+            on_missing: MissingKey::default(),
+            cost: None,
+            fixed_cost: 1,
+            max_delay: Duration::ZERO,
+            headers: HeaderSet {
+                ietf: true,
+                legacy: false,
+            },
+            rejector: None,
+        }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit::new(inner, self.config.clone())
+    }
+}
+
+/// Configures a [`RateLimitLayer`].
+#[must_use]
+pub struct RateLimitLayerBuilder {
+    store: Option<Arc<dyn Store>>,
+    limits: Vec<(Limit, Arc<dyn KeyExtractor>)>,
+    timeout: Duration,
+    on_error: OnStoreError,
+    on_missing: MissingKey,
+    cost: Option<CostFn>,
+    fixed_cost: u64,
+    max_delay: Duration,
+    headers: HeaderSet,
+    rejector: Option<Rejector>,
+}
+
+impl std::fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.limits.iter().map(|(l, _)| l.name()).collect();
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("limits", &names)
+            .finish()
+    }
+}
+
+impl RateLimitLayerBuilder {
+    /// Where state lives (default: a new [`MemoryStore`]).
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// Adds a limit counted per `key`. All limits are decided together in one
+    /// store round trip: a request passes only if every limit grants it.
+    pub fn limit(mut self, limit: Limit, key: impl KeyExtractor) -> Self {
+        self.limits.push((limit, Arc::new(key)));
+        self
+    }
+
+    /// Every request costs `cost` (default 1); checked against every limit's
+    /// capacity when built.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.fixed_cost = cost;
+        self.cost = None;
+        self
+    }
+
+    /// The cost of each request is computed from it (weighted endpoints).
+    /// A cost over a limit's capacity is answered 429 without `Retry-After`.
+    pub fn cost_fn(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Delay mode (traffic shaping): a request that would be granted within
+    /// `max_delay` reserves its slot and is forwarded after the wait; beyond
+    /// it, the request is answered 429 and consumes nothing.
+    pub fn delay(mut self, max_delay: Duration) -> Self {
+        self.max_delay = max_delay;
+        self
+    }
+
+    /// Bound on each store call (default [`DEFAULT_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The store failure policy (default: 503 with `Retry-After: 1`).
+    pub fn on_store_error(mut self, policy: OnStoreError) -> Self {
+        self.on_error = policy;
+        self
+    }
+
+    /// The policy for requests without a key (default: 400).
+    pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
+        self.on_missing = policy;
+        self
+    }
+
+    /// Send `RateLimit-Policy` and `RateLimit` (default: yes).
+    pub fn ietf_headers(mut self, send: bool) -> Self {
+        self.headers.ietf = send;
+        self
+    }
+
+    /// Send `X-RateLimit-Limit`, `-Remaining` and `-Reset` (default: no).
+    pub fn legacy_headers(mut self, send: bool) -> Self {
+        self.headers.legacy = send;
+        self
+    }
+
+    /// Answer rejections with your own response instead of the problem
+    /// details body.
+    pub fn on_rejection(
+        mut self,
+        handler: impl Fn(&Rejection<'_>) -> Response + Send + Sync + 'static,
+    ) -> Self {
+        self.rejector = Some(Arc::new(handler));
+        self
+    }
+
+    /// Validates the configuration.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let (limits, keys): (Vec<Limit>, Vec<Arc<dyn KeyExtractor>>) =
+            self.limits.into_iter().unzip();
+        if self.cost.is_none() {
+            if let Some(limit) = limits.iter().find(|l| l.capacity() < self.fixed_cost) {
+                return Err(ConfigError::CostExceedsCapacity {
+                    cost: self.fixed_cost,
+                    limit: limit.name().to_owned(),
+                    capacity: limit.capacity(),
+                });
+            }
+        }
+        if let MissingKey::Reject(status) = &self.on_missing {
+            if status.is_success() || status.is_informational() {
+                return Err(ConfigError::Layer(format!(
+                    "a missing key cannot be answered with {status}"
+                )));
+            }
+        }
+        let with_limits = |builder: crate::LimiterBuilder| {
+            limits
+                .iter()
+                .cloned()
+                .fold(builder.timeout(self.timeout), |b, l| b.limit(l))
+                .build()
+        };
+        let limiter = with_limits(Limiter::builder_shared(store))?;
+        let fallback = match self.on_error {
+            OnStoreError::FallbackToMemory => {
+                Some(with_limits(Limiter::builder(MemoryStore::new()))?)
+            }
+            _ => None,
+        };
+        Ok(RateLimitLayer {
+            config: Arc::new(Config {
+                limiter,
+                keys,
+                fallback,
+                on_error: self.on_error,
+                on_missing: self.on_missing,
+                cost: self.cost,
+                fixed_cost: self.fixed_cost,
+                max_delay: self.max_delay,
+                headers: self.headers,
+                rejector: self.rejector,
+            }),
+        })
+    }
+}

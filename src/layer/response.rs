@@ -1,0 +1,186 @@
+//! Rate-limit header fields and the default rejection responses.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::response::Response;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use sfv::{Integer, KeyRef, ListSerializer, StringRef};
+
+use crate::{Decision, Error, Verdict};
+
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// Legacy `X-RateLimit-Limit`.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// Legacy `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// Legacy `X-RateLimit-Reset` (UTC epoch seconds, as GitHub sends it).
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The problem type of RFC 9457 for an exceeded quota.
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// Whole seconds, rounded up: a positive wait never becomes 0.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// Structured-field integers have at most 15 digits.
+fn sf_int(n: u64) -> Integer {
+    Integer::try_from(n.min(999_999_999_999_999)).unwrap_or(Integer::MAX)
+}
+
+/// Which rate-limit header fields to send.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeaderSet {
+    pub(crate) ietf: bool,
+    pub(crate) legacy: bool,
+}
+
+/// Adds the rate-limit fields describing `decision` to `headers`.
+pub(crate) fn insert_headers(headers: &mut HeaderMap, decision: &Decision, set: HeaderSet) {
+    if set.ietf && !decision.statuses().is_empty() {
+        let mut policy = ListSerializer::new();
+        let mut state = ListSerializer::new();
+        for s in decision.statuses() {
+            // Limit names are validated to [A-Za-z0-9_.-]: always valid strings.
+            let Ok(name) = StringRef::from_str(s.name()) else {
+                continue;
+            };
+            policy
+                .bare_item(name)
+                .parameter(KeyRef::constant("q"), sf_int(s.limit()))
+                .parameter(KeyRef::constant("w"), sf_int(ceil_secs(s.window()).max(1)));
+            state
+                .bare_item(name)
+                .parameter(KeyRef::constant("r"), sf_int(s.remaining()))
+                .parameter(KeyRef::constant("t"), sf_int(ceil_secs(s.reset_after())));
+        }
+        for (field, list) in [
+            (RATELIMIT_POLICY, policy.finish()),
+            (RATELIMIT, state.finish()),
+        ] {
+            if let Some(value) = list.and_then(|v| HeaderValue::from_str(&v).ok()) {
+                headers.insert(field, value);
+            }
+        }
+    }
+    if set.legacy {
+        if let Some(binding) = decision.binding() {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            let reset = ceil_secs(now + binding.reset_after());
+            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(binding.limit()));
+            headers.insert(
+                X_RATELIMIT_REMAINING,
+                HeaderValue::from(binding.remaining()),
+            );
+            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        }
+    }
+}
+
+/// An RFC 9457 problem details response.
+pub(crate) fn problem(
+    status: StatusCode,
+    kind: &str,
+    detail: String,
+    extra: Option<(&str, serde_json::Value)>,
+) -> Response {
+    let mut body = serde_json::json!({
+        "type": kind,
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    if let (Some((name, value)), Some(map)) = (extra, body.as_object_mut()) {
+        map.insert(name.to_owned(), value);
+    }
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The default 429: `Retry-After` in whole seconds (rounded up, at least 1)
+/// unless the cost can never fit, and a quota-exceeded problem naming the
+/// violated limits.
+pub(crate) fn too_many_requests(decision: &Decision) -> Response {
+    let violated: Vec<&str> = decision.violated().map(|s| s.name()).collect();
+    let detail = match decision.verdict() {
+        Verdict::Denied { retry_after } => {
+            format!(
+                "Rate limit {} exceeded; retry in {} s.",
+                violated.join(", "),
+                ceil_secs(retry_after).max(1)
+            )
+        }
+        _ => format!(
+            "The request costs more than rate limit {} can ever grant.",
+            violated.join(", ")
+        ),
+    };
+    problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        QUOTA_EXCEEDED,
+        detail,
+        Some(("violated-policies", serde_json::json!(violated))),
+    )
+}
+
+/// Adds `Retry-After` for a denial, unless already present.
+pub(crate) fn insert_retry_after(headers: &mut HeaderMap, decision: &Decision) {
+    if let Some(retry) = decision.retry_after() {
+        if !headers.contains_key(RETRY_AFTER) {
+            headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry).max(1)));
+        }
+    }
+}
+
+/// The default fail-closed answer when the store failed: 503 with `Retry-After`.
+pub(crate) fn store_unavailable(error: &Error, retry_after: Duration) -> Response {
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "about:blank",
+        format!("The rate limiter is unavailable: {error}."),
+        None,
+    );
+    response.headers_mut().insert(
+        RETRY_AFTER,
+        HeaderValue::from(ceil_secs(retry_after).max(1)),
+    );
+    response
+}
+
+/// The default answer to a request without a key for a limit.
+pub(crate) fn missing_key(status: StatusCode, limit: &str) -> Response {
+    problem(
+        status,
+        "about:blank",
+        format!("The request has no key for rate limit {limit}."),
+        None,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_round_up_to_whole_seconds() {
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+    }
+}
