@@ -30,38 +30,31 @@ use tower_ratelimit::{Decision, Limit, MemoryStore, Quota, RedisStore, Store};
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 fn app<S: Store + Clone>(store: S, client_ip: ClientIp) -> Result<Router, Error> {
-    let per_ip = RateLimitLayer::builder()
+    let per_ip = Limit::new(
+        "per-ip",
+        Quota::token_bucket(100, 100, Duration::from_secs(1)),
+    )?;
+    let hello = Limit::new("hello", Quota::gcra(10, Duration::from_secs(1), 10))?;
+    let sms = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?;
+
+    // Each route's layer holds the shared per-IP limit and the route's own:
+    // one store round trip per request, and a request refused by one limit
+    // consumes nothing from the other.
+    let hello_layer = RateLimitLayer::builder()
         .store(store.clone())
-        .limit(
-            Limit::new(
-                "per-ip",
-                Quota::token_bucket(100, 100, Duration::from_secs(1)),
-            )?,
-            client_ip.clone(),
-        )
+        .limit(per_ip.clone(), client_ip.clone())
+        .limit(hello, client_ip.clone())
         .build()?;
-    let hello = RateLimitLayer::builder()
-        .store(store.clone())
-        .limit(
-            Limit::new("hello", Quota::gcra(10, Duration::from_secs(1), 10))?,
-            client_ip,
-        )
-        .build()?;
-    let sms = RateLimitLayer::builder()
+    let sms_layer = RateLimitLayer::builder()
         .store(store)
-        .limit(
-            Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?,
-            PathParam::new("phone"),
-        )
+        .limit(per_ip, client_ip)
+        .limit(sms, PathParam::new("phone"))
         .build()?;
 
-    let limited = Router::new()
-        .route("/api/hello", get(say_hello).route_layer(hello))
-        .route("/sms/{phone}", post(send_sms).route_layer(sms))
-        .layer(per_ip);
     Ok(Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .merge(limited))
+        .route("/api/hello", get(say_hello).route_layer(hello_layer))
+        .route("/sms/{phone}", post(send_sms).route_layer(sms_layer))
+        .route("/healthz", get(|| async { "ok" })))
 }
 
 async fn say_hello(Extension(decision): Extension<Decision>) -> String {

@@ -60,27 +60,35 @@ pub(crate) fn insert_headers(headers: &mut HeaderMap, decision: &Decision, set: 
                 .parameter(KeyRef::constant("r"), sf_int(s.remaining()))
                 .parameter(KeyRef::constant("t"), sf_int(ceil_secs(s.reset_after())));
         }
+        // Appended, not replaced: with nested layers each adds its limits, and
+        // several lines of a structured List are one List (RFC 9651).
         for (field, list) in [
             (RATELIMIT_POLICY, policy.finish()),
             (RATELIMIT, state.finish()),
         ] {
             if let Some(value) = list.and_then(|v| HeaderValue::from_str(&v).ok()) {
-                headers.insert(field, value);
+                headers.append(field, value);
             }
         }
     }
     if set.legacy {
         if let Some(binding) = decision.binding() {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            let reset = ceil_secs(now + binding.reset_after());
-            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(binding.limit()));
-            headers.insert(
-                X_RATELIMIT_REMAINING,
-                HeaderValue::from(binding.remaining()),
-            );
-            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+            // One value each: keep the most restrictive of nested layers.
+            let current = headers
+                .get(X_RATELIMIT_REMAINING)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if current.is_none_or(|remaining| binding.remaining() < remaining) {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                let reset = ceil_secs(now + binding.reset_after());
+                headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(binding.limit()));
+                headers.insert(
+                    X_RATELIMIT_REMAINING,
+                    HeaderValue::from(binding.remaining()),
+                );
+                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+            }
         }
     }
 }
