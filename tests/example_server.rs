@@ -1,0 +1,121 @@
+//! The example server as a user runs it: the compiled `examples/server`
+//! binary, alone in memory, and as two processes sharing one Redis.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::TestRedis;
+
+/// `target/<profile>/examples/server`, which `cargo test` builds with the tests.
+fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target profile directory");
+    let path = dir
+        .join("examples")
+        .join(format!("server{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test`, which builds the examples",
+        path.display()
+    );
+    path
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(redis_url: Option<&str>) -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let mut cmd = Command::new(example_binary());
+        cmd.env("PORT", port.to_string())
+            .env("RUST_LOG", "warn")
+            .env_remove("REDIS_URL")
+            .stdout(Stdio::null());
+        if let Some(url) = redis_url {
+            cmd.env("REDIS_URL", url);
+        }
+        let child = cmd.spawn().expect("start the example server");
+        let server = Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the example server did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends one HTTP/1.1 request and returns the status code.
+fn status(port: u16, method: &str, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {response:?}"))
+}
+
+fn exercise(ports: &[u16]) {
+    // /api/hello: 10 per second per IP, burst 10, across all instances
+    let hello: Vec<u16> = (0..12)
+        .map(|i| status(ports[i % ports.len()], "GET", "/api/hello"))
+        .collect();
+    assert_eq!(hello.iter().filter(|s| **s == 200).count(), 10, "{hello:?}");
+    assert_eq!(hello[11], 429);
+    // /sms/{phone}: 3 per minute per number, 202 when accepted
+    let sms: Vec<u16> = (0..4)
+        .map(|i| status(ports[i % ports.len()], "POST", "/sms/+15550100"))
+        .collect();
+    assert_eq!(sms, [202, 202, 202, 429]);
+    assert_eq!(
+        status(ports[0], "POST", "/sms/+15550199"),
+        202,
+        "another number has its own limit"
+    );
+    // /healthz is never limited
+    for i in 0..30 {
+        assert_eq!(status(ports[i % ports.len()], "GET", "/healthz"), 200);
+    }
+}
+
+#[test]
+fn example_server_in_memory() {
+    let server = Server::start(None);
+    exercise(&[server.port]);
+}
+
+#[test]
+fn two_example_servers_share_limits_through_redis() {
+    let redis = TestRedis::spawn();
+    let a = Server::start(Some(&redis.url));
+    let b = Server::start(Some(&redis.url));
+    exercise(&[a.port, b.port]);
+}

@@ -1,0 +1,792 @@
+//! The Tower layer through `oneshot`, a real TCP server and HTTP client, and
+//! real Redis (two app instances; Redis stopped for the failure policies).
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use bytes::Bytes;
+use common::{redis_store, unique_prefix, TestRedis};
+use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use sfv::{List, ListEntry, Parser};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_ratelimit::key::{
+    ClientIp, ClientIpResolver, Extension as Ext, Global, Header, PathParam, Route,
+};
+use tower_ratelimit::layer::{MissingKey, OnStoreError, RateLimitLayer, Rejection};
+use tower_ratelimit::{ConfigError, Decision, Limit, MemoryStore, Quota, RedisStore};
+
+fn limit(name: &str, quota: Quota) -> Limit {
+    Limit::new(name, quota).expect("valid limit")
+}
+
+fn per_minute(n: u64) -> Quota {
+    Quota::gcra(n, Duration::from_secs(60), n)
+}
+
+fn hello_app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "hi" }))
+        .layer(layer)
+}
+
+fn request(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).expect("request")
+}
+
+fn from_peer(uri: &str, peer: &str, xff: Option<&str>) -> Request<Body> {
+    let mut req = Request::get(uri);
+    if let Some(xff) = xff {
+        req = req.header("x-forwarded-for", xff);
+    }
+    let mut req = req.body(Body::empty()).expect("request");
+    let addr: SocketAddr = format!("{peer}:40000")
+        .parse()
+        .unwrap_or_else(|_| format!("[{peer}]:40000").parse().expect("peer"));
+    req.extensions_mut().insert(ConnectInfo(addr));
+    req
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, HeaderMap, String) {
+    let response = app.clone().oneshot(req).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// Parses a structured List header into (name, [(param, integer)]) items;
+/// panics when the value is not a valid RFC 9651 List.
+fn sf_list(headers: &HeaderMap, name: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let lines: Vec<&str> = headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().expect("ascii"))
+        .collect();
+    assert!(!lines.is_empty(), "no {name} header");
+    let list: List = Parser::new(&lines.join(", "))
+        .parse()
+        .unwrap_or_else(|e| panic!("{name} is not a structured List: {e:?}"));
+    list.into_iter()
+        .map(|entry| match entry {
+            ListEntry::Item(item) => {
+                let name = item
+                    .bare_item
+                    .as_string()
+                    .expect("policy name is a String")
+                    .as_str()
+                    .to_owned();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.as_str().to_owned(),
+                            i64::from(v.as_integer().expect("integer parameter")),
+                        )
+                    })
+                    .collect();
+                (name, params)
+            }
+            ListEntry::InnerList(_) => panic!("unexpected inner list in {name}"),
+        })
+        .collect()
+}
+
+fn param(item: &(String, Vec<(String, i64)>), key: &str) -> i64 {
+    item.1
+        .iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("no {key} in {item:?}"))
+        .1
+}
+
+#[tokio::test]
+async fn a_denied_request_gets_a_standard_429() {
+    let app = hello_app(RateLimitLayer::new(limit("api", per_minute(2)), Global));
+    for remaining in [1, 0] {
+        let (status, headers, body) = send(&app, request("/")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "hi"));
+        let policy = sf_list(&headers, "ratelimit-policy");
+        assert_eq!(policy.len(), 1);
+        assert_eq!(policy[0].0, "api");
+        assert_eq!((param(&policy[0], "q"), param(&policy[0], "w")), (2, 60));
+        let state = sf_list(&headers, "ratelimit");
+        assert_eq!(param(&state[0], "r"), remaining);
+        assert!(!headers.contains_key("retry-after"));
+    }
+    let (status, headers, body) = send(&app, request("/")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // 2 per minute: the next one is 30 s away, as whole delay-seconds
+    assert_eq!(headers["retry-after"], "30");
+    assert_eq!(headers["cache-control"], "no-store");
+    assert_eq!(headers["content-type"], "application/problem+json");
+    let state = sf_list(&headers, "ratelimit");
+    assert_eq!(param(&state[0], "r"), 0);
+    assert!(
+        param(&state[0], "t") >= 30,
+        "t must not point before Retry-After"
+    );
+    let problem: serde_json::Value = serde_json::from_str(&body).expect("json body");
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["violated-policies"], serde_json::json!(["api"]));
+    assert!(problem["title"].is_string() && problem["detail"].is_string());
+}
+
+#[tokio::test]
+async fn sub_second_waits_are_never_retry_after_zero() {
+    let app = hello_app(RateLimitLayer::new(
+        limit("fast", Quota::gcra(10, Duration::from_secs(1), 1)),
+        Global,
+    ));
+    assert_eq!(send(&app, request("/")).await.0, StatusCode::OK);
+    let (status, headers, _) = send(&app, request("/")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        headers["retry-after"], "1",
+        "a 100 ms wait rounds up to 1 s"
+    );
+}
+
+#[tokio::test]
+async fn composes_with_route_layer_method_router_and_service_builder() {
+    let layer = || RateLimitLayer::new(limit("one", per_minute(1)), Global);
+    let routes = Router::new()
+        .route("/a", get(|| async { "a" }).route_layer(layer()))
+        .route("/b", get(|| async { "b" }).layer(layer()))
+        .route("/free", get(|| async { "free" }));
+    for path in ["/a", "/b"] {
+        assert_eq!(send(&routes, request(path)).await.0, StatusCode::OK);
+        assert_eq!(
+            send(&routes, request(path)).await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(send(&routes, request("/free")).await.0, StatusCode::OK);
+    // route_layer leaves unmatched paths alone: 404, not limited
+    assert_eq!(
+        send(&routes, request("/missing")).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    // A plain Tower service with its own body type, through ServiceBuilder.
+    let svc = ServiceBuilder::new()
+        .layer(layer())
+        .service(tower::service_fn(|_req: Request<Full<Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"plain"))))
+        }));
+    let call = |svc: &_| {
+        let svc: tower_ratelimit::layer::RateLimit<_> = Clone::clone(svc);
+        async move {
+            svc.oneshot(Request::new(Full::new(Bytes::new())))
+                .await
+                .expect("infallible")
+        }
+    };
+    let ok = call(&svc).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(
+        ok.into_body().collect().await.expect("body").to_bytes(),
+        "plain"
+    );
+    let limited = call(&svc).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = limited
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("quota-exceeded"));
+}
+
+#[derive(Clone)]
+struct UserId(&'static str);
+
+impl std::fmt::Display for UserId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+fn as_user(mut req: Request<Body>, user: &'static str) -> Request<Body> {
+    req.extensions_mut().insert(UserId(user));
+    req
+}
+
+#[tokio::test]
+async fn several_limits_are_all_or_nothing_and_the_refusing_one_is_named() {
+    let layer = RateLimitLayer::builder()
+        .limit(limit("per-ip", per_minute(10)), ClientIp::peer())
+        .limit(limit("per-user", per_minute(2)), Ext::<UserId>::new())
+        .build()
+        .expect("layer");
+    let app = hello_app(layer);
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, as_user(from_peer("/", "203.0.113.1", None), "ann"))
+                .await
+                .0,
+            StatusCode::OK
+        );
+    }
+    let (status, headers, body) =
+        send(&app, as_user(from_peer("/", "203.0.113.1", None), "ann")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        body.contains(r#""violated-policies":["per-user"]"#),
+        "{body}"
+    );
+    let state = sf_list(&headers, "ratelimit");
+    assert_eq!(
+        state
+            .iter()
+            .map(|s| (s.0.as_str(), param(s, "r")))
+            .collect::<Vec<_>>(),
+        [("per-ip", 8), ("per-user", 0)]
+    );
+    // the refused request took nothing from per-ip: another user from the same IP sees 8 left before its grant
+    let (status, headers, _) =
+        send(&app, as_user(from_peer("/", "203.0.113.1", None), "bob")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(param(&sf_list(&headers, "ratelimit")[0], "r"), 7);
+}
+
+#[tokio::test]
+async fn costs_are_fixed_or_computed_and_checked_against_capacity() {
+    let err = RateLimitLayer::builder()
+        .limit(limit("small", per_minute(5)), Global)
+        .cost(6)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::CostExceedsCapacity {
+                cost: 6,
+                capacity: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let layer = RateLimitLayer::builder()
+        .limit(limit("credits", per_minute(10)), Global)
+        .cost_fn(|parts| if parts.uri.path() == "/export" { 4 } else { 1 })
+        .build()
+        .expect("layer");
+    let app = Router::new()
+        .route("/export", get(|| async { "csv" }))
+        .route("/page", get(|| async { "page" }))
+        .layer(layer);
+    let (_, headers, _) = send(&app, request("/export")).await;
+    assert_eq!(param(&sf_list(&headers, "ratelimit")[0], "r"), 6);
+    let (_, headers, _) = send(&app, request("/page")).await;
+    assert_eq!(param(&sf_list(&headers, "ratelimit")[0], "r"), 5);
+    // a computed cost over the capacity can never pass: 429 without Retry-After
+    let huge = RateLimitLayer::builder()
+        .limit(limit("credits", per_minute(10)), Global)
+        .cost_fn(|_| 11)
+        .build()
+        .expect("layer");
+    let (status, headers, body) = send(&hello_app(huge), request("/")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(!headers.contains_key("retry-after"));
+    assert!(body.contains("can ever grant"), "{body}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn delay_mode_forwards_after_the_wait_and_refuses_beyond_max_delay() {
+    #[derive(Clone)]
+    struct TokioClock(tokio::time::Instant);
+    impl tower_ratelimit::Clock for TokioClock {
+        fn now_micros(&self) -> i64 {
+            common::T0 + self.0.elapsed().as_micros() as i64
+        }
+    }
+    let store = MemoryStore::with_clock(TokioClock(tokio::time::Instant::now()));
+    let layer = RateLimitLayer::builder()
+        .store(store)
+        .limit(
+            limit("shaped", Quota::gcra(10, Duration::from_secs(1), 1)),
+            Global,
+        )
+        .delay(Duration::from_millis(250))
+        .build()
+        .expect("layer");
+    let app = hello_app(layer);
+    let started = tokio::time::Instant::now();
+    let responses = futures::future::join_all((0..4).map(|_| {
+        let app = app.clone();
+        async move {
+            let (status, _, _) = send(&app, request("/")).await;
+            (status, started.elapsed())
+        }
+    }))
+    .await;
+    let mut statuses: Vec<_> = responses.iter().map(|r| r.0).collect();
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let mut waits: Vec<_> = responses
+        .iter()
+        .filter(|r| r.0 == StatusCode::OK)
+        .map(|r| r.1)
+        .collect();
+    waits.sort();
+    // 10 per second, spaced 100 ms apart (virtual time)
+    assert_eq!(
+        waits,
+        [
+            Duration::ZERO,
+            Duration::from_millis(100),
+            Duration::from_millis(200)
+        ]
+    );
+    let refused = responses
+        .iter()
+        .find(|r| r.0 == StatusCode::TOO_MANY_REQUESTS)
+        .expect("one refused");
+    assert_eq!(
+        refused.1,
+        Duration::ZERO,
+        "refused at once, not after waiting"
+    );
+}
+
+#[tokio::test]
+async fn missing_keys_follow_the_configured_policy() {
+    let api_key = || Header::new(HeaderName::from_static("x-api-key"));
+    let keyed = |policy: MissingKey| {
+        RateLimitLayer::builder()
+            .limit(limit("per-key", per_minute(1)), api_key())
+            .on_missing_key(policy)
+            .build()
+            .expect("layer")
+    };
+    // default: 400 with a problem body, nothing consumed
+    let (status, headers, body) =
+        send(&hello_app(keyed(MissingKey::default())), request("/")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert!(body.contains("per-key"), "{body}");
+    // skip: unlimited, no rate-limit headers
+    let app = hello_app(keyed(MissingKey::Skip));
+    for _ in 0..3 {
+        let (status, headers, _) = send(&app, request("/")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(!headers.contains_key("ratelimit"));
+    }
+    // shared: all keyless requests share one bucket, keyed ones have their own
+    let app = hello_app(keyed(MissingKey::Shared("anonymous".into())));
+    assert_eq!(send(&app, request("/")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&app, request("/")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let with_key = Request::get("/")
+        .header("x-api-key", "k-1")
+        .body(Body::empty())
+        .expect("request");
+    assert_eq!(send(&app, with_key).await.0, StatusCode::OK);
+    let err = RateLimitLayer::builder()
+        .limit(limit("x", per_minute(1)), api_key())
+        .on_missing_key(MissingKey::Reject(StatusCode::OK))
+        .build();
+    assert!(matches!(err, Err(ConfigError::Layer(_))));
+}
+
+#[tokio::test]
+async fn handlers_see_the_decision_and_headers_are_configurable() {
+    let layer = RateLimitLayer::builder()
+        .limit(limit("api", per_minute(5)), Global)
+        .ietf_headers(false)
+        .legacy_headers(true)
+        .build()
+        .expect("layer");
+    let app =
+        Router::new()
+            .route(
+                "/",
+                get(|Extension(d): Extension<Decision>| async move {
+                    format!("{} left", d.remaining())
+                }),
+            )
+            .layer(layer);
+    let (status, headers, body) = send(&app, request("/")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "4 left"));
+    assert!(!headers.contains_key("ratelimit") && !headers.contains_key("ratelimit-policy"));
+    assert_eq!(headers["x-ratelimit-limit"], "5");
+    assert_eq!(headers["x-ratelimit-remaining"], "4");
+    let reset: u64 = headers["x-ratelimit-reset"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .expect("epoch seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        reset > now && reset <= now + 13,
+        "reset {reset} is UTC epoch seconds (now {now})"
+    );
+}
+
+#[tokio::test]
+async fn a_custom_rejection_replaces_the_body_but_keeps_retry_after() {
+    let layer = RateLimitLayer::builder()
+        .limit(limit("api", per_minute(1)), Global)
+        .on_rejection(|why| match why {
+            Rejection::Limited(d) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("slow down, {} left", d.remaining()),
+            )
+                .into_response(),
+            _ => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        })
+        .build()
+        .expect("layer");
+    let app = hello_app(layer);
+    send(&app, request("/")).await;
+    let (status, headers, body) = send(&app, request("/")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, "slow down, 0 left")
+    );
+    assert_eq!(headers["retry-after"], "60");
+    assert!(headers.contains_key("ratelimit"));
+}
+
+#[tokio::test]
+async fn route_and_path_parameter_keys() {
+    let per_route = RateLimitLayer::new(limit("per-route", per_minute(1)), Route);
+    let per_phone = RateLimitLayer::new(
+        limit("sms", Quota::sliding_log(3, Duration::from_secs(60))),
+        PathParam::new("phone"),
+    );
+    let app = Router::new()
+        .route("/users/{id}", get(|| async { "user" }))
+        .route("/teams/{id}", get(|| async { "team" }))
+        .layer(per_route)
+        .merge(Router::new().route(
+            "/sms/{phone}",
+            post(|| async { StatusCode::ACCEPTED }).route_layer(per_phone),
+        ));
+    assert_eq!(send(&app, request("/users/1")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&app, request("/users/2")).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "one key per route, whatever the id"
+    );
+    assert_eq!(send(&app, request("/teams/1")).await.0, StatusCode::OK);
+    let sms = |phone: &str| {
+        Request::post(format!("/sms/{phone}"))
+            .body(Body::empty())
+            .expect("request")
+    };
+    for _ in 0..3 {
+        assert_eq!(send(&app, sms("%2B15550100")).await.0, StatusCode::ACCEPTED);
+    }
+    // the same number, written unescaped: same key after percent-decoding
+    assert_eq!(
+        send(&app, sms("+15550100")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(&app, sms("+15550199")).await.0, StatusCode::ACCEPTED);
+}
+
+#[tokio::test]
+async fn spoofed_forwarded_for_from_an_untrusted_peer_does_not_escape() {
+    let resolver = ClientIpResolver::new()
+        .trust_proxies(["10.0.0.0/8"])
+        .expect("cidrs");
+    let app = hello_app(RateLimitLayer::new(
+        limit("per-ip", per_minute(3)),
+        ClientIp::with_resolver(resolver),
+    ));
+    let mut statuses = Vec::new();
+    for i in 0..10 {
+        // the attacker talks directly and rotates X-Forwarded-For
+        let xff = format!("198.18.{}.{}, 10.0.0.{}", i, i, i);
+        statuses.push(send(&app, from_peer("/", "192.0.2.66", Some(&xff))).await.0);
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+        3,
+        "{statuses:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_trusted_chain_yields_the_rightmost_untrusted_address() {
+    let resolver = ClientIpResolver::new()
+        .trust_proxies(["10.0.0.0/8"])
+        .expect("cidrs");
+    let app = hello_app(RateLimitLayer::new(
+        limit("per-ip", per_minute(1)),
+        ClientIp::with_resolver(resolver),
+    ));
+    // via two trusted proxies; the leftmost entry is the client's own claim
+    let via_lb = |xff: &str| from_peer("/", "10.0.0.5", Some(xff));
+    assert_eq!(
+        send(&app, via_lb("6.6.6.6, 203.0.113.9, 10.0.0.2")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, via_lb("7.7.7.7, 203.0.113.9, 10.0.0.2")).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "same client whatever it claims"
+    );
+    assert_eq!(
+        send(&app, via_lb("6.6.6.6, 203.0.113.10, 10.0.0.2"))
+            .await
+            .0,
+        StatusCode::OK,
+        "another client"
+    );
+    // garbage right of the client stops the walk at the last trusted hop
+    assert_eq!(
+        send(&app, via_lb("203.0.113.11, nonsense")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, via_lb("203.0.113.12, nonsense")).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "both count as the proxy 10.0.0.5"
+    );
+}
+
+#[tokio::test]
+async fn rotating_ipv6_addresses_inside_a_64_does_not_escape() {
+    let app = hello_app(RateLimitLayer::new(
+        limit("per-ip", per_minute(2)),
+        ClientIp::peer(),
+    ));
+    let mut ok = 0;
+    for i in 0..8 {
+        let peer = format!("2001:db8:7:9:{i:x}:{i:x}::1");
+        if send(&app, from_peer("/", &peer, None)).await.0 == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 2);
+    assert_eq!(
+        send(&app, from_peer("/", "2001:db8:7:a::1", None)).await.0,
+        StatusCode::OK,
+        "the next /64 is another client"
+    );
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serve");
+    });
+    addr
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> (StatusCode, HeaderMap) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let response = client
+        .get(format!("http://{addr}{path}").parse().expect("uri"))
+        .await
+        .expect("HTTP request");
+    let (parts, body) = response.into_parts();
+    body.collect().await.expect("body");
+    (parts.status, parts.headers)
+}
+
+#[tokio::test]
+async fn over_tcp_with_a_real_client() {
+    let app = hello_app(RateLimitLayer::new(
+        limit("per-ip", per_minute(2)),
+        ClientIp::peer(),
+    ));
+    let addr = serve(app).await;
+    assert_eq!(http_get(addr, "/").await.0, StatusCode::OK);
+    assert_eq!(http_get(addr, "/").await.0, StatusCode::OK);
+    let (status, headers) = http_get(addr, "/").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "30");
+    assert_eq!(sf_list(&headers, "ratelimit-policy")[0].0, "per-ip");
+}
+
+fn redis_app(store: RedisStore, policy: OnStoreError) -> Router {
+    let layer = RateLimitLayer::builder()
+        .store(store)
+        .limit(limit("per-ip", per_minute(3)), ClientIp::peer())
+        .on_store_error(policy)
+        .timeout(Duration::from_millis(200))
+        .build()
+        .expect("layer");
+    hello_app(layer)
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_share_the_limit() {
+    let prefix = unique_prefix("two-apps");
+    let a = serve(redis_app(redis_store(&prefix), OnStoreError::default())).await;
+    let b = serve(redis_app(redis_store(&prefix), OnStoreError::default())).await;
+    let mut statuses = Vec::new();
+    for addr in [a, b, a, b, a] {
+        statuses.push(http_get(addr, "/").await.0);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    common::assert_keys_have_ttl(&prefix);
+}
+
+#[tokio::test]
+async fn store_failure_policies_with_redis_stopped() {
+    let mut server = TestRedis::spawn();
+    let store = || {
+        RedisStore::builder(&server.url)
+            .prefix("fail")
+            .build()
+            .expect("store")
+    };
+    let fail_open = redis_app(store(), OnStoreError::FailOpen);
+    let fail_closed = redis_app(
+        store(),
+        OnStoreError::FailClosed {
+            retry_after: Duration::from_millis(1500),
+        },
+    );
+    let fallback = redis_app(store(), OnStoreError::FallbackToMemory);
+    // warm: all work while Redis is up
+    for app in [&fail_open, &fail_closed, &fallback] {
+        assert_eq!(
+            send(app, from_peer("/", "192.0.2.1", None)).await.0,
+            StatusCode::OK
+        );
+    }
+    server.stop();
+    for _ in 0..5 {
+        assert_eq!(
+            send(&fail_open, from_peer("/", "192.0.2.9", None)).await.0,
+            StatusCode::OK,
+            "fail-open lets requests through"
+        );
+    }
+    let (status, headers, body) = send(&fail_closed, from_peer("/", "192.0.2.9", None)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["retry-after"], "2", "1.5 s rounds up");
+    assert!(body.contains("unavailable"), "{body}");
+    // fallback: the same limit, enforced in this process
+    let statuses: Vec<StatusCode> = futures::future::join_all(
+        (0..4).map(|_| send(&fallback, from_peer("/", "192.0.2.9", None))),
+    )
+    .await
+    .into_iter()
+    .map(|r| r.0)
+    .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+        3,
+        "{statuses:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_paused_redis_costs_at_most_the_timeout() {
+    let server = TestRedis::spawn();
+    let app = redis_app(
+        RedisStore::builder(&server.url)
+            .prefix("slow")
+            .build()
+            .expect("store"),
+        OnStoreError::default(),
+    );
+    assert_eq!(
+        send(&app, from_peer("/", "192.0.2.1", None)).await.0,
+        StatusCode::OK
+    );
+    let mut conn = redis::Client::open(server.url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3000)
+        .arg("ALL")
+        .query(&mut conn)
+        .expect("pause");
+    // The request is answered by the fail-closed policy once the 200 ms
+    // store timeout fires, while Redis stays paused for 3 s.
+    let (status, _, body) = send(&app, from_peer("/", "192.0.2.1", None)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("did not answer within 200ms"), "{body}");
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut conn)
+        .expect("unpause");
+}
+
+#[tokio::test]
+async fn nested_layers_each_report_their_limits() {
+    let app = Router::new()
+        .route(
+            "/inner",
+            get(|| async { "in" })
+                .route_layer(RateLimitLayer::new(limit("route", per_minute(1)), Global)),
+        )
+        .layer(RateLimitLayer::new(limit("global", per_minute(10)), Global));
+    let (status, headers, _) = send(&app, request("/inner")).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<String> = sf_list(&headers, "ratelimit-policy")
+        .into_iter()
+        .map(|p| p.0)
+        .collect();
+    assert_eq!(names, ["route", "global"]);
+    let (status, headers, _) = send(&app, request("/inner")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let state = sf_list(&headers, "ratelimit");
+    assert_eq!(
+        state
+            .iter()
+            .map(|s| (s.0.as_str(), param(s, "r")))
+            .collect::<Vec<_>>(),
+        [("route", 0), ("global", 8)]
+    );
+}
