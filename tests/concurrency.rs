@@ -37,6 +37,18 @@ async fn hammer(limiters: Vec<Limiter>, cost: u64) -> u64 {
     granted.load(Ordering::Relaxed)
 }
 
+/// Eight independent stores (eight pools, as on eight machines) over one prefix.
+fn redis_limiters(prefix: &str, limit: &Limit) -> Vec<Limiter> {
+    let limiter = |_| {
+        Limiter::builder(redis_store(prefix))
+            .limit(limit.clone())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    (0..POOLS).map(limiter).collect()
+}
+
 /// Quotas that cannot refill during the test (periods of hours), so the bound
 /// is exactly the capacity: any over-grant is a race.
 fn quotas() -> Vec<(Quota, u64)> {
@@ -59,16 +71,7 @@ async fn redis_never_grants_more_than_the_bound() {
         for cost in [1, 3] {
             let prefix = unique_prefix("concurrency");
             let limit = Limit::new("hot", quota).unwrap();
-            // eight independent stores: eight pools, as on eight machines
-            let limiters = (0..POOLS)
-                .map(|_| {
-                    Limiter::builder(redis_store(&prefix))
-                        .limit(limit.clone())
-                        .timeout(Duration::from_secs(10))
-                        .build()
-                        .unwrap()
-                })
-                .collect();
+            let limiters = redis_limiters(&prefix, &limit);
             let granted = hammer(limiters, cost).await;
             let expected = bound - bound % cost;
             assert_eq!(
@@ -101,15 +104,7 @@ async fn sliding_log_holds_in_every_window_in_real_time() {
     let prefix = unique_prefix("slog-rt");
     let (n, window) = (20u64, Duration::from_millis(200));
     let limit = Limit::new("hot", Quota::sliding_log(n, window)).unwrap();
-    let limiters: Vec<Limiter> = (0..POOLS)
-        .map(|_| {
-            Limiter::builder(redis_store(&prefix))
-                .limit(limit.clone())
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let limiters = redis_limiters(&prefix, &limit);
     let granted = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for limiter in limiters {

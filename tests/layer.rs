@@ -313,14 +313,7 @@ async fn costs_are_fixed_or_computed_and_checked_against_capacity() {
 
 #[tokio::test(start_paused = true)]
 async fn delay_mode_forwards_after_the_wait_and_refuses_beyond_max_delay() {
-    #[derive(Clone)]
-    struct TokioClock(tokio::time::Instant);
-    impl tower_ratelimit::Clock for TokioClock {
-        fn now_micros(&self) -> i64 {
-            common::T0 + self.0.elapsed().as_micros() as i64
-        }
-    }
-    let store = MemoryStore::with_clock(TokioClock(tokio::time::Instant::now()));
+    let store = MemoryStore::with_clock(common::TokioClock::start());
     let layer = RateLimitLayer::builder()
         .store(store)
         .limit(

@@ -164,15 +164,7 @@ fn invalid_limiters_are_config_errors() {
 
 #[tokio::test(start_paused = true)]
 async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
-    // the memory store on a clock that follows tokio's paused time
-    #[derive(Clone)]
-    struct TokioClock(tokio::time::Instant);
-    impl tower_ratelimit::Clock for TokioClock {
-        fn now_micros(&self) -> i64 {
-            T0 + self.0.elapsed().as_micros() as i64
-        }
-    }
-    let clock = TokioClock(tokio::time::Instant::now());
+    let clock = common::TokioClock::start();
     let limit = Limit::new("jobs", Quota::gcra(10, Duration::from_secs(1), 1)).unwrap();
     let limiter = Limiter::new(MemoryStore::with_clock(clock.clone()), limit);
     assert!(limiter.check("q", 1).await.unwrap().is_allowed());

@@ -197,3 +197,20 @@ pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
 /// 2027-01-15T08:00:00Z in microseconds: a whole hour, so windows of 1 s,
 /// 1 min and 1 h all start exactly here.
 pub const T0: i64 = 1_800_000_000_000_000;
+
+/// A clock that follows tokio's (possibly paused) time from `T0`, so a store's
+/// decisions and tokio's sleeps see the same timeline.
+#[derive(Clone)]
+pub struct TokioClock(tokio::time::Instant);
+
+impl TokioClock {
+    pub fn start() -> TokioClock {
+        TokioClock(tokio::time::Instant::now())
+    }
+}
+
+impl tower_ratelimit::Clock for TokioClock {
+    fn now_micros(&self) -> i64 {
+        T0 + self.0.elapsed().as_micros() as i64
+    }
+}
