@@ -69,7 +69,8 @@ async fn send_sms(Path(phone): Path<String>) -> (StatusCode, String) {
 async fn main() -> Result<(), Error> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tower_ratelimit=debug".into()),
         )
         .init();
     let port: u16 = std::env::var("PORT")

@@ -2,7 +2,7 @@
 //!
 //! [`RateLimitLayer`] extracts a key per request for each of its limits, asks
 //! the store once for all of them, and either forwards the request (with the
-//! [`Decision`](crate::Decision) in its extensions and `RateLimit` headers on
+//! [`Decision`] in its extensions and `RateLimit` headers on
 //! the response) or answers `429 Too Many Requests` with `Retry-After` and an
 //! RFC 9457 problem body. Nothing is consumed when any limit refuses.
 //!
@@ -57,6 +57,9 @@
 //! | delay mode, grant within `max_delay` | forwarded after the wait; nothing is answered early |
 //! | no key for a limit | per [`MissingKey`]: 400 by default |
 //! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` by default |
+//!
+//! Tracing (target `tower_ratelimit`): denials at `debug` (a flood of them
+//! must not flood the logs), store failures at `warn`.
 
 mod body;
 mod response;
@@ -260,7 +263,8 @@ impl RateLimitLayerBuilder {
 
     /// Delay mode (traffic shaping): a request that would be granted within
     /// `max_delay` reserves its slot and is forwarded after the wait; beyond
-    /// it, the request is answered 429 and consumes nothing.
+    /// it, the request is answered 429 and consumes nothing. A request
+    /// dropped while it waits (the client went away) keeps its reservation.
     pub fn delay(mut self, max_delay: Duration) -> Self {
         self.max_delay = max_delay;
         self

@@ -166,7 +166,7 @@ where
             };
             if !decision.is_allowed() {
                 let violated: Vec<&str> = decision.violated().map(|s| s.name()).collect();
-                tracing::info!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
+                tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
                 let mut response = rejection(&config, Rejection::Limited(&decision), || {
                     too_many_requests(&decision)
                 });
