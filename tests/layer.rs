@@ -783,3 +783,58 @@ async fn nested_layers_each_report_their_limits() {
         [("route", 0), ("global", 8)]
     );
 }
+
+/// Records (level, target) of every tracing event.
+#[derive(Clone, Default)]
+struct Events(std::sync::Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let meta = event.metadata();
+        self.0
+            .lock()
+            .unwrap()
+            .push((*meta.level(), meta.target().to_owned()));
+    }
+}
+
+#[test]
+fn denials_and_store_failures_are_traced() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let events = Events::default();
+    let subscriber = tracing_subscriber::registry().with(events.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let app = hello_app(RateLimitLayer::new(limit("api", per_minute(1)), Global));
+        send(&app, request("/")).await;
+        assert!(
+            events.0.lock().unwrap().is_empty(),
+            "a grant is not an event"
+        );
+        send(&app, request("/")).await;
+        // a store that cannot be reached: port 1 refuses connections
+        let down = RedisStore::builder("redis://127.0.0.1:1/")
+            .build()
+            .expect("store");
+        let app = redis_app(down, OnStoreError::FailOpen);
+        assert_eq!(
+            send(&app, from_peer("/", "192.0.2.1", None)).await.0,
+            StatusCode::OK
+        );
+    });
+    let seen = events.0.lock().unwrap().clone();
+    let ours: Vec<_> = seen
+        .iter()
+        .filter(|(_, target)| target == "tower_ratelimit")
+        .map(|(level, _)| *level)
+        .collect();
+    assert_eq!(
+        ours,
+        [tracing::Level::DEBUG, tracing::Level::WARN],
+        "{seen:?}"
+    );
+}
