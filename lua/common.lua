@@ -4,7 +4,15 @@
 -- integers. Lua numbers are doubles, exact below 2^53; the Rust side validates
 -- every quota so that no intermediate value exceeds that bound. Division is the
 -- only operation that can round, so `fdiv` corrects the quotient exactly.
+--
+-- Stored state is independent of the quota that wrote it: absolute times and
+-- amounts, each amount with the denominator of its unit, and `hw`, the
+-- writer's clock. A limiter with other parameters (a rolling deploy) converts
+-- what it reads into its own units, rounding towards "less is left". A value
+-- that does not parse (garbage, another type, a field evicted) reads as absent
+-- and is overwritten by the next write: no input makes a script fail.
 local floor = math.floor
+local EXACT = 9007199254740992 -- 2^53
 
 local function fdiv(a, b) -- floor(a / b) for integers, b > 0
   local q = floor(a / b)
@@ -39,7 +47,43 @@ local function min(a, b)
   return b
 end
 
--- Sets a key's expiry to `ttl_us` from now, rounded up to whole milliseconds.
-local function expire_in(key, ttl_us)
-  redis.call('PEXPIRE', key, fmt(max(1, cdiv(ttl_us, 1000))))
+local function num(s) -- a decimal integer of magnitude below 2^53, else nil
+  if not s then return nil end
+  local n = tonumber(s)
+  if n and n == floor(n) and n < EXACT and n > -EXACT then return n end
+  return nil
+end
+
+local function get(key) -- a string value; nil when missing or of another type
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' then return v end
+  return nil
+end
+
+-- x / from, expressed in units of 1 / to: exact when the product fits in 2^53,
+-- else the fraction rounds to a whole unit of `from`. `up` rounds towards more.
+local function rescale(x, from, to, up)
+  if from == to then return x end
+  local q = fdiv(x, from)
+  local r = x - q * from
+  local part = 0
+  if r > 0 then
+    if r * to < EXACT then
+      if up then part = cdiv(r * to, from) else part = fdiv(r * to, from) end
+    elseif up then
+      part = to
+    end
+  end
+  return q * to + part
+end
+
+-- Sets a key's expiry so that it outlives `at` (us, on the store's clock
+-- `real`), rounded up to whole milliseconds.
+local function expire_at(key, at, real)
+  redis.call('PEXPIRE', key, fmt(max(1, cdiv(at - real, 1000))))
+end
+
+-- The `PX` argument that makes a SET outlive `at`.
+local function px(at, real)
+  return fmt(max(1, cdiv(at - real, 1000)))
 end

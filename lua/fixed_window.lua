@@ -1,21 +1,42 @@
 -- fixed_window.lua: N permits per window aligned to the epoch (floor(t/W)*W).
 --
--- KEYS: counter (STRING "<window start us>:<count>"); a start in the future
---       holds reservations, and later grants queue behind it.
+-- KEYS: counter (STRING "<window start us>:<window us>:<count>:<hw>"); a start
+--       ahead of `hw` holds reservations, and later grants queue behind it.
 -- Params: p[1] = N (limit), p[2] = W (window, us)
--- The window start is stored with the count, so a changed W or a late expiry
--- never makes an old count look current.
-local function fw_load(k, p, now)
-  local st = { key = k[1], start = -1, count = 0 }
-  local v = redis.call('GET', st.key)
+-- The window start and length are stored with the count, so a late expiry
+-- never makes an old count look current, and a limiter with another W counts
+-- the stored grants in its own window whenever the two windows overlap (the
+-- grants may lie anywhere in the stored window: counting them is the safe side).
+local function fw_load(k, p)
+  local st = { key = k[1], hw = 0 }
+  local v = get(st.key)
   if v then
-    local start, count = string.match(v, '^(%d+):(%d+)$')
-    if start then
-      st.start = tonumber(start)
-      st.count = tonumber(count)
+    local start, len, count, hw = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
+    start, len, count, hw = num(start), num(len), num(count), num(hw)
+    if hw and len > 0 then
+      st.raw = { start, len, count }
+      st.hw = hw
     end
   end
   return st
+end
+
+local function fw_prepare(st, p, now)
+  local w = p[2]
+  st.start, st.count = -1, 0
+  local raw = st.raw
+  if not raw then return end
+  local s, len, count = raw[1], raw[2], raw[3]
+  if len == w then
+    st.start, st.count = s, count
+    return
+  end
+  -- the window of this limit that holds the stored one's grants, if any
+  local r = now - fmod(now, w)
+  if s > now then r = s - fmod(s, w) end
+  if s < r + w and r < s + len then
+    st.start, st.count = r, count
+  end
 end
 
 local function fw_count_in(st, start) -- count of the window beginning at `start`
@@ -46,13 +67,14 @@ local function fw_status(st, p, now, at)
   return n, 0
 end
 
-local function fw_save(st, p, now)
+local function fw_save(st, p, now, real)
   if not st.dirty then return end
-  redis.call('SET', st.key, fmt(st.start) .. ':' .. fmt(st.count),
-    'PX', fmt(max(1, cdiv(st.start + p[2] - now, 1000))))
+  redis.call('SET', st.key,
+    fmt(st.start) .. ':' .. fmt(p[2]) .. ':' .. fmt(st.count) .. ':' .. fmt(now),
+    'PX', px(st.start + p[2], real))
 end
 
 local fixed_window = {
-  nkeys = 1, load = fw_load, earliest = fw_earliest,
+  nkeys = 1, load = fw_load, prepare = fw_prepare, earliest = fw_earliest,
   grant = fw_grant, status = fw_status, save = fw_save,
 }

@@ -1,22 +1,49 @@
 -- sliding_window.lua: sliding window counter, two counters per key (O(1) memory).
 --
--- KEYS: counters (STRING "<window start us>:<previous count>:<current count>")
+-- KEYS: counters (STRING "<window start us>:<window us>:<previous>:<current>:<hw>")
 -- Params: p[1] = N (limit), p[2] = W (window, us), p[3] = U (weight step, us:
 --         ceil(W / 2^20), so weights have 2^20 steps and N * 2^20 < 2^53)
 -- Estimate at t: cur + prev * ceil(rem / U) / ceil(W / U), rem = time left in
 -- the current window. A cost c fits when prev * ceil(rem/U) <= (N - cur - c) * ceil(W/U).
-local function sw_load(k, p, now)
-  local st = { key = k[1], start = -1, prev = 0, cur = 0 }
-  local v = redis.call('GET', st.key)
+-- A limiter with another W moves each stored count into the newest of its own
+-- windows (current, else previous) that overlaps the count's window: the
+-- grants may lie anywhere in that window, and newer counts weigh more.
+local function sw_load(k, p)
+  local st = { key = k[1], hw = 0 }
+  local v = get(st.key)
   if v then
-    local start, prev, cur = string.match(v, '^(%d+):(%d+):(%d+)$')
-    if start then
-      st.start = tonumber(start)
-      st.prev = tonumber(prev)
-      st.cur = tonumber(cur)
+    local start, len, prev, cur, hw = string.match(v, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    start, len, prev, cur, hw = num(start), num(len), num(prev), num(cur), num(hw)
+    if hw and len > 0 then
+      st.raw = { start, len, prev, cur }
+      st.hw = hw
     end
   end
   return st
+end
+
+local function sw_prepare(st, p, now)
+  local w = p[2]
+  st.start, st.prev, st.cur = -1, 0, 0
+  local raw = st.raw
+  if not raw then return end
+  local s, len, prev, cur = raw[1], raw[2], raw[3], raw[4]
+  if len == w then
+    st.start, st.prev, st.cur = s, prev, cur
+    return
+  end
+  local r = now - fmod(now, w)
+  if s > now then r = s - fmod(s, w) end
+  for _, c in ipairs({ { cur, s, s + len }, { prev, s - len, s } }) do
+    if c[1] > 0 then
+      if c[2] < r + w and r < c[3] then
+        st.cur = st.cur + c[1]
+      elseif c[2] < r and r - w < c[3] then
+        st.prev = st.prev + c[1]
+      end
+    end
+  end
+  if st.prev + st.cur > 0 then st.start = r end
 end
 
 local function sw_counts(st, p, start) -- (prev, cur) as seen in the window at `start`
@@ -66,13 +93,14 @@ local function sw_status(st, p, now, at)
   return max(0, n - used), reset
 end
 
-local function sw_save(st, p, now)
+local function sw_save(st, p, now, real)
   if not st.dirty then return end
-  redis.call('SET', st.key, fmt(st.start) .. ':' .. fmt(st.prev) .. ':' .. fmt(st.cur),
-    'PX', fmt(max(1, cdiv(st.start + 2 * p[2] - now, 1000))))
+  redis.call('SET', st.key,
+    fmt(st.start) .. ':' .. fmt(p[2]) .. ':' .. fmt(st.prev) .. ':' .. fmt(st.cur) .. ':' .. fmt(now),
+    'PX', px(st.start + 2 * p[2], real))
 end
 
 local sliding_window = {
-  nkeys = 1, load = sw_load, earliest = sw_earliest,
+  nkeys = 1, load = sw_load, prepare = sw_prepare, earliest = sw_earliest,
   grant = sw_grant, status = sw_status, save = sw_save,
 }

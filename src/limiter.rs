@@ -145,14 +145,41 @@ impl Limiter {
     }
 
     /// Tries to take `cost` from every limit for `key`, now. Denied and
-    /// impossible requests consume nothing. A cost of 0 only looks.
+    /// impossible requests consume nothing. A cost of 0 always passes and
+    /// consumes nothing; to ask whether a request would pass, use
+    /// [`peek`](Self::peek).
     pub async fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         self.decide(&[key], cost, Duration::ZERO).await
     }
 
-    /// The current state for `key`, consuming nothing (a check of cost 0).
+    /// Whether a request of cost 1 for `key` would be granted now, and the
+    /// current state of every limit, consuming nothing: the same decision as
+    /// [`check`](Self::check) would make, without its effect. An exhausted
+    /// limit answers [`Verdict::Denied`](crate::Verdict::Denied) with the exact
+    /// `retry_after`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("otp", Quota::sliding_log(2, Duration::from_secs(60)))?);
+    /// assert!(limiter.peek("alice").await?.is_allowed());
+    /// limiter.check("alice", 2).await?;
+    /// let look = limiter.peek("alice").await?;
+    /// assert!(!look.is_allowed() && look.remaining() == 0);
+    /// assert!(limiter.peek_cost("alice", 0).await?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
     pub async fn peek(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
-        self.check(key, 0).await
+        self.peek_cost(key, 1).await
+    }
+
+    /// Like [`peek`](Self::peek), for a request of `cost`.
+    pub async fn peek_cost(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+        let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), cost);
+        self.run(checks, Duration::ZERO, true).await
     }
 
     /// Takes `cost` now or reserves it for the earliest moment within
@@ -206,7 +233,7 @@ impl Limiter {
             .iter()
             .enumerate()
             .map(|(i, l)| (l, keys[i.min(keys.len() - 1)].as_ref()));
-        self.run(Self::checks(pairs, cost), max_wait).await
+        self.run(Self::checks(pairs, cost), max_wait, false).await
     }
 
     /// Decides only the limits that have a key (`keys[i]` for limit `i`); the
@@ -227,7 +254,7 @@ impl Limiter {
         if checks.is_empty() {
             return None;
         }
-        Some(self.run(checks, max_wait).await)
+        Some(self.run(checks, max_wait, false).await)
     }
 
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
@@ -236,10 +263,15 @@ impl Limiter {
         self.bounded(self.inner.store.reset(&checks)).await
     }
 
-    async fn run(&self, checks: Vec<Check<'_>>, max_wait: Duration) -> Result<Decision, Error> {
+    async fn run(
+        &self,
+        checks: Vec<Check<'_>>,
+        max_wait: Duration,
+        dry: bool,
+    ) -> Result<Decision, Error> {
         let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
         let reply = self
-            .bounded(self.inner.store.decide(&checks, max_wait))
+            .bounded(self.inner.store.decide(&checks, max_wait, dry))
             .await?;
         Self::decision(&checks, reply, max_wait)
     }

@@ -192,7 +192,7 @@ async fn sliding_window_counter_10_per_second() {
         // cost 1 needs 6 * rem <= 4 s: rem <= 666666 us, at 1 s + 333334 us
         (1250 * MS,   1, 0, Denied(83_334), 0, 1750 * MS),
         (1_333_334,   1, 0, Allowed(0), 0, 1_666_666),
-        (1250 * MS,  11, 0, Never, 0, 1750 * MS),
+        (1_333_334,  11, 0, Never, 0, 1_666_666),
         // next window: previous = 6, weight 0.5
         (2500 * MS,   0, 0, Allowed(0), 7, 500 * MS),
         (4 * S,       0, 0, Allowed(0), 10, 0),

@@ -2,6 +2,8 @@
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
+    /// What the store keeps: (start, window length, count); nothing when fresh.
+    raw: Option<(i64, i64, i64)>,
     start: i64,
     count: i64,
 }
@@ -9,6 +11,7 @@ pub(crate) struct FixedWindow {
 impl Default for FixedWindow {
     fn default() -> Self {
         Self {
+            raw: None,
             start: -1,
             count: 0,
         }
@@ -16,6 +19,26 @@ impl Default for FixedWindow {
 }
 
 impl FixedWindow {
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
+        let w = p[1];
+        (self.start, self.count) = (-1, 0);
+        let Some((s, len, count)) = self.raw else {
+            return;
+        };
+        if len == w {
+            (self.start, self.count) = (s, count);
+            return;
+        }
+        let r = if s > now {
+            s - s.rem_euclid(w)
+        } else {
+            now - now.rem_euclid(w)
+        };
+        if s < r + w && r < s + len {
+            (self.start, self.count) = (r, count);
+        }
+    }
+
     fn count_in(&self, start: i64) -> i64 {
         if self.start == start {
             self.count
@@ -54,7 +77,10 @@ impl FixedWindow {
         }
     }
 
-    pub(crate) fn ttl(&self, p: &[i64; 4], now: i64) -> i64 {
-        self.start + p[1] - now
+    /// Records the working state as the store keeps it; returns when it
+    /// becomes equal to a fresh one.
+    pub(crate) fn save(&mut self, p: &[i64; 4]) -> i64 {
+        self.raw = Some((self.start, p[1], self.count));
+        self.start + p[1]
     }
 }

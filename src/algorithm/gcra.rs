@@ -1,26 +1,31 @@
-//! Mirror of `lua/gcra.lua`: theoretical arrival time `tat + frac/N` us.
+//! Mirror of `lua/gcra.lua`: a debt of `debt / den` permits at the writer's
+//! clock, worked on as the theoretical arrival time `tat + frac/N` us.
 
-use super::{cdiv, fdiv};
+use super::{cdiv, fdiv, rescale};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Gcra {
+    /// What the store keeps: (debt, den) as of the key's `hw`; nothing when fresh.
+    raw: Option<(i64, i64)>,
     tat: i64,
     frac: i64,
 }
 
 impl Gcra {
-    pub(crate) fn fresh(now: i64) -> Self {
-        Self { tat: now, frac: 0 }
-    }
-
     /// ceil(tat): an arrival in this tick is on time (see `lua/gcra.lua`).
     fn ceil(&self) -> i64 {
         self.tat + i64::from(self.frac > 0)
     }
 
-    pub(crate) fn load(&mut self, now: i64) {
-        if self.ceil() < now {
-            *self = Self::fresh(now);
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) {
+        (self.tat, self.frac) = (now, 0);
+        if let Some((debt, den)) = self.raw {
+            let debt = rescale(debt, den, p[2], true);
+            let whole = fdiv(debt, p[1]);
+            (self.tat, self.frac) = (hw + whole, debt - whole * p[1]);
+            if self.ceil() < now {
+                (self.tat, self.frac) = (now, 0);
+            }
         }
     }
 
@@ -34,7 +39,7 @@ impl Gcra {
 
     pub(crate) fn grant(&mut self, p: &[i64; 4], at: i64, cost: i64) {
         if self.ceil() < at {
-            *self = Self::fresh(at);
+            (self.tat, self.frac) = (at, 0);
         }
         let total = self.frac + cost * p[2];
         let whole = fdiv(total, p[1]);
@@ -58,7 +63,10 @@ impl Gcra {
         (remaining, reset)
     }
 
-    pub(crate) fn ttl(&self, now: i64) -> i64 {
-        self.ceil() + 1 - now
+    /// Records the working state as the store keeps it (as of `now`); returns
+    /// when it becomes equal to a fresh one.
+    pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
+        self.raw = Some(((self.tat - now) * p[1] + self.frac, p[2]));
+        self.ceil() + 1
     }
 }

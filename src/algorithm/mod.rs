@@ -9,6 +9,11 @@
 //!   of their earliest times.
 //! - `grant(at, cost)`: record the grant at time `at`.
 //! - `status(now, at)`: remaining amount at `at` and time from `now` until full.
+//!
+//! Around them, `prepare` reads the stored form (the same fields the script
+//! writes: absolute times and amounts, independent of the quota) into the
+//! reading limit's units, and `save` writes it back and says when the state
+//! becomes equal to a fresh one (the key's expiry).
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
@@ -28,7 +33,37 @@ pub(crate) fn cdiv(a: i64, b: i64) -> i64 {
     -(-a).div_euclid(b)
 }
 
-/// The state of one key under one algorithm.
+/// 2^53: the exact range of the doubles Redis Lua computes with.
+const EXACT: i128 = 1 << 53;
+
+/// `x / from` in units of `1 / to`, as `rescale` in `lua/common.lua`: exact
+/// when the product fits in 2^53, else the fraction rounds to a whole unit of
+/// `from`; `up` rounds towards more.
+pub(crate) fn rescale(x: i64, from: i64, to: i64, up: bool) -> i64 {
+    if from == to {
+        return x;
+    }
+    let q = fdiv(x, from);
+    let r = x - q * from;
+    let part = if r == 0 {
+        0
+    } else if i128::from(r) * i128::from(to) < EXACT {
+        if up {
+            cdiv(r * to, from)
+        } else {
+            fdiv(r * to, from)
+        }
+    } else if up {
+        to
+    } else {
+        0
+    };
+    q * to + part
+}
+
+/// The state of one key under one algorithm: what the store keeps (the
+/// fields the scripts write, independent of the quota) and, once prepared,
+/// the working form in the reading limit's units.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
     SlidingLog(sliding_log::SlidingLog),
@@ -39,28 +74,26 @@ pub(crate) enum State {
 }
 
 impl State {
-    /// The state of a key never seen (or expired), as of `now`.
-    pub(crate) fn fresh(p: &Params, now: i64) -> Self {
+    /// The state of a key never seen (or expired).
+    pub(crate) fn fresh(p: &Params) -> Self {
         match p.algorithm {
-            Algorithm::SlidingLog => State::SlidingLog(sliding_log::SlidingLog::default()),
-            Algorithm::TokenBucket => {
-                State::TokenBucket(token_bucket::TokenBucket::full(&p.p, now))
-            }
-            Algorithm::Gcra => State::Gcra(gcra::Gcra::fresh(now)),
-            Algorithm::FixedWindow => State::FixedWindow(fixed_window::FixedWindow::default()),
-            Algorithm::SlidingWindow => {
-                State::SlidingWindow(sliding_window::SlidingWindow::default())
-            }
+            Algorithm::SlidingLog => State::SlidingLog(Default::default()),
+            Algorithm::TokenBucket => State::TokenBucket(Default::default()),
+            Algorithm::Gcra => State::Gcra(Default::default()),
+            Algorithm::FixedWindow => State::FixedWindow(Default::default()),
+            Algorithm::SlidingWindow => State::SlidingWindow(Default::default()),
         }
     }
 
-    /// Brings stored state up to `now` (drops expired log entries, a past TAT),
-    /// as the scripts' `load` functions do.
-    pub(crate) fn load(&mut self, p: &Params, now: i64) {
+    /// Reads the stored state (written at the writer's clock `hw`) in this
+    /// limit's units as of `now`, as the scripts' `prepare` functions do.
+    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) {
         match self {
-            State::SlidingLog(s) => s.load(&p.p, now),
-            State::Gcra(s) => s.load(now),
-            State::TokenBucket(_) | State::FixedWindow(_) | State::SlidingWindow(_) => {}
+            State::SlidingLog(s) => s.prepare(&p.p, now),
+            State::TokenBucket(s) => s.prepare(&p.p, now),
+            State::Gcra(s) => s.prepare(&p.p, hw, now),
+            State::FixedWindow(s) => s.prepare(&p.p, now),
+            State::SlidingWindow(s) => s.prepare(&p.p, now),
         }
     }
 
@@ -94,15 +127,16 @@ impl State {
         }
     }
 
-    /// Time from `now` after which the state equals a fresh one: the TTL the
-    /// scripts set on the key.
-    pub(crate) fn ttl(&self, p: &Params, now: i64) -> i64 {
+    /// Writes the working state back into its stored form, as of `now` (the
+    /// key's new `hw`), as the scripts' `save` functions do. Returns the time
+    /// at which the state becomes equal to a fresh one: the key's expiry.
+    pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
         match self {
-            State::SlidingLog(s) => s.ttl(&p.p, now),
-            State::TokenBucket(s) => s.status(&p.p, now, now).1,
-            State::Gcra(s) => s.ttl(now),
-            State::FixedWindow(s) => s.ttl(&p.p, now),
-            State::SlidingWindow(s) => s.ttl(&p.p, now),
+            State::SlidingLog(s) => s.save(&p.p, now),
+            State::TokenBucket(s) => s.save(&p.p, now),
+            State::Gcra(s) => s.save(&p.p, now),
+            State::FixedWindow(s) => s.save(&p.p),
+            State::SlidingWindow(s) => s.save(&p.p),
         }
     }
 }
@@ -141,13 +175,16 @@ impl Reply {
 }
 
 /// One atomic decision over several limits: the mirror of `lua/driver.lua`.
-/// `states` are loaded (see [`State::load`]); on a grant they are updated.
+/// `states` are prepared (see [`State::prepare`]) as of `now`, the latest of
+/// the store's clock and every key's `hw`; on a grant (unless `dry`) they are
+/// updated, and the caller saves them.
 pub(crate) fn decide(
     states: &mut [State],
     params: &[&Params],
     costs: &[i64],
     now: i64,
     max_wait: i64,
+    dry: bool,
 ) -> Reply {
     let mut at = now;
     let mut never = false;
@@ -174,7 +211,7 @@ pub(crate) fn decide(
     let mut limits = Vec::with_capacity(states.len());
     for (((state, p), &cost), t) in states.iter_mut().zip(params).zip(costs).zip(earliest) {
         let mut as_of = now;
-        if outcome == 0 {
+        if outcome == 0 && !dry {
             as_of = at;
             if cost > 0 {
                 state.grant(p, at, cost);

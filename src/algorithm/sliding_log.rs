@@ -2,17 +2,30 @@
 
 use std::collections::VecDeque;
 
-/// Grants still inside the window, oldest first, and the sum of their costs.
+/// Grants, oldest first, the sum of their costs, and the longest window in
+/// use with the time until which it is honoured (`wmax`, `wexp` in Redis).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SlidingLog {
     entries: VecDeque<(i64, i64)>,
     sum: i64,
+    wmax: Option<(i64, i64)>,
+    /// How far back entries are kept (this window, or a longer one in use).
+    keep: i64,
+    /// The sum of the entries inside this limit's window, and how many older
+    /// ones (kept for a longer window) precede them.
+    win: i64,
+    skip: usize,
 }
 
 impl SlidingLog {
-    /// Drops grants at or before `now - W`.
-    pub(crate) fn load(&mut self, p: &[i64; 4], now: i64) {
-        let cutoff = now - p[1];
+    /// Drops grants no window in use still counts, as the script's `prepare`.
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
+        let w = p[1];
+        self.keep = match self.wmax {
+            Some((wmax, wexp)) if wmax > w && wexp > now => wmax,
+            _ => w,
+        };
+        let cutoff = now - self.keep;
         while let Some(&(t, cost)) = self.entries.front() {
             if t > cutoff {
                 break;
@@ -20,10 +33,24 @@ impl SlidingLog {
             self.sum -= cost;
             self.entries.pop_front();
         }
+        (self.win, self.skip) = (self.sum, 0);
+        if self.keep > w {
+            for &(t, cost) in &self.entries {
+                if t > now - w {
+                    break;
+                }
+                self.win -= cost;
+                self.skip += 1;
+            }
+        }
     }
 
     fn last(&self) -> Option<i64> {
         self.entries.back().map(|&(t, _)| t)
+    }
+
+    fn in_window(&self) -> impl Iterator<Item = &(i64, i64)> {
+        self.entries.iter().skip(self.skip)
     }
 
     pub(crate) fn earliest(&self, p: &[i64; 4], now: i64, cost: i64) -> Option<i64> {
@@ -32,12 +59,12 @@ impl SlidingLog {
             return None;
         }
         let base = self.last().map_or(now, |last| now.max(last));
-        let excess = self.sum + cost - n;
+        let excess = self.win + cost - n;
         if excess <= 0 {
             return Some(base);
         }
         let mut dropped = 0;
-        for &(t, c) in &self.entries {
+        for &(t, c) in self.in_window() {
             dropped += c;
             if dropped >= excess {
                 return Some(base.max(t + w));
@@ -49,6 +76,7 @@ impl SlidingLog {
     pub(crate) fn grant(&mut self, at: i64, cost: i64) {
         self.entries.push_back((at, cost));
         self.sum += cost;
+        self.win += cost;
     }
 
     pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
@@ -60,11 +88,10 @@ impl SlidingLog {
         if last > at {
             return (0, reset);
         }
-        let mut sum = self.sum;
+        let mut sum = self.win;
         if at > now {
             sum -= self
-                .entries
-                .iter()
+                .in_window()
                 .take_while(|&&(t, _)| t <= at - w)
                 .map(|&(_, c)| c)
                 .sum::<i64>();
@@ -72,7 +99,12 @@ impl SlidingLog {
         ((n - sum).max(0), reset)
     }
 
-    pub(crate) fn ttl(&self, p: &[i64; 4], now: i64) -> i64 {
-        self.last().map_or(0, |last| last + p[1] - now)
+    /// Records the window in use; returns when the state becomes equal to a
+    /// fresh one.
+    pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
+        if self.keep <= p[1] {
+            self.wmax = Some((p[1], now + p[1]));
+        }
+        self.last().map_or(now, |last| last + self.keep)
     }
 }

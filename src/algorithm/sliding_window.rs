@@ -4,6 +4,8 @@ use super::{cdiv, fdiv};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
+    /// What the store keeps: (start, window length, previous, current).
+    raw: Option<(i64, i64, i64, i64)>,
     start: i64,
     prev: i64,
     cur: i64,
@@ -12,6 +14,7 @@ pub(crate) struct SlidingWindow {
 impl Default for SlidingWindow {
     fn default() -> Self {
         Self {
+            raw: None,
             start: -1,
             prev: 0,
             cur: 0,
@@ -20,6 +23,35 @@ impl Default for SlidingWindow {
 }
 
 impl SlidingWindow {
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
+        let w = p[1];
+        (self.start, self.prev, self.cur) = (-1, 0, 0);
+        let Some((s, len, prev, cur)) = self.raw else {
+            return;
+        };
+        if len == w {
+            (self.start, self.prev, self.cur) = (s, prev, cur);
+            return;
+        }
+        let r = if s > now {
+            s - s.rem_euclid(w)
+        } else {
+            now - now.rem_euclid(w)
+        };
+        for (count, from, to) in [(cur, s, s + len), (prev, s - len, s)] {
+            if count > 0 {
+                if from < r + w && r < to {
+                    self.cur += count;
+                } else if from < r && r - w < to {
+                    self.prev += count;
+                }
+            }
+        }
+        if self.prev + self.cur > 0 {
+            self.start = r;
+        }
+    }
+
     /// (previous, current) counts as seen from the window beginning at `start`.
     fn counts(&self, p: &[i64; 4], start: i64) -> (i64, i64) {
         if self.start == start {
@@ -59,11 +91,7 @@ impl SlidingWindow {
     pub(crate) fn grant(&mut self, p: &[i64; 4], at: i64, cost: i64) {
         let start = at - at.rem_euclid(p[1]);
         let (prev, cur) = self.counts(p, start);
-        *self = Self {
-            start,
-            prev,
-            cur: cur + cost,
-        };
+        (self.start, self.prev, self.cur) = (start, prev, cur + cost);
     }
 
     pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
@@ -84,7 +112,10 @@ impl SlidingWindow {
         ((n - used).max(0), reset)
     }
 
-    pub(crate) fn ttl(&self, p: &[i64; 4], now: i64) -> i64 {
-        self.start + 2 * p[1] - now
+    /// Records the working state as the store keeps it; returns when it
+    /// becomes equal to a fresh one.
+    pub(crate) fn save(&mut self, p: &[i64; 4]) -> i64 {
+        self.raw = Some((self.start, p[1], self.prev, self.cur));
+        self.start + 2 * p[1]
     }
 }

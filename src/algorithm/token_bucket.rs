@@ -1,18 +1,25 @@
-//! Mirror of `lua/token_bucket.lua`: level in 1/P token units at time `ts`.
+//! Mirror of `lua/token_bucket.lua`: `level / den` tokens at `ts`.
 
-use super::{cdiv, fdiv};
+use super::{cdiv, fdiv, rescale};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TokenBucket {
+    /// What the store keeps: (level, den, ts), or nothing for a full bucket.
+    raw: Option<(i64, i64, i64)>,
+    /// The level in units of 1/P token of this limit, set by `prepare`.
     level: i64,
     ts: i64,
 }
 
 impl TokenBucket {
-    pub(crate) fn full(p: &[i64; 4], now: i64) -> Self {
-        Self {
-            level: p[0] * p[2],
-            ts: now,
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
+        let full = p[0] * p[2];
+        (self.level, self.ts) = (full, now);
+        if let Some((level, den, ts)) = self.raw {
+            self.ts = ts;
+            if fdiv(level, den) < p[0] {
+                self.level = rescale(level, den, p[2], false);
+            }
         }
     }
 
@@ -51,5 +58,12 @@ impl TokenBucket {
         let level = self.level_at(p, t);
         let remaining = if self.ts > at { 0 } else { fdiv(level, p[2]) };
         (remaining, t - now + cdiv(p[0] * p[2] - level, p[1]))
+    }
+
+    /// Records the working state as the store keeps it; returns when it
+    /// becomes equal to a fresh one.
+    pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
+        self.raw = Some((self.level, p[2], self.ts));
+        now + self.status(p, now, now).1
     }
 }

@@ -20,6 +20,8 @@ const SWEEP_INTERVAL: i64 = 10_000_000;
 
 struct Entry {
     state: State,
+    /// The clock of the decision that wrote the state (`hw` in the scripts).
+    hw: i64,
     /// When the state becomes equal to a fresh one (the Redis key's TTL).
     expires_at: i64,
 }
@@ -125,8 +127,8 @@ impl MemoryStore {
         format!("{}:{}:{part}", check.tag, check.limit.name())
     }
 
-    fn decide_now(&self, checks: &[Check<'_>], max_wait: i64) -> Reply {
-        let now = self.inner.clock.now_micros();
+    fn decide_now(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Reply {
+        let real = self.inner.clock.now_micros();
         let keys: Vec<String> = checks.iter().map(Self::storage_key).collect();
         let slots: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
         let mut order = slots.clone();
@@ -142,44 +144,71 @@ impl MemoryStore {
             .map(|s| order.binary_search(s).unwrap_or(0))
             .collect();
 
-        let mut existed = Vec::with_capacity(checks.len());
-        let mut states = Vec::with_capacity(checks.len());
-        for ((check, key), &g) in checks.iter().zip(&keys).zip(&positions) {
-            let p = check.limit.params();
-            let stored = guards[g]
+        // As in `lua/driver.lua`: the decision's clock is the latest of the
+        // store's and of every key's last write, so time never runs back.
+        let mut now = real;
+        let mut entries = Vec::with_capacity(checks.len());
+        for (key, &g) in keys.iter().zip(&positions) {
+            let entry = guards[g]
                 .1
                 .map
                 .remove(key.as_str())
-                .filter(|e| e.expires_at > now);
-            existed.push(stored.is_some());
-            let mut state = stored.map_or_else(|| State::fresh(p, now), |e| e.state);
-            state.load(p, now);
+                .filter(|e| e.expires_at > real);
+            if let Some(entry) = &entry {
+                now = now.max(entry.hw);
+            }
+            entries.push(entry);
+        }
+        let mut kept = Vec::with_capacity(checks.len());
+        let mut states = Vec::with_capacity(checks.len());
+        for (check, entry) in checks.iter().zip(entries) {
+            let p = check.limit.params();
+            let (mut state, hw) = match entry {
+                Some(e) => {
+                    kept.push(Some((e.hw, e.expires_at)));
+                    (e.state, e.hw)
+                }
+                None => {
+                    kept.push(None);
+                    (State::fresh(p), now)
+                }
+            };
+            state.prepare(p, hw, now);
             states.push(state);
         }
         let params: Vec<_> = checks.iter().map(|c| c.limit.params()).collect();
         let costs: Vec<i64> = checks.iter().map(|c| c.cost).collect();
-        let reply = algorithm::decide(&mut states, &params, &costs, now, max_wait);
+        let reply = algorithm::decide(&mut states, &params, &costs, now, max_wait, dry);
 
-        for (((check, key), state), (g, existed)) in checks
+        for (((check, key), mut state), (g, kept)) in checks
             .iter()
             .zip(keys)
             .zip(states)
-            .zip(positions.into_iter().zip(existed))
+            .zip(positions.into_iter().zip(kept))
         {
-            let granted = reply.outcome == 0 && check.cost > 0;
-            let ttl = state.ttl(check.limit.params(), now);
-            if (existed || granted) && ttl > 0 {
-                guards[g].1.map.insert(
-                    key.into_boxed_str(),
-                    Entry {
-                        state,
-                        expires_at: now + ttl,
-                    },
-                );
+            let entry = if reply.outcome == 0 && !dry && check.cost > 0 {
+                let expires_at = state.save(check.limit.params(), now);
+                Entry {
+                    state,
+                    hw: now,
+                    expires_at,
+                }
+            } else if let Some((hw, expires_at)) = kept {
+                // Unchanged but for the pruning of a sliding log, as in Redis.
+                Entry {
+                    state,
+                    hw,
+                    expires_at,
+                }
+            } else {
+                continue;
+            };
+            if entry.expires_at > real {
+                guards[g].1.map.insert(key.into_boxed_str(), entry);
             }
         }
         for (_, shard) in &mut guards {
-            shard.maybe_sweep(now);
+            shard.maybe_sweep(real);
         }
         reply
     }
@@ -198,8 +227,9 @@ impl Sealed for MemoryStore {
         &'a self,
         checks: &'a [Check<'a>],
         max_wait: i64,
+        dry: bool,
     ) -> BoxFuture<'a, Result<Reply, Error>> {
-        let reply = self.decide_now(checks, max_wait);
+        let reply = self.decide_now(checks, max_wait, dry);
         Box::pin(std::future::ready(Ok(reply)))
     }
 

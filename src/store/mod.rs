@@ -34,7 +34,7 @@ pub(crate) mod sealed {
         pub(crate) limit: &'a Limit,
         /// The hash-tagged key, see [`keys::tag`].
         pub(crate) tag: String,
-        /// Cost, 0 for a peek.
+        /// Cost; 0 looks without consuming.
         pub(crate) cost: i64,
     }
 
@@ -42,11 +42,13 @@ pub(crate) mod sealed {
     #[allow(unreachable_pub)]
     pub trait Sealed {
         /// Decides all checks atomically: grants all of them at one time no
-        /// later than `max_wait` microseconds from now, or none.
+        /// later than `max_wait` microseconds from now, or none. A `dry` run
+        /// decides the same way but grants and writes nothing.
         fn decide<'a>(
             &'a self,
             checks: &'a [Check<'a>],
             max_wait: i64,
+            dry: bool,
         ) -> BoxFuture<'a, Result<Reply, Error>>;
         /// Forgets the state of every check's key.
         fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>>;

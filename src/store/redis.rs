@@ -262,7 +262,12 @@ impl RedisStore {
         }
     }
 
-    async fn run_decide(&self, checks: &[Check<'_>], max_wait: i64) -> Result<Reply, Error> {
+    async fn run_decide(
+        &self,
+        checks: &[Check<'_>],
+        max_wait: i64,
+        dry: bool,
+    ) -> Result<Reply, Error> {
         let mut invocation = self.inner.script.prepare_invoke();
         for check in checks {
             for key in self.keys(check) {
@@ -270,7 +275,11 @@ impl RedisStore {
             }
         }
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
-        invocation.arg(now).arg(max_wait).arg(checks.len());
+        invocation
+            .arg(now)
+            .arg(max_wait)
+            .arg(u8::from(dry))
+            .arg(checks.len());
         for check in checks {
             let p = check.limit.params();
             invocation
@@ -314,8 +323,9 @@ impl Sealed for RedisStore {
         &'a self,
         checks: &'a [Check<'a>],
         max_wait: i64,
+        dry: bool,
     ) -> BoxFuture<'a, Result<Reply, Error>> {
-        Box::pin(self.run_decide(checks, max_wait))
+        Box::pin(self.run_decide(checks, max_wait, dry))
     }
 
     fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>> {
