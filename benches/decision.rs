@@ -55,10 +55,10 @@ const USER_KEY: &str = "k";
 const RAW_KEY: &str = "bench-raw:{k}:g:gcra";
 const POOL_KEY: &str = "bench-pool:{k}:g:gcra";
 /// ARGV of one GCRA decision, cost 1, for 1_000_000 per second with a burst of
-/// 1_000_000: now (0 = Redis TIME), max_wait, dry run (0), number of limits, then algorithm
+/// 1_000_000: now (0 = Redis TIME), max_wait, dry run (0), expiry slack (0), number of limits, then algorithm
 /// 3 (GCRA), burst, rate and period reduced by their gcd (1_000_000 per
 /// 1_000_000 us = 1 per 1 us), an unused parameter, cost.
-const GCRA_ARGV: [i64; 10] = [0, 0, 0, 1, 3, 1_000_000, 1, 1, 0, 1];
+const GCRA_ARGV: [i64; 11] = [0, 0, 0, 0, 1, 3, 1_000_000, 1, 1, 0, 1];
 
 /// The Redis quota: 1 per microsecond, far more than one Redis serves.
 fn redis_quota() -> Quota {

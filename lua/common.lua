@@ -11,6 +11,9 @@
 -- what it reads into its own units, rounding towards "less is left". A value
 -- that does not parse (garbage, another type, a field evicted) reads as absent
 -- and is overwritten by the next write: no input makes a script fail.
+-- Each state also says when it becomes equal to a fresh one for its writer
+-- (`exp`, stored or derived); from then on it reads as absent whatever the
+-- key's TTL, which only collects garbage.
 local floor = math.floor
 local EXACT = 9007199254740992 -- 2^53
 
@@ -60,20 +63,14 @@ local function get(key) -- a string value; nil when missing or of another type
   return nil
 end
 
--- x / from, expressed in units of 1 / to: exact when the product fits in 2^53,
--- else the fraction rounds to a whole unit of `from`. `up` rounds towards more.
-local function rescale(x, from, to, up)
+-- x / from, expressed in units of 1 / to and rounded down: exact when the
+-- product fits in 2^53, else the fraction below one unit of `from` is dropped.
+local function rescale(x, from, to)
   if from == to then return x end
   local q = fdiv(x, from)
   local r = x - q * from
   local part = 0
-  if r > 0 then
-    if r * to < EXACT then
-      if up then part = cdiv(r * to, from) else part = fdiv(r * to, from) end
-    elseif up then
-      part = to
-    end
-  end
+  if r * to < EXACT then part = fdiv(r * to, from) end
   return q * to + part
 end
 

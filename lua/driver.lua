@@ -5,7 +5,8 @@
 -- ARGV:  [1] now (us since the epoch; 0 = read Redis TIME, the production path)
 --        [2] max_wait (us): a grant may be reserved this far in the future
 --        [3] 1 = dry run: decide, but grant and write nothing (a peek)
---        [4] n, the number of limits; then 6 values per limit:
+--        [4] expiry slack (us): keys outlive their state by this much
+--        [5] n, the number of limits; then 6 values per limit:
 --            algorithm (1 sliding log, 2 token bucket, 3 gcra, 4 fixed window,
 --            5 sliding window), 4 parameters, cost (0 changes nothing)
 -- Reply: { outcome (0 granted, 1 denied, 2 cost exceeds a capacity),
@@ -20,7 +21,8 @@
 -- runs backwards for a key: after a backward step, state written "in the
 -- future" is read as of its own time (what it records is spent, not
 -- reserved), and real reservations stay reservations. Expiries are set from
--- the store's own clock, so a key never expires early.
+-- the store's own clock, so a key never expires early; they only reclaim
+-- memory, since a state past its own `exp` reads as absent anyway.
 local algorithms = { sliding_log, token_bucket, gcra, fixed_window, sliding_window }
 
 local real = tonumber(ARGV[1])
@@ -30,13 +32,15 @@ if real == 0 then
 end
 local max_wait = tonumber(ARGV[2])
 local dry = ARGV[3] == '1'
-local n = tonumber(ARGV[4])
+-- expiries count from here: the store's clock, less the slack
+local ttl_from = real - tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
 
 local limits = {}
 local now = real
 local next_key = 1
 for i = 1, n do
-  local o = 4 + (i - 1) * 6
+  local o = 5 + (i - 1) * 6
   local alg = algorithms[tonumber(ARGV[o + 1])]
   local p = { tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5]) }
   local keys = { KEYS[next_key], KEYS[next_key + 1] }
@@ -75,7 +79,7 @@ for i = 1, n do
     as_of = at
     if l.cost > 0 then
       l.alg.grant(l.st, l.p, at, l.cost)
-      l.alg.save(l.st, l.p, now, real)
+      l.alg.save(l.st, l.p, now, ttl_from)
     end
   end
   local remaining, reset = l.alg.status(l.st, l.p, now, as_of)

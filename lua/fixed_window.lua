@@ -25,7 +25,7 @@ local function fw_prepare(st, p, now)
   local w = p[2]
   st.start, st.count = -1, 0
   local raw = st.raw
-  if not raw then return end
+  if not raw or raw[1] + raw[2] <= now then return end -- absent, or its window is over
   local s, len, count = raw[1], raw[2], raw[3]
   if len == w then
     st.start, st.count = s, count

@@ -1,13 +1,16 @@
 -- gcra.lua: generic cell rate algorithm (leaky bucket as a meter).
 --
--- KEYS: gcra (STRING "<debt>:<den>:<hw>"): `debt / den` permits owed at the
---       writer's clock `hw` (us): the theoretical arrival time (TAT) lies
---       debt/den emission intervals after `hw`. Owed amounts, not times, so
---       another rate reads the same debt (converted, rounded up).
+-- KEYS: gcra (STRING "<level>:<den>:<hw>:<exp>:<bmax>:<bexp>"): `level / den`
+--       permits left at the writer's clock `hw` (us), negative while
+--       reservations are pending; `bmax` the largest burst in use, honoured
+--       until `bexp`; `exp` when the bucket has refilled to `bmax`:
+--       the theoretical arrival time (TAT) lies (B - level) emission intervals
+--       after `hw`. An amount, not a time, so another rate or burst reads what
+--       is left (converted, rounded down, clamped to its burst).
 -- Params: p[1] = B (burst), p[2] = N, p[3] = W (rate N per W us, reduced by gcd)
 -- Internally the TAT is tat + frac/N us exactly (0 <= frac < N), so a rate
--- like 3 per second (333333.33.. us apart) never drifts; the debt is kept in
--- units of 1/W permit, so tat = hw + debt / N.
+-- like 3 per second (333333.33.. us apart) never drifts; the level is kept in
+-- units of 1/W permit, so tat = hw + (B * W - level) / N.
 -- Emission interval T = W/N. A cost c fits at t when tat - t <= (B - c) * T,
 -- i.e. (tat_us - t) * N + frac <= (B - c) * W: all integers.
 -- A missing key (or a tat in the past) is a full bucket. Arrivals are timed to
@@ -17,10 +20,12 @@ local function gcra_load(k, p)
   local st = { key = k[1], hw = 0 }
   local v = get(st.key)
   if v then
-    local debt, den, hw = string.match(v, '^(%-?%d+):(%d+):(%d+)$')
-    debt, den, hw = num(debt), num(den), num(hw)
-    if hw and den > 0 then
-      st.raw = { debt, den }
+    local level, den, hw, exp, bmax, bexp =
+      string.match(v, '^(%-?%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    level, den, hw, exp = num(level), num(den), num(hw), num(exp)
+    bmax, bexp = num(bmax), num(bexp)
+    if bexp and den > 0 then
+      st.raw = { level, den, exp, bmax, bexp }
       st.hw = hw
     end
   end
@@ -33,10 +38,15 @@ local function gcra_ceil(st, p) -- ceil(tat), the tick that holds the TAT
 end
 
 local function gcra_prepare(st, p, now)
-  st.tat, st.frac = now, 0
+  st.tat, st.frac, st.keep = now, 0, p[1]
   local raw = st.raw
-  if raw then
-    local debt = rescale(raw[1], raw[2], p[3], true)
+  if raw and raw[3] > now then
+    if raw[4] > p[1] and raw[5] > now then st.keep, st.bexp = raw[4], raw[5] end
+    local full = p[1] * p[3]
+    local debt = 0
+    if fdiv(raw[1], raw[2]) < p[1] then
+      debt = full - rescale(raw[1], raw[2], p[3])
+    end
     local whole = fdiv(debt, p[2])
     st.tat = st.hw + whole
     st.frac = debt - whole * p[2]
@@ -77,10 +87,16 @@ end
 
 local function gcra_save(st, p, now, real)
   if not st.dirty then return end
-  local debt = (st.tat - now) * p[2] + st.frac
-  -- the state matters through tick ceil(tat)
-  redis.call('SET', st.key, fmt(debt) .. ':' .. fmt(p[3]) .. ':' .. fmt(now),
-    'PX', px(gcra_ceil(st, p) + 1, real))
+  local level = p[1] * p[3] - ((st.tat - now) * p[2] + st.frac)
+  local bmax, bexp = st.keep, st.bexp
+  if bmax == p[1] then bexp = now + cdiv(p[1] * p[3], p[2]) end -- one burst's refill
+  -- the state matters through tick ceil(tat), and for a larger burst until
+  -- its extra permits are back too
+  local extra = min(bmax - p[1], fdiv(EXACT - 1, p[3]))
+  local exp = gcra_ceil(st, p) + 1 + cdiv(extra * p[3], p[2])
+  redis.call('SET', st.key, fmt(level) .. ':' .. fmt(p[3]) .. ':' .. fmt(now) .. ':' .. fmt(exp)
+      .. ':' .. fmt(bmax) .. ':' .. fmt(bexp),
+    'PX', px(exp, real))
 end
 
 local gcra = {

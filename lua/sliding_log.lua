@@ -58,6 +58,11 @@ local function slog_prepare(st, p, now)
   if st.wmax and st.wmax > w and st.wexp > now then keep = st.wmax end
   st.keep = keep
   local cutoff = fmt(now - keep)
+  if st.wmax then
+    -- the writer's state is over once its newest grant left its window
+    local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+    if #newest > 0 and tonumber(newest[2]) + st.wmax <= now then cutoff = '+inf' end
+  end
   if st.sum then
     local expired = redis.call('ZRANGEBYSCORE', st.log, '-inf', cutoff)
     if #expired > 0 then

@@ -26,7 +26,7 @@ local function sw_prepare(st, p, now)
   local w = p[2]
   st.start, st.prev, st.cur = -1, 0, 0
   local raw = st.raw
-  if not raw then return end
+  if not raw or raw[1] + 2 * raw[2] <= now then return end -- absent, or both windows over
   local s, len, prev, cur = raw[1], raw[2], raw[3], raw[4]
   if len == w then
     st.start, st.prev, st.cur = s, prev, cur

@@ -1,8 +1,12 @@
 -- token_bucket.lua: token bucket with lazy refill, never negative.
 --
--- KEYS: bucket (STRING "<level>:<den>:<ts>:<hw>"): `level / den` tokens at time
---       `ts` (us); `hw` is the writer's clock. `ts` lies ahead of `hw` only for
---       a reservation: nothing refills before it, so later grants queue behind.
+-- KEYS: bucket (STRING "<level>:<den>:<ts>:<hw>:<exp>:<cmax>:<cexp>"):
+--       `level / den` tokens at time `ts` (us); `hw` is the writer's clock;
+--       `cmax` the largest capacity in use, honoured until `cexp`; `exp` when
+--       the bucket has refilled to `cmax`, so a larger bucket still in use
+--       never reads a key that expired at a smaller one's fill as full. `ts`
+--       lies ahead of `hw` only for a reservation: nothing refills before it,
+--       so later grants queue behind.
 -- Params: p[1] = C (capacity), p[2] = R, p[3] = P (refill R tokens per P us,
 --         reduced by their gcd on the Rust side). Internally the level is kept
 --         in units of 1/P token; another P's level is converted, rounded down,
@@ -12,10 +16,12 @@ local function tb_load(k, p)
   local st = { key = k[1], hw = 0 }
   local v = get(st.key)
   if v then
-    local level, den, ts, hw = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
-    level, den, ts, hw = num(level), num(den), num(ts), num(hw)
-    if hw and den > 0 then
-      st.raw = { level, den, ts }
+    local level, den, ts, hw, exp, cmax, cexp =
+      string.match(v, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    level, den, ts, hw, exp = num(level), num(den), num(ts), num(hw), num(exp)
+    cmax, cexp = num(cmax), num(cexp)
+    if cexp and den > 0 then
+      st.raw = { level, den, ts, exp, cmax, cexp }
       st.hw = hw
     end
   end
@@ -24,12 +30,13 @@ end
 
 local function tb_prepare(st, p, now)
   local full = p[1] * p[3]
-  st.level, st.ts = full, now
+  st.level, st.ts, st.keep = full, now, p[1]
   local raw = st.raw
-  if raw then
+  if raw and raw[4] > now then
+    if raw[5] > p[1] and raw[6] > now then st.keep, st.cexp = raw[5], raw[6] end
     st.ts = raw[3]
     if fdiv(raw[1], raw[2]) < p[1] then
-      st.level = rescale(raw[1], raw[2], p[3], false)
+      st.level = rescale(raw[1], raw[2], p[3])
     end
   end
 end
@@ -69,10 +76,14 @@ end
 
 local function tb_save(st, p, now, real)
   if not st.dirty then return end
-  local _, reset = tb_status(st, p, now, now)
+  local cmax, cexp = st.keep, st.cexp
+  if cmax == p[1] then cexp = now + cdiv(p[1] * p[3], p[2]) end -- one fill from empty
+  local t = max(now, st.ts)
+  local exp = t + cdiv(min(cmax, fdiv(EXACT - 1, p[3])) * p[3] - tb_level_at(st, p, t), p[2])
   redis.call('SET', st.key,
-    fmt(st.level) .. ':' .. fmt(p[3]) .. ':' .. fmt(st.ts) .. ':' .. fmt(now),
-    'PX', px(now + reset, real))
+    fmt(st.level) .. ':' .. fmt(p[3]) .. ':' .. fmt(st.ts) .. ':' .. fmt(now) .. ':' .. fmt(exp)
+      .. ':' .. fmt(cmax) .. ':' .. fmt(cexp),
+    'PX', px(exp, real))
 end
 
 local token_bucket = {

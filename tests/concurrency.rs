@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_keys_have_ttl, redis_store, unique_prefix};
+use common::{assert_keys_expire, redis_store, state_lifetime, unique_prefix};
 use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
 
 const POOLS: usize = 8;
@@ -80,7 +80,7 @@ async fn redis_never_grants_more_than_the_bound() {
                 "{:?} cost {cost}: {granted} granted",
                 quota.algorithm()
             );
-            assert_keys_have_ttl(&prefix);
+            assert_keys_expire(&prefix, state_lifetime([&limit], Duration::ZERO));
         }
     }
 }
@@ -160,5 +160,5 @@ async fn sliding_log_holds_in_every_window_in_real_time() {
         granted > n,
         "the test ran long enough to span several windows ({granted} grants)"
     );
-    assert_keys_have_ttl(&prefix);
+    assert_keys_expire(&prefix, state_lifetime([&limit], Duration::ZERO));
 }

@@ -9,8 +9,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_keys_have_ttl, redis_store_with_clock, unique_prefix, T0};
-use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Quota, Verdict};
+use common::{
+    assert_keys_expire, patient_limiter, redis_store_with_clock, state_lifetime, unique_prefix, T0,
+    TEST_CLOCK_SLACK,
+};
+use tower_ratelimit::{Limit, ManualClock, MemoryStore, Quota, Verdict};
 
 const MS: i64 = 1_000;
 const S: i64 = 1_000_000;
@@ -32,8 +35,8 @@ type Row = (i64, u64, i64, Expect, u64, i64);
 async fn run(limit: &Limit, table: &[Row]) {
     let clock = ManualClock::new(T0);
     let prefix = unique_prefix("conformance");
-    let memory = Limiter::new(MemoryStore::with_clock(clock.clone()), limit.clone());
-    let redis = Limiter::new(redis_store_with_clock(&prefix, &clock), limit.clone());
+    let memory = patient_limiter(MemoryStore::with_clock(clock.clone()), limit.clone());
+    let redis = patient_limiter(redis_store_with_clock(&prefix, &clock), limit.clone());
     for (store, limiter) in [("memory", &memory), ("redis", &redis)] {
         clock.set(T0);
         for (i, &(at, cost, max_wait, expect, remaining, reset)) in table.iter().enumerate() {
@@ -63,7 +66,11 @@ async fn run(limit: &Limit, table: &[Row]) {
             assert_eq!(d.limit(), limit.capacity(), "limit, {ctx}");
         }
     }
-    assert_keys_have_ttl(&prefix);
+    let longest_wait = table.iter().map(|row| row.2).max().unwrap_or(0);
+    assert_keys_expire(
+        &prefix,
+        state_lifetime([limit], Duration::from_micros(longest_wait as u64)) + TEST_CLOCK_SLACK,
+    );
 }
 
 #[tokio::test]

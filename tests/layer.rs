@@ -667,7 +667,10 @@ async fn two_instances_on_one_redis_share_the_limit() {
             StatusCode::TOO_MANY_REQUESTS
         ]
     );
-    common::assert_keys_have_ttl(&prefix);
+    common::assert_keys_expire(
+        &prefix,
+        common::state_lifetime([&limit("per-ip", per_minute(3))], Duration::ZERO),
+    );
 }
 
 #[tokio::test]

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    assert_keys_have_ttl, command_calls, redis_store, redis_store_with_clock, unique_prefix,
-    TestRedis, T0,
+    assert_keys_expire, command_calls, redis_store, redis_store_with_clock, state_lifetime,
+    unique_prefix, TestRedis, T0,
 };
 use tower_ratelimit::{
     ConfigError, Error, Limit, Limiter, ManualClock, MemoryStore, Quota, RedisStore, Verdict,
@@ -88,13 +88,14 @@ async fn several_limits_are_all_or_nothing_redis() {
     let clock = ManualClock::new(T0);
     let prefix = unique_prefix("multi");
     let (a, b) = burst_and_daily();
+    let lifetime = state_lifetime([&a, &b], Duration::ZERO) + common::TEST_CLOCK_SLACK;
     let limiter = Limiter::builder(redis_store_with_clock(&prefix, &clock))
         .limit(a)
         .limit(b)
         .build()
         .unwrap();
     all_or_nothing(limiter, clock).await;
-    assert_keys_have_ttl(&prefix);
+    assert_keys_expire(&prefix, lifetime);
 }
 
 #[tokio::test]
@@ -220,7 +221,10 @@ async fn acquire_on_redis_waits_for_its_reservation() {
         d.wait() > Duration::ZERO && d.wait() <= Duration::from_millis(50),
         "{d:?}"
     );
-    assert_keys_have_ttl(&prefix);
+    assert_keys_expire(
+        &prefix,
+        state_lifetime(limiter.limits(), Duration::from_secs(2)),
+    );
 }
 
 #[tokio::test]
@@ -346,7 +350,7 @@ async fn huge_and_crafted_keys_stay_bounded_and_apart() {
             .all(|k| k.matches('{').count() == 1 && k.matches('}').count() == 1),
         "{keys:?}"
     );
-    assert_keys_have_ttl(&prefix);
+    assert_keys_expire(&prefix, state_lifetime(limiter.limits(), Duration::ZERO));
 }
 
 #[tokio::test]

@@ -6,7 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_keys_have_ttl, redis_store_with_clock, unique_prefix, T0};
+use common::{
+    assert_keys_expire, patient_limiter, redis_store_with_clock, state_lifetime, unique_prefix,
+    PATIENT, T0, TEST_CLOCK_SLACK,
+};
 use proptest::prelude::*;
 use tower_ratelimit::{Decision, Limit, Limiter, ManualClock, MemoryStore, Quota, Verdict};
 
@@ -287,7 +290,7 @@ proptest! {
     fn memory_store_matches_the_reference_models(case in case_strategy(), steps in steps_strategy()) {
         let limit = Limit::new("p", case.quota).expect("valid quota");
         let clock = ManualClock::new(T0);
-        let limiter = Limiter::new(MemoryStore::with_clock(clock.clone()), limit);
+        let limiter = patient_limiter(MemoryStore::with_clock(clock.clone()), limit);
         runtime().block_on(check_against_model(&limiter, &clock, &case, &steps));
     }
 }
@@ -299,9 +302,9 @@ proptest! {
         let limit = Limit::new("p", case.quota).expect("valid quota");
         let clock = ManualClock::new(T0);
         let prefix = unique_prefix("prop-model");
-        let limiter = Limiter::new(redis_store_with_clock(&prefix, &clock), limit);
+        let limiter = patient_limiter(redis_store_with_clock(&prefix, &clock), limit.clone());
         runtime().block_on(check_against_model(&limiter, &clock, &case, &steps));
-        assert_keys_have_ttl(&prefix);
+        assert_keys_expire(&prefix, state_lifetime([&limit], Duration::ZERO) + TEST_CLOCK_SLACK);
     }
 
     /// Two or three limits, shared or separate keys, reservations: the Lua
@@ -316,7 +319,7 @@ proptest! {
         let clock = ManualClock::new(T0);
         let prefix = unique_prefix("prop-diff");
         let limits: Vec<Limit> = quotas.iter().enumerate().map(|(i, q)| Limit::new(format!("l{i}"), *q).expect("valid")).collect();
-        let with = |limiter: tower_ratelimit::LimiterBuilder| limits.iter().cloned().fold(limiter, |b, l| b.limit(l)).build().expect("limiter");
+        let with = |limiter: tower_ratelimit::LimiterBuilder| limits.iter().cloned().fold(limiter.timeout(PATIENT), |b, l| b.limit(l)).build().expect("limiter");
         let memory = with(Limiter::builder(MemoryStore::with_clock(clock.clone())));
         let redis = with(Limiter::builder(redis_store_with_clock(&prefix, &clock)));
         runtime().block_on(async {
@@ -334,6 +337,138 @@ proptest! {
             }
             Ok(())
         })?;
-        assert_keys_have_ttl(&prefix);
+        let longest_wait = steps.iter().map(|s| s.2).max().unwrap_or(0);
+        assert_keys_expire(&prefix, state_lifetime(&limits, Duration::from_micros(longest_wait)) + TEST_CLOCK_SLACK);
+    }
+}
+
+/// An algorithm and its three numbers: (amount, rate, window in us), where the
+/// amount is the limit, capacity or burst and the rate is the bucket's refill
+/// or GCRA's rate per window (unused by the window algorithms).
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Log,
+    Bucket,
+    Gcra,
+    Fixed,
+    Sliding,
+}
+
+fn build(kind: Kind, (a, r, w): (u64, u64, u64)) -> (Quota, Model) {
+    let us = Duration::from_micros(w);
+    let (ai, ri, wi) = (a as i128, r as i128, w as i128);
+    match kind {
+        Kind::Log => (Quota::sliding_log(a, us), Model::Log(ai, wi, vec![])),
+        Kind::Bucket => (
+            Quota::token_bucket(a, r, us),
+            Model::Bucket(ai, ri, wi, ai * wi, T0 as i128),
+        ),
+        Kind::Gcra => (Quota::gcra(r, us, a), Model::Gcra(ai, ri, wi, None)),
+        Kind::Fixed => (Quota::fixed_window(a, us), Model::Fixed(ai, wi, -1, 0)),
+        Kind::Sliding => (
+            Quota::sliding_window(a, us),
+            Model::Sliding(ai, wi, -1, 0, 0),
+        ),
+    }
+}
+
+impl Model {
+    /// Records a grant the quota itself may not have made (another quota
+    /// did): the quota "alone from the true history". A bucket cannot hold
+    /// less than nothing, so its level stops at empty.
+    fn force(&mut self, t: i128, cost: i128) {
+        self.grant(t, cost);
+        match self {
+            Model::Bucket(_, _, _, level, _) => *level = (*level).max(0),
+            Model::Gcra(b, r, p, Some(tat)) => *tat = (*tat).min(t * *r + *b * *p),
+            _ => {}
+        }
+    }
+}
+
+/// A quota and the same quota with exactly one of its numbers changed, up
+/// or down (a rolling deploy).
+fn change_strategy() -> impl Strategy<Value = (Kind, (u64, u64, u64), (u64, u64, u64))> {
+    let kind = prop_oneof![
+        Just(Kind::Log),
+        Just(Kind::Bucket),
+        Just(Kind::Gcra),
+        Just(Kind::Fixed),
+        Just(Kind::Sliding)
+    ];
+    (
+        kind,
+        1u64..8,
+        1u64..4,
+        1_000u64..1_000_000,
+        0usize..3,
+        any::<bool>(),
+        2u64..4,
+    )
+        .prop_map(|(kind, a, r, w, which, up, factor)| {
+            let old = (a, r, w);
+            let scale = |x: u64| if up { x * factor } else { (x / factor).max(1) };
+            // windows have no rate: change their window instead
+            let which = match kind {
+                Kind::Log | Kind::Fixed | Kind::Sliding if which == 1 => 2,
+                _ => which,
+            };
+            let new = match which {
+                0 => (scale(a), r, w),
+                1 => (a, scale(r), w),
+                _ => (a, r, scale(w).min(1_000_000)),
+            };
+            (kind, old, new)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(160))]
+    /// Old and new limiters alternate on the same keys, on both stores: the
+    /// stores agree, and the amount available never exceeds what the older or
+    /// the newer quota alone would allow from the true history of grants.
+    #[test]
+    fn quota_changes_over_live_state_never_over_admit(
+        (kind, old, new) in change_strategy(),
+        steps in proptest::collection::vec(
+            (prop_oneof![Just(0u64), 0u64..50_000, 0u64..2_000_000], any::<bool>(), 0u64..4),
+            1..40),
+    ) {
+        let (old_quota, mut old_model) = build(kind, old);
+        let (new_quota, mut new_model) = build(kind, new);
+        let clock = ManualClock::new(T0);
+        let prefix = unique_prefix("prop-deploy");
+        let memory = MemoryStore::with_clock(clock.clone());
+        let redis = redis_store_with_clock(&prefix, &clock);
+        let limits = [Limit::new("q", old_quota).expect("valid"), Limit::new("q", new_quota).expect("valid")];
+        let limiters: Vec<(Limiter, Limiter)> = limits
+            .iter()
+            .map(|l| (patient_limiter(memory.clone(), l.clone()), patient_limiter(redis.clone(), l.clone())))
+            .collect();
+        runtime().block_on(async {
+            let mut now = T0 as i128;
+            for (i, &(step, newer, cost)) in steps.iter().enumerate() {
+                now += step as i128;
+                clock.set(now as i64);
+                let (m, r) = &limiters[usize::from(newer)];
+                let look = m.peek("k").await.expect("memory");
+                prop_assert_eq!(&look, &r.peek("k").await.expect("redis"), "peek, step {}", i);
+                let bound = old_model.remaining(now).max(new_model.remaining(now)).max(0);
+                prop_assert!(
+                    look.remaining() as i128 <= bound,
+                    "step {} ({}): {} available, old alone {:?} and new alone {:?} allow {}",
+                    i, if newer { "new" } else { "old" }, look.remaining(), old_model, new_model, bound
+                );
+                let d = m.check("k", cost).await.expect("memory");
+                prop_assert_eq!(&d, &r.check("k", cost).await.expect("redis"), "check, step {}", i);
+                if d.is_allowed() && cost > 0 {
+                    prop_assert!(cost as i128 <= bound, "step {}: granted {} of {}", i, cost, bound);
+                    old_model.force(now, cost as i128);
+                    new_model.force(now, cost as i128);
+                }
+            }
+            Ok(())
+        })?;
+        assert_keys_expire(&prefix, state_lifetime(&limits, Duration::ZERO) + TEST_CLOCK_SLACK);
     }
 }

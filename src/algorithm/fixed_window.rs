@@ -22,7 +22,8 @@ impl FixedWindow {
     pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
         let w = p[1];
         (self.start, self.count) = (-1, 0);
-        let Some((s, len, count)) = self.raw else {
+        // absent, or its window is over
+        let Some((s, len, count)) = self.raw.filter(|raw| raw.0 + raw.1 > now) else {
             return;
         };
         if len == w {

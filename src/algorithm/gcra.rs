@@ -1,14 +1,28 @@
-//! Mirror of `lua/gcra.lua`: a debt of `debt / den` permits at the writer's
+//! Mirror of `lua/gcra.lua`: `level / den` permits left at the writer's
 //! clock, worked on as the theoretical arrival time `tat + frac/N` us.
 
-use super::{cdiv, fdiv, rescale};
+use super::{cdiv, fdiv, rescale, EXACT};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Gcra {
-    /// What the store keeps: (debt, den) as of the key's `hw`; nothing when fresh.
-    raw: Option<(i64, i64)>,
+    /// What the store keeps, as of the key's `hw`; nothing when fresh.
+    raw: Option<Raw>,
     tat: i64,
     frac: i64,
+    /// The largest burst in use and until when it is honoured.
+    keep: i64,
+    bexp: i64,
+}
+
+/// The fields of the script's key: `level / den` permits left, when the
+/// bucket has refilled to `bmax` (`exp`), and until when `bmax` is honoured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Raw {
+    level: i64,
+    den: i64,
+    exp: i64,
+    bmax: i64,
+    bexp: i64,
 }
 
 impl Gcra {
@@ -18,9 +32,16 @@ impl Gcra {
     }
 
     pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) {
-        (self.tat, self.frac) = (now, 0);
-        if let Some((debt, den)) = self.raw {
-            let debt = rescale(debt, den, p[2], true);
+        (self.tat, self.frac, self.keep) = (now, 0, p[0]);
+        if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
+            if raw.bmax > p[0] && raw.bexp > now {
+                (self.keep, self.bexp) = (raw.bmax, raw.bexp);
+            }
+            let debt = if fdiv(raw.level, raw.den) < p[0] {
+                p[0] * p[2] - rescale(raw.level, raw.den, p[2])
+            } else {
+                0
+            };
             let whole = fdiv(debt, p[1]);
             (self.tat, self.frac) = (hw + whole, debt - whole * p[1]);
             if self.ceil() < now {
@@ -66,7 +87,20 @@ impl Gcra {
     /// Records the working state as the store keeps it (as of `now`); returns
     /// when it becomes equal to a fresh one.
     pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
-        self.raw = Some(((self.tat - now) * p[1] + self.frac, p[2]));
-        self.ceil() + 1
+        let debt = (self.tat - now) * p[1] + self.frac;
+        let (bmax, mut bexp) = (self.keep, self.bexp);
+        if bmax == p[0] {
+            bexp = now + cdiv(p[0] * p[2], p[1]); // one burst's refill
+        }
+        let extra = (bmax - p[0]).min(fdiv(EXACT - 1, p[2]));
+        let exp = self.ceil() + 1 + cdiv(extra * p[2], p[1]);
+        self.raw = Some(Raw {
+            level: p[0] * p[2] - debt,
+            den: p[2],
+            exp,
+            bmax,
+            bexp,
+        });
+        exp
     }
 }

@@ -34,27 +34,19 @@ pub(crate) fn cdiv(a: i64, b: i64) -> i64 {
 }
 
 /// 2^53: the exact range of the doubles Redis Lua computes with.
-const EXACT: i128 = 1 << 53;
+pub(crate) const EXACT: i64 = 1 << 53;
 
-/// `x / from` in units of `1 / to`, as `rescale` in `lua/common.lua`: exact
-/// when the product fits in 2^53, else the fraction rounds to a whole unit of
-/// `from`; `up` rounds towards more.
-pub(crate) fn rescale(x: i64, from: i64, to: i64, up: bool) -> i64 {
+/// `x / from` in units of `1 / to`, rounded down, as `rescale` in
+/// `lua/common.lua`: exact when the product fits in 2^53, else the fraction
+/// below one unit of `from` is dropped.
+pub(crate) fn rescale(x: i64, from: i64, to: i64) -> i64 {
     if from == to {
         return x;
     }
     let q = fdiv(x, from);
     let r = x - q * from;
-    let part = if r == 0 {
-        0
-    } else if i128::from(r) * i128::from(to) < EXACT {
-        if up {
-            cdiv(r * to, from)
-        } else {
-            fdiv(r * to, from)
-        }
-    } else if up {
-        to
+    let part = if i128::from(r) * i128::from(to) < i128::from(EXACT) {
+        fdiv(r * to, from)
     } else {
         0
     };

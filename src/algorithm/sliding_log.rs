@@ -25,7 +25,13 @@ impl SlidingLog {
             Some((wmax, wexp)) if wmax > w && wexp > now => wmax,
             _ => w,
         };
-        let cutoff = now - self.keep;
+        let mut cutoff = now - self.keep;
+        if let (Some((wmax, _)), Some(last)) = (self.wmax, self.last()) {
+            // the writer's state is over once its newest grant left its window
+            if last + wmax <= now {
+                cutoff = i64::MAX;
+            }
+        }
         while let Some(&(t, cost)) = self.entries.front() {
             if t > cutoff {
                 break;

@@ -26,7 +26,8 @@ impl SlidingWindow {
     pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
         let w = p[1];
         (self.start, self.prev, self.cur) = (-1, 0, 0);
-        let Some((s, len, prev, cur)) = self.raw else {
+        // absent, or both windows over
+        let Some((s, len, prev, cur)) = self.raw.filter(|raw| raw.0 + 2 * raw.1 > now) else {
             return;
         };
         if len == w {

@@ -1,24 +1,42 @@
 //! Mirror of `lua/token_bucket.lua`: `level / den` tokens at `ts`.
 
-use super::{cdiv, fdiv, rescale};
+use super::{cdiv, fdiv, rescale, EXACT};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TokenBucket {
-    /// What the store keeps: (level, den, ts), or nothing for a full bucket.
-    raw: Option<(i64, i64, i64)>,
+    /// What the store keeps, or nothing for a full bucket.
+    raw: Option<Raw>,
     /// The level in units of 1/P token of this limit, set by `prepare`.
     level: i64,
     ts: i64,
+    /// The largest capacity in use and until when it is honoured.
+    keep: i64,
+    cexp: i64,
+}
+
+/// The fields of the script's key: `level / den` tokens at `ts`, when the
+/// bucket has refilled to `cmax` (`exp`), and until when `cmax` is honoured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Raw {
+    level: i64,
+    den: i64,
+    ts: i64,
+    exp: i64,
+    cmax: i64,
+    cexp: i64,
 }
 
 impl TokenBucket {
     pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
         let full = p[0] * p[2];
-        (self.level, self.ts) = (full, now);
-        if let Some((level, den, ts)) = self.raw {
-            self.ts = ts;
-            if fdiv(level, den) < p[0] {
-                self.level = rescale(level, den, p[2], false);
+        (self.level, self.ts, self.keep) = (full, now, p[0]);
+        if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
+            if raw.cmax > p[0] && raw.cexp > now {
+                (self.keep, self.cexp) = (raw.cmax, raw.cexp);
+            }
+            self.ts = raw.ts;
+            if fdiv(raw.level, raw.den) < p[0] {
+                self.level = rescale(raw.level, raw.den, p[2]);
             }
         }
     }
@@ -63,7 +81,21 @@ impl TokenBucket {
     /// Records the working state as the store keeps it; returns when it
     /// becomes equal to a fresh one.
     pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
-        self.raw = Some((self.level, p[2], self.ts));
-        now + self.status(p, now, now).1
+        let (cmax, mut cexp) = (self.keep, self.cexp);
+        if cmax == p[0] {
+            cexp = now + cdiv(p[0] * p[2], p[1]); // one fill from empty
+        }
+        let t = now.max(self.ts);
+        let top = cmax.min(fdiv(EXACT - 1, p[2])) * p[2];
+        let exp = t + cdiv(top - self.level_at(p, t), p[1]);
+        self.raw = Some(Raw {
+            level: self.level,
+            den: p[2],
+            ts: self.ts,
+            exp,
+            cmax,
+            cexp,
+        });
+        exp
     }
 }

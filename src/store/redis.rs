@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use deadpool_redis::{Config, Pool, Runtime};
 use redis::aio::MultiplexedConnection;
@@ -56,6 +57,8 @@ struct Inner {
     lanes: Box<[Lane]>,
     next: AtomicUsize,
     clock: Option<Arc<dyn Clock>>,
+    /// Microseconds keys outlive their state.
+    slack: i64,
 }
 
 /// Limit state in Redis, shared by every instance that uses the same Redis
@@ -97,6 +100,7 @@ pub struct RedisStoreBuilder {
     prefix: String,
     lanes: usize,
     clock: Option<Arc<dyn Clock>>,
+    slack: Duration,
 }
 
 impl std::fmt::Debug for RedisStoreBuilder {
@@ -131,6 +135,17 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Lets every key live this much longer than its state needs (default:
+    /// none). Decisions never depend on it: every state records when it
+    /// becomes equal to a fresh one and reads as absent from then on, so a
+    /// key's expiry only reclaims memory. A slack keeps keys whose state is
+    /// stamped by clocks other than Redis' (see [`clock`](Self::clock)) from
+    /// being reclaimed early when those clocks step or run ahead.
+    pub fn expiry_slack(mut self, slack: Duration) -> Self {
+        self.slack = slack;
+        self
+    }
+
     /// Builds the store. No connection is made until the first decision.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         let valid_prefix = !self.prefix.is_empty()
@@ -138,6 +153,11 @@ impl RedisStoreBuilder {
             && !self.prefix.chars().any(char::is_whitespace);
         if !valid_prefix {
             return Err(ConfigError::InvalidPrefix(self.prefix));
+        }
+        if self.slack > Duration::from_secs(10 * 366 * 86_400) {
+            return Err(ConfigError::Redis(
+                "the expiry slack must not exceed ten years".into(),
+            ));
         }
         if self.lanes == 0 {
             return Err(ConfigError::Redis("at least one lane is needed".into()));
@@ -176,6 +196,7 @@ impl RedisStoreBuilder {
                 lanes,
                 next: AtomicUsize::new(0),
                 clock: self.clock,
+                slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
             }),
         })
     }
@@ -190,6 +211,7 @@ impl RedisStore {
             prefix: "rl".into(),
             lanes: 4,
             clock: None,
+            slack: Duration::ZERO,
         }
     }
 
@@ -202,6 +224,7 @@ impl RedisStore {
             prefix: "rl".into(),
             lanes: 4,
             clock: None,
+            slack: Duration::ZERO,
         }
     }
 
@@ -279,6 +302,7 @@ impl RedisStore {
             .arg(now)
             .arg(max_wait)
             .arg(u8::from(dry))
+            .arg(self.inner.slack)
             .arg(checks.len());
         for check in checks {
             let p = check.limit.params();

@@ -149,9 +149,16 @@ pub fn redis_store(prefix: &str) -> RedisStore {
         .expect("build the Redis store")
 }
 
+/// How much longer than their state keys live in stores on a test clock:
+/// Redis expires keys in real time while the test clock stands still, so an
+/// exact expiry would race the test (a state 500 us from fresh on the test
+/// clock would vanish 1 ms of real time later).
+pub const TEST_CLOCK_SLACK: Duration = Duration::from_secs(30);
+
 pub fn redis_store_with_clock(prefix: &str, clock: &ManualClock) -> RedisStore {
     RedisStore::builder(redis_url())
         .prefix(prefix)
+        .expiry_slack(TEST_CLOCK_SLACK)
         .clock(clock.clone())
         .build()
         .expect("build the Redis store")
@@ -164,18 +171,60 @@ pub fn connection() -> redis::Connection {
         .expect("connect to the test Redis")
 }
 
-/// Every key under `prefix` carries a TTL (no key lives forever).
-pub fn assert_keys_have_ttl(prefix: &str) -> usize {
+/// Store calls in behaviour tests may wait this long: a loaded machine must
+/// not turn a slow answer into a failure of something else. (Timeouts have
+/// tests of their own.)
+pub const PATIENT: Duration = Duration::from_secs(10);
+
+/// One limit over `store`, patient with the store.
+pub fn patient_limiter(
+    store: impl tower_ratelimit::Store,
+    limit: tower_ratelimit::Limit,
+) -> tower_ratelimit::Limiter {
+    tower_ratelimit::Limiter::builder(store)
+        .limit(limit)
+        .timeout(PATIENT)
+        .build()
+        .expect("a limiter of one limit")
+}
+
+/// Every key under `prefix` expires, and none lives longer than `longest`.
+///
+/// PTTL -1 (a key without expiry) fails. A key whose state is about to become
+/// fresh legitimately has a TTL that reads 0, or expires between `KEYS` and
+/// `PTTL` (-2): both are fine. Returns the number of keys found.
+pub fn assert_keys_expire(prefix: &str, longest: Duration) -> usize {
     let mut conn = connection();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}:*"))
         .query(&mut conn)
         .expect("KEYS");
+    // PEXPIRE rounds up to whole milliseconds.
+    let bound = longest.as_millis() as i64 + 1;
     for key in &keys {
         let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).expect("PTTL");
-        assert!(ttl > 0, "key {key} has no TTL (PTTL = {ttl})");
+        assert!(ttl != -1, "key {key} never expires");
+        assert!(
+            ttl <= bound,
+            "key {key} lives {ttl} ms, longer than its state needs ({bound} ms)"
+        );
     }
     keys.len()
+}
+
+/// The longest any key of these limits needs to live: two windows (the
+/// sliding window counter keeps the previous one) after the furthest grant,
+/// which a reservation may place `max_wait` ahead.
+pub fn state_lifetime<'a>(
+    limits: impl IntoIterator<Item = &'a tower_ratelimit::Limit>,
+    max_wait: Duration,
+) -> Duration {
+    let window = limits
+        .into_iter()
+        .map(|l| l.policy_window().max(l.quota().window()))
+        .max()
+        .unwrap_or_default();
+    2 * window + max_wait
 }
 
 /// Reads a line count from `INFO commandstats` for one command.
