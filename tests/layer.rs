@@ -512,6 +512,128 @@ async fn route_and_path_parameter_keys() {
     assert_eq!(send(&app, sms("+15550199")).await.0, StatusCode::ACCEPTED);
 }
 
+fn post_to(uri: &str) -> Request<Body> {
+    Request::post(uri).body(Body::empty()).expect("request")
+}
+
+/// A route `/users/{id}/sms/{phone}` limited to 1 per minute per `param`.
+fn sms_route(param: &str) -> Router {
+    Router::new().route(
+        "/users/{id}/sms/{phone}",
+        post(|| async { StatusCode::ACCEPTED }).route_layer(RateLimitLayer::new(
+            limit("per-param", per_minute(1)),
+            PathParam::new(param),
+        )),
+    )
+}
+
+/// `first` is accepted, then refused; `other` (another value of the
+/// parameter) still has its own limit.
+async fn assert_one_limit_per_value(app: &Router, first: &str, other: &str) {
+    let (status, _, body) = send(app, post_to(first)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{first}: {body}");
+    assert_eq!(
+        send(app, post_to(first)).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{first} again"
+    );
+    let (status, _, body) = send(app, post_to(other)).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "{other} has its own limit: {body}"
+    );
+}
+
+#[tokio::test]
+async fn path_params_under_nest_key_per_value() {
+    let by_user = Router::new().nest("/v1", sms_route("id"));
+    assert_one_limit_per_value(
+        &by_user,
+        "/v1/users/7/sms/%2B15550100",
+        "/v1/users/8/sms/%2B15550100",
+    )
+    .await;
+    let by_phone = Router::new().nest("/v1", sms_route("phone"));
+    assert_one_limit_per_value(
+        &by_phone,
+        "/v1/users/7/sms/%2B15550100",
+        "/v1/users/7/sms/%2B15550199",
+    )
+    .await;
+    // axum decodes: the escaped and the plain spelling are one number
+    assert_eq!(
+        send(&by_phone, post_to("/v1/users/9/sms/+15550100"))
+            .await
+            .0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn path_params_under_nest_service_key_per_value() {
+    let by_user = Router::new().nest_service("/v1", sms_route("id"));
+    assert_one_limit_per_value(&by_user, "/v1/users/7/sms/1", "/v1/users/8/sms/1").await;
+    let by_phone = Router::new().nest_service("/v1", sms_route("phone"));
+    assert_one_limit_per_value(&by_phone, "/v1/users/7/sms/1", "/v1/users/7/sms/2").await;
+}
+
+#[tokio::test]
+async fn path_params_nested_twice_and_from_the_nest_prefix() {
+    let by_user = Router::new().nest("/api", Router::new().nest("/v1", sms_route("id")));
+    assert_one_limit_per_value(&by_user, "/api/v1/users/7/sms/1", "/api/v1/users/8/sms/1").await;
+    let mixed = Router::new().nest(
+        "/api",
+        Router::new().nest_service("/v1", Router::new().nest("/beta", sms_route("phone"))),
+    );
+    assert_one_limit_per_value(
+        &mixed,
+        "/api/v1/beta/users/7/sms/1",
+        "/api/v1/beta/users/7/sms/2",
+    )
+    .await;
+    // a parameter captured by the nest itself
+    let by_org = Router::new().nest(
+        "/orgs/{org}",
+        Router::new().route(
+            "/send",
+            post(|| async { StatusCode::ACCEPTED }).route_layer(RateLimitLayer::new(
+                limit("per-org", per_minute(1)),
+                PathParam::new("org"),
+            )),
+        ),
+    );
+    assert_one_limit_per_value(&by_org, "/orgs/acme/send", "/orgs/globex/send").await;
+}
+
+#[tokio::test]
+async fn a_wildcard_parameter_is_a_key() {
+    let files = Router::new().route(
+        "/files/{*rest}",
+        post(|| async { StatusCode::ACCEPTED }).route_layer(RateLimitLayer::new(
+            limit("per-file", per_minute(1)),
+            PathParam::new("rest"),
+        )),
+    );
+    assert_one_limit_per_value(&files, "/files/a/b.txt", "/files/a/c.txt").await;
+    let nested = Router::new().nest("/v1", files);
+    assert_one_limit_per_value(&nested, "/v1/files/x/y", "/v1/files/x/z").await;
+}
+
+#[tokio::test]
+async fn a_parameter_that_is_not_utf8_has_no_key() {
+    let app = Router::new().nest("/v1", sms_route("id"));
+    let (status, _, body) = send(&app, post_to("/v1/users/%FF%FE/sms/1")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("per-param"), "{body}");
+    // a parameter of another name, or outside any router: no key either
+    let unknown = Router::new().nest("/v1", sms_route("nope"));
+    assert_eq!(
+        send(&unknown, post_to("/v1/users/7/sms/1")).await.0,
+        StatusCode::BAD_REQUEST
+    );
+}
+
 #[tokio::test]
 async fn spoofed_forwarded_for_from_an_untrusted_peer_does_not_escape() {
     let resolver = ClientIpResolver::new()
