@@ -135,7 +135,9 @@ pub enum Rejection<'a> {
     /// A limit refused (or the cost can never fit). `Retry-After` and the rate
     /// limit headers are added to the handler's response unless it sets them.
     Limited(&'a Decision),
-    /// The store failed and the policy is [`OnStoreError::FailClosed`].
+    /// The store failed and the policy is [`OnStoreError::FailClosed`]. The
+    /// error is for logs and metrics: its text (Redis or Lua messages,
+    /// addresses) does not belong in a response.
     StoreFailed(&'a Error),
     /// The request has no key for this limit and the policy is [`MissingKey::Reject`].
     MissingKey(&'a str),

@@ -150,9 +150,7 @@ where
                     (OnStoreError::FailClosed { retry_after }, _) => {
                         tracing::warn!(target: "tower_ratelimit", %error, "rate-limit store failed; refusing the request");
                         let why = Rejection::StoreFailed(&error);
-                        return Ok(rejection(&config, why, || {
-                            store_unavailable(&error, retry_after)
-                        }));
+                        return Ok(rejection(&config, why, || store_unavailable(retry_after)));
                     }
                     _ => {
                         tracing::warn!(target: "tower_ratelimit", %error, "rate-limit store failed; letting the request through");
