@@ -944,26 +944,72 @@ async fn nested_layers_each_report_their_limits() {
     );
 }
 
-/// Records (level, target) of every tracing event.
+type Event = (std::thread::ThreadId, tracing::Level, String, String);
+
+/// Records every tracing event of this test binary with the thread that
+/// emitted it (thread, level, target, rendered fields).
+///
+/// One global subscriber, filtered per test by thread: a thread-local one
+/// (`set_default`) misses events whose callsite another test thread hit
+/// first, because tracing caches that callsite's interest as "never". Tests
+/// that read events run their runtime on their own thread.
 #[derive(Clone, Default)]
-struct Events(std::sync::Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
+struct Events(std::sync::Arc<std::sync::Mutex<Vec<Event>>>);
+
+impl Events {
+    fn capture() -> Events {
+        static EVENTS: std::sync::OnceLock<Events> = std::sync::OnceLock::new();
+        EVENTS
+            .get_or_init(|| {
+                use tracing_subscriber::layer::SubscriberExt;
+                let events = Events::default();
+                tracing::subscriber::set_global_default(
+                    tracing_subscriber::registry().with(events.clone()),
+                )
+                .expect("no other global subscriber in this test binary");
+                events
+            })
+            .clone()
+    }
+
+    /// Our events (target `tower_ratelimit`) on this thread: level and fields.
+    fn ours(&self) -> Vec<(tracing::Level, String)> {
+        let me = std::thread::current().id();
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(thread, _, target, _)| *thread == me && target == "tower_ratelimit")
+            .map(|(_, level, _, text)| (*level, text.clone()))
+            .collect()
+    }
+}
+
+struct Render<'a>(&'a mut String);
+
+impl tracing::field::Visit for Render<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let meta = event.metadata();
-        self.0
-            .lock()
-            .unwrap()
-            .push((*meta.level(), meta.target().to_owned()));
+        let mut text = String::new();
+        event.record(&mut Render(&mut text));
+        self.0.lock().unwrap().push((
+            std::thread::current().id(),
+            *meta.level(),
+            meta.target().to_owned(),
+            text,
+        ));
     }
 }
 
 #[test]
 fn denials_and_store_failures_are_traced() {
-    use tracing_subscriber::layer::SubscriberExt;
-    let events = Events::default();
-    let subscriber = tracing_subscriber::registry().with(events.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let events = Events::capture();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -971,10 +1017,7 @@ fn denials_and_store_failures_are_traced() {
     runtime.block_on(async {
         let app = hello_app(RateLimitLayer::new(limit("api", per_minute(1)), Global));
         send(&app, request("/")).await;
-        assert!(
-            events.0.lock().unwrap().is_empty(),
-            "a grant is not an event"
-        );
+        assert!(events.ours().is_empty(), "a grant is not an event");
         send(&app, request("/")).await;
         // a store that cannot be reached: port 1 refuses connections
         let down = RedisStore::builder("redis://127.0.0.1:1/")
@@ -986,15 +1029,71 @@ fn denials_and_store_failures_are_traced() {
             StatusCode::OK
         );
     });
-    let seen = events.0.lock().unwrap().clone();
-    let ours: Vec<_> = seen
-        .iter()
-        .filter(|(_, target)| target == "tower_ratelimit")
-        .map(|(level, _)| *level)
-        .collect();
+    let ours = events.ours();
+    let levels: Vec<_> = ours.iter().map(|(level, _)| *level).collect();
     assert_eq!(
-        ours,
+        levels,
         [tracing::Level::DEBUG, tracing::Level::WARN],
-        "{seen:?}"
+        "{ours:?}"
+    );
+}
+
+#[test]
+fn a_store_outage_is_logged_when_it_begins_and_ends_not_per_request() {
+    let events = Events::capture();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut server = TestRedis::spawn();
+    let failed = runtime.block_on(async {
+        let layer = RateLimitLayer::builder()
+            .store(
+                RedisStore::builder(&server.url)
+                    .prefix("outage")
+                    .build()
+                    .expect("store"),
+            )
+            .limit(limit("per-ip", per_minute(1000)), ClientIp::peer())
+            .on_store_error(OnStoreError::FailOpen)
+            .timeout(Duration::from_millis(500))
+            // no periodic line in this test, however slow the machine
+            .store_error_log_interval(Duration::from_secs(3600))
+            .build()
+            .expect("layer");
+        let app = hello_app(layer);
+        // decided requests carry RateLimit fields; failed-open ones do not
+        let decided = |headers: &HeaderMap| headers.contains_key("ratelimit");
+        let (status, headers, _) = send(&app, from_peer("/", "192.0.2.1", None)).await;
+        assert!(status == StatusCode::OK && decided(&headers));
+        server.stop();
+        for _ in 0..50 {
+            let (status, headers, _) = send(&app, from_peer("/", "192.0.2.1", None)).await;
+            assert!(status == StatusCode::OK && !decided(&headers));
+        }
+        let levels: Vec<_> = events.ours().iter().map(|(level, _)| *level).collect();
+        assert_eq!(levels, [tracing::Level::WARN], "50 failures, one line");
+        server.restart();
+        // until the store has replaced its dead connections, requests still fail
+        for failed in 50..150 {
+            let (_, headers, _) = send(&app, from_peer("/", "192.0.2.1", None)).await;
+            if decided(&headers) {
+                return failed;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the store did not recover after Redis restarted");
+    });
+    let ours = events.ours();
+    let levels: Vec<_> = ours.iter().map(|(level, _)| *level).collect();
+    assert_eq!(
+        levels,
+        [tracing::Level::WARN, tracing::Level::INFO],
+        "{ours:?}"
+    );
+    assert!(ours[0].1.contains("letting requests through"), "{ours:?}");
+    assert!(
+        ours[1].1.contains(&format!("failed_requests={failed}")),
+        "{failed} failed requests: {ours:?}"
     );
 }

@@ -59,9 +59,14 @@
 //! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` by default |
 //!
 //! Tracing (target `tower_ratelimit`): denials at `debug` (a flood of them
-//! must not flood the logs), store failures at `warn`.
+//! must not flood the logs). Store failures are logged per outage, not per
+//! request: the first failure at `warn` (with the error), then at most one
+//! `warn` line per interval counting the requests that failed since the last
+//! one, and the recovery at `info` with the total
+//! ([`RateLimitLayerBuilder::store_error_log_interval`]).
 
 mod body;
+mod outage;
 mod response;
 mod service;
 
@@ -79,6 +84,7 @@ pub use self::response::{
 };
 pub use self::service::{RateLimit, ResponseFuture};
 
+use self::outage::{OutageLog, DEFAULT_LOG_INTERVAL};
 use self::response::HeaderSet;
 use crate::key::KeyExtractor;
 use crate::store::Store;
@@ -88,9 +94,10 @@ use crate::{ConfigError, Decision, Error, Limit, Limiter, MemoryStore, DEFAULT_T
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OnStoreError {
-    /// Forward the request unlimited (logged at `warn`).
+    /// Forward the request unlimited (logged at `warn`, once per outage).
     FailOpen,
-    /// Answer 503 with this `Retry-After` (logged at `warn`). The default, with 1 s.
+    /// Answer 503 with this `Retry-After` (logged at `warn`, once per outage).
+    /// The default, with 1 s.
     FailClosed {
         /// Sent as `Retry-After`, rounded up to whole seconds.
         retry_after: Duration,
@@ -157,6 +164,7 @@ pub(crate) struct Config {
     pub(crate) max_delay: Duration,
     pub(crate) headers: HeaderSet,
     pub(crate) rejector: Option<Rejector>,
+    pub(crate) outage: OutageLog,
 }
 
 /// A Tower layer that rate-limits requests; see the [module docs](self).
@@ -198,6 +206,7 @@ impl RateLimitLayer {
                 legacy: false,
             },
             rejector: None,
+            log_interval: DEFAULT_LOG_INTERVAL,
         }
     }
 }
@@ -223,6 +232,7 @@ pub struct RateLimitLayerBuilder {
     max_delay: Duration,
     headers: HeaderSet,
     rejector: Option<Rejector>,
+    log_interval: Duration,
 }
 
 impl std::fmt::Debug for RateLimitLayerBuilder {
@@ -281,6 +291,16 @@ impl RateLimitLayerBuilder {
     /// The store failure policy (default: 503 with `Retry-After: 1`).
     pub fn on_store_error(mut self, policy: OnStoreError) -> Self {
         self.on_error = policy;
+        self
+    }
+
+    /// While the store keeps failing, how often the log gets a line counting
+    /// the failed requests (default 10 s). The first failure of an outage is
+    /// logged at once (`warn`) and the recovery when the store answers again
+    /// (`info`, with the number of failed requests); in between, at most one
+    /// `warn` line per interval.
+    pub fn store_error_log_interval(mut self, interval: Duration) -> Self {
+        self.log_interval = interval;
         self
     }
 
@@ -359,6 +379,7 @@ impl RateLimitLayerBuilder {
                 max_delay: self.max_delay,
                 headers: self.headers,
                 rejector: self.rejector,
+                outage: OutageLog::new(self.log_interval),
             }),
         })
     }

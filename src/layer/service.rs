@@ -138,22 +138,25 @@ where
                 .await
             {
                 None => None,
-                Some(Ok(decision)) => Some(decision),
+                Some(Ok(decision)) => {
+                    config.outage.success();
+                    Some(decision)
+                }
                 Some(Err(error)) => match (config.on_error, &config.fallback) {
                     (OnStoreError::FallbackToMemory, Some(fallback)) => {
-                        tracing::warn!(target: "tower_ratelimit", %error, "rate-limit store failed; deciding in memory");
+                        config.outage.failure(&error, "deciding in memory");
                         match fallback.decide_present(&keys, cost, config.max_delay).await {
                             Some(Ok(decision)) => Some(decision),
                             _ => None,
                         }
                     }
                     (OnStoreError::FailClosed { retry_after }, _) => {
-                        tracing::warn!(target: "tower_ratelimit", %error, "rate-limit store failed; refusing the request");
+                        config.outage.failure(&error, "refusing requests");
                         let why = Rejection::StoreFailed(&error);
                         return Ok(rejection(&config, why, || store_unavailable(retry_after)));
                     }
                     _ => {
-                        tracing::warn!(target: "tower_ratelimit", %error, "rate-limit store failed; letting the request through");
+                        config.outage.failure(&error, "letting requests through");
                         None
                     }
                 },
