@@ -844,6 +844,43 @@ async fn store_failure_policies_with_redis_stopped() {
 }
 
 #[tokio::test]
+async fn layers_over_one_store_share_its_fallback() {
+    let mut server = TestRedis::spawn();
+    let store = RedisStore::builder(&server.url)
+        .prefix("shared-fallback")
+        .build()
+        .expect("store");
+    let per_ip = || {
+        RateLimitLayer::builder()
+            .store(store.clone())
+            .limit(limit("per-ip", per_minute(2)), ClientIp::peer())
+            .on_store_error(OnStoreError::FallbackToMemory)
+            .timeout(Duration::from_millis(200))
+            .build()
+            .expect("layer")
+    };
+    let app = Router::new()
+        .route("/a", get(|| async { "a" }).route_layer(per_ip()))
+        .route("/b", get(|| async { "b" }).route_layer(per_ip()));
+    server.stop();
+    let mut statuses = Vec::new();
+    for path in ["/a", "/a", "/b"] {
+        let (status, headers, _) = send(&app, from_peer(path, "192.0.2.5", None)).await;
+        assert!(headers.contains_key("ratelimit"), "decided in memory");
+        statuses.push(status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "one per-ip limit across both routes, as with Redis up"
+    );
+}
+
+#[tokio::test]
 async fn a_503_does_not_reveal_the_store_error() {
     let mut server = TestRedis::spawn();
     let app = redis_app(

@@ -104,6 +104,12 @@ pub enum OnStoreError {
     },
     /// Decide with an in-process store holding the same limits, so each
     /// instance still enforces them on its own until Redis is back.
+    ///
+    /// The in-process store belongs to the [`RedisStore`](crate::RedisStore)
+    /// and is shared by its clones: layers built over clones of one store
+    /// keep counting a limit they share (same name and key) as one limit
+    /// during an outage. Layers over separately built stores fall back to
+    /// separate counts.
     FallbackToMemory,
 }
 
@@ -360,10 +366,13 @@ impl RateLimitLayerBuilder {
                 .fold(builder.timeout(self.timeout), |b, l| b.limit(l))
                 .build()
         };
-        let limiter = with_limits(Limiter::builder_shared(store))?;
+        let limiter = with_limits(Limiter::builder_shared(store.clone()))?;
         let fallback = match self.on_error {
+            // The store's own fallback, shared with every other layer over
+            // it: a limit shared by two layers stays one limit in an outage.
             OnStoreError::FallbackToMemory => {
-                Some(with_limits(Limiter::builder(MemoryStore::new()))?)
+                let memory = store.fallback().unwrap_or_default();
+                Some(with_limits(Limiter::builder(memory))?)
             }
             _ => None,
         };

@@ -1,14 +1,14 @@
 //! The Redis store: one `EVALSHA` of `lua/` per decision over a pooled connection.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use deadpool_redis::{Config, Pool, Runtime};
 use redis::aio::MultiplexedConnection;
 use redis::Script;
 
 use super::sealed::Sealed;
-use super::{BoxFuture, Check, Store};
+use super::{BoxFuture, Check, MemoryStore, Store};
 use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::{ConfigError, Error};
@@ -56,6 +56,8 @@ struct Inner {
     lanes: Box<[Lane]>,
     next: AtomicUsize,
     clock: Option<Arc<dyn Clock>>,
+    /// Decides while Redis fails (see `Sealed::fallback`); made on first use.
+    fallback: OnceLock<MemoryStore>,
 }
 
 /// Limit state in Redis, shared by every instance that uses the same Redis
@@ -176,6 +178,7 @@ impl RedisStoreBuilder {
                 lanes,
                 next: AtomicUsize::new(0),
                 clock: self.clock,
+                fallback: OnceLock::new(),
             }),
         })
     }
@@ -320,5 +323,9 @@ impl Sealed for RedisStore {
 
     fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.run_reset(checks))
+    }
+
+    fn fallback(&self) -> Option<MemoryStore> {
+        Some(self.inner.fallback.get_or_init(MemoryStore::new).clone())
     }
 }
