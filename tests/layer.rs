@@ -21,7 +21,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_ratelimit::key::{
     ClientIp, ClientIpResolver, Extension as Ext, Global, Header, PathParam, Route,
 };
-use tower_ratelimit::layer::{MissingKey, OnStoreError, RateLimitLayer, Rejection};
+use tower_ratelimit::layer::{MissingKey, OnStoreError, RateLimitInfo, RateLimitLayer, Rejection};
 use tower_ratelimit::{ConfigError, Decision, Limit, MemoryStore, Quota, RedisStore};
 
 fn limit(name: &str, quota: Quota) -> Limit {
@@ -877,6 +877,70 @@ async fn layers_over_one_store_share_its_fallback() {
             StatusCode::TOO_MANY_REQUESTS
         ],
         "one per-ip limit across both routes, as with Redis up"
+    );
+}
+
+async fn describe(info: RateLimitInfo) -> String {
+    match info.decision() {
+        Some(d) => format!(
+            "{} left, store failed: {}",
+            d.remaining(),
+            info.store_failed()
+        ),
+        None => format!("no decision, store failed: {}", info.store_failed()),
+    }
+}
+
+#[tokio::test]
+async fn handlers_read_the_decision_under_every_policy() {
+    let mut server = TestRedis::spawn();
+    let app = |policy: OnStoreError| {
+        let layer = RateLimitLayer::builder()
+            .store(
+                RedisStore::builder(&server.url)
+                    .prefix("info")
+                    .build()
+                    .expect("store"),
+            )
+            .limit(limit("per-ip", per_minute(3)), ClientIp::peer())
+            .on_store_error(policy)
+            .on_missing_key(MissingKey::Skip)
+            .timeout(Duration::from_millis(200))
+            .build()
+            .expect("layer");
+        Router::new().route("/", get(describe)).layer(layer)
+    };
+    let fail_open = app(OnStoreError::FailOpen);
+    let fallback = app(OnStoreError::FallbackToMemory);
+    let peer = || from_peer("/", "192.0.2.7", None);
+    let (status, _, body) = send(&fail_open, peer()).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "2 left, store failed: false")
+    );
+    // every limit skipped (no peer address): forwarded without a decision
+    let (status, _, body) = send(&fail_open, request("/")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "no decision, store failed: false")
+    );
+    server.stop();
+    let (status, _, body) = send(&fail_open, peer()).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "no decision, store failed: true")
+    );
+    let (status, _, body) = send(&fallback, peer()).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "2 left, store failed: true")
+    );
+    // outside any layer: no decision, still no rejection
+    let bare = Router::new().route("/", get(describe));
+    let (status, _, body) = send(&bare, request("/")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "no decision, store failed: false")
     );
 }
 

@@ -1,10 +1,13 @@
 //! Rate limiting as a Tower layer, for axum or any Tower stack.
 //!
 //! [`RateLimitLayer`] extracts a key per request for each of its limits, asks
-//! the store once for all of them, and either forwards the request (with the
-//! [`Decision`] in its extensions and `RateLimit` headers on
-//! the response) or answers `429 Too Many Requests` with `Retry-After` and an
-//! RFC 9457 problem body. Nothing is consumed when any limit refuses.
+//! the store once for all of them, and either forwards the request (with
+//! `RateLimit` headers on the response) or answers `429 Too Many Requests`
+//! with `Retry-After` and an RFC 9457 problem body. Nothing is consumed when
+//! any limit refuses. Handlers read the [`Decision`] with the
+//! [`RateLimitInfo`] extractor, which never fails: a request forwarded
+//! without a decision (store down under [`OnStoreError::FailOpen`], every
+//! limit skipped) has none.
 //!
 //! ```
 //! use std::time::Duration;
@@ -51,12 +54,12 @@
 //!
 //! | situation | response |
 //! |---|---|
-//! | every limit grants | the inner service's, plus `RateLimit-Policy` / `RateLimit` |
+//! | every limit grants | the inner service's, plus `RateLimit-Policy` / `RateLimit`; the handler's [`RateLimitInfo`] has the decision |
 //! | a limit refuses | 429, `Retry-After` (whole seconds, rounded up, at least 1), `Cache-Control: no-store`, problem `quota-exceeded` with `violated-policies` |
 //! | the cost exceeds a limit's capacity | 429 without `Retry-After` (waiting cannot help) |
 //! | delay mode, grant within `max_delay` | forwarded after the wait; nothing is answered early |
-//! | no key for a limit | per [`MissingKey`]: 400 by default |
-//! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` by default |
+//! | no key for a limit | per [`MissingKey`]: 400 by default; when every limit is skipped, forwarded without a decision |
+//! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state |
 //!
 //! Tracing (target `tower_ratelimit`): denials at `debug` (a flood of them
 //! must not flood the logs). Store failures are logged per outage, not per
@@ -66,6 +69,7 @@
 //! ([`RateLimitLayerBuilder::store_error_log_interval`]).
 
 mod body;
+mod info;
 mod outage;
 mod response;
 mod service;
@@ -78,6 +82,7 @@ use http::request::Parts;
 use http::StatusCode;
 
 pub use self::body::ResponseBody;
+pub use self::info::RateLimitInfo;
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,

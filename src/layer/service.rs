@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::response::{
     insert_headers, insert_retry_after, missing_key, store_unavailable, too_many_requests,
 };
-use super::{Config, MissingKey, OnStoreError, Rejection, ResponseBody};
+use super::{Config, MissingKey, OnStoreError, RateLimitInfo, Rejection, ResponseBody};
 use crate::Decision;
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
@@ -132,6 +132,7 @@ where
                 .cost
                 .as_ref()
                 .map_or(config.fixed_cost, |cost| cost(&parts));
+            let mut store_failed = false;
             let decision = match config
                 .limiter
                 .decide_present(&keys, cost, config.max_delay)
@@ -142,27 +143,34 @@ where
                     config.outage.success();
                     Some(decision)
                 }
-                Some(Err(error)) => match (config.on_error, &config.fallback) {
-                    (OnStoreError::FallbackToMemory, Some(fallback)) => {
-                        config.outage.failure(&error, "deciding in memory");
-                        match fallback.decide_present(&keys, cost, config.max_delay).await {
-                            Some(Ok(decision)) => Some(decision),
-                            _ => None,
+                Some(Err(error)) => {
+                    store_failed = true;
+                    match (config.on_error, &config.fallback) {
+                        (OnStoreError::FallbackToMemory, Some(fallback)) => {
+                            config.outage.failure(&error, "deciding in memory");
+                            match fallback.decide_present(&keys, cost, config.max_delay).await {
+                                Some(Ok(decision)) => Some(decision),
+                                _ => None,
+                            }
+                        }
+                        (OnStoreError::FailClosed { retry_after }, _) => {
+                            config.outage.failure(&error, "refusing requests");
+                            let why = Rejection::StoreFailed(&error);
+                            return Ok(rejection(&config, why, || store_unavailable(retry_after)));
+                        }
+                        _ => {
+                            config.outage.failure(&error, "letting requests through");
+                            None
                         }
                     }
-                    (OnStoreError::FailClosed { retry_after }, _) => {
-                        config.outage.failure(&error, "refusing requests");
-                        let why = Rejection::StoreFailed(&error);
-                        return Ok(rejection(&config, why, || store_unavailable(retry_after)));
-                    }
-                    _ => {
-                        config.outage.failure(&error, "letting requests through");
-                        None
-                    }
-                },
+                }
             };
             let Some(decision) = decision else {
-                let response = inner.call(Request::from_parts(parts, body)).await?;
+                let mut request = Request::from_parts(parts, body);
+                request
+                    .extensions_mut()
+                    .insert(RateLimitInfo::new(None, store_failed));
+                let response = inner.call(request).await?;
                 return Ok(response.map(ResponseBody::inner));
             };
             if !decision.is_allowed() {
@@ -179,9 +187,9 @@ where
                 tokio::time::sleep(decision.wait()).await;
             }
             let mut request = Request::from_parts(parts, body);
-            request
-                .extensions_mut()
-                .insert::<Decision>(decision.clone());
+            let extensions = request.extensions_mut();
+            extensions.insert::<Decision>(decision.clone());
+            extensions.insert(RateLimitInfo::new(Some(decision.clone()), store_failed));
             let mut response = inner.call(request).await?.map(ResponseBody::inner);
             insert_headers(response.headers_mut(), &decision, config.headers);
             Ok(response)
