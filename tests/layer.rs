@@ -370,6 +370,52 @@ async fn delay_mode_forwards_after_the_wait_and_refuses_beyond_max_delay() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_in_delay_mode_holds_no_inner_capacity() {
+    let layer = RateLimitLayer::builder()
+        .store(MemoryStore::with_clock(common::TokioClock::start()))
+        .limit(
+            limit("per-key", Quota::gcra(1, Duration::from_secs(10), 1)),
+            Header::new(HeaderName::from_static("x-key")),
+        )
+        .delay(Duration::from_secs(60))
+        .build()
+        .expect("layer");
+    // The inner service serves one request at a time.
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(tower::limit::ConcurrencyLimitLayer::new(1))
+        .service(tower::service_fn(|_req: Request<Full<Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }));
+    let req = |key: &str| {
+        Request::get("/")
+            .header("x-key", key)
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    };
+    let first = svc.clone().oneshot(req("a")).await.expect("infallible");
+    assert_eq!(first.status(), StatusCode::OK);
+    // a's second request is granted 10 s from now and waits for it
+    let mut waiting = std::pin::pin!(svc.clone().oneshot(req("a")));
+    assert!(futures::poll!(waiting.as_mut()).is_pending());
+    // b is granted at once: it is served while a waits, not after
+    let served_first = tokio::select! {
+        biased;
+        response = svc.clone().oneshot(req("b")) => {
+            assert_eq!(response.expect("infallible").status(), StatusCode::OK);
+            "b"
+        }
+        _ = waiting.as_mut() => "a",
+    };
+    assert_eq!(
+        served_first, "b",
+        "b waited for the inner capacity held across a's delay"
+    );
+    let second = waiting.await.expect("infallible");
+    assert_eq!(second.status(), StatusCode::OK);
+}
+
 #[tokio::test]
 async fn missing_keys_follow_the_configured_policy() {
     let api_key = || Header::new(HeaderName::from_static("x-api-key"));
