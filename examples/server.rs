@@ -7,7 +7,10 @@
 //!
 //! Environment: `PORT` (default 3000; the server listens on 127.0.0.1),
 //! `REDIS_URL`, `TRUSTED_PROXIES` (comma-separated CIDRs whose
-//! `X-Forwarded-For` is believed; default: none, the TCP peer is the client).
+//! `X-Forwarded-For` is believed; default: none, the TCP peer is the client),
+//! `ON_STORE_ERROR` (what to do while Redis fails: `closed`, the default,
+//! answers 503; `open` lets requests through unlimited; `memory` enforces the
+//! limits in this process until Redis is back).
 //!
 //! - every limited route: 100 requests per second per client IP (burst 100)
 //! - `GET /api/hello`: also 10 per second per client IP, burst 10 (GCRA)
@@ -22,14 +25,18 @@ use std::time::Duration;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use axum::{Extension, Router};
+use axum::Router;
 use tower_ratelimit::key::{ClientIp, ClientIpResolver, PathParam};
-use tower_ratelimit::layer::RateLimitLayer;
-use tower_ratelimit::{Decision, Limit, MemoryStore, Quota, RedisStore, Store};
+use tower_ratelimit::layer::{OnStoreError, RateLimitInfo, RateLimitLayer};
+use tower_ratelimit::{Limit, MemoryStore, Quota, RedisStore, Store};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-fn app<S: Store + Clone>(store: S, client_ip: ClientIp) -> Result<Router, Error> {
+fn app<S: Store + Clone>(
+    store: S,
+    client_ip: ClientIp,
+    on_store_error: OnStoreError,
+) -> Result<Router, Error> {
     let per_ip = Limit::new(
         "per-ip",
         Quota::token_bucket(100, 100, Duration::from_secs(1)),
@@ -44,11 +51,13 @@ fn app<S: Store + Clone>(store: S, client_ip: ClientIp) -> Result<Router, Error>
         .store(store.clone())
         .limit(per_ip.clone(), client_ip.clone())
         .limit(hello, client_ip.clone())
+        .on_store_error(on_store_error)
         .build()?;
     let sms_layer = RateLimitLayer::builder()
         .store(store)
         .limit(per_ip, client_ip)
         .limit(sms, PathParam::new("phone"))
+        .on_store_error(on_store_error)
         .build()?;
 
     Ok(Router::new()
@@ -57,8 +66,13 @@ fn app<S: Store + Clone>(store: S, client_ip: ClientIp) -> Result<Router, Error>
         .route("/healthz", get(|| async { "ok" })))
 }
 
-async fn say_hello(Extension(decision): Extension<Decision>) -> String {
-    format!("hello! {} more this second\n", decision.remaining())
+/// `RateLimitInfo` always extracts: it has no decision when the request was
+/// let through without one (Redis down with `ON_STORE_ERROR=open`).
+async fn say_hello(info: RateLimitInfo) -> String {
+    match info.decision() {
+        Some(decision) => format!("hello! {} more this second\n", decision.remaining()),
+        None => "hello! (not rate-limited right now)\n".to_owned(),
+    }
 }
 
 async fn send_sms(Path(phone): Path<String>) -> (StatusCode, String) {
@@ -84,17 +98,26 @@ async fn main() -> Result<(), Error> {
         Err(_) => ClientIpResolver::new(),
     };
     let client_ip = ClientIp::with_resolver(resolver);
+    let on_store_error = match std::env::var("ON_STORE_ERROR").as_deref() {
+        Ok("open") => OnStoreError::FailOpen,
+        Ok("memory") => OnStoreError::FallbackToMemory,
+        Ok("closed") | Err(_) => OnStoreError::default(),
+        Ok(other) => {
+            return Err(format!("ON_STORE_ERROR={other}: use open, closed or memory").into())
+        }
+    };
     let app = match std::env::var("REDIS_URL") {
         Ok(url) => {
             tracing::info!("store: Redis at {url}");
             app(
                 RedisStore::builder(url).prefix("example").build()?,
                 client_ip,
+                on_store_error,
             )?
         }
         Err(_) => {
             tracing::info!("store: in memory (set REDIS_URL to share limits between processes)");
-            app(MemoryStore::new(), client_ip)?
+            app(MemoryStore::new(), client_ip, on_store_error)?
         }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;

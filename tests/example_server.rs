@@ -35,6 +35,10 @@ struct Server {
 
 impl Server {
     fn start(redis_url: Option<&str>) -> Server {
+        Server::start_with(redis_url, None)
+    }
+
+    fn start_with(redis_url: Option<&str>, on_store_error: Option<&str>) -> Server {
         let port = TcpListener::bind("127.0.0.1:0")
             .expect("bind")
             .local_addr()
@@ -48,6 +52,10 @@ impl Server {
         if let Some(url) = redis_url {
             cmd.env("REDIS_URL", url);
         }
+        match on_store_error {
+            Some(policy) => cmd.env("ON_STORE_ERROR", policy),
+            None => cmd.env_remove("ON_STORE_ERROR"),
+        };
         let child = cmd.spawn().expect("start the example server");
         let server = Server { child, port };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -118,4 +126,26 @@ fn two_example_servers_share_limits_through_redis() {
     let a = Server::start(Some(&redis.url));
     let b = Server::start(Some(&redis.url));
     exercise(&[a.port, b.port]);
+}
+
+#[test]
+fn example_servers_during_a_redis_outage() {
+    let mut redis = TestRedis::spawn();
+    let open = Server::start_with(Some(&redis.url), Some("open"));
+    let memory = Server::start_with(Some(&redis.url), Some("memory"));
+    let closed = Server::start_with(Some(&redis.url), None);
+    assert_eq!(status(open.port, "GET", "/api/hello"), 200);
+    redis.stop();
+    // fail-open: the handler has no decision to read and still answers
+    for _ in 0..3 {
+        assert_eq!(status(open.port, "GET", "/api/hello"), 200);
+    }
+    // in-memory fallback: the per-phone limit still holds
+    let sms: Vec<u16> = (0..4)
+        .map(|_| status(memory.port, "POST", "/sms/+15550100"))
+        .collect();
+    assert_eq!(sms, [202, 202, 202, 429]);
+    // fail-closed (the default): 503
+    assert_eq!(status(closed.port, "GET", "/api/hello"), 503);
+    assert_eq!(status(closed.port, "GET", "/healthz"), 200);
 }

@@ -21,7 +21,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_ratelimit::key::{
     ClientIp, ClientIpResolver, Extension as Ext, Global, Header, PathParam, Route,
 };
-use tower_ratelimit::layer::{MissingKey, OnStoreError, RateLimitLayer, Rejection};
+use tower_ratelimit::layer::{MissingKey, OnStoreError, RateLimitInfo, RateLimitLayer, Rejection};
 use tower_ratelimit::{ConfigError, Decision, Limit, MemoryStore, Quota, RedisStore};
 
 fn limit(name: &str, quota: Quota) -> Limit {
@@ -370,6 +370,52 @@ async fn delay_mode_forwards_after_the_wait_and_refuses_beyond_max_delay() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_in_delay_mode_holds_no_inner_capacity() {
+    let layer = RateLimitLayer::builder()
+        .store(MemoryStore::with_clock(common::TokioClock::start()))
+        .limit(
+            limit("per-key", Quota::gcra(1, Duration::from_secs(10), 1)),
+            Header::new(HeaderName::from_static("x-key")),
+        )
+        .delay(Duration::from_secs(60))
+        .build()
+        .expect("layer");
+    // The inner service serves one request at a time.
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(tower::limit::ConcurrencyLimitLayer::new(1))
+        .service(tower::service_fn(|_req: Request<Full<Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }));
+    let req = |key: &str| {
+        Request::get("/")
+            .header("x-key", key)
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    };
+    let first = svc.clone().oneshot(req("a")).await.expect("infallible");
+    assert_eq!(first.status(), StatusCode::OK);
+    // a's second request is granted 10 s from now and waits for it
+    let mut waiting = std::pin::pin!(svc.clone().oneshot(req("a")));
+    assert!(futures::poll!(waiting.as_mut()).is_pending());
+    // b is granted at once: it is served while a waits, not after
+    let served_first = tokio::select! {
+        biased;
+        response = svc.clone().oneshot(req("b")) => {
+            assert_eq!(response.expect("infallible").status(), StatusCode::OK);
+            "b"
+        }
+        _ = waiting.as_mut() => "a",
+    };
+    assert_eq!(
+        served_first, "b",
+        "b waited for the inner capacity held across a's delay"
+    );
+    let second = waiting.await.expect("infallible");
+    assert_eq!(second.status(), StatusCode::OK);
+}
+
 #[tokio::test]
 async fn missing_keys_follow_the_configured_policy() {
     let api_key = || Header::new(HeaderName::from_static("x-api-key"));
@@ -510,6 +556,128 @@ async fn route_and_path_parameter_keys() {
         StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(send(&app, sms("+15550199")).await.0, StatusCode::ACCEPTED);
+}
+
+fn post_to(uri: &str) -> Request<Body> {
+    Request::post(uri).body(Body::empty()).expect("request")
+}
+
+/// A route `/users/{id}/sms/{phone}` limited to 1 per minute per `param`.
+fn sms_route(param: &str) -> Router {
+    Router::new().route(
+        "/users/{id}/sms/{phone}",
+        post(|| async { StatusCode::ACCEPTED }).route_layer(RateLimitLayer::new(
+            limit("per-param", per_minute(1)),
+            PathParam::new(param),
+        )),
+    )
+}
+
+/// `first` is accepted, then refused; `other` (another value of the
+/// parameter) still has its own limit.
+async fn assert_one_limit_per_value(app: &Router, first: &str, other: &str) {
+    let (status, _, body) = send(app, post_to(first)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{first}: {body}");
+    assert_eq!(
+        send(app, post_to(first)).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{first} again"
+    );
+    let (status, _, body) = send(app, post_to(other)).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "{other} has its own limit: {body}"
+    );
+}
+
+#[tokio::test]
+async fn path_params_under_nest_key_per_value() {
+    let by_user = Router::new().nest("/v1", sms_route("id"));
+    assert_one_limit_per_value(
+        &by_user,
+        "/v1/users/7/sms/%2B15550100",
+        "/v1/users/8/sms/%2B15550100",
+    )
+    .await;
+    let by_phone = Router::new().nest("/v1", sms_route("phone"));
+    assert_one_limit_per_value(
+        &by_phone,
+        "/v1/users/7/sms/%2B15550100",
+        "/v1/users/7/sms/%2B15550199",
+    )
+    .await;
+    // axum decodes: the escaped and the plain spelling are one number
+    assert_eq!(
+        send(&by_phone, post_to("/v1/users/9/sms/+15550100"))
+            .await
+            .0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn path_params_under_nest_service_key_per_value() {
+    let by_user = Router::new().nest_service("/v1", sms_route("id"));
+    assert_one_limit_per_value(&by_user, "/v1/users/7/sms/1", "/v1/users/8/sms/1").await;
+    let by_phone = Router::new().nest_service("/v1", sms_route("phone"));
+    assert_one_limit_per_value(&by_phone, "/v1/users/7/sms/1", "/v1/users/7/sms/2").await;
+}
+
+#[tokio::test]
+async fn path_params_nested_twice_and_from_the_nest_prefix() {
+    let by_user = Router::new().nest("/api", Router::new().nest("/v1", sms_route("id")));
+    assert_one_limit_per_value(&by_user, "/api/v1/users/7/sms/1", "/api/v1/users/8/sms/1").await;
+    let mixed = Router::new().nest(
+        "/api",
+        Router::new().nest_service("/v1", Router::new().nest("/beta", sms_route("phone"))),
+    );
+    assert_one_limit_per_value(
+        &mixed,
+        "/api/v1/beta/users/7/sms/1",
+        "/api/v1/beta/users/7/sms/2",
+    )
+    .await;
+    // a parameter captured by the nest itself
+    let by_org = Router::new().nest(
+        "/orgs/{org}",
+        Router::new().route(
+            "/send",
+            post(|| async { StatusCode::ACCEPTED }).route_layer(RateLimitLayer::new(
+                limit("per-org", per_minute(1)),
+                PathParam::new("org"),
+            )),
+        ),
+    );
+    assert_one_limit_per_value(&by_org, "/orgs/acme/send", "/orgs/globex/send").await;
+}
+
+#[tokio::test]
+async fn a_wildcard_parameter_is_a_key() {
+    let files = Router::new().route(
+        "/files/{*rest}",
+        post(|| async { StatusCode::ACCEPTED }).route_layer(RateLimitLayer::new(
+            limit("per-file", per_minute(1)),
+            PathParam::new("rest"),
+        )),
+    );
+    assert_one_limit_per_value(&files, "/files/a/b.txt", "/files/a/c.txt").await;
+    let nested = Router::new().nest("/v1", files);
+    assert_one_limit_per_value(&nested, "/v1/files/x/y", "/v1/files/x/z").await;
+}
+
+#[tokio::test]
+async fn a_parameter_that_is_not_utf8_has_no_key() {
+    let app = Router::new().nest("/v1", sms_route("id"));
+    let (status, _, body) = send(&app, post_to("/v1/users/%FF%FE/sms/1")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("per-param"), "{body}");
+    // a parameter of another name, or outside any router: no key either
+    let unknown = Router::new().nest("/v1", sms_route("nope"));
+    assert_eq!(
+        send(&unknown, post_to("/v1/users/7/sms/1")).await.0,
+        StatusCode::BAD_REQUEST
+    );
 }
 
 #[tokio::test]
@@ -725,6 +893,143 @@ async fn store_failure_policies_with_redis_stopped() {
 }
 
 #[tokio::test]
+async fn layers_over_one_store_share_its_fallback() {
+    let mut server = TestRedis::spawn();
+    let store = RedisStore::builder(&server.url)
+        .prefix("shared-fallback")
+        .build()
+        .expect("store");
+    let per_ip = || {
+        RateLimitLayer::builder()
+            .store(store.clone())
+            .limit(limit("per-ip", per_minute(2)), ClientIp::peer())
+            .on_store_error(OnStoreError::FallbackToMemory)
+            .timeout(Duration::from_millis(200))
+            .build()
+            .expect("layer")
+    };
+    let app = Router::new()
+        .route("/a", get(|| async { "a" }).route_layer(per_ip()))
+        .route("/b", get(|| async { "b" }).route_layer(per_ip()));
+    server.stop();
+    let mut statuses = Vec::new();
+    for path in ["/a", "/a", "/b"] {
+        let (status, headers, _) = send(&app, from_peer(path, "192.0.2.5", None)).await;
+        assert!(headers.contains_key("ratelimit"), "decided in memory");
+        statuses.push(status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "one per-ip limit across both routes, as with Redis up"
+    );
+}
+
+async fn describe(info: RateLimitInfo) -> String {
+    match info.decision() {
+        Some(d) => format!(
+            "{} left, store failed: {}",
+            d.remaining(),
+            info.store_failed()
+        ),
+        None => format!("no decision, store failed: {}", info.store_failed()),
+    }
+}
+
+#[tokio::test]
+async fn handlers_read_the_decision_under_every_policy() {
+    let mut server = TestRedis::spawn();
+    let app = |policy: OnStoreError| {
+        let layer = RateLimitLayer::builder()
+            .store(
+                RedisStore::builder(&server.url)
+                    .prefix("info")
+                    .build()
+                    .expect("store"),
+            )
+            .limit(limit("per-ip", per_minute(3)), ClientIp::peer())
+            .on_store_error(policy)
+            .on_missing_key(MissingKey::Skip)
+            .timeout(Duration::from_millis(200))
+            .build()
+            .expect("layer");
+        Router::new().route("/", get(describe)).layer(layer)
+    };
+    let fail_open = app(OnStoreError::FailOpen);
+    let fallback = app(OnStoreError::FallbackToMemory);
+    let peer = || from_peer("/", "192.0.2.7", None);
+    let (status, _, body) = send(&fail_open, peer()).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "2 left, store failed: false")
+    );
+    // every limit skipped (no peer address): forwarded without a decision
+    let (status, _, body) = send(&fail_open, request("/")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "no decision, store failed: false")
+    );
+    server.stop();
+    let (status, _, body) = send(&fail_open, peer()).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "no decision, store failed: true")
+    );
+    let (status, _, body) = send(&fallback, peer()).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "2 left, store failed: true")
+    );
+    // outside any layer: no decision, still no rejection
+    let bare = Router::new().route("/", get(describe));
+    let (status, _, body) = send(&bare, request("/")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "no decision, store failed: false")
+    );
+}
+
+#[tokio::test]
+async fn a_503_does_not_reveal_the_store_error() {
+    let mut server = TestRedis::spawn();
+    let app = redis_app(
+        RedisStore::builder(&server.url)
+            .prefix("leak")
+            .build()
+            .expect("store"),
+        OnStoreError::default(),
+    );
+    assert_eq!(
+        send(&app, from_peer("/", "192.0.2.1", None)).await.0,
+        StatusCode::OK
+    );
+    server.stop();
+    let (status, headers, body) = send(&app, from_peer("/", "192.0.2.1", None)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    let problem: serde_json::Value = serde_json::from_str(&body).expect("json body");
+    assert_eq!(
+        problem["detail"],
+        "The rate limiter is temporarily unavailable; retry later."
+    );
+    let lower = body.to_lowercase();
+    for leak in [
+        "redis",
+        "refused",
+        "os error",
+        "connection",
+        "127.0.0.1",
+        &server.port.to_string(),
+    ] {
+        assert!(!lower.contains(leak), "{leak:?} in {body}");
+    }
+}
+
+#[tokio::test]
 async fn a_paused_redis_costs_at_most_the_timeout() {
     let server = TestRedis::spawn();
     let app = redis_app(
@@ -749,10 +1054,12 @@ async fn a_paused_redis_costs_at_most_the_timeout() {
         .query(&mut conn)
         .expect("pause");
     // The request is answered by the fail-closed policy once the 200 ms
-    // store timeout fires, while Redis stays paused for 3 s.
+    // store timeout fires, while Redis stays paused for 3 s (without the
+    // timeout it would be granted once Redis answers).
     let (status, _, body) = send(&app, from_peer("/", "192.0.2.1", None)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(body.contains("did not answer within 200ms"), "{body}");
+    assert!(body.contains("temporarily unavailable"), "{body}");
+    assert!(!body.contains("200ms"), "no internal error text: {body}");
     let _: () = redis::cmd("CLIENT")
         .arg("UNPAUSE")
         .query(&mut conn)
@@ -787,26 +1094,72 @@ async fn nested_layers_each_report_their_limits() {
     );
 }
 
-/// Records (level, target) of every tracing event.
+type Event = (std::thread::ThreadId, tracing::Level, String, String);
+
+/// Records every tracing event of this test binary with the thread that
+/// emitted it (thread, level, target, rendered fields).
+///
+/// One global subscriber, filtered per test by thread: a thread-local one
+/// (`set_default`) misses events whose callsite another test thread hit
+/// first, because tracing caches that callsite's interest as "never". Tests
+/// that read events run their runtime on their own thread.
 #[derive(Clone, Default)]
-struct Events(std::sync::Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
+struct Events(std::sync::Arc<std::sync::Mutex<Vec<Event>>>);
+
+impl Events {
+    fn capture() -> Events {
+        static EVENTS: std::sync::OnceLock<Events> = std::sync::OnceLock::new();
+        EVENTS
+            .get_or_init(|| {
+                use tracing_subscriber::layer::SubscriberExt;
+                let events = Events::default();
+                tracing::subscriber::set_global_default(
+                    tracing_subscriber::registry().with(events.clone()),
+                )
+                .expect("no other global subscriber in this test binary");
+                events
+            })
+            .clone()
+    }
+
+    /// Our events (target `tower_ratelimit`) on this thread: level and fields.
+    fn ours(&self) -> Vec<(tracing::Level, String)> {
+        let me = std::thread::current().id();
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(thread, _, target, _)| *thread == me && target == "tower_ratelimit")
+            .map(|(_, level, _, text)| (*level, text.clone()))
+            .collect()
+    }
+}
+
+struct Render<'a>(&'a mut String);
+
+impl tracing::field::Visit for Render<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let meta = event.metadata();
-        self.0
-            .lock()
-            .unwrap()
-            .push((*meta.level(), meta.target().to_owned()));
+        let mut text = String::new();
+        event.record(&mut Render(&mut text));
+        self.0.lock().unwrap().push((
+            std::thread::current().id(),
+            *meta.level(),
+            meta.target().to_owned(),
+            text,
+        ));
     }
 }
 
 #[test]
 fn denials_and_store_failures_are_traced() {
-    use tracing_subscriber::layer::SubscriberExt;
-    let events = Events::default();
-    let subscriber = tracing_subscriber::registry().with(events.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let events = Events::capture();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -814,10 +1167,7 @@ fn denials_and_store_failures_are_traced() {
     runtime.block_on(async {
         let app = hello_app(RateLimitLayer::new(limit("api", per_minute(1)), Global));
         send(&app, request("/")).await;
-        assert!(
-            events.0.lock().unwrap().is_empty(),
-            "a grant is not an event"
-        );
+        assert!(events.ours().is_empty(), "a grant is not an event");
         send(&app, request("/")).await;
         // a store that cannot be reached: port 1 refuses connections
         let down = RedisStore::builder("redis://127.0.0.1:1/")
@@ -829,15 +1179,71 @@ fn denials_and_store_failures_are_traced() {
             StatusCode::OK
         );
     });
-    let seen = events.0.lock().unwrap().clone();
-    let ours: Vec<_> = seen
-        .iter()
-        .filter(|(_, target)| target == "tower_ratelimit")
-        .map(|(level, _)| *level)
-        .collect();
+    let ours = events.ours();
+    let levels: Vec<_> = ours.iter().map(|(level, _)| *level).collect();
     assert_eq!(
-        ours,
+        levels,
         [tracing::Level::DEBUG, tracing::Level::WARN],
-        "{seen:?}"
+        "{ours:?}"
+    );
+}
+
+#[test]
+fn a_store_outage_is_logged_when_it_begins_and_ends_not_per_request() {
+    let events = Events::capture();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut server = TestRedis::spawn();
+    let failed = runtime.block_on(async {
+        let layer = RateLimitLayer::builder()
+            .store(
+                RedisStore::builder(&server.url)
+                    .prefix("outage")
+                    .build()
+                    .expect("store"),
+            )
+            .limit(limit("per-ip", per_minute(1000)), ClientIp::peer())
+            .on_store_error(OnStoreError::FailOpen)
+            .timeout(Duration::from_millis(500))
+            // no periodic line in this test, however slow the machine
+            .store_error_log_interval(Duration::from_secs(3600))
+            .build()
+            .expect("layer");
+        let app = hello_app(layer);
+        // decided requests carry RateLimit fields; failed-open ones do not
+        let decided = |headers: &HeaderMap| headers.contains_key("ratelimit");
+        let (status, headers, _) = send(&app, from_peer("/", "192.0.2.1", None)).await;
+        assert!(status == StatusCode::OK && decided(&headers));
+        server.stop();
+        for _ in 0..50 {
+            let (status, headers, _) = send(&app, from_peer("/", "192.0.2.1", None)).await;
+            assert!(status == StatusCode::OK && !decided(&headers));
+        }
+        let levels: Vec<_> = events.ours().iter().map(|(level, _)| *level).collect();
+        assert_eq!(levels, [tracing::Level::WARN], "50 failures, one line");
+        server.restart();
+        // until the store has replaced its dead connections, requests still fail
+        for failed in 50..150 {
+            let (_, headers, _) = send(&app, from_peer("/", "192.0.2.1", None)).await;
+            if decided(&headers) {
+                return failed;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the store did not recover after Redis restarted");
+    });
+    let ours = events.ours();
+    let levels: Vec<_> = ours.iter().map(|(level, _)| *level).collect();
+    assert_eq!(
+        levels,
+        [tracing::Level::WARN, tracing::Level::INFO],
+        "{ours:?}"
+    );
+    assert!(ours[0].1.contains("letting requests through"), "{ours:?}");
+    assert!(
+        ours[1].1.contains(&format!("failed_requests={failed}")),
+        "{failed} failed requests: {ours:?}"
     );
 }

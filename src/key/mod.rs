@@ -9,13 +9,14 @@
 mod ip;
 
 use std::fmt::Display;
+use std::future::Future;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
+use std::task::{Context, Poll, Waker};
 
-use axum::extract::{ConnectInfo, MatchedPath};
+use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, RawPathParams};
 use http::request::Parts;
 use http::HeaderName;
-use percent_encoding::percent_decode_str;
 
 pub use self::ip::{ClientIpResolver, IpConfigError, ProxyHeader};
 
@@ -152,34 +153,68 @@ impl KeyExtractor for Route {
     }
 }
 
-/// One path parameter of the matched route, e.g. `phone` in `/sms/{phone}`,
-/// percent-decoded. Needs axum's `MatchedPath`; `None` for catch-all routes.
+/// One path parameter of the matched route, e.g. `phone` in `/sms/{phone}` or
+/// `rest` in `/files/{*rest}`: the value axum captured when it routed the
+/// request, percent-decoded by axum.
+///
+/// The value comes from axum's own path-parameter extraction (what
+/// [`axum::extract::RawPathParams`] reads), never from matching the pattern
+/// against the URI, so it is right under [`Router::nest`](axum::Router::nest),
+/// [`Router::nest_service`](axum::Router::nest_service) (where the inner
+/// service sees the URI without the prefix) and routers nested several levels
+/// deep. Parameters captured by an outer nest (`/orgs/{org}`) count too; if
+/// two levels capture the same name, the innermost value is used.
+///
+/// `None` (the layer then applies its
+/// [`MissingKey`](crate::layer::MissingKey) policy) when the request was not
+/// routed by axum, the route has no such parameter, its value is empty, or a
+/// parameter of the route is not valid UTF-8 once decoded (axum refuses to
+/// capture such paths). The layer must run after the router that captures
+/// the parameter: added with `Router::layer`, `Router::route_layer` or
+/// `MethodRouter::layer` on that router or a router nested in it, not
+/// wrapped around a `Router` used as a service (which has not routed yet).
 #[derive(Debug, Clone)]
 pub struct PathParam {
-    placeholder: String,
+    name: String,
 }
 
 impl PathParam {
-    /// Reads the parameter `name`.
+    /// Reads the parameter `name` (without braces or `*`).
     pub fn new(name: &str) -> Self {
         Self {
-            placeholder: format!("{{{name}}}"),
+            name: name.to_owned(),
         }
     }
 }
 
 impl KeyExtractor for PathParam {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
-        let pattern = parts.extensions.get::<MatchedPath>()?.as_str();
-        if pattern.contains("{*") {
-            return None;
-        }
-        let index = pattern
-            .split('/')
-            .position(|segment| segment == self.placeholder)?;
-        let segment = parts.uri.path().split('/').nth(index)?;
-        let value: Vec<u8> = percent_decode_str(segment).collect();
-        (!value.is_empty()).then_some(value)
+        let params = raw_path_params(parts)?;
+        let value = params
+            .iter()
+            .filter(|(name, _)| *name == self.name)
+            .map(|(_, value)| value)
+            .last()?;
+        (!value.is_empty()).then(|| value.as_bytes().to_vec())
+    }
+}
+
+/// The path parameters axum stored in the request extensions when it routed
+/// the request (merged across nesting levels), read through
+/// [`RawPathParams`]: axum keeps them in a private extension type, so its
+/// extractor is the only way in.
+///
+/// `from_request_parts` needs `&mut Parts`, so it runs on a head holding
+/// only a clone of the extensions (cheap: reference-counted values). Its
+/// future completes on the first poll (it only reads the extensions); were a
+/// later axum to make it wait, this answers `None` rather than block.
+fn raw_path_params(parts: &Parts) -> Option<RawPathParams> {
+    let (mut head, ()) = http::Request::new(()).into_parts();
+    head.extensions = parts.extensions.clone();
+    let future = std::pin::pin!(RawPathParams::from_request_parts(&mut head, &()));
+    match future.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(params)) => Some(params),
+        Poll::Ready(Err(_)) | Poll::Pending => None,
     }
 }
 

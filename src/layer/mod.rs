@@ -1,10 +1,13 @@
 //! Rate limiting as a Tower layer, for axum or any Tower stack.
 //!
 //! [`RateLimitLayer`] extracts a key per request for each of its limits, asks
-//! the store once for all of them, and either forwards the request (with the
-//! [`Decision`] in its extensions and `RateLimit` headers on
-//! the response) or answers `429 Too Many Requests` with `Retry-After` and an
-//! RFC 9457 problem body. Nothing is consumed when any limit refuses.
+//! the store once for all of them, and either forwards the request (with
+//! `RateLimit` headers on the response) or answers `429 Too Many Requests`
+//! with `Retry-After` and an RFC 9457 problem body. Nothing is consumed when
+//! any limit refuses. Handlers read the [`Decision`] with the
+//! [`RateLimitInfo`] extractor, which never fails: a request forwarded
+//! without a decision (store down under [`OnStoreError::FailOpen`], every
+//! limit skipped) has none.
 //!
 //! ```
 //! use std::time::Duration;
@@ -51,17 +54,23 @@
 //!
 //! | situation | response |
 //! |---|---|
-//! | every limit grants | the inner service's, plus `RateLimit-Policy` / `RateLimit` |
+//! | every limit grants | the inner service's, plus `RateLimit-Policy` / `RateLimit`; the handler's [`RateLimitInfo`] has the decision |
 //! | a limit refuses | 429, `Retry-After` (whole seconds, rounded up, at least 1), `Cache-Control: no-store`, problem `quota-exceeded` with `violated-policies` |
 //! | the cost exceeds a limit's capacity | 429 without `Retry-After` (waiting cannot help) |
 //! | delay mode, grant within `max_delay` | forwarded after the wait; nothing is answered early |
-//! | no key for a limit | per [`MissingKey`]: 400 by default |
-//! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` by default |
+//! | no key for a limit | per [`MissingKey`]: 400 by default; when every limit is skipped, forwarded without a decision |
+//! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state |
 //!
 //! Tracing (target `tower_ratelimit`): denials at `debug` (a flood of them
-//! must not flood the logs), store failures at `warn`.
+//! must not flood the logs). Store failures are logged per outage, not per
+//! request: the first failure at `warn` (with the error), then at most one
+//! `warn` line per interval counting the requests that failed since the last
+//! one, and the recovery at `info` with the total
+//! ([`RateLimitLayerBuilder::store_error_log_interval`]).
 
 mod body;
+mod info;
+mod outage;
 mod response;
 mod service;
 
@@ -73,12 +82,14 @@ use http::request::Parts;
 use http::StatusCode;
 
 pub use self::body::ResponseBody;
+pub use self::info::RateLimitInfo;
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };
 pub use self::service::{RateLimit, ResponseFuture};
 
+use self::outage::{OutageLog, DEFAULT_LOG_INTERVAL};
 use self::response::HeaderSet;
 use crate::key::KeyExtractor;
 use crate::store::Store;
@@ -88,15 +99,22 @@ use crate::{ConfigError, Decision, Error, Limit, Limiter, MemoryStore, DEFAULT_T
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OnStoreError {
-    /// Forward the request unlimited (logged at `warn`).
+    /// Forward the request unlimited (logged at `warn`, once per outage).
     FailOpen,
-    /// Answer 503 with this `Retry-After` (logged at `warn`). The default, with 1 s.
+    /// Answer 503 with this `Retry-After` (logged at `warn`, once per outage).
+    /// The default, with 1 s.
     FailClosed {
         /// Sent as `Retry-After`, rounded up to whole seconds.
         retry_after: Duration,
     },
     /// Decide with an in-process store holding the same limits, so each
     /// instance still enforces them on its own until Redis is back.
+    ///
+    /// The in-process store belongs to the [`RedisStore`](crate::RedisStore)
+    /// and is shared by its clones: layers built over clones of one store
+    /// keep counting a limit they share (same name and key) as one limit
+    /// during an outage. Layers over separately built stores fall back to
+    /// separate counts.
     FallbackToMemory,
 }
 
@@ -135,7 +153,9 @@ pub enum Rejection<'a> {
     /// A limit refused (or the cost can never fit). `Retry-After` and the rate
     /// limit headers are added to the handler's response unless it sets them.
     Limited(&'a Decision),
-    /// The store failed and the policy is [`OnStoreError::FailClosed`].
+    /// The store failed and the policy is [`OnStoreError::FailClosed`]. The
+    /// error is for logs and metrics: its text (Redis or Lua messages,
+    /// addresses) does not belong in a response.
     StoreFailed(&'a Error),
     /// The request has no key for this limit and the policy is [`MissingKey::Reject`].
     MissingKey(&'a str),
@@ -155,6 +175,7 @@ pub(crate) struct Config {
     pub(crate) max_delay: Duration,
     pub(crate) headers: HeaderSet,
     pub(crate) rejector: Option<Rejector>,
+    pub(crate) outage: OutageLog,
 }
 
 /// A Tower layer that rate-limits requests; see the [module docs](self).
@@ -196,6 +217,7 @@ impl RateLimitLayer {
                 legacy: false,
             },
             rejector: None,
+            log_interval: DEFAULT_LOG_INTERVAL,
         }
     }
 }
@@ -221,6 +243,7 @@ pub struct RateLimitLayerBuilder {
     max_delay: Duration,
     headers: HeaderSet,
     rejector: Option<Rejector>,
+    log_interval: Duration,
 }
 
 impl std::fmt::Debug for RateLimitLayerBuilder {
@@ -282,6 +305,16 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// While the store keeps failing, how often the log gets a line counting
+    /// the failed requests (default 10 s). The first failure of an outage is
+    /// logged at once (`warn`) and the recovery when the store answers again
+    /// (`info`, with the number of failed requests); in between, at most one
+    /// `warn` line per interval.
+    pub fn store_error_log_interval(mut self, interval: Duration) -> Self {
+        self.log_interval = interval;
+        self
+    }
+
     /// The policy for requests without a key (default: 400).
     pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
         self.on_missing = policy;
@@ -338,10 +371,13 @@ impl RateLimitLayerBuilder {
                 .fold(builder.timeout(self.timeout), |b, l| b.limit(l))
                 .build()
         };
-        let limiter = with_limits(Limiter::builder_shared(store))?;
+        let limiter = with_limits(Limiter::builder_shared(store.clone()))?;
         let fallback = match self.on_error {
+            // The store's own fallback, shared with every other layer over
+            // it: a limit shared by two layers stays one limit in an outage.
             OnStoreError::FallbackToMemory => {
-                Some(with_limits(Limiter::builder(MemoryStore::new()))?)
+                let memory = store.fallback().unwrap_or_default();
+                Some(with_limits(Limiter::builder(memory))?)
             }
             _ => None,
         };
@@ -357,6 +393,7 @@ impl RateLimitLayerBuilder {
                 max_delay: self.max_delay,
                 headers: self.headers,
                 rejector: self.rejector,
+                outage: OutageLog::new(self.log_interval),
             }),
         })
     }

@@ -8,7 +8,7 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 
-use crate::{Decision, Error, Verdict};
+use crate::{Decision, Verdict};
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -155,12 +155,14 @@ pub(crate) fn insert_retry_after(headers: &mut HeaderMap, decision: &Decision) {
     }
 }
 
-/// The default fail-closed answer when the store failed: 503 with `Retry-After`.
-pub(crate) fn store_unavailable(error: &Error, retry_after: Duration) -> Response {
+/// The default fail-closed answer when the store failed: 503 with
+/// `Retry-After` and a generic detail. The error itself (Redis and Lua
+/// messages, addresses) is for the logs, never for clients.
+pub(crate) fn store_unavailable(retry_after: Duration) -> Response {
     let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
         "about:blank",
-        format!("The rate limiter is unavailable: {error}."),
+        "The rate limiter is temporarily unavailable; retry later.".to_owned(),
         None,
     );
     response.headers_mut().insert(

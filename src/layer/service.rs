@@ -12,10 +12,15 @@ use tower_service::Service;
 use super::response::{
     insert_headers, insert_retry_after, missing_key, store_unavailable, too_many_requests,
 };
-use super::{Config, MissingKey, OnStoreError, Rejection, ResponseBody};
+use super::{Config, MissingKey, OnStoreError, RateLimitInfo, Rejection, ResponseBody};
 use crate::Decision;
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
+///
+/// Always ready: the inner service is readied (on a clone) inside the
+/// response future, once the request is granted, so nothing its readiness
+/// reserves (a `ConcurrencyLimit` permit, a `Buffer` slot) is held while the
+/// store decides or a request waits in delay mode.
 #[derive(Clone)]
 pub struct RateLimit<S> {
     inner: S,
@@ -89,6 +94,16 @@ fn rejection<B>(
     response.map(ResponseBody::rejection)
 }
 
+/// Readies `inner` and calls it: readiness is taken only once the request
+/// is about to be served.
+async fn forward<S, R>(mut inner: S, request: R) -> Result<S::Response, S::Error>
+where
+    S: Service<R>,
+{
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    inner.call(request).await
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -101,14 +116,21 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<ResBody, S::Error>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    /// Always ready, reserving nothing. The inner service is readied inside
+    /// the response future, once the request is granted (after the store
+    /// round trip and any delay-mode wait), on a clone of it, as
+    /// `axum::middleware::from_fn` does. Readying it here would hold what
+    /// its readiness reserves (a `ConcurrencyLimit` permit, a `Buffer` slot)
+    /// across the decision and the wait, so a request sleeping in delay mode
+    /// would block requests that are granted at once, and refused requests
+    /// would take capacity for nothing. The inner service's backpressure
+    /// still applies: the future waits for it before calling it.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The readied service goes into the future; a clone stays for the next call.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let inner = self.inner.clone();
         let config = self.config.clone();
         let inner = Box::pin(async move {
             let (parts, body) = request.into_parts();
@@ -132,36 +154,45 @@ where
                 .cost
                 .as_ref()
                 .map_or(config.fixed_cost, |cost| cost(&parts));
+            let mut store_failed = false;
             let decision = match config
                 .limiter
                 .decide_present(&keys, cost, config.max_delay)
                 .await
             {
                 None => None,
-                Some(Ok(decision)) => Some(decision),
-                Some(Err(error)) => match (config.on_error, &config.fallback) {
-                    (OnStoreError::FallbackToMemory, Some(fallback)) => {
-                        tracing::warn!(target: "tower_ratelimit", %error, "rate-limit store failed; deciding in memory");
-                        match fallback.decide_present(&keys, cost, config.max_delay).await {
-                            Some(Ok(decision)) => Some(decision),
-                            _ => None,
+                Some(Ok(decision)) => {
+                    config.outage.success();
+                    Some(decision)
+                }
+                Some(Err(error)) => {
+                    store_failed = true;
+                    match (config.on_error, &config.fallback) {
+                        (OnStoreError::FallbackToMemory, Some(fallback)) => {
+                            config.outage.failure(&error, "deciding in memory");
+                            match fallback.decide_present(&keys, cost, config.max_delay).await {
+                                Some(Ok(decision)) => Some(decision),
+                                _ => None,
+                            }
+                        }
+                        (OnStoreError::FailClosed { retry_after }, _) => {
+                            config.outage.failure(&error, "refusing requests");
+                            let why = Rejection::StoreFailed(&error);
+                            return Ok(rejection(&config, why, || store_unavailable(retry_after)));
+                        }
+                        _ => {
+                            config.outage.failure(&error, "letting requests through");
+                            None
                         }
                     }
-                    (OnStoreError::FailClosed { retry_after }, _) => {
-                        tracing::warn!(target: "tower_ratelimit", %error, "rate-limit store failed; refusing the request");
-                        let why = Rejection::StoreFailed(&error);
-                        return Ok(rejection(&config, why, || {
-                            store_unavailable(&error, retry_after)
-                        }));
-                    }
-                    _ => {
-                        tracing::warn!(target: "tower_ratelimit", %error, "rate-limit store failed; letting the request through");
-                        None
-                    }
-                },
+                }
             };
             let Some(decision) = decision else {
-                let response = inner.call(Request::from_parts(parts, body)).await?;
+                let mut request = Request::from_parts(parts, body);
+                request
+                    .extensions_mut()
+                    .insert(RateLimitInfo::new(None, store_failed));
+                let response = forward(inner, request).await?;
                 return Ok(response.map(ResponseBody::inner));
             };
             if !decision.is_allowed() {
@@ -178,10 +209,10 @@ where
                 tokio::time::sleep(decision.wait()).await;
             }
             let mut request = Request::from_parts(parts, body);
-            request
-                .extensions_mut()
-                .insert::<Decision>(decision.clone());
-            let mut response = inner.call(request).await?.map(ResponseBody::inner);
+            let extensions = request.extensions_mut();
+            extensions.insert::<Decision>(decision.clone());
+            extensions.insert(RateLimitInfo::new(Some(decision.clone()), store_failed));
+            let mut response = forward(inner, request).await?.map(ResponseBody::inner);
             insert_headers(response.headers_mut(), &decision, config.headers);
             Ok(response)
         });

@@ -25,7 +25,7 @@ pub trait Store: sealed::Sealed + Send + Sync + 'static {}
 
 pub(crate) mod sealed {
     use super::{BoxFuture, Error, Reply};
-    use crate::Limit;
+    use crate::{Limit, MemoryStore};
 
     /// One limit of an atomic decision: which limit, whose key, at what cost.
     #[derive(Debug)]
@@ -52,5 +52,13 @@ pub(crate) mod sealed {
         ) -> BoxFuture<'a, Result<Reply, Error>>;
         /// Forgets the state of every check's key.
         fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>>;
+        /// The in-process store that decides in this one's place while it
+        /// fails (the layer's `FallbackToMemory`): one per store, shared by
+        /// its clones and every layer over it, so a limit shared by several
+        /// layers stays one limit during an outage. `None` for a store that
+        /// does not fail (memory).
+        fn fallback(&self) -> Option<MemoryStore> {
+            None
+        }
     }
 }

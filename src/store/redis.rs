@@ -1,7 +1,7 @@
 //! The Redis store: one `EVALSHA` of `lua/` per decision over a pooled connection.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::{Config, Pool, Runtime};
@@ -9,7 +9,7 @@ use redis::aio::MultiplexedConnection;
 use redis::Script;
 
 use super::sealed::Sealed;
-use super::{BoxFuture, Check, Store};
+use super::{BoxFuture, Check, MemoryStore, Store};
 use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::{ConfigError, Error};
@@ -59,6 +59,8 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     /// Microseconds keys outlive their state.
     slack: i64,
+    /// Decides while Redis fails (see `Sealed::fallback`); made on first use.
+    fallback: OnceLock<MemoryStore>,
 }
 
 /// Limit state in Redis, shared by every instance that uses the same Redis
@@ -197,6 +199,7 @@ impl RedisStoreBuilder {
                 next: AtomicUsize::new(0),
                 clock: self.clock,
                 slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
+                fallback: OnceLock::new(),
             }),
         })
     }
@@ -354,5 +357,9 @@ impl Sealed for RedisStore {
 
     fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.run_reset(checks))
+    }
+
+    fn fallback(&self) -> Option<MemoryStore> {
+        Some(self.inner.fallback.get_or_init(MemoryStore::new).clone())
     }
 }
