@@ -57,10 +57,18 @@ local function num(s) -- a decimal integer of magnitude below 2^53, else nil
   return nil
 end
 
-local function get(key) -- a string value; nil when missing or of another type
+-- The integer fields of the string at `key` as a table, or nil when the key
+-- is missing, of another type, or any of its `n` fields does not parse.
+local function parse(key, pattern, n)
   local v = redis.pcall('GET', key)
-  if type(v) == 'string' then return v end
-  return nil
+  if type(v) ~= 'string' then return nil end
+  local f = { string.match(v, pattern) }
+  if #f ~= n then return nil end
+  for i = 1, n do
+    f[i] = num(f[i])
+    if not f[i] then return nil end
+  end
+  return f
 end
 
 -- x / from, expressed in units of 1 / to and rounded down: exact when the

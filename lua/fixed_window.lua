@@ -9,14 +9,10 @@
 -- grants may lie anywhere in the stored window: counting them is the safe side).
 local function fw_load(k, p)
   local st = { key = k[1], hw = 0 }
-  local v = get(st.key)
-  if v then
-    local start, len, count, hw = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
-    start, len, count, hw = num(start), num(len), num(count), num(hw)
-    if hw and len > 0 then
-      st.raw = { start, len, count }
-      st.hw = hw
-    end
+  local f = parse(st.key, '^(%d+):(%d+):(%d+):(%d+)$', 4) -- start, len, count, hw
+  if f and f[2] > 0 then
+    st.raw = { f[1], f[2], f[3] }
+    st.hw = f[4]
   end
   return st
 end

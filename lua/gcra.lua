@@ -18,16 +18,11 @@
 -- as on time, so the fraction is kept and the long-run rate is exactly N/W.
 local function gcra_load(k, p)
   local st = { key = k[1], hw = 0 }
-  local v = get(st.key)
-  if v then
-    local level, den, hw, exp, bmax, bexp =
-      string.match(v, '^(%-?%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
-    level, den, hw, exp = num(level), num(den), num(hw), num(exp)
-    bmax, bexp = num(bmax), num(bexp)
-    if bexp and den > 0 then
-      st.raw = { level, den, exp, bmax, bexp }
-      st.hw = hw
-    end
+  -- level, den, hw, exp, bmax, bexp
+  local f = parse(st.key, '^(%-?%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$', 6)
+  if f and f[2] > 0 then
+    st.raw = { f[1], f[2], f[4], f[5], f[6] }
+    st.hw = f[3]
   end
   return st
 end

@@ -3,14 +3,15 @@
 -- KEYS: log  (ZSET: one member per grant, score = grant time in us,
 --             member = "<time>:<seq>:<cost>", unique even for equal times)
 --       meta (HASH, a cache of the log: sum = total cost in the log,
---             cnt = its members, seq = member sequence, hw = writer's clock,
---             wmax / wexp = the longest window in use and until when)
+--             cnt = its members, top = its last member, seq = member
+--             sequence, hw = writer's clock, wmax / wexp = the longest
+--             window in use and until when)
 -- Params: p[1] = N (limit), p[2] = W (window, us)
 -- A grant at time t counts against every window (t' - W, t'] containing t.
 -- Grants are queued first-in-first-out: a new grant is never placed before the
 -- latest one, which keeps the invariant true for reservations in the future.
 -- The log is the truth: when meta is missing, of another type or disagrees
--- with the log's size, it is rebuilt from the log. A limiter with a shorter
+-- with the log's size or last member, it is rebuilt from the log. A limiter with a shorter
 -- window keeps the entries a longer one (written within its window) needs.
 -- Rejected attempts write nothing but the pruning of expired entries.
 local function slog_entry(member) -- (cost, seq); a foreign member counts as one grant
@@ -28,7 +29,11 @@ local function slog_load(k, p)
     n = 0
   end
   st.n = n
-  local m = redis.pcall('HMGET', st.meta, 'sum', 'cnt', 'seq', 'hw', 'wmax', 'wexp')
+  if n > 0 then
+    local top = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+    st.top, st.last = top[1], tonumber(top[2])
+  end
+  local m = redis.pcall('HMGET', st.meta, 'sum', 'cnt', 'seq', 'hw', 'wmax', 'wexp', 'top')
   if m.err then
     redis.call('DEL', st.meta)
     m = {}
@@ -38,7 +43,9 @@ local function slog_load(k, p)
   st.hw = hw or 0
   st.seq = seq or 0
   if wmax and wexp then st.wmax, st.wexp = wmax, wexp end
-  if sum and cnt == n and seq then st.sum = sum end -- else rebuilt by prepare
+  if sum and seq and cnt == n and (n == 0 or m[7] == st.top) then
+    st.sum = sum
+  end -- else rebuilt by prepare
   return st
 end
 
@@ -58,11 +65,8 @@ local function slog_prepare(st, p, now)
   if st.wmax and st.wmax > w and st.wexp > now then keep = st.wmax end
   st.keep = keep
   local cutoff = fmt(now - keep)
-  if st.wmax then
-    -- the writer's state is over once its newest grant left its window
-    local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
-    if #newest > 0 and tonumber(newest[2]) + st.wmax <= now then cutoff = '+inf' end
-  end
+  -- the writer's state is over once its newest grant left its window
+  if st.wmax and st.last and st.last + st.wmax <= now then cutoff = '+inf' end
   if st.sum then
     local expired = redis.call('ZRANGEBYSCORE', st.log, '-inf', cutoff)
     if #expired > 0 then
@@ -80,14 +84,13 @@ local function slog_prepare(st, p, now)
     st.sum, st.n, st.seq = sum, #all, max(st.seq, seq)
   end
   -- entries kept only for a longer window are outside this limit's window
+  if st.n == 0 then st.top, st.last = nil, nil end
   st.win, st.skip = st.sum, 0
   if keep > w then
     local old = redis.call('ZRANGEBYSCORE', st.log, '-inf', fmt(now - w))
     st.win = st.sum - slog_sum(old)
     st.skip = #old
   end
-  local last = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
-  if #last > 0 then st.last = tonumber(last[2]) end
 end
 
 local function slog_earliest(st, p, now, cost)
@@ -115,7 +118,10 @@ end
 
 local function slog_grant(st, p, at, cost)
   st.seq = st.seq + 1
-  redis.call('ZADD', st.log, fmt(at), fmt(at) .. ':' .. fmt(st.seq) .. ':' .. fmt(cost))
+  local member = fmt(at) .. ':' .. fmt(st.seq) .. ':' .. fmt(cost)
+  redis.call('ZADD', st.log, fmt(at), member)
+  -- the log's last member: the highest score, then the greatest bytes
+  if not st.last or at > st.last or member > st.top then st.top = member end
   st.sum = st.sum + cost
   st.win = st.win + cost
   st.n = st.n + 1
@@ -141,7 +147,7 @@ local function slog_save(st, p, now, real)
   local wmax, wexp = p[2], now + p[2]
   if st.keep > p[2] then wmax, wexp = st.wmax, st.wexp end
   redis.call('HSET', st.meta, 'sum', fmt(st.sum), 'cnt', fmt(st.n), 'seq', fmt(st.seq),
-    'hw', fmt(now), 'wmax', fmt(wmax), 'wexp', fmt(wexp))
+    'hw', fmt(now), 'wmax', fmt(wmax), 'wexp', fmt(wexp), 'top', st.top)
   local until_at = st.last + st.keep
   expire_at(st.log, until_at, real)
   expire_at(st.meta, until_at, real)

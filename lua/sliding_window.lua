@@ -10,14 +10,11 @@
 -- grants may lie anywhere in that window, and newer counts weigh more.
 local function sw_load(k, p)
   local st = { key = k[1], hw = 0 }
-  local v = get(st.key)
-  if v then
-    local start, len, prev, cur, hw = string.match(v, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
-    start, len, prev, cur, hw = num(start), num(len), num(prev), num(cur), num(hw)
-    if hw and len > 0 then
-      st.raw = { start, len, prev, cur }
-      st.hw = hw
-    end
+  -- start, len, prev, cur, hw
+  local f = parse(st.key, '^(%d+):(%d+):(%d+):(%d+):(%d+)$', 5)
+  if f and f[2] > 0 then
+    st.raw = { f[1], f[2], f[3], f[4] }
+    st.hw = f[5]
   end
   return st
 end

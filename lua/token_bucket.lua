@@ -14,16 +14,11 @@
 -- A missing key is a full bucket. A denied request writes nothing.
 local function tb_load(k, p)
   local st = { key = k[1], hw = 0 }
-  local v = get(st.key)
-  if v then
-    local level, den, ts, hw, exp, cmax, cexp =
-      string.match(v, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
-    level, den, ts, hw, exp = num(level), num(den), num(ts), num(hw), num(exp)
-    cmax, cexp = num(cmax), num(cexp)
-    if cexp and den > 0 then
-      st.raw = { level, den, ts, exp, cmax, cexp }
-      st.hw = hw
-    end
+  -- level, den, ts, hw, exp, cmax, cexp
+  local f = parse(st.key, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$', 7)
+  if f and f[2] > 0 then
+    st.raw = { f[1], f[2], f[3], f[5], f[6], f[7] }
+    st.hw = f[4]
   end
   return st
 end

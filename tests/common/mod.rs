@@ -227,6 +227,14 @@ pub fn state_lifetime<'a>(
     2 * window + max_wait
 }
 
+/// A numeric field of an `INFO` section (0 when absent).
+pub fn info_field(conn: &mut redis::Connection, section: &str, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg(section).query(conn).expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:"))?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Reads a line count from `INFO commandstats` for one command.
 pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
     let info: String = redis::cmd("INFO")

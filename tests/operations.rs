@@ -1,0 +1,571 @@
+//! What operations do to live state: quota changes during a rolling deploy,
+//! keys evicted, deleted or overwritten in Redis, clocks that step backwards,
+//! and looks that must not consume.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{patient_limiter, redis_store_with_clock, unique_prefix, TestRedis, T0};
+use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Quota, RedisStore, Verdict};
+
+const MS: i64 = 1_000;
+const S: i64 = 1_000_000;
+
+fn limit(quota: Quota) -> Limit {
+    Limit::new("op", quota).expect("valid limit")
+}
+
+/// The two stores, on one test clock.
+struct Stores {
+    clock: ManualClock,
+    memory: MemoryStore,
+    redis: RedisStore,
+    prefix: String,
+}
+
+impl Stores {
+    fn new(test: &str) -> Stores {
+        let clock = ManualClock::new(T0);
+        let prefix = unique_prefix(test);
+        Stores {
+            memory: MemoryStore::with_clock(clock.clone()),
+            redis: redis_store_with_clock(&prefix, &clock),
+            clock,
+            prefix,
+        }
+    }
+
+    /// A limiter of `quota` on each store: (store name, limiter).
+    fn limiters(&self, quota: Quota) -> [(&'static str, Limiter); 2] {
+        [
+            ("memory", patient_limiter(self.memory.clone(), limit(quota))),
+            ("redis", patient_limiter(self.redis.clone(), limit(quota))),
+        ]
+    }
+
+    fn at(&self, micros: i64) {
+        self.clock.set(T0 + micros);
+    }
+}
+
+/// The issue's two examples and one change of each parameter of every
+/// algorithm, at one instant: buckets keep what is left (clamped to the new
+/// capacity), windows keep what was used (their state is the grants).
+#[tokio::test]
+async fn a_quota_change_keeps_what_is_left() {
+    let sec = Duration::from_secs(1);
+    // (old quota, spent under it, new quota, remaining under the new one)
+    let cases = [
+        (
+            Quota::token_bucket(10, 1, sec),
+            8,
+            Quota::token_bucket(10, 5, sec),
+            2,
+        ),
+        (
+            Quota::token_bucket(100, 10, sec),
+            98,
+            Quota::token_bucket(100, 20, sec),
+            2,
+        ),
+        (
+            Quota::token_bucket(10, 1, sec),
+            8,
+            Quota::token_bucket(20, 1, sec),
+            2,
+        ),
+        (
+            Quota::token_bucket(10, 1, sec),
+            4,
+            Quota::token_bucket(5, 1, sec),
+            5,
+        ),
+        (
+            Quota::token_bucket(10, 3, sec),
+            8,
+            Quota::token_bucket(10, 3, 7 * sec),
+            2,
+        ),
+        (Quota::gcra(10, sec, 10), 8, Quota::gcra(5, sec, 10), 2),
+        (Quota::gcra(10, sec, 10), 8, Quota::gcra(40, sec, 10), 2),
+        (Quota::gcra(10, sec, 10), 8, Quota::gcra(10, sec, 30), 2),
+        (Quota::gcra(10, sec, 10), 3, Quota::gcra(10, sec, 4), 4),
+        (Quota::gcra(3, sec, 6), 5, Quota::gcra(7, 3 * sec, 6), 1),
+        (
+            Quota::sliding_log(10, sec),
+            8,
+            Quota::sliding_log(20, sec),
+            12,
+        ),
+        (
+            Quota::sliding_log(10, sec),
+            8,
+            Quota::sliding_log(5, sec),
+            0,
+        ),
+        (
+            Quota::sliding_log(10, sec),
+            8,
+            Quota::sliding_log(10, 5 * sec),
+            2,
+        ),
+        (
+            Quota::fixed_window(10, sec),
+            8,
+            Quota::fixed_window(20, sec),
+            12,
+        ),
+        (
+            Quota::fixed_window(10, sec),
+            8,
+            Quota::fixed_window(10, sec / 4),
+            2,
+        ),
+        (
+            Quota::fixed_window(10, sec),
+            8,
+            Quota::fixed_window(10, 3 * sec),
+            2,
+        ),
+        (
+            Quota::sliding_window(10, sec),
+            8,
+            Quota::sliding_window(4, sec),
+            0,
+        ),
+        (
+            Quota::sliding_window(10, sec),
+            8,
+            Quota::sliding_window(10, 2 * sec),
+            2,
+        ),
+        (
+            Quota::sliding_window(10, sec),
+            8,
+            Quota::sliding_window(10, sec / 2),
+            2,
+        ),
+    ];
+    for (old, spent, new, expected) in cases {
+        let stores = Stores::new("quota-change");
+        for ((name, before), (_, after)) in
+            stores.limiters(old).into_iter().zip(stores.limiters(new))
+        {
+            stores.at(0);
+            let key = format!("k-{name}");
+            assert!(before
+                .check(&key, spent)
+                .await
+                .expect("decision")
+                .is_allowed());
+            let look = after.peek(&key).await.expect("decision");
+            assert_eq!(
+                look.remaining(),
+                expected,
+                "{old:?} with {spent} spent, then {new:?} on {name}: {look:?}"
+            );
+            // and back: the old quota reads the new one's writes in its own units
+            let taken = after.check(&key, 1).await.expect("decision");
+            assert_eq!(taken.is_allowed(), expected > 0, "{name}: {taken:?}");
+            let taken = u64::from(taken.is_allowed());
+            let left_for_old = before.peek(&key).await.expect("decision").remaining();
+            assert!(
+                left_for_old <= old.capacity() - spent - taken,
+                "{old:?} reads {left_for_old} left after {new:?} took {taken}, on {name}"
+            );
+        }
+    }
+}
+
+/// `peek` says whether a request would pass, without consuming.
+#[tokio::test]
+async fn peek_tells_whether_a_request_would_pass_and_consumes_nothing() {
+    let stores = Stores::new("peek");
+    for (name, limiter) in stores.limiters(Quota::sliding_log(3, Duration::from_secs(60))) {
+        stores.at(0);
+        let fresh = limiter.peek("p").await.expect("peek");
+        assert!(
+            fresh.is_allowed() && fresh.remaining() == 3,
+            "{name}: {fresh:?}"
+        );
+        assert!(limiter.check("p", 2).await.expect("check").is_allowed());
+        stores.at(10 * S);
+        assert!(limiter.peek("p").await.expect("peek").is_allowed());
+        let two = limiter.peek_cost("p", 2).await.expect("peek");
+        assert_eq!(
+            two.retry_after(),
+            Some(Duration::from_secs(50)),
+            "{name}: {two:?}"
+        );
+        assert!(limiter.check("p", 1).await.expect("check").is_allowed());
+        for _ in 0..3 {
+            let look = limiter.peek("p").await.expect("peek");
+            assert_eq!(
+                look.verdict(),
+                Verdict::Denied {
+                    retry_after: Duration::from_secs(50)
+                },
+                "{name}"
+            );
+            assert_eq!(look.remaining(), 0);
+        }
+        let never = limiter.peek_cost("p", 4).await.expect("peek");
+        assert_eq!(never.verdict(), Verdict::CostExceedsCapacity, "{name}");
+        // the looks consumed nothing: the grant at 0 frees 2 at 60 s
+        stores.at(60 * S);
+        let d = limiter.check("p", 2).await.expect("check");
+        assert!(d.is_allowed() && d.remaining() == 0, "{name}: {d:?}");
+    }
+}
+
+/// A clock that steps back (failover to a replica whose clock is behind, an
+/// NTP step) must not turn recorded grants into a reservation queue.
+#[tokio::test]
+async fn a_backward_clock_step_refuses_nothing_the_recorded_grants_allow() {
+    let sec = Duration::from_secs(1);
+    let quotas = [
+        Quota::token_bucket(10, 10, sec),
+        Quota::gcra(10, sec, 10),
+        Quota::sliding_log(10, 10 * sec),
+        Quota::fixed_window(10, 10 * sec),
+        Quota::sliding_window(10, 10 * sec),
+    ];
+    for quota in quotas {
+        let stores = Stores::new("clock-step");
+        for (name, limiter) in stores.limiters(quota) {
+            stores.at(100 * S);
+            assert!(limiter.check("c", 1).await.expect("check").is_allowed());
+            // the clock steps back 2 s: 9 are left, as recorded
+            stores.at(98 * S);
+            let d = limiter.check("c", 1).await.expect("check");
+            assert!(
+                d.is_allowed() && d.wait().is_zero(),
+                "{quota:?} on {name}: {d:?}"
+            );
+            assert_eq!(d.remaining(), 8, "{quota:?} on {name}: {d:?}");
+            let d = limiter.check("c", 8).await.expect("check");
+            assert!(
+                d.is_allowed() && d.wait().is_zero(),
+                "{quota:?} on {name}: {d:?}"
+            );
+            let full = limiter.check("c", 1).await.expect("check");
+            assert!(!full.is_allowed(), "{quota:?} on {name}: {full:?}");
+        }
+    }
+}
+
+/// Reservations made before a backward step stay reservations: nobody gets
+/// the reserved slot a second time, and later grants still queue behind it.
+#[tokio::test]
+async fn reservations_survive_a_backward_clock_step() {
+    let stores = Stores::new("clock-step-reserve");
+    for (name, limiter) in stores.limiters(Quota::gcra(1, Duration::from_secs(1), 1)) {
+        stores.at(100 * S);
+        assert!(limiter.check("r", 1).await.expect("check").is_allowed());
+        let reserved = limiter
+            .decide(&["r"], 1, Duration::from_secs(5))
+            .await
+            .expect("reserve");
+        assert_eq!(
+            reserved.wait(),
+            Duration::from_secs(1),
+            "{name}: {reserved:?}"
+        );
+        stores.at(98 * S);
+        let d = limiter.check("r", 1).await.expect("check");
+        assert_eq!(
+            d.retry_after(),
+            Some(Duration::from_secs(2)),
+            "{name}: {d:?}"
+        );
+        let next = limiter
+            .decide(&["r"], 1, Duration::from_secs(5))
+            .await
+            .expect("reserve");
+        assert_eq!(
+            next.wait(),
+            Duration::from_secs(2),
+            "{name}: queued behind: {next:?}"
+        );
+    }
+}
+
+fn quotas() -> [Quota; 5] {
+    let sec = Duration::from_secs(1);
+    [
+        Quota::sliding_log(5, sec),
+        Quota::token_bucket(5, 5, sec),
+        Quota::gcra(5, sec, 5),
+        Quota::fixed_window(5, sec),
+        Quota::sliding_window(5, sec),
+    ]
+}
+
+type Corruption = fn(&str) -> Vec<redis::Cmd>;
+
+fn cmd(args: &[&str]) -> redis::Cmd {
+    let mut c = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        c.arg(*arg);
+    }
+    c
+}
+
+/// What a single-key state can be turned into: (what, the commands on the
+/// key, whether the grants before it still count).
+fn single_key_corruptions() -> Vec<(&'static str, Corruption, bool)> {
+    vec![
+        ("untouched", |_| vec![], true),
+        ("deleted (evicted)", |k| vec![cmd(&["DEL", k])], false),
+        (
+            "a list",
+            |k| vec![cmd(&["DEL", k]), cmd(&["RPUSH", k, "x"])],
+            false,
+        ),
+        (
+            "a hash",
+            |k| vec![cmd(&["DEL", k]), cmd(&["HSET", k, "level", "1"])],
+            false,
+        ),
+        ("garbage", |k| vec![cmd(&["SET", k, "garbage"])], false),
+        (
+            "an older format",
+            |k| vec![cmd(&["SET", k, "5:1800000000000000"])],
+            false,
+        ),
+        (
+            "numbers beyond 2^53",
+            |k| {
+                vec![cmd(&[
+                    "SET",
+                    k,
+                    "99999999999999999999:9:9:9:99999999999999999999:9:9",
+                ])]
+            },
+            false,
+        ),
+        (
+            "zero units",
+            |k| vec![cmd(&["SET", k, "0:0:0:0:0:0:0"])],
+            false,
+        ),
+        (
+            "empty fields",
+            |k| vec![cmd(&["SET", k, "-5::-1:2:3:4:5"])],
+            false,
+        ),
+    ]
+}
+
+/// The Redis key a single-key quota keeps for the user key `k`.
+fn key_of(prefix: &str, quota: &Quota) -> String {
+    let part = match quota.algorithm() {
+        tower_ratelimit::Algorithm::TokenBucket => "tb",
+        tower_ratelimit::Algorithm::Gcra => "gcra",
+        tower_ratelimit::Algorithm::FixedWindow => "fw",
+        tower_ratelimit::Algorithm::SlidingWindow => "sw",
+        other => unreachable!("{other:?} keeps two keys"),
+    };
+    format!("{prefix}:{{k}}:op:{part}")
+}
+
+/// Replays a few decisions on Redis and on a twin in memory that holds the
+/// state the corrupted keys should read as; they must agree.
+async fn agree_after(stores: &Stores, redis: &Limiter, twin: &Limiter, what: &str) {
+    for (at, cost) in [
+        (1 * MS, 1u64),
+        (2 * MS, 9),
+        (3 * MS, 2),
+        (400 * MS, 1),
+        (1500 * MS, 5),
+    ] {
+        stores.at(at);
+        let r = redis.check("k", cost).await;
+        let r = r.unwrap_or_else(|e| panic!("{what}: the store failed: {e}"));
+        let m = twin.check("k", cost).await.expect("memory");
+        assert_eq!(r, m, "{what}, at {at} us cost {cost}");
+    }
+}
+
+/// Every algorithm's key evicted, deleted, overwritten with another type or
+/// with garbage: a decision every time, never an error, the same decision as
+/// for an absent key (or, untouched, as for the real history), and a valid
+/// state again after the next write.
+#[tokio::test]
+async fn foreign_or_missing_state_is_read_as_absent_and_heals() {
+    for quota in quotas().into_iter().skip(1) {
+        let part = format!("{:?}", quota.algorithm());
+        for (what, corruptions, history) in single_key_corruptions() {
+            let stores = Stores::new("foreign");
+            let redis = patient_limiter(stores.redis.clone(), limit(quota));
+            let twin = patient_limiter(MemoryStore::with_clock(stores.clock.clone()), limit(quota));
+            stores.at(0);
+            assert!(redis.check("k", 2).await.expect("setup").is_allowed());
+            if history {
+                assert!(twin.check("k", 2).await.expect("setup").is_allowed());
+            }
+            let mut conn = common::connection();
+            let key = key_of(&stores.prefix, &quota);
+            for command in corruptions(&key) {
+                let _: redis::Value = command.query(&mut conn).expect("corrupt the key");
+            }
+            let ctx = format!("{part} key {what}");
+            agree_after(&stores, &redis, &twin, &ctx).await;
+            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).expect("TYPE");
+            assert_eq!(kind, "string", "{ctx}: healed by the next write");
+        }
+    }
+}
+
+/// The sliding log keeps two keys: every combination of a log and a meta
+/// that are untouched, evicted, of another type or foreign. The log is the
+/// truth: the decisions are those of its grants, whatever meta says.
+#[tokio::test]
+async fn a_sliding_log_trusts_its_log_whatever_happened_to_meta() {
+    let quota = quotas()[0];
+    // (what, corruption of the log, the grants at 0 it still holds)
+    let logs: [(&str, Corruption, u64); 4] = [
+        ("untouched", |_| vec![], 2),
+        ("deleted (evicted)", |k| vec![cmd(&["DEL", k])], 0),
+        ("a string", |k| vec![cmd(&["SET", k, "x"])], 0),
+        (
+            "a foreign member",
+            |k| vec![cmd(&["DEL", k]), cmd(&["ZADD", k, &T0.to_string(), "junk"])],
+            1,
+        ),
+    ];
+    let metas: [(&str, Corruption); 5] = [
+        ("untouched", |_| vec![]),
+        ("deleted (evicted)", |k| vec![cmd(&["DEL", k])]),
+        ("a string", |k| vec![cmd(&["SET", k, "x"])]),
+        ("garbage fields", |k| {
+            vec![cmd(&["HSET", k, "sum", "abc", "cnt", "1e400", "seq", "-"])]
+        }),
+        ("disagreeing with the log", |k| {
+            vec![cmd(&["HSET", k, "sum", "0", "cnt", "7"])]
+        }),
+    ];
+    for (log_what, log_corruption, held) in logs {
+        for (meta_what, meta_corruption) in metas {
+            let stores = Stores::new("foreign-log");
+            let redis = patient_limiter(stores.redis.clone(), limit(quota));
+            let twin = patient_limiter(MemoryStore::with_clock(stores.clock.clone()), limit(quota));
+            stores.at(0);
+            assert!(redis.check("k", 2).await.expect("setup").is_allowed());
+            if held > 0 {
+                assert!(twin.check("k", held).await.expect("setup").is_allowed());
+            }
+            let mut conn = common::connection();
+            let (log, meta) = (
+                format!("{}:{{k}}:op:log", stores.prefix),
+                format!("{}:{{k}}:op:meta", stores.prefix),
+            );
+            for command in log_corruption(&log)
+                .into_iter()
+                .chain(meta_corruption(&meta))
+            {
+                let _: redis::Value = command.query(&mut conn).expect("corrupt a key");
+            }
+            let ctx = format!("log {log_what}, meta {meta_what}");
+            agree_after(&stores, &redis, &twin, &ctx).await;
+            // healed: meta is a hash that counts the log again
+            stores.at(3000 * MS);
+            assert!(
+                redis.check("k", 1).await.expect("decision").is_allowed(),
+                "{ctx}"
+            );
+            let (kind, count): (String, u64) = redis::pipe()
+                .cmd("TYPE")
+                .arg(&meta)
+                .cmd("ZCARD")
+                .arg(&log)
+                .query(&mut conn)
+                .expect("TYPE, ZCARD");
+            let cnt: Option<u64> = redis::cmd("HGET")
+                .arg(&meta)
+                .arg("cnt")
+                .query(&mut conn)
+                .expect("HGET");
+            assert_eq!((kind.as_str(), cnt), ("hash", Some(count)), "{ctx}");
+        }
+    }
+}
+
+/// Redis under `maxmemory` with `allkeys-lru` evicts single keys of every
+/// algorithm (half of a sliding log's pair, too) in the middle of a stream of
+/// distinct keys: every decision is made, none is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_under_maxmemory_never_fails_a_decision() {
+    let server = TestRedis::spawn();
+    let mut conn = redis::Client::open(server.url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1mb")
+        .query(&mut conn)
+        .expect("maxmemory");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query(&mut conn)
+        .expect("policy");
+    let store = RedisStore::builder(server.url.clone())
+        .prefix("evict")
+        .build()
+        .expect("store");
+    let minute = Duration::from_secs(60);
+    let mut builder = Limiter::builder(store).timeout(common::PATIENT);
+    for (i, quota) in [
+        Quota::sliding_log(50, minute),
+        Quota::token_bucket(50, 1, minute),
+        Quota::gcra(50, minute, 50),
+        Quota::fixed_window(50, minute),
+        Quota::sliding_window(50, minute),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        builder = builder.limit(Limit::new(format!("l{i}"), quota).expect("valid"));
+    }
+    let limiter = builder.build().expect("limiter");
+    let tasks: Vec<_> = (0..8)
+        .map(|task| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let (mut decided, mut errors) = (0u32, Vec::new());
+                for i in 0..1500u32 {
+                    // mostly new keys, and a few hot ones whose parts get evicted
+                    let key = if i % 4 == 0 {
+                        format!("hot-{}", i % 40)
+                    } else {
+                        format!("k-{task}-{i}")
+                    };
+                    match limiter.check(&key, 1).await {
+                        Ok(_) => decided += 1,
+                        Err(e) => errors.push(e.to_string()),
+                    }
+                }
+                (decided, errors)
+            })
+        })
+        .collect();
+    let mut decided = 0;
+    for task in tasks {
+        let (n, errors) = task.await.expect("task");
+        assert!(
+            errors.is_empty(),
+            "{} errors, e.g. {:?}",
+            errors.len(),
+            errors.first()
+        );
+        decided += n;
+    }
+    assert_eq!(decided, 8 * 1500);
+    let evicted = common::info_field(&mut conn, "stats", "evicted_keys");
+    assert!(evicted > 1000, "the test evicted {evicted} keys only");
+}
