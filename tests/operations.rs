@@ -374,7 +374,7 @@ fn key_of(prefix: &str, quota: &Quota) -> String {
 /// state the corrupted keys should read as; they must agree.
 async fn agree_after(stores: &Stores, redis: &Limiter, twin: &Limiter, what: &str) {
     for (at, cost) in [
-        (1 * MS, 1u64),
+        (MS, 1u64),
         (2 * MS, 9),
         (3 * MS, 2),
         (400 * MS, 1),
