@@ -38,6 +38,31 @@
 //! reports 9 remaining after one hit, in any year. Several limits are decided
 //! together: each finds the earliest time its cost fits, and all are granted
 //! at the latest of those times or none is.
+//!
+//! # In operation
+//!
+//! Stored state is independent of the quota that wrote it: absolute times
+//! and amounts, each amount with its unit, and the clock of the writer.
+//!
+//! - **Quota changes** (a rolling deploy runs old and new parameters side by
+//!   side on the same keys): buckets keep what is left, clamped to the new
+//!   capacity; windows keep what was used. A limiter with a longer window or a
+//!   larger bucket keeps alive the state it still needs while it writes.
+//!   What one quota grants never exceeds what the older or the newer quota
+//!   alone would allow from the true history (a property test checks this
+//!   for every parameter of every algorithm, up and down).
+//! - **Evicted, deleted or foreign keys**: a missing key, a key of another
+//!   type or a value that does not parse reads as absent and is repaired by
+//!   the next write; a sliding log trusts its log over its `meta` cache.
+//!   No state makes a decision fail.
+//! - **Clock steps**: each key records the clock of its last write, and a
+//!   decision never runs earlier than the latest of those it reads. After a
+//!   backward step, grants stay grants and reservations stay reservations;
+//!   refills pause until the clock catches up. A forward step refills early
+//!   by the size of the step.
+//! - **Expiry**: every state knows when it becomes equal to a fresh one and
+//!   reads as absent from then on; a key's TTL only reclaims memory (see
+//!   [`RedisStoreBuilder::expiry_slack`]).
 #![warn(missing_docs)]
 #![deny(unreachable_pub)]
 #![forbid(unsafe_code)]
