@@ -1,16 +1,16 @@
 //! Cost of one rate-limit decision.
 //!
 //! Group `memory`: the in-process store. Group `redis`: the crate's Redis store
-//! next to three baselines that run the same script (or a bare `PING`) without
+//! next to three baselines that run the same decision function (or a bare `PING`) without
 //! it, each with 1 and with 50 decisions in flight:
 //!
 //! - `store_lanes`: `Limiter` over `RedisStore` (4 lanes), one `EVALSHA` per
 //!   decision over a connection the store keeps checked out of its pool.
 //! - `pool_get_per_call`: `pool.get()` from a deadpool-redis pool for every
 //!   decision, which pays deadpool's recycle check (`UNWATCH` + `PING`) on
-//!   every reuse of an idle connection, then the same script.
-//! - `raw_evalsha_one_conn`: the same script through one multiplexed
-//!   connection (the floor for the script).
+//!   every reuse of an idle connection, then the same `FCALL`.
+//! - `raw_fcall_one_conn`: the same `FCALL` through one multiplexed
+//!   connection (the floor for the decision).
 //! - `ping_one_conn`: a `PING` through that connection (the floor for a round
 //!   trip).
 //!
@@ -27,21 +27,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use futures::future::join_all;
 use redis::aio::MultiplexedConnection;
-use redis::{Script, ScriptInvocation};
 use tokio::runtime::Runtime;
 use tower_ratelimit::{Decision, Error, Limit, Limiter, MemoryStore, Quota, RedisStore};
-
-/// The decision script, assembled exactly as `SCRIPT` in `src/store/redis.rs`
-/// (checked against `RedisStore::script_hash` before the Redis group runs).
-const SCRIPT: &str = concat!(
-    include_str!("../lua/common.lua"),
-    include_str!("../lua/sliding_log.lua"),
-    include_str!("../lua/token_bucket.lua"),
-    include_str!("../lua/gcra.lua"),
-    include_str!("../lua/fixed_window.lua"),
-    include_str!("../lua/sliding_window.lua"),
-    include_str!("../lua/driver.lua"),
-);
 
 /// Decisions in flight per iteration in the concurrent variants.
 const IN_FLIGHT: usize = 50;
@@ -54,11 +41,10 @@ const USER_KEY: &str = "k";
 /// The key the baselines use; the store's key is `bench:{k}:g:gcra`.
 const RAW_KEY: &str = "bench-raw:{k}:g:gcra";
 const POOL_KEY: &str = "bench-pool:{k}:g:gcra";
-/// ARGV of one GCRA decision, cost 1, for 1_000_000 per second with a burst of
-/// 1_000_000: now (0 = Redis TIME), max_wait, dry run (0), expiry slack (0), number of limits, then algorithm
-/// 3 (GCRA), burst, rate and period reduced by their gcd (1_000_000 per
-/// 1_000_000 us = 1 per 1 us), an unused parameter, cost.
-const GCRA_ARGV: [i64; 11] = [0, 0, 0, 0, 1, 3, 1_000_000, 1, 1, 0, 1];
+/// The argument of one GCRA decision, cost 1, for 1_000_000 per second with
+/// a burst of 1_000_000: algorithm 3 (GCRA), burst, rate and period reduced
+/// by their gcd (1 per 1 us), an unused parameter, cost (see `lua/driver.lua`).
+const GCRA_ARG: &str = "3:1000000:1:1:0:1";
 
 /// The Redis quota: 1 per microsecond, far more than one Redis serves.
 fn redis_quota() -> Quota {
@@ -88,19 +74,26 @@ fn granted(result: Result<Decision, Error>) -> Decision {
     decision
 }
 
-/// Every script reply must be a grant: outcome 0, then wait, now and 3 per limit.
-fn script_granted(result: redis::RedisResult<Vec<i64>>) -> Vec<i64> {
-    let reply = result.expect("script failed");
+/// Every reply must be a grant: outcome 0, then wait, now and 3 per limit,
+/// as little-endian doubles.
+fn script_granted(result: redis::RedisResult<Vec<u8>>) -> Vec<i64> {
+    let bytes = result.expect("the decision failed");
+    let reply: Vec<i64> = bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as i64)
+        .collect();
     assert!(reply.len() == 6 && reply[0] == 0, "not granted: {reply:?}");
     reply
 }
 
-fn invocation<'a>(script: &'a Script, key: &str) -> ScriptInvocation<'a> {
-    let mut invocation = script.key(key);
-    for arg in GCRA_ARGV {
-        invocation.arg(arg);
-    }
-    invocation
+/// The store's decision function called directly on `key`.
+fn fcall(key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(RedisStore::function_name())
+        .arg(1)
+        .arg(key)
+        .arg(GCRA_ARG);
+    cmd
 }
 
 fn runtime() -> Runtime {
@@ -206,7 +199,6 @@ struct RedisBench {
     limiter: Limiter,
     pool: deadpool_redis::Pool,
     conn: MultiplexedConnection,
-    script: Script,
 }
 
 impl RedisBench {
@@ -226,12 +218,6 @@ impl RedisBench {
             .lanes(4)
             .build()
             .map_err(|e| format!("cannot build the store: {e}"))?;
-        let script = Script::new(SCRIPT);
-        assert_eq!(
-            script.get_hash(),
-            store.script_hash(),
-            "the bench script differs from the store's"
-        );
         let limiter = Limiter::new(store, limit(redis_quota()));
 
         // Start from fresh keys, then check that the store and the raw script
@@ -244,13 +230,10 @@ impl RedisBench {
             .await
             .map_err(|e| format!("DEL failed: {e}"))?;
         let decision = granted(limiter.check(USER_KEY, 1).await);
-        let raw = script_granted(invocation(&script, RAW_KEY).invoke_async(&mut conn).await);
+        // (the store's first decision loaded the library)
+        let raw = script_granted(fcall(RAW_KEY).query_async(&mut conn).await);
         let mut pooled = pool.get().await.map_err(|e| format!("pool: {e}"))?;
-        let via_pool = script_granted(
-            invocation(&script, POOL_KEY)
-                .invoke_async(&mut pooled)
-                .await,
-        );
+        let via_pool = script_granted(fcall(POOL_KEY).query_async(&mut pooled).await);
         assert_eq!(raw[4], i64::try_from(decision.remaining()).unwrap());
         assert_eq!(raw[4], via_pool[4]);
         assert_eq!(raw[4], 999_999, "a fresh key keeps burst - 1");
@@ -258,7 +241,6 @@ impl RedisBench {
             limiter,
             pool,
             conn,
-            script,
         })
     }
 
@@ -268,20 +250,12 @@ impl RedisBench {
 
     async fn pool_get_per_call(&self) -> Vec<i64> {
         let mut conn = self.pool.get().await.expect("pool.get()");
-        script_granted(
-            invocation(&self.script, POOL_KEY)
-                .invoke_async(&mut conn)
-                .await,
-        )
+        script_granted(fcall(POOL_KEY).query_async(&mut conn).await)
     }
 
-    async fn raw_evalsha_one_conn(&self) -> Vec<i64> {
+    async fn raw_fcall_one_conn(&self) -> Vec<i64> {
         let mut conn = self.conn.clone();
-        script_granted(
-            invocation(&self.script, RAW_KEY)
-                .invoke_async(&mut conn)
-                .await,
-        )
+        script_granted(fcall(RAW_KEY).query_async(&mut conn).await)
     }
 
     async fn ping_one_conn(&self) -> String {
@@ -322,8 +296,8 @@ fn bench_redis(c: &mut Criterion, rt: &Runtime, bench: &RedisBench) {
     bench_case(&mut group, rt, "pool_get_per_call", || {
         bench.pool_get_per_call()
     });
-    bench_case(&mut group, rt, "raw_evalsha_one_conn", || {
-        bench.raw_evalsha_one_conn()
+    bench_case(&mut group, rt, "raw_fcall_one_conn", || {
+        bench.raw_fcall_one_conn()
     });
     bench_case(&mut group, rt, "ping_one_conn", || bench.ping_one_conn());
     group.finish();

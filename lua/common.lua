@@ -1,4 +1,4 @@
--- common.lua: helpers shared by every algorithm script.
+-- common.lua: helpers shared by every algorithm.
 --
 -- All times are integer microseconds since the Unix epoch and all amounts are
 -- integers. Lua numbers are doubles, exact below 2^53; the Rust side validates
@@ -8,24 +8,33 @@
 -- Stored state is independent of the quota that wrote it: absolute times and
 -- amounts, each amount with the denominator of its unit, and `hw`, the
 -- writer's clock. A limiter with other parameters (a rolling deploy) converts
--- what it reads into its own units, rounding towards "less is left". A value
--- that does not parse (garbage, another type, a field evicted) reads as absent
--- and is overwritten by the next write: no input makes a script fail.
--- Each state also says when it becomes equal to a fresh one for its writer
--- (`exp`, stored or derived); from then on it reads as absent whatever the
--- key's TTL, which only collects garbage.
-local floor = math.floor
+-- what it reads into its own units, rounding towards "less is left". Each
+-- state also says when it becomes equal to a fresh one for its writer (`exp`,
+-- stored or derived); from then on it reads as absent whatever the key's TTL,
+-- which only collects garbage.
+--
+-- A state is one STRING: a tag byte naming the algorithm, then its fields as
+-- little-endian doubles (`struct.pack`), which Redis packs and unpacks in C
+-- and which hold every integer below 2^53 exactly. A value of another length
+-- or tag, another type, or a field that is not such an integer reads as
+-- absent and is overwritten by the next write: no input makes a script fail.
+-- (Text would be easier to read in redis-cli, but formatting and parsing
+-- numbers in Lua cost more than the rest of a decision.)
+--
+-- (No library-level access to `math` or `string`: Redis 7.0 loads a function
+-- library in an environment without them. They are used inside functions.)
 local EXACT = 9007199254740992 -- 2^53
 
 local function fdiv(a, b) -- floor(a / b) for integers, b > 0
-  local q = floor(a / b)
-  local r = a - q * b
+  -- `%` is a - floor(a / b) * b in doubles, off by one b when a / b rounds
+  -- across an integer; the corrected remainder makes the division exact.
+  local r = a % b
   if r < 0 then
-    q = q - 1
+    r = r + b
   elseif r >= b then
-    q = q + 1
+    r = r - b
   end
-  return q
+  return (a - r) / b
 end
 
 local function cdiv(a, b) -- ceil(a / b) for integers, b > 0
@@ -34,10 +43,6 @@ end
 
 local function fmod(a, b) -- a mod b in [0, b), exact
   return a - fdiv(a, b) * b
-end
-
-local function fmt(n) -- integer to decimal string (tostring would print 1.8e+15)
-  return string.format('%d', n)
 end
 
 local function max(a, b)
@@ -50,25 +55,17 @@ local function min(a, b)
   return b
 end
 
-local function num(s) -- a decimal integer of magnitude below 2^53, else nil
-  if not s then return nil end
-  local n = tonumber(s)
-  if n and n == floor(n) and n < EXACT and n > -EXACT then return n end
-  return nil
+local function int(x) -- whether x is an integer of magnitude below 2^53 (NaN is not)
+  return x % 1 == 0 and x < EXACT and x > -EXACT
 end
 
--- The integer fields of the string at `key` as a table, or nil when the key
--- is missing, of another type, or any of its `n` fields does not parse.
-local function parse(key, pattern, n)
+-- The packed state at `key` when its tag byte is `tag` and it holds `n`
+-- doubles; nil when it is missing, of another type, tag or length. The
+-- caller unpacks and checks the fields.
+local function get_packed(key, tag, n)
   local v = redis.pcall('GET', key)
-  if type(v) ~= 'string' then return nil end
-  local f = { string.match(v, pattern) }
-  if #f ~= n then return nil end
-  for i = 1, n do
-    f[i] = num(f[i])
-    if not f[i] then return nil end
-  end
-  return f
+  if type(v) ~= 'string' or #v ~= 1 + 8 * n or string.byte(v, 1) ~= tag then return nil end
+  return v
 end
 
 -- x / from, expressed in units of 1 / to and rounded down: exact when the
@@ -82,13 +79,23 @@ local function rescale(x, from, to)
   return q * to + part
 end
 
--- Sets a key's expiry so that it outlives `at` (us, on the store's clock
--- `real`), rounded up to whole milliseconds.
-local function expire_at(key, at, real)
-  redis.call('PEXPIRE', key, fmt(max(1, cdiv(at - real, 1000))))
+-- Milliseconds from the store's clock `from` until `at`, at least 1: the
+-- expiry that makes a key outlive `at`.
+local function px(at, from)
+  return max(1, cdiv(at - from, 1000))
 end
 
--- The `PX` argument that makes a SET outlive `at`.
-local function px(at, real)
-  return fmt(max(1, cdiv(at - real, 1000)))
+-- Parsed strings of integers separated by ':' (a limit and its cost,
+-- options), kept across calls: a limiter sends the same few strings again
+-- and again.
+local parsed, n_parsed = {}, 0
+local function ints(s)
+  local v = parsed[s]
+  if v then return v end
+  v = {}
+  for x in string.gmatch(s, '[^:]+') do v[#v + 1] = tonumber(x) end
+  if n_parsed >= 1024 then parsed, n_parsed = {}, 0 end
+  parsed[s] = v
+  n_parsed = n_parsed + 1
+  return v
 end

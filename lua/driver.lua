@@ -1,19 +1,21 @@
 -- driver.lua: one atomic decision over one or more limits.
 --
 -- KEYS:  the keys of each limit in order (sliding log: 2, others: 1), all
---        sharing one hash tag so the script runs on one cluster slot.
--- ARGV:  [1] now (us since the epoch; 0 = read Redis TIME, the production path)
---        [2] max_wait (us): a grant may be reserved this far in the future
---        [3] 1 = dry run: decide, but grant and write nothing (a peek)
---        [4] expiry slack (us): keys outlive their state by this much
---        [5] n, the number of limits; then 6 values per limit:
---            algorithm (1 sliding log, 2 token bucket, 3 gcra, 4 fixed window,
---            5 sliding window), 4 parameters, cost (0 changes nothing)
--- Reply: { outcome (0 granted, 1 denied, 2 cost exceeds a capacity),
---          wait (us until the grant for 0; retry-after for 1; -1 for 2),
---          now (us, the decision's clock),
+--        sharing one hash tag so the decision runs on one cluster slot.
+-- ARGV:  [options] "o:now:max_wait:dry:slack", only when any differs from 0:
+--            now (us since the epoch; 0 = read Redis TIME, the production
+--            path), max_wait (us: a grant may be reserved this far ahead),
+--            dry (1 = decide, grant nothing: a peek), slack (us keys outlive
+--            their state)
+--        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
+--            sliding log, 2 token bucket, 3 gcra, 4 fixed window, 5 sliding
+--            window; cost 0 changes nothing)
+-- Reply: little-endian doubles, all integers: outcome (0 granted, 1 denied,
+--          2 a cost exceeds a capacity), wait (us until the grant for 0;
+--          retry-after for 1; -1 for 2), now (us, the decision's clock),
 --          then per limit: wait_i (us until it alone allows, -1 never),
---                          remaining, reset_after (us) }
+--          remaining, reset_after (us). (One string costs Redis less than an
+--          array of integers.)
 -- All limits are granted together at one time T = max wait_i, or none is.
 --
 -- Clock steps: every key records the clock of its last write (`hw`). The
@@ -25,68 +27,114 @@
 -- memory, since a state past its own `exp` reads as absent anyway.
 local algorithms = { sliding_log, token_bucket, gcra, fixed_window, sliding_window }
 
-local real = tonumber(ARGV[1])
-if real == 0 then
-  local t = redis.call('TIME')
-  real = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local max_wait = tonumber(ARGV[2])
-local dry = ARGV[3] == '1'
--- expiries count from here: the store's clock, less the slack
-local ttl_from = real - tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
-
-local limits = {}
-local now = real
-local next_key = 1
-for i = 1, n do
-  local o = 5 + (i - 1) * 6
-  local alg = algorithms[tonumber(ARGV[o + 1])]
-  local p = { tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5]) }
-  local keys = { KEYS[next_key], KEYS[next_key + 1] }
-  next_key = next_key + alg.nkeys
-  local st = alg.load(keys, p)
-  if st.hw > now then now = st.hw end
-  limits[i] = { alg = alg, p = p, cost = tonumber(ARGV[o + 6]), st = st }
+-- A limit's string, parsed once: its algorithm, parameters and cost.
+local specs, n_specs = {}, 0
+local function spec(s)
+  local v = specs[s]
+  if v then return v end
+  local f = ints(s)
+  v = { alg = algorithms[f[1]], p = { f[2], f[3], f[4], f[5] }, cost = f[6] }
+  if n_specs >= 1024 then specs, n_specs = {}, 0 end
+  specs[s] = v
+  n_specs = n_specs + 1
+  return v
 end
 
-local at = now
-local never = false
-for i = 1, n do
-  local l = limits[i]
-  l.alg.prepare(l.st, l.p, now)
-  l.t = now
-  if l.cost > 0 then l.t = l.alg.earliest(l.st, l.p, now, l.cost) end
-  if l.t < 0 then
-    never = true
-  elseif l.t > at then
-    at = l.t
+local NO_OPTIONS = { 0, 0, 0, 0 }
+local formats = {}
+
+-- The common decision of one limit: the same steps, without the tables that
+-- collect several.
+local function decide_one(keys, s, real, max_wait, dry, from)
+  local alg, p, cost = s.alg, s.p, s.cost
+  local st = alg.load(keys, 1, p)
+  local now = max(real, st.hw)
+  alg.prepare(st, p, now)
+  local t = now
+  if cost > 0 then t = alg.earliest(st, p, now, cost) end
+  local outcome, wait, as_of = 0, t - now, now
+  if t < 0 then
+    outcome, wait = 2, -1
+  elseif wait > max_wait then
+    outcome = 1
+  elseif not dry then
+    as_of = t
+    if cost > 0 then alg.grant(st, p, t, cost) end
   end
+  alg.save(st, p, now, from)
+  local remaining, reset = alg.status(st, p, now, as_of)
+  if t >= 0 then t = t - now end
+  return struct.pack('<dddddd', outcome, wait, now, t, remaining, reset)
 end
 
-local outcome, wait = 0, at - now
-if never then
-  outcome, wait = 2, -1
-elseif wait > max_wait then
-  outcome = 1
-end
+local function decide(keys, args)
+  local first, opts = 1, NO_OPTIONS
+  if string.byte(args[1], 1) == 111 then -- 'o'
+    opts = ints(string.sub(args[1], 3))
+    first = 2
+  end
+  local real = opts[1]
+  if real == 0 then
+    local t = redis.call('TIME')
+    real = t[1] * 1000000 + t[2]
+  end
+  local max_wait, dry = opts[2], opts[3] == 1
+  -- expiries count from here: the store's clock, less the slack
+  local from = real - opts[4]
+  local n = #args - first + 1
+  if n == 1 then return decide_one(keys, spec(args[first]), real, max_wait, dry, from) end
 
-local reply = { outcome, wait, now }
-for i = 1, n do
-  local l = limits[i]
-  local as_of = now
-  if outcome == 0 and not dry then
-    as_of = at
-    if l.cost > 0 then
-      l.alg.grant(l.st, l.p, at, l.cost)
-      l.alg.save(l.st, l.p, now, ttl_from)
+  local limits = {}
+  local now = real
+  local next_key = 1
+  for i = 1, n do
+    local s = spec(args[first + i - 1])
+    local alg = s.alg
+    local st = alg.load(keys, next_key, s.p)
+    next_key = next_key + alg.nkeys
+    if st.hw > now then now = st.hw end
+    limits[i] = { alg = alg, p = s.p, cost = s.cost, st = st, t = 0 }
+  end
+
+  local at = now
+  local never = false
+  for i = 1, n do
+    local l = limits[i]
+    l.alg.prepare(l.st, l.p, now)
+    l.t = now
+    if l.cost > 0 then l.t = l.alg.earliest(l.st, l.p, now, l.cost) end
+    if l.t < 0 then
+      never = true
+    elseif l.t > at then
+      at = l.t
     end
   end
-  local remaining, reset = l.alg.status(l.st, l.p, now, as_of)
-  local t = -1
-  if l.t >= 0 then t = l.t - now end
-  reply[#reply + 1] = t
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = reset
+
+  local outcome, wait = 0, at - now
+  if never then
+    outcome, wait = 2, -1
+  elseif wait > max_wait then
+    outcome = 1
+  end
+
+  local reply = { outcome, wait, now }
+  for i = 1, n do
+    local l = limits[i]
+    local as_of = now
+    if outcome == 0 and not dry then
+      as_of = at
+      if l.cost > 0 then l.alg.grant(l.st, l.p, at, l.cost) end
+    end
+    l.alg.save(l.st, l.p, now, from)
+    local remaining, reset = l.alg.status(l.st, l.p, now, as_of)
+    local t = -1
+    if l.t >= 0 then t = l.t - now end
+    reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = t, remaining, reset
+  end
+  local format = formats[n]
+  if not format then
+    format = '<' .. string.rep('d', 3 + 3 * n)
+    formats[n] = format
+  end
+  return struct.pack(format, unpack(reply))
 end
-return reply

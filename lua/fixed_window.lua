@@ -1,18 +1,22 @@
 -- fixed_window.lua: N permits per window aligned to the epoch (floor(t/W)*W).
 --
--- KEYS: counter (STRING "<window start us>:<window us>:<count>:<hw>"); a start
---       ahead of `hw` holds reservations, and later grants queue behind it.
+-- KEYS: counter (STRING 'F' start len count hw): the count of the window of
+--       `len` us beginning at `start` (us); a start ahead of `hw` holds
+--       reservations, and later grants queue behind it.
 -- Params: p[1] = N (limit), p[2] = W (window, us)
 -- The window start and length are stored with the count, so a late expiry
 -- never makes an old count look current, and a limiter with another W counts
 -- the stored grants in its own window whenever the two windows overlap (the
 -- grants may lie anywhere in the stored window: counting them is the safe side).
-local function fw_load(k, p)
-  local st = { key = k[1], hw = 0 }
-  local f = parse(st.key, '^(%d+):(%d+):(%d+):(%d+)$', 4) -- start, len, count, hw
-  if f and f[2] > 0 then
-    st.raw = { f[1], f[2], f[3] }
-    st.hw = f[4]
+local function fw_load(keys, i, p)
+  local st = { key = keys[i], hw = 0, raw = false, r_start = 0, r_len = 1, r_count = 0,
+    start = -1, count = 0, dirty = false }
+  local v = get_packed(st.key, 70, 4) -- 'F'
+  if v then
+    local start, len, count, hw = struct.unpack('<dddd', v, 2)
+    if int(start) and int(len) and len > 0 and int(count) and int(hw) then
+      st.raw, st.hw, st.r_start, st.r_len, st.r_count = true, hw, start, len, count
+    end
   end
   return st
 end
@@ -20,9 +24,9 @@ end
 local function fw_prepare(st, p, now)
   local w = p[2]
   st.start, st.count = -1, 0
-  local raw = st.raw
-  if not raw or raw[1] + raw[2] <= now then return end -- absent, or its window is over
-  local s, len, count = raw[1], raw[2], raw[3]
+  -- absent, or its window is over
+  if not st.raw or st.r_start + st.r_len <= now then return end
+  local s, len, count = st.r_start, st.r_len, st.r_count
   if len == w then
     st.start, st.count = s, count
     return
@@ -63,11 +67,10 @@ local function fw_status(st, p, now, at)
   return n, 0
 end
 
-local function fw_save(st, p, now, real)
+local function fw_save(st, p, now, from)
   if not st.dirty then return end
-  redis.call('SET', st.key,
-    fmt(st.start) .. ':' .. fmt(p[2]) .. ':' .. fmt(st.count) .. ':' .. fmt(now),
-    'PX', px(st.start + p[2], real))
+  redis.call('SET', st.key, struct.pack('<c1dddd', 'F', st.start, p[2], st.count, now),
+    'PX', px(st.start + p[2], from))
 end
 
 local fixed_window = {

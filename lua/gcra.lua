@@ -1,12 +1,12 @@
 -- gcra.lua: generic cell rate algorithm (leaky bucket as a meter).
 --
--- KEYS: gcra (STRING "<level>:<den>:<hw>:<exp>:<bmax>:<bexp>"): `level / den`
---       permits left at the writer's clock `hw` (us), negative while
---       reservations are pending; `bmax` the largest burst in use, honoured
---       until `bexp`; `exp` when the bucket has refilled to `bmax`:
---       the theoretical arrival time (TAT) lies (B - level) emission intervals
---       after `hw`. An amount, not a time, so another rate or burst reads what
---       is left (converted, rounded down, clamped to its burst).
+-- KEYS: gcra (STRING 'G' level den hw exp bmax bexp): `level / den` permits
+--       left at the writer's clock `hw` (us), negative while reservations are
+--       pending; `bmax` the largest burst in use, honoured until `bexp`; `exp`
+--       when the bucket has refilled to `bmax`. The theoretical arrival time
+--       (TAT) lies (B - level) emission intervals after `hw`. An amount, not a
+--       time, so another rate or burst reads what is left (converted, rounded
+--       down, clamped to its burst).
 -- Params: p[1] = B (burst), p[2] = N, p[3] = W (rate N per W us, reduced by gcd)
 -- Internally the TAT is tat + frac/N us exactly (0 <= frac < N), so a rate
 -- like 3 per second (333333.33.. us apart) never drifts; the level is kept in
@@ -16,13 +16,16 @@
 -- A missing key (or a tat in the past) is a full bucket. Arrivals are timed to
 -- the microsecond: one in the tick that holds the TAT (t <= ceil(tat)) counts
 -- as on time, so the fraction is kept and the long-run rate is exactly N/W.
-local function gcra_load(k, p)
-  local st = { key = k[1], hw = 0 }
-  -- level, den, hw, exp, bmax, bexp
-  local f = parse(st.key, '^(%-?%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$', 6)
-  if f and f[2] > 0 then
-    st.raw = { f[1], f[2], f[4], f[5], f[6] }
-    st.hw = f[3]
+local function gcra_load(keys, i, p)
+  local st = { key = keys[i], hw = 0, raw = false, r_level = 0, r_den = 1, r_exp = 0, r_bmax = 0,
+    r_bexp = 0, tat = 0, frac = 0, keep = 0, bexp = 0, dirty = false }
+  local v = get_packed(st.key, 71, 6) -- 'G'
+  if v then
+    local level, den, hw, exp, bmax, bexp = struct.unpack('<dddddd', v, 2)
+    if int(level) and int(den) and den > 0 and int(hw) and int(exp) and int(bmax) and int(bexp) then
+      st.raw, st.hw = true, hw
+      st.r_level, st.r_den, st.r_exp, st.r_bmax, st.r_bexp = level, den, exp, bmax, bexp
+    end
   end
   return st
 end
@@ -34,13 +37,11 @@ end
 
 local function gcra_prepare(st, p, now)
   st.tat, st.frac, st.keep = now, 0, p[1]
-  local raw = st.raw
-  if raw and raw[3] > now then
-    if raw[4] > p[1] and raw[5] > now then st.keep, st.bexp = raw[4], raw[5] end
-    local full = p[1] * p[3]
+  if st.raw and st.r_exp > now then
+    if st.r_bmax > p[1] and st.r_bexp > now then st.keep, st.bexp = st.r_bmax, st.r_bexp end
     local debt = 0
-    if fdiv(raw[1], raw[2]) < p[1] then
-      debt = full - rescale(raw[1], raw[2], p[3])
+    if fdiv(st.r_level, st.r_den) < p[1] then
+      debt = p[1] * p[3] - rescale(st.r_level, st.r_den, p[3])
     end
     local whole = fdiv(debt, p[2])
     st.tat = st.hw + whole
@@ -80,7 +81,7 @@ local function gcra_status(st, p, now, at)
   return remaining, reset
 end
 
-local function gcra_save(st, p, now, real)
+local function gcra_save(st, p, now, from)
   if not st.dirty then return end
   local level = p[1] * p[3] - ((st.tat - now) * p[2] + st.frac)
   local bmax, bexp = st.keep, st.bexp
@@ -89,9 +90,8 @@ local function gcra_save(st, p, now, real)
   -- its extra permits are back too
   local extra = min(bmax - p[1], fdiv(EXACT - 1, p[3]))
   local exp = gcra_ceil(st, p) + 1 + cdiv(extra * p[3], p[2])
-  redis.call('SET', st.key, fmt(level) .. ':' .. fmt(p[3]) .. ':' .. fmt(now) .. ':' .. fmt(exp)
-      .. ':' .. fmt(bmax) .. ':' .. fmt(bexp),
-    'PX', px(exp, real))
+  redis.call('SET', st.key, struct.pack('<c1dddddd', 'G', level, p[3], now, exp, bmax, bexp),
+    'PX', px(exp, from))
 end
 
 local gcra = {

@@ -1,6 +1,7 @@
 -- sliding_window.lua: sliding window counter, two counters per key (O(1) memory).
 --
--- KEYS: counters (STRING "<window start us>:<window us>:<previous>:<current>:<hw>")
+-- KEYS: counters (STRING 'S' start len prev cur hw): the counts of the window
+--       of `len` us beginning at `start` (us) and of the one before it
 -- Params: p[1] = N (limit), p[2] = W (window, us), p[3] = U (weight step, us:
 --         ceil(W / 2^20), so weights have 2^20 steps and N * 2^20 < 2^53)
 -- Estimate at t: cur + prev * ceil(rem / U) / ceil(W / U), rem = time left in
@@ -8,13 +9,16 @@
 -- A limiter with another W moves each stored count into the newest of its own
 -- windows (current, else previous) that overlaps the count's window: the
 -- grants may lie anywhere in that window, and newer counts weigh more.
-local function sw_load(k, p)
-  local st = { key = k[1], hw = 0 }
-  -- start, len, prev, cur, hw
-  local f = parse(st.key, '^(%d+):(%d+):(%d+):(%d+):(%d+)$', 5)
-  if f and f[2] > 0 then
-    st.raw = { f[1], f[2], f[3], f[4] }
-    st.hw = f[5]
+local function sw_load(keys, i, p)
+  local st = { key = keys[i], hw = 0, raw = false, r_start = 0, r_len = 1, r_prev = 0, r_cur = 0,
+    start = -1, prev = 0, cur = 0, dirty = false }
+  local v = get_packed(st.key, 83, 5) -- 'S'
+  if v then
+    local start, len, prev, cur, hw = struct.unpack('<ddddd', v, 2)
+    if int(start) and int(len) and len > 0 and int(prev) and int(cur) and int(hw) then
+      st.raw, st.hw = true, hw
+      st.r_start, st.r_len, st.r_prev, st.r_cur = start, len, prev, cur
+    end
   end
   return st
 end
@@ -22,9 +26,9 @@ end
 local function sw_prepare(st, p, now)
   local w = p[2]
   st.start, st.prev, st.cur = -1, 0, 0
-  local raw = st.raw
-  if not raw or raw[1] + 2 * raw[2] <= now then return end -- absent, or both windows over
-  local s, len, prev, cur = raw[1], raw[2], raw[3], raw[4]
+  -- absent, or both windows over
+  if not st.raw or st.r_start + 2 * st.r_len <= now then return end
+  local s, len, prev, cur = st.r_start, st.r_len, st.r_prev, st.r_cur
   if len == w then
     st.start, st.prev, st.cur = s, prev, cur
     return
@@ -90,11 +94,10 @@ local function sw_status(st, p, now, at)
   return max(0, n - used), reset
 end
 
-local function sw_save(st, p, now, real)
+local function sw_save(st, p, now, from)
   if not st.dirty then return end
-  redis.call('SET', st.key,
-    fmt(st.start) .. ':' .. fmt(p[2]) .. ':' .. fmt(st.prev) .. ':' .. fmt(st.cur) .. ':' .. fmt(now),
-    'PX', px(st.start + 2 * p[2], real))
+  redis.call('SET', st.key, struct.pack('<c1ddddd', 'S', st.start, p[2], st.prev, st.cur, now),
+    'PX', px(st.start + 2 * p[2], from))
 end
 
 local sliding_window = {

@@ -127,7 +127,7 @@ async fn sliding_log_holds_in_every_window_in_real_time() {
     let mut max_seen = 0usize;
     let mut all_scores: Vec<i64> = Vec::new();
     while !tasks.iter().all(|t| t.is_finished()) {
-        let scores: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        let scores: Vec<(Vec<u8>, i64)> = redis::cmd("ZRANGE")
             .arg(&key)
             .arg(0)
             .arg(-1)

@@ -228,26 +228,15 @@ async fn acquire_on_redis_waits_for_its_reservation() {
 }
 
 #[tokio::test]
-async fn exactly_one_evalsha_per_decision_and_noscript_reloads() {
+async fn exactly_one_fcall_per_decision_and_a_flushed_library_reloads() {
     let server = TestRedis::spawn();
-    let store = RedisStore::builder(&server.url)
-        .prefix("rt")
-        .build()
-        .unwrap();
-    let limit = Limit::new(
-        "l",
-        Quota::gcra(1_000_000, Duration::from_secs(1), 1_000_000),
-    )
-    .unwrap();
-    let limiter = Limiter::new(store, limit);
-    // warm up every lane (first use checks a connection out of the pool)
+    let limiter = one_round_trip_limiter(&server);
+    // warm up every lane (first use checks a connection out of the pool) and
+    // load the code
     for _ in 0..8 {
         limiter.check("k", 1).await.unwrap();
     }
-    let mut conn = redis::Client::open(server.url.as_str())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut conn = connection_to(&server);
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(&mut conn)
@@ -255,20 +244,83 @@ async fn exactly_one_evalsha_per_decision_and_noscript_reloads() {
     for i in 0..200 {
         limiter.check(format!("k{}", i % 7), 1).await.unwrap();
     }
-    assert_eq!(command_calls(&mut conn, "evalsha"), 200);
+    assert_eq!(command_calls(&mut conn, "fcall"), 200);
     assert_eq!(
         command_calls(&mut conn, "ping"),
         0,
         "no recycle PING per decision"
     );
     assert_eq!(command_calls(&mut conn, "unwatch"), 0);
-    assert_eq!(command_calls(&mut conn, "eval"), 0);
-    // a flushed script cache costs one reload, then EVALSHA again
+    assert_eq!(command_calls(&mut conn, "evalsha"), 0);
+    assert_eq!(command_calls(&mut conn, "function|load"), 0);
+    // a flushed library (a restart, a promoted replica) is loaded once again
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut conn)
+        .unwrap();
+    for _ in 0..3 {
+        assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(command_calls(&mut conn, "function|load"), 1);
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query(&mut conn).unwrap();
+    assert_eq!(libraries.len(), 1, "one library: {libraries:?}");
+    drop(server);
+}
+
+/// A Redis without Functions (before 7.0; here FCALL renamed away): the
+/// same decisions through EVALSHA, the script reloaded after a flush.
+#[tokio::test]
+async fn without_functions_decisions_run_as_evalsha() {
+    let server = TestRedis::spawn_with("--rename-command FCALL ''");
+    let limiter = one_round_trip_limiter(&server);
+    // warm up every lane (first use checks a connection out of the pool) and
+    // load the code
+    for _ in 0..8 {
+        limiter.check("k", 1).await.unwrap();
+    }
+    let mut conn = connection_to(&server);
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    for i in 0..50 {
+        limiter.check(format!("k{}", i % 7), 1).await.unwrap();
+    }
+    assert_eq!(command_calls(&mut conn, "evalsha"), 50);
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
     assert!(limiter.check("k", 1).await.unwrap().is_allowed());
     assert!(limiter.check("k", 1).await.unwrap().is_allowed());
-    assert_eq!(command_calls(&mut conn, "evalsha"), 203);
+    assert_eq!(
+        command_calls(&mut conn, "evalsha"),
+        53,
+        "one NOSCRIPT, then EVALSHA again"
+    );
+    let d = limiter.peek("k").await.unwrap();
+    assert_eq!(d.statuses()[0].remaining(), 1_000_000 - 10, "{d:?}");
     drop(server);
+}
+
+/// A limiter on `server` with a quota no test here exhausts.
+fn one_round_trip_limiter(server: &TestRedis) -> Limiter {
+    let store = RedisStore::builder(&server.url)
+        .prefix("rt")
+        .clock(ManualClock::new(common::T0))
+        .expiry_slack(common::TEST_CLOCK_SLACK)
+        .build()
+        .unwrap();
+    let limit = Limit::new(
+        "l",
+        Quota::gcra(1_000_000, Duration::from_secs(3600), 1_000_000),
+    )
+    .unwrap();
+    Limiter::new(store, limit)
+}
+
+fn connection_to(server: &TestRedis) -> redis::Connection {
+    redis::Client::open(server.url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap()
 }
 
 #[tokio::test]

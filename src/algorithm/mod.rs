@@ -148,11 +148,21 @@ pub struct Reply {
 }
 
 impl Reply {
-    /// Parses the flat integer array the driver script returns.
-    pub(crate) fn from_flat(values: &[i64], limits: usize) -> Option<Self> {
-        if values.len() != 3 + 3 * limits {
+    /// Parses the driver's reply: `3 + 3 * limits` little-endian doubles, each
+    /// an integer below 2^53 in magnitude.
+    pub(crate) fn from_packed(bytes: &[u8], limits: usize) -> Option<Self> {
+        if bytes.len() != 8 * (3 + 3 * limits) {
             return None;
         }
+        let values = bytes
+            .chunks_exact(8)
+            .map(|chunk| {
+                let x = f64::from_le_bytes(chunk.try_into().ok()?);
+                let exact = x.fract() == 0.0 && x.abs() < EXACT as f64;
+                // exact: an integer below 2^53, so the cast loses nothing
+                exact.then_some(x as i64)
+            })
+            .collect::<Option<Vec<i64>>>()?;
         let per = values[3..]
             .chunks_exact(3)
             .map(|c| [c[0], c[1], c[2]])

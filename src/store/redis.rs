@@ -1,11 +1,13 @@
-//! The Redis store: one `EVALSHA` of `lua/` per decision over a pooled connection.
+//! The Redis store: one `FCALL` of the `lua/` library per decision over a
+//! pooled connection (`EVALSHA` of the same code where Functions are missing).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use deadpool_redis::{Config, Pool, Runtime};
+use deadpool_redis::{Manager, Pool, Runtime};
 use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
 use redis::Script;
 
 use super::sealed::Sealed;
@@ -14,8 +16,9 @@ use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::{ConfigError, Error};
 
-/// The one script every decision runs: the algorithms, then the driver.
-const SCRIPT: &str = concat!(
+/// The decision code: the helpers, the algorithms, then the driver, which
+/// defines `decide(keys, args)`.
+const CODE: &str = concat!(
     include_str!("../../lua/common.lua"),
     include_str!("../../lua/sliding_log.lua"),
     include_str!("../../lua/token_bucket.lua"),
@@ -24,6 +27,52 @@ const SCRIPT: &str = concat!(
     include_str!("../../lua/sliding_window.lua"),
     include_str!("../../lua/driver.lua"),
 );
+
+/// How the decision code reaches Redis: as a Function library loaded once
+/// per server (`FCALL`, Redis 7 and later), or as a script (`EVALSHA`).
+///
+/// The function is flagged `allow-oom`: a Function without it is refused as
+/// a whole whenever Redis is over `maxmemory` and eviction cannot bring it
+/// under (the library's own memory, clients and buffers count too), which
+/// would turn memory pressure into an outage of every limit. Its writes are
+/// small, carry TTLs and stay subject to the eviction policy, as a script's
+/// writes are.
+struct Delivery {
+    /// `FUNCTION LOAD` source. Library and function are named after the
+    /// code's SHA1, so instances running different versions of this crate
+    /// on one Redis (a rolling deploy) each call their own.
+    library: String,
+    function: String,
+    /// The same code as a script, for servers without Functions.
+    script: Script,
+}
+
+static DELIVERY: LazyLock<Delivery> = LazyLock::new(|| {
+    let script = Script::new(&format!("{CODE}\nreturn decide(KEYS, ARGV)\n"));
+    let code = Script::new(CODE);
+    let function = format!("tower_ratelimit_{}", &code.get_hash()[..16]);
+    Delivery {
+        library: format!(
+            "#!lua name={function}\n{CODE}\n\
+             redis.register_function{{function_name = '{function}', callback = decide, flags = {{ 'allow-oom' }}}}\n"
+        ),
+        function,
+        script,
+    }
+});
+
+/// How long a connection may leave a command unanswered before it is
+/// considered broken (redis-rs' default is 500 ms, which a loaded machine
+/// reaches without anything being broken).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long decisions run as scripts after a failed `FUNCTION LOAD`.
+const LOAD_RETRY: Duration = Duration::from_secs(10);
+
+/// [`Inner::mode`]: Functions untried, in use, or missing on this server.
+const UNTRIED: u8 = 0;
+const FUNCTIONS: u8 = 1;
+const SCRIPTS: u8 = 2;
 
 /// A connection taken from the pool and kept. deadpool-redis checks every
 /// connection it hands out with `UNWATCH` + `PING`, one extra round trip per
@@ -53,7 +102,14 @@ impl Lane {
 struct Inner {
     pool: Pool,
     prefix: String,
-    script: Script,
+    /// `UNTRIED`, `FUNCTIONS` or `SCRIPTS`.
+    mode: AtomicU8,
+    /// Held while the library is loaded: one `FUNCTION LOAD` at a time, the
+    /// other decisions wait for it rather than each compiling the library.
+    loading: tokio::sync::Mutex<()>,
+    /// After a failed `FUNCTION LOAD` (say, Redis over `maxmemory` refuses
+    /// it), decisions run as scripts until then, and the load is tried again.
+    scripts_until: Mutex<Option<tokio::time::Instant>>,
     lanes: Box<[Lane]>,
     next: AtomicUsize,
     clock: Option<Arc<dyn Clock>>,
@@ -64,9 +120,16 @@ struct Inner {
 }
 
 /// Limit state in Redis, shared by every instance that uses the same Redis
-/// and prefix. Each decision is one `EVALSHA` (the script is loaded again
-/// automatically after a `NOSCRIPT`); the script reads the clock with `TIME`,
-/// so instances with skewed clocks agree.
+/// and prefix. Each decision is one `FCALL` of a Redis Function library
+/// (loaded again automatically when a server lacks it; on Redis before 7.0,
+/// one `EVALSHA` of the same code); the code reads the clock with `TIME`, so
+/// instances with skewed clocks agree.
+///
+/// Under `maxmemory`, the loaded function keeps deciding (it is flagged
+/// `allow-oom`; its keys are small, expire, and follow the eviction policy).
+/// Loading it is a write, which Redis refuses while it is over `maxmemory`
+/// and cannot evict: then decisions run as scripts, and the load is tried
+/// again ten seconds later.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -167,12 +230,19 @@ impl RedisStoreBuilder {
         let pool = match (self.pool, self.url) {
             (Some(pool), _) => pool,
             (None, Some(url)) => {
-                let mut config = Config::from_url(url);
+                // A connection whose answer is this late is replaced (the
+                // lane drops it); each decision is bounded far sooner by the
+                // limiter's own timeout.
+                let connection =
+                    AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
+                let manager = Manager::new_with_config(url.as_str(), connection)
+                    .map_err(|e| ConfigError::Redis(e.to_string()))?;
                 // The lanes keep their connections; the rest of the pool is
                 // headroom to replace failed ones while those are returned.
-                config.pool = Some(deadpool_redis::PoolConfig::new(2 * self.lanes));
-                config
-                    .create_pool(Some(Runtime::Tokio1))
+                Pool::builder(manager)
+                    .max_size(2 * self.lanes)
+                    .runtime(Runtime::Tokio1)
+                    .build()
                     .map_err(|e| ConfigError::Redis(e.to_string()))?
             }
             (None, None) => return Err(ConfigError::Redis("no URL or pool given".into())),
@@ -194,7 +264,9 @@ impl RedisStoreBuilder {
             inner: Arc::new(Inner {
                 pool,
                 prefix: self.prefix,
-                script: Script::new(SCRIPT),
+                mode: AtomicU8::new(UNTRIED),
+                loading: tokio::sync::Mutex::new(()),
+                scripts_until: Mutex::new(None),
                 lanes,
                 next: AtomicUsize::new(0),
                 clock: self.clock,
@@ -241,9 +313,16 @@ impl RedisStore {
         &self.inner.prefix
     }
 
-    /// The SHA1 of the decision script (what `EVALSHA` sends).
-    pub fn script_hash(&self) -> &str {
-        self.inner.script.get_hash()
+    /// The name of the Redis Function that decides (what `FCALL` calls); its
+    /// library has the same name.
+    pub fn function_name() -> &'static str {
+        &DELIVERY.function
+    }
+
+    /// The SHA1 of the same code as a script (what `EVALSHA` sends where
+    /// Redis has no Functions).
+    pub fn script_hash() -> &'static str {
+        DELIVERY.script.get_hash()
     }
 
     /// The Redis keys that hold the state of one check.
@@ -294,38 +373,103 @@ impl RedisStore {
         max_wait: i64,
         dry: bool,
     ) -> Result<Reply, Error> {
-        let mut invocation = self.inner.script.prepare_invoke();
+        let mut keys = Vec::with_capacity(checks.len() * 2);
         for check in checks {
-            for key in self.keys(check) {
-                invocation.key(key);
-            }
+            keys.extend(self.keys(check));
         }
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
-        invocation
-            .arg(now)
-            .arg(max_wait)
-            .arg(u8::from(dry))
-            .arg(self.inner.slack)
-            .arg(checks.len());
+        let mut args: Vec<String> = Vec::with_capacity(1 + checks.len());
+        // The options travel only when one differs from the production default.
+        if (now, max_wait, dry, self.inner.slack) != (0, 0, false, 0) {
+            args.push(format!(
+                "o:{now}:{max_wait}:{}:{}",
+                u8::from(dry),
+                self.inner.slack
+            ));
+        }
         for check in checks {
             let p = check.limit.params();
-            invocation
-                .arg(p.algorithm.id())
-                .arg(&p.p[..])
-                .arg(check.cost);
+            let [a, b, c, d] = p.p;
+            let cost = check.cost;
+            args.push(format!("{}:{a}:{b}:{c}:{d}:{cost}", p.algorithm.id()));
         }
         let (index, mut conn) = self.connection().await?;
-        let values: Vec<i64> = invocation
-            .invoke_async(&mut conn)
+        let packed = self
+            .call(&mut conn, &keys, &args)
             .await
             .inspect_err(|e| self.discard(index, e))?;
-        Reply::from_flat(&values, checks.len()).ok_or_else(|| {
+        Reply::from_packed(&packed, checks.len()).ok_or_else(|| {
             Error::UnexpectedReply(format!(
-                "{} integers for {} limits",
-                values.len(),
+                "{} bytes for {} limits",
+                packed.len(),
                 checks.len()
             ))
         })
+    }
+
+    /// Runs the decision code: `FCALL`, loading the library when the server
+    /// lacks it (a new server, a flushed one, a promoted replica), or
+    /// `EVALSHA` on a server without Functions (before Redis 7).
+    async fn call(
+        &self,
+        conn: &mut MultiplexedConnection,
+        keys: &[String],
+        args: &[String],
+    ) -> redis::RedisResult<Vec<u8>> {
+        let delivery = &*DELIVERY;
+        if self.inner.mode.load(Ordering::Relaxed) != SCRIPTS && !self.load_failed_lately() {
+            let mut fcall = redis::cmd("FCALL");
+            fcall
+                .arg(&delivery.function)
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+            match fcall.query_async::<Vec<u8>>(conn).await {
+                Ok(values) => {
+                    self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
+                    return Ok(values);
+                }
+                Err(e) if is_missing_function(&e) => {
+                    let _loading = self.inner.loading.lock().await;
+                    // another decision may have loaded it while this one waited
+                    match fcall.query_async::<Vec<u8>>(conn).await {
+                        Err(e) if is_missing_function(&e) => {}
+                        done => return done,
+                    }
+                    tracing::debug!(target: "tower_ratelimit", library = %delivery.function, "loading the decision library");
+                    let loaded = redis::cmd("FUNCTION")
+                        .arg("LOAD")
+                        .arg(&delivery.library)
+                        .query_async::<String>(conn)
+                        .await;
+                    match loaded {
+                        // loaded, or another process loaded it first
+                        Ok(_) => return fcall.query_async(conn).await,
+                        Err(e) if e.to_string().contains("already exists") => {
+                            return fcall.query_async(conn).await
+                        }
+                        Err(e) => {
+                            tracing::warn!(target: "tower_ratelimit", error = %e, "cannot load the decision library; deciding with EVALSHA for {LOAD_RETRY:?}");
+                            *lock(&self.inner.scripts_until) =
+                                Some(tokio::time::Instant::now() + LOAD_RETRY);
+                        }
+                    }
+                }
+                Err(e) if is_unknown_command(&e) => {
+                    tracing::info!(target: "tower_ratelimit", "Redis has no Functions (before 7.0): deciding with EVALSHA");
+                    self.inner.mode.store(SCRIPTS, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut invocation = delivery.script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        invocation.invoke_async(conn).await
     }
 
     async fn run_reset(&self, checks: &[Check<'_>]) -> Result<(), Error> {
@@ -341,6 +485,34 @@ impl RedisStore {
             .inspect_err(|e| self.discard(index, e))?;
         Ok(())
     }
+}
+
+impl RedisStore {
+    /// Whether a recent `FUNCTION LOAD` failed, so decisions run as scripts.
+    fn load_failed_lately(&self) -> bool {
+        let mut until = lock(&self.inner.scripts_until);
+        match *until {
+            Some(at) if tokio::time::Instant::now() < at => true,
+            Some(_) => {
+                *until = None;
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn is_missing_function(e: &redis::RedisError) -> bool {
+    e.to_string().contains("Function not found")
+}
+
+fn is_unknown_command(e: &redis::RedisError) -> bool {
+    let text = e.to_string();
+    text.contains("unknown command") && (text.contains("FCALL") || text.contains("fcall"))
 }
 
 impl Store for RedisStore {}

@@ -27,10 +27,15 @@ fn free_port() -> u16 {
 impl TestRedis {
     /// A server of our own (for tests that stop it).
     pub fn spawn() -> TestRedis {
+        Self::spawn_with("")
+    }
+
+    /// A server of our own with extra command-line options (shell words).
+    pub fn spawn_with(options: &str) -> TestRedis {
         let port = free_port();
         let script = format!(
             "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
-             --loglevel warning & pid=$!; read _; kill $pid; wait $pid"
+             --loglevel warning {options} & pid=$!; read _; kill $pid; wait $pid"
         );
         let child = Command::new("sh")
             .arg("-c")
