@@ -89,6 +89,7 @@ pub struct Decision {
     pub(crate) wait: Duration,
     pub(crate) statuses: Vec<LimitStatus>,
     pub(crate) binding: usize,
+    pub(crate) cached: bool,
 }
 
 impl Decision {
@@ -111,7 +112,14 @@ impl Decision {
             wait,
             statuses,
             binding,
+            cached: false,
         }
+    }
+
+    /// Whether this denial was answered from the limiter's local cache of
+    /// denials, without a store round trip (see [`crate::Limiter`]).
+    pub fn from_local_cache(&self) -> bool {
+        self.cached
     }
 
     /// The verdict.

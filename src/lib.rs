@@ -70,6 +70,7 @@
 mod algorithm;
 mod clock;
 mod decision;
+mod deny_cache;
 mod error;
 pub mod key;
 pub mod layer;

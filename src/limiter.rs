@@ -5,9 +5,21 @@ use std::time::Duration;
 
 use crate::algorithm::Reply;
 use crate::decision::{Decision, LimitStatus, Verdict};
+use crate::deny_cache::DenyCache;
 use crate::store::keys;
 use crate::store::{Check, Store};
 use crate::{ConfigError, Error, Limit};
+
+/// A cache of denials for a store shared over a network, on the clock the
+/// store decides on (its own when it has one).
+fn denials_for(store: &dyn Store) -> Option<DenyCache> {
+    store.remote().then(|| {
+        let clock = store
+            .clock()
+            .unwrap_or_else(|| Arc::new(crate::SystemClock::new()));
+        DenyCache::new(clock)
+    })
+}
 
 /// Default bound on one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -16,6 +28,8 @@ struct Inner {
     store: Arc<dyn Store>,
     limits: Vec<Limit>,
     timeout: Duration,
+    /// Denials known to hold, for a remote store (see [`DenyCache`]).
+    denials: Option<DenyCache>,
 }
 
 /// One or more limits over one store. Cheap to clone (an `Arc`), `Send` and
@@ -60,6 +74,7 @@ pub struct LimiterBuilder {
     store: Arc<dyn Store>,
     limits: Vec<Limit>,
     timeout: Duration,
+    cache_denials: bool,
 }
 
 impl std::fmt::Debug for LimiterBuilder {
@@ -84,6 +99,25 @@ impl LimiterBuilder {
         self
     }
 
+    /// Answer denials known to hold from a local cache (default: yes, for a
+    /// store shared over a network; the in-memory store needs none).
+    ///
+    /// A request denied with `retry_after` R is denied again, for the same
+    /// limits and keys and the same or a larger cost, until R has passed,
+    /// whatever other instances do: so until then the limiter answers it
+    /// without a round trip, and a flood on one key costs the store one
+    /// decision per retry period. Such a decision repeats the store's last
+    /// answer, aged: its waits count down, its `remaining` is the one the
+    /// store reported (see [`Decision::from_local_cache`]); for a larger
+    /// cost its `retry_after` is a lower bound. It never refuses what the
+    /// store would grant, unless another process resets the key or raises
+    /// the quota meanwhile (a [`reset`](Limiter::reset) through this limiter
+    /// clears the key's entries). At most 10 000 entries are kept.
+    pub fn cache_denials(mut self, cache: bool) -> Self {
+        self.cache_denials = cache;
+        self
+    }
+
     /// Builds the limiter: at least one limit, unique names.
     pub fn build(self) -> Result<Limiter, ConfigError> {
         if self.limits.is_empty() {
@@ -96,6 +130,7 @@ impl LimiterBuilder {
         }
         Ok(Limiter {
             inner: Arc::new(Inner {
+                denials: denials_for(&*self.store).filter(|_| self.cache_denials),
                 store: self.store,
                 limits: self.limits,
                 timeout: self.timeout,
@@ -109,6 +144,7 @@ impl Limiter {
     pub fn new(store: impl Store, limit: Limit) -> Self {
         Self {
             inner: Arc::new(Inner {
+                denials: denials_for(&store),
                 store: Arc::new(store),
                 limits: vec![limit],
                 timeout: DEFAULT_TIMEOUT,
@@ -122,6 +158,7 @@ impl Limiter {
             store,
             limits: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
+            cache_denials: true,
         }
     }
 
@@ -131,6 +168,7 @@ impl Limiter {
             store: Arc::new(store),
             limits: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
+            cache_denials: true,
         }
     }
 
@@ -260,6 +298,9 @@ impl Limiter {
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), 0);
+        if let (Some(denials), Some(check)) = (&self.inner.denials, checks.first()) {
+            denials.forget(&check.tag);
+        }
         self.bounded(self.inner.store.reset(&checks)).await
     }
 
@@ -269,11 +310,29 @@ impl Limiter {
         max_wait: Duration,
         dry: bool,
     ) -> Result<Decision, Error> {
+        // A denial known to hold needs no round trip (not for a look, which
+        // must see what the store says now).
+        let denials = self.inner.denials.as_ref().filter(|_| !dry);
+        let cost = checks.first().map_or(0, |c| c.cost);
         let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
+        // a cost over a capacity is answered "never" by the store
+        let fits = checks.iter().all(|c| c.cost <= c.limit.params().p[0]);
+        let denials = denials.filter(|_| fits);
+        let sent = denials.map_or(0, DenyCache::now);
+        let cache_key = denials.map(|_| DenyCache::key(&checks));
+        if let (Some(denials), Some(key)) = (denials, &cache_key) {
+            if let Some(denied) = denials.lookup(key, cost, max_wait, sent) {
+                return Ok(denied);
+            }
+        }
         let reply = self
             .bounded(self.inner.store.decide(&checks, max_wait, dry))
             .await?;
-        Self::decision(&checks, reply, max_wait)
+        let decision = Self::decision(&checks, reply, max_wait)?;
+        if let (Some(denials), Some(key)) = (denials, cache_key) {
+            denials.insert(key, cost, sent, &decision);
+        }
+        Ok(decision)
     }
 
     async fn bounded<T>(

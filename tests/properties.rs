@@ -319,7 +319,7 @@ proptest! {
         let clock = ManualClock::new(T0);
         let prefix = unique_prefix("prop-diff");
         let limits: Vec<Limit> = quotas.iter().enumerate().map(|(i, q)| Limit::new(format!("l{i}"), *q).expect("valid")).collect();
-        let with = |limiter: tower_ratelimit::LimiterBuilder| limits.iter().cloned().fold(limiter.timeout(PATIENT), |b, l| b.limit(l)).build().expect("limiter");
+        let with = |limiter: tower_ratelimit::LimiterBuilder| limits.iter().cloned().fold(limiter.timeout(PATIENT).cache_denials(false), |b, l| b.limit(l)).build().expect("limiter");
         let memory = with(Limiter::builder(MemoryStore::with_clock(clock.clone())));
         let redis = with(Limiter::builder(redis_store_with_clock(&prefix, &clock)));
         runtime().block_on(async {

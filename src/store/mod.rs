@@ -57,6 +57,17 @@ pub(crate) mod sealed {
         /// its clones and every layer over it, so a limit shared by several
         /// layers stays one limit during an outage. `None` for a store that
         /// does not fail (memory).
+        /// The application clock the store decides on, if it has one.
+        fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {
+            None
+        }
+
+        /// Whether the store is shared with other processes over a network,
+        /// so that a local cache of its denials saves round trips.
+        fn remote(&self) -> bool {
+            false
+        }
+
         fn fallback(&self) -> Option<MemoryStore> {
             None
         }

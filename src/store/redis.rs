@@ -531,6 +531,14 @@ impl Sealed for RedisStore {
         Box::pin(self.run_reset(checks))
     }
 
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        self.inner.clock.clone()
+    }
+
+    fn remote(&self) -> bool {
+        true
+    }
+
     fn fallback(&self) -> Option<MemoryStore> {
         Some(self.inner.fallback.get_or_init(MemoryStore::new).clone())
     }

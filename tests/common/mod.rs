@@ -181,7 +181,7 @@ pub fn connection() -> redis::Connection {
 /// tests of their own.)
 pub const PATIENT: Duration = Duration::from_secs(10);
 
-/// One limit over `store`, patient with the store.
+/// One limit over `store`, patient with the store, asking it every time.
 pub fn patient_limiter(
     store: impl tower_ratelimit::Store,
     limit: tower_ratelimit::Limit,
@@ -189,6 +189,9 @@ pub fn patient_limiter(
     tower_ratelimit::Limiter::builder(store)
         .limit(limit)
         .timeout(PATIENT)
+        // exact figures from the store on every call: the local cache of
+        // denials repeats aged answers (it has tests of its own)
+        .cache_denials(false)
         .build()
         .expect("a limiter of one limit")
 }

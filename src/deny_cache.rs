@@ -1,0 +1,151 @@
+//! The local cache of denials that keeps a flood on one key away from the
+//! store.
+//!
+//! A decision denied with `retry_after` R stays denied, for the same limits
+//! and keys and the same or a larger cost, until R has passed: consumption by
+//! any instance only delays the next grant, and a larger cost fits later. So
+//! until then the answer is known without asking the store. R is counted from
+//! the moment the request was sent, before the store read its clock, so the
+//! entry expires no later than the store would grant.
+//!
+//! Time is read from the clock the store decides on when it has one (an
+//! application clock), else from this process's monotonic clock, which runs
+//! at the rate of Redis' (an offset between them does not matter).
+//!
+//! Exactness has two exceptions, both outside this process: a `reset` of the
+//! key, and a quota raised, by another process. A `reset` through this
+//! limiter clears the key's entries.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::decision::Verdict;
+use crate::store::Check;
+use crate::Decision;
+
+/// Entries kept at most; when full, expired ones are dropped first, then
+/// nothing new is cached until some expire.
+pub(crate) const CAPACITY: usize = 10_000;
+
+struct Entry {
+    /// The smallest cost denied, and until when (us on the cache's clock).
+    cost: i64,
+    until: i64,
+    decision: Decision,
+}
+
+/// Denials of one limiter, by the limits and keys they were decided on.
+pub(crate) struct DenyCache {
+    entries: Mutex<HashMap<Vec<u8>, Entry>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl DenyCache {
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            clock,
+        }
+    }
+
+    /// The time on the cache's clock, in us.
+    pub(crate) fn now(&self) -> i64 {
+        self.clock.now_micros()
+    }
+
+    /// The limits and keys of a decision: each limit's name and key tag.
+    /// Names hold no NUL and tags escape it, so the key is unambiguous.
+    pub(crate) fn key(checks: &[Check<'_>]) -> Vec<u8> {
+        let mut key = Vec::with_capacity(checks.iter().map(|c| c.tag.len() + 16).sum());
+        for check in checks {
+            key.extend_from_slice(check.limit.name().as_bytes());
+            key.push(0);
+            key.extend_from_slice(check.tag.as_bytes());
+            key.push(0);
+        }
+        key
+    }
+
+    /// The store's answer for `cost` at `now`, when it is known to be a
+    /// denial: a cached one that still holds, whose retry lies beyond
+    /// `max_wait` (a longer wait may be granted as a reservation).
+    pub(crate) fn lookup(
+        &self,
+        key: &[u8],
+        cost: i64,
+        max_wait: i64,
+        now: i64,
+    ) -> Option<Decision> {
+        let entries = self.lock();
+        let entry = entries.get(key)?;
+        let left = entry.until.saturating_sub(now);
+        if cost < entry.cost || left <= max_wait.max(0) {
+            return None;
+        }
+        let left = Duration::from_micros(u64::try_from(left).unwrap_or(0));
+        Some(entry.decision.aged(left, true))
+    }
+
+    /// Remembers a denial decided on a request sent at `sent` (us on the
+    /// cache's clock).
+    pub(crate) fn insert(&self, key: Vec<u8>, cost: i64, sent: i64, decision: &Decision) {
+        let Verdict::Denied { retry_after } = decision.verdict() else {
+            return;
+        };
+        let retry = i64::try_from(retry_after.as_micros()).unwrap_or(i64::MAX);
+        let until = sent.saturating_add(retry);
+        let mut entries = self.lock();
+        if entries.len() >= CAPACITY && !entries.contains_key(&key) {
+            entries.retain(|_, e| e.until > sent);
+            if entries.len() >= CAPACITY {
+                return;
+            }
+        }
+        match entries.get_mut(&key) {
+            // a smaller cost denied, or the same cost denied for longer
+            Some(e) if e.cost < cost || (e.cost == cost && e.until >= until) => {}
+            _ => {
+                entries.insert(
+                    key,
+                    Entry {
+                        cost,
+                        until,
+                        decision: decision.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Forgets every entry that involves `tag` (a reset of that key).
+    pub(crate) fn forget(&self, tag: &str) {
+        let needle: Vec<u8> = [&[0u8][..], tag.as_bytes(), &[0u8][..]].concat();
+        self.lock()
+            .retain(|key, _| !key.windows(needle.len()).any(|w| w == needle.as_slice()));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Decision {
+    /// This denial as it stands `left` before its retry: the waits and
+    /// resets shortened by the time that has passed.
+    fn aged(&self, left: Duration, cached: bool) -> Decision {
+        let Verdict::Denied { retry_after } = self.verdict else {
+            return self.clone();
+        };
+        let passed = retry_after.saturating_sub(left);
+        let mut decision = self.clone();
+        decision.verdict = Verdict::Denied { retry_after: left };
+        for status in &mut decision.statuses {
+            status.wait = status.wait.map(|w| w.saturating_sub(passed));
+            status.reset_after = status.reset_after.saturating_sub(passed);
+        }
+        decision.cached = cached;
+        decision
+    }
+}
