@@ -1,0 +1,127 @@
+//! `peers MODE PORT [REDIS_URL]`: one axum hello-world, limited by one
+//! limiter per mode, so that `bench/run.sh` measures only the limiter.
+//!
+//! No quota is ever reached, except in `ours-redis-flood`.
+//!
+//! | mode | limiter |
+//! |---|---|
+//! | `bare` | none |
+//! | `governor` | tower_governor, per peer IP |
+//! | `ours-mem` | tower-ratelimit, MemoryStore, GCRA, per client IP |
+//! | `ours-mem-noheaders` | the same without the RateLimit fields |
+//! | `trlr` | tower-rate-limit-redis, GCRA, keys rotated over 10k |
+//! | `ours-redis` | tower-ratelimit, RedisStore, GCRA, the same 10k keys |
+//! | `ours-redis-tb`, `-fw`, `-sw`, `-log` | the same with a token bucket, fixed window, sliding window counter, sliding log |
+//! | `ours-redis-flood` | RedisStore, GCRA 10/s, one key: nearly every answer a 429 |
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use http::request::Parts;
+use tower_ratelimit::key::{ClientIp, Global};
+use tower_ratelimit::layer::RateLimitLayer;
+use tower_ratelimit::{Limit, MemoryStore, Quota, RedisStore};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().collect();
+    let mode = args.get(1).map_or("bare", String::as_str).to_owned();
+    let port: u16 = args.get(2).map_or(Ok(3100), |p| p.parse())?;
+    let url = args.get(3).cloned().unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
+    let app = limited(Router::new().route("/", get(|| async { "hello" })), &mode, &url).await?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+    Ok(())
+}
+
+async fn limited(app: Router, mode: &str, url: &str) -> Result<Router, Error> {
+    let second = Duration::from_secs(1);
+    // 1000 per second per key with bursts of 65535: tower-rate-limit-redis'
+    // largest capacity and 1 ms emission interval; 10k keys share the load.
+    let per_key = |quota: Quota| -> Result<RateLimitLayer, Error> {
+        let store = RedisStore::builder(url).prefix("bench").build()?;
+        Ok(RateLimitLayer::builder()
+            .store(store)
+            .limit(Limit::new("hello", quota)?, rotated)
+            .timeout(Duration::from_millis(300))
+            .build()?)
+    };
+    Ok(match mode {
+        "bare" => app,
+        "governor" => {
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000_000)
+                .finish()
+                .ok_or("governor configuration")?;
+            app.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
+        }
+        "ours-mem" | "ours-mem-noheaders" => {
+            // 1000 per microsecond per client IP: never reached
+            let limit = Limit::new("per-ip", Quota::gcra(1_000_000_000, second, 1_000_000_000))?;
+            app.layer(
+                RateLimitLayer::builder()
+                    .store(MemoryStore::new())
+                    .limit(limit, ClientIp::peer())
+                    .ietf_headers(mode == "ours-mem")
+                    .build()?,
+            )
+        }
+        "trlr" => {
+            let conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+            app.layer(
+                tower_rate_limit_redis::RateLimitLayer::builder()
+                    .conn(conn)
+                    .key_resolver(Rotated)
+                    .capacity(u16::MAX)
+                    .emission_interval(Duration::from_millis(1))
+                    .timeout(Duration::from_millis(300))
+                    .build(),
+            )
+        }
+        "ours-redis" => app.layer(per_key(Quota::gcra(1000, second, 65_535))?),
+        "ours-redis-tb" => app.layer(per_key(Quota::token_bucket(65_535, 1000, second))?),
+        "ours-redis-fw" => app.layer(per_key(Quota::fixed_window(65_535, second))?),
+        "ours-redis-sw" => app.layer(per_key(Quota::sliding_window(65_535, second))?),
+        // a short window keeps each key's log to the grant or two of the last second
+        "ours-redis-log" => app.layer(per_key(Quota::sliding_log(1000, second))?),
+        "ours-redis-flood" => {
+            let store = RedisStore::builder(url).prefix("flood").build()?;
+            app.layer(
+                RateLimitLayer::builder()
+                    .store(store)
+                    .limit(Limit::new("global", Quota::gcra(10, second, 10))?, Global)
+                    .timeout(Duration::from_millis(300))
+                    .build()?,
+            )
+        }
+        other => return Err(format!("unknown mode {other}").into()),
+    })
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// The next of 10k keys, the same sequence for every limiter.
+fn next_key(path: &str) -> String {
+    format!("{path}{}", NEXT.fetch_add(1, Ordering::Relaxed) % 10_000)
+}
+
+fn rotated(parts: &Parts) -> Option<String> {
+    Some(next_key(parts.uri.path()))
+}
+
+#[derive(Clone)]
+struct Rotated;
+
+impl tower_rate_limit_redis::KeyResolver for Rotated {
+    type Key = String;
+    type ErrorBody = axum::body::Body;
+    fn key<T>(&self, request: &http::Request<T>) -> Result<String, http::Response<Self::ErrorBody>> {
+        Ok(next_key(request.uri().path()))
+    }
+}

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# bench/run.sh: tower-ratelimit side by side with its peers on this machine,
+# in one run, as ratios. Run it from anywhere in the checkout:
+#
+#   bench/run.sh                        # 3 interleaved rounds, about 8 minutes
+#   ROUNDS=1 DUR=3 bench/run.sh         # a quick look
+#
+# HTTP: `wrk -t1 -c50` against bench/peers in each mode (see its main.rs),
+# the modes of a round interleaved, Redis pinned to REDIS_CPU and the server
+# and wrk to LOAD_CPU; per mode, req/s and the Redis time per decision
+# (usec_per_call of FCALL/EVALSHA in INFO commandstats). API: Limiter::check
+# over RedisStore and rate-limiter-flexible (Node) on the same Redis, 50 in
+# flight. Prints every figure, then medians and ratios.
+#
+# Environment: ROUNDS (3), DUR (5 s per run), REDIS_CPU (0), LOAD_CPU (1),
+# MODES (the HTTP modes), OUT (a folder for the raw outputs; default a new
+# temporary one). Needs redis-server, wrk, node/npm, taskset, cargo; it says
+# which apt package installs what is missing. Everything it starts it stops.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PEERS=$ROOT/bench/peers
+ROUNDS=${ROUNDS:-3}
+DUR=${DUR:-5}
+REDIS_CPU=${REDIS_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+MODES=${MODES:-bare governor ours-mem ours-mem-noheaders trlr ours-redis ours-redis-tb ours-redis-fw ours-redis-sw ours-redis-log ours-redis-flood}
+OUT=${OUT:-$(mktemp -d -t tower-ratelimit-bench.XXXXXX)}
+mkdir -p "$OUT"
+
+need() { command -v "$1" >/dev/null || { echo "missing $1: apt-get install -y $2" >&2; exit 1; }; }
+need redis-server redis-server
+need redis-cli redis-tools
+need wrk wrk
+need node nodejs
+need npm npm
+need taskset util-linux
+need cargo "rustup (https://rustup.rs)"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+PIDS=()
+cleanup() { for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+log "building bench/peers (release) and the Node peer"
+(cd "$PEERS" && cargo build --release --quiet)
+(cd "$PEERS/node" && npm ci --no-audit --no-fund --silent)
+SERVER=$PEERS/target/release/tower-ratelimit-peers
+API=$PEERS/target/release/api
+
+REDIS_PORT=$(free_port)
+taskset -c "$REDIS_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize no --loglevel warning >"$OUT/redis.log" 2>&1 &
+PIDS+=($!)
+URL=redis://127.0.0.1:$REDIS_PORT/
+rc() { redis-cli -p "$REDIS_PORT" "$@"; }
+for _ in $(seq 50); do rc PING >/dev/null 2>&1 && break; sleep 0.1; done
+log "Redis on port $REDIS_PORT (CPU $REDIS_CPU); load on CPU $LOAD_CPU; results in $OUT"
+
+# usec_per_call of the decision commands since the last RESETSTAT
+decision_usec() {
+  rc INFO commandstats | tr -d '\r' | awk -F'[:,=]' '/^cmdstat_(fcall|evalsha):/ {calls+=$3; usec+=$5} END {if (calls) printf "%.2f", usec/calls; else printf "-"}'
+}
+decision_calls() {
+  rc INFO commandstats | tr -d '\r' | awk -F'[:,=]' '/^cmdstat_(fcall|evalsha):/ {calls+=$3} END {print calls+0}'
+}
+
+http_round() {
+  local round=$1 mode port pid rps non2xx
+  for mode in $MODES; do
+    port=$(free_port)
+    taskset -c "$LOAD_CPU" "$SERVER" "$mode" "$port" "$URL" >"$OUT/server-$mode.log" 2>&1 &
+    pid=$!; PIDS+=($pid)
+    for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
+    taskset -c "$LOAD_CPU" wrk -t1 -c50 -d1s "http://127.0.0.1:$port/" >/dev/null 2>&1 # warm-up
+    rc CONFIG RESETSTAT >/dev/null
+    taskset -c "$LOAD_CPU" wrk -t1 -c50 -d"${DUR}s" "http://127.0.0.1:$port/" >"$OUT/wrk-$mode-$round.txt" 2>&1
+    rps=$(awk '/^Requests\/sec/ {print $2}' "$OUT/wrk-$mode-$round.txt")
+    non2xx=$(awk '/Non-2xx/ {print $NF}' "$OUT/wrk-$mode-$round.txt")
+    echo "http $mode round=$round rps=$rps redis_usec=$(decision_usec) redis_calls=$(decision_calls) non2xx=${non2xx:-0}" | tee -a "$OUT/results.txt"
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+  done
+}
+
+api_round() {
+  local round=$1 ours theirs
+  rc CONFIG RESETSTAT >/dev/null
+  ours=$(taskset -c "$LOAD_CPU" "$API" "$URL" "$DUR" 50 | awk '{print $2}')
+  local usec; usec=$(decision_usec)
+  theirs=$(cd "$PEERS/node" && taskset -c "$LOAD_CPU" node bench.js "$URL" "$DUR" 50 | awk '{print $2}')
+  echo "api ours round=$round dps=$ours redis_usec=$usec" | tee -a "$OUT/results.txt"
+  echo "api rate-limiter-flexible round=$round dps=$theirs" | tee -a "$OUT/results.txt"
+}
+
+: >"$OUT/results.txt"
+for round in $(seq "$ROUNDS"); do
+  log "round $round of $ROUNDS"
+  http_round "$round"
+  api_round "$round"
+  rc FLUSHALL >/dev/null
+done
+
+python3 - "$OUT/results.txt" <<'PY'
+import re, statistics, sys
+rows = [dict(kv.split('=') for kv in line.split()[2:]) | {'kind': line.split()[0], 'mode': line.split()[1]}
+        for line in open(sys.argv[1]) if line.strip()]
+def med(kind, mode, field):
+    xs = [float(r[field]) for r in rows if r['kind'] == kind and r['mode'] == mode and r.get(field, '-') not in ('-', '')]
+    return statistics.median(xs) if xs else float('nan')
+print()
+print('| mode | req/s | x bare | Redis us per decision |')
+print('|---|---|---|---|')
+bare = med('http', 'bare', 'rps')
+for mode in dict.fromkeys(r['mode'] for r in rows if r['kind'] == 'http'):
+    print(f"| {mode} | {med('http', mode, 'rps'):,.0f} | {med('http', mode, 'rps') / bare:.2f} | {med('http', mode, 'redis_usec')} |")
+print()
+def ratio(a, b): return a / b if b else float('nan')
+print('| target | figure | ratio |')
+print('|---|---|---|')
+print(f"| HTTP in memory vs tower_governor (headers on) | {med('http','ours-mem','rps'):,.0f} vs {med('http','governor','rps'):,.0f} req/s | {ratio(med('http','ours-mem','rps'), med('http','governor','rps')):.2f} (target >= 0.95) |")
+print(f"| HTTP in memory vs tower_governor (headers off) | {med('http','ours-mem-noheaders','rps'):,.0f} vs {med('http','governor','rps'):,.0f} req/s | {ratio(med('http','ours-mem-noheaders','rps'), med('http','governor','rps')):.2f} (target >= 1.0) |")
+print(f"| HTTP over Redis vs tower-rate-limit-redis | {med('http','ours-redis','rps'):,.0f} vs {med('http','trlr','rps'):,.0f} req/s | {ratio(med('http','ours-redis','rps'), med('http','trlr','rps')):.2f} (target >= 1.0) |")
+for mode, limit in [('ours-redis', 1.0), ('ours-redis-tb', 1.0), ('ours-redis-fw', 1.0), ('ours-redis-sw', 1.0), ('ours-redis-log', 2.5)]:
+    print(f"| Redis us per decision, {mode} vs tower-rate-limit-redis | {med('http',mode,'redis_usec')} vs {med('http','trlr','redis_usec')} us | {ratio(med('http',mode,'redis_usec'), med('http','trlr','redis_usec')):.2f} (target <= {limit}) |")
+print(f"| API decisions/s vs rate-limiter-flexible | {med('api','ours','dps'):,.0f} vs {med('api','rate-limiter-flexible','dps'):,.0f} | {ratio(med('api','ours','dps'), med('api','rate-limiter-flexible','dps')):.2f} (target >= 2) |")
+flood = [r for r in rows if r['kind'] == 'http' and r['mode'] == 'ours-redis-flood']
+if flood:
+    local = [1 - float(r['redis_calls']) / float(r['non2xx']) for r in flood if float(r.get('non2xx', 0) or 0) > 0]
+    if local:
+        print(f"| flood: 429s answered without Redis | {statistics.median(local):.1%} | (target >= 90%) |")
+PY
