@@ -230,17 +230,7 @@ async fn acquire_on_redis_waits_for_its_reservation() {
 #[tokio::test]
 async fn exactly_one_fcall_per_decision_and_a_flushed_library_reloads() {
     let server = TestRedis::spawn();
-    let limiter = one_round_trip_limiter(&server);
-    // warm up every lane (first use checks a connection out of the pool) and
-    // load the code
-    for _ in 0..8 {
-        limiter.check("k", 1).await.unwrap();
-    }
-    let mut conn = connection_to(&server);
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut conn)
-        .unwrap();
+    let (limiter, mut conn) = warmed_up(&server).await;
     for i in 0..200 {
         limiter.check(format!("k{}", i % 7), 1).await.unwrap();
     }
@@ -272,17 +262,7 @@ async fn exactly_one_fcall_per_decision_and_a_flushed_library_reloads() {
 #[tokio::test]
 async fn without_functions_decisions_run_as_evalsha() {
     let server = TestRedis::spawn_with("--rename-command FCALL ''");
-    let limiter = one_round_trip_limiter(&server);
-    // warm up every lane (first use checks a connection out of the pool) and
-    // load the code
-    for _ in 0..8 {
-        limiter.check("k", 1).await.unwrap();
-    }
-    let mut conn = connection_to(&server);
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut conn)
-        .unwrap();
+    let (limiter, mut conn) = warmed_up(&server).await;
     for i in 0..50 {
         limiter.check(format!("k{}", i % 7), 1).await.unwrap();
     }
@@ -300,8 +280,10 @@ async fn without_functions_decisions_run_as_evalsha() {
     drop(server);
 }
 
-/// A limiter on `server` with a quota no test here exhausts.
-fn one_round_trip_limiter(server: &TestRedis) -> Limiter {
+/// A limiter on `server` with a quota no test here exhausts, its lanes
+/// warmed up (their first use checks a connection out of the pool) and its
+/// code loaded; and a connection to `server` whose command stats start now.
+async fn warmed_up(server: &TestRedis) -> (Limiter, redis::Connection) {
     let store = RedisStore::builder(&server.url)
         .prefix("rt")
         .clock(ManualClock::new(common::T0))
@@ -313,14 +295,19 @@ fn one_round_trip_limiter(server: &TestRedis) -> Limiter {
         Quota::gcra(1_000_000, Duration::from_secs(3600), 1_000_000),
     )
     .unwrap();
-    Limiter::new(store, limit)
-}
-
-fn connection_to(server: &TestRedis) -> redis::Connection {
-    redis::Client::open(server.url.as_str())
+    let limiter = Limiter::new(store, limit);
+    for _ in 0..8 {
+        limiter.check("k", 1).await.unwrap();
+    }
+    let mut conn = redis::Client::open(server.url.as_str())
         .unwrap()
         .get_connection()
-        .unwrap()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    (limiter, conn)
 }
 
 #[tokio::test]
