@@ -3,11 +3,29 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::algorithm::Reply;
 use crate::decision::{Decision, LimitStatus, Verdict};
+use crate::metrics::{Outcome, StoreTimer};
 use crate::store::keys;
 use crate::store::{Check, Store};
 use crate::{ConfigError, Error, Limit};
+
+/// The limit names of a decision, for its span.
+struct LimitNames<'a, 'b>(&'a [Check<'b>]);
+
+impl std::fmt::Display for LimitNames<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, check) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(check.limit.name())?;
+        }
+        Ok(())
+    }
+}
 
 /// Default bound on one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -94,6 +112,9 @@ impl LimiterBuilder {
                 return Err(ConfigError::DuplicateName(limit.name().to_owned()));
             }
         }
+        if let Some(quotas) = self.store.quotas() {
+            quotas.register(&self.limits);
+        }
         Ok(Limiter {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -107,6 +128,9 @@ impl LimiterBuilder {
 impl Limiter {
     /// A limiter with one limit.
     pub fn new(store: impl Store, limit: Limit) -> Self {
+        if let Some(quotas) = store.quotas() {
+            quotas.register(std::slice::from_ref(&limit));
+        }
         Self {
             inner: Arc::new(Inner {
                 store: Arc::new(store),
@@ -260,9 +284,14 @@ impl Limiter {
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), 0);
-        self.bounded(self.inner.store.reset(&checks)).await
+        let timer = StoreTimer::start();
+        let result = self.bounded(self.inner.store.reset(&checks)).await;
+        timer.finish(self.inner.store.kind(), "reset");
+        result
     }
 
+    /// One decision: the store call, in a `rate_limit` span, measured and
+    /// counted (see [`crate::metrics`]).
     async fn run(
         &self,
         checks: Vec<Check<'_>>,
@@ -270,10 +299,27 @@ impl Limiter {
         dry: bool,
     ) -> Result<Decision, Error> {
         let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
-        let reply = self
+        let span = tracing::debug_span!(
+            target: "tower_ratelimit",
+            "rate_limit",
+            limits = %LimitNames(&checks),
+            outcome = tracing::field::Empty,
+        );
+        let timer = StoreTimer::start();
+        let result = self
             .bounded(self.inner.store.decide(&checks, max_wait, dry))
-            .await?;
-        Self::decision(&checks, reply, max_wait)
+            .instrument(span.clone())
+            .await
+            .and_then(|reply| Self::decision(&checks, reply, max_wait));
+        let store = &self.inner.store;
+        timer.finish(store.kind(), "decide");
+        let outcome = Outcome::of(&result);
+        span.record("outcome", outcome.as_str());
+        if !dry {
+            crate::metrics::count(&checks, &result, outcome);
+        }
+        store.report_size();
+        result
     }
 
     async fn bounded<T>(

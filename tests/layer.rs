@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Full};
 use sfv::{List, ListEntry, Parser};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_ratelimit::key::{
-    ClientIp, ClientIpResolver, Extension as Ext, Global, Header, PathParam, Route,
+    ClientIp, ClientIpResolver, Global, Header, MatchedRoute, PathParam, RequestExtension as Ext,
 };
 use tower_ratelimit::layer::{MissingKey, OnStoreError, RateLimitInfo, RateLimitLayer, Rejection};
 use tower_ratelimit::{ConfigError, Decision, Limit, MemoryStore, Quota, RedisStore};
@@ -522,7 +522,7 @@ async fn a_custom_rejection_replaces_the_body_but_keeps_retry_after() {
 
 #[tokio::test]
 async fn route_and_path_parameter_keys() {
-    let per_route = RateLimitLayer::new(limit("per-route", per_minute(1)), Route);
+    let per_route = RateLimitLayer::new(limit("per-route", per_minute(1)), MatchedRoute);
     let per_phone = RateLimitLayer::new(
         limit("sms", Quota::sliding_log(3, Duration::from_secs(60))),
         PathParam::new("phone"),

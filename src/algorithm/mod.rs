@@ -149,6 +149,7 @@ pub struct Reply {
 
 impl Reply {
     /// Parses the flat integer array the driver script returns.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_flat(values: &[i64], limits: usize) -> Option<Self> {
         if values.len() != 3 + 3 * limits {
             return None;
