@@ -10,7 +10,7 @@
 //!   (two counters, for large limits).
 //! - A [`Limit`] names a validated quota; invalid ones are a [`ConfigError`].
 //! - A [`Limiter`] decides one or more limits per key over a store:
-//!   [`MemoryStore`] in-process (the default), or `RedisStore` shared by every
+//!   [`MemoryStore`] in-process (the default), or [`RedisStore`] shared by every
 //!   instance (feature `redis`): one `EVALSHA` per decision, clock read from
 //!   Redis `TIME`.
 //! - A [`Decision`] says allowed or not, remaining, the exact `retry_after`,
@@ -65,13 +65,13 @@
 //!   by the size of the step.
 //! - **Expiry**: every state knows when it becomes equal to a fresh one and
 //!   reads as absent from then on; a key's TTL only reclaims memory (see
-//!   `RedisStoreBuilder::expiry_slack`).
+//!   [`RedisStoreBuilder::expiry_slack`]).
 //!
 //! # Features
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `redis` | yes | `RedisStore` (redis-rs, deadpool-redis) |
+//! | `redis` | yes | [`RedisStore`] (redis-rs, deadpool-redis) |
 //! | `axum` | yes | `ClientIp` reads axum's `ConnectInfo`; the `MatchedRoute` and `PathParam` keys; [`RateLimitInfo`](layer::RateLimitInfo) as an extractor |
 //! | `tls` | no | `rediss://` URLs (rustls with ring, the system's root certificates); implies `redis` |
 //! | `metrics` | no | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |

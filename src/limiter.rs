@@ -43,13 +43,12 @@ struct Inner {
 /// round trip: either every limit grants the cost, or none consumes anything.
 ///
 /// ```
-/// use std::time::Duration;
 /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, Verdict};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let limiter = Limiter::builder(MemoryStore::new())
-///     .limit(Limit::new("burst", Quota::gcra(10, Duration::from_secs(1), 10))?)
-///     .limit(Limit::new("daily", Quota::fixed_window(1000, Duration::from_secs(86_400)))?)
+///     .limit(Limit::new("burst", Quota::per_second(10).allow_burst(10).gcra())?)
+///     .limit(Limit::new("daily", Quota::per_day(1000).fixed_window())?)
 ///     .build()?;
 /// let d = limiter.check("client-7", 1).await?;
 /// assert!(d.is_allowed());
@@ -183,11 +182,10 @@ impl Limiter {
     /// `retry_after`.
     ///
     /// ```
-    /// use std::time::Duration;
     /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("otp", Quota::sliding_log(2, Duration::from_secs(60)))?);
+    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("otp", Quota::per_minute(2).sliding_log())?);
     /// assert!(limiter.peek("alice").await?.is_allowed());
     /// limiter.check("alice", 2).await?;
     /// let look = limiter.peek("alice").await?;
@@ -217,7 +215,7 @@ impl Limiter {
     /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("jobs", Quota::gcra(100, Duration::from_secs(1), 1))?);
+    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("jobs", Quota::per_second(100).allow_burst(1).gcra())?);
     /// limiter.check("queue", 1).await?;
     /// let d = limiter.acquire("queue", 1, Duration::from_secs(1)).await?; // sleeps ~10 ms
     /// assert!(d.is_allowed() && d.wait() > Duration::ZERO);

@@ -10,14 +10,13 @@
 //! limit skipped) has none.
 //!
 //! ```
-//! use std::time::Duration;
 //! use axum::{routing::get, Router};
 //! use http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //! use tower_ratelimit::{key::Global, layer::RateLimitLayer, Limit, Quota};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! let limit = Limit::new("api", Quota::gcra(2, Duration::from_secs(60), 2))?;
+//! let limit = Limit::new("api", Quota::per_minute(2).allow_burst(2).gcra())?;
 //! let app = Router::new().route("/", get(|| async { "hi" })).layer(RateLimitLayer::new(limit, Global));
 //!
 //! for expected in [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
@@ -32,7 +31,7 @@
 //! and a fallback when Redis fails:
 //!
 //! ```no_run
-//! use std::time::Duration;
+//! # #[cfg(feature = "redis")] {
 //! use tower_ratelimit::key::{ClientIp, ClientIpResolver, RequestExtension};
 //! use tower_ratelimit::layer::{OnStoreError, RateLimitLayer};
 //! use tower_ratelimit::{Limit, Quota, RedisStore};
@@ -48,6 +47,7 @@
 //!     .on_store_error(OnStoreError::FallbackToMemory)
 //!     .build()?;
 //! # let _ = layer; Ok(()) }
+//! # }
 //! ```
 //!
 //! # Outcomes

@@ -1,5 +1,5 @@
 //! Where limit state lives: [`MemoryStore`] (in-process, the default) and
-//! `RedisStore` (shared by every instance, with the `redis` feature). Both
+//! [`RedisStore`] (shared by every instance, with the `redis` feature). Both
 //! run the same algorithms with the same arithmetic and give the same
 //! decisions for the same inputs.
 
@@ -24,7 +24,7 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) use self::sealed::{Check, QuotaRegistry};
 
 /// A place to keep limit state. Implemented by [`MemoryStore`] and
-/// `RedisStore`; sealed so that both can evolve together with the algorithms.
+/// [`RedisStore`]; sealed so that both can evolve together with the algorithms.
 pub trait Store: sealed::Sealed + Send + Sync + 'static {}
 
 pub(crate) mod sealed {
