@@ -12,7 +12,14 @@
 //! A decision counts once under each limit it involved: under every limit
 //! when it is allowed or the store failed, under the limits that refused it
 //! when it is refused. A [`peek`](crate::Limiter::peek) consumes nothing and
-//! is not counted.
+//! is not counted. Under the layer's
+//! [`OnStoreError::FallbackToMemory`](crate::layer::OnStoreError::FallbackToMemory),
+//! a request the store failed counts twice: `store_error`, then the outcome
+//! of the in-memory fallback's decision.
+//!
+//! Adding an outcome where it happens is one call with its [`Outcome`]; the
+//! label set is fixed here, so dashboards can be built before a limiter
+//! ever reports one.
 //!
 //! ```
 //! # #[cfg(feature = "metrics")] {

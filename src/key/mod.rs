@@ -219,6 +219,16 @@ pub struct MatchedRoute;
 )]
 pub type Route = MatchedRoute;
 
+/// The former name of [`MatchedRoute`], as a value (`RateLimitLayer::new(limit, Route)`).
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[deprecated(
+    since = "0.2.0",
+    note = "renamed to `MatchedRoute`: `Route` clashed with `axum::routing::Route`"
+)]
+#[allow(non_upper_case_globals)]
+pub const Route: MatchedRoute = MatchedRoute;
+
 #[cfg(feature = "axum")]
 impl KeyExtractor for MatchedRoute {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
@@ -396,6 +406,21 @@ mod tests {
             ClientIp::peer().extract(&parts(http::Request::new(()))),
             None
         );
+    }
+
+    /// The former names still compile (with a deprecation warning).
+    #[test]
+    #[allow(deprecated)]
+    fn former_names_are_aliases() {
+        let mut req = http::Request::new(());
+        req.extensions_mut().insert(7u8);
+        let p = parts(req);
+        assert_eq!(Extension::<u8>::new().extract(&p), Some(b"7".to_vec()));
+        #[cfg(feature = "axum")]
+        {
+            let route: Route = Route;
+            assert_eq!(route.extract(&p), MatchedRoute.extract(&p));
+        }
     }
 
     #[test]
