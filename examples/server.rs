@@ -10,39 +10,93 @@
 //! `X-Forwarded-For` is believed; default: none, the TCP peer is the client),
 //! `ON_STORE_ERROR` (what to do while Redis fails: `closed`, the default,
 //! answers 503; `open` lets requests through unlimited; `memory` enforces the
-//! limits in this process until Redis is back).
+//! limits in this process until Redis is back), `LIMITS_FILE` (a TOML file
+//! with the limits `per-ip`, `hello` and `sms`, such as
+//! `examples/limits.toml`; default: the built-in limits below).
 //!
 //! - every limited route: 100 requests per second per client IP (burst 100)
 //! - `GET /api/hello`: also 10 per second per client IP, burst 10 (GCRA)
 //! - `POST /sms/{phone}`: at most 3 per 60 seconds per phone number (sliding log), 202
 //! - `GET /healthz`: not limited
+//! - `GET /metrics`: not limited; the limiter's metrics in the Prometheus text format
 //!
 //! Two processes on one Redis share every limit.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use axum::extract::Path;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::routing::{get, post};
 use axum::Router;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde::Deserialize;
 use tower_ratelimit::key::{ClientIp, ClientIpResolver, PathParam};
 use tower_ratelimit::layer::{OnStoreError, RateLimitInfo, RateLimitLayer};
 use tower_ratelimit::{Limit, MemoryStore, Quota, RedisStore, Store};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// The limits the routes use.
+struct Limits {
+    per_ip: Limit,
+    hello: Limit,
+    sms: Limit,
+}
+
+impl Limits {
+    /// The built-in limits (the same as `examples/limits.toml`).
+    fn built_in() -> Result<Limits, Error> {
+        Ok(Limits {
+            per_ip: Limit::new(
+                "per-ip",
+                Quota::per_second(100).allow_burst(100).token_bucket(),
+            )?,
+            hello: Limit::new("hello", Quota::per_second(10).allow_burst(10).gcra())?,
+            sms: Limit::new("sms", Quota::per_minute(3).sliding_log())?,
+        })
+    }
+
+    /// The limits of a TOML file: `[[limits]]` tables named `per-ip`,
+    /// `hello` and `sms`.
+    fn from_file(path: &str) -> Result<Limits, Error> {
+        #[derive(Deserialize)]
+        struct File {
+            limits: Vec<Limit>,
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| format!("LIMITS_FILE {path}: {e}"))?;
+        let file: File = toml::from_str(&text).map_err(|e| format!("LIMITS_FILE {path}: {e}"))?;
+        let mut limits = Limits::built_in()?;
+        let mut missing = vec!["per-ip", "hello", "sms"];
+        for limit in file.limits {
+            let slot = match limit.name() {
+                "per-ip" => &mut limits.per_ip,
+                "hello" => &mut limits.hello,
+                "sms" => &mut limits.sms,
+                other => {
+                    return Err(format!(
+                        "LIMITS_FILE {path}: unknown limit {other:?} (this server has per-ip, hello and sms)"
+                    )
+                    .into())
+                }
+            };
+            missing.retain(|name| *name != limit.name());
+            *slot = limit;
+        }
+        if !missing.is_empty() {
+            return Err(format!("LIMITS_FILE {path}: no limit named {missing:?}").into());
+        }
+        Ok(limits)
+    }
+}
+
 fn app<S: Store + Clone>(
     store: S,
+    limits: Limits,
     client_ip: ClientIp,
     on_store_error: OnStoreError,
+    metrics: PrometheusHandle,
 ) -> Result<Router, Error> {
-    let per_ip = Limit::new(
-        "per-ip",
-        Quota::token_bucket(100, 100, Duration::from_secs(1)),
-    )?;
-    let hello = Limit::new("hello", Quota::gcra(10, Duration::from_secs(1), 10))?;
-    let sms = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?;
+    let Limits { per_ip, hello, sms } = limits;
 
     // Each route's layer holds the shared per-IP limit and the route's own:
     // one store round trip per request, and a request refused by one limit
@@ -63,7 +117,14 @@ fn app<S: Store + Clone>(
     Ok(Router::new()
         .route("/api/hello", get(say_hello).route_layer(hello_layer))
         .route("/sms/{phone}", post(send_sms).route_layer(sms_layer))
-        .route("/healthz", get(|| async { "ok" })))
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(move || async move {
+                let content_type = [(header::CONTENT_TYPE, "text/plain; version=0.0.4")];
+                (content_type, metrics.render())
+            }),
+        ))
 }
 
 /// `RateLimitInfo` always extracts: it has no decision when the request was
@@ -98,6 +159,16 @@ async fn main() -> Result<(), Error> {
         Err(_) => ClientIpResolver::new(),
     };
     let client_ip = ClientIp::with_resolver(resolver);
+    let limits = match std::env::var("LIMITS_FILE") {
+        Ok(path) => {
+            tracing::info!("limits: from {path}");
+            Limits::from_file(&path)?
+        }
+        Err(_) => Limits::built_in()?,
+    };
+    // The limiter reports through the `metrics` facade; this exporter
+    // renders what it records for `GET /metrics`.
+    let metrics = PrometheusBuilder::new().install_recorder()?;
     let on_store_error = match std::env::var("ON_STORE_ERROR").as_deref() {
         Ok("open") => OnStoreError::FailOpen,
         Ok("memory") => OnStoreError::FallbackToMemory,
@@ -111,13 +182,21 @@ async fn main() -> Result<(), Error> {
             tracing::info!("store: Redis at {url}");
             app(
                 RedisStore::builder(url).prefix("example").build()?,
+                limits,
                 client_ip,
                 on_store_error,
+                metrics,
             )?
         }
         Err(_) => {
             tracing::info!("store: in memory (set REDIS_URL to share limits between processes)");
-            app(MemoryStore::new(), client_ip, on_store_error)?
+            app(
+                MemoryStore::new(),
+                limits,
+                client_ip,
+                on_store_error,
+                metrics,
+            )?
         }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;

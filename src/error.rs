@@ -49,6 +49,17 @@ pub enum ConfigError {
     /// A configuration value of the HTTP layer is invalid.
     #[error("invalid layer configuration: {0}")]
     Layer(String),
+    /// A limit read from a configuration file has a missing, misplaced or
+    /// invalid field.
+    #[error("limit {limit:?}: `{field}` {problem}")]
+    Field {
+        /// The limit's name, as written.
+        limit: String,
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
 }
 
 /// A decision could not be made; the request's fate is the caller's policy.
@@ -56,6 +67,8 @@ pub enum ConfigError {
 #[non_exhaustive]
 pub enum Error {
     /// Redis answered with an error or the connection failed.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("the Redis store failed: {0}")]
     Redis(#[from] redis::RedisError),
     /// No connection could be taken from the pool.

@@ -3,13 +3,16 @@
 //!
 //! # The 30-second tour
 //!
-//! - A [`Quota`] says how much may pass: [`Quota::sliding_log`] (exact),
-//!   [`Quota::token_bucket`], [`Quota::gcra`], [`Quota::fixed_window`],
-//!   [`Quota::sliding_window`] (two counters, for large limits).
+//! - A [`Quota`] says how much may pass, in named steps: a rate
+//!   (`Quota::per_second(10)`), a burst for the bucket algorithms
+//!   (`.allow_burst(20)`), then the algorithm: `.sliding_log()` (exact),
+//!   `.token_bucket()`, `.gcra()`, `.fixed_window()`, `.sliding_window()`
+//!   (two counters, for large limits).
 //! - A [`Limit`] names a validated quota; invalid ones are a [`ConfigError`].
 //! - A [`Limiter`] decides one or more limits per key over a store:
 //!   [`MemoryStore`] in-process (the default), or [`RedisStore`] shared by every
-//!   instance: one `EVALSHA` per decision, clock read from Redis `TIME`.
+//!   instance (feature `redis`): one `EVALSHA` per decision, clock read from
+//!   Redis `TIME`.
 //! - A [`Decision`] says allowed or not, remaining, the exact `retry_after`,
 //!   `reset_after`, and tells apart a cost that can never fit.
 //!
@@ -18,7 +21,7 @@
 //! use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, Verdict};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! let sms = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?;
+//! let sms = Limit::new("sms", Quota::per_minute(3).sliding_log())?;
 //! let limiter = Limiter::new(MemoryStore::new(), sms);
 //! for _ in 0..3 {
 //!     assert!(limiter.check("+15550100", 1).await?.is_allowed());
@@ -63,23 +66,40 @@
 //! - **Expiry**: every state knows when it becomes equal to a fresh one and
 //!   reads as absent from then on; a key's TTL only reclaims memory (see
 //!   [`RedisStoreBuilder::expiry_slack`]).
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `redis` | yes | [`RedisStore`] (redis-rs, deadpool-redis) |
+//! | `axum` | yes | `ClientIp` reads axum's `ConnectInfo`; the `MatchedRoute` and `PathParam` keys; [`RateLimitInfo`](layer::RateLimitInfo) as an extractor |
+//! | `tls` | no | `rediss://` URLs (rustls with ring, the system's root certificates); implies `redis` |
+//! | `metrics` | no | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |
+//! | `serde` | no | [`Limit`] deserializes from configuration files, windows as human durations (`"15m"`) |
+//!
+//! Without default features the crate is the in-memory limiter and the Tower
+//! layer for any `http` service, with neither Redis nor axum in the build.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![deny(unreachable_pub)]
 #![forbid(unsafe_code)]
 
 mod algorithm;
 mod clock;
+#[cfg(feature = "serde")]
+mod config;
 mod decision;
 mod deny_cache;
 mod error;
 pub mod key;
 pub mod layer;
 mod limiter;
+pub mod metrics;
 mod quota;
 pub mod store;
 
 /// The README's examples, compiled as doctests so they stay true.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "redis", feature = "axum"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
@@ -87,5 +107,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 pub use limiter::{Limiter, LimiterBuilder, DEFAULT_TIMEOUT};
-pub use quota::{Algorithm, Limit, Quota};
-pub use store::{MemoryStore, RedisStore, RedisStoreBuilder, Store};
+pub use quota::{Algorithm, Burst, Limit, Quota, Rate};
+pub use store::{MemoryStore, Store};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use store::{RedisStore, RedisStoreBuilder};

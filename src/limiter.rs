@@ -3,9 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::algorithm::Reply;
 use crate::decision::{Decision, LimitStatus, Verdict};
 use crate::deny_cache::DenyCache;
+use crate::metrics::{Outcome, StoreTimer};
 use crate::store::keys;
 use crate::store::{Check, Store};
 use crate::{ConfigError, Error, Limit};
@@ -19,6 +22,21 @@ fn denials_for(store: &dyn Store) -> Option<DenyCache> {
             .unwrap_or_else(|| Arc::new(crate::SystemClock::new()));
         DenyCache::new(clock)
     })
+}
+
+/// The limit names of a decision, for its span.
+struct LimitNames<'a, 'b>(&'a [Check<'b>]);
+
+impl std::fmt::Display for LimitNames<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, check) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(check.limit.name())?;
+        }
+        Ok(())
+    }
 }
 
 /// Default bound on one store call.
@@ -39,13 +57,12 @@ struct Inner {
 /// round trip: either every limit grants the cost, or none consumes anything.
 ///
 /// ```
-/// use std::time::Duration;
 /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, Verdict};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let limiter = Limiter::builder(MemoryStore::new())
-///     .limit(Limit::new("burst", Quota::gcra(10, Duration::from_secs(1), 10))?)
-///     .limit(Limit::new("daily", Quota::fixed_window(1000, Duration::from_secs(86_400)))?)
+///     .limit(Limit::new("burst", Quota::per_second(10).allow_burst(10).gcra())?)
+///     .limit(Limit::new("daily", Quota::per_day(1000).fixed_window())?)
 ///     .build()?;
 /// let d = limiter.check("client-7", 1).await?;
 /// assert!(d.is_allowed());
@@ -128,6 +145,9 @@ impl LimiterBuilder {
                 return Err(ConfigError::DuplicateName(limit.name().to_owned()));
             }
         }
+        if let Some(quotas) = self.store.quotas() {
+            quotas.register(&self.limits);
+        }
         Ok(Limiter {
             inner: Arc::new(Inner {
                 denials: denials_for(&*self.store).filter(|_| self.cache_denials),
@@ -142,6 +162,9 @@ impl LimiterBuilder {
 impl Limiter {
     /// A limiter with one limit.
     pub fn new(store: impl Store, limit: Limit) -> Self {
+        if let Some(quotas) = store.quotas() {
+            quotas.register(std::slice::from_ref(&limit));
+        }
         Self {
             inner: Arc::new(Inner {
                 denials: denials_for(&store),
@@ -197,11 +220,10 @@ impl Limiter {
     /// `retry_after`.
     ///
     /// ```
-    /// use std::time::Duration;
     /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("otp", Quota::sliding_log(2, Duration::from_secs(60)))?);
+    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("otp", Quota::per_minute(2).sliding_log())?);
     /// assert!(limiter.peek("alice").await?.is_allowed());
     /// limiter.check("alice", 2).await?;
     /// let look = limiter.peek("alice").await?;
@@ -231,7 +253,7 @@ impl Limiter {
     /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("jobs", Quota::gcra(100, Duration::from_secs(1), 1))?);
+    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("jobs", Quota::per_second(100).allow_burst(1).gcra())?);
     /// limiter.check("queue", 1).await?;
     /// let d = limiter.acquire("queue", 1, Duration::from_secs(1)).await?; // sleeps ~10 ms
     /// assert!(d.is_allowed() && d.wait() > Duration::ZERO);
@@ -301,9 +323,14 @@ impl Limiter {
         if let (Some(denials), Some(check)) = (&self.inner.denials, checks.first()) {
             denials.forget(&check.tag);
         }
-        self.bounded(self.inner.store.reset(&checks)).await
+        let timer = StoreTimer::start();
+        let result = self.bounded(self.inner.store.reset(&checks)).await;
+        timer.finish(self.inner.store.kind(), "reset");
+        result
     }
 
+    /// One decision: the store call, in a `rate_limit` span, measured and
+    /// counted (see [`crate::metrics`]).
     async fn run(
         &self,
         checks: Vec<Check<'_>>,
@@ -322,17 +349,35 @@ impl Limiter {
         let cache_key = denials.map(|_| DenyCache::key(&checks));
         if let (Some(denials), Some(key)) = (denials, &cache_key) {
             if let Some(denied) = denials.lookup(key, cost, max_wait, sent) {
-                return Ok(denied);
+                let result = Ok(denied);
+                crate::metrics::count(&checks, &result, Outcome::LocalCache);
+                return result;
             }
         }
-        let reply = self
+        let span = tracing::debug_span!(
+            target: "tower_ratelimit",
+            "rate_limit",
+            limits = %LimitNames(&checks),
+            outcome = tracing::field::Empty,
+        );
+        let timer = StoreTimer::start();
+        let result = self
             .bounded(self.inner.store.decide(&checks, max_wait, dry))
-            .await?;
-        let decision = Self::decision(&checks, reply, max_wait)?;
-        if let (Some(denials), Some(key)) = (denials, cache_key) {
-            denials.insert(key, cost, sent, &decision);
+            .instrument(span.clone())
+            .await
+            .and_then(|reply| Self::decision(&checks, reply, max_wait));
+        let store = &self.inner.store;
+        timer.finish(store.kind(), "decide");
+        let outcome = Outcome::of(&result);
+        span.record("outcome", outcome.as_str());
+        if !dry {
+            crate::metrics::count(&checks, &result, outcome);
         }
-        Ok(decision)
+        store.report_size();
+        if let (Some(denials), Some(key), Ok(decision)) = (denials, cache_key, &result) {
+            denials.insert(key, cost, sent, decision);
+        }
+        result
     }
 
     async fn bounded<T>(

@@ -15,24 +15,33 @@ const MAX_WINDOW_MICROS: u128 = 10 * 366 * 86_400 * 1_000_000;
 /// Sliding window counter weights have 2^20 steps per window.
 const WEIGHT_STEPS: u64 = 1 << 20;
 
-/// The algorithm a [`Quota`] uses.
+/// The algorithm a [`Quota`] uses. In configuration files (feature `serde`)
+/// it is written `sliding-log`, `token-bucket`, `gcra`, `fixed-window` or
+/// `sliding-window` (snake case is accepted too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 #[non_exhaustive]
 pub enum Algorithm {
     /// Exact sliding window: one sorted-set entry per grant.
+    #[cfg_attr(feature = "serde", serde(alias = "sliding_log"))]
     SlidingLog,
     /// Token bucket with lazy refill.
+    #[cfg_attr(feature = "serde", serde(alias = "token_bucket"))]
     TokenBucket,
     /// Generic cell rate algorithm (leaky bucket as a meter).
     Gcra,
     /// Fixed window counter aligned to the Unix epoch.
+    #[cfg_attr(feature = "serde", serde(alias = "fixed_window"))]
     FixedWindow,
     /// Sliding window counter: two counters, an approximation of the log.
+    #[cfg_attr(feature = "serde", serde(alias = "sliding_window"))]
     SlidingWindow,
 }
 
 impl Algorithm {
     /// The id the Lua driver dispatches on.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn id(self) -> u8 {
         match self {
             Algorithm::SlidingLog => 1,
@@ -70,17 +79,31 @@ impl fmt::Display for Algorithm {
 /// How much may pass, and how fast it comes back. Constructing a quota never
 /// fails; [`Limit::new`] validates it.
 ///
+/// A quota is spelled in named steps: a [`Rate`] ("10 per second"), for the
+/// bucket algorithms a burst ("bursts of 20"), then the algorithm. Every
+/// number says what it is where it is written:
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_ratelimit::Quota;
 ///
 /// // "3 SMS per phone number per minute", exactly.
-/// let sms = Quota::sliding_log(3, Duration::from_secs(60));
-/// // 10 per second with bursts of 10.
-/// let api = Quota::gcra(10, Duration::from_secs(1), 10);
-/// assert_eq!(api.capacity(), 10);
-/// # let _ = sms;
+/// let sms = Quota::per_minute(3).sliding_log();
+/// // 10 per second on average, bursts of 20.
+/// let api = Quota::per_second(10).allow_burst(20).gcra();
+/// assert_eq!(api.capacity(), 20);
+/// // A bucket of 100 tokens, one back every 10 seconds.
+/// let uploads = Quota::rate(1, Duration::from_secs(10)).allow_burst(100).token_bucket();
+/// // 1000 per day, windows aligned to midnight UTC.
+/// let daily = Quota::per_day(1000).fixed_window();
+/// # let _ = (sms, uploads, daily);
 /// ```
+///
+/// The positional constructors ([`Quota::gcra`], [`Quota::token_bucket`],
+/// [`Quota::sliding_log`], ...) build the same quotas and remain for code
+/// that computes its arguments; in code a person reads, prefer the steps:
+/// `gcra(rate, period, burst)` and `token_bucket(capacity, refill, period)`
+/// order their amounts differently, and swapped amounts compile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota {
     algorithm: Algorithm,
@@ -90,7 +113,33 @@ pub struct Quota {
 }
 
 impl Quota {
+    /// `amount` per second: the first step of a quota (see [`Rate`]).
+    pub const fn per_second(amount: u64) -> Rate {
+        Rate::new(amount, Duration::from_secs(1))
+    }
+
+    /// `amount` per minute (see [`Rate`]).
+    pub const fn per_minute(amount: u64) -> Rate {
+        Rate::new(amount, Duration::from_secs(60))
+    }
+
+    /// `amount` per hour (see [`Rate`]).
+    pub const fn per_hour(amount: u64) -> Rate {
+        Rate::new(amount, Duration::from_secs(3600))
+    }
+
+    /// `amount` per day (see [`Rate`]).
+    pub const fn per_day(amount: u64) -> Rate {
+        Rate::new(amount, Duration::from_secs(86_400))
+    }
+
+    /// `amount` per `period` (see [`Rate`]): `Quota::rate(100, fifteen_minutes)`.
+    pub const fn rate(amount: u64, period: Duration) -> Rate {
+        Rate::new(amount, period)
+    }
+
     /// At most `limit` permits in any window of length `window` (exact).
+    /// The same as `Quota::rate(limit, window).sliding_log()`.
     /// Costs one sorted-set entry per grant: prefer [`Quota::sliding_window`]
     /// for limits in the hundred thousands.
     pub fn sliding_log(limit: u64, window: Duration) -> Self {
@@ -104,6 +153,10 @@ impl Quota {
 
     /// A bucket of `capacity` tokens, refilled by `refill` tokens every `period`
     /// (continuously, in proportion to the time elapsed). Starts full.
+    ///
+    /// Positional: prefer
+    /// `Quota::rate(refill, period).allow_burst(capacity).token_bucket()`,
+    /// which cannot be misread.
     pub fn token_bucket(capacity: u64, refill: u64, period: Duration) -> Self {
         Self {
             algorithm: Algorithm::TokenBucket,
@@ -114,6 +167,9 @@ impl Quota {
     }
 
     /// `rate` permits per `period` on average, with bursts of up to `burst`.
+    ///
+    /// Positional: prefer `Quota::rate(rate, period).allow_burst(burst).gcra()`
+    /// (or `Quota::per_second(rate)...`), which cannot be misread.
     pub fn gcra(rate: u64, period: Duration, burst: u64) -> Self {
         Self {
             algorithm: Algorithm::Gcra,
@@ -124,6 +180,7 @@ impl Quota {
     }
 
     /// At most `limit` permits per window, windows aligned to the Unix epoch.
+    /// The same as `Quota::rate(limit, window).fixed_window()`.
     pub fn fixed_window(limit: u64, window: Duration) -> Self {
         Self {
             algorithm: Algorithm::FixedWindow,
@@ -135,6 +192,7 @@ impl Quota {
 
     /// At most about `limit` permits in any window of length `window`, estimated
     /// from two counters: O(1) memory whatever the limit.
+    /// The same as `Quota::rate(limit, window).sliding_window()`.
     pub fn sliding_window(limit: u64, window: Duration) -> Self {
         Self {
             algorithm: Algorithm::SlidingWindow,
@@ -157,6 +215,134 @@ impl Quota {
     /// The window, or the refill period / rate period for bucket algorithms.
     pub fn window(&self) -> Duration {
         self.window
+    }
+}
+
+/// As written with the named steps: `GCRA, 10 per 1s, bursts of 20`.
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => write!(
+                f,
+                "{}, {} per {:?}, bursts of {}",
+                self.algorithm, self.extra, self.window, self.amount
+            ),
+            _ => write!(
+                f,
+                "{}, {} per {:?}",
+                self.algorithm, self.amount, self.window
+            ),
+        }
+    }
+}
+
+/// The first step of a [`Quota`]: an amount per period, such as
+/// `Quota::per_second(10)`. Then either a window algorithm, which lets at
+/// most that amount pass per window, or a burst for the bucket algorithms,
+/// which let it pass on average.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::{Algorithm, Quota};
+///
+/// let q = Quota::per_minute(3).sliding_log();
+/// assert_eq!((q.algorithm(), q.capacity(), q.window()), (Algorithm::SlidingLog, 3, Duration::from_secs(60)));
+/// // Without a burst, a bucket holds one period's amount.
+/// assert_eq!(Quota::per_second(10).gcra(), Quota::per_second(10).allow_burst(10).gcra());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a rate is only the first step: choose an algorithm (or a burst)"]
+pub struct Rate {
+    amount: u64,
+    period: Duration,
+}
+
+impl Rate {
+    const fn new(amount: u64, period: Duration) -> Self {
+        Self { amount, period }
+    }
+
+    /// The bucket algorithms may let `burst` pass at once (the bucket's
+    /// capacity), refilled at this rate.
+    pub const fn allow_burst(self, burst: u64) -> Burst {
+        Burst { rate: self, burst }
+    }
+
+    /// At most this amount in any window of one period, exactly: one stored
+    /// entry per grant (see [`Quota::sliding_log`]).
+    pub const fn sliding_log(self) -> Quota {
+        Quota::windowed(Algorithm::SlidingLog, self)
+    }
+
+    /// At most this amount per period, periods aligned to the Unix epoch
+    /// (see [`Quota::fixed_window`]).
+    pub const fn fixed_window(self) -> Quota {
+        Quota::windowed(Algorithm::FixedWindow, self)
+    }
+
+    /// At most about this amount in any window of one period, from two
+    /// counters (see [`Quota::sliding_window`]).
+    pub const fn sliding_window(self) -> Quota {
+        Quota::windowed(Algorithm::SlidingWindow, self)
+    }
+
+    /// GCRA at this rate, with bursts of one period's amount.
+    pub const fn gcra(self) -> Quota {
+        self.allow_burst(self.amount).gcra()
+    }
+
+    /// A token bucket refilled at this rate, holding one period's amount.
+    pub const fn token_bucket(self) -> Quota {
+        self.allow_burst(self.amount).token_bucket()
+    }
+}
+
+/// A [`Rate`] with a burst, such as `Quota::per_second(10).allow_burst(20)`:
+/// the last step chooses the bucket algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "choose the algorithm: .gcra() or .token_bucket()"]
+pub struct Burst {
+    rate: Rate,
+    burst: u64,
+}
+
+impl Burst {
+    /// GCRA (see [`Quota::gcra`]): the rate on average, `burst` at once.
+    pub const fn gcra(self) -> Quota {
+        Quota {
+            algorithm: Algorithm::Gcra,
+            amount: self.burst,
+            window: self.rate.period,
+            extra: self.rate.amount,
+        }
+    }
+
+    /// A token bucket of `burst` tokens refilled at the rate (see
+    /// [`Quota::token_bucket`]).
+    pub const fn token_bucket(self) -> Quota {
+        Quota {
+            algorithm: Algorithm::TokenBucket,
+            amount: self.burst,
+            window: self.rate.period,
+            extra: self.rate.amount,
+        }
+    }
+}
+
+impl Quota {
+    const fn windowed(algorithm: Algorithm, rate: Rate) -> Self {
+        Self {
+            algorithm,
+            amount: rate.amount,
+            window: rate.period,
+            extra: 0,
+        }
+    }
+
+    /// For the bucket algorithms, the amount that comes back per
+    /// [`window`](Self::window) (the rate); `None` for window algorithms.
+    pub fn refill(&self) -> Option<u64> {
+        matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Gcra).then_some(self.extra)
     }
 }
 
@@ -330,6 +516,59 @@ fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn named_steps_build_the_positional_quotas() {
+        let (s, m) = (Duration::from_secs(1), Duration::from_secs(60));
+        assert_eq!(
+            Quota::per_second(10).allow_burst(20).gcra(),
+            Quota::gcra(10, s, 20)
+        );
+        assert_eq!(
+            Quota::per_second(10).allow_burst(20).token_bucket(),
+            Quota::token_bucket(20, 10, s)
+        );
+        assert_eq!(Quota::per_minute(3).sliding_log(), Quota::sliding_log(3, m));
+        assert_eq!(
+            Quota::per_hour(5).fixed_window(),
+            Quota::fixed_window(5, 60 * m)
+        );
+        assert_eq!(
+            Quota::per_day(7).sliding_window(),
+            Quota::sliding_window(7, 24 * 60 * m)
+        );
+        assert_eq!(
+            Quota::rate(4, m).token_bucket(),
+            Quota::token_bucket(4, 4, m)
+        );
+        assert_eq!(Quota::rate(4, m).gcra(), Quota::gcra(4, m, 4));
+        assert_eq!(
+            Quota::per_second(10).allow_burst(20).gcra().refill(),
+            Some(10)
+        );
+        assert_eq!(Quota::per_second(10).sliding_log().refill(), None);
+        assert_eq!(
+            Quota::per_second(10).allow_burst(20).gcra().to_string(),
+            "GCRA, 10 per 1s, bursts of 20"
+        );
+        assert_eq!(
+            Quota::per_minute(3).sliding_log().to_string(),
+            "sliding log, 3 per 60s"
+        );
+        // Invalid quotas stay typed errors, naming the step.
+        assert!(matches!(
+            Limit::new("a", Quota::per_second(10).allow_burst(0).gcra()),
+            Err(ConfigError::ZeroAmount { what: "burst" })
+        ));
+        assert!(matches!(
+            Limit::new("a", Quota::per_second(0).allow_burst(5).token_bucket()),
+            Err(ConfigError::ZeroAmount { what: "refill" })
+        ));
+        assert!(matches!(
+            Limit::new("a", Quota::rate(1, Duration::ZERO).fixed_window()),
+            Err(ConfigError::ZeroWindow { what: "window" })
+        ));
+    }
 
     #[test]
     fn reduces_rates_and_rejects_bad_quotas() {

@@ -39,24 +39,39 @@ impl Server {
     }
 
     fn start_with(redis_url: Option<&str>, on_store_error: Option<&str>) -> Server {
+        let mut env = vec![];
+        if let Some(url) = redis_url {
+            env.push(("REDIS_URL", url));
+        }
+        if let Some(policy) = on_store_error {
+            env.push(("ON_STORE_ERROR", policy));
+        }
+        Server::start_env(&env)
+    }
+
+    /// The example binary with `PORT` set and `REDIS_URL`, `ON_STORE_ERROR`
+    /// and `LIMITS_FILE` taken from `env` only.
+    fn command(port: u16, env: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new(example_binary());
+        cmd.env("PORT", port.to_string())
+            .env("RUST_LOG", "warn")
+            .env_remove("REDIS_URL")
+            .env_remove("ON_STORE_ERROR")
+            .env_remove("LIMITS_FILE")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null());
+        cmd
+    }
+
+    fn start_env(env: &[(&str, &str)]) -> Server {
         let port = TcpListener::bind("127.0.0.1:0")
             .expect("bind")
             .local_addr()
             .expect("addr")
             .port();
-        let mut cmd = Command::new(example_binary());
-        cmd.env("PORT", port.to_string())
-            .env("RUST_LOG", "warn")
-            .env_remove("REDIS_URL")
-            .stdout(Stdio::null());
-        if let Some(url) = redis_url {
-            cmd.env("REDIS_URL", url);
-        }
-        match on_store_error {
-            Some(policy) => cmd.env("ON_STORE_ERROR", policy),
-            None => cmd.env_remove("ON_STORE_ERROR"),
-        };
-        let child = cmd.spawn().expect("start the example server");
+        let child = Server::command(port, env)
+            .spawn()
+            .expect("start the example server");
         let server = Server { child, port };
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -79,16 +94,23 @@ impl Drop for Server {
 
 /// Sends one HTTP/1.1 request and returns the status code.
 fn status(port: u16, method: &str, path: &str) -> u16 {
+    send(port, method, path).0
+}
+
+/// Sends one HTTP/1.1 request and returns the status code and the body.
+fn send(port: u16, method: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
     write!(stream, "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").expect("write");
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("read");
-    response
+    let status = response
         .split(' ')
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {response:?}"))
+        .unwrap_or_else(|| panic!("no status in {response:?}"));
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    (status, body.to_owned())
 }
 
 fn exercise(ports: &[u16]) {
@@ -148,4 +170,78 @@ fn example_servers_during_a_redis_outage() {
     // fail-closed (the default): 503
     assert_eq!(status(closed.port, "GET", "/api/hello"), 503);
     assert_eq!(status(closed.port, "GET", "/healthz"), 200);
+}
+
+/// `examples/limits.toml`, the file form of the built-in limits.
+fn limits_toml() -> String {
+    format!("{}/examples/limits.toml", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn the_example_limits_file_holds_the_built_in_limits() {
+    let path = limits_toml();
+    let server = Server::start_env(&[("LIMITS_FILE", &path)]);
+    exercise(&[server.port]);
+}
+
+#[test]
+fn limits_come_from_the_file_in_limits_file() {
+    let dir = std::env::temp_dir().join(format!("rl-example-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("limits.toml");
+    let text = std::fs::read_to_string(limits_toml()).expect("examples/limits.toml");
+    // hello: 2 per minute, bursts of 2, instead of 10 per second
+    let text = text.replacen(
+        "rate = 10\nper = \"1s\"\nburst = 10",
+        "rate = 2\nper = \"1m\"\nburst = 2",
+        1,
+    );
+    std::fs::write(&path, &text).expect("write the limits file");
+    let server = Server::start_env(&[("LIMITS_FILE", path.to_str().expect("utf-8 path"))]);
+    let hello: Vec<u16> = (0..3)
+        .map(|_| status(server.port, "GET", "/api/hello"))
+        .collect();
+    assert_eq!(hello, [200, 200, 429]);
+
+    // A mistake stops the server with an error naming the limit and the field.
+    std::fs::write(
+        &path,
+        text.replacen("window = \"1m\"", "window = \"1 fortnight\"", 1),
+    )
+    .expect("write the limits file");
+    let output = Server::command(0, &[("LIMITS_FILE", path.to_str().expect("utf-8 path"))])
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run the example server");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("sms") && stderr.contains("`window`"),
+        "the error names the limit and the field: {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn metrics_are_served_in_the_prometheus_format() {
+    let server = Server::start(None);
+    exercise(&[server.port]);
+    let (code, body) = send(server.port, "GET", "/metrics");
+    assert_eq!(code, 200);
+    let sample = |limit: &str, outcome: &str| {
+        body.lines().any(|line| {
+            line.starts_with("tower_ratelimit_decisions_total{")
+                && line.contains(&format!("limit=\"{limit}\""))
+                && line.contains(&format!("outcome=\"{outcome}\""))
+        })
+    };
+    assert!(
+        sample("hello", "allowed") && sample("hello", "denied"),
+        "{body}"
+    );
+    assert!(
+        sample("sms", "denied") && sample("per-ip", "allowed"),
+        "{body}"
+    );
+    assert!(body.contains("tower_ratelimit_memory_store_keys"), "{body}");
 }

@@ -2,6 +2,7 @@
 //! real Redis (two app instances; Redis stopped for the failure policies).
 
 mod common;
+mod events;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,12 +15,13 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use bytes::Bytes;
 use common::{redis_store, unique_prefix, TestRedis};
+use events::Events;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use sfv::{List, ListEntry, Parser};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_ratelimit::key::{
-    ClientIp, ClientIpResolver, Extension as Ext, Global, Header, PathParam, Route,
+    ClientIp, ClientIpResolver, Global, Header, MatchedRoute, PathParam, RequestExtension as Ext,
 };
 use tower_ratelimit::layer::{MissingKey, OnStoreError, RateLimitInfo, RateLimitLayer, Rejection};
 use tower_ratelimit::{ConfigError, Decision, Limit, MemoryStore, Quota, RedisStore};
@@ -522,7 +524,7 @@ async fn a_custom_rejection_replaces_the_body_but_keeps_retry_after() {
 
 #[tokio::test]
 async fn route_and_path_parameter_keys() {
-    let per_route = RateLimitLayer::new(limit("per-route", per_minute(1)), Route);
+    let per_route = RateLimitLayer::new(limit("per-route", per_minute(1)), MatchedRoute);
     let per_phone = RateLimitLayer::new(
         limit("sms", Quota::sliding_log(3, Duration::from_secs(60))),
         PathParam::new("phone"),
@@ -1092,69 +1094,6 @@ async fn nested_layers_each_report_their_limits() {
             .collect::<Vec<_>>(),
         [("route", 0), ("global", 8)]
     );
-}
-
-type Event = (std::thread::ThreadId, tracing::Level, String, String);
-
-/// Records every tracing event of this test binary with the thread that
-/// emitted it (thread, level, target, rendered fields).
-///
-/// One global subscriber, filtered per test by thread: a thread-local one
-/// (`set_default`) misses events whose callsite another test thread hit
-/// first, because tracing caches that callsite's interest as "never". Tests
-/// that read events run their runtime on their own thread.
-#[derive(Clone, Default)]
-struct Events(std::sync::Arc<std::sync::Mutex<Vec<Event>>>);
-
-impl Events {
-    fn capture() -> Events {
-        static EVENTS: std::sync::OnceLock<Events> = std::sync::OnceLock::new();
-        EVENTS
-            .get_or_init(|| {
-                use tracing_subscriber::layer::SubscriberExt;
-                let events = Events::default();
-                tracing::subscriber::set_global_default(
-                    tracing_subscriber::registry().with(events.clone()),
-                )
-                .expect("no other global subscriber in this test binary");
-                events
-            })
-            .clone()
-    }
-
-    /// Our events (target `tower_ratelimit`) on this thread: level and fields.
-    fn ours(&self) -> Vec<(tracing::Level, String)> {
-        let me = std::thread::current().id();
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(thread, _, target, _)| *thread == me && target == "tower_ratelimit")
-            .map(|(_, level, _, text)| (*level, text.clone()))
-            .collect()
-    }
-}
-
-struct Render<'a>(&'a mut String);
-
-impl tracing::field::Visit for Render<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!(" {}={value:?}", field.name()));
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let meta = event.metadata();
-        let mut text = String::new();
-        event.record(&mut Render(&mut text));
-        self.0.lock().unwrap().push((
-            std::thread::current().id(),
-            *meta.level(),
-            meta.target().to_owned(),
-            text,
-        ));
-    }
 }
 
 #[test]

@@ -150,6 +150,7 @@ pub struct Reply {
 impl Reply {
     /// Parses the driver's reply: `3 + 3 * limits` little-endian doubles, each
     /// an integer below 2^53 in magnitude.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_packed(bytes: &[u8], limits: usize) -> Option<Self> {
         if bytes.len() != 8 * (3 + 3 * limits) {
             return None;

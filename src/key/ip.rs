@@ -296,6 +296,11 @@ impl ClientIpResolver {
         }
     }
 
+    /// The header the trusted proxies are believed to maintain.
+    pub(crate) fn header(&self) -> ProxyHeader {
+        self.header
+    }
+
     /// Returns whether `ip` (IPv4-mapped addresses as IPv4) falls in a
     /// trusted range.
     pub fn is_trusted(&self, ip: IpAddr) -> bool {

@@ -1,24 +1,26 @@
 //! Keys from requests: what a limit counts per. Built-ins for the client IP
 //! (behind trusted proxies, IPv6 grouped by prefix), a header (API key), a
-//! request extension (a user id set by an auth layer), the matched route, a
-//! path parameter, one global key, and tuples of those (user id + action).
+//! request extension (a user id set by an auth layer), the matched route and
+//! a path parameter (with the `axum` feature), one global key, and tuples of
+//! those (user id + action).
 //!
 //! An extractor answers `None` when the request has no such key (no header, no
 //! peer address); the layer then applies its [`MissingKey`](crate::layer::MissingKey) policy.
 
 mod ip;
+mod warnings;
 
 use std::fmt::Display;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
-use std::task::{Context, Poll, Waker};
 
+#[cfg(feature = "axum")]
 use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, RawPathParams};
 use http::request::Parts;
 use http::HeaderName;
 
 pub use self::ip::{ClientIpResolver, IpConfigError, ProxyHeader};
+use self::warnings::Warnings;
 
 /// Extracts the key a limit counts per from a request's head.
 ///
@@ -49,12 +51,31 @@ where
 /// The client's IP address, grouped by prefix (IPv6 /64 by default): the TCP
 /// peer, or the client behind trusted proxies (see [`ClientIpResolver`]).
 ///
-/// The peer comes from axum's `ConnectInfo<SocketAddr>` (serve with
-/// `into_make_service_with_connect_info::<SocketAddr>()`) or a plain
-/// `SocketAddr` in the request extensions.
+/// The peer comes from axum's `ConnectInfo<SocketAddr>` (with the `axum`
+/// feature; serve with `into_make_service_with_connect_info::<SocketAddr>()`)
+/// or a plain `SocketAddr` in the request extensions (what a hyper or tower
+/// server without axum inserts itself).
+///
+/// # Misconfiguration warnings
+///
+/// The commonest way a deployed limiter goes wrong is a service behind a
+/// load balancer that keys by the balancer's address: every client then
+/// shares one limit. `ClientIp` logs one `warn` line (target
+/// `tower_ratelimit`, once per extractor, not per request) naming the fix
+/// when it sees:
+///
+/// - a request carrying `X-Forwarded-For` or `Forwarded` from a peer that
+///   is not a trusted proxy: trust the proxy with
+///   [`ClientIpResolver::trust_proxies`] (unless clients reach the service
+///   directly and wrote the header themselves; it is then rightly ignored);
+/// - a trusted proxy that sends only the header the resolver does not read:
+///   choose it with [`ClientIpResolver::proxy_header`];
+/// - a request without a peer address: serve with
+///   `into_make_service_with_connect_info::<SocketAddr>()`.
 #[derive(Debug, Clone, Default)]
 pub struct ClientIp {
     resolver: ClientIpResolver,
+    warnings: Warnings,
 }
 
 impl ClientIp {
@@ -65,17 +86,29 @@ impl ClientIp {
 
     /// The client address as resolved by `resolver` (trusted proxies, grouping).
     pub fn with_resolver(resolver: ClientIpResolver) -> Self {
-        Self { resolver }
+        Self {
+            resolver,
+            warnings: Warnings::default(),
+        }
     }
 }
 
 impl KeyExtractor for ClientIp {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
-        let peer = parts
+        #[cfg(feature = "axum")]
+        let connect_info = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(addr)| *addr)
-            .or_else(|| parts.extensions.get::<SocketAddr>().copied())?;
+            .map(|ConnectInfo(addr)| *addr);
+        #[cfg(not(feature = "axum"))]
+        let connect_info = None;
+        let peer = connect_info.or_else(|| parts.extensions.get::<SocketAddr>().copied());
+        let Some(peer) = peer else {
+            self.warnings.no_peer();
+            return None;
+        };
+        self.warnings
+            .check_forwarding(&self.resolver, peer.ip(), &parts.headers);
         let net = self.resolver.client_net(peer.ip(), &parts.headers);
         Some(net.to_string().into_bytes())
     }
@@ -103,36 +136,63 @@ impl KeyExtractor for Header {
 
 /// A value of type `T` that an earlier layer put in the request extensions,
 /// such as an authenticated user id; the key is its `Display` form.
-pub struct Extension<T> {
+///
+/// Named so that it does not clash with `axum::Extension` in files that
+/// import both.
+///
+/// ```
+/// use tower_ratelimit::key::{KeyExtractor, RequestExtension};
+///
+/// #[derive(Clone)]
+/// struct UserId(u64);
+/// impl std::fmt::Display for UserId {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         self.0.fmt(f)
+///     }
+/// }
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(UserId(42));
+/// let (parts, ()) = request.into_parts();
+/// assert_eq!(RequestExtension::<UserId>::new().extract(&parts), Some(b"42".to_vec()));
+/// ```
+pub struct RequestExtension<T> {
     _type: PhantomData<fn() -> T>,
 }
 
-impl<T> Extension<T> {
+/// The former name of [`RequestExtension`].
+#[deprecated(
+    since = "0.2.0",
+    note = "renamed to `RequestExtension`: `Extension` clashed with `axum::Extension`"
+)]
+pub type Extension<T> = RequestExtension<T>;
+
+impl<T> RequestExtension<T> {
     /// Reads the extension of type `T`.
     pub fn new() -> Self {
         Self { _type: PhantomData }
     }
 }
 
-impl<T> Default for Extension<T> {
+impl<T> Default for RequestExtension<T> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<T> Clone for Extension<T> {
+impl<T> Clone for RequestExtension<T> {
     fn clone(&self) -> Self {
         Self::new()
     }
 }
 
-impl<T> std::fmt::Debug for Extension<T> {
+impl<T> std::fmt::Debug for RequestExtension<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Extension<{}>", std::any::type_name::<T>())
+        write!(f, "RequestExtension<{}>", std::any::type_name::<T>())
     }
 }
 
-impl<T: Display + Send + Sync + 'static> KeyExtractor for Extension<T> {
+impl<T: Display + Send + Sync + 'static> KeyExtractor for RequestExtension<T> {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
         parts
             .extensions
@@ -143,10 +203,34 @@ impl<T: Display + Send + Sync + 'static> KeyExtractor for Extension<T> {
 
 /// The method and matched route, e.g. `GET /users/{id}`: one key per endpoint,
 /// whatever the path parameters. Needs axum's `MatchedPath`.
+///
+/// Named so that it does not clash with `axum::routing::Route`.
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Route;
+pub struct MatchedRoute;
 
-impl KeyExtractor for Route {
+/// The former name of [`MatchedRoute`].
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[deprecated(
+    since = "0.2.0",
+    note = "renamed to `MatchedRoute`: `Route` clashed with `axum::routing::Route`"
+)]
+pub type Route = MatchedRoute;
+
+/// The former name of [`MatchedRoute`], as a value (`RateLimitLayer::new(limit, Route)`).
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[deprecated(
+    since = "0.2.0",
+    note = "renamed to `MatchedRoute`: `Route` clashed with `axum::routing::Route`"
+)]
+#[allow(non_upper_case_globals)]
+pub const Route: MatchedRoute = MatchedRoute;
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for MatchedRoute {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
         let path = parts.extensions.get::<MatchedPath>()?;
         Some(format!("{} {}", parts.method, path.as_str()).into_bytes())
@@ -173,11 +257,14 @@ impl KeyExtractor for Route {
 /// the parameter: added with `Router::layer`, `Router::route_layer` or
 /// `MethodRouter::layer` on that router or a router nested in it, not
 /// wrapped around a `Router` used as a service (which has not routed yet).
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone)]
 pub struct PathParam {
     name: String,
 }
 
+#[cfg(feature = "axum")]
 impl PathParam {
     /// Reads the parameter `name` (without braces or `*`).
     pub fn new(name: &str) -> Self {
@@ -187,6 +274,7 @@ impl PathParam {
     }
 }
 
+#[cfg(feature = "axum")]
 impl KeyExtractor for PathParam {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
         let params = raw_path_params(parts)?;
@@ -208,7 +296,11 @@ impl KeyExtractor for PathParam {
 /// only a clone of the extensions (cheap: reference-counted values). Its
 /// future completes on the first poll (it only reads the extensions); were a
 /// later axum to make it wait, this answers `None` rather than block.
+#[cfg(feature = "axum")]
 fn raw_path_params(parts: &Parts) -> Option<RawPathParams> {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
     let (mut head, ()) = http::Request::new(()).into_parts();
     head.extensions = parts.extensions.clone();
     let future = std::pin::pin!(RawPathParams::from_request_parts(&mut head, &()));
@@ -271,7 +363,7 @@ mod tests {
             .body(())
             .unwrap();
         req.extensions_mut()
-            .insert(ConnectInfo(SocketAddr::from(([203, 0, 113, 7], 4242))));
+            .insert(SocketAddr::from(([203, 0, 113, 7], 4242)));
         req.extensions_mut().insert(42u64);
         let p = parts(req);
         assert_eq!(
@@ -286,24 +378,49 @@ mod tests {
             Header::new(HeaderName::from_static("x-other")).extract(&p),
             None
         );
-        assert_eq!(Extension::<u64>::new().extract(&p), Some(b"42".to_vec()));
-        assert_eq!(Extension::<String>::new().extract(&p), None);
-        // Route and PathParam need axum's MatchedPath: tested through a Router in tests/layer.rs
-        assert_eq!(Route.extract(&p), None);
-        assert_eq!(PathParam::new("phone").extract(&p), None);
+        assert_eq!(
+            RequestExtension::<u64>::new().extract(&p),
+            Some(b"42".to_vec())
+        );
+        assert_eq!(RequestExtension::<String>::new().extract(&p), None);
+        // MatchedRoute and PathParam need axum's MatchedPath: tested through a Router in tests/layer.rs
+        #[cfg(feature = "axum")]
+        {
+            assert_eq!(MatchedRoute.extract(&p), None);
+            assert_eq!(PathParam::new("phone").extract(&p), None);
+        }
         assert_eq!(Global.extract(&p), Some(b"global".to_vec()));
         assert_eq!(
-            (Extension::<u64>::new(), Global).extract(&p),
+            (RequestExtension::<u64>::new(), Global).extract(&p),
             Some(b"2:426:global".to_vec())
         );
         assert_eq!(
-            (Extension::<u64>::new(), Extension::<String>::new()).extract(&p),
+            (
+                RequestExtension::<u64>::new(),
+                RequestExtension::<String>::new()
+            )
+                .extract(&p),
             None
         );
         assert_eq!(
             ClientIp::peer().extract(&parts(http::Request::new(()))),
             None
         );
+    }
+
+    /// The former names still compile (with a deprecation warning).
+    #[test]
+    #[allow(deprecated)]
+    fn former_names_are_aliases() {
+        let mut req = http::Request::new(());
+        req.extensions_mut().insert(7u8);
+        let p = parts(req);
+        assert_eq!(Extension::<u8>::new().extract(&p), Some(b"7".to_vec()));
+        #[cfg(feature = "axum")]
+        {
+            let route: Route = Route;
+            assert_eq!(route.extract(&p), MatchedRoute.extract(&p));
+        }
     }
 
     #[test]

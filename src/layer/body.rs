@@ -5,9 +5,56 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
 use pin_project_lite::pin_project;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of a rejection: the layer's own problem details, or whatever a
+/// custom rejection handler returned, boxed. Needs no web framework, so the
+/// layer works over any `http` service with or without the `axum` feature.
+pub(crate) struct RejectionBody(UnsyncBoxBody<Bytes, BoxError>);
+
+/// A rejection response.
+pub(crate) type RejectionResponse = http::Response<RejectionBody>;
+
+impl RejectionBody {
+    /// Boxes any body with `Bytes` frames (an `axum::body::Body`, a `Full`).
+    pub(crate) fn new<B>(body: B) -> Self
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Self(body.map_err(Into::into).boxed_unsync())
+    }
+}
+
+impl From<String> for RejectionBody {
+    fn from(text: String) -> Self {
+        Self::new(Full::new(Bytes::from(text)))
+    }
+}
+
+impl Body for RejectionBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.0).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0.size_hint()
+    }
+}
 
 pin_project! {
     /// Body of a response from [`RateLimit`](super::RateLimit): the inner
@@ -22,7 +69,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Rejection { #[pin] body: axum::body::Body },
+        Rejection { #[pin] body: RejectionBody },
     }
 }
 
@@ -33,7 +80,7 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn rejection(body: axum::body::Body) -> Self {
+    pub(crate) fn rejection(body: RejectionBody) -> Self {
         Self {
             kind: Kind::Rejection { body },
         }

@@ -1,22 +1,19 @@
 //! [`RateLimitInfo`]: what the layer decided, for handlers, under every policy.
 
-use std::convert::Infallible;
-
-use axum::extract::FromRequestParts;
-use http::request::Parts;
-
 use crate::Decision;
 
 /// What the rate-limit layer decided for this request: the way for a handler
 /// to read the [`Decision`].
 ///
-/// An axum extractor that never fails. The layer puts one in the extensions
+/// An axum extractor that never fails (with the `axum` feature; without it,
+/// read it from the request extensions). The layer puts one in the extensions
 /// of every request it forwards; a request that reached the handler without
 /// a decision (the store failed under [`OnStoreError::FailOpen`], every limit
 /// was skipped for a missing key, or no layer ran at all) still extracts,
 /// with [`decision`](Self::decision) `None`.
 ///
 /// ```
+/// # #[cfg(feature = "axum")] {
 /// use tower_ratelimit::layer::RateLimitInfo;
 ///
 /// async fn hello(info: RateLimitInfo) -> String {
@@ -26,6 +23,7 @@ use crate::Decision;
 ///     }
 /// }
 /// # let _ = axum::Router::<()>::new().route("/", axum::routing::get(hello));
+/// # }
 /// ```
 ///
 /// The layer also inserts the bare [`Decision`] when it has one, but
@@ -70,10 +68,15 @@ impl RateLimitInfo {
     }
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for RateLimitInfo {
-    type Rejection = Infallible;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RateLimitInfo {
+    type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, std::convert::Infallible> {
         Ok(parts
             .extensions
             .get::<RateLimitInfo>()

@@ -10,14 +10,13 @@
 //! limit skipped) has none.
 //!
 //! ```
-//! use std::time::Duration;
 //! use axum::{routing::get, Router};
 //! use http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //! use tower_ratelimit::{key::Global, layer::RateLimitLayer, Limit, Quota};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! let limit = Limit::new("api", Quota::gcra(2, Duration::from_secs(60), 2))?;
+//! let limit = Limit::new("api", Quota::per_minute(2).allow_burst(2).gcra())?;
 //! let app = Router::new().route("/", get(|| async { "hi" })).layer(RateLimitLayer::new(limit, Global));
 //!
 //! for expected in [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
@@ -32,8 +31,8 @@
 //! and a fallback when Redis fails:
 //!
 //! ```no_run
-//! use std::time::Duration;
-//! use tower_ratelimit::key::{ClientIp, ClientIpResolver, Extension};
+//! # #[cfg(feature = "redis")] {
+//! use tower_ratelimit::key::{ClientIp, ClientIpResolver, RequestExtension};
 //! use tower_ratelimit::layer::{OnStoreError, RateLimitLayer};
 //! use tower_ratelimit::{Limit, Quota, RedisStore};
 //!
@@ -43,11 +42,12 @@
 //! let behind_lb = ClientIpResolver::new().trust_proxies(["10.0.0.0/8"])?;
 //! let layer = RateLimitLayer::builder()
 //!     .store(RedisStore::new("redis://127.0.0.1:6379")?)
-//!     .limit(Limit::new("per-ip", Quota::gcra(10, Duration::from_secs(1), 20))?, ClientIp::with_resolver(behind_lb))
-//!     .limit(Limit::new("per-user-daily", Quota::fixed_window(10_000, Duration::from_secs(86_400)))?, Extension::<UserId>::new())
+//!     .limit(Limit::new("per-ip", Quota::per_second(10).allow_burst(20).gcra())?, ClientIp::with_resolver(behind_lb))
+//!     .limit(Limit::new("per-user-daily", Quota::per_day(10_000).fixed_window())?, RequestExtension::<UserId>::new())
 //!     .on_store_error(OnStoreError::FallbackToMemory)
 //!     .build()?;
 //! # let _ = layer; Ok(()) }
+//! # }
 //! ```
 //!
 //! # Outcomes
@@ -77,9 +77,9 @@ mod service;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::response::Response;
+use bytes::Bytes;
 use http::request::Parts;
-use http::StatusCode;
+use http::{Response, StatusCode};
 
 pub use self::body::ResponseBody;
 pub use self::info::RateLimitInfo;
@@ -89,6 +89,7 @@ pub use self::response::{
 };
 pub use self::service::{RateLimit, ResponseFuture};
 
+use self::body::{RejectionBody, RejectionResponse};
 use self::outage::{OutageLog, DEFAULT_LOG_INTERVAL};
 use self::response::HeaderSet;
 use crate::key::KeyExtractor;
@@ -161,7 +162,7 @@ pub enum Rejection<'a> {
     MissingKey(&'a str),
 }
 
-type Rejector = Arc<dyn Fn(&Rejection<'_>) -> Response + Send + Sync>;
+type Rejector = Arc<dyn Fn(&Rejection<'_>) -> RejectionResponse + Send + Sync>;
 type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 pub(crate) struct Config {
@@ -334,12 +335,42 @@ impl RateLimitLayerBuilder {
     }
 
     /// Answer rejections with your own response instead of the problem
-    /// details body.
-    pub fn on_rejection(
+    /// details body. The body may be of any type with `Bytes` frames: an
+    /// `axum::response::Response`, an `http::Response<Full<Bytes>>`, ...
+    ///
+    /// ```
+    /// use http::{Response, StatusCode};
+    /// use http_body_util::Full;
+    /// use tower_ratelimit::key::Global;
+    /// use tower_ratelimit::layer::{RateLimitLayer, Rejection};
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .limit(Limit::new("api", Quota::per_second(10).allow_burst(20).gcra())?, Global)
+    ///     .on_rejection(|why: &Rejection<'_>| {
+    ///         let status = match why {
+    ///             Rejection::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
+    ///             _ => StatusCode::SERVICE_UNAVAILABLE,
+    ///         };
+    ///         let mut response = Response::new(Full::from("slow down"));
+    ///         *response.status_mut() = status;
+    ///         response
+    ///     })
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn on_rejection<B>(
         mut self,
-        handler: impl Fn(&Rejection<'_>) -> Response + Send + Sync + 'static,
-    ) -> Self {
-        self.rejector = Some(Arc::new(handler));
+        handler: impl Fn(&Rejection<'_>) -> Response<B> + Send + Sync + 'static,
+    ) -> Self
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.rejector = Some(Arc::new(move |why: &Rejection<'_>| {
+            handler(why).map(RejectionBody::new)
+        }));
         self
     }
 

@@ -2,8 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
-use axum::response::Response;
+use super::body::{RejectionBody as Body, RejectionResponse as Response};
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};

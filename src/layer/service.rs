@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::response::Response as AxumResponse;
+use super::body::RejectionResponse;
 use http::{Request, Response};
 use tower_service::Service;
 
@@ -85,7 +85,7 @@ impl<B, E> std::fmt::Debug for ResponseFuture<B, E> {
 fn rejection<B>(
     config: &Config,
     why: Rejection<'_>,
-    default: impl FnOnce() -> AxumResponse,
+    default: impl FnOnce() -> RejectionResponse,
 ) -> Response<ResponseBody<B>> {
     let response = match &config.rejector {
         Some(handler) => handler(&why),

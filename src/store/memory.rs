@@ -49,6 +49,9 @@ struct Inner {
     /// Randomly keyed SipHash: crafted keys cannot all land in one bucket.
     hasher: RandomState,
     clock: Arc<dyn Clock>,
+    #[cfg(feature = "metrics")]
+    size_gauge: crate::metrics::SizeGauge,
+    quotas: super::QuotaRegistry,
 }
 
 /// Limit state in this process: the embedded default, no Redis needed.
@@ -104,6 +107,9 @@ impl MemoryStore {
                 shards,
                 hasher: RandomState::new(),
                 clock: Arc::new(clock),
+                #[cfg(feature = "metrics")]
+                size_gauge: Default::default(),
+                quotas: Default::default(),
             }),
         }
     }
@@ -241,5 +247,18 @@ impl Sealed for MemoryStore {
                 .remove(key.as_str());
         }
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn quotas(&self) -> Option<&super::QuotaRegistry> {
+        Some(&self.inner.quotas)
+    }
+
+    #[cfg(feature = "metrics")]
+    fn report_size(&self) {
+        self.inner.size_gauge.report(|| self.len());
     }
 }

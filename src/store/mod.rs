@@ -1,15 +1,19 @@
 //! Where limit state lives: [`MemoryStore`] (in-process, the default) and
-//! [`RedisStore`] (shared by every instance). Both run the same algorithms with
-//! the same arithmetic and give the same decisions for the same inputs.
+//! [`RedisStore`] (shared by every instance, with the `redis` feature). Both
+//! run the same algorithms with the same arithmetic and give the same
+//! decisions for the same inputs.
 
 pub(crate) mod keys;
 mod memory;
+#[cfg(feature = "redis")]
 mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
 
 pub use self::memory::MemoryStore;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 
 use crate::algorithm::Reply;
@@ -17,7 +21,7 @@ use crate::Error;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub(crate) use self::sealed::Check;
+pub(crate) use self::sealed::{Check, QuotaRegistry};
 
 /// A place to keep limit state. Implemented by [`MemoryStore`] and
 /// [`RedisStore`]; sealed so that both can evolve together with the algorithms.
@@ -36,6 +40,46 @@ pub(crate) mod sealed {
         pub(crate) tag: String,
         /// Cost; 0 looks without consuming.
         pub(crate) cost: i64,
+    }
+
+    /// The quota each limit name was first used with on one store, to warn
+    /// (once per name) when a name comes back with another quota: both would
+    /// read and write the same keys, each misreading the other's state. Only
+    /// consulted when a limiter is built, never per decision.
+    #[derive(Debug, Default)]
+    #[allow(unreachable_pub)]
+    pub struct QuotaRegistry {
+        seen:
+            std::sync::Mutex<std::collections::HashMap<std::sync::Arc<str>, (crate::Quota, bool)>>,
+    }
+
+    impl QuotaRegistry {
+        /// Records `limits`, warning about a name already used with another quota.
+        pub(crate) fn register(&self, limits: &[crate::Limit]) {
+            let mut seen = self
+                .seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for limit in limits {
+                let quota = *limit.quota();
+                let (first, warned) = seen
+                    .entry(limit.shared_name().clone())
+                    .or_insert((quota, false));
+                if *first != quota && !*warned {
+                    *warned = true;
+                    tracing::warn!(
+                        target: "tower_ratelimit",
+                        limit = limit.name(),
+                        "limit {:?} is used with two different quotas on one store ({} and {}): \
+                         both read and write the same keys, so each counts the other's requests \
+                         under its own rules. Give each quota its own limit name.",
+                        limit.name(),
+                        first,
+                        quota
+                    );
+                }
+            }
+        }
     }
 
     /// The operations of a store, private to this crate.
@@ -71,5 +115,13 @@ pub(crate) mod sealed {
         fn fallback(&self) -> Option<MemoryStore> {
             None
         }
+        /// Where this store remembers which quota each limit name has.
+        fn quotas(&self) -> Option<&QuotaRegistry> {
+            None
+        }
+        /// The `store` label of the metrics: `"memory"` or `"redis"`.
+        fn kind(&self) -> &'static str;
+        /// Reports the number of stored key states to the metrics, when due.
+        fn report_size(&self) {}
     }
 }

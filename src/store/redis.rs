@@ -117,6 +117,7 @@ struct Inner {
     slack: i64,
     /// Decides while Redis fails (see `Sealed::fallback`); made on first use.
     fallback: OnceLock<MemoryStore>,
+    quotas: super::QuotaRegistry,
 }
 
 /// Limit state in Redis, shared by every instance that uses the same Redis
@@ -272,6 +273,7 @@ impl RedisStoreBuilder {
                 clock: self.clock,
                 slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
                 fallback: OnceLock::new(),
+                quotas: Default::default(),
             }),
         })
     }
@@ -541,5 +543,13 @@ impl Sealed for RedisStore {
 
     fn fallback(&self) -> Option<MemoryStore> {
         Some(self.inner.fallback.get_or_init(MemoryStore::new).clone())
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn quotas(&self) -> Option<&super::QuotaRegistry> {
+        Some(&self.inner.quotas)
     }
 }

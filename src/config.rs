@@ -1,0 +1,166 @@
+//! Limits from configuration files (feature `serde`): [`Limit`] implements
+//! `Deserialize`, with windows written as human durations.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::{Algorithm, ConfigError, Limit, Quota};
+
+/// A limit as written in a configuration file. Every field but `name` and
+/// `algorithm` is optional here so that a missing or misplaced one is
+/// reported by its name and the limit's, whatever the format.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitConfig {
+    name: String,
+    algorithm: Algorithm,
+    limit: Option<u64>,
+    window: Option<HumanDuration>,
+    rate: Option<u64>,
+    per: Option<HumanDuration>,
+    burst: Option<u64>,
+}
+
+/// A duration with its unit (`"15m"`, `"1h 30m"`, `"250ms"`); a bare number
+/// is refused rather than guessed to be seconds.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum HumanDuration {
+    Text(String),
+    Number(f64),
+}
+
+impl HumanDuration {
+    fn parse(&self) -> Result<Duration, String> {
+        match self {
+            HumanDuration::Text(text) => humantime::parse_duration(text)
+                .map_err(|e| format!("is not a duration ({text:?}: {e}); write it like \"15m\"")),
+            HumanDuration::Number(n) => Err(format!(
+                "is the bare number {n}; write the unit too, like \"{n}s\" or \"{n}ms\""
+            )),
+        }
+    }
+}
+
+impl LimitConfig {
+    fn field(&self, field: &'static str, problem: impl Into<String>) -> ConfigError {
+        ConfigError::Field {
+            limit: self.name.clone(),
+            field,
+            problem: problem.into(),
+        }
+    }
+
+    fn build(self) -> Result<Limit, ConfigError> {
+        let bucket = matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+        let (takes, amount_field, window_field): (&[&'static str], _, _) = if bucket {
+            (&["rate", "per", "burst"], "burst", "per")
+        } else {
+            (&["limit", "window"], "limit", "window")
+        };
+        let present = [
+            ("limit", self.limit.is_some()),
+            ("window", self.window.is_some()),
+            ("rate", self.rate.is_some()),
+            ("per", self.per.is_some()),
+            ("burst", self.burst.is_some()),
+        ];
+        for (field, is_present) in present {
+            let wanted = takes.contains(&field);
+            if is_present && !wanted {
+                return Err(self.field(
+                    field,
+                    format!(
+                        "does not apply to a {} limit, which takes `{}`",
+                        self.algorithm,
+                        takes.join("`, `")
+                    ),
+                ));
+            }
+            if !is_present && wanted {
+                return Err(self.field(
+                    field,
+                    format!(
+                        "is missing: a {} limit takes `{}`",
+                        self.algorithm,
+                        takes.join("`, `")
+                    ),
+                ));
+            }
+        }
+        let window = match if bucket { &self.per } else { &self.window } {
+            Some(duration) => duration.parse().map_err(|e| self.field(window_field, e))?,
+            None => return Err(self.field(window_field, "is missing")),
+        };
+        if window.is_zero() {
+            return Err(self.field(window_field, "must be longer than zero"));
+        }
+        let nonzero = |field: &'static str, value: Option<u64>| match value {
+            Some(0) => Err(self.field(field, "must be at least 1")),
+            Some(n) => Ok(n),
+            None => Err(self.field(field, "is missing")),
+        };
+        let quota = match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                let rate = nonzero("rate", self.rate)?;
+                let burst = nonzero("burst", self.burst)?;
+                let step = Quota::rate(rate, window).allow_burst(burst);
+                if self.algorithm == Algorithm::Gcra {
+                    step.gcra()
+                } else {
+                    step.token_bucket()
+                }
+            }
+            Algorithm::SlidingLog => {
+                Quota::rate(nonzero("limit", self.limit)?, window).sliding_log()
+            }
+            Algorithm::FixedWindow => {
+                Quota::rate(nonzero("limit", self.limit)?, window).fixed_window()
+            }
+            Algorithm::SlidingWindow => {
+                Quota::rate(nonzero("limit", self.limit)?, window).sliding_window()
+            }
+        };
+        Limit::new(self.name.clone(), quota).map_err(|e| match e {
+            ConfigError::InvalidName(_) => self.field("name", e.to_string()),
+            ConfigError::OutOfRange(_) if window > Duration::from_secs(10 * 366 * 86_400) => {
+                self.field(window_field, e.to_string())
+            }
+            other => self.field(amount_field, other.to_string()),
+        })
+    }
+}
+
+/// A limit in a configuration file: its `name`, its `algorithm`
+/// (`sliding-log`, `fixed-window`, `sliding-window`, `token-bucket` or
+/// `gcra`), and its amounts. Window algorithms take `limit` and `window`;
+/// the bucket algorithms take `rate` per `per`, and `burst`. Durations have
+/// units: `"500ms"`, `"1s"`, `"15m"`, `"1h 30m"`, `"1day"`.
+///
+/// ```toml
+/// [[limits]]
+/// name = "per-ip"
+/// algorithm = "token-bucket"
+/// rate = 100
+/// per = "1s"
+/// burst = 100
+///
+/// [[limits]]
+/// name = "sms"
+/// algorithm = "sliding-log"
+/// limit = 3
+/// window = "1m"
+/// ```
+///
+/// The same validation as [`Limit::new`] applies; errors name the limit and
+/// the field (a missing one, one that does not belong to the algorithm, an
+/// unknown one, or an invalid value).
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+impl<'de> Deserialize<'de> for Limit {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        LimitConfig::deserialize(deserializer)?
+            .build()
+            .map_err(serde::de::Error::custom)
+    }
+}

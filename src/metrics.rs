@@ -1,0 +1,215 @@
+//! What the limiter reports through the [`metrics`](https://docs.rs/metrics)
+//! facade (feature `metrics`), so an application picks the exporter:
+//! Prometheus, OpenTelemetry, StatsD, ... Without the feature nothing is
+//! recorded and this module only names what would be.
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | [`DECISIONS`] | counter | `limit`, `outcome` | decisions, per limit and [`Outcome`] |
+//! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`) | seconds per store call, failures and timeouts included |
+//! | [`MEMORY_STORE_KEYS`] | gauge | | key states held by this process's memory stores (the stores, a layer's memory fallback), refreshed at most once a second per store |
+//!
+//! A decision counts once under each limit it involved: under every limit
+//! when it is allowed or the store failed, under the limits that refused it
+//! when it is refused. A [`peek`](crate::Limiter::peek) consumes nothing and
+//! is not counted. Under the layer's
+//! [`OnStoreError::FallbackToMemory`](crate::layer::OnStoreError::FallbackToMemory),
+//! a request the store failed counts twice: `store_error`, then the outcome
+//! of the in-memory fallback's decision.
+//!
+//! Adding an outcome where it happens is one call with its [`Outcome`]; the
+//! label set is fixed here, so dashboards can be built before a limiter
+//! ever reports one.
+//!
+//! ```
+//! # #[cfg(feature = "metrics")] {
+//! use tower_ratelimit::metrics::{Outcome, DECISIONS};
+//!
+//! // What a Prometheus query filters on:
+//! assert_eq!(DECISIONS, "tower_ratelimit_decisions_total");
+//! assert_eq!(Outcome::Denied.as_str(), "denied");
+//! assert!(Outcome::ALL.contains(&Outcome::StoreError));
+//! # }
+//! ```
+//!
+//! Every decision also runs in a `tracing` span `rate_limit` (target
+//! `tower_ratelimit`, level `debug`) with the fields `limits` (the names)
+//! and `outcome` (as in [`Outcome::as_str`]).
+
+use crate::store::Check;
+use crate::{Decision, Error, Verdict};
+
+/// Counter of decisions, labelled `limit` and `outcome`.
+pub const DECISIONS: &str = "tower_ratelimit_decisions_total";
+/// Histogram of store call durations in seconds, labelled `store` and `operation`.
+pub const STORE_DURATION: &str = "tower_ratelimit_store_duration_seconds";
+/// Gauge of the key states held in memory stores.
+pub const MEMORY_STORE_KEYS: &str = "tower_ratelimit_memory_store_keys";
+
+/// The `outcome` label of [`DECISIONS`]: every value it can take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Granted (at once or as a reservation).
+    Allowed,
+    /// Refused: the limit has no room for the cost yet.
+    Denied,
+    /// Would have been refused, but let through because the limit only
+    /// observes (shadow mode). Reserved: nothing reports it yet.
+    ShadowDenied,
+    /// Refused: the cost exceeds the limit's capacity and never fits.
+    CostExceedsCapacity,
+    /// The store failed or timed out; the layer's [`OnStoreError`]
+    /// policy decided the request's fate.
+    ///
+    /// [`OnStoreError`]: crate::layer::OnStoreError
+    StoreError,
+    /// Refused from the limiter's local cache of denials without asking
+    /// the store (see [`crate::LimiterBuilder::cache_denials`]).
+    LocalCache,
+}
+
+impl Outcome {
+    /// Every outcome, for dashboards and exporters that declare label values.
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Allowed,
+        Outcome::Denied,
+        Outcome::ShadowDenied,
+        Outcome::CostExceedsCapacity,
+        Outcome::StoreError,
+        Outcome::LocalCache,
+    ];
+
+    /// The label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::ShadowDenied => "shadow_denied",
+            Outcome::CostExceedsCapacity => "cost_exceeds_capacity",
+            Outcome::StoreError => "store_error",
+            Outcome::LocalCache => "local_cache",
+        }
+    }
+
+    /// The outcome of a decision as a whole.
+    pub(crate) fn of(result: &Result<Decision, Error>) -> Outcome {
+        match result.as_ref().map(Decision::verdict) {
+            Ok(Verdict::Allowed) => Outcome::Allowed,
+            Ok(Verdict::CostExceedsCapacity) => Outcome::CostExceedsCapacity,
+            Ok(_) => Outcome::Denied,
+            Err(_) => Outcome::StoreError,
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Counts a decision under its limits (see the module docs).
+#[cfg(feature = "metrics")]
+pub(crate) fn count(checks: &[Check<'_>], result: &Result<Decision, Error>, outcome: Outcome) {
+    let count_one = |check: &Check<'_>| {
+        ::metrics::counter!(
+            DECISIONS,
+            "limit" => check.limit.shared_name().clone(),
+            "outcome" => outcome.as_str(),
+        )
+        .increment(1);
+    };
+    match result {
+        Ok(decision) if !decision.is_allowed() => {
+            for (check, status) in checks.iter().zip(decision.statuses()) {
+                if status.violated() {
+                    count_one(check);
+                }
+            }
+        }
+        _ => checks.iter().for_each(count_one),
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn count(_: &[Check<'_>], _: &Result<Decision, Error>, _: Outcome) {}
+
+/// Measures one store call.
+pub(crate) struct StoreTimer {
+    #[cfg(feature = "metrics")]
+    started: std::time::Instant,
+}
+
+impl StoreTimer {
+    pub(crate) fn start() -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            started: std::time::Instant::now(),
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    pub(crate) fn finish(self, store: &'static str, operation: &'static str) {
+        ::metrics::histogram!(STORE_DURATION, "store" => store, "operation" => operation)
+            .record(self.started.elapsed().as_secs_f64());
+    }
+
+    #[cfg(not(feature = "metrics"))]
+    pub(crate) fn finish(self, _: &'static str, _: &'static str) {}
+}
+
+/// One memory store's share of [`MEMORY_STORE_KEYS`]: the store adds the
+/// change since its last report, and takes its share back when dropped, so
+/// the gauge is the sum over every memory store of the process.
+#[cfg(feature = "metrics")]
+#[derive(Debug, Default)]
+pub(crate) struct SizeGauge {
+    reported: std::sync::atomic::AtomicI64,
+    /// Nanoseconds after [`anchor`] before which no report is due.
+    next_at: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(feature = "metrics")]
+fn anchor() -> std::time::Instant {
+    static ANCHOR: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *ANCHOR.get_or_init(std::time::Instant::now)
+}
+
+#[cfg(feature = "metrics")]
+impl SizeGauge {
+    const INTERVAL_NANOS: u64 = 1_000_000_000;
+
+    /// Reports `len()` if the last report is a second old (one caller wins).
+    pub(crate) fn report(&self, len: impl FnOnce() -> usize) {
+        use std::sync::atomic::Ordering;
+        let now = u64::try_from(anchor().elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let due = self.next_at.load(Ordering::Relaxed);
+        if now < due
+            || self
+                .next_at
+                .compare_exchange(
+                    due,
+                    now.saturating_add(Self::INTERVAL_NANOS),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        let len = i64::try_from(len()).unwrap_or(i64::MAX);
+        let change = len - self.reported.swap(len, Ordering::AcqRel);
+        ::metrics::gauge!(MEMORY_STORE_KEYS).increment(change as f64);
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for SizeGauge {
+    fn drop(&mut self) {
+        let reported = *self.reported.get_mut();
+        if reported != 0 {
+            ::metrics::gauge!(MEMORY_STORE_KEYS).decrement(reported as f64);
+        }
+    }
+}

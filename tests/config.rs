@@ -1,0 +1,171 @@
+//! Limits read from configuration files (feature `serde`): every algorithm,
+//! human durations, and errors that name the limit and the field.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tower_ratelimit::{Limit, Quota};
+
+#[derive(Deserialize)]
+struct File {
+    limits: Vec<Limit>,
+}
+
+fn parse(text: &str) -> Result<Vec<Limit>, String> {
+    toml::from_str::<File>(text)
+        .map(|file| file.limits)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn every_algorithm_reads_as_the_quota_it_spells() {
+    let limits = parse(
+        r#"
+        [[limits]]
+        name = "per-ip"
+        algorithm = "token-bucket"
+        rate = 100
+        per = "1s"
+        burst = 200
+
+        [[limits]]
+        name = "api"
+        algorithm = "gcra"
+        rate = 10
+        per = "1s"
+        burst = 20
+
+        [[limits]]
+        name = "sms"
+        algorithm = "sliding-log"
+        limit = 3
+        window = "1m"
+
+        [[limits]]
+        name = "login"
+        algorithm = "fixed_window"
+        limit = 5
+        window = "15m"
+
+        [[limits]]
+        name = "search"
+        algorithm = "sliding-window"
+        limit = 100000
+        window = "1h 30m"
+        "#,
+    )
+    .expect("a valid file");
+    let read: Vec<(&str, Quota)> = limits.iter().map(|l| (l.name(), *l.quota())).collect();
+    let minute = Duration::from_secs(60);
+    assert_eq!(
+        read,
+        [
+            (
+                "per-ip",
+                Quota::per_second(100).allow_burst(200).token_bucket()
+            ),
+            ("api", Quota::per_second(10).allow_burst(20).gcra()),
+            ("sms", Quota::per_minute(3).sliding_log()),
+            ("login", Quota::rate(5, 15 * minute).fixed_window()),
+            ("search", Quota::rate(100_000, 90 * minute).sliding_window()),
+        ]
+    );
+}
+
+#[test]
+fn other_formats_read_the_same_limits() {
+    let limit: Limit = serde_json::from_str(
+        r#"{"name": "sms", "algorithm": "sliding-log", "limit": 3, "window": "60s"}"#,
+    )
+    .expect("valid JSON");
+    assert_eq!(*limit.quota(), Quota::per_minute(3).sliding_log());
+}
+
+/// Each mistake, and what its error must name besides the limit.
+#[test]
+fn errors_name_the_limit_and_the_offending_field() {
+    let cases = [
+        // missing field
+        (
+            r#"algorithm = "gcra"
+            rate = 10
+            per = "1s""#,
+            "burst",
+        ),
+        // a field of another algorithm
+        (
+            r#"algorithm = "sliding-log"
+            limit = 3
+            window = "1m"
+            burst = 5"#,
+            "burst",
+        ),
+        // not a duration
+        (
+            r#"algorithm = "fixed-window"
+            limit = 3
+            window = "15 parsecs""#,
+            "window",
+        ),
+        // a duration without its unit
+        (
+            r#"algorithm = "token-bucket"
+            rate = 3
+            per = 60
+            burst = 3"#,
+            "per",
+        ),
+        // zero
+        (
+            r#"algorithm = "gcra"
+            rate = 0
+            per = "1s"
+            burst = 3"#,
+            "rate",
+        ),
+        (
+            r#"algorithm = "sliding-window"
+            limit = 3
+            window = "0s""#,
+            "window",
+        ),
+        // out of range
+        (
+            r#"algorithm = "sliding-log"
+            limit = 3
+            window = "20years""#,
+            "window",
+        ),
+    ];
+    for (body, field) in cases {
+        let text = format!("[[limits]]\nname = \"sms\"\n{body}\n");
+        let error = parse(&text)
+            .err()
+            .unwrap_or_else(|| panic!("accepted:\n{text}"));
+        assert!(
+            error.contains("\"sms\"") && error.contains(&format!("`{field}`")),
+            "the error for\n{text}\nshould name limit \"sms\" and `{field}`: {error}"
+        );
+    }
+    // Errors serde reports itself name the field too.
+    let unknown = parse("[[limits]]\nname = \"sms\"\nalgorithm = \"sliding-log\"\nlimit = 3\nwindow = \"1m\"\nbrust = 2\n");
+    assert!(
+        unknown.as_ref().is_err_and(|e| e.contains("brust")),
+        "{unknown:?}"
+    );
+    let algorithm =
+        parse("[[limits]]\nname = \"sms\"\nalgorithm = \"leaky\"\nlimit = 3\nwindow = \"1m\"\n");
+    assert!(
+        algorithm
+            .as_ref()
+            .is_err_and(|e| e.contains("leaky") && e.contains("sliding-log")),
+        "{algorithm:?}"
+    );
+    let name = parse(
+        "[[limits]]\nname = \"s m s\"\nalgorithm = \"sliding-log\"\nlimit = 3\nwindow = \"1m\"\n",
+    );
+    assert!(
+        name.as_ref().is_err_and(|e| e.contains("`name`")),
+        "{name:?}"
+    );
+}

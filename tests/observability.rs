@@ -1,0 +1,139 @@
+//! Metrics through the `metrics` facade and a tracing span per decision,
+//! read back through the Prometheus exporter an application would install.
+
+mod events;
+
+use std::time::Duration;
+
+use events::Events;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tower_ratelimit::metrics::{Outcome, DECISIONS, MEMORY_STORE_KEYS, STORE_DURATION};
+use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, RedisStore};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The value of the sample `name` whose labels include all of `labels`.
+fn sample(handle: &PrometheusHandle, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let text = handle.render();
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find(|line| {
+            let (series, _) = line.rsplit_once(' ').unwrap_or((line, ""));
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            metric == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|line| line.rsplit_once(' ')?.1.parse().ok())
+}
+
+fn two_limits(store: MemoryStore) -> Limiter {
+    Limiter::builder(store)
+        .limit(Limit::new("burst", Quota::per_minute(2).allow_burst(2).gcra()).expect("limit"))
+        .limit(Limit::new("daily", Quota::per_day(1000).fixed_window()).expect("limit"))
+        .build()
+        .expect("limiter")
+}
+
+#[test]
+fn decisions_are_counted_by_limit_and_outcome() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    runtime().block_on(async {
+        let limiter = two_limits(MemoryStore::new());
+        for _ in 0..3 {
+            limiter.check("client", 1).await.expect("decision");
+        }
+        limiter.check("client", 5000).await.expect("decision");
+        limiter.peek("client").await.expect("a peek");
+        // port 1 refuses connections: a store error
+        let down = RedisStore::new("redis://127.0.0.1:1/").expect("store");
+        let limit = Limit::new("remote", Quota::per_minute(1).sliding_log()).expect("limit");
+        let failing = Limiter::new(down, limit);
+        assert!(failing.check("client", 1).await.is_err());
+    });
+    let decisions = |limit: &str, outcome: Outcome| {
+        sample(
+            &handle,
+            DECISIONS,
+            &[("limit", limit), ("outcome", outcome.as_str())],
+        )
+    };
+    assert_eq!(decisions("burst", Outcome::Allowed), Some(2.0));
+    assert_eq!(decisions("daily", Outcome::Allowed), Some(2.0));
+    // a refusal counts under the limit that refused, not under the others
+    assert_eq!(decisions("burst", Outcome::Denied), Some(1.0));
+    assert_eq!(decisions("daily", Outcome::Denied), None);
+    // 5000 fits neither limit; the peek is not a decision
+    assert_eq!(decisions("burst", Outcome::CostExceedsCapacity), Some(1.0));
+    assert_eq!(decisions("daily", Outcome::CostExceedsCapacity), Some(1.0));
+    assert_eq!(decisions("remote", Outcome::StoreError), Some(1.0));
+    let calls = |store: &str| {
+        sample(
+            &handle,
+            &format!("{STORE_DURATION}_count"),
+            &[("store", store), ("operation", "decide")],
+        )
+    };
+    assert_eq!(calls("memory"), Some(5.0), "4 checks and a peek");
+    assert_eq!(calls("redis"), Some(1.0), "failures are measured too");
+}
+
+#[test]
+fn the_memory_store_size_is_a_gauge_summed_over_stores() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let keys = || sample(&handle, MEMORY_STORE_KEYS, &[]);
+    runtime().block_on(async {
+        let a = two_limits(MemoryStore::new());
+        let b = two_limits(MemoryStore::new());
+        // the first decision on a store reports its size (one state per limit)
+        a.check("one", 1).await.expect("decision");
+        assert_eq!(keys(), Some(2.0));
+        b.check("two", 1).await.expect("decision");
+        assert_eq!(keys(), Some(4.0));
+        drop(a);
+        // a dropped store takes its share back
+        assert_eq!(keys(), Some(2.0));
+    });
+}
+
+#[test]
+fn every_decision_runs_in_a_span_with_its_limits_and_outcome() {
+    let events = Events::capture();
+    runtime().block_on(async {
+        let limiter = two_limits(MemoryStore::new());
+        for _ in 0..3 {
+            limiter.check("client", 1).await.expect("decision");
+        }
+        let down = RedisStore::builder("redis://127.0.0.1:1/")
+            .build()
+            .expect("store");
+        let limit = Limit::new("remote", Quota::per_minute(1).sliding_log()).expect("limit");
+        let timeout = Duration::from_secs(5);
+        let failing = Limiter::builder(down)
+            .limit(limit)
+            .timeout(timeout)
+            .build()
+            .expect("limiter");
+        assert!(failing.check("client", 1).await.is_err());
+    });
+    let spans = events.spans("rate_limit");
+    assert_eq!(
+        spans,
+        [
+            " limits=burst,daily outcome=allowed",
+            " limits=burst,daily outcome=allowed",
+            " limits=burst,daily outcome=denied",
+            " limits=remote outcome=store_error",
+        ]
+    );
+}

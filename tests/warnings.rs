@@ -1,0 +1,147 @@
+//! Misconfigurations that make every client share one limit are logged
+//! once, with the fix, not per request.
+
+mod events;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use events::Events;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use tower::{service_fn, Layer, ServiceExt};
+use tower_ratelimit::key::{ClientIp, ClientIpResolver};
+use tower_ratelimit::layer::{MissingKey, RateLimitLayer};
+use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn request(peer: Option<&str>, header: Option<(&'static str, &str)>) -> Request<Full<Bytes>> {
+    let mut request = Request::new(Full::default());
+    if let Some((name, value)) = header {
+        request
+            .headers_mut()
+            .insert(name, value.parse().expect("header value"));
+    }
+    if let Some(peer) = peer {
+        let ip: std::net::IpAddr = peer.parse().expect("ip");
+        request.extensions_mut().insert(SocketAddr::new(ip, 40_000));
+    }
+    request
+}
+
+async fn status(layer: &RateLimitLayer, request: Request<Full<Bytes>>) -> StatusCode {
+    let service = layer.layer(service_fn(|_: Request<Full<Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::<Bytes>::default()))
+    }));
+    service.oneshot(request).await.expect("infallible").status()
+}
+
+fn layer(key: ClientIp) -> RateLimitLayer {
+    let limit = Limit::new("per-ip", Quota::per_second(1000).token_bucket()).expect("limit");
+    RateLimitLayer::builder()
+        .limit(limit, key)
+        .on_missing_key(MissingKey::Skip)
+        .build()
+        .expect("layer")
+}
+
+#[test]
+fn forwarding_headers_from_an_untrusted_peer_warn_once() {
+    let events = Events::capture();
+    runtime().block_on(async {
+        let layer = layer(ClientIp::peer());
+        status(&layer, request(Some("10.1.2.3"), None)).await;
+        assert!(events.warnings().is_empty(), "no header, no warning");
+        for _ in 0..5 {
+            let xff = Some(("x-forwarded-for", "203.0.113.9"));
+            assert_eq!(
+                status(&layer, request(Some("10.1.2.3"), xff)).await,
+                StatusCode::OK
+            );
+            let fwd = Some(("forwarded", "for=203.0.113.9"));
+            status(&layer, request(Some("10.1.2.3"), fwd)).await;
+        }
+    });
+    let warnings = events.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("10.1.2.3"), "{warnings:?}");
+    assert!(warnings[0].contains("X-Forwarded-For"), "{warnings:?}");
+    assert!(
+        warnings[0].contains("trust_proxies"),
+        "names the fix: {warnings:?}"
+    );
+}
+
+#[test]
+fn a_trusted_proxy_sending_the_header_not_read_warns_once() {
+    let events = Events::capture();
+    runtime().block_on(async {
+        let resolver = ClientIpResolver::new()
+            .trust_proxies(["10.0.0.0/8"])
+            .expect("cidr");
+        let layer = layer(ClientIp::with_resolver(resolver));
+        // the header the resolver reads: all is well
+        let xff = Some(("x-forwarded-for", "203.0.113.9"));
+        status(&layer, request(Some("10.1.2.3"), xff)).await;
+        assert!(events.warnings().is_empty(), "{:?}", events.warnings());
+        for _ in 0..5 {
+            let fwd = Some(("forwarded", "for=203.0.113.9"));
+            status(&layer, request(Some("10.1.2.3"), fwd)).await;
+        }
+    });
+    let warnings = events.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("proxy_header(ProxyHeader::Forwarded)"),
+        "names the fix: {warnings:?}"
+    );
+}
+
+#[test]
+fn requests_without_a_peer_address_warn_once() {
+    let events = Events::capture();
+    runtime().block_on(async {
+        let layer = layer(ClientIp::peer());
+        for _ in 0..5 {
+            status(&layer, request(None, None)).await;
+        }
+    });
+    let warnings = events.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("into_make_service_with_connect_info"),
+        "names the fix: {warnings:?}"
+    );
+}
+
+#[test]
+fn a_limit_name_reused_with_another_quota_on_one_store_warns_once() {
+    let events = Events::capture();
+    let store = MemoryStore::new();
+    let ten = Quota::per_second(10).allow_burst(20).gcra();
+    let five = Quota::per_second(5).allow_burst(20).gcra();
+    let api = |quota| Limit::new("api", quota).expect("limit");
+    let _a = Limiter::new(store.clone(), api(ten));
+    let _b = Limiter::new(store.clone(), api(ten));
+    let _other_store = Limiter::new(MemoryStore::new(), api(five));
+    assert!(events.warnings().is_empty(), "{:?}", events.warnings());
+    let _c = Limiter::builder(store.clone())
+        .limit(api(five))
+        .build()
+        .expect("limiter");
+    let _d = Limiter::new(store, api(Quota::per_minute(3).sliding_log()));
+    let warnings = events.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("GCRA, 10 per 1s, bursts of 20")
+            && warnings[0].contains("GCRA, 5 per 1s, bursts of 20"),
+        "{warnings:?}"
+    );
+}
