@@ -21,6 +21,8 @@ pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 
+use smallvec::SmallVec;
+
 use crate::quota::{Algorithm, Params};
 
 /// floor(a / b) for b > 0.
@@ -66,15 +68,72 @@ pub(crate) enum State {
 }
 
 impl State {
-    /// The state of a key never seen (or expired).
-    pub(crate) fn fresh(p: &Params) -> Self {
-        match p.algorithm {
-            Algorithm::SlidingLog => State::SlidingLog(Default::default()),
-            Algorithm::TokenBucket => State::TokenBucket(Default::default()),
-            Algorithm::Gcra => State::Gcra(Default::default()),
-            Algorithm::FixedWindow => State::FixedWindow(Default::default()),
-            Algorithm::SlidingWindow => State::SlidingWindow(Default::default()),
+    /// The state to [`prepare`](Self::prepare) from a stored form (`None`,
+    /// or a form of another algorithm: fresh). A sliding log's grants are
+    /// moved out of `stored`, which [`restore`](Self::restore) or
+    /// [`save_into`](Self::save_into) gives back.
+    pub(crate) fn load(stored: Option<&mut Stored>, p: &Params) -> Self {
+        match (p.algorithm, stored) {
+            (Algorithm::SlidingLog, Some(Stored::SlidingLog(s))) => {
+                State::SlidingLog(sliding_log::SlidingLog::from_log(std::mem::take(&mut s.0)))
+            }
+            (Algorithm::SlidingLog, _) => State::SlidingLog(Default::default()),
+            (Algorithm::TokenBucket, Some(Stored::TokenBucket(raw))) => {
+                State::TokenBucket(token_bucket::TokenBucket::from_raw(Some(*raw)))
+            }
+            (Algorithm::TokenBucket, _) => State::TokenBucket(Default::default()),
+            (Algorithm::Gcra, Some(Stored::Gcra(raw))) => {
+                State::Gcra(gcra::Gcra::from_raw(Some(*raw)))
+            }
+            (Algorithm::Gcra, _) => State::Gcra(Default::default()),
+            (Algorithm::FixedWindow, Some(Stored::FixedWindow(raw))) => {
+                State::FixedWindow(fixed_window::FixedWindow::from_raw(Some(*raw)))
+            }
+            (Algorithm::FixedWindow, _) => State::FixedWindow(Default::default()),
+            (Algorithm::SlidingWindow, Some(Stored::SlidingWindow(raw))) => {
+                State::SlidingWindow(sliding_window::SlidingWindow::from_raw(Some(*raw)))
+            }
+            (Algorithm::SlidingWindow, _) => State::SlidingWindow(Default::default()),
         }
+    }
+
+    /// Gives a state that was loaded from `stored` and not saved back to it:
+    /// unchanged but for the pruning of a sliding log, as in Redis.
+    pub(crate) fn restore(self, stored: &mut Stored) {
+        if let (State::SlidingLog(s), Stored::SlidingLog(slot)) = (self, stored) {
+            slot.0 = s.into_log();
+        }
+    }
+
+    /// [`save`](Self::save)s into `stored`, reusing a sliding log's
+    /// allocation; returns the expiry.
+    pub(crate) fn save_into(self, p: &Params, now: i64, stored: &mut Stored) -> i64 {
+        match (self, stored) {
+            (State::SlidingLog(mut s), Stored::SlidingLog(slot)) => {
+                let expires_at = s.save(&p.p, now);
+                **slot = (s.into_log(), expires_at);
+                expires_at
+            }
+            (state, stored) => {
+                let (saved, expires_at) = state.save_new(p, now);
+                *stored = saved;
+                expires_at
+            }
+        }
+    }
+
+    /// [`save`](Self::save)s into a new stored form; returns it and the expiry.
+    pub(crate) fn save_new(mut self, p: &Params, now: i64) -> (Stored, i64) {
+        let expires_at = self.save(p, now);
+        let stored = match self {
+            State::SlidingLog(s) => Stored::SlidingLog(Box::new((s.into_log(), expires_at))),
+            // `save` has just set every `raw`: the defaults are never used.
+            State::TokenBucket(s) => Stored::TokenBucket(s.raw().unwrap_or_default()),
+            State::Gcra(s) => Stored::Gcra(s.raw().unwrap_or_default()),
+            State::FixedWindow(s) => Stored::FixedWindow(s.raw().unwrap_or_default()),
+            State::SlidingWindow(s) => Stored::SlidingWindow(s.raw().unwrap_or_default()),
+        };
+        (stored, expires_at)
     }
 
     /// Reads the stored state (written at the writer's clock `hw`) in this
@@ -133,6 +192,35 @@ impl State {
     }
 }
 
+/// What the in-process store keeps of one key of one limit: exactly the
+/// fields the scripts keep in Redis (no working fields), and for a sliding
+/// log its expiry (the other forms carry theirs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// Boxed: the largest form, and it owns a growing log anyway.
+    SlidingLog(Box<(sliding_log::Log, i64)>),
+    TokenBucket(token_bucket::Raw),
+    Gcra(gcra::Raw),
+    FixedWindow(fixed_window::Raw),
+    SlidingWindow(sliding_window::Raw),
+}
+
+impl Stored {
+    /// When the state becomes equal to a fresh one: the expiry `save` returned.
+    pub(crate) fn expires_at(&self) -> i64 {
+        match self {
+            Stored::SlidingLog(s) => s.1,
+            Stored::TokenBucket(raw) => raw.expires_at(),
+            Stored::Gcra(raw) => raw.expires_at(),
+            Stored::FixedWindow(raw) => fixed_window::expires_at(raw),
+            Stored::SlidingWindow(raw) => sliding_window::expires_at(raw),
+        }
+    }
+}
+
+/// Per-limit statuses of a reply: inline for the usual one or two limits.
+pub(crate) type Statuses = SmallVec<[[i64; 3]; 2]>;
+
 /// What a store answers for one decision, in the units of the scripts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(unreachable_pub)] // named by the sealed store trait, never exported
@@ -144,7 +232,7 @@ pub struct Reply {
     /// The store's clock.
     pub(crate) now: i64,
     /// Per limit: (wait or -1, remaining, reset_after).
-    pub(crate) limits: Vec<[i64; 3]>,
+    pub(crate) limits: Statuses,
 }
 
 impl Reply {
@@ -180,7 +268,7 @@ pub(crate) fn decide(
 ) -> Reply {
     let mut at = now;
     let mut never = false;
-    let mut earliest = Vec::with_capacity(states.len());
+    let mut earliest: SmallVec<[Option<i64>; 4]> = SmallVec::with_capacity(states.len());
     for ((state, p), &cost) in states.iter().zip(params).zip(costs) {
         let t = if cost > 0 {
             state.earliest(p, now, cost)
@@ -200,7 +288,7 @@ pub(crate) fn decide(
     } else {
         (0, at - now)
     };
-    let mut limits = Vec::with_capacity(states.len());
+    let mut limits = Statuses::with_capacity(states.len());
     for (((state, p), &cost), t) in states.iter_mut().zip(params).zip(costs).zip(earliest) {
         let mut as_of = now;
         if outcome == 0 && !dry {
