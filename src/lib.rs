@@ -87,4 +87,4 @@ pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 pub use limiter::{Limiter, LimiterBuilder, DEFAULT_TIMEOUT};
 pub use quota::{Algorithm, Limit, Quota};
-pub use store::{MemoryStore, RedisStore, RedisStoreBuilder, Store};
+pub use store::{MemoryStore, MemoryStoreBuilder, RedisStore, RedisStoreBuilder, Store};

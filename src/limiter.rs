@@ -3,11 +3,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::algorithm::Reply;
 use crate::decision::{Decision, LimitStatus, Verdict};
-use crate::store::keys;
 use crate::store::{Check, Store};
 use crate::{ConfigError, Error, Limit};
+
+/// The checks of one decision: inline for the usual few limits.
+type Checks<'a> = SmallVec<[Check<'a>; 2]>;
 
 /// Default bound on one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -260,19 +264,25 @@ impl Limiter {
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), 0);
+        if self.inner.store.reset_sync(&checks) {
+            return Ok(());
+        }
         self.bounded(self.inner.store.reset(&checks)).await
     }
 
     async fn run(
         &self,
-        checks: Vec<Check<'_>>,
+        checks: Checks<'_>,
         max_wait: Duration,
         dry: bool,
     ) -> Result<Decision, Error> {
         let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
-        let reply = self
-            .bounded(self.inner.store.decide(&checks, max_wait, dry))
-            .await?;
+        let store = &self.inner.store;
+        // A store that answers at once needs neither a future nor a timer.
+        let reply = match store.decide_sync(&checks, max_wait, dry) {
+            Some(reply) => reply,
+            None => self.bounded(store.decide(&checks, max_wait, dry)).await?,
+        };
         Self::decision(&checks, reply, max_wait)
     }
 
@@ -285,20 +295,12 @@ impl Limiter {
             .unwrap_or(Err(Error::Timeout(self.inner.timeout)))
     }
 
-    fn checks<'a>(pairs: impl Iterator<Item = (&'a Limit, &'a [u8])>, cost: u64) -> Vec<Check<'a>> {
+    fn checks<'a>(pairs: impl Iterator<Item = (&'a Limit, &'a [u8])>, cost: u64) -> Checks<'a> {
         // Costs above 2^53 can never fit any validated limit; clamp so the
         // arithmetic in both stores stays exact.
         let cost = i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX);
-        let mut last: Option<(&[u8], String)> = None;
         pairs
-            .map(|(limit, key)| {
-                let tag = match &last {
-                    Some((k, tag)) if *k == key => tag.clone(),
-                    _ => keys::tag(key),
-                };
-                last = Some((key, tag.clone()));
-                Check { limit, tag, cost }
-            })
+            .map(|(limit, key)| Check { limit, key, cost })
             .collect()
     }
 
