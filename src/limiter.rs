@@ -6,7 +6,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::algorithm::Reply;
-use crate::decision::{Decision, LimitStatus, Verdict};
+use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
 use crate::store::{Check, Store};
 use crate::{ConfigError, Error, Limit};
 
@@ -153,6 +153,17 @@ impl Limiter {
     /// consumes nothing; to ask whether a request would pass, use
     /// [`peek`](Self::peek).
     pub async fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+        // One limit over a store that answers at once: straight through.
+        if let [limit] = &self.inner.limits[..] {
+            let check = [Check {
+                limit,
+                key: key.as_ref(),
+                cost: Self::cost(cost),
+            }];
+            if let Some(reply) = self.inner.store.decide_sync(&check, 0, false) {
+                return Self::decision(&check, reply, 0);
+            }
+        }
         self.decide(&[key], cost, Duration::ZERO).await
     }
 
@@ -296,12 +307,18 @@ impl Limiter {
     }
 
     fn checks<'a>(pairs: impl Iterator<Item = (&'a Limit, &'a [u8])>, cost: u64) -> Checks<'a> {
+        let cost = Self::cost(cost);
+        let mut checks = Checks::new();
+        for (limit, key) in pairs {
+            checks.push(Check { limit, key, cost });
+        }
+        checks
+    }
+
+    fn cost(cost: u64) -> i64 {
         // Costs above 2^53 can never fit any validated limit; clamp so the
         // arithmetic in both stores stays exact.
-        let cost = i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX);
-        pairs
-            .map(|(limit, key)| Check { limit, key, cost })
-            .collect()
+        i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX)
     }
 
     fn decision(checks: &[Check<'_>], reply: Reply, max_wait: i64) -> Result<Decision, Error> {
@@ -313,11 +330,10 @@ impl Limiter {
             )));
         }
         let micros = |us: i64| Duration::from_micros(u64::try_from(us).unwrap_or(0));
-        let statuses = checks
-            .iter()
-            .map(|check| check.limit)
-            .zip(&reply.limits)
-            .map(|(limit, &[wait, remaining, reset])| LimitStatus {
+        let mut statuses = Statuses::new();
+        for (check, &[wait, remaining, reset]) in checks.iter().zip(&reply.limits) {
+            let limit = check.limit;
+            statuses.push(LimitStatus {
                 name: limit.shared_name().clone(),
                 algorithm: limit.quota().algorithm(),
                 limit: limit.capacity(),
@@ -330,8 +346,8 @@ impl Limiter {
                     1 => wait > max_wait,
                     _ => false,
                 },
-            })
-            .collect();
+            });
+        }
         let (verdict, wait) = match reply.outcome {
             0 => (Verdict::Allowed, micros(reply.wait)),
             1 => (

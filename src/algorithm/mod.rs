@@ -138,6 +138,7 @@ impl State {
 
     /// Reads the stored state (written at the writer's clock `hw`) in this
     /// limit's units as of `now`, as the scripts' `prepare` functions do.
+    #[inline]
     pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) {
         match self {
             State::SlidingLog(s) => s.prepare(&p.p, now),
@@ -148,6 +149,7 @@ impl State {
         }
     }
 
+    #[inline]
     fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
         match self {
             State::SlidingLog(s) => s.earliest(&p.p, now, cost),
@@ -158,6 +160,7 @@ impl State {
         }
     }
 
+    #[inline]
     fn grant(&mut self, p: &Params, at: i64, cost: i64) {
         match self {
             State::SlidingLog(s) => s.grant(at, cost),
@@ -168,6 +171,7 @@ impl State {
         }
     }
 
+    #[inline]
     fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         match self {
             State::SlidingLog(s) => s.status(&p.p, now, at),
@@ -181,6 +185,7 @@ impl State {
     /// Writes the working state back into its stored form, as of `now` (the
     /// key's new `hw`), as the scripts' `save` functions do. Returns the time
     /// at which the state becomes equal to a fresh one: the key's expiry.
+    #[inline]
     pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
         match self {
             State::SlidingLog(s) => s.save(&p.p, now),
@@ -258,6 +263,7 @@ impl Reply {
 /// `states` are prepared (see [`State::prepare`]) as of `now`, the latest of
 /// the store's clock and every key's `hw`; on a grant (unless `dry`) they are
 /// updated, and the caller saves them.
+#[inline]
 pub(crate) fn decide(
     states: &mut [State],
     params: &[&Params],
@@ -268,7 +274,8 @@ pub(crate) fn decide(
 ) -> Reply {
     let mut at = now;
     let mut never = false;
-    let mut earliest: SmallVec<[Option<i64>; 4]> = SmallVec::with_capacity(states.len());
+    // Per limit: [wait or -1, remaining, reset]; the wait is known first.
+    let mut limits = Statuses::new();
     for ((state, p), &cost) in states.iter().zip(params).zip(costs) {
         let t = if cost > 0 {
             state.earliest(p, now, cost)
@@ -279,7 +286,7 @@ pub(crate) fn decide(
             None => never = true,
             Some(t) => at = at.max(t),
         }
-        earliest.push(t);
+        limits.push([t.map_or(-1, |t| t - now), 0, 0]);
     }
     let (outcome, wait) = if never {
         (2, -1)
@@ -288,8 +295,7 @@ pub(crate) fn decide(
     } else {
         (0, at - now)
     };
-    let mut limits = Statuses::with_capacity(states.len());
-    for (((state, p), &cost), t) in states.iter_mut().zip(params).zip(costs).zip(earliest) {
+    for (((state, p), &cost), status) in states.iter_mut().zip(params).zip(costs).zip(&mut limits) {
         let mut as_of = now;
         if outcome == 0 && !dry {
             as_of = at;
@@ -298,7 +304,7 @@ pub(crate) fn decide(
             }
         }
         let (remaining, reset) = state.status(p, now, as_of);
-        limits.push([t.map_or(-1, |t| t - now), remaining, reset]);
+        (status[1], status[2]) = (remaining, reset);
     }
     Reply {
         outcome,

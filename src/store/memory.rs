@@ -120,7 +120,9 @@ impl Table {
             entry.remove();
         }
         let last = self.chunks.last_mut()?.pop()?;
-        if self.chunks.last().is_some_and(Vec::is_empty) {
+        // The first chunk stays (a key coming and going reuses it); `shrink`
+        // frees it once the table is empty.
+        if self.chunks.len() > 1 && self.chunks.last().is_some_and(Vec::is_empty) {
             self.chunks.pop();
         }
         self.len -= 1;
@@ -137,9 +139,10 @@ impl Table {
         Some(std::mem::replace(hole, last))
     }
 
-    /// Examines up to `n` slots from the cursor and removes the expired ones;
-    /// returns how many it examined and how many it removed.
+    /// Examines up to `n` slots (each at most once) from the cursor and
+    /// removes the expired ones; returns how many it examined and removed.
     fn sweep(&mut self, n: usize, now: i64, hasher: &Hasher) -> (usize, usize) {
+        let n = n.min(self.len);
         let (mut examined, mut removed) = (0, 0);
         while examined < n && self.len > 0 {
             if self.cursor >= self.len {
@@ -160,6 +163,9 @@ impl Table {
 
     /// Gives back the index's memory once most of its keys are gone.
     fn shrink(&mut self, hasher: &Hasher) {
+        if self.len == 0 {
+            self.chunks = Vec::new();
+        }
         if self.index.capacity() > 4 * self.len.max(64) {
             let chunks = &self.chunks;
             self.index
@@ -209,6 +215,16 @@ impl Hasher {
     }
 }
 
+/// Where a key's state is in its table.
+#[derive(Debug, Clone, Copy)]
+enum Found {
+    /// A live state in this slot.
+    Live(usize),
+    /// An expired state (read as absent) in this slot.
+    Expired(usize),
+    Absent,
+}
+
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: Hasher,
@@ -234,6 +250,74 @@ impl Inner {
     fn forget(&self, removed: usize) {
         if removed > 0 {
             self.count.fetch_sub(removed, Ordering::AcqRel);
+        }
+    }
+
+    /// Where `key`'s state is in `table`. An expired state reads as absent;
+    /// its slot is overwritten if the decision writes, else removed.
+    fn locate(&self, table: &Table, hash: u64, key: &[u8], real: i64) -> Found {
+        let Some(i) = table.find(hash, key) else {
+            return Found::Absent;
+        };
+        match table.slot(i) {
+            Some(slot) if slot.stored.expires_at() > real => Found::Live(i),
+            _ => Found::Expired(i),
+        }
+    }
+
+    /// Puts a decided state back: saved when granted (`write`) at a cost,
+    /// else unchanged but for the pruning of a sliding log, as in Redis.
+    /// Returns whether a new key was stored.
+    #[allow(clippy::too_many_arguments)]
+    fn write_back(
+        &self,
+        table: &mut Table,
+        check: &Check<'_>,
+        state: State,
+        found: Found,
+        hash: u64,
+        write: bool,
+        now: i64,
+        real: i64,
+    ) -> bool {
+        let p = check.limit.params();
+        let write = write && check.cost > 0;
+        match found {
+            Found::Live(i) | Found::Expired(i) if write => {
+                if let Some(slot) = table.slot_mut(i) {
+                    let expires_at = state.save_into(p, now, &mut slot.stored);
+                    slot.hw = now;
+                    if expires_at <= real && table.remove(i, &self.hasher).is_some() {
+                        self.forget(1);
+                    }
+                }
+                false
+            }
+            Found::Live(i) => {
+                if let Some(slot) = table.slot_mut(i) {
+                    state.restore(&mut slot.stored);
+                }
+                false
+            }
+            Found::Expired(i) => {
+                if table.remove(i, &self.hasher).is_some() {
+                    self.forget(1);
+                }
+                false
+            }
+            Found::Absent if write => {
+                let (stored, expires_at) = state.save_new(p, now);
+                if expires_at <= real {
+                    return false;
+                }
+                let slot = Slot {
+                    key: Key::from_slice(check.key),
+                    hw: now,
+                    stored,
+                };
+                self.insert(table, hash, slot, real)
+            }
+            Found::Absent => false,
         }
     }
 
@@ -539,10 +623,10 @@ impl MemoryStore {
         let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> =
             order.iter().map(|&s| lock(&inner.shards[s])).collect();
 
-        // Where each check's state is: (guard, table, slot). The limits of a
-        // limiter have distinct names, so no two checks share a table, and a
-        // removal in one table moves no slot another check found.
-        let mut places: SmallVec<[(usize, usize, Option<usize>); 4]> = SmallVec::new();
+        // Where each check's state is: (guard, table, slot). Nothing moves
+        // until the write-back, where the limits of a limiter, having
+        // distinct names, each write their own table.
+        let mut places: SmallVec<[(usize, usize, Found); 4]> = SmallVec::new();
         // As in `lua/driver.lua`: the decision's clock is the latest of the
         // store's and of every key's last write, so time never runs back.
         let mut now = real;
@@ -555,30 +639,31 @@ impl MemoryStore {
             };
             let t = shard.table(check.limit);
             let table = &mut shard.tables[t];
-            let mut found = table.find(hash, check.key);
-            if let Some(i) = found {
-                match table.slot(i) {
-                    Some(slot) if slot.stored.expires_at() > real => now = now.max(slot.hw),
-                    _ => {
-                        // Expired: it reads as absent, and goes.
-                        if table.remove(i, &inner.hasher).is_some() {
-                            inner.forget(1);
-                        }
-                        found = None;
-                    }
+            let found = inner.locate(table, hash, check.key, real);
+            if let Found::Live(i) = found {
+                if let Some(slot) = table.slot(i) {
+                    now = now.max(slot.hw);
                 }
             }
             places.push((g, t, found));
         }
         if places.len() != checks.len() {
             // Unreachable (every shard was locked); decide on fresh states.
-            places = checks.iter().map(|_| (usize::MAX, 0, None)).collect();
+            places = checks
+                .iter()
+                .map(|_| (usize::MAX, 0, Found::Absent))
+                .collect();
         }
 
         let mut states: SmallVec<[State; 2]> = SmallVec::with_capacity(checks.len());
         for (check, &(g, t, found)) in checks.iter().zip(&places) {
             let p = check.limit.params();
-            let slot = found.and_then(|i| guards.get_mut(g)?.tables.get_mut(t)?.slot_mut(i));
+            let slot = match found {
+                Found::Live(i) => guards
+                    .get_mut(g)
+                    .and_then(|s| s.tables.get_mut(t)?.slot_mut(i)),
+                _ => None,
+            };
             let (mut state, hw) = match slot {
                 Some(slot) => (State::load(Some(&mut slot.stored), p), slot.hw),
                 None => (State::load(None, p), now),
@@ -592,44 +677,54 @@ impl MemoryStore {
 
         let write = reply.outcome == 0 && !dry;
         let mut added = false;
-        for ((check, state), &(g, t, found)) in checks.iter().zip(states).zip(&places) {
-            let Some(table) = guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) else {
-                continue;
-            };
-            let p = check.limit.params();
-            match found {
-                Some(i) if write && check.cost > 0 => {
-                    let Some(slot) = table.slot_mut(i) else {
-                        continue;
-                    };
-                    let expires_at = state.save_into(p, now, &mut slot.stored);
-                    slot.hw = now;
-                    if expires_at <= real && table.remove(i, &inner.hasher).is_some() {
-                        inner.forget(1);
-                    }
-                }
-                Some(i) => {
-                    // Unchanged but for the pruning of a sliding log, as in Redis.
-                    if let Some(slot) = table.slot_mut(i) {
-                        state.restore(&mut slot.stored);
-                    }
-                }
-                None if write && check.cost > 0 => {
-                    let (stored, expires_at) = state.save_new(p, now);
-                    if expires_at > real {
-                        let slot = Slot {
-                            key: Key::from_slice(check.key),
-                            hw: now,
-                            stored,
-                        };
-                        let hash = inner.hasher.hash(check.key);
-                        added |= inner.insert(table, hash, slot, real);
-                    }
-                }
-                None => {}
+        for (((check, state), &(g, t, found)), &hash) in
+            checks.iter().zip(states).zip(&places).zip(&hashes)
+        {
+            if let Some(table) = guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
+                added |= inner.write_back(table, check, state, found, hash, write, now, real);
             }
         }
         drop(guards);
+        if added {
+            self.ensure_reclaimer();
+        }
+        reply
+    }
+
+    /// [`decide_now`](Self::decide_now) for one limit: the same steps and the
+    /// same arithmetic, one lock, nothing collected.
+    fn decide_one(&self, check: &Check<'_>, max_wait: i64, dry: bool) -> Reply {
+        let inner = &*self.inner;
+        let real = inner.clock.now_micros();
+        let hash = inner.hasher.hash(check.key);
+        let p = check.limit.params();
+        let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
+        let t = shard.table(check.limit);
+        let table = &mut shard.tables[t];
+        let found = inner.locate(table, hash, check.key, real);
+        let live = match found {
+            Found::Live(i) => table.slot_mut(i),
+            _ => None,
+        };
+        let (mut state, hw, now) = match live {
+            Some(slot) => {
+                let now = real.max(slot.hw);
+                (State::load(Some(&mut slot.stored), p), slot.hw, now)
+            }
+            None => (State::load(None, p), real, real),
+        };
+        state.prepare(p, hw, now);
+        let reply = algorithm::decide(
+            std::slice::from_mut(&mut state),
+            &[p],
+            &[check.cost],
+            now,
+            max_wait,
+            dry,
+        );
+        let write = reply.outcome == 0 && !dry;
+        let added = inner.write_back(table, check, state, found, hash, write, now, real);
+        drop(shard);
         if added {
             self.ensure_reclaimer();
         }
@@ -678,7 +773,10 @@ impl Sealed for MemoryStore {
     }
 
     fn decide_sync(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Option<Reply> {
-        Some(self.decide_now(checks, max_wait, dry))
+        Some(match checks {
+            [check] => self.decide_one(check, max_wait, dry),
+            _ => self.decide_now(checks, max_wait, dry),
+        })
     }
 
     fn reset_sync(&self, checks: &[Check<'_>]) -> bool {
