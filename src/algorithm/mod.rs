@@ -263,7 +263,7 @@ impl Reply {
 /// `states` are prepared (see [`State::prepare`]) as of `now`, the latest of
 /// the store's clock and every key's `hw`; on a grant (unless `dry`) they are
 /// updated, and the caller saves them.
-#[inline]
+#[inline(always)]
 pub(crate) fn decide(
     states: &mut [State],
     params: &[&Params],
