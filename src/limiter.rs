@@ -321,6 +321,7 @@ impl Limiter {
         i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX)
     }
 
+    #[inline]
     fn decision(checks: &[Check<'_>], reply: Reply, max_wait: i64) -> Result<Decision, Error> {
         if reply.limits.len() != checks.len() {
             return Err(Error::UnexpectedReply(format!(

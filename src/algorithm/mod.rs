@@ -72,6 +72,7 @@ impl State {
     /// or a form of another algorithm: fresh). A sliding log's grants are
     /// moved out of `stored`, which [`restore`](Self::restore) or
     /// [`save_into`](Self::save_into) gives back.
+    #[inline]
     pub(crate) fn load(stored: Option<&mut Stored>, p: &Params) -> Self {
         match (p.algorithm, stored) {
             (Algorithm::SlidingLog, Some(Stored::SlidingLog(s))) => {
@@ -99,6 +100,7 @@ impl State {
 
     /// Gives a state that was loaded from `stored` and not saved back to it:
     /// unchanged but for the pruning of a sliding log, as in Redis.
+    #[inline]
     pub(crate) fn restore(self, stored: &mut Stored) {
         if let (State::SlidingLog(s), Stored::SlidingLog(slot)) = (self, stored) {
             slot.0 = s.into_log();
@@ -107,6 +109,7 @@ impl State {
 
     /// [`save`](Self::save)s into `stored`, reusing a sliding log's
     /// allocation; returns the expiry.
+    #[inline]
     pub(crate) fn save_into(self, p: &Params, now: i64, stored: &mut Stored) -> i64 {
         match (self, stored) {
             (State::SlidingLog(mut s), Stored::SlidingLog(slot)) => {
@@ -123,6 +126,7 @@ impl State {
     }
 
     /// [`save`](Self::save)s into a new stored form; returns it and the expiry.
+    #[inline]
     pub(crate) fn save_new(mut self, p: &Params, now: i64) -> (Stored, i64) {
         let expires_at = self.save(p, now);
         let stored = match self {

@@ -76,19 +76,23 @@ impl Table {
         }
     }
 
+    #[inline]
     fn is_for(&self, limit: &Limit) -> bool {
         self.algorithm == limit.params().algorithm
             && (Arc::ptr_eq(&self.name, limit.shared_name()) || *self.name == *limit.name())
     }
 
+    #[inline]
     fn slot(&self, i: usize) -> Option<&Slot> {
         self.chunks.get(i / CHUNK)?.get(i % CHUNK)
     }
 
+    #[inline]
     fn slot_mut(&mut self, i: usize) -> Option<&mut Slot> {
         self.chunks.get_mut(i / CHUNK)?.get_mut(i % CHUNK)
     }
 
+    #[inline]
     fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
         let found = self.index.find(hash, |&i| {
             self.slot(i as usize)
@@ -191,6 +195,7 @@ struct Shard {
 impl Shard {
     /// The table of `limit`, created on first use (tables are never removed,
     /// so a table's position stays valid across lock holds).
+    #[inline]
     fn table(&mut self, limit: &Limit) -> usize {
         if let Some(t) = self.tables.iter().position(|t| t.is_for(limit)) {
             return t;
@@ -204,6 +209,7 @@ impl Shard {
 struct Hasher(foldhash::quality::RandomState);
 
 impl Hasher {
+    #[inline]
     fn hash(&self, key: &[u8]) -> u64 {
         use std::hash::BuildHasher;
         self.0.hash_one(key)
@@ -255,6 +261,7 @@ impl Inner {
 
     /// Where `key`'s state is in `table`. An expired state reads as absent;
     /// its slot is overwritten if the decision writes, else removed.
+    #[inline]
     fn locate(&self, table: &Table, hash: u64, key: &[u8], real: i64) -> Found {
         let Some(i) = table.find(hash, key) else {
             return Found::Absent;
@@ -269,6 +276,7 @@ impl Inner {
     /// else unchanged but for the pruning of a sliding log, as in Redis.
     /// Returns whether a new key was stored.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn write_back(
         &self,
         table: &mut Table,
@@ -693,6 +701,7 @@ impl MemoryStore {
 
     /// [`decide_now`](Self::decide_now) for one limit: the same steps and the
     /// same arithmetic, one lock, nothing collected.
+    #[inline]
     fn decide_one(&self, check: &Check<'_>, max_wait: i64, dry: bool) -> Reply {
         let inner = &*self.inner;
         let real = inner.clock.now_micros();
