@@ -1,6 +1,10 @@
 //! Cost of one rate-limit decision.
 //!
-//! Group `memory`: the in-process store. Group `redis`: the crate's Redis store
+//! Group `memory`: the in-process store. Group `versus_governor`: one GCRA
+//! check of `Limiter` over `MemoryStore` next to `governor`'s keyed check
+//! (`DefaultKeyedRateLimiter::check_key`) for the same quota, on a hot key
+//! and over 10k rotating keys: the ratio of the two is the figure to watch.
+//! Group `redis`: the crate's Redis store
 //! next to three baselines that run the same decision function (or a bare `PING`) without
 //! it, each with 1 and with 50 decisions in flight:
 //!
@@ -21,6 +25,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::num::NonZeroU32;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -102,6 +107,51 @@ fn runtime() -> Runtime {
         .enable_all()
         .build()
         .expect("tokio runtime")
+}
+
+/// `governor`'s keyed limiter with the quota of [`memory_gcra_quota`]:
+/// 10^9 per second, bursts of 10^9 (a cell every nanosecond).
+fn governor_limiter() -> governor::DefaultKeyedRateLimiter<String> {
+    let rate = NonZeroU32::new(1_000_000_000).expect("non-zero");
+    governor::RateLimiter::keyed(governor::Quota::per_second(rate).allow_burst(rate))
+}
+
+fn bench_versus_governor(c: &mut Criterion, rt: &Runtime) {
+    let mut group = c.benchmark_group("versus_governor");
+    group.throughput(Throughput::Elements(1));
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("user-{i}")).collect();
+
+    let governor = governor_limiter();
+    let hot = USER_KEY.to_owned();
+    group.bench_function("governor/hot_key", |b| {
+        b.iter(|| assert!(governor.check_key(&hot).is_ok(), "governor denied"));
+    });
+    let ours = Limiter::new(MemoryStore::new(), limit(memory_gcra_quota()));
+    group.bench_function("ours/hot_key", |b| {
+        b.to_async(rt)
+            .iter(|| async { granted(ours.check(USER_KEY, 1).await) });
+    });
+
+    let governor = governor_limiter();
+    group.bench_function("governor/10k_keys", |b| {
+        let mut next = 0;
+        b.iter(|| {
+            let key = &keys[next];
+            next = (next + 1) % KEYS;
+            assert!(governor.check_key(key).is_ok(), "governor denied");
+        });
+    });
+    let ours = Limiter::new(MemoryStore::new(), limit(memory_gcra_quota()));
+    let (ours_ref, keys_ref) = (&ours, &keys);
+    group.bench_function("ours/10k_keys", |b| {
+        let mut next = 0;
+        b.to_async(rt).iter(move || {
+            let key = &keys_ref[next];
+            next = (next + 1) % KEYS;
+            async move { granted(ours_ref.check(key, 1).await) }
+        });
+    });
+    group.finish();
 }
 
 fn bench_memory(c: &mut Criterion, rt: &Runtime) {
@@ -320,6 +370,7 @@ fn main() {
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
 
+    bench_versus_governor(&mut c, &rt);
     bench_memory(&mut c, &rt);
 
     let redis = redis_url().and_then(|(url, server)| {

@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::Algorithm;
 
 /// Whether the cost was granted.
@@ -78,6 +80,9 @@ impl LimitStatus {
     }
 }
 
+/// The statuses of a decision: inline for one limit.
+pub(crate) type Statuses = SmallVec<[LimitStatus; 1]>;
+
 /// The answer to a check: a [`Verdict`] and the state of every limit.
 ///
 /// The top-level figures (`limit`, `remaining`, `reset_after`) are those of the
@@ -87,13 +92,13 @@ impl LimitStatus {
 pub struct Decision {
     pub(crate) verdict: Verdict,
     pub(crate) wait: Duration,
-    pub(crate) statuses: Vec<LimitStatus>,
+    pub(crate) statuses: Statuses,
     pub(crate) binding: usize,
     pub(crate) cached: bool,
 }
 
 impl Decision {
-    pub(crate) fn new(verdict: Verdict, wait: Duration, statuses: Vec<LimitStatus>) -> Self {
+    pub(crate) fn new(verdict: Verdict, wait: Duration, statuses: Statuses) -> Self {
         let binding = match verdict {
             Verdict::Allowed => statuses
                 .iter()

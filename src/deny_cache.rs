@@ -55,17 +55,22 @@ impl DenyCache {
         self.clock.now_micros()
     }
 
-    /// The limits and keys of a decision: each limit's name and key tag.
-    /// Names hold no NUL and tags escape it, so the key is unambiguous.
+    /// The limits and keys of a decision: each limit's name, then its key
+    /// with its length (names hold no NUL), so the whole is unambiguous.
     pub(crate) fn key(checks: &[Check<'_>]) -> Vec<u8> {
-        let mut key = Vec::with_capacity(checks.iter().map(|c| c.tag.len() + 16).sum());
+        let mut key = Vec::with_capacity(checks.iter().map(|c| c.key.len() + 80).sum());
         for check in checks {
             key.extend_from_slice(check.limit.name().as_bytes());
-            key.push(0);
-            key.extend_from_slice(check.tag.as_bytes());
-            key.push(0);
+            key.extend(Self::segment(check.key));
         }
         key
+    }
+
+    /// How `key` stands in a cache key: NUL, its length, itself.
+    fn segment(key: &[u8]) -> impl Iterator<Item = u8> + '_ {
+        std::iter::once(0)
+            .chain((key.len() as u64).to_le_bytes())
+            .chain(key.iter().copied())
     }
 
     /// The store's answer for `cost` at `now`, when it is known to be a
@@ -119,11 +124,12 @@ impl DenyCache {
         }
     }
 
-    /// Forgets every entry that involves `tag` (a reset of that key).
-    pub(crate) fn forget(&self, tag: &str) {
-        let needle: Vec<u8> = [&[0u8][..], tag.as_bytes(), &[0u8][..]].concat();
+    /// Forgets every entry that involves `key` (a reset of that key; an
+    /// entry that merely contains the same bytes goes too, which is safe).
+    pub(crate) fn forget(&self, key: &[u8]) {
+        let needle: Vec<u8> = Self::segment(key).collect();
         self.lock()
-            .retain(|key, _| !key.windows(needle.len()).any(|w| w == needle.as_slice()));
+            .retain(|k, _| !k.windows(needle.len()).any(|w| w == needle.as_slice()));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Entry>> {

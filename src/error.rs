@@ -46,6 +46,9 @@ pub enum ConfigError {
     /// A key prefix is empty or contains `{`, `}` or whitespace.
     #[error("invalid key prefix {0:?}: use a non-empty string without braces or whitespace")]
     InvalidPrefix(String),
+    /// A configuration value of the in-process store is invalid.
+    #[error("invalid memory store configuration: {0}")]
+    Memory(String),
     /// A configuration value of the HTTP layer is invalid.
     #[error("invalid layer configuration: {0}")]
     Layer(String),

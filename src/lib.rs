@@ -108,7 +108,7 @@ pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 pub use limiter::{Limiter, LimiterBuilder, DEFAULT_TIMEOUT};
 pub use quota::{Algorithm, Burst, Limit, Quota, Rate};
-pub use store::{MemoryStore, Store};
+pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::{RedisStore, RedisStoreBuilder};

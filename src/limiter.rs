@@ -3,15 +3,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use tracing::Instrument;
 
 use crate::algorithm::Reply;
-use crate::decision::{Decision, LimitStatus, Verdict};
+use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
 use crate::deny_cache::DenyCache;
 use crate::metrics::{Outcome, StoreTimer};
-use crate::store::keys;
 use crate::store::{Check, Store};
 use crate::{ConfigError, Error, Limit};
+
+/// The checks of one decision: inline for the usual few limits.
+type Checks<'a> = SmallVec<[Check<'a>; 2]>;
 
 /// A cache of denials for a store shared over a network, on the clock the
 /// store decides on (its own when it has one).
@@ -210,6 +213,17 @@ impl Limiter {
     /// consumes nothing; to ask whether a request would pass, use
     /// [`peek`](Self::peek).
     pub async fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+        // One limit over a store that answers at once: straight through.
+        if let [limit] = &self.inner.limits[..] {
+            let check = [Check {
+                limit,
+                key: key.as_ref(),
+                cost: Self::cost(cost),
+            }];
+            if let Some(result) = self.decide_now(&check, 0, false) {
+                return result;
+            }
+        }
         self.decide(&[key], cost, Duration::ZERO).await
     }
 
@@ -321,7 +335,10 @@ impl Limiter {
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), 0);
         if let (Some(denials), Some(check)) = (&self.inner.denials, checks.first()) {
-            denials.forget(&check.tag);
+            denials.forget(check.key);
+        }
+        if self.inner.store.reset_sync(&checks) {
+            return Ok(());
         }
         let timer = StoreTimer::start();
         let result = self.bounded(self.inner.store.reset(&checks)).await;
@@ -333,7 +350,7 @@ impl Limiter {
     /// counted (see [`crate::metrics`]).
     async fn run(
         &self,
-        checks: Vec<Check<'_>>,
+        checks: Checks<'_>,
         max_wait: Duration,
         dry: bool,
     ) -> Result<Decision, Error> {
@@ -342,6 +359,11 @@ impl Limiter {
         let denials = self.inner.denials.as_ref().filter(|_| !dry);
         let cost = checks.first().map_or(0, |c| c.cost);
         let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
+        let store = &self.inner.store;
+        // A store that answers at once needs neither a future nor a timer.
+        if let Some(result) = self.decide_now(&checks, max_wait, dry) {
+            return result;
+        }
         // a cost over a capacity is answered "never" by the store
         let fits = checks.iter().all(|c| c.cost <= c.limit.params().p[0]);
         let denials = denials.filter(|_| fits);
@@ -362,22 +384,49 @@ impl Limiter {
         );
         let timer = StoreTimer::start();
         let result = self
-            .bounded(self.inner.store.decide(&checks, max_wait, dry))
+            .bounded(store.decide(&checks, max_wait, dry))
             .instrument(span.clone())
             .await
             .and_then(|reply| Self::decision(&checks, reply, max_wait));
-        let store = &self.inner.store;
         timer.finish(store.kind(), "decide");
         let outcome = Outcome::of(&result);
         span.record("outcome", outcome.as_str());
         if !dry {
             crate::metrics::count(&checks, &result, outcome);
         }
-        store.report_size();
         if let (Some(denials), Some(key), Ok(decision)) = (denials, cache_key, &result) {
             denials.insert(key, cost, sent, decision);
         }
         result
+    }
+
+    /// The decision of a store that answers at once (in memory), counted and
+    /// traced as any other; `None` for a store that must be awaited.
+    #[inline]
+    fn decide_now(
+        &self,
+        checks: &[Check<'_>],
+        max_wait: i64,
+        dry: bool,
+    ) -> Option<Result<Decision, Error>> {
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        let reply = store.decide_sync(checks, max_wait, dry)?;
+        timer.finish(store.kind(), "decide");
+        let result = Self::decision(checks, reply, max_wait);
+        let outcome = Outcome::of(&result);
+        tracing::debug_span!(
+            target: "tower_ratelimit",
+            "rate_limit",
+            limits = %LimitNames(checks),
+            outcome = outcome.as_str(),
+        )
+        .in_scope(|| {});
+        if !dry {
+            crate::metrics::count(checks, &result, outcome);
+        }
+        store.report_size();
+        Some(result)
     }
 
     async fn bounded<T>(
@@ -389,23 +438,22 @@ impl Limiter {
             .unwrap_or(Err(Error::Timeout(self.inner.timeout)))
     }
 
-    fn checks<'a>(pairs: impl Iterator<Item = (&'a Limit, &'a [u8])>, cost: u64) -> Vec<Check<'a>> {
-        // Costs above 2^53 can never fit any validated limit; clamp so the
-        // arithmetic in both stores stays exact.
-        let cost = i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX);
-        let mut last: Option<(&[u8], String)> = None;
-        pairs
-            .map(|(limit, key)| {
-                let tag = match &last {
-                    Some((k, tag)) if *k == key => tag.clone(),
-                    _ => keys::tag(key),
-                };
-                last = Some((key, tag.clone()));
-                Check { limit, tag, cost }
-            })
-            .collect()
+    fn checks<'a>(pairs: impl Iterator<Item = (&'a Limit, &'a [u8])>, cost: u64) -> Checks<'a> {
+        let cost = Self::cost(cost);
+        let mut checks = Checks::new();
+        for (limit, key) in pairs {
+            checks.push(Check { limit, key, cost });
+        }
+        checks
     }
 
+    fn cost(cost: u64) -> i64 {
+        // Costs above 2^53 can never fit any validated limit; clamp so the
+        // arithmetic in both stores stays exact.
+        i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX)
+    }
+
+    #[inline]
     fn decision(checks: &[Check<'_>], reply: Reply, max_wait: i64) -> Result<Decision, Error> {
         if reply.limits.len() != checks.len() {
             return Err(Error::UnexpectedReply(format!(
@@ -415,11 +463,10 @@ impl Limiter {
             )));
         }
         let micros = |us: i64| Duration::from_micros(u64::try_from(us).unwrap_or(0));
-        let statuses = checks
-            .iter()
-            .map(|check| check.limit)
-            .zip(&reply.limits)
-            .map(|(limit, &[wait, remaining, reset])| LimitStatus {
+        let mut statuses = Statuses::new();
+        for (check, &[wait, remaining, reset]) in checks.iter().zip(&reply.limits) {
+            let limit = check.limit;
+            statuses.push(LimitStatus {
                 name: limit.shared_name().clone(),
                 algorithm: limit.quota().algorithm(),
                 limit: limit.capacity(),
@@ -432,8 +479,8 @@ impl Limiter {
                     1 => wait > max_wait,
                     _ => false,
                 },
-            })
-            .collect();
+            });
+        }
         let (verdict, wait) = match reply.outcome {
             0 => (Verdict::Allowed, micros(reply.wait)),
             1 => (

@@ -53,6 +53,7 @@ impl Algorithm {
     }
 
     /// The suffixes of the keys this algorithm stores under.
+    #[cfg(feature = "redis")]
     pub(crate) fn key_parts(self) -> &'static [&'static str] {
         match self {
             Algorithm::SlidingLog => &["log", "meta"],

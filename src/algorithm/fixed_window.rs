@@ -3,9 +3,17 @@
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
     /// What the store keeps: (start, window length, count); nothing when fresh.
-    raw: Option<(i64, i64, i64)>,
+    raw: Option<Raw>,
     start: i64,
     count: i64,
+}
+
+/// What the store keeps: (start, window length, count).
+pub(crate) type Raw = (i64, i64, i64);
+
+/// When a stored state becomes equal to a fresh one (what `save` returned).
+pub(crate) fn expires_at(raw: &Raw) -> i64 {
+    raw.0 + raw.1
 }
 
 impl Default for FixedWindow {
@@ -19,6 +27,19 @@ impl Default for FixedWindow {
 }
 
 impl FixedWindow {
+    /// A state to `prepare` from what the store keeps (`None`: fresh).
+    pub(crate) fn from_raw(raw: Option<Raw>) -> Self {
+        Self {
+            raw,
+            ..Self::default()
+        }
+    }
+
+    /// What the store keeps, once loaded or saved.
+    pub(crate) fn raw(&self) -> Option<Raw> {
+        self.raw
+    }
+
     pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
         let w = p[1];
         (self.start, self.count) = (-1, 0);

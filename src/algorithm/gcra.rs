@@ -16,8 +16,8 @@ pub(crate) struct Gcra {
 
 /// The fields of the script's key: `level / den` permits left, when the
 /// bucket has refilled to `bmax` (`exp`), and until when `bmax` is honoured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Raw {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Raw {
     level: i64,
     den: i64,
     exp: i64,
@@ -25,7 +25,27 @@ struct Raw {
     bexp: i64,
 }
 
+impl Raw {
+    /// When the state becomes equal to a fresh one (what `save` returned).
+    pub(crate) fn expires_at(&self) -> i64 {
+        self.exp
+    }
+}
+
 impl Gcra {
+    /// A state to `prepare` from what the store keeps (`None`: fresh).
+    pub(crate) fn from_raw(raw: Option<Raw>) -> Self {
+        Self {
+            raw,
+            ..Self::default()
+        }
+    }
+
+    /// What the store keeps, once loaded or saved.
+    pub(crate) fn raw(&self) -> Option<Raw> {
+        self.raw
+    }
+
     /// ceil(tat): an arrival in this tick is on time (see `lua/gcra.lua`).
     fn ceil(&self) -> i64 {
         self.tat + i64::from(self.frac > 0)

@@ -21,15 +21,35 @@ pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 
+use smallvec::SmallVec;
+
 use crate::quota::{Algorithm, Params};
 
 /// floor(a / b) for b > 0.
+///
+/// Exactly `a.div_euclid(b)`. A 64-bit division costs several times a
+/// 32-bit one on common CPUs, and these operands are mostly small (amounts,
+/// debts, rates of 1 after reduction), so those take a shorter way.
+#[inline]
 pub(crate) fn fdiv(a: i64, b: i64) -> i64 {
+    if b == 1 {
+        return a;
+    }
+    if let (Ok(a), Ok(b)) = (u32::try_from(a), u32::try_from(b)) {
+        return i64::from(a / b);
+    }
     a.div_euclid(b)
 }
 
-/// ceil(a / b) for b > 0.
+/// ceil(a / b) for b > 0: exactly `-(-a).div_euclid(b)`, see [`fdiv`].
+#[inline]
 pub(crate) fn cdiv(a: i64, b: i64) -> i64 {
+    if b == 1 {
+        return a;
+    }
+    if let (Ok(a), Ok(b)) = (u32::try_from(a), u32::try_from(b)) {
+        return i64::from(a / b + u32::from(a % b != 0));
+    }
     -(-a).div_euclid(b)
 }
 
@@ -66,19 +86,81 @@ pub(crate) enum State {
 }
 
 impl State {
-    /// The state of a key never seen (or expired).
-    pub(crate) fn fresh(p: &Params) -> Self {
-        match p.algorithm {
-            Algorithm::SlidingLog => State::SlidingLog(Default::default()),
-            Algorithm::TokenBucket => State::TokenBucket(Default::default()),
-            Algorithm::Gcra => State::Gcra(Default::default()),
-            Algorithm::FixedWindow => State::FixedWindow(Default::default()),
-            Algorithm::SlidingWindow => State::SlidingWindow(Default::default()),
+    /// The state to [`prepare`](Self::prepare) from a stored form (`None`,
+    /// or a form of another algorithm: fresh). A sliding log's grants are
+    /// moved out of `stored`, which [`restore`](Self::restore) or
+    /// [`save_into`](Self::save_into) gives back.
+    #[inline]
+    pub(crate) fn load(stored: Option<&mut Stored>, p: &Params) -> Self {
+        match (p.algorithm, stored) {
+            (Algorithm::SlidingLog, Some(Stored::SlidingLog(s))) => {
+                State::SlidingLog(sliding_log::SlidingLog::from_log(std::mem::take(&mut s.0)))
+            }
+            (Algorithm::SlidingLog, _) => State::SlidingLog(Default::default()),
+            (Algorithm::TokenBucket, Some(Stored::TokenBucket(raw))) => {
+                State::TokenBucket(token_bucket::TokenBucket::from_raw(Some(*raw)))
+            }
+            (Algorithm::TokenBucket, _) => State::TokenBucket(Default::default()),
+            (Algorithm::Gcra, Some(Stored::Gcra(raw))) => {
+                State::Gcra(gcra::Gcra::from_raw(Some(*raw)))
+            }
+            (Algorithm::Gcra, _) => State::Gcra(Default::default()),
+            (Algorithm::FixedWindow, Some(Stored::FixedWindow(raw))) => {
+                State::FixedWindow(fixed_window::FixedWindow::from_raw(Some(*raw)))
+            }
+            (Algorithm::FixedWindow, _) => State::FixedWindow(Default::default()),
+            (Algorithm::SlidingWindow, Some(Stored::SlidingWindow(raw))) => {
+                State::SlidingWindow(sliding_window::SlidingWindow::from_raw(Some(*raw)))
+            }
+            (Algorithm::SlidingWindow, _) => State::SlidingWindow(Default::default()),
         }
+    }
+
+    /// Gives a state that was loaded from `stored` and not saved back to it:
+    /// unchanged but for the pruning of a sliding log, as in Redis.
+    #[inline]
+    pub(crate) fn restore(self, stored: &mut Stored) {
+        if let (State::SlidingLog(s), Stored::SlidingLog(slot)) = (self, stored) {
+            slot.0 = s.into_log();
+        }
+    }
+
+    /// [`save`](Self::save)s into `stored`, reusing a sliding log's
+    /// allocation; returns the expiry.
+    #[inline]
+    pub(crate) fn save_into(self, p: &Params, now: i64, stored: &mut Stored) -> i64 {
+        match (self, stored) {
+            (State::SlidingLog(mut s), Stored::SlidingLog(slot)) => {
+                let expires_at = s.save(&p.p, now);
+                **slot = (s.into_log(), expires_at);
+                expires_at
+            }
+            (state, stored) => {
+                let (saved, expires_at) = state.save_new(p, now);
+                *stored = saved;
+                expires_at
+            }
+        }
+    }
+
+    /// [`save`](Self::save)s into a new stored form; returns it and the expiry.
+    #[inline]
+    pub(crate) fn save_new(mut self, p: &Params, now: i64) -> (Stored, i64) {
+        let expires_at = self.save(p, now);
+        let stored = match self {
+            State::SlidingLog(s) => Stored::SlidingLog(Box::new((s.into_log(), expires_at))),
+            // `save` has just set every `raw`: the defaults are never used.
+            State::TokenBucket(s) => Stored::TokenBucket(s.raw().unwrap_or_default()),
+            State::Gcra(s) => Stored::Gcra(s.raw().unwrap_or_default()),
+            State::FixedWindow(s) => Stored::FixedWindow(s.raw().unwrap_or_default()),
+            State::SlidingWindow(s) => Stored::SlidingWindow(s.raw().unwrap_or_default()),
+        };
+        (stored, expires_at)
     }
 
     /// Reads the stored state (written at the writer's clock `hw`) in this
     /// limit's units as of `now`, as the scripts' `prepare` functions do.
+    #[inline]
     pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) {
         match self {
             State::SlidingLog(s) => s.prepare(&p.p, now),
@@ -89,6 +171,7 @@ impl State {
         }
     }
 
+    #[inline]
     fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
         match self {
             State::SlidingLog(s) => s.earliest(&p.p, now, cost),
@@ -99,6 +182,7 @@ impl State {
         }
     }
 
+    #[inline]
     fn grant(&mut self, p: &Params, at: i64, cost: i64) {
         match self {
             State::SlidingLog(s) => s.grant(at, cost),
@@ -109,6 +193,7 @@ impl State {
         }
     }
 
+    #[inline]
     fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         match self {
             State::SlidingLog(s) => s.status(&p.p, now, at),
@@ -122,6 +207,7 @@ impl State {
     /// Writes the working state back into its stored form, as of `now` (the
     /// key's new `hw`), as the scripts' `save` functions do. Returns the time
     /// at which the state becomes equal to a fresh one: the key's expiry.
+    #[inline]
     pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
         match self {
             State::SlidingLog(s) => s.save(&p.p, now),
@@ -132,6 +218,35 @@ impl State {
         }
     }
 }
+
+/// What the in-process store keeps of one key of one limit: exactly the
+/// fields the scripts keep in Redis (no working fields), and for a sliding
+/// log its expiry (the other forms carry theirs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// Boxed: the largest form, and it owns a growing log anyway.
+    SlidingLog(Box<(sliding_log::Log, i64)>),
+    TokenBucket(token_bucket::Raw),
+    Gcra(gcra::Raw),
+    FixedWindow(fixed_window::Raw),
+    SlidingWindow(sliding_window::Raw),
+}
+
+impl Stored {
+    /// When the state becomes equal to a fresh one: the expiry `save` returned.
+    pub(crate) fn expires_at(&self) -> i64 {
+        match self {
+            Stored::SlidingLog(s) => s.1,
+            Stored::TokenBucket(raw) => raw.expires_at(),
+            Stored::Gcra(raw) => raw.expires_at(),
+            Stored::FixedWindow(raw) => fixed_window::expires_at(raw),
+            Stored::SlidingWindow(raw) => sliding_window::expires_at(raw),
+        }
+    }
+}
+
+/// Per-limit statuses of a reply: inline for the usual one or two limits.
+pub(crate) type Statuses = SmallVec<[[i64; 3]; 2]>;
 
 /// What a store answers for one decision, in the units of the scripts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,7 +259,7 @@ pub struct Reply {
     /// The store's clock.
     pub(crate) now: i64,
     /// Per limit: (wait or -1, remaining, reset_after).
-    pub(crate) limits: Vec<[i64; 3]>,
+    pub(crate) limits: Statuses,
 }
 
 impl Reply {
@@ -181,6 +296,7 @@ impl Reply {
 /// `states` are prepared (see [`State::prepare`]) as of `now`, the latest of
 /// the store's clock and every key's `hw`; on a grant (unless `dry`) they are
 /// updated, and the caller saves them.
+#[inline(always)]
 pub(crate) fn decide(
     states: &mut [State],
     params: &[&Params],
@@ -191,7 +307,8 @@ pub(crate) fn decide(
 ) -> Reply {
     let mut at = now;
     let mut never = false;
-    let mut earliest = Vec::with_capacity(states.len());
+    // Per limit: [wait or -1, remaining, reset]; the wait is known first.
+    let mut limits = Statuses::new();
     for ((state, p), &cost) in states.iter().zip(params).zip(costs) {
         let t = if cost > 0 {
             state.earliest(p, now, cost)
@@ -202,7 +319,7 @@ pub(crate) fn decide(
             None => never = true,
             Some(t) => at = at.max(t),
         }
-        earliest.push(t);
+        limits.push([t.map_or(-1, |t| t - now), 0, 0]);
     }
     let (outcome, wait) = if never {
         (2, -1)
@@ -211,8 +328,7 @@ pub(crate) fn decide(
     } else {
         (0, at - now)
     };
-    let mut limits = Vec::with_capacity(states.len());
-    for (((state, p), &cost), t) in states.iter_mut().zip(params).zip(costs).zip(earliest) {
+    for (((state, p), &cost), status) in states.iter_mut().zip(params).zip(costs).zip(&mut limits) {
         let mut as_of = now;
         if outcome == 0 && !dry {
             as_of = at;
@@ -221,12 +337,43 @@ pub(crate) fn decide(
             }
         }
         let (remaining, reset) = state.status(p, now, as_of);
-        limits.push([t.map_or(-1, |t| t - now), remaining, reset]);
+        (status[1], status[2]) = (remaining, reset);
     }
     Reply {
         outcome,
         wait,
         now,
         limits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cdiv, fdiv};
+    use proptest::prelude::*;
+
+    #[test]
+    fn divisions_equal_the_euclidean_ones_at_the_edges() {
+        let edges = [0, 1, 1 << 31, 1 << 32, 1 << 53, i64::MAX / 2];
+        let near = |x: i64| (-2..=2).map(move |d: i64| x.saturating_add(d));
+        for &e in &edges {
+            for a in near(e).chain(near(-e)) {
+                for b in near(e).chain([1, 2, 3, 1000]).filter(|&b| b > 0) {
+                    assert_eq!(fdiv(a, b), a.div_euclid(b), "fdiv({a}, {b})");
+                    assert_eq!(cdiv(a, b), -(-a).div_euclid(b), "cdiv({a}, {b})");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn divisions_equal_the_euclidean_ones(
+            a in prop_oneof![any::<i64>().prop_map(|a| a / 2), -(1i64 << 34)..(1i64 << 34)],
+            b in prop_oneof![1i64..=i64::MAX, 1i64..(1i64 << 33), 1i64..4],
+        ) {
+            prop_assert_eq!(fdiv(a, b), a.div_euclid(b));
+            prop_assert_eq!(cdiv(a, b), -(-a).div_euclid(b));
+        }
     }
 }

@@ -17,7 +17,35 @@ pub(crate) struct SlidingLog {
     skip: usize,
 }
 
+/// What the store keeps of a sliding log: the grants, their sum and the
+/// longest window in use (the `log` and `meta` keys in Redis).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Log {
+    entries: VecDeque<(i64, i64)>,
+    sum: i64,
+    wmax: Option<(i64, i64)>,
+}
+
 impl SlidingLog {
+    /// A state to `prepare` from what the store keeps (moved, not copied).
+    pub(crate) fn from_log(log: Log) -> Self {
+        let Log { entries, sum, wmax } = log;
+        Self {
+            entries,
+            sum,
+            wmax,
+            ..Self::default()
+        }
+    }
+
+    /// What the store keeps, once prepared or saved.
+    pub(crate) fn into_log(self) -> Log {
+        let Self {
+            entries, sum, wmax, ..
+        } = self;
+        Log { entries, sum, wmax }
+    }
+
     /// Drops grants no window in use still counts, as the script's `prepare`.
     pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
         let w = p[1];

@@ -5,10 +5,18 @@ use super::{cdiv, fdiv};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
     /// What the store keeps: (start, window length, previous, current).
-    raw: Option<(i64, i64, i64, i64)>,
+    raw: Option<Raw>,
     start: i64,
     prev: i64,
     cur: i64,
+}
+
+/// What the store keeps: (start, window length, previous, current).
+pub(crate) type Raw = (i64, i64, i64, i64);
+
+/// When a stored state becomes equal to a fresh one (what `save` returned).
+pub(crate) fn expires_at(raw: &Raw) -> i64 {
+    raw.0 + 2 * raw.1
 }
 
 impl Default for SlidingWindow {
@@ -23,6 +31,19 @@ impl Default for SlidingWindow {
 }
 
 impl SlidingWindow {
+    /// A state to `prepare` from what the store keeps (`None`: fresh).
+    pub(crate) fn from_raw(raw: Option<Raw>) -> Self {
+        Self {
+            raw,
+            ..Self::default()
+        }
+    }
+
+    /// What the store keeps, once loaded or saved.
+    pub(crate) fn raw(&self) -> Option<Raw> {
+        self.raw
+    }
+
     pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
         let w = p[1];
         (self.start, self.prev, self.cur) = (-1, 0, 0);

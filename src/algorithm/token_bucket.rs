@@ -16,8 +16,8 @@ pub(crate) struct TokenBucket {
 
 /// The fields of the script's key: `level / den` tokens at `ts`, when the
 /// bucket has refilled to `cmax` (`exp`), and until when `cmax` is honoured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Raw {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Raw {
     level: i64,
     den: i64,
     ts: i64,
@@ -26,7 +26,27 @@ struct Raw {
     cexp: i64,
 }
 
+impl Raw {
+    /// When the state becomes equal to a fresh one (what `save` returned).
+    pub(crate) fn expires_at(&self) -> i64 {
+        self.exp
+    }
+}
+
 impl TokenBucket {
+    /// A state to `prepare` from what the store keeps (`None`: fresh).
+    pub(crate) fn from_raw(raw: Option<Raw>) -> Self {
+        Self {
+            raw,
+            ..Self::default()
+        }
+    }
+
+    /// What the store keeps, once loaded or saved.
+    pub(crate) fn raw(&self) -> Option<Raw> {
+        self.raw
+    }
+
     pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
         let full = p[0] * p[2];
         (self.level, self.ts, self.keep) = (full, now, p[0]);

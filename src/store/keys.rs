@@ -9,15 +9,31 @@
 //! keys longer than [`MAX_RAW_KEY`] bytes are replaced by `#` and their SHA-256
 //! (`#` is always escaped in plain keys, so a digest cannot be impersonated).
 
+#[cfg(feature = "redis")]
 use percent_encoding::{percent_encode, AsciiSet, CONTROLS};
 use sha2::{Digest, Sha256};
 
 /// Longest user key stored as-is; longer ones are hashed.
 pub(crate) const MAX_RAW_KEY: usize = 128;
 
+/// How the in-memory store keeps a key longer than [`MAX_RAW_KEY`]: its
+/// SHA-256 padded to one byte more than any key kept as-is, so memory per
+/// key stays bounded whatever a client sends, and no key kept as-is can
+/// equal a digest.
+pub(crate) type LongKey = [u8; MAX_RAW_KEY + 1];
+
+/// The bounded form of a key longer than [`MAX_RAW_KEY`].
+pub(crate) fn long_key(key: &[u8]) -> LongKey {
+    let mut out = [0; MAX_RAW_KEY + 1];
+    out[..32].copy_from_slice(&Sha256::digest(key));
+    out
+}
+
+#[cfg(feature = "redis")]
 const ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'%').add(b'{').add(b'}').add(b'#');
 
 /// The hash tag of every key stored for the user key `key`: `{escaped key}`.
+#[cfg(feature = "redis")]
 pub(crate) fn tag(key: &[u8]) -> String {
     let mut out = String::with_capacity(key.len().min(MAX_RAW_KEY) + 2);
     out.push('{');
@@ -33,7 +49,7 @@ pub(crate) fn tag(key: &[u8]) -> String {
     out
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 mod tests {
     use super::*;
     use proptest::prelude::*;

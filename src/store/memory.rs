@@ -1,64 +1,438 @@
 //! The in-process store: the same algorithms as the Lua scripts, in a sharded
-//! map whose idle keys are evicted automatically.
+//! table that keeps only the stored form of each state, holds at most a
+//! configured number of keys, and reclaims idle keys in the background.
+//!
+//! Layout: the key's hash (randomly keyed foldhash) picks one of [`SHARDS`]
+//! shards, so every limit of one key lives under one lock, like the hash tag
+//! in Redis. A shard holds one [`Table`] per limit (name and algorithm, as in
+//! the Redis key): a `hashbrown` table of `u32` slot numbers over slots kept
+//! densely in fixed-size chunks, so memory follows the number of keys rather
+//! than the table's load factor.
 
-use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
-use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
+use hashbrown::HashTable;
+use smallvec::SmallVec;
+
+use super::keys;
 use super::sealed::Sealed;
 use super::{BoxFuture, Check, Store};
-use crate::algorithm::{self, Reply, State};
+use crate::algorithm::{self, Reply, State, Stored};
 use crate::clock::{Clock, SystemClock};
-use crate::Error;
+use crate::quota::{Algorithm, Params};
+use crate::{ConfigError, Error, Limit};
 
+/// Number of independently locked shards.
 const SHARDS: usize = 32;
-/// A shard is swept when it has doubled since its last sweep (never below this size) ...
-const SWEEP_MIN_LEN: usize = 64;
-/// ... or when this much time (us) has passed since its last sweep.
-const SWEEP_INTERVAL: i64 = 10_000_000;
+/// Slots per chunk of a table's slot storage.
+const CHUNK: usize = 1024;
+/// Slots examined for expiry after each new key (sweeping as traffic comes).
+const SWEEP_PER_INSERT: usize = 32;
+/// Slots of its table examined for expiry when a new key finds the store full.
+const SWEEP_AT_BOUND: usize = 256;
+/// Slots examined by the background reclaimer per lock hold.
+const SWEEP_SLICE: usize = 1024;
 
-struct Entry {
-    state: State,
+/// The default bound on stored key states: see [`MemoryStoreBuilder::max_keys`].
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+/// The default pause between background sweeps: see
+/// [`MemoryStoreBuilder::sweep_interval`].
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A user key: stored inline up to 24 bytes, on the heap beyond.
+type Key = SmallVec<[u8; 24]>;
+
+/// One key's state under one limit.
+struct Slot {
+    key: Key,
     /// The clock of the decision that wrote the state (`hw` in the scripts).
     hw: i64,
-    /// When the state becomes equal to a fresh one (the Redis key's TTL).
-    expires_at: i64,
+    stored: Stored,
 }
 
-#[derive(Default)]
-struct Shard {
-    map: HashMap<Box<str>, Entry>,
-    last_sweep: i64,
-    len_after_sweep: usize,
+/// The states of one limit (name and algorithm) in one shard.
+struct Table {
+    name: Arc<str>,
+    algorithm: Algorithm,
+    /// Slot numbers, found by the key's hash.
+    index: HashTable<u32>,
+    /// Slots `0..len`, `CHUNK` per chunk; only the last chunk is partly used.
+    chunks: Vec<Vec<Slot>>,
+    len: usize,
+    /// Where the next sweep step looks.
+    cursor: usize,
 }
 
-impl Shard {
-    fn maybe_sweep(&mut self, now: i64) {
-        let grown = self.map.len() >= (2 * self.len_after_sweep).max(SWEEP_MIN_LEN);
-        if grown || now - self.last_sweep >= SWEEP_INTERVAL {
-            self.map.retain(|_, e| e.expires_at > now);
-            self.last_sweep = now;
-            self.len_after_sweep = self.map.len();
+impl Table {
+    fn new(limit: &Limit) -> Self {
+        Self {
+            name: limit.shared_name().clone(),
+            algorithm: limit.params().algorithm,
+            index: HashTable::new(),
+            chunks: Vec::new(),
+            len: 0,
+            cursor: 0,
+        }
+    }
+
+    #[inline]
+    fn is_for(&self, limit: &Limit) -> bool {
+        self.algorithm == limit.params().algorithm
+            && (Arc::ptr_eq(&self.name, limit.shared_name()) || *self.name == *limit.name())
+    }
+
+    #[inline]
+    fn slot(&self, i: usize) -> Option<&Slot> {
+        self.chunks.get(i / CHUNK)?.get(i % CHUNK)
+    }
+
+    #[inline]
+    fn slot_mut(&mut self, i: usize) -> Option<&mut Slot> {
+        self.chunks.get_mut(i / CHUNK)?.get_mut(i % CHUNK)
+    }
+
+    #[inline]
+    fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
+        let found = self.index.find(hash, |&i| {
+            self.slot(i as usize)
+                .is_some_and(|slot| slot.key.as_slice() == key)
+        })?;
+        Some(*found as usize)
+    }
+
+    /// Appends a slot; `false` (nothing stored) if slot numbers ran out.
+    fn push(&mut self, hash: u64, slot: Slot, hasher: &Hasher) -> bool {
+        let Ok(i) = u32::try_from(self.len) else {
+            return false;
+        };
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(slot),
+            _ => self.chunks.push(vec![slot]),
+        }
+        self.len += 1;
+        let chunks = &self.chunks;
+        self.index
+            .insert_unique(hash, i, |&j| rehash(chunks, j, hasher));
+        true
+    }
+
+    /// Removes slot `i`, moving the last slot into its place.
+    fn remove(&mut self, i: usize, hasher: &Hasher) -> Option<Slot> {
+        let hash = hasher.hash(&self.slot(i)?.key);
+        if let Ok(entry) = self.index.find_entry(hash, |&j| j as usize == i) {
+            entry.remove();
+        }
+        let last = self.chunks.last_mut()?.pop()?;
+        // The first chunk stays (a key coming and going reuses it); `shrink`
+        // frees it once the table is empty.
+        if self.chunks.len() > 1 && self.chunks.last().is_some_and(Vec::is_empty) {
+            self.chunks.pop();
+        }
+        self.len -= 1;
+        if i == self.len {
+            return Some(last);
+        }
+        let moved_hash = hasher.hash(&last.key);
+        let from = self.len;
+        if let Some(number) = self.index.find_mut(moved_hash, |&j| j as usize == from) {
+            // `i` < `from` <= u32::MAX: it fits.
+            *number = u32::try_from(i).unwrap_or(u32::MAX);
+        }
+        let hole = self.slot_mut(i)?;
+        Some(std::mem::replace(hole, last))
+    }
+
+    /// Examines up to `n` slots (each at most once) from the cursor and
+    /// removes the expired ones; returns how many it examined and removed.
+    fn sweep(&mut self, n: usize, now: i64, hasher: &Hasher) -> (usize, usize) {
+        let n = n.min(self.len);
+        let (mut examined, mut removed) = (0, 0);
+        while examined < n && self.len > 0 {
+            if self.cursor >= self.len {
+                self.cursor = 0;
+            }
+            let expired = self
+                .slot(self.cursor)
+                .is_some_and(|slot| slot.stored.expires_at() <= now);
+            if expired && self.remove(self.cursor, hasher).is_some() {
+                removed += 1;
+            } else {
+                self.cursor += 1;
+            }
+            examined += 1;
+        }
+        (examined, removed)
+    }
+
+    /// Gives back the index's memory once most of its keys are gone.
+    fn shrink(&mut self, hasher: &Hasher) {
+        if self.len == 0 {
+            self.chunks = Vec::new();
+        }
+        if self.index.capacity() > 4 * self.len.max(64) {
+            let chunks = &self.chunks;
+            self.index
+                .shrink_to(self.len, |&j| rehash(chunks, j, hasher));
         }
     }
 }
 
+/// The hash of slot `j`'s key, for the index's own rehashing.
+fn rehash(chunks: &[Vec<Slot>], j: u32, hasher: &Hasher) -> u64 {
+    let j = j as usize;
+    chunks
+        .get(j / CHUNK)
+        .and_then(|chunk| chunk.get(j % CHUNK))
+        .map_or(0, |slot| hasher.hash(&slot.key))
+}
+
+#[derive(Default)]
+struct Shard {
+    tables: Vec<Table>,
+}
+
+impl Shard {
+    /// The table of `limit`, created on first use (tables are never removed,
+    /// so a table's position stays valid across lock holds).
+    #[inline]
+    fn table(&mut self, limit: &Limit) -> usize {
+        if let Some(t) = self.tables.iter().position(|t| t.is_for(limit)) {
+            return t;
+        }
+        self.tables.push(Table::new(limit));
+        self.tables.len() - 1
+    }
+}
+
+/// Randomly keyed foldhash: crafted keys cannot all land in one bucket.
+struct Hasher(foldhash::quality::RandomState);
+
+impl Hasher {
+    #[inline]
+    fn hash(&self, key: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.0.hash_one(key)
+    }
+
+    /// The shard of a hash: bits the tables' own indexing does not use.
+    fn shard(hash: u64) -> usize {
+        (hash >> 32) as usize % SHARDS
+    }
+}
+
+/// Where a key's state is in its table.
+#[derive(Debug, Clone, Copy)]
+enum Found {
+    /// A live state in this slot.
+    Live(usize),
+    /// An expired state (read as absent) in this slot.
+    Expired(usize),
+    Absent,
+}
+
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
-    /// Randomly keyed SipHash: crafted keys cannot all land in one bucket.
-    hasher: RandomState,
+    hasher: Hasher,
     clock: Arc<dyn Clock>,
     #[cfg(feature = "metrics")]
     size_gauge: crate::metrics::SizeGauge,
     quotas: super::QuotaRegistry,
+    max_keys: usize,
+    /// Stored states in all shards.
+    count: AtomicUsize,
+    sweep_interval: Duration,
+    /// Whether a background reclaimer runs (or cannot run: no timers).
+    reclaimer: AtomicBool,
+}
+
+impl Inner {
+    /// Counts a new state in, unless the store is full.
+    fn admit(&self) -> bool {
+        self.count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn forget(&self, removed: usize) {
+        if removed > 0 {
+            self.count.fetch_sub(removed, Ordering::AcqRel);
+        }
+    }
+
+    /// Where `key`'s state is in `table`. An expired state reads as absent;
+    /// its slot is overwritten if the decision writes, else removed.
+    #[inline]
+    fn locate(&self, table: &Table, hash: u64, key: &[u8], real: i64) -> Found {
+        let Some(i) = table.find(hash, key) else {
+            return Found::Absent;
+        };
+        match table.slot(i) {
+            Some(slot) if slot.stored.expires_at() > real => Found::Live(i),
+            _ => Found::Expired(i),
+        }
+    }
+
+    /// Puts a decided state back: saved when granted (`write`) at a cost,
+    /// else unchanged but for the pruning of a sliding log, as in Redis.
+    /// Returns whether a new key was stored.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn write_back(
+        &self,
+        table: &mut Table,
+        check: &Check<'_>,
+        state: State,
+        found: Found,
+        hash: u64,
+        write: bool,
+        now: i64,
+        real: i64,
+    ) -> bool {
+        let p = check.limit.params();
+        let write = write && check.cost > 0;
+        match found {
+            Found::Live(i) | Found::Expired(i) if write => {
+                if let Some(slot) = table.slot_mut(i) {
+                    let expires_at = state.save_into(p, now, &mut slot.stored);
+                    slot.hw = now;
+                    if expires_at <= real && table.remove(i, &self.hasher).is_some() {
+                        self.forget(1);
+                    }
+                }
+                false
+            }
+            Found::Live(i) => {
+                if let Some(slot) = table.slot_mut(i) {
+                    state.restore(&mut slot.stored);
+                }
+                false
+            }
+            Found::Expired(i) => {
+                if table.remove(i, &self.hasher).is_some() {
+                    self.forget(1);
+                }
+                false
+            }
+            Found::Absent if write => {
+                let (stored, expires_at) = state.save_new(p, now);
+                if expires_at <= real {
+                    return false;
+                }
+                let slot = Slot {
+                    key: Key::from_slice(check.key),
+                    hw: now,
+                    stored,
+                };
+                self.insert(table, hash, slot, real)
+            }
+            Found::Absent => false,
+        }
+    }
+
+    /// Stores a new key's state, within the bound: when the store is full,
+    /// first reclaims expired states of this table, else stores nothing.
+    fn insert(&self, table: &mut Table, hash: u64, slot: Slot, now: i64) -> bool {
+        if !self.admit() {
+            let (_, removed) = table.sweep(SWEEP_AT_BOUND, now, &self.hasher);
+            self.forget(removed);
+            if !self.admit() {
+                return false;
+            }
+        }
+        if !table.push(hash, slot, &self.hasher) {
+            self.forget(1);
+            return false;
+        }
+        let (_, removed) = table.sweep(SWEEP_PER_INSERT, now, &self.hasher);
+        self.forget(removed);
+        true
+    }
+
+    /// One background step in shard `s`: sweeps a slice of table `*t`, with
+    /// `*budget` slots left to examine in it. Returns whether the shard has more.
+    fn sweep_step(&self, s: usize, t: &mut usize, budget: &mut Option<usize>) -> bool {
+        let Some(shard) = self.shards.get(s) else {
+            return false;
+        };
+        let now = self.clock.now_micros();
+        let mut shard = lock(shard);
+        let Some(table) = shard.tables.get_mut(*t) else {
+            return false;
+        };
+        let left = *budget.get_or_insert(table.len);
+        let (examined, removed) = table.sweep(left.min(SWEEP_SLICE), now, &self.hasher);
+        self.forget(removed);
+        let left = left.saturating_sub(examined.max(1));
+        if left == 0 || table.len == 0 {
+            table.shrink(&self.hasher);
+            *t += 1;
+            *budget = None;
+            return *t < shard.tables.len();
+        }
+        *budget = Some(left);
+        true
+    }
+}
+
+/// Marks the reclaimer stopped when its task ends or is dropped with its
+/// runtime, so a later decision in a live runtime starts another. A task that
+/// panicked (a runtime without timers) is not restarted.
+struct Running(Weak<Inner>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            if let Some(inner) = self.0.upgrade() {
+                inner.reclaimer.store(false, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// The background reclaimer: every interval, sweeps every table in slices of
+/// [`SWEEP_SLICE`] slots, releasing the shard's lock and yielding between
+/// slices. Holds the store only weakly: it ends once the store is dropped.
+async fn reclaim(weak: Weak<Inner>) {
+    let _running = Running(weak.clone());
+    loop {
+        let Some(interval) = weak.upgrade().map(|inner| inner.sweep_interval) else {
+            return;
+        };
+        tokio::time::sleep(interval).await;
+        for s in 0..SHARDS {
+            let (mut t, mut budget) = (0, None);
+            loop {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let more = inner.sweep_step(s, &mut t, &mut budget);
+                drop(inner);
+                tokio::task::yield_now().await;
+                if !more {
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Limit state in this process: the embedded default, no Redis needed.
 ///
-/// Memory stays bounded by the live keys: a key's state is dropped once it is
-/// equivalent to a fresh one (the same moment its Redis key would expire), in
-/// sweeps that run as part of ordinary calls; nothing needs to be called.
+/// Memory is bounded twice over. A key's state is dropped once it is
+/// equivalent to a fresh one (the moment its Redis key would expire): by a
+/// background task that sweeps the store every
+/// [`sweep_interval`](MemoryStoreBuilder::sweep_interval) in short slices
+/// (started on the first use inside a Tokio runtime, ended when the store is
+/// dropped), and a few slots at a time by the calls that add keys. And at most
+/// [`max_keys`](MemoryStoreBuilder::max_keys) states are ever stored: see
+/// there for what happens at the bound.
+///
+/// A state costs about 100 bytes (a GCRA or bucket state with a key of up to
+/// 24 bytes; longer keys add their length, a sliding log its grants).
 ///
 /// ```
 /// use std::time::Duration;
@@ -83,6 +457,7 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("keys", &self.len())
+            .field("max_keys", &self.inner.max_keys)
             .finish()
     }
 }
@@ -93,30 +468,134 @@ impl Default for MemoryStore {
     }
 }
 
+/// Configures a [`MemoryStore`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::MemoryStore;
+///
+/// let store = MemoryStore::builder()
+///     .max_keys(100_000)
+///     .sweep_interval(Duration::from_secs(5))
+///     .build()?;
+/// assert!(store.is_empty());
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
+#[must_use]
+pub struct MemoryStoreBuilder {
+    clock: Arc<dyn Clock>,
+    max_keys: usize,
+    sweep_interval: Duration,
+}
+
+impl std::fmt::Debug for MemoryStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStoreBuilder")
+            .field("max_keys", &self.max_keys)
+            .field("sweep_interval", &self.sweep_interval)
+            .finish()
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// The clock decisions read (default: [`SystemClock`]), e.g. a
+    /// [`crate::ManualClock`] in tests.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The most key states the store holds (one per key and limit; default
+    /// [`DEFAULT_MAX_KEYS`], about 100 MB of GCRA states: far more clients
+    /// than one process serves within a window, and a ceiling on what a
+    /// flood of made-up keys can take). From 1 to `u32::MAX`.
+    ///
+    /// At the bound, a new key first reclaims expired states of its shard. If
+    /// the store is still full, its decision is made against a fresh state,
+    /// as for any new key, and its state is not stored: beyond the bound, new
+    /// keys are limited per request only (no request above the capacity
+    /// passes) until room is made by expiry. Stored keys are never evicted to
+    /// make room and keep their exact limits, so a flood of made-up keys can
+    /// neither grow memory nor erase the state of the keys it competes with;
+    /// its own keys gain nothing either, as each of them is new anyway.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The pause between background sweeps of expired states (default
+    /// [`DEFAULT_SWEEP_INTERVAL`]). Expired states are never read (they
+    /// decide as fresh ones); the interval only bounds how long their memory
+    /// stays taken. A sweep holds a shard's lock for a bounded slice of keys.
+    /// Sweeps run on Tokio's timer, in the runtime of the store's first use.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
+    /// Builds the store: [`ConfigError::Memory`] for a bound of 0 or above
+    /// `u32::MAX`, or a zero sweep interval.
+    pub fn build(self) -> Result<MemoryStore, ConfigError> {
+        if self.max_keys == 0 || u32::try_from(self.max_keys).is_err() {
+            return Err(ConfigError::Memory(format!(
+                "max_keys is {}; it must be from 1 to {}",
+                self.max_keys,
+                u32::MAX
+            )));
+        }
+        if self.sweep_interval.is_zero() {
+            return Err(ConfigError::Memory(
+                "the sweep interval must be longer than zero".to_owned(),
+            ));
+        }
+        Ok(MemoryStore::from_builder(self))
+    }
+}
+
 impl MemoryStore {
-    /// A store on the process clock.
+    /// A store on the process clock, with the default bound and interval.
     pub fn new() -> Self {
         Self::with_clock(SystemClock::new())
     }
 
     /// A store on the given clock, e.g. a [`crate::ManualClock`] in tests.
     pub fn with_clock(clock: impl Clock) -> Self {
-        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
-        Self {
-            inner: Arc::new(Inner {
-                shards,
-                hasher: RandomState::new(),
-                clock: Arc::new(clock),
-                #[cfg(feature = "metrics")]
-                size_gauge: Default::default(),
-                quotas: Default::default(),
-            }),
+        Self::from_builder(Self::builder().clock(clock))
+    }
+
+    /// Configures a store: its bound on keys, sweep interval and clock.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            clock: Arc::new(SystemClock::new()),
+            max_keys: DEFAULT_MAX_KEYS,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
         }
     }
 
-    /// Number of stored key states, including expired ones not yet swept.
+    fn from_builder(builder: MemoryStoreBuilder) -> Self {
+        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        let store = Self {
+            inner: Arc::new(Inner {
+                shards,
+                hasher: Hasher(foldhash::quality::RandomState::default()),
+                clock: builder.clock,
+                #[cfg(feature = "metrics")]
+                size_gauge: Default::default(),
+                quotas: Default::default(),
+                max_keys: builder.max_keys,
+                count: AtomicUsize::new(0),
+                sweep_interval: builder.sweep_interval,
+                reclaimer: AtomicBool::new(false),
+            }),
+        };
+        store.ensure_reclaimer();
+        store
+    }
+
+    /// Number of stored key states (one per key and limit), including
+    /// expired ones not yet swept.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.inner.count.load(Ordering::Acquire)
     }
 
     /// Whether no key state is stored.
@@ -124,109 +603,197 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        (self.inner.hasher.hash_one(key) as usize) % SHARDS
+    /// The bound on [`len`](Self::len): see [`MemoryStoreBuilder::max_keys`].
+    pub fn max_keys(&self) -> usize {
+        self.inner.max_keys
     }
 
-    fn storage_key(check: &Check<'_>) -> String {
-        let part = check.limit.params().algorithm.key_parts()[0];
-        format!("{}:{}:{part}", check.tag, check.limit.name())
+    /// Starts the background reclaimer if none runs and a Tokio runtime is
+    /// at hand.
+    fn ensure_reclaimer(&self) {
+        let inner = &self.inner;
+        if inner.reclaimer.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if inner
+            .reclaimer
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            runtime.spawn(reclaim(Arc::downgrade(inner)));
+        }
     }
 
     fn decide_now(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Reply {
-        let real = self.inner.clock.now_micros();
-        let keys: Vec<String> = checks.iter().map(Self::storage_key).collect();
-        let slots: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
-        let mut order = slots.clone();
+        let inner = &*self.inner;
+        let real = inner.clock.now_micros();
+        let hashes: SmallVec<[u64; 4]> = checks.iter().map(|c| inner.hasher.hash(c.key)).collect();
+        let mut order: SmallVec<[usize; 4]> = hashes.iter().map(|&h| Hasher::shard(h)).collect();
         order.sort_unstable();
         order.dedup();
         // Locks taken in shard order: no deadlock between concurrent decisions.
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
-            .iter()
-            .map(|&i| (i, lock(&self.inner.shards[i])))
-            .collect();
-        let positions: Vec<usize> = slots
-            .iter()
-            .map(|s| order.binary_search(s).unwrap_or(0))
-            .collect();
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> =
+            order.iter().map(|&s| lock(&inner.shards[s])).collect();
 
+        // Where each check's state is: (guard, table, slot). Nothing moves
+        // until the write-back, where the limits of a limiter, having
+        // distinct names, each write their own table.
+        let mut places: SmallVec<[(usize, usize, Found); 4]> = SmallVec::new();
         // As in `lua/driver.lua`: the decision's clock is the latest of the
         // store's and of every key's last write, so time never runs back.
         let mut now = real;
-        let mut entries = Vec::with_capacity(checks.len());
-        for (key, &g) in keys.iter().zip(&positions) {
-            let entry = guards[g]
-                .1
-                .map
-                .remove(key.as_str())
-                .filter(|e| e.expires_at > real);
-            if let Some(entry) = &entry {
-                now = now.max(entry.hw);
+        for (check, &hash) in checks.iter().zip(&hashes) {
+            let g = order
+                .binary_search(&Hasher::shard(hash))
+                .unwrap_or_default();
+            let Some(shard) = guards.get_mut(g) else {
+                continue;
+            };
+            let t = shard.table(check.limit);
+            let table = &mut shard.tables[t];
+            let found = inner.locate(table, hash, check.key, real);
+            if let Found::Live(i) = found {
+                if let Some(slot) = table.slot(i) {
+                    now = now.max(slot.hw);
+                }
             }
-            entries.push(entry);
+            places.push((g, t, found));
         }
-        let mut kept = Vec::with_capacity(checks.len());
-        let mut states = Vec::with_capacity(checks.len());
-        for (check, entry) in checks.iter().zip(entries) {
+        if places.len() != checks.len() {
+            // Unreachable (every shard was locked); decide on fresh states.
+            places = checks
+                .iter()
+                .map(|_| (usize::MAX, 0, Found::Absent))
+                .collect();
+        }
+
+        let mut states: SmallVec<[State; 2]> = SmallVec::with_capacity(checks.len());
+        for (check, &(g, t, found)) in checks.iter().zip(&places) {
             let p = check.limit.params();
-            let (mut state, hw) = match entry {
-                Some(e) => {
-                    kept.push(Some((e.hw, e.expires_at)));
-                    (e.state, e.hw)
-                }
-                None => {
-                    kept.push(None);
-                    (State::fresh(p), now)
-                }
+            let slot = match found {
+                Found::Live(i) => guards
+                    .get_mut(g)
+                    .and_then(|s| s.tables.get_mut(t)?.slot_mut(i)),
+                _ => None,
+            };
+            let (mut state, hw) = match slot {
+                Some(slot) => (State::load(Some(&mut slot.stored), p), slot.hw),
+                None => (State::load(None, p), now),
             };
             state.prepare(p, hw, now);
             states.push(state);
         }
-        let params: Vec<_> = checks.iter().map(|c| c.limit.params()).collect();
-        let costs: Vec<i64> = checks.iter().map(|c| c.cost).collect();
+        let params: SmallVec<[&Params; 4]> = checks.iter().map(|c| c.limit.params()).collect();
+        let costs: SmallVec<[i64; 4]> = checks.iter().map(|c| c.cost).collect();
         let reply = algorithm::decide(&mut states, &params, &costs, now, max_wait, dry);
 
-        for (((check, key), mut state), (g, kept)) in checks
-            .iter()
-            .zip(keys)
-            .zip(states)
-            .zip(positions.into_iter().zip(kept))
+        let write = reply.outcome == 0 && !dry;
+        let mut added = false;
+        for (((check, state), &(g, t, found)), &hash) in
+            checks.iter().zip(states).zip(&places).zip(&hashes)
         {
-            let entry = if reply.outcome == 0 && !dry && check.cost > 0 {
-                let expires_at = state.save(check.limit.params(), now);
-                Entry {
-                    state,
-                    hw: now,
-                    expires_at,
-                }
-            } else if let Some((hw, expires_at)) = kept {
-                // Unchanged but for the pruning of a sliding log, as in Redis.
-                Entry {
-                    state,
-                    hw,
-                    expires_at,
-                }
-            } else {
-                continue;
-            };
-            if entry.expires_at > real {
-                guards[g].1.map.insert(key.into_boxed_str(), entry);
+            if let Some(table) = guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
+                added |= inner.write_back(table, check, state, found, hash, write, now, real);
             }
         }
-        for (_, shard) in &mut guards {
-            shard.maybe_sweep(real);
+        drop(guards);
+        if added {
+            self.ensure_reclaimer();
         }
         reply
+    }
+
+    /// [`decide_now`](Self::decide_now) for one limit: the same steps and the
+    /// same arithmetic, one lock, nothing collected.
+    #[inline]
+    fn decide_one(&self, check: &Check<'_>, max_wait: i64, dry: bool) -> Reply {
+        let inner = &*self.inner;
+        let real = inner.clock.now_micros();
+        let hash = inner.hasher.hash(check.key);
+        let p = check.limit.params();
+        let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
+        let t = shard.table(check.limit);
+        let table = &mut shard.tables[t];
+        let found = inner.locate(table, hash, check.key, real);
+        let live = match found {
+            Found::Live(i) => table.slot_mut(i),
+            _ => None,
+        };
+        let (mut state, hw, now) = match live {
+            Some(slot) => {
+                let now = real.max(slot.hw);
+                (State::load(Some(&mut slot.stored), p), slot.hw, now)
+            }
+            None => (State::load(None, p), real, real),
+        };
+        state.prepare(p, hw, now);
+        let reply = algorithm::decide(
+            std::slice::from_mut(&mut state),
+            &[p],
+            &[check.cost],
+            now,
+            max_wait,
+            dry,
+        );
+        let write = reply.outcome == 0 && !dry;
+        let added = inner.write_back(table, check, state, found, hash, write, now, real);
+        drop(shard);
+        if added {
+            self.ensure_reclaimer();
+        }
+        reply
+    }
+
+    fn reset_now(&self, checks: &[Check<'_>]) {
+        let inner = &*self.inner;
+        for check in checks {
+            let hash = inner.hasher.hash(check.key);
+            let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
+            let t = shard.table(check.limit);
+            let table = &mut shard.tables[t];
+            if let Some(i) = table.find(hash, check.key) {
+                if table.remove(i, &inner.hasher).is_some() {
+                    inner.forget(1);
+                }
+            }
+        }
     }
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     // A panic while holding the lock cannot leave a shard half-updated in a
-    // way that matters (entries are removed and re-inserted whole).
+    // way that matters: a slot is written whole, and a removal completes
+    // before anything that could panic.
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Store for MemoryStore {}
+
+/// Runs `f` on `checks` with every key longer than [`keys::MAX_RAW_KEY`]
+/// replaced by its bounded form (see [`keys::LongKey`]).
+#[inline]
+fn bounded_keys<R>(checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R {
+    if checks.iter().all(|c| c.key.len() <= keys::MAX_RAW_KEY) {
+        return f(checks);
+    }
+    let long: SmallVec<[keys::LongKey; 2]> = checks.iter().map(|c| keys::long_key(c.key)).collect();
+    let bounded: SmallVec<[Check<'_>; 2]> = checks
+        .iter()
+        .zip(&long)
+        .map(|(c, long)| Check {
+            key: if c.key.len() > keys::MAX_RAW_KEY {
+                long
+            } else {
+                c.key
+            },
+            ..*c
+        })
+        .collect();
+    f(&bounded)
+}
 
 impl Sealed for MemoryStore {
     fn decide<'a>(
@@ -235,18 +802,25 @@ impl Sealed for MemoryStore {
         max_wait: i64,
         dry: bool,
     ) -> BoxFuture<'a, Result<Reply, Error>> {
-        let reply = self.decide_now(checks, max_wait, dry);
+        let reply = bounded_keys(checks, |checks| self.decide_now(checks, max_wait, dry));
         Box::pin(std::future::ready(Ok(reply)))
     }
 
     fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>> {
-        for check in checks {
-            let key = Self::storage_key(check);
-            lock(&self.inner.shards[self.shard_of(&key)])
-                .map
-                .remove(key.as_str());
-        }
+        bounded_keys(checks, |checks| self.reset_now(checks));
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn decide_sync(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Option<Reply> {
+        Some(bounded_keys(checks, |checks| match checks {
+            [check] => self.decide_one(check, max_wait, dry),
+            _ => self.decide_now(checks, max_wait, dry),
+        }))
+    }
+
+    fn reset_sync(&self, checks: &[Check<'_>]) -> bool {
+        bounded_keys(checks, |checks| self.reset_now(checks));
+        true
     }
 
     fn kind(&self) -> &'static str {
@@ -260,5 +834,41 @@ impl Sealed for MemoryStore {
     #[cfg(feature = "metrics")]
     fn report_size(&self) {
         self.inner.size_gauge.report(|| self.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn keys_longer_than_the_bound_are_kept_as_digests() {
+        let limit = crate::Limit::new(
+            "l",
+            crate::Quota::fixed_window(1, std::time::Duration::from_secs(1)),
+        )
+        .expect("limit");
+        let (long, longer) = (vec![b'k'; 10_000], vec![b'k'; 10_001]);
+        let checks = [
+            super::Check {
+                limit: &limit,
+                key: b"short",
+                cost: 1,
+            },
+            super::Check {
+                limit: &limit,
+                key: &long,
+                cost: 1,
+            },
+            super::Check {
+                limit: &limit,
+                key: &longer,
+                cost: 1,
+            },
+        ];
+        super::bounded_keys(&checks, |bounded| {
+            assert_eq!(bounded[0].key, b"short");
+            assert_eq!(bounded[1].key.len(), super::keys::MAX_RAW_KEY + 1);
+            assert_ne!(bounded[1].key, bounded[2].key);
+            assert_eq!(bounded[1].key, super::keys::long_key(&long));
+        });
     }
 }

@@ -11,7 +11,7 @@ mod redis;
 use std::future::Future;
 use std::pin::Pin;
 
-pub use self::memory::MemoryStore;
+pub use self::memory::{MemoryStore, MemoryStoreBuilder, DEFAULT_MAX_KEYS, DEFAULT_SWEEP_INTERVAL};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
@@ -32,12 +32,13 @@ pub(crate) mod sealed {
     use crate::{Limit, MemoryStore};
 
     /// One limit of an atomic decision: which limit, whose key, at what cost.
-    #[derive(Debug)]
+    #[derive(Debug, Clone, Copy)]
     #[allow(unreachable_pub)]
     pub struct Check<'a> {
         pub(crate) limit: &'a Limit,
-        /// The hash-tagged key, see [`keys::tag`].
-        pub(crate) tag: String,
+        /// The user's key, as given (the Redis store escapes it into its
+        /// hash tag, see `keys::tag`).
+        pub(crate) key: &'a [u8],
         /// Cost; 0 looks without consuming.
         pub(crate) cost: i64,
     }
@@ -96,6 +97,19 @@ pub(crate) mod sealed {
         ) -> BoxFuture<'a, Result<Reply, Error>>;
         /// Forgets the state of every check's key.
         fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>>;
+        /// [`decide`](Self::decide) for a store that answers at once (no
+        /// I/O, nothing to time out): the reply, without a future or a timer.
+        /// `None` for a store that must be awaited.
+        fn decide_sync(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Option<Reply> {
+            let _ = (checks, max_wait, dry);
+            None
+        }
+        /// [`reset`](Self::reset) for a store that answers at once; `false`
+        /// (nothing done) for a store that must be awaited.
+        fn reset_sync(&self, checks: &[Check<'_>]) -> bool {
+            let _ = checks;
+            false
+        }
         /// The in-process store that decides in this one's place while it
         /// fails (the layer's `FallbackToMemory`): one per store, shared by
         /// its clones and every layer over it, so a limit shared by several

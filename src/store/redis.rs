@@ -11,7 +11,7 @@ use redis::AsyncConnectionConfig;
 use redis::Script;
 
 use super::sealed::Sealed;
-use super::{BoxFuture, Check, MemoryStore, Store};
+use super::{keys, BoxFuture, Check, MemoryStore, Store};
 use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::{ConfigError, Error};
@@ -329,7 +329,8 @@ impl RedisStore {
 
     /// The Redis keys that hold the state of one check.
     fn keys(&self, check: &Check<'_>) -> Vec<String> {
-        let (prefix, tag, name) = (&self.inner.prefix, &check.tag, check.limit.name());
+        let tag = keys::tag(check.key);
+        let (prefix, name) = (&self.inner.prefix, check.limit.name());
         let parts = check.limit.params().algorithm.key_parts();
         parts
             .iter()
