@@ -1,9 +1,9 @@
 -- gcra.lua: generic cell rate algorithm (leaky bucket as a meter).
 --
--- KEYS: gcra (STRING 'G' level den hw exp bmax bexp): `level / den` permits
---       left at the writer's clock `hw` (us), negative while reservations are
---       pending; `bmax` the largest burst in use, honoured until `bexp`; `exp`
---       when the bucket has refilled to `bmax`. The theoretical arrival time
+-- KEYS: gcra (STRING 'G' level den hw exp bmax): `level / den` permits left
+--       at the writer's clock `hw` (us), negative while reservations are
+--       pending; `bmax` the largest burst that wrote the state; `exp` when the
+--       bucket has refilled to `bmax`. The theoretical arrival time
 --       (TAT) lies (B - level) emission intervals after `hw`. An amount, not a
 --       time, so another rate or burst reads what is left (converted, rounded
 --       down, clamped to its burst).
@@ -18,13 +18,13 @@
 -- as on time, so the fraction is kept and the long-run rate is exactly N/W.
 local function gcra_load(keys, i, p)
   local st = { key = keys[i], hw = 0, raw = false, r_level = 0, r_den = 1, r_exp = 0, r_bmax = 0,
-    r_bexp = 0, tat = 0, frac = 0, keep = 0, bexp = 0, dirty = false }
-  local v = get_packed(st.key, 71, 6) -- 'G'
+    tat = 0, frac = 0, keep = 0, dirty = false }
+  local v = get_packed(st.key, 71, 5) -- 'G'
   if v then
-    local level, den, hw, exp, bmax, bexp = struct.unpack('<dddddd', v, 2)
-    if int(level) and int(den) and den > 0 and int(hw) and int(exp) and int(bmax) and int(bexp) then
+    local level, den, hw, exp, bmax = struct.unpack('<ddddd', v, 2)
+    if int(level) and int(den) and den > 0 and int(hw) and int(exp) and int(bmax) then
       st.raw, st.hw = true, hw
-      st.r_level, st.r_den, st.r_exp, st.r_bmax, st.r_bexp = level, den, exp, bmax, bexp
+      st.r_level, st.r_den, st.r_exp, st.r_bmax = level, den, exp, bmax
     end
   end
   return st
@@ -38,7 +38,7 @@ end
 local function gcra_prepare(st, p, now)
   st.tat, st.frac, st.keep = now, 0, p[1]
   if st.raw and st.r_exp > now then
-    if st.r_bmax > p[1] and st.r_bexp > now then st.keep, st.bexp = st.r_bmax, st.r_bexp end
+    st.keep = max(st.keep, st.r_bmax)
     local debt = 0
     if fdiv(st.r_level, st.r_den) < p[1] then
       debt = p[1] * p[3] - rescale(st.r_level, st.r_den, p[3])
@@ -84,13 +84,12 @@ end
 local function gcra_save(st, p, now, from)
   if not st.dirty then return end
   local level = p[1] * p[3] - ((st.tat - now) * p[2] + st.frac)
-  local bmax, bexp = st.keep, st.bexp
-  if bmax == p[1] then bexp = now + cdiv(p[1] * p[3], p[2]) end -- one burst's refill
+  local bmax = st.keep
   -- the state matters through tick ceil(tat), and for a larger burst until
   -- its extra permits are back too
   local extra = min(bmax - p[1], fdiv(EXACT - 1, p[3]))
   local exp = gcra_ceil(st, p) + 1 + cdiv(extra * p[3], p[2])
-  redis.call('SET', st.key, struct.pack('<c1dddddd', 'G', level, p[3], now, exp, bmax, bexp),
+  redis.call('SET', st.key, struct.pack('<c1ddddd', 'G', level, p[3], now, exp, bmax),
     'PX', px(exp, from))
 end
 

@@ -1,12 +1,13 @@
 -- token_bucket.lua: token bucket with lazy refill, never negative.
 --
--- KEYS: bucket (STRING 'T' level den ts hw exp cmax cexp): `level / den`
---       tokens at time `ts` (us); `hw` is the writer's clock; `cmax` the
---       largest capacity in use, honoured until `cexp`; `exp` when the bucket
---       has refilled to `cmax`, so a larger bucket still in use never reads a
---       key that expired at a smaller one's fill as full. `ts` lies ahead of
---       `hw` only for a reservation: nothing refills before it, so later
---       grants queue behind.
+-- KEYS: bucket (STRING 'T' level den ts hw exp cmax): `level / den` tokens
+--       at time `ts` (us); `hw` is the writer's clock; `cmax` the largest
+--       capacity that wrote the state; `exp` when the bucket has refilled to
+--       `cmax`, so a larger bucket never reads a key that expired at a smaller
+--       one's fill as full. (A capacity cut keeps keys alive as long as the
+--       larger bucket would need, until a key once goes quiet.) `ts` lies
+--       ahead of `hw` only for a reservation: nothing refills before it, so
+--       later grants queue behind.
 -- Params: p[1] = C (capacity), p[2] = R, p[3] = P (refill R tokens per P us,
 --         reduced by their gcd on the Rust side). Internally the level is kept
 --         in units of 1/P token; another P's level is converted, rounded down,
@@ -14,13 +15,13 @@
 -- A missing key is a full bucket. A denied request writes nothing.
 local function tb_load(keys, i, p)
   local st = { key = keys[i], hw = 0, raw = false, r_level = 0, r_den = 1, r_ts = 0, r_exp = 0,
-    r_cmax = 0, r_cexp = 0, level = 0, ts = 0, keep = 0, cexp = 0, dirty = false }
-  local v = get_packed(st.key, 84, 7) -- 'T'
+    r_cmax = 0, level = 0, ts = 0, keep = 0, dirty = false }
+  local v = get_packed(st.key, 84, 6) -- 'T'
   if v then
-    local level, den, ts, hw, exp, cmax, cexp = struct.unpack('<ddddddd', v, 2)
-    if int(level) and int(den) and den > 0 and int(ts) and int(hw) and int(exp) and int(cmax) and int(cexp) then
+    local level, den, ts, hw, exp, cmax = struct.unpack('<dddddd', v, 2)
+    if int(level) and int(den) and den > 0 and int(ts) and int(hw) and int(exp) and int(cmax) then
       st.raw, st.hw = true, hw
-      st.r_level, st.r_den, st.r_ts, st.r_exp, st.r_cmax, st.r_cexp = level, den, ts, exp, cmax, cexp
+      st.r_level, st.r_den, st.r_ts, st.r_exp, st.r_cmax = level, den, ts, exp, cmax
     end
   end
   return st
@@ -30,7 +31,7 @@ local function tb_prepare(st, p, now)
   local full = p[1] * p[3]
   st.level, st.ts, st.keep = full, now, p[1]
   if st.raw and st.r_exp > now then
-    if st.r_cmax > p[1] and st.r_cexp > now then st.keep, st.cexp = st.r_cmax, st.r_cexp end
+    st.keep = max(st.keep, st.r_cmax)
     st.ts = st.r_ts
     if fdiv(st.r_level, st.r_den) < p[1] then
       st.level = rescale(st.r_level, st.r_den, p[3])
@@ -73,11 +74,10 @@ end
 
 local function tb_save(st, p, now, from)
   if not st.dirty then return end
-  local cmax, cexp = st.keep, st.cexp
-  if cmax == p[1] then cexp = now + cdiv(p[1] * p[3], p[2]) end -- one fill from empty
+  local cmax = st.keep
   local t = max(now, st.ts)
   local exp = t + cdiv(min(cmax, fdiv(EXACT - 1, p[3])) * p[3] - tb_level_at(st, p, t), p[2])
-  redis.call('SET', st.key, struct.pack('<c1ddddddd', 'T', st.level, p[3], st.ts, now, exp, cmax, cexp),
+  redis.call('SET', st.key, struct.pack('<c1dddddd', 'T', st.level, p[3], st.ts, now, exp, cmax),
     'PX', px(exp, from))
 end
 

@@ -49,8 +49,11 @@
 //!
 //! - **Quota changes** (a rolling deploy runs old and new parameters side by
 //!   side on the same keys): buckets keep what is left, clamped to the new
-//!   capacity; windows keep what was used. A limiter with a longer window or a
-//!   larger bucket keeps alive the state it still needs while it writes.
+//!   capacity; windows keep what was used. A bucket keeps its state until it
+//!   would have refilled to the largest capacity that wrote it, so a larger
+//!   bucket never reads as full a key a smaller one let expire; a sliding
+//!   log keeps the entries of a longer window for one such window after that
+//!   limiter's last write.
 //!   What one quota grants never exceeds what the older or the newer quota
 //!   alone would allow from the true history (a property test checks this
 //!   for every parameter of every algorithm, up and down).

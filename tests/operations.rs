@@ -178,6 +178,41 @@ async fn a_quota_change_keeps_what_is_left() {
     }
 }
 
+/// A capacity cut (6 to 2) while the larger bucket only reads: the smaller
+/// bucket refills to its own capacity long before the larger one would,
+/// and the state must not lapse then, or the larger bucket reads a full 6
+/// where its own history allows 5 (a case the rolling-deploy property test
+/// found).
+#[tokio::test]
+async fn a_capacity_cut_never_hands_the_larger_bucket_a_full_one() {
+    let p = Duration::from_micros(602_382);
+    let (old, new) = (Quota::token_bucket(6, 1, p), Quota::token_bucket(2, 1, p));
+    let stores = Stores::new("capacity-cut");
+    for ((name, old), (_, new)) in stores.limiters(old).into_iter().zip(stores.limiters(new)) {
+        let key = format!("k-{name}");
+        let mut at = 0;
+        // (step us, the new limiter acts, cost)
+        for (step, newer, cost) in [
+            (0, false, 3),
+            (0, false, 2),
+            (915_920, true, 0),
+            (893_967, true, 2),
+            (1_001_653, false, 0),
+            (802_752, true, 2),
+            (385_860, false, 0),
+            (818_904, false, 0),
+        ] {
+            at += step;
+            stores.at(at);
+            let limiter = if newer { &new } else { &old };
+            limiter.check(&key, cost).await.expect("decision");
+        }
+        // the last grant emptied the bucket 2 refill periods ago
+        let look = old.peek(&key).await.expect("peek");
+        assert_eq!(look.remaining(), 2, "{name}: {look:?}");
+    }
+}
+
 /// `peek` says whether a request would pass, without consuming.
 #[tokio::test]
 async fn peek_tells_whether_a_request_would_pass_and_consumes_nothing() {

@@ -9,20 +9,18 @@ pub(crate) struct Gcra {
     raw: Option<Raw>,
     tat: i64,
     frac: i64,
-    /// The largest burst in use and until when it is honoured.
+    /// The largest burst that wrote the state.
     keep: i64,
-    bexp: i64,
 }
 
-/// The fields of the script's key: `level / den` permits left, when the
-/// bucket has refilled to `bmax` (`exp`), and until when `bmax` is honoured.
+/// The fields of the script's key: `level / den` permits left, and when the
+/// bucket has refilled to `bmax`, the largest burst that wrote it (`exp`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Raw {
     level: i64,
     den: i64,
     exp: i64,
     bmax: i64,
-    bexp: i64,
 }
 
 impl Raw {
@@ -54,9 +52,7 @@ impl Gcra {
     pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) {
         (self.tat, self.frac, self.keep) = (now, 0, p[0]);
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
-            if raw.bmax > p[0] && raw.bexp > now {
-                (self.keep, self.bexp) = (raw.bmax, raw.bexp);
-            }
+            self.keep = self.keep.max(raw.bmax);
             let debt = if fdiv(raw.level, raw.den) < p[0] {
                 p[0] * p[2] - rescale(raw.level, raw.den, p[2])
             } else {
@@ -108,10 +104,7 @@ impl Gcra {
     /// when it becomes equal to a fresh one.
     pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
         let debt = (self.tat - now) * p[1] + self.frac;
-        let (bmax, mut bexp) = (self.keep, self.bexp);
-        if bmax == p[0] {
-            bexp = now + cdiv(p[0] * p[2], p[1]); // one burst's refill
-        }
+        let bmax = self.keep;
         let extra = (bmax - p[0]).min(fdiv(EXACT - 1, p[2]));
         let exp = self.ceil() + 1 + cdiv(extra * p[2], p[1]);
         self.raw = Some(Raw {
@@ -119,7 +112,6 @@ impl Gcra {
             den: p[2],
             exp,
             bmax,
-            bexp,
         });
         exp
     }

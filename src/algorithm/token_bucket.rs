@@ -9,13 +9,13 @@ pub(crate) struct TokenBucket {
     /// The level in units of 1/P token of this limit, set by `prepare`.
     level: i64,
     ts: i64,
-    /// The largest capacity in use and until when it is honoured.
+    /// The largest capacity that wrote the state.
     keep: i64,
-    cexp: i64,
 }
 
-/// The fields of the script's key: `level / den` tokens at `ts`, when the
-/// bucket has refilled to `cmax` (`exp`), and until when `cmax` is honoured.
+/// The fields of the script's key: `level / den` tokens at `ts`, and when
+/// the bucket has refilled to `cmax`, the largest capacity that wrote it
+/// (`exp`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Raw {
     level: i64,
@@ -23,7 +23,6 @@ pub(crate) struct Raw {
     ts: i64,
     exp: i64,
     cmax: i64,
-    cexp: i64,
 }
 
 impl Raw {
@@ -51,9 +50,7 @@ impl TokenBucket {
         let full = p[0] * p[2];
         (self.level, self.ts, self.keep) = (full, now, p[0]);
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
-            if raw.cmax > p[0] && raw.cexp > now {
-                (self.keep, self.cexp) = (raw.cmax, raw.cexp);
-            }
+            self.keep = self.keep.max(raw.cmax);
             self.ts = raw.ts;
             if fdiv(raw.level, raw.den) < p[0] {
                 self.level = rescale(raw.level, raw.den, p[2]);
@@ -101,10 +98,7 @@ impl TokenBucket {
     /// Records the working state as the store keeps it; returns when it
     /// becomes equal to a fresh one.
     pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
-        let (cmax, mut cexp) = (self.keep, self.cexp);
-        if cmax == p[0] {
-            cexp = now + cdiv(p[0] * p[2], p[1]); // one fill from empty
-        }
+        let cmax = self.keep;
         let t = now.max(self.ts);
         let top = cmax.min(fdiv(EXACT - 1, p[2])) * p[2];
         let exp = t + cdiv(top - self.level_at(p, t), p[1]);
@@ -114,7 +108,6 @@ impl TokenBucket {
             ts: self.ts,
             exp,
             cmax,
-            cexp,
         });
         exp
     }
