@@ -216,6 +216,7 @@ impl RateLimitLayer {
             headers: HeaderSet {
                 ietf: true,
                 legacy: false,
+                policy: None,
             },
             rejector: None,
             log_interval: DEFAULT_LOG_INTERVAL,
@@ -422,7 +423,15 @@ impl RateLimitLayerBuilder {
                 cost: self.cost,
                 fixed_cost: self.fixed_cost,
                 max_delay: self.max_delay,
-                headers: self.headers,
+                headers: HeaderSet {
+                    policy: self::response::policy_value(
+                        limits
+                            .iter()
+                            .map(|l| (l.name(), l.capacity(), l.policy_window())),
+                    )
+                    .map(|value| (limits.len(), value)),
+                    ..self.headers
+                },
                 rejector: self.rejector,
                 outage: OutageLog::new(self.log_interval),
             }),

@@ -34,40 +34,77 @@ fn sf_int(n: u64) -> Integer {
 }
 
 /// Which rate-limit header fields to send.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct HeaderSet {
     pub(crate) ietf: bool,
     pub(crate) legacy: bool,
+    /// The layer's `RateLimit-Policy` and the number of limits it lists.
+    pub(crate) policy: Option<(usize, HeaderValue)>,
+}
+
+/// `RateLimit-Policy` for these limits: (name, quota, window) each. The
+/// same for every response of a layer that decides all its limits, so the
+/// layer computes it once (see [`HeaderSet::policy`]).
+pub(crate) fn policy_value<'a>(
+    limits: impl Iterator<Item = (&'a str, u64, Duration)>,
+) -> Option<HeaderValue> {
+    let mut policy = ListSerializer::new();
+    for (name, quota, window) in limits {
+        // Limit names are validated to [A-Za-z0-9_.-]: always valid strings.
+        let Ok(name) = StringRef::from_str(name) else {
+            continue;
+        };
+        policy
+            .bare_item(name)
+            .parameter(KeyRef::constant("q"), sf_int(quota))
+            .parameter(KeyRef::constant("w"), sf_int(ceil_secs(window).max(1)));
+    }
+    HeaderValue::from_str(&policy.finish()?).ok()
+}
+
+/// `RateLimit` for these statuses: `"name";r=remaining;t=seconds, ...`, a
+/// structured List (RFC 9651) written directly: limit names are validated to
+/// `[A-Za-z0-9_.-]`, which a String holds unescaped, and integers are capped
+/// at the 15 digits an Integer may have.
+fn state_value(decision: &Decision) -> Option<HeaderValue> {
+    let mut out = Vec::with_capacity(40 * decision.statuses().len());
+    let mut digits = itoa::Buffer::new();
+    let cap = |n: u64| n.min(999_999_999_999_999);
+    for (i, s) in decision.statuses().iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b", ");
+        }
+        out.push(b'"');
+        out.extend_from_slice(s.name().as_bytes());
+        out.extend_from_slice(b"\";r=");
+        out.extend_from_slice(digits.format(cap(s.remaining())).as_bytes());
+        out.extend_from_slice(b";t=");
+        out.extend_from_slice(digits.format(cap(ceil_secs(s.reset_after()))).as_bytes());
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
 }
 
 /// Adds the rate-limit fields describing `decision` to `headers`.
-pub(crate) fn insert_headers(headers: &mut HeaderMap, decision: &Decision, set: HeaderSet) {
+pub(crate) fn insert_headers(headers: &mut HeaderMap, decision: &Decision, set: &HeaderSet) {
     if set.ietf && !decision.statuses().is_empty() {
-        let mut policy = ListSerializer::new();
-        let mut state = ListSerializer::new();
-        for s in decision.statuses() {
-            // Limit names are validated to [A-Za-z0-9_.-]: always valid strings.
-            let Ok(name) = StringRef::from_str(s.name()) else {
-                continue;
-            };
-            policy
-                .bare_item(name)
-                .parameter(KeyRef::constant("q"), sf_int(s.limit()))
-                .parameter(KeyRef::constant("w"), sf_int(ceil_secs(s.window()).max(1)));
-            state
-                .bare_item(name)
-                .parameter(KeyRef::constant("r"), sf_int(s.remaining()))
-                .parameter(KeyRef::constant("t"), sf_int(ceil_secs(s.reset_after())));
-        }
+        // The layer's policy when the decision covers all its limits (some
+        // are skipped for a request without their key).
+        let policy = match &set.policy {
+            Some((limits, value)) if *limits == decision.statuses().len() => Some(value.clone()),
+            _ => policy_value(
+                decision
+                    .statuses()
+                    .iter()
+                    .map(|s| (s.name(), s.limit(), s.window())),
+            ),
+        };
         // Appended, not replaced: with nested layers each adds its limits, and
         // several lines of a structured List are one List (RFC 9651).
-        for (field, list) in [
-            (RATELIMIT_POLICY, policy.finish()),
-            (RATELIMIT, state.finish()),
-        ] {
-            if let Some(value) = list.and_then(|v| HeaderValue::from_str(&v).ok()) {
-                headers.append(field, value);
-            }
+        if let Some(policy) = policy {
+            headers.append(RATELIMIT_POLICY, policy);
+        }
+        if let Some(state) = state_value(decision) {
+            headers.append(RATELIMIT, state);
         }
     }
     if set.legacy {

@@ -202,7 +202,7 @@ where
                     too_many_requests(&decision)
                 });
                 insert_retry_after(response.headers_mut(), &decision);
-                insert_headers(response.headers_mut(), &decision, config.headers);
+                insert_headers(response.headers_mut(), &decision, &config.headers);
                 return Ok(response);
             }
             if !decision.wait().is_zero() {
@@ -213,7 +213,7 @@ where
             extensions.insert::<Decision>(decision.clone());
             extensions.insert(RateLimitInfo::new(Some(decision.clone()), store_failed));
             let mut response = forward(inner, request).await?.map(ResponseBody::inner);
-            insert_headers(response.headers_mut(), &decision, config.headers);
+            insert_headers(response.headers_mut(), &decision, &config.headers);
             Ok(response)
         });
         ResponseFuture { inner }
