@@ -90,7 +90,7 @@ impl DenyCache {
             return None;
         }
         let left = Duration::from_micros(u64::try_from(left).unwrap_or(0));
-        Some(entry.decision.aged(left, true))
+        Some(entry.decision.aged(left))
     }
 
     /// Remembers a denial decided on a request sent at `sent` (us on the
@@ -138,9 +138,9 @@ impl DenyCache {
 }
 
 impl Decision {
-    /// This denial as it stands `left` before its retry: the waits and
-    /// resets shortened by the time that has passed.
-    fn aged(&self, left: Duration, cached: bool) -> Decision {
+    /// This denial as the cache answers it `left` before its retry: the
+    /// waits and resets shortened by the time that has passed.
+    fn aged(&self, left: Duration) -> Decision {
         let Verdict::Denied { retry_after } = self.verdict else {
             return self.clone();
         };
@@ -151,7 +151,7 @@ impl Decision {
             status.wait = status.wait.map(|w| w.saturating_sub(passed));
             status.reset_after = status.reset_after.saturating_sub(passed);
         }
-        decision.cached = cached;
+        decision.cached = true;
         decision
     }
 }

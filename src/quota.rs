@@ -374,6 +374,10 @@ pub struct Limit {
     quota: Quota,
     params: Params,
     policy_window: Duration,
+    /// `algorithm:p1:p2:p3:p4:`, what the Redis decision function reads before
+    /// the cost (see `lua/driver.lua`): the same on every call, so made once.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    wire: Arc<str>,
 }
 
 impl Limit {
@@ -391,11 +395,14 @@ impl Limit {
             return Err(ConfigError::InvalidName(name));
         }
         let (params, policy_window) = derive(&quota)?;
+        let [a, b, c, d] = params.p;
+        let wire = format!("{}:{a}:{b}:{c}:{d}:", params.algorithm.id()).into();
         Ok(Self {
             name: name.into(),
             quota,
             params,
             policy_window,
+            wire,
         })
     }
 
@@ -427,6 +434,12 @@ impl Limit {
 
     pub(crate) fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// The limit's argument to the Redis decision function, less the cost.
+    #[cfg(feature = "redis")]
+    pub(crate) fn wire(&self) -> &str {
+        &self.wire
     }
 }
 

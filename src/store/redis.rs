@@ -327,9 +327,9 @@ impl RedisStore {
         DELIVERY.script.get_hash()
     }
 
-    /// The Redis keys that hold the state of one check.
-    fn keys(&self, check: &Check<'_>) -> Vec<String> {
-        let tag = keys::tag(check.key);
+    /// The Redis keys that hold the state of one check, whose key escapes
+    /// to `tag` (see [`keys::tag`]).
+    fn keys(&self, check: &Check<'_>, tag: &str) -> Vec<String> {
         let (prefix, name) = (&self.inner.prefix, check.limit.name());
         let parts = check.limit.params().algorithm.key_parts();
         parts
@@ -377,8 +377,15 @@ impl RedisStore {
         dry: bool,
     ) -> Result<Reply, Error> {
         let mut keys = Vec::with_capacity(checks.len() * 2);
+        let mut last: Option<(&[u8], String)> = None;
         for check in checks {
-            keys.extend(self.keys(check));
+            // limits of one request often share its key: escape it once
+            let tag = match last.take() {
+                Some((key, tag)) if key == check.key => tag,
+                _ => keys::tag(check.key),
+            };
+            keys.extend(self.keys(check, &tag));
+            last = Some((check.key, tag));
         }
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
         let mut args: Vec<String> = Vec::with_capacity(1 + checks.len());
@@ -390,11 +397,13 @@ impl RedisStore {
                 self.inner.slack
             ));
         }
+        let mut digits = itoa::Buffer::new();
         for check in checks {
-            let p = check.limit.params();
-            let [a, b, c, d] = p.p;
-            let cost = check.cost;
-            args.push(format!("{}:{a}:{b}:{c}:{d}:{cost}", p.algorithm.id()));
+            let (wire, cost) = (check.limit.wire(), digits.format(check.cost));
+            let mut arg = String::with_capacity(wire.len() + cost.len());
+            arg.push_str(wire);
+            arg.push_str(cost);
+            args.push(arg);
         }
         let (index, mut conn) = self.connection().await?;
         let packed = self
@@ -478,7 +487,7 @@ impl RedisStore {
     async fn run_reset(&self, checks: &[Check<'_>]) -> Result<(), Error> {
         let mut cmd = redis::cmd("DEL");
         for check in checks {
-            for key in self.keys(check) {
+            for key in self.keys(check, &keys::tag(check.key)) {
                 cmd.arg(key);
             }
         }
