@@ -405,11 +405,7 @@ impl RedisStore {
             arg.push_str(cost);
             args.push(arg);
         }
-        let (index, mut conn) = self.connection().await?;
-        let packed = self
-            .call(&mut conn, &keys, &args)
-            .await
-            .inspect_err(|e| self.discard(index, e))?;
+        let packed = self.invoke(&keys, &args).await?;
         Reply::from_packed(&packed, checks.len()).ok_or_else(|| {
             Error::UnexpectedReply(format!(
                 "{} bytes for {} limits",
@@ -417,6 +413,17 @@ impl RedisStore {
                 checks.len()
             ))
         })
+    }
+
+    /// Runs the library's function with these keys and arguments over a
+    /// lane's connection: the one way every operation reaches Redis.
+    async fn invoke(&self, keys: &[String], args: &[String]) -> Result<Vec<u8>, Error> {
+        let (index, mut conn) = self.connection().await?;
+        let packed = self
+            .call(&mut conn, keys, args)
+            .await
+            .inspect_err(|e| self.discard(index, e))?;
+        Ok(packed)
     }
 
     /// Runs the decision code: `FCALL`, loading the library when the server
