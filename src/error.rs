@@ -80,6 +80,11 @@ pub enum Error {
     /// The store did not answer within the limiter's timeout.
     #[error("the store did not answer within {0:?}")]
     Timeout(Duration),
+    /// The store failed several times in a row and is being reconnected in
+    /// the background: decisions fail at once, without waiting out the
+    /// timeout, until a new connection answers (the circuit is open).
+    #[error("the store is unreachable; reconnecting in the background")]
+    Unavailable,
     /// The store answered something this crate does not understand.
     #[error("the store gave an unexpected reply: {0}")]
     UnexpectedReply(String),

@@ -1,17 +1,19 @@
 //! The Redis store: one `FCALL` of the `lua/` library per decision over a
 //! pooled connection (`EVALSHA` of the same code where Functions are missing).
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, Runtime};
-use redis::aio::MultiplexedConnection;
-use redis::AsyncConnectionConfig;
 use redis::Script;
+use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 
+use self::conn::{Conn, Connector, Lanes};
 use super::sealed::Sealed;
 use super::{keys, BoxFuture, Check, MemoryStore, Store};
+mod conn;
+
 use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::{ConfigError, Error};
@@ -19,13 +21,13 @@ use crate::{ConfigError, Error};
 /// The decision code: the helpers, the algorithms, then the driver, which
 /// defines `decide(keys, args)`.
 const CODE: &str = concat!(
-    include_str!("../../lua/common.lua"),
-    include_str!("../../lua/sliding_log.lua"),
-    include_str!("../../lua/token_bucket.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/driver.lua"),
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/sliding_log.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/gcra.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window.lua"),
+    include_str!("../../../lua/driver.lua"),
 );
 
 /// How the decision code reaches Redis: as a Function library loaded once
@@ -74,33 +76,7 @@ const UNTRIED: u8 = 0;
 const FUNCTIONS: u8 = 1;
 const SCRIPTS: u8 = 2;
 
-/// A connection taken from the pool and kept. deadpool-redis checks every
-/// connection it hands out with `UNWATCH` + `PING`, one extra round trip per
-/// `get()`; a multiplexed connection pipelines concurrent requests by itself,
-/// so the store keeps a few of them and goes back to the pool only to replace
-/// one that failed.
-struct Lane {
-    held: Mutex<Option<Held>>,
-    fill: tokio::sync::Mutex<()>,
-}
-
-struct Held {
-    conn: MultiplexedConnection,
-    _pooled: deadpool_redis::Connection,
-}
-
-impl Lane {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn current(&self) -> Option<MultiplexedConnection> {
-        self.lock().as_ref().map(|held| held.conn.clone())
-    }
-}
-
 struct Inner {
-    pool: Pool,
     prefix: String,
     /// `UNTRIED`, `FUNCTIONS` or `SCRIPTS`.
     mode: AtomicU8,
@@ -110,8 +86,8 @@ struct Inner {
     /// After a failed `FUNCTION LOAD` (say, Redis over `maxmemory` refuses
     /// it), decisions run as scripts until then, and the load is tried again.
     scripts_until: Mutex<Option<tokio::time::Instant>>,
-    lanes: Box<[Lane]>,
-    next: AtomicUsize,
+    /// The connections, and what replaces them when they fail.
+    lanes: Arc<Lanes>,
     clock: Option<Arc<dyn Clock>>,
     /// Microseconds keys outlive their state.
     slack: i64,
@@ -157,22 +133,70 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// What a store connects to.
+#[derive(Clone)]
+enum Target {
+    Url(String),
+    Pool(Pool),
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        urls: Vec<String>,
+        master: String,
+    },
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Url(url) => f.debug_tuple("Url").field(&redacted(url)).finish(),
+            Target::Pool(_) => f.write_str("Pool"),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => f
+                .debug_tuple("Cluster")
+                .field(&urls.iter().map(|u| redacted(u)).collect::<Vec<_>>())
+                .finish(),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls, master } => f
+                .debug_struct("Sentinel")
+                .field(
+                    "urls",
+                    &urls.iter().map(|u| redacted(u)).collect::<Vec<_>>(),
+                )
+                .field("master", master)
+                .finish(),
+        }
+    }
+}
+
+/// A URL without its password, for `Debug`.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// Configures a [`RedisStore`].
 #[derive(Clone)]
 #[must_use]
 pub struct RedisStoreBuilder {
-    url: Option<String>,
-    pool: Option<Pool>,
+    target: Target,
     prefix: String,
     lanes: usize,
     clock: Option<Arc<dyn Clock>>,
     slack: Duration,
+    #[cfg(feature = "tls")]
+    root_certificate: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStoreBuilder")
-            .field("url", &self.url)
+            .field("target", &self.target)
             .field("prefix", &self.prefix)
             .field("lanes", &self.lanes)
             .finish()
@@ -180,6 +204,18 @@ impl std::fmt::Debug for RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
+    fn new(target: Target) -> Self {
+        RedisStoreBuilder {
+            target,
+            prefix: "rl".into(),
+            lanes: 4,
+            clock: None,
+            slack: Duration::ZERO,
+            #[cfg(feature = "tls")]
+            root_certificate: None,
+        }
+    }
+
     /// The prefix of every key (default `"rl"`). Instances share limits when
     /// they share the Redis and the prefix.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -187,8 +223,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many connections to keep checked out of the pool and multiplex
-    /// decisions over (default 4, at least 1).
+    /// How many connections to keep and multiplex decisions over (default 4,
+    /// at least 1). On a cluster, each is a cluster connection, which holds
+    /// one connection per node.
     pub fn lanes(mut self, lanes: usize) -> Self {
         self.lanes = lanes;
         self
@@ -212,6 +249,27 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts this CA certificate (PEM) for `rediss://` connections, in
+    /// addition to the system's roots: for servers whose certificates a
+    /// private CA signed. Not used with [`RedisStore::builder_with_pool`],
+    /// whose pool makes its own connections.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
+        self
+    }
+
+    #[cfg(feature = "tls")]
+    fn certificates(&self) -> Option<redis::TlsCertificates> {
+        self.root_certificate
+            .as_ref()
+            .map(|pem| redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            })
+    }
+
     /// Builds the store. No connection is made until the first decision.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         let valid_prefix = !self.prefix.is_empty()
@@ -228,48 +286,22 @@ impl RedisStoreBuilder {
         if self.lanes == 0 {
             return Err(ConfigError::Redis("at least one lane is needed".into()));
         }
-        let pool = match (self.pool, self.url) {
-            (Some(pool), _) => pool,
-            (None, Some(url)) => {
-                // A connection whose answer is this late is replaced (the
-                // lane drops it); each decision is bounded far sooner by the
-                // limiter's own timeout.
-                let connection =
-                    AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
-                let manager = Manager::new_with_config(url.as_str(), connection)
-                    .map_err(|e| ConfigError::Redis(e.to_string()))?;
-                // The lanes keep their connections; the rest of the pool is
-                // headroom to replace failed ones while those are returned.
-                Pool::builder(manager)
-                    .max_size(2 * self.lanes)
-                    .runtime(Runtime::Tokio1)
-                    .build()
-                    .map_err(|e| ConfigError::Redis(e.to_string()))?
+        let connector = self.connector()?;
+        if let Some(max) = connector.capacity() {
+            if max < self.lanes {
+                return Err(ConfigError::Redis(format!(
+                    "the pool holds at most {max} connections, fewer than the {} lanes",
+                    self.lanes
+                )));
             }
-            (None, None) => return Err(ConfigError::Redis("no URL or pool given".into())),
-        };
-        if pool.status().max_size < self.lanes {
-            return Err(ConfigError::Redis(format!(
-                "the pool holds at most {} connections, fewer than the {} lanes",
-                pool.status().max_size,
-                self.lanes
-            )));
         }
-        let lanes = (0..self.lanes)
-            .map(|_| Lane {
-                held: Mutex::new(None),
-                fill: tokio::sync::Mutex::new(()),
-            })
-            .collect();
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                pool,
                 prefix: self.prefix,
                 mode: AtomicU8::new(UNTRIED),
                 loading: tokio::sync::Mutex::new(()),
                 scripts_until: Mutex::new(None),
-                lanes,
-                next: AtomicUsize::new(0),
+                lanes: Lanes::new(connector, self.lanes),
                 clock: self.clock,
                 slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
                 fallback: OnceLock::new(),
@@ -277,32 +309,191 @@ impl RedisStoreBuilder {
             }),
         })
     }
+
+    /// A connection whose answer is this late is replaced; each decision is
+    /// bounded far sooner by the limiter's own timeout.
+    fn connection_config() -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(conn::CONNECT_TIMEOUT))
+    }
+
+    fn connector(&self) -> Result<Connector, ConfigError> {
+        let invalid = |e: redis::RedisError| ConfigError::Redis(e.to_string());
+        Ok(match &self.target {
+            Target::Pool(pool) => Connector::Pool(pool.clone()),
+            Target::Url(url) => {
+                #[cfg(feature = "tls")]
+                let info = match self.certificates() {
+                    Some(certs) => redis::Client::build_with_tls(url.as_str(), certs)
+                        .map_err(invalid)?
+                        .get_connection_info()
+                        .clone(),
+                    None => url.as_str().into_connection_info().map_err(invalid)?,
+                };
+                #[cfg(not(feature = "tls"))]
+                let info = url.as_str().into_connection_info().map_err(invalid)?;
+                reject_unsupported(&info)?;
+                let manager =
+                    Manager::new_with_config(info, Self::connection_config()).map_err(invalid)?;
+                // The lanes keep their connections; the rest of the pool is
+                // headroom while broken ones are replaced.
+                let pool = Pool::builder(manager)
+                    .max_size(2 * self.lanes)
+                    .runtime(Runtime::Tokio1)
+                    .build()
+                    .map_err(|e| ConfigError::Redis(e.to_string()))?;
+                Connector::Pool(pool)
+            }
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => {
+                if urls.is_empty() {
+                    return Err(ConfigError::Redis(
+                        "a cluster needs at least one seed URL".into(),
+                    ));
+                }
+                let mut infos = Vec::with_capacity(urls.len());
+                for url in urls {
+                    let info = url.as_str().into_connection_info().map_err(invalid)?;
+                    reject_unsupported(&info)?;
+                    infos.push(info);
+                }
+                let builder = redis::cluster::ClusterClientBuilder::new(infos)
+                    .connection_timeout(conn::CONNECT_TIMEOUT)
+                    .response_timeout(RESPONSE_TIMEOUT);
+                #[cfg(feature = "tls")]
+                let builder = match self.certificates() {
+                    Some(certs) => builder.certs(certs),
+                    None => builder,
+                };
+                Connector::Cluster(builder.build().map_err(invalid)?)
+            }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls, master } => {
+                use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+                let first = urls.first().ok_or_else(|| {
+                    ConfigError::Redis("Sentinel needs at least one sentinel URL".into())
+                })?;
+                let mut addrs = Vec::with_capacity(urls.len());
+                for url in urls {
+                    let info = url.as_str().into_connection_info().map_err(invalid)?;
+                    reject_unsupported(&info)?;
+                    addrs.push(info.addr().clone());
+                }
+                let first = first.as_str().into_connection_info().map_err(invalid)?;
+                let redis_info = first.redis_settings();
+                let mut builder =
+                    SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
+                        .map_err(invalid)?
+                        .set_client_to_redis_db(redis_info.db());
+                if let Some(user) = redis_info.username() {
+                    builder = builder.set_client_to_redis_username(user);
+                }
+                if let Some(password) = redis_info.password() {
+                    builder = builder.set_client_to_redis_password(password);
+                }
+                if let redis::ConnectionAddr::TcpTls { insecure, .. } = first.addr() {
+                    let mode = if *insecure {
+                        redis::TlsMode::Insecure
+                    } else {
+                        redis::TlsMode::Secure
+                    };
+                    builder = builder.set_client_to_redis_tls_mode(mode);
+                    #[cfg(feature = "tls")]
+                    if let Some(certs) = self.certificates() {
+                        builder = builder
+                            .set_client_to_redis_certificates(certs.clone())
+                            .set_client_to_sentinel_certificates(certs);
+                    }
+                }
+                Connector::Sentinel {
+                    client: tokio::sync::Mutex::new(builder.build().map_err(invalid)?),
+                    config: Self::connection_config(),
+                }
+            }
+        })
+    }
+}
+
+/// Refuses a `rediss://` URL in a build without the `tls` feature, at build
+/// time rather than at the first decision.
+fn reject_unsupported(info: &redis::ConnectionInfo) -> Result<(), ConfigError> {
+    if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) && !cfg!(feature = "tls") {
+        return Err(ConfigError::Redis(
+            "rediss:// URLs need the crate's `tls` feature".into(),
+        ));
+    }
+    Ok(())
 }
 
 impl RedisStore {
-    /// Configures a store for a Redis URL such as `redis://127.0.0.1:6379/0`.
+    /// Configures a store for one Redis server, at a URL such as
+    /// `redis://127.0.0.1:6379/0`, or `rediss://` for TLS (with the `tls`
+    /// feature).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: Some(url.into()),
-            pool: None,
-            prefix: "rl".into(),
-            lanes: 4,
-            clock: None,
-            slack: Duration::ZERO,
-        }
+        RedisStoreBuilder::new(Target::Url(url.into()))
     }
 
     /// Configures a store over an existing deadpool-redis pool, whose size must
     /// be at least the number of lanes.
     pub fn builder_with_pool(pool: Pool) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: None,
-            pool: Some(pool),
-            prefix: "rl".into(),
-            lanes: 4,
-            clock: None,
-            slack: Duration::ZERO,
-        }
+        RedisStoreBuilder::new(Target::Pool(pool))
+    }
+
+    /// Configures a store on a Redis Cluster, found through these seed nodes
+    /// (any reachable one is enough; list several). Each decision runs on the
+    /// primary of its keys' slot; limits of one request whose keys live in
+    /// different slots are decided slot by slot, in parallel, and what one
+    /// slot granted is given back when another refuses (see [`RedisStore`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// let store = tower_ratelimit::RedisStore::cluster_builder([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.0.2:6379",
+    ///     "redis://10.0.0.3:6379",
+    /// ])
+    /// .prefix("myapp-rl")
+    /// .build()?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster_builder<I>(seeds: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisStoreBuilder::new(Target::Cluster(seeds.into_iter().map(Into::into).collect()))
+    }
+
+    /// Configures a store on the master that Redis Sentinel names `master`,
+    /// asking these sentinels (list several). Every new connection asks
+    /// them again, so the store follows a failover: connections to a master
+    /// that died or became a replica are replaced. The database, user and
+    /// password of the first URL are those of the master; a `rediss://`
+    /// first URL makes the master connections TLS too.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), tower_ratelimit::ConfigError> {
+    /// let store = tower_ratelimit::RedisStore::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .build()?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel_builder<I>(sentinels: I, master: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisStoreBuilder::new(Target::Sentinel {
+            urls: sentinels.into_iter().map(Into::into).collect(),
+            master: master.into(),
+        })
     }
 
     /// A store for `url` with the default settings.
@@ -336,38 +527,6 @@ impl RedisStore {
             .iter()
             .map(|part| format!("{prefix}:{tag}:{name}:{part}"))
             .collect()
-    }
-
-    /// A connection of the next lane, taken from the pool if the lane is empty.
-    async fn connection(&self) -> Result<(usize, MultiplexedConnection), Error> {
-        let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.lanes.len();
-        let lane = &self.inner.lanes[index];
-        if let Some(conn) = lane.current() {
-            return Ok((index, conn));
-        }
-        // One task fills an empty lane; the others wait for it rather than
-        // draining the pool (whose connections the lanes keep checked out).
-        let _filling = lane.fill.lock().await;
-        if let Some(conn) = lane.current() {
-            return Ok((index, conn));
-        }
-        let pooled = self.inner.pool.get().await.map_err(|e| match e {
-            deadpool_redis::PoolError::Backend(e) => Error::Redis(e),
-            other => Error::Pool(other.to_string()),
-        })?;
-        let conn = (*pooled).clone();
-        *lane.lock() = Some(Held {
-            conn: conn.clone(),
-            _pooled: pooled,
-        });
-        Ok((index, conn))
-    }
-
-    /// Drops a lane whose connection failed; the next use takes a fresh one.
-    fn discard(&self, index: usize, error: &redis::RedisError) {
-        if error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error() {
-            self.inner.lanes[index].lock().take();
-        }
     }
 
     async fn run_decide(
@@ -418,12 +577,10 @@ impl RedisStore {
     /// Runs the library's function with these keys and arguments over a
     /// lane's connection: the one way every operation reaches Redis.
     async fn invoke(&self, keys: &[String], args: &[String]) -> Result<Vec<u8>, Error> {
-        let (index, mut conn) = self.connection().await?;
-        let packed = self
-            .call(&mut conn, keys, args)
+        self.inner
+            .lanes
+            .run(|mut conn| async move { self.call(&mut conn, keys, args).await })
             .await
-            .inspect_err(|e| self.discard(index, e))?;
-        Ok(packed)
     }
 
     /// Runs the decision code: `FCALL`, loading the library when the server
@@ -431,7 +588,7 @@ impl RedisStore {
     /// `EVALSHA` on a server without Functions (before Redis 7).
     async fn call(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Conn,
         keys: &[String],
         args: &[String],
     ) -> redis::RedisResult<Vec<u8>> {
@@ -498,10 +655,11 @@ impl RedisStore {
                 cmd.arg(key);
             }
         }
-        let (index, mut conn) = self.connection().await?;
-        cmd.query_async::<()>(&mut conn)
-            .await
-            .inspect_err(|e| self.discard(index, e))?;
+        let cmd = &cmd;
+        self.inner
+            .lanes
+            .run(|mut conn| async move { cmd.query_async::<()>(&mut conn).await })
+            .await?;
         Ok(())
     }
 }

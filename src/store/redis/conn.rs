@@ -1,0 +1,482 @@
+//! The Redis store's connections: where they come from (a deadpool-redis pool,
+//! Sentinel, a cluster), the lanes that keep them, and the health checks that
+//! replace them.
+//!
+//! Failure handling, in one place:
+//! - A request whose connection breaks (an I/O error, a closed socket, a
+//!   replica that refuses writes) discards that connection and is sent
+//!   again on another: connections the server closed while idle cost no
+//!   request. (A resent decision may count twice; it never admits more.)
+//! - A request abandoned by its caller (the limiter's timeout) while its
+//!   connection answered nothing since it was sent marks that connection as
+//!   silent: it is discarded, whatever keeps it open.
+//! - New connections are made by one background task per store, never inside
+//!   a request: requests meanwhile use the other lanes' connections, or wait
+//!   (within their own timeout) when none is left.
+//! - After [`OPEN_AFTER`] failures in a row the circuit opens: every lane is
+//!   discarded and requests fail at once ([`Error::Unavailable`]) while the
+//!   background task reconnects, backing off from [`MIN_BACKOFF`] to
+//!   [`MAX_BACKOFF`] between refused attempts. Its first connection that
+//!   answers `PING` closes the circuit.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+use crate::Error;
+
+/// How long one connection attempt (connect, handshake, `PING`) may take.
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Consecutive failures that open the circuit.
+pub(super) const OPEN_AFTER: u32 = 3;
+/// The first pause after a refused connection attempt; it doubles up to
+/// [`MAX_BACKOFF`].
+pub(super) const MIN_BACKOFF: Duration = Duration::from_millis(25);
+/// The longest pause between connection attempts.
+pub(super) const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Where new connections come from.
+pub(super) enum Connector {
+    /// One server (`redis://`, `rediss://`), through a deadpool-redis pool.
+    Pool(deadpool_redis::Pool),
+    /// The master that Sentinel names, asked again for every new connection,
+    /// so that a failover is followed.
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
+        config: redis::AsyncConnectionConfig,
+    },
+    /// A Redis Cluster: each connection routes by slot, follows `MOVED` and
+    /// `ASK`, and reconnects to nodes by itself.
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster::ClusterClient),
+}
+
+impl Connector {
+    /// A new connection that answered `PING`.
+    async fn connect(&self) -> Result<(Conn, Option<deadpool_redis::Connection>), Error> {
+        let (mut conn, pooled) = match self {
+            Connector::Pool(pool) => {
+                let pooled = pool.get().await.map_err(|e| match e {
+                    deadpool_redis::PoolError::Backend(e) => Error::Redis(e),
+                    other => Error::Pool(other.to_string()),
+                })?;
+                (Conn::Single((*pooled).clone()), Some(pooled))
+            }
+            #[cfg(feature = "sentinel")]
+            Connector::Sentinel { client, config } => {
+                let conn = client
+                    .lock()
+                    .await
+                    .get_async_connection_with_config(config)
+                    .await?;
+                (Conn::Single(conn), None)
+            }
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(client) => {
+                (Conn::Cluster(client.get_async_connection().await?), None)
+            }
+        };
+        redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        Ok((conn, pooled))
+    }
+
+    /// Whether the connections route by slot.
+    pub(super) fn is_cluster(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if matches!(self, Connector::Cluster(_)) {
+            return true;
+        }
+        false
+    }
+
+    /// The maximum number of connections the source can give, if bounded.
+    pub(super) fn capacity(&self) -> Option<usize> {
+        match self {
+            Connector::Pool(pool) => Some(pool.status().max_size),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+}
+
+/// One connection of any kind; cheap to clone (every kind multiplexes).
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(conn) => conn.get_db(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// A lane's current connection.
+struct Live {
+    conn: Conn,
+    generation: u64,
+    /// Keeps the pool's count of the connection while the lane holds it.
+    pooled: Option<deadpool_redis::Connection>,
+}
+
+impl Live {
+    /// Forgets the connection: out of the pool, closed when its last clone goes.
+    fn close(self) {
+        if let Some(pooled) = self.pooled {
+            drop(deadpool_redis::Connection::take(pooled));
+        }
+    }
+}
+
+struct Lane {
+    live: Mutex<Option<Live>>,
+    /// When this lane's connection last answered, in microseconds since
+    /// [`Lanes::epoch`].
+    answered: AtomicU64,
+}
+
+impl Lane {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Live>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The connections a store multiplexes its requests over, and their health.
+pub(super) struct Lanes {
+    connector: Connector,
+    lanes: Box<[Lane]>,
+    next: AtomicUsize,
+    epoch: Instant,
+    generation: AtomicU64,
+    /// Failures since the last success (requests and connection attempts).
+    failures: AtomicU32,
+    /// The circuit: while open, requests fail at once.
+    open: AtomicBool,
+    /// Whether the background task that makes connections runs.
+    repairing: AtomicBool,
+    /// Woken when a lane gets a connection or the circuit opens.
+    changed: tokio::sync::Notify,
+}
+
+/// A connection lent to one request.
+pub(super) struct Lease {
+    pub(super) conn: Conn,
+    index: usize,
+    generation: u64,
+}
+
+/// What became of one request on a lease.
+pub(super) enum Landing<T> {
+    /// An answer, or an error that is not the connection's.
+    Done(RedisResult<T>),
+    /// The connection broke; the request may be sent again on another.
+    Broken(RedisError),
+}
+
+impl Lanes {
+    pub(super) fn new(connector: Connector, lanes: usize) -> Arc<Lanes> {
+        Arc::new(Lanes {
+            connector,
+            lanes: (0..lanes)
+                .map(|_| Lane {
+                    live: Mutex::new(None),
+                    answered: AtomicU64::new(0),
+                })
+                .collect(),
+            next: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            generation: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+            open: AtomicBool::new(false),
+            repairing: AtomicBool::new(false),
+            changed: tokio::sync::Notify::new(),
+        })
+    }
+
+    pub(super) fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Whether the circuit is open (requests fail at once).
+    pub(super) fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    fn micros(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Runs `op` on a connection, again on another while they turn out
+    /// broken (at most once per lane, then once on a new one). Fails at once while the circuit is open.
+    pub(super) async fn run<T, F, Fut>(self: &Arc<Self>, mut op: F) -> Result<T, Error>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let lease = self.lease().await?;
+            let flight = Flight {
+                lanes: self,
+                index: lease.index,
+                generation: lease.generation,
+                sent: self.micros(),
+                landed: false,
+            };
+            let result = op(lease.conn).await;
+            match flight.land(result) {
+                Landing::Done(result) => return result.map_err(Error::from),
+                // every lane may hold a connection the server closed
+                Landing::Broken(e) if attempts > self.lanes.len() => return Err(Error::from(e)),
+                Landing::Broken(e) => {
+                    tracing::debug!(target: "tower_ratelimit::redis", error = %e, "a Redis connection broke; sending again on another");
+                }
+            }
+        }
+    }
+
+    /// A connection: the next lane's, or any live one while that lane is
+    /// refilled; waits for the background task when no lane has one.
+    async fn lease(self: &Arc<Self>) -> Result<Lease, Error> {
+        let n = self.lanes.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        loop {
+            if self.is_open() {
+                self.repair();
+                return Err(Error::Unavailable);
+            }
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let mut empty = false;
+            for k in 0..n {
+                let index = (first + k) % n;
+                let live = self.lanes[index]
+                    .lock()
+                    .as_ref()
+                    .map(|live| (live.conn.clone(), live.generation));
+                match live {
+                    Some((conn, generation)) => {
+                        if empty {
+                            self.repair();
+                        }
+                        return Ok(Lease {
+                            conn,
+                            index,
+                            generation,
+                        });
+                    }
+                    None => empty = true,
+                }
+            }
+            self.repair();
+            notified.await;
+        }
+    }
+
+    /// Drops lane `index`'s connection if it is still `generation`.
+    fn discard(self: &Arc<Self>, index: usize, generation: u64) {
+        let taken = {
+            let mut live = self.lanes[index].lock();
+            match live.as_ref() {
+                Some(current) if current.generation == generation => live.take(),
+                _ => None,
+            }
+        };
+        if let Some(live) = taken {
+            live.close();
+            self.repair();
+        }
+    }
+
+    fn failed(self: &Arc<Self>) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if failures >= OPEN_AFTER && !self.open.swap(true, Ordering::AcqRel) {
+            tracing::info!(
+                target: "tower_ratelimit::redis",
+                failures,
+                "Redis failed {failures} times in a row: decisions fail at once until a new connection answers"
+            );
+            for index in 0..self.lanes.len() {
+                if let Some(live) = self.lanes[index].lock().take() {
+                    live.close();
+                }
+            }
+            self.changed.notify_waiters();
+        }
+        self.repair();
+    }
+
+    fn succeeded(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Release);
+        }
+    }
+
+    /// Starts the background task that fills empty lanes, unless it runs.
+    fn repair(self: &Arc<Self>) {
+        if self.repairing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(Self::repair_loop(Arc::downgrade(self)));
+            }
+            Err(_) => self.repairing.store(false, Ordering::Release),
+        }
+    }
+
+    fn empty_lane(&self) -> Option<usize> {
+        (0..self.lanes.len()).find(|&index| self.lanes[index].lock().is_none())
+    }
+
+    async fn repair_loop(store: Weak<Lanes>) {
+        let mut backoff = MIN_BACKOFF;
+        loop {
+            let Some(lanes) = store.upgrade() else { return };
+            let Some(index) = lanes.empty_lane() else {
+                lanes.repairing.store(false, Ordering::Release);
+                // a lane emptied after the look: carry on unless another task took over
+                if lanes.empty_lane().is_some() && !lanes.repairing.swap(true, Ordering::AcqRel) {
+                    continue;
+                }
+                return;
+            };
+            match tokio::time::timeout(CONNECT_TIMEOUT, lanes.connector.connect()).await {
+                Ok(Ok((conn, pooled))) => {
+                    backoff = MIN_BACKOFF;
+                    lanes.install(index, conn, pooled);
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(target: "tower_ratelimit::redis", %error, "cannot connect to Redis");
+                    lanes.failed();
+                    drop(lanes);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                // the attempt took its whole time: try again at once (a
+                // server that was only slow answers the next one as soon as
+                // it wakes)
+                Err(_) => {
+                    tracing::debug!(target: "tower_ratelimit::redis", "connecting to Redis timed out");
+                    lanes.failed();
+                }
+            }
+        }
+    }
+
+    fn install(&self, index: usize, conn: Conn, pooled: Option<deadpool_redis::Connection>) {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let replaced = self.lanes[index].lock().replace(Live {
+            conn,
+            generation,
+            pooled,
+        });
+        if let Some(old) = replaced {
+            old.close();
+        }
+        self.failures.store(0, Ordering::Release);
+        if self.open.swap(false, Ordering::AcqRel) {
+            tracing::info!(target: "tower_ratelimit::redis", "Redis answers again: deciding through it");
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+/// One request in flight on a lease. Dropped before it lands (its caller
+/// gave up), it tells whether the connection answered anything meanwhile.
+struct Flight<'a> {
+    lanes: &'a Arc<Lanes>,
+    index: usize,
+    generation: u64,
+    sent: u64,
+    landed: bool,
+}
+
+impl Flight<'_> {
+    fn land<T>(mut self, result: RedisResult<T>) -> Landing<T> {
+        self.landed = true;
+        let lanes = self.lanes;
+        match result {
+            // not counted against the circuit: a connection closed by the
+            // server says nothing of its health; a dead server fails the
+            // connection attempts that follow
+            Err(e) if breaks_connection(&e) => {
+                lanes.discard(self.index, self.generation);
+                Landing::Broken(e)
+            }
+            other => {
+                lanes.lanes[self.index]
+                    .answered
+                    .fetch_max(lanes.micros(), Ordering::Relaxed);
+                if other.is_ok() {
+                    lanes.succeeded();
+                }
+                Landing::Done(other)
+            }
+        }
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        if self.landed {
+            return;
+        }
+        let lane = &self.lanes.lanes[self.index];
+        if lane.answered.load(Ordering::Relaxed) < self.sent {
+            // nothing came back on this connection since the request left:
+            // it may be silent for good (a proxy that forwards nothing, a
+            // half-open socket), so it is replaced
+            self.lanes.discard(self.index, self.generation);
+            self.lanes.failed();
+        }
+    }
+}
+
+/// Whether an error means the connection cannot be used again: it broke, or
+/// it reaches a server that no longer takes writes (a demoted master).
+fn breaks_connection(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || e.is_unrecoverable_error()
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+}

@@ -1,0 +1,288 @@
+//! One Redis failing in every way the store must survive, under load: killed,
+//! asleep (`DEBUG SLEEP`), connections killed (`CLIENT KILL`) or closed while
+//! idle (the server's `timeout`), and connections that go silent.
+//!
+//! Deadlines here detect hangs; they are generous on purpose (a loaded
+//! machine is slow, never wrong). The figures the design aims for (answers
+//! within the timeout plus a few milliseconds, recovery within a few hundred
+//! milliseconds) are printed by each test and reported with the benchmarks.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::TestRedis;
+use tower_ratelimit::{Error, Limit, Limiter, Quota, RedisStore};
+
+/// The limiter's timeout in these tests: the production default.
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// What "answered within the timeout" tolerates here before calling it a
+/// hang: scheduling delays on a loaded machine, never a second timeout.
+const HANG: Duration = Duration::from_millis(1000);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Decided,
+    Timeout,
+    Unavailable,
+    Other,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    at: Instant,
+    took: Duration,
+    kind: Kind,
+}
+
+fn kind(result: &Result<tower_ratelimit::Decision, Error>) -> Kind {
+    match result {
+        Ok(_) => Kind::Decided,
+        Err(Error::Timeout(_)) => Kind::Timeout,
+        Err(Error::Unavailable) => Kind::Unavailable,
+        Err(e) => {
+            eprintln!("unexpected error: {e} / {e:?}");
+            Kind::Other
+        }
+    }
+}
+
+/// Requests from `tasks` tasks, each one after the other with a short pause,
+/// until stopped (or 60 s at most): what every call took and how it ended.
+struct Load {
+    stop: Arc<AtomicBool>,
+    calls: Arc<Mutex<Vec<Call>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(limiter: &Limiter, tasks: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let started = Instant::now();
+        let tasks = (0..tasks)
+            .map(|task| {
+                let (limiter, stop, calls) = (limiter.clone(), stop.clone(), calls.clone());
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed)
+                        && started.elapsed() < Duration::from_secs(60)
+                    {
+                        n += 1;
+                        let at = Instant::now();
+                        let result = limiter.check(format!("k{task}-{}", n % 50), 1).await;
+                        let call = Call {
+                            at,
+                            took: at.elapsed(),
+                            kind: kind(&result),
+                        };
+                        calls.lock().unwrap().push(call);
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                })
+            })
+            .collect();
+        Load { stop, calls, tasks }
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    async fn finish(self) -> Vec<Call> {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.expect("a load task panicked");
+        }
+        let calls = self.calls.lock().unwrap().clone();
+        calls
+    }
+}
+
+fn limiter(url: &str, prefix: &str) -> Limiter {
+    let store = RedisStore::builder(url)
+        .prefix(prefix)
+        .lanes(2)
+        .build()
+        .expect("store");
+    let limit =
+        Limit::new("l", Quota::fixed_window(1_000_000, Duration::from_secs(60))).expect("limit");
+    Limiter::builder(store)
+        .limit(limit)
+        .timeout(TIMEOUT)
+        .build()
+        .expect("limiter")
+}
+
+fn conn(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .expect("client")
+        .get_connection()
+        .expect("connect to the test Redis")
+}
+
+/// Waits until `limiter` decides again (bounded).
+async fn decided_again(limiter: &Limiter, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if limiter.check("probe", 1).await.is_ok() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "no decision {within:?} after the fault ended"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Every call ended within the timeout (up to scheduling delays).
+fn assert_all_answered(calls: &[Call], what: &str) {
+    let slowest = calls.iter().map(|c| c.took).max().unwrap_or_default();
+    let mut took: Vec<Duration> = calls.iter().map(|c| c.took).collect();
+    took.sort();
+    let p99 = took
+        .get(took.len().saturating_sub(1) * 99 / 100)
+        .copied()
+        .unwrap_or_default();
+    eprintln!(
+        "{what}: {} calls, p99 {p99:?}, slowest {slowest:?} (timeout {TIMEOUT:?})",
+        calls.len()
+    );
+    assert!(
+        slowest < TIMEOUT + HANG,
+        "{what}: a call took {slowest:?}, beyond its {TIMEOUT:?} timeout"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_under_load_every_request_is_answered_and_decisions_resume() {
+    let mut server = TestRedis::spawn();
+    let limiter = limiter(&server.url, "killed");
+    decided_again(&limiter, Duration::from_secs(5)).await;
+    let load = Load::start(&limiter, 8);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed_at = Instant::now();
+    server.stop();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // the circuit is open: the outage's requests fail at once, none waits
+    // out the timeout, and none reaches Redis
+    let during: Vec<Call> = load
+        .calls()
+        .into_iter()
+        .filter(|c| c.at > killed_at + Duration::from_millis(300))
+        .collect();
+    assert!(!during.is_empty());
+    assert!(
+        during.iter().all(|c| c.kind == Kind::Unavailable),
+        "once the circuit is open every request fails at once: {:?}",
+        during.iter().find(|c| c.kind != Kind::Unavailable)
+    );
+    server.restart();
+    let back = Instant::now();
+    let recovered = decided_again(&limiter, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let calls = load.finish().await;
+    let first = calls
+        .iter()
+        .filter(|c| c.at > back && c.kind == Kind::Decided)
+        .map(|c| c.at + c.took - back)
+        .min();
+    eprintln!("first decision after Redis returned: {first:?} (probe: {recovered:?})");
+    assert_all_answered(&calls, "killed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_redis_costs_at_most_one_timeout_per_request_and_none_after() {
+    let server = TestRedis::spawn_with("--enable-debug-command yes");
+    let limiter = limiter(&server.url, "asleep");
+    decided_again(&limiter, Duration::from_secs(5)).await;
+    let load = Load::start(&limiter, 8);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let url = server.url.clone();
+    let woke = tokio::task::spawn_blocking(move || {
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(3)
+            .query(&mut conn(&url))
+            .expect("DEBUG SLEEP");
+        Instant::now()
+    })
+    .await
+    .expect("the sleeper");
+    // the first decision after the wake, then errors no more
+    let recovered = decided_again(&limiter, Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = load.finish().await;
+    let first = calls
+        .iter()
+        .filter(|c| c.at + c.took > woke && c.kind == Kind::Decided)
+        .map(|c| c.at + c.took)
+        .min()
+        .expect("decisions after the wake");
+    eprintln!(
+        "first decision {:?} after the wake (probe: {recovered:?})",
+        first - woke
+    );
+    let late_errors: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.at > first && c.kind != Kind::Decided)
+        .collect();
+    assert!(
+        late_errors.is_empty(),
+        "after the first decision nothing fails: {late_errors:?}"
+    );
+    let unavailable = calls.iter().filter(|c| c.kind == Kind::Unavailable).count();
+    assert!(
+        unavailable > 0,
+        "a 3 s outage opens the circuit: requests stop waiting out the timeout"
+    );
+    assert_all_answered(&calls, "asleep");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_server_kills_or_closes_when_idle_cost_no_request() {
+    let server = TestRedis::spawn();
+    let limiter = limiter(&server.url, "killed-conns");
+    decided_again(&limiter, Duration::from_secs(5)).await;
+    let mut admin = conn(&server.url);
+    // killed under load
+    let load = Load::start(&limiter, 4);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..3 {
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query(&mut admin)
+            .expect("CLIENT KILL");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let calls = load.finish().await;
+    let failed: Vec<&Call> = calls.iter().filter(|c| c.kind != Kind::Decided).collect();
+    assert!(
+        failed.is_empty(),
+        "killed connections are replaced without failing requests: {failed:?}"
+    );
+    // closed while idle: the server's idle timeout (seconds) closes the lanes
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("timeout")
+        .arg(1)
+        .query(&mut admin)
+        .expect("CONFIG SET timeout");
+    for round in 0..2 {
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        for i in 0..8 {
+            let result = limiter.check(format!("idle-{round}-{i}"), 1).await;
+            assert!(result.is_ok(), "after idling, request {i}: {result:?}");
+        }
+    }
+    let _: () = redis::cmd("PING")
+        .query(&mut conn(&server.url))
+        .expect("PING");
+}
