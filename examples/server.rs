@@ -3,10 +3,18 @@
 //! ```text
 //! cargo run --example server                              # in-memory store
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example server   # shared through Redis
+//! REDIS_CLUSTER_URLS=redis://10.0.0.1:7000,redis://10.0.0.2:7000 \
+//!     cargo run --example server --all-features           # shared through Redis Cluster
+//! REDIS_SENTINEL_URLS=redis://10.0.0.1:26379 REDIS_SENTINEL_MASTER=mymaster \
+//!     cargo run --example server --all-features           # the master Sentinel names
 //! ```
 //!
 //! Environment: `PORT` (default 3000; the server listens on 127.0.0.1),
-//! `REDIS_URL`, `TRUSTED_PROXIES` (comma-separated CIDRs whose
+//! `REDIS_URL` (`rediss://` for TLS, with the `tls` feature),
+//! `REDIS_CLUSTER_URLS` (comma-separated seed nodes, `cluster` feature),
+//! `REDIS_SENTINEL_URLS` and `REDIS_SENTINEL_MASTER` (`sentinel` feature),
+//! `REDIS_CA_FILE` (a CA certificate to trust for `rediss://`),
+//! `TRUSTED_PROXIES` (comma-separated CIDRs whose
 //! `X-Forwarded-For` is believed; default: none, the TCP peer is the client),
 //! `ON_STORE_ERROR` (what to do while Redis fails: `closed`, the default,
 //! answers 503; `open` lets requests through unlimited; `memory` enforces the
@@ -32,7 +40,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tower_ratelimit::key::{ClientIp, ClientIpResolver, PathParam};
 use tower_ratelimit::layer::{OnStoreError, RateLimitInfo, RateLimitLayer};
-use tower_ratelimit::{Limit, MemoryStore, Quota, RedisStore, Store};
+use tower_ratelimit::{Limit, MemoryStore, Quota, RedisStore, RedisStoreBuilder, Store};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -140,6 +148,76 @@ async fn send_sms(Path(phone): Path<String>) -> (StatusCode, String) {
     (StatusCode::ACCEPTED, format!("SMS to {phone} queued\n"))
 }
 
+/// The Redis store the environment names, if any: a cluster
+/// (`REDIS_CLUSTER_URLS`), the master Sentinel names (`REDIS_SENTINEL_URLS`
+/// with `REDIS_SENTINEL_MASTER`), or one server (`REDIS_URL`, `rediss://`
+/// for TLS). `REDIS_CA_FILE` adds a CA certificate (PEM) to trust.
+fn redis_store() -> Result<Option<RedisStore>, Error> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let list = |value: String| -> Vec<String> {
+        value
+            .split(',')
+            .map(|url| url.trim().to_owned())
+            .filter(|url| !url.is_empty())
+            .collect()
+    };
+    let builder = if let Some(urls) = var("REDIS_CLUSTER_URLS") {
+        tracing::info!("store: Redis Cluster through {urls}");
+        cluster_builder(list(urls))?
+    } else if let Some(urls) = var("REDIS_SENTINEL_URLS") {
+        let master = var("REDIS_SENTINEL_MASTER")
+            .ok_or("REDIS_SENTINEL_URLS needs REDIS_SENTINEL_MASTER, the master's name")?;
+        tracing::info!("store: the Redis master {master:?} of the sentinels {urls}");
+        sentinel_builder(list(urls), master)?
+    } else if let Some(url) = var("REDIS_URL") {
+        tracing::info!("store: Redis at {url}");
+        RedisStore::builder(url)
+    } else {
+        return Ok(None);
+    };
+    let builder = match var("REDIS_CA_FILE") {
+        Some(path) => trusting(
+            builder,
+            std::fs::read(&path).map_err(|e| format!("REDIS_CA_FILE={path}: {e}"))?,
+        )?,
+        None => builder,
+    };
+    Ok(Some(builder.prefix("example").build()?))
+}
+
+#[cfg(feature = "cluster")]
+fn cluster_builder(urls: Vec<String>) -> Result<RedisStoreBuilder, Error> {
+    Ok(RedisStore::cluster_builder(urls))
+}
+
+#[cfg(not(feature = "cluster"))]
+fn cluster_builder(_: Vec<String>) -> Result<RedisStoreBuilder, Error> {
+    Err(
+        "REDIS_CLUSTER_URLS needs the `cluster` feature: cargo run --example server --all-features"
+            .into(),
+    )
+}
+
+#[cfg(feature = "sentinel")]
+fn sentinel_builder(urls: Vec<String>, master: String) -> Result<RedisStoreBuilder, Error> {
+    Ok(RedisStore::sentinel_builder(urls, master))
+}
+
+#[cfg(not(feature = "sentinel"))]
+fn sentinel_builder(_: Vec<String>, _: String) -> Result<RedisStoreBuilder, Error> {
+    Err("REDIS_SENTINEL_URLS needs the `sentinel` feature: cargo run --example server --all-features".into())
+}
+
+#[cfg(feature = "tls")]
+fn trusting(builder: RedisStoreBuilder, ca: Vec<u8>) -> Result<RedisStoreBuilder, Error> {
+    Ok(builder.tls_root_certificate(ca))
+}
+
+#[cfg(not(feature = "tls"))]
+fn trusting(_: RedisStoreBuilder, _: Vec<u8>) -> Result<RedisStoreBuilder, Error> {
+    Err("REDIS_CA_FILE needs the `tls` feature: cargo run --example server --all-features".into())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     tracing_subscriber::fmt()
@@ -177,19 +255,13 @@ async fn main() -> Result<(), Error> {
             return Err(format!("ON_STORE_ERROR={other}: use open, closed or memory").into())
         }
     };
-    let app = match std::env::var("REDIS_URL") {
-        Ok(url) => {
-            tracing::info!("store: Redis at {url}");
-            app(
-                RedisStore::builder(url).prefix("example").build()?,
-                limits,
-                client_ip,
-                on_store_error,
-                metrics,
-            )?
-        }
-        Err(_) => {
-            tracing::info!("store: in memory (set REDIS_URL to share limits between processes)");
+    let app = match redis_store()? {
+        Some(store) => app(store, limits, client_ip, on_store_error, metrics)?,
+        None => {
+            tracing::info!(
+                "store: in memory (set REDIS_URL, REDIS_CLUSTER_URLS or REDIS_SENTINEL_URLS \
+                 to share limits between processes)"
+            );
             app(
                 MemoryStore::new(),
                 limits,

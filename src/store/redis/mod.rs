@@ -12,6 +12,8 @@ use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 use self::conn::{Conn, Connector, Lanes};
 use super::sealed::Sealed;
 use super::{keys, BoxFuture, Check, MemoryStore, Store};
+#[cfg(feature = "cluster")]
+mod cluster;
 mod conn;
 
 use crate::algorithm::Reply;
@@ -319,6 +321,10 @@ impl RedisStoreBuilder {
     }
 
     fn connector(&self) -> Result<Connector, ConfigError> {
+        // redis-rs builds its TLS configuration from the process's default
+        // rustls provider: ring, unless the application installed another
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let invalid = |e: redis::RedisError| ConfigError::Redis(e.to_string());
         Ok(match &self.target {
             Target::Pool(pool) => Connector::Pool(pool.clone()),
@@ -530,6 +536,22 @@ impl RedisStore {
     }
 
     async fn run_decide(
+        &self,
+        checks: &[Check<'_>],
+        max_wait: i64,
+        dry: bool,
+    ) -> Result<Reply, Error> {
+        #[cfg(feature = "cluster")]
+        if self.inner.lanes.connector().is_cluster() {
+            if let Some(groups) = cluster::slot_groups(checks) {
+                return self.decide_across_slots(checks, &groups, dry).await;
+            }
+        }
+        self.decide_group(checks, max_wait, dry).await
+    }
+
+    /// One decision over checks whose keys share a slot: one call.
+    async fn decide_group(
         &self,
         checks: &[Check<'_>],
         max_wait: i64,

@@ -1,0 +1,134 @@
+//! Decisions whose keys live in several cluster slots.
+//!
+//! Redis runs a script on one node, over keys of one slot. A decision over
+//! limits keyed differently (per client IP and per phone number, say) is
+//! split into one group per slot; the groups are decided in parallel, each
+//! atomically on its own primary, and the decision is "all or nothing" again
+//! by giving back what the groups that granted took when another refused.
+//!
+//! Two consequences, both documented on [`RedisStore`](super::RedisStore):
+//! - Between a group's grant and its refund (one round trip), that grant is
+//!   visible: a concurrent request may be refused for a permit that is about
+//!   to come back. Requests are only ever refused by it, never admitted.
+//! - A decision across slots never reserves a future grant (`acquire`, the
+//!   layer's delay mode): each group would reserve its own earliest time on
+//!   its own node's clock, and a limit granted earlier than the request runs
+//!   would let its next requests in early. It grants what every slot can
+//!   grant now, or refuses with the wait until each of them could.
+
+use smallvec::SmallVec;
+
+use super::RedisStore;
+use crate::algorithm::Reply;
+use crate::store::sealed::Sealed;
+use crate::store::{keys, Check};
+use crate::Error;
+
+/// The indices of a decision's checks, grouped by the cluster slot of their
+/// keys (first appearance first); `None` when all share one slot.
+pub(super) fn slot_groups(checks: &[Check<'_>]) -> Option<Vec<SmallVec<[usize; 2]>>> {
+    if checks.len() < 2 {
+        return None;
+    }
+    let mut groups: Vec<(u16, SmallVec<[usize; 2]>)> = Vec::new();
+    for (index, check) in checks.iter().enumerate() {
+        let slot = slot(&keys::tag(check.key));
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push(index),
+            None => groups.push((slot, smallvec::smallvec![index])),
+        }
+    }
+    (groups.len() > 1).then(|| groups.into_iter().map(|(_, group)| group).collect())
+}
+
+/// The slot of a key whose hash tag is `tag` (`{...}`): CRC16 (XMODEM) of
+/// what the braces enclose, modulo 16384, as Redis Cluster computes it.
+fn slot(tag: &str) -> u16 {
+    let inner = tag
+        .strip_prefix('{')
+        .and_then(|t| t.strip_suffix('}'))
+        .unwrap_or(tag);
+    crc16::State::<crc16::XMODEM>::calculate(inner.as_bytes()) % 16384
+}
+
+impl RedisStore {
+    pub(super) async fn decide_across_slots(
+        &self,
+        checks: &[Check<'_>],
+        groups: &[SmallVec<[usize; 2]>],
+        dry: bool,
+    ) -> Result<Reply, Error> {
+        let subsets: Vec<SmallVec<[Check<'_>; 2]>> = groups
+            .iter()
+            .map(|group| group.iter().map(|&i| checks[i]).collect())
+            .collect();
+        let replies = futures_util::future::join_all(
+            subsets
+                .iter()
+                .map(|subset| self.decide_group(subset, 0, dry)),
+        )
+        .await;
+        let mut failure = None;
+        let mut limits = smallvec::smallvec![[0i64; 3]; checks.len()];
+        let (mut never, mut wait, mut now) = (false, 0i64, 0i64);
+        for (group, reply) in groups.iter().zip(&replies) {
+            match reply {
+                Ok(reply) => {
+                    now = now.max(reply.now);
+                    for (&index, status) in group.iter().zip(&reply.limits) {
+                        limits[index] = *status;
+                        never |= status[0] < 0;
+                        wait = wait.max(status[0]);
+                    }
+                }
+                Err(_) => failure = Some(()),
+            }
+        }
+        let granted_all = failure.is_none() && !never && wait == 0;
+        if !granted_all && !dry {
+            // all or nothing: what the other groups granted goes back
+            for ((group, subset), reply) in groups.iter().zip(&subsets).zip(&replies) {
+                let Ok(reply) = reply else { continue };
+                if reply.outcome != 0 {
+                    continue;
+                }
+                let at = reply.now + reply.wait;
+                match self.refund(subset, at).await {
+                    Ok(()) => {
+                        for (&index, check) in group.iter().zip(subset) {
+                            let capacity =
+                                i64::try_from(check.limit.capacity()).unwrap_or(i64::MAX);
+                            let remaining = &mut limits[index][1];
+                            *remaining = remaining.saturating_add(check.cost).min(capacity);
+                        }
+                    }
+                    Err(error) => tracing::warn!(
+                        target: "tower_ratelimit::redis",
+                        %error,
+                        "could not give back a grant of a decision refused in another slot: \
+                         its limit counts one request too many until its window passes"
+                    ),
+                }
+            }
+        }
+        if failure.is_some() {
+            // the first error, as one slot's decision would have failed
+            for reply in replies {
+                reply?;
+            }
+        }
+        let (outcome, wait) = if never {
+            (2, -1)
+        } else if wait > 0 {
+            (1, wait)
+        } else {
+            (0, 0)
+        };
+        Ok(Reply {
+            outcome,
+            wait,
+            now,
+            limits,
+        })
+    }
+}

@@ -1,0 +1,382 @@
+//! The store on a real Redis Cluster of three primaries and three replicas,
+//! started by the tests: keys spread over every primary, decisions across
+//! slots all or nothing, resharding and a primary's failover under load.
+//!
+//! The conformance tables run on a cluster too (tests/conformance.rs).
+//! Deadlines detect hangs and are generous; measured figures are printed.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{HeaderName, Request, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use common::cluster::{key_slot, TestCluster};
+use common::{unique_prefix, PATIENT};
+use tower::ServiceExt;
+use tower_ratelimit::key::Header;
+use tower_ratelimit::layer::RateLimitLayer;
+use tower_ratelimit::{Error, Limit, Limiter, Quota, RedisStore};
+
+fn store(cluster: &TestCluster, prefix: &str) -> RedisStore {
+    RedisStore::cluster_builder(cluster.seed_urls())
+        .prefix(prefix)
+        .build()
+        .expect("a cluster store")
+}
+
+fn per_minute(name: &str, n: u64) -> Limit {
+    Limit::new(name, Quota::sliding_log(n, Duration::from_secs(60))).expect("limit")
+}
+
+/// Two keys whose state lives in different slots.
+fn keys_in_two_slots(a: &str) -> (String, String) {
+    let slot = key_slot(format!("{{{a}}}"));
+    let other = (0..)
+        .map(|i| format!("phone-{i}"))
+        .find(|k| key_slot(format!("{{{k}}}")) != slot)
+        .expect("another slot");
+    (a.to_owned(), other)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_spread_over_every_primary_and_decide_as_on_one_server() {
+    let cluster = common::cluster::shared();
+    let prefix = unique_prefix("spread");
+    let limiter = Limiter::builder(store(cluster, &prefix))
+        .limit(per_minute("l", 2))
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .expect("limiter");
+    for i in 0..300 {
+        let key = format!("user-{i}");
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+        assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+    }
+    for primary in cluster.primaries() {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}:*"))
+            .query(&mut cluster.connection(primary))
+            .expect("KEYS");
+        assert!(
+            keys.len() > 50,
+            "{primary:?} holds {} of the 300 users' keys",
+            keys.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_across_slots_is_all_or_nothing() {
+    let cluster = common::cluster::shared();
+    let prefix = unique_prefix("across");
+    let (ip, phone) = keys_in_two_slots("198.51.100.7");
+    let limits = [per_minute("per-ip", 100), per_minute("per-phone", 3)];
+    let limiter = Limiter::builder(store(cluster, &prefix))
+        .limit(limits[0].clone())
+        .limit(limits[1].clone())
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .expect("limiter");
+    // 50 at once: exactly 3 pass (the phone's limit) ...
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (limiter, ip, phone) = (limiter.clone(), ip.clone(), phone.clone());
+            tokio::spawn(async move {
+                limiter
+                    .decide(&[ip, phone], 1, Duration::ZERO)
+                    .await
+                    .expect("a decision")
+                    .is_allowed()
+            })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        granted += usize::from(task.await.expect("task"));
+    }
+    assert_eq!(granted, 3);
+    // ... and the refused ones gave back what the IP's slot granted them
+    let ip_alone = Limiter::builder(store(cluster, &prefix))
+        .limit(limits[0].clone())
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .expect("limiter");
+    let peek = ip_alone.peek(&ip).await.expect("peek");
+    assert_eq!(peek.remaining(), 97, "the IP counted only the 3 grants");
+    // a refusal reports the refused limit, and the other one as it stands
+    let refused = limiter
+        .decide(&[ip.as_str(), phone.as_str()], 1, Duration::ZERO)
+        .await
+        .expect("decision");
+    assert!(!refused.is_allowed());
+    let statuses = refused.statuses();
+    assert!(!statuses[0].violated() && statuses[1].violated());
+    assert_eq!(statuses[0].remaining(), 97);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_decides_limits_keyed_in_different_slots_together() {
+    let cluster = common::cluster::shared();
+    let prefix = unique_prefix("layer");
+    let layer = RateLimitLayer::builder()
+        .store(store(cluster, &prefix))
+        .limit(
+            per_minute("per-client", 100),
+            Header::new(HeaderName::from_static("x-client")),
+        )
+        .limit(
+            per_minute("per-phone", 3),
+            Header::new(HeaderName::from_static("x-phone")),
+        )
+        .timeout(PATIENT)
+        .build()
+        .expect("layer");
+    let app = Router::new()
+        .route("/sms", post(|| async { StatusCode::ACCEPTED }))
+        .layer(layer);
+    let (client, phone) = keys_in_two_slots("client-1");
+    let send = |client: &str, phone: &str| {
+        let request = Request::post("/sms")
+            .header("x-client", client)
+            .header("x-phone", phone)
+            .body(Body::empty())
+            .expect("request");
+        let app = app.clone();
+        async move { app.oneshot(request).await.expect("response").status() }
+    };
+    for _ in 0..3 {
+        assert_eq!(send(&client, &phone).await, StatusCode::ACCEPTED);
+    }
+    for _ in 0..5 {
+        assert_eq!(send(&client, &phone).await, StatusCode::TOO_MANY_REQUESTS);
+    }
+    // the client's own budget lost nothing to the refusals
+    let (_, other_phone) = keys_in_two_slots(&phone);
+    let other_phone = format!("{other_phone}-b");
+    for _ in 0..3 {
+        assert_eq!(send(&client, &other_phone).await, StatusCode::ACCEPTED);
+    }
+    let ip_alone = Limiter::builder(store(cluster, &prefix))
+        .limit(per_minute("per-client", 100))
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .expect("limiter");
+    assert_eq!(ip_alone.peek(&client).await.unwrap().remaining(), 94);
+}
+
+/// Requests on `keys` from a few tasks until stopped: (granted, refused,
+/// errors, slowest call).
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    granted: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    slowest_us: Arc<AtomicU64>,
+    last_ok_us: Arc<AtomicU64>,
+    started: Instant,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(limiter: &Limiter, keys: Vec<String>, tasks: usize) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters: [Arc<AtomicU64>; 5] = Default::default();
+        let started = Instant::now();
+        let handles = (0..tasks)
+            .map(|t| {
+                let limiter = limiter.clone();
+                let keys = keys.clone();
+                let stop = stop.clone();
+                let [granted, refused, errors, slowest, last_ok] = counters.clone();
+                tokio::spawn(async move {
+                    let mut n = t;
+                    while !stop.load(Ordering::Relaxed)
+                        && started.elapsed() < Duration::from_secs(60)
+                    {
+                        n += 1;
+                        let at = Instant::now();
+                        let result = limiter.check(&keys[n % keys.len()], 1).await;
+                        slowest.fetch_max(at.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        match result {
+                            Ok(d) if d.is_allowed() => {
+                                granted.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(_) => {
+                                refused.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(_) => {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        if result_ok(&result) {
+                            last_ok
+                                .fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                })
+            })
+            .collect();
+        let [granted, refused, errors, slowest_us, last_ok_us] = counters;
+        Traffic {
+            stop,
+            granted,
+            refused,
+            errors,
+            slowest_us,
+            last_ok_us,
+            started,
+            tasks: handles,
+        }
+    }
+
+    async fn stop(self) -> (u64, u64, u64, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.expect("traffic task");
+        }
+        (
+            self.granted.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+            self.errors.load(Ordering::Relaxed),
+            Duration::from_micros(self.slowest_us.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+fn result_ok(result: &Result<tower_ratelimit::Decision, Error>) -> bool {
+    result.is_ok()
+}
+
+/// Waits until `limiter` decides for `key` (bounded); how long it took.
+async fn decides(limiter: &Limiter, key: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if limiter.check(key, 1).await.is_ok() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "no decision for {key} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn load_limiter(cluster: &TestCluster, prefix: &str, limit: Limit) -> Limiter {
+    Limiter::builder(store(cluster, prefix))
+        .limit(limit)
+        // the production default
+        .timeout(Duration::from_millis(100))
+        .cache_denials(false)
+        .build()
+        .expect("limiter")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_resharded_under_load_keeps_its_state_and_its_decisions() {
+    let cluster = Arc::new(TestCluster::start());
+    let prefix = unique_prefix("reshard");
+    // a tight limit on one key, and traffic on keys of every primary
+    let limit = Limit::new("l", Quota::sliding_log(400, Duration::from_secs(60))).unwrap();
+    let limiter = load_limiter(&cluster, &prefix, limit);
+    let hot = "hot-key".to_owned();
+    let mut keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    keys.push(hot.clone());
+    decides(&limiter, &hot, Duration::from_secs(10)).await;
+    let traffic = Traffic::start(&limiter, keys, 6);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let slot = key_slot(format!("{{{hot}}}"));
+    let from = cluster.primary_for_slot(slot);
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|p| *p != from)
+        .expect("another primary");
+    let moving = cluster.clone();
+    tokio::task::spawn_blocking(move || moving.migrate_slot(slot, from, to))
+        .await
+        .expect("migration");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (granted, refused, errors, slowest) = traffic.stop().await;
+    eprintln!(
+        "resharding: {granted} granted, {refused} refused, {errors} errors, slowest {slowest:?}"
+    );
+    assert!(
+        slowest < Duration::from_millis(1100),
+        "a call hung: {slowest:?}"
+    );
+    assert_eq!(cluster.primary_for_slot(slot), to);
+    // the state moved with the slot: the hot key's log continues there
+    let patient = Limiter::builder(store(&cluster, &prefix))
+        .limit(Limit::new("l", Quota::sliding_log(400, Duration::from_secs(60))).unwrap())
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .unwrap();
+    let left = patient.peek(&hot).await.expect("peek").remaining();
+    assert!(
+        left < 400,
+        "the hot key's grants survived the move ({left} left)"
+    );
+    let mut on_target: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:{{{hot}}}:*"))
+        .query(&mut cluster.connection(to))
+        .expect("KEYS");
+    on_target.sort();
+    assert!(!on_target.is_empty(), "the hot key's state lives on {to:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_killed_under_load_recovers_after_the_promotion() {
+    let cluster = Arc::new(TestCluster::start());
+    let prefix = unique_prefix("failover");
+    let limit = Limit::new(
+        "l",
+        Quota::gcra(1_000_000, Duration::from_secs(60), 1_000_000),
+    )
+    .unwrap();
+    let limiter = load_limiter(&cluster, &prefix, limit);
+    let victim_key = "victim".to_owned();
+    let keys: Vec<String> = (0..30)
+        .map(|i| format!("k{i}"))
+        .chain([victim_key.clone()])
+        .collect();
+    decides(&limiter, &victim_key, Duration::from_secs(10)).await;
+    let traffic = Traffic::start(&limiter, keys, 6);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let victim = cluster.primary_for_key(format!("{{{victim_key}}}"));
+    cluster.kill(victim);
+    let watching = cluster.clone();
+    let promoted = tokio::task::spawn_blocking(move || watching.wait_for_failover(victim))
+        .await
+        .expect("failover");
+    let promoted_at = Instant::now();
+    let recovered = decides(&limiter, &victim_key, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (granted, refused, errors, slowest) = traffic.stop().await;
+    eprintln!(
+        "failover to {promoted:?}: decisions for the victim's slot {recovered:?} after the \
+         promotion was seen ({:?} since); {granted} granted, {refused} refused, {errors} errors, \
+         slowest {slowest:?}",
+        promoted_at.elapsed()
+    );
+    assert!(
+        slowest < Duration::from_millis(1100),
+        "a call hung: {slowest:?}"
+    );
+    assert!(
+        errors > 0,
+        "the dead primary's slots failed until the promotion"
+    );
+}
