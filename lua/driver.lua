@@ -2,11 +2,14 @@
 --
 -- KEYS:  the keys of each limit in order (sliding log: 2, others: 1), all
 --        sharing one hash tag so the decision runs on one cluster slot.
--- ARGV:  [options] "o:now:max_wait:dry:slack", only when any differs from 0:
+-- ARGV:  [options] "o:now:max_wait:dry:slack[:op:at]", only when any
+--            differs from 0:
 --            now (us since the epoch; 0 = read Redis TIME, the production
 --            path), max_wait (us: a grant may be reserved this far ahead),
 --            dry (1 = decide, grant nothing: a peek), slack (us keys outlive
---            their state)
+--            their state), op (absent or 0: decide; 1: refund, see below),
+--            at (us, for a refund: the time of the grant, `now + wait` of
+--            its reply)
 --        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
 --            sliding log, 2 token bucket, 3 gcra, 4 fixed window, 5 sliding
 --            window; cost 0 changes nothing)
@@ -17,6 +20,13 @@
 --          remaining, reset_after (us). (One string costs Redis less than an
 --          array of integers.)
 -- All limits are granted together at one time T = max wait_i, or none is.
+--
+-- Refund (op 1): gives back, in every limit, a grant of its cost made at
+-- `at`: a sliding log drops one member of that time and cost; the buckets
+-- take the cost back, never above their capacity; a fixed window uncounts it
+-- if `at` lies in the counted window, a sliding window from the current or
+-- previous window, whichever holds `at`. Never below empty. Each key is read
+-- at its own clock (the latest of the store's and its `hw`). Reply: "".
 --
 -- Clock steps: every key records the clock of its last write (`hw`). The
 -- decision's clock is the latest of the store's clock and those, so time never
@@ -67,10 +77,33 @@ local function decide_one(keys, s, real, max_wait, dry, from)
   return struct.pack('<dddddd', outcome, wait, now, t, remaining, reset)
 end
 
+-- Op 1: gives back the grants of each limit's cost made at `at`.
+local function refund(keys, args, opts)
+  local real = opts[1]
+  if real == 0 then
+    local t = redis.call('TIME')
+    real = t[1] * 1000000 + t[2]
+  end
+  local from, at = real - opts[4], opts[6]
+  local next_key = 1
+  for i = 2, #args do
+    local s = spec(args[i])
+    local alg = s.alg
+    local st = alg.load(keys, next_key, s.p)
+    next_key = next_key + alg.nkeys
+    local now = max(real, st.hw)
+    alg.prepare(st, s.p, now)
+    if s.cost > 0 then alg.refund(st, s.p, now, at, s.cost) end
+    alg.save(st, s.p, now, from)
+  end
+  return ''
+end
+
 local function decide(keys, args)
   local first, opts = 1, NO_OPTIONS
   if string.byte(args[1], 1) == 111 then -- 'o'
     opts = ints(string.sub(args[1], 3))
+    if opts[5] == 1 then return refund(keys, args, opts) end
     first = 2
   end
   local real = opts[1]

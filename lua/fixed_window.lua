@@ -59,6 +59,13 @@ local function fw_grant(st, p, at, cost)
   st.dirty = true
 end
 
+-- Gives back `cost` granted at `at`, if `at` lies in the counted window.
+local function fw_refund(st, p, now, at, cost)
+  if st.start < 0 or st.count == 0 or at - fmod(at, p[2]) ~= st.start then return end
+  st.count = max(0, st.count - cost)
+  st.dirty = true
+end
+
 local function fw_status(st, p, now, at)
   local n, w = p[1], p[2]
   local start = at - fmod(at, w)
@@ -76,4 +83,5 @@ end
 local fixed_window = {
   nkeys = 1, load = fw_load, prepare = fw_prepare, earliest = fw_earliest,
   grant = fw_grant, status = fw_status, save = fw_save,
+  refund = fw_refund,
 }

@@ -71,6 +71,20 @@ local function gcra_grant(st, p, at, cost)
   st.dirty = true
 end
 
+-- Gives back `cost`: the TAT moves back `cost` emission intervals, never
+-- before `now` (a full burst).
+local function gcra_refund(st, p, now, at, cost)
+  local x = (st.tat - now) * p[2] + st.frac - cost * p[3]
+  local tat, frac = now, 0
+  if x > 0 then
+    local whole = fdiv(x, p[2])
+    tat, frac = now + whole, x - whole * p[2]
+  end
+  if tat ~= st.tat or frac ~= st.frac then
+    st.tat, st.frac, st.dirty = tat, frac, true
+  end
+end
+
 local function gcra_status(st, p, now, at)
   local b, n, w = p[1], p[2], p[3]
   local used = 0 -- (tat - at) scaled by N
@@ -96,4 +110,5 @@ end
 local gcra = {
   nkeys = 1, load = gcra_load, prepare = gcra_prepare, earliest = gcra_earliest,
   grant = gcra_grant, status = gcra_status, save = gcra_save,
+  refund = gcra_refund,
 }

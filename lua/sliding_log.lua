@@ -155,6 +155,33 @@ local function slog_status(st, p, now, at)
   return max(0, n - sum), reset
 end
 
+-- Gives back one grant of `cost` made at `at`: one member with that score
+-- and cost leaves the log (such members are interchangeable). A log left
+-- empty is deleted, as a fresh state.
+local function slog_refund(st, p, now, at, cost)
+  if not st.last then return end
+  local found = redis.call('ZRANGEBYSCORE', st.log, at, at)
+  for i = #found, 1, -1 do
+    local member = found[i]
+    if slog_entry(member) == cost then
+      redis.call('ZREM', st.log, member)
+      st.n = st.n - 1
+      st.sum = st.sum - cost
+      if st.n == 0 then
+        redis.call('DEL', st.log, st.meta)
+        st.top, st.last, st.pruned = false, false, false
+        return
+      end
+      if member == st.top then
+        local top = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+        st.top, st.last = top[1], tonumber(top[2])
+      end
+      st.dirty = true
+      return
+    end
+  end
+end
+
 local function slog_meta(st, hw, wmax, wexp)
   local uni = 0
   if st.uni then uni = 1 end
@@ -180,4 +207,5 @@ end
 local sliding_log = {
   nkeys = 2, load = slog_load, prepare = slog_prepare, earliest = slog_earliest,
   grant = slog_grant, status = slog_status, save = slog_save,
+  refund = slog_refund,
 }

@@ -79,6 +79,20 @@ local function sw_grant(st, p, at, cost)
   st.dirty = true
 end
 
+-- Gives back `cost` granted at `at`: from the current or the previous
+-- window, whichever holds `at`; nothing if older.
+local function sw_refund(st, p, now, at, cost)
+  if st.start < 0 then return end
+  local start = at - fmod(at, p[2])
+  if start == st.start and st.cur > 0 then
+    st.cur = max(0, st.cur - cost)
+    st.dirty = true
+  elseif start == st.start - p[2] and st.prev > 0 then
+    st.prev = max(0, st.prev - cost)
+    st.dirty = true
+  end
+end
+
 local function sw_status(st, p, now, at)
   local n, w, u = p[1], p[2], p[3]
   local start = at - fmod(at, w)
@@ -103,4 +117,5 @@ end
 local sliding_window = {
   nkeys = 1, load = sw_load, prepare = sw_prepare, earliest = sw_earliest,
   grant = sw_grant, status = sw_status, save = sw_save,
+  refund = sw_refund,
 }

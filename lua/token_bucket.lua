@@ -63,6 +63,14 @@ local function tb_grant(st, p, at, cost)
   st.dirty = true
 end
 
+-- Gives back `cost` tokens, never above the capacity.
+local function tb_refund(st, p, now, at, cost)
+  local full = p[1] * p[3]
+  if st.level >= full then return end
+  st.level = min(full, st.level + cost * p[3])
+  st.dirty = true
+end
+
 local function tb_status(st, p, now, at)
   local t = max(at, st.ts)
   local level = tb_level_at(st, p, t)
@@ -84,4 +92,5 @@ end
 local token_bucket = {
   nkeys = 1, load = tb_load, prepare = tb_prepare, earliest = tb_earliest,
   grant = tb_grant, status = tb_status, save = tb_save,
+  refund = tb_refund,
 }

@@ -95,6 +95,11 @@ pub struct Decision {
     pub(crate) statuses: Statuses,
     pub(crate) binding: usize,
     pub(crate) cached: bool,
+    /// The amount granted: the cost, or what `Limiter::take_up_to` took;
+    /// 0 unless allowed.
+    pub(crate) granted: u64,
+    /// The store time of the grant (us): what a refund names it by.
+    pub(crate) at: i64,
 }
 
 impl Decision {
@@ -118,7 +123,17 @@ impl Decision {
             statuses,
             binding,
             cached: false,
+            granted: 0,
+            at: 0,
         }
+    }
+
+    /// The amount granted: the cost when allowed ([`Limiter::take_up_to`]:
+    /// what was taken), 0 otherwise.
+    ///
+    /// [`Limiter::take_up_to`]: crate::Limiter::take_up_to
+    pub fn granted(&self) -> u64 {
+        self.granted
     }
 
     /// Whether this denial was answered from the limiter's local cache of

@@ -9,6 +9,7 @@ use tracing::Instrument;
 use crate::algorithm::Reply;
 use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
 use crate::deny_cache::DenyCache;
+use crate::grant::{Charged, Grant, Refund, RefundOnDrop};
 use crate::metrics::{Outcome, StoreTimer};
 use crate::store::{Check, Store};
 use crate::{ConfigError, Error, Limit};
@@ -256,11 +257,54 @@ impl Limiter {
         self.run(checks, Duration::ZERO, true).await
     }
 
+    /// Like [`check`](Self::check), and the grant can be given back once
+    /// ([`Grant::refund`]): take when a request arrives, give back when its
+    /// outcome says it should not count.
+    pub async fn check_refundable(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Grant, Error> {
+        self.decide_refundable(&[key], cost, Duration::ZERO).await
+    }
+
+    /// Like [`acquire`](Self::acquire), and the grant can be given back once
+    /// ([`Grant::refund`]). Dropping the future while it sleeps gives the
+    /// reservation back.
+    pub async fn acquire_refundable(
+        &self,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Grant, Error> {
+        let Grant { decision, refund } = self.decide_refundable(&[key], cost, max_wait).await?;
+        let refund = if decision.is_allowed() && !decision.wait().is_zero() {
+            // cancelled while it sleeps: the reservation goes back
+            let guard = RefundOnDrop::new(refund);
+            tokio::time::sleep(decision.wait()).await;
+            guard.disarm()
+        } else {
+            refund
+        };
+        Ok(Grant::new(decision, refund))
+    }
+
+    /// Like [`decide`](Self::decide), and the grant can be given back once
+    /// ([`Grant::refund`]). Returns at once; when the decision is a
+    /// reservation, the caller waits (and may give it back instead).
+    pub async fn decide_refundable<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Grant, Error> {
+        let checks = self.keyed_checks(keys, cost)?;
+        let decision = self.run(checks.clone(), max_wait, false).await?;
+        let refund = Refund::of(self, &decision, Self::charged(&checks));
+        Ok(Grant::new(decision, refund))
+    }
+
     /// Takes `cost` now or reserves it for the earliest moment within
     /// `max_wait`, in one round trip, then sleeps until that moment. When the
     /// wait would exceed `max_wait` it returns the denial at once, consuming
-    /// nothing. Dropping the future while it sleeps does not return the
-    /// reserved amount.
+    /// nothing. Dropping the future while it sleeps gives the reservation
+    /// back, so the next request can have it.
     ///
     /// ```
     /// use std::time::Duration;
@@ -280,9 +324,13 @@ impl Limiter {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        let decision = self.decide(&[key], cost, max_wait).await?;
+        let decision = self.decide(&[key.as_ref()], cost, max_wait).await?;
         if decision.is_allowed() && !decision.wait().is_zero() {
+            let key = key.as_ref();
+            let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key)), cost);
+            let guard = RefundOnDrop::new(Refund::of(self, &decision, Self::charged(&checks)));
             tokio::time::sleep(decision.wait()).await;
+            drop(guard.disarm());
         }
         Ok(decision)
     }
@@ -296,6 +344,16 @@ impl Limiter {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
+        let checks = self.keyed_checks(keys, cost)?;
+        self.run(checks, max_wait, false).await
+    }
+
+    /// One check per limit: `keys[i]` for limit `i`, or one key for all.
+    fn keyed_checks<'a, K: AsRef<[u8]>>(
+        &'a self,
+        keys: &'a [K],
+        cost: u64,
+    ) -> Result<Checks<'a>, Error> {
         let limits = &self.inner.limits;
         if keys.len() != 1 && keys.len() != limits.len() {
             return Err(Error::KeyCount {
@@ -307,7 +365,7 @@ impl Limiter {
             .iter()
             .enumerate()
             .map(|(i, l)| (l, keys[i.min(keys.len() - 1)].as_ref()));
-        self.run(Self::checks(pairs, cost), max_wait, false).await
+        Ok(Self::checks(pairs, cost))
     }
 
     /// Decides only the limits that have a key (`keys[i]` for limit `i`); the
@@ -481,6 +539,13 @@ impl Limiter {
                 },
             });
         }
+        let granted = if reply.outcome == 0 {
+            checks
+                .first()
+                .map_or(0, |c| u64::try_from(c.cost).unwrap_or(0))
+        } else {
+            0
+        };
         let (verdict, wait) = match reply.outcome {
             0 => (Verdict::Allowed, micros(reply.wait)),
             1 => (
@@ -492,6 +557,66 @@ impl Limiter {
             2 => (Verdict::CostExceedsCapacity, Duration::ZERO),
             other => return Err(Error::UnexpectedReply(format!("outcome {other}"))),
         };
-        Ok(Decision::new(verdict, wait, statuses))
+        let mut decision = Decision::new(verdict, wait, statuses);
+        decision.granted = granted;
+        decision.at = reply.now + reply.wait.max(0);
+        Ok(decision)
+    }
+
+    /// The limits and keys of `checks`, owned: what a [`Grant`] gives back.
+    fn charged(checks: &[Check<'_>]) -> Charged {
+        checks
+            .iter()
+            .map(|c| (c.limit.clone(), c.key.to_vec()))
+            .collect()
+    }
+
+    /// Gives back a grant of `cost` at store time `at` from `charged`.
+    pub(crate) async fn refund_charged(
+        &self,
+        charged: &[(Limit, Vec<u8>)],
+        cost: i64,
+        at: i64,
+    ) -> Result<(), Error> {
+        let checks = Self::owned_checks(charged, cost);
+        if self.refund_charged_now(charged, cost, at) {
+            return Ok(());
+        }
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        let result = self.bounded(store.refund(&checks, at)).await;
+        timer.finish(store.kind(), "refund");
+        result
+    }
+
+    /// [`refund_charged`](Self::refund_charged) on a store that answers at
+    /// once; `false` (nothing done) on one that must be awaited.
+    pub(crate) fn refund_charged_now(
+        &self,
+        charged: &[(Limit, Vec<u8>)],
+        cost: i64,
+        at: i64,
+    ) -> bool {
+        let checks = Self::owned_checks(charged, cost);
+        // cached denials of these keys may no longer hold
+        if let Some(denials) = &self.inner.denials {
+            for check in &checks {
+                denials.forget(check.key);
+            }
+        }
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        if !store.refund_sync(&checks, at) {
+            return false;
+        }
+        timer.finish(store.kind(), "refund");
+        true
+    }
+
+    fn owned_checks(charged: &[(Limit, Vec<u8>)], cost: i64) -> Checks<'_> {
+        charged
+            .iter()
+            .map(|(limit, key)| Check { limit, key, cost })
+            .collect()
     }
 }

@@ -87,6 +87,16 @@ impl FixedWindow {
         self.start = start;
     }
 
+    /// Gives back `cost` granted at `at` (as `fw_refund`): only when `at`
+    /// lies in the window the state counts, never below zero.
+    pub(crate) fn refund(&mut self, p: &[i64; 4], at: i64, cost: i64) -> bool {
+        if self.start < 0 || self.count == 0 || at - at.rem_euclid(p[1]) != self.start {
+            return false;
+        }
+        self.count = (self.count - cost).max(0);
+        true
+    }
+
     pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
         let (n, w) = (p[0], p[1]);
         let start = at - at.rem_euclid(w);

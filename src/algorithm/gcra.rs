@@ -84,6 +84,23 @@ impl Gcra {
         self.frac = total - whole * p[1];
     }
 
+    /// Gives back `cost` (as `gcra_refund`): the TAT moves back by `cost`
+    /// emission intervals, never before `now` (a full burst). `false` when
+    /// nothing changes.
+    pub(crate) fn refund(&mut self, p: &[i64; 4], now: i64, cost: i64) -> bool {
+        let n = p[1];
+        let x = (self.tat - now) * n + self.frac - cost * p[2];
+        let (tat, frac) = if x > 0 {
+            let whole = fdiv(x, n);
+            (now + whole, x - whole * n)
+        } else {
+            (now, 0)
+        };
+        let changed = (tat, frac) != (self.tat, self.frac);
+        (self.tat, self.frac) = (tat, frac);
+        changed
+    }
+
     pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
         let (b, n, w) = (p[0], p[1], p[2]);
         let used = if self.tat >= at {

@@ -9,6 +9,9 @@
 //!   of their earliest times.
 //! - `grant(at, cost)`: record the grant at time `at`.
 //! - `status(now, at)`: remaining amount at `at` and time from `now` until full.
+//! - `refund(now, at, cost)`: give back a grant of `cost` made at `at`, exactly
+//!   (a sliding log drops that entry; buckets take the cost back, never above
+//!   their capacity; windows uncount it if its window is still counted).
 //!
 //! Around them, `prepare` reads the stored form (the same fields the script
 //! writes: absolute times and amounts, independent of the quota) into the
@@ -190,6 +193,19 @@ impl State {
             State::Gcra(s) => s.grant(&p.p, at, cost),
             State::FixedWindow(s) => s.grant(&p.p, at, cost),
             State::SlidingWindow(s) => s.grant(&p.p, at, cost),
+        }
+    }
+
+    /// Gives back a grant of `cost` made at `at`, the state prepared as of
+    /// `now` (the scripts' `refund` functions). Returns whether the state
+    /// changed (and must be saved).
+    pub(crate) fn refund(&mut self, p: &Params, now: i64, at: i64, cost: i64) -> bool {
+        match self {
+            State::SlidingLog(s) => s.refund(at, cost),
+            State::TokenBucket(s) => s.refund(&p.p, cost),
+            State::Gcra(s) => s.refund(&p.p, now, cost),
+            State::FixedWindow(s) => s.refund(&p.p, at, cost),
+            State::SlidingWindow(s) => s.refund(&p.p, at, cost),
         }
     }
 

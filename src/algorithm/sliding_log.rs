@@ -113,6 +113,24 @@ impl SlidingLog {
         self.win += cost;
     }
 
+    /// Gives back one grant of `cost` made at `at` (as `slog_refund`): the
+    /// last such entry leaves the log (entries with equal time and cost are
+    /// interchangeable). `false` when the log holds none (pruned, or never
+    /// granted).
+    pub(crate) fn refund(&mut self, at: i64, cost: i64) -> bool {
+        let Some(i) = self.entries.iter().rposition(|&e| e == (at, cost)) else {
+            return false;
+        };
+        self.entries.remove(i);
+        self.sum -= cost;
+        if i < self.skip {
+            self.skip -= 1;
+        } else {
+            self.win -= cost;
+        }
+        true
+    }
+
     pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
         let (n, w) = (p[0], p[1]);
         let Some(last) = self.last() else {

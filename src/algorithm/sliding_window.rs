@@ -116,6 +116,25 @@ impl SlidingWindow {
         (self.start, self.prev, self.cur) = (start, prev, cur + cost);
     }
 
+    /// Gives back `cost` granted at `at` (as `sw_refund`): from the current
+    /// or the previous window, whichever holds `at`; nothing if older.
+    /// Never below zero.
+    pub(crate) fn refund(&mut self, p: &[i64; 4], at: i64, cost: i64) -> bool {
+        if self.start < 0 {
+            return false;
+        }
+        let start = at - at.rem_euclid(p[1]);
+        if start == self.start && self.cur > 0 {
+            self.cur = (self.cur - cost).max(0);
+            true
+        } else if start == self.start - p[1] && self.prev > 0 {
+            self.prev = (self.prev - cost).max(0);
+            true
+        } else {
+            false
+        }
+    }
+
     pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
         let (n, w, u) = (p[0], p[1], p[2]);
         let start = at - at.rem_euclid(w);

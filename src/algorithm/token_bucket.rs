@@ -88,6 +88,17 @@ impl TokenBucket {
         self.ts = at;
     }
 
+    /// Gives back `cost` tokens (as `tb_refund`), never above the capacity.
+    /// `false` when the bucket is full already.
+    pub(crate) fn refund(&mut self, p: &[i64; 4], cost: i64) -> bool {
+        let full = p[0] * p[2];
+        if self.level >= full {
+            return false;
+        }
+        self.level = (self.level + cost * p[2]).min(full);
+        true
+    }
+
     pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
         let t = at.max(self.ts);
         let level = self.level_at(p, t);

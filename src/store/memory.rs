@@ -747,6 +747,40 @@ impl MemoryStore {
         reply
     }
 
+    /// Gives back each check's grant made at `at` (see `Sealed::refund`),
+    /// as the driver's refund: each key at its own clock, a state that did
+    /// not change left as it was (but for a sliding log's pruning).
+    fn refund_now(&self, checks: &[Check<'_>], at: i64) {
+        let inner = &*self.inner;
+        let real = inner.clock.now_micros();
+        for check in checks.iter().filter(|c| c.cost > 0) {
+            let hash = inner.hasher.hash(check.key);
+            let p = check.limit.params();
+            let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
+            let t = shard.table(check.limit);
+            let table = &mut shard.tables[t];
+            let Found::Live(i) = inner.locate(table, hash, check.key, real) else {
+                continue;
+            };
+            let Some(slot) = table.slot_mut(i) else {
+                continue;
+            };
+            let (hw, now) = (slot.hw, real.max(slot.hw));
+            let mut state = State::load(Some(&mut slot.stored), p);
+            state.prepare(p, hw, now);
+            if !state.refund(p, now, at, check.cost) {
+                state.restore(&mut slot.stored);
+                continue;
+            }
+            let expires_at = state.save_into(p, now, &mut slot.stored);
+            slot.hw = now;
+            // equal to a fresh state (a sliding log left empty is deleted)
+            if expires_at <= now && table.remove(i, &inner.hasher).is_some() {
+                inner.forget(1);
+            }
+        }
+    }
+
     fn reset_now(&self, checks: &[Check<'_>]) {
         let inner = &*self.inner;
         for check in checks {
@@ -809,6 +843,16 @@ impl Sealed for MemoryStore {
     fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>> {
         bounded_keys(checks, |checks| self.reset_now(checks));
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], at: i64) -> BoxFuture<'a, Result<(), Error>> {
+        bounded_keys(checks, |checks| self.refund_now(checks, at));
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn refund_sync(&self, checks: &[Check<'_>], at: i64) -> bool {
+        bounded_keys(checks, |checks| self.refund_now(checks, at));
+        true
     }
 
     fn decide_sync(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Option<Reply> {

@@ -97,6 +97,21 @@ pub(crate) mod sealed {
         ) -> BoxFuture<'a, Result<Reply, Error>>;
         /// Forgets the state of every check's key.
         fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>>;
+        /// Gives back the grant of each check's `cost` that the store made at
+        /// store time `at` (microseconds; for a granted [`Reply`] that is
+        /// `reply.now + reply.wait`), exactly: a sliding log drops one entry
+        /// of that time and cost (entries with equal time and cost are
+        /// interchangeable); token bucket and GCRA take the cost back, never
+        /// above their capacity; a fixed window uncounts it only if `at` lies
+        /// in its current window; a sliding window counter from the current
+        /// or previous window `at` fell in, nothing if older. Never below
+        /// empty. Not idempotent: each call gives back once more, so callers
+        /// make sure a grant is refunded at most once.
+        fn refund<'a>(
+            &'a self,
+            checks: &'a [Check<'a>],
+            at: i64,
+        ) -> BoxFuture<'a, Result<(), Error>>;
         /// [`decide`](Self::decide) for a store that answers at once (no
         /// I/O, nothing to time out): the reply, without a future or a timer.
         /// `None` for a store that must be awaited.
@@ -108,6 +123,12 @@ pub(crate) mod sealed {
         /// (nothing done) for a store that must be awaited.
         fn reset_sync(&self, checks: &[Check<'_>]) -> bool {
             let _ = checks;
+            false
+        }
+        /// [`refund`](Self::refund) for a store that answers at once; `false`
+        /// (nothing done) for a store that must be awaited.
+        fn refund_sync(&self, checks: &[Check<'_>], at: i64) -> bool {
+            let _ = (checks, at);
             false
         }
         /// The in-process store that decides in this one's place while it

@@ -687,6 +687,26 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// Gives back each check's grant made at store time `at`: the library's
+    /// refund operation (op 1 of the options, see `lua/driver.lua`), in one
+    /// call through [`invoke`](Self::invoke).
+    async fn run_refund(&self, checks: &[Check<'_>], at: i64) -> Result<(), Error> {
+        let mut keys = Vec::with_capacity(checks.len() * 2);
+        for check in checks {
+            keys.extend(self.keys(check, &keys::tag(check.key)));
+        }
+        let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
+        let mut args: Vec<String> = Vec::with_capacity(1 + checks.len());
+        args.push(format!("o:{now}:0:0:{}:1:{at}", self.inner.slack));
+        for check in checks {
+            args.push(format!("{}{}", check.limit.wire(), check.cost));
+        }
+        self.invoke(&keys, &args).await?;
+        Ok(())
+    }
+}
+
+impl RedisStore {
     /// Whether a recent `FUNCTION LOAD` failed, so decisions run as scripts.
     fn load_failed_lately(&self) -> bool {
         let mut until = lock(&self.inner.scripts_until);
@@ -728,6 +748,10 @@ impl Sealed for RedisStore {
 
     fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.run_reset(checks))
+    }
+
+    fn refund<'a>(&'a self, checks: &'a [Check<'a>], at: i64) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.run_refund(checks, at))
     }
 
     fn clock(&self) -> Option<Arc<dyn Clock>> {

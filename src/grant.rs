@@ -1,0 +1,199 @@
+//! [`Grant`]: a decision whose grant can be given back, once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use smallvec::SmallVec;
+
+use crate::{Decision, Error, Limit, Limiter};
+
+/// The limits and keys a grant was charged to, owned.
+pub(crate) type Charged = SmallVec<[(Limit, Vec<u8>); 1]>;
+
+/// A decision of [`Limiter::check_refundable`],
+/// [`acquire_refundable`](Limiter::acquire_refundable) or
+/// [`take_up_to`](Limiter::take_up_to) that can give its grant back with
+/// [`refund`](Self::refund): for requests whose outcome says they should not
+/// count (a successful login under a limit of failed ones), taken when they
+/// arrive so that concurrent requests cannot all pass a look.
+///
+/// Dropping a `Grant` keeps what it took. The refund is exact for every
+/// algorithm: a sliding log forgets that entry, a bucket takes the amount
+/// back (never above its capacity), a window uncounts it while that window
+/// still counts. It happens at most once, however often and from however
+/// many tasks it is asked for.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// // at most 5 failed logins per user per 15 minutes
+/// let quota = Quota::rate(5, Duration::from_secs(15 * 60)).sliding_log();
+/// let failures = Limiter::new(MemoryStore::new(), Limit::new("login", quota)?);
+/// let grant = failures.check_refundable("alice", 1).await?;
+/// assert!(grant.is_allowed());
+/// let password_was_right = true;
+/// if password_was_right {
+///     assert!(grant.refund().await?); // a success does not count
+/// }
+/// assert!(!grant.refund().await?); // given back once only
+/// assert_eq!(failures.peek("alice").await?.remaining(), 5);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Grant {
+    pub(crate) decision: Decision,
+    pub(crate) refund: Option<Refund>,
+}
+
+impl Grant {
+    pub(crate) fn new(decision: Decision, refund: Option<Refund>) -> Self {
+        Self { decision, refund }
+    }
+
+    /// The decision.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The decision, keeping the grant.
+    pub fn into_decision(self) -> Decision {
+        self.decision
+    }
+
+    /// Whether the request was granted (see [`Decision::is_allowed`]).
+    pub fn is_allowed(&self) -> bool {
+        self.decision.is_allowed()
+    }
+
+    /// The amount granted (see [`Decision::granted`]).
+    pub fn granted(&self) -> u64 {
+        self.decision.granted()
+    }
+
+    /// Gives the grant back: `Ok(true)` when this call did, `Ok(false)` when
+    /// there is nothing to give back (a denial, a cost of 0) or it was given
+    /// back already. At most once: a second call, or one racing the first,
+    /// answers `false` without asking the store. A refund that fails
+    /// ([`Error::Timeout`], a Redis error) is not tried again, since the
+    /// store may have applied it.
+    pub async fn refund(&self) -> Result<bool, Error> {
+        match &self.refund {
+            Some(refund) => refund.run().await,
+            None => Ok(false),
+        }
+    }
+
+    /// Whether the grant was given back (or a refund of it was attempted).
+    pub fn is_refunded(&self) -> bool {
+        self.refund
+            .as_ref()
+            .is_some_and(|r| r.done.load(Ordering::Acquire))
+    }
+}
+
+/// What a grant took, to give back once.
+pub(crate) struct Refund {
+    limiter: Limiter,
+    charged: Charged,
+    cost: i64,
+    at: i64,
+    done: AtomicBool,
+}
+
+impl std::fmt::Debug for Refund {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refund")
+            .field(
+                "limits",
+                &self
+                    .charged
+                    .iter()
+                    .map(|(l, _)| l.name())
+                    .collect::<Vec<_>>(),
+            )
+            .field("cost", &self.cost)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl Refund {
+    /// A refund of `decision`'s grant from `charged` through `limiter`;
+    /// `None` when nothing was granted.
+    pub(crate) fn of(limiter: &Limiter, decision: &Decision, charged: Charged) -> Option<Self> {
+        let cost = i64::try_from(decision.granted).ok()?;
+        (decision.is_allowed() && cost > 0 && !charged.is_empty()).then(|| Self {
+            limiter: limiter.clone(),
+            charged,
+            cost,
+            at: decision.at,
+            done: AtomicBool::new(false),
+        })
+    }
+
+    /// Gives back once; `true` when this call did.
+    pub(crate) async fn run(&self) -> Result<bool, Error> {
+        if self.done.swap(true, Ordering::AcqRel) {
+            return Ok(false);
+        }
+        self.limiter
+            .refund_charged(&self.charged, self.cost, self.at)
+            .await
+            .map(|()| true)
+    }
+
+    /// Gives back once without awaiting: at once on a store that answers at
+    /// once, else on a task of the current runtime (from `Drop`).
+    pub(crate) fn run_detached(self) {
+        if self.done.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if self
+            .limiter
+            .refund_charged_now(&self.charged, self.cost, self.at)
+        {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let result = self
+                        .limiter
+                        .refund_charged(&self.charged, self.cost, self.at)
+                        .await;
+                    if let Err(error) = result {
+                        tracing::debug!(target: "tower_ratelimit", %error, "could not give back a cancelled reservation");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::debug!(target: "tower_ratelimit", "no runtime to give back a cancelled reservation on");
+            }
+        }
+    }
+}
+
+/// Gives a reservation back if dropped before [`disarm`](Self::disarm):
+/// the request that waits for it was cancelled before it ran.
+pub(crate) struct RefundOnDrop(Option<Refund>);
+
+impl RefundOnDrop {
+    pub(crate) fn new(refund: Option<Refund>) -> Self {
+        Self(refund)
+    }
+
+    /// The reservation is used: keeps it, and returns the refund for later.
+    pub(crate) fn disarm(mut self) -> Option<Refund> {
+        self.0.take()
+    }
+}
+
+impl Drop for RefundOnDrop {
+    fn drop(&mut self) {
+        if let Some(refund) = self.0.take() {
+            refund.run_detached();
+        }
+    }
+}
