@@ -76,7 +76,9 @@
 //! |---|---|---|
 //! | `redis` | yes | [`RedisStore`] (redis-rs, deadpool-redis) |
 //! | `axum` | yes | `ClientIp` reads axum's `ConnectInfo`; the `MatchedRoute` and `PathParam` keys; [`RateLimitInfo`](layer::RateLimitInfo) as an extractor |
-//! | `tls` | no | `rediss://` URLs (rustls with ring, the system's root certificates); implies `redis` |
+//! | `cluster` | no | [`RedisStore::cluster_builder`]: Redis Cluster; implies `redis` |
+//! | `sentinel` | no | [`RedisStore::sentinel_builder`]: the master Redis Sentinel names; implies `redis` |
+//! | `tls` | no | `rediss://` URLs for every store kind (rustls with ring, the system's root certificates, [`RedisStoreBuilder::tls_root_certificate`]); implies `redis` |
 //! | `metrics` | no | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |
 //! | `serde` | no | [`Limit`] deserializes from configuration files, windows as human durations (`"15m"`) |
 //!
@@ -103,7 +105,13 @@ mod quota;
 pub mod store;
 
 /// The README's examples, compiled as doctests so they stay true.
-#[cfg(all(doctest, feature = "redis", feature = "axum"))]
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "cluster",
+    feature = "sentinel",
+    feature = "tls"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 

@@ -20,7 +20,6 @@ use smallvec::SmallVec;
 
 use super::RedisStore;
 use crate::algorithm::Reply;
-use crate::store::sealed::Sealed;
 use crate::store::{keys, Check};
 use crate::Error;
 
@@ -52,6 +51,25 @@ fn slot(tag: &str) -> u16 {
 }
 
 impl RedisStore {
+    /// Refunds a grant across slots: each slot's group in parallel; the
+    /// first error, if any, after all were tried.
+    pub(super) async fn refund_across_slots(
+        &self,
+        checks: &[Check<'_>],
+        groups: &[SmallVec<[usize; 2]>],
+        at: i64,
+    ) -> Result<(), Error> {
+        let subsets: Vec<SmallVec<[Check<'_>; 2]>> = groups
+            .iter()
+            .map(|group| group.iter().map(|&i| checks[i]).collect())
+            .collect();
+        let results = futures_util::future::join_all(
+            subsets.iter().map(|subset| self.refund_group(subset, at)),
+        )
+        .await;
+        results.into_iter().collect()
+    }
+
     pub(super) async fn decide_across_slots(
         &self,
         checks: &[Check<'_>],
@@ -69,7 +87,7 @@ impl RedisStore {
         )
         .await;
         let mut failure = None;
-        let mut limits = smallvec::smallvec![[0i64; 3]; checks.len()];
+        let mut limits: crate::algorithm::Statuses = smallvec::smallvec![[0i64; 3]; checks.len()];
         let (mut never, mut wait, mut now) = (false, 0i64, 0i64);
         for (group, reply) in groups.iter().zip(&replies) {
             match reply {
@@ -93,7 +111,7 @@ impl RedisStore {
                     continue;
                 }
                 let at = reply.now + reply.wait;
-                match self.refund(subset, at).await {
+                match self.refund_group(subset, at).await {
                     Ok(()) => {
                         for (&index, check) in group.iter().zip(subset) {
                             let capacity =

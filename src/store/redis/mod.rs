@@ -691,6 +691,17 @@ impl RedisStore {
     /// refund operation (op 1 of the options, see `lua/driver.lua`), in one
     /// call through [`invoke`](Self::invoke).
     async fn run_refund(&self, checks: &[Check<'_>], at: i64) -> Result<(), Error> {
+        #[cfg(feature = "cluster")]
+        if self.inner.lanes.connector().is_cluster() {
+            if let Some(groups) = cluster::slot_groups(checks) {
+                return self.refund_across_slots(checks, &groups, at).await;
+            }
+        }
+        self.refund_group(checks, at).await
+    }
+
+    /// A refund of checks whose keys share a slot: one call.
+    async fn refund_group(&self, checks: &[Check<'_>], at: i64) -> Result<(), Error> {
         let mut keys = Vec::with_capacity(checks.len() * 2);
         for check in checks {
             keys.extend(self.keys(check, &keys::tag(check.key)));
