@@ -1,6 +1,8 @@
 //! Test support: a real `redis-server` started by the tests themselves.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
