@@ -1,6 +1,7 @@
 //! Test support: a real `redis-server` started by the tests themselves.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod process;
 
 use std::io::{BufRead, BufReader};
