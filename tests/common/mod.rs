@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod process;
+pub mod sentinel;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
