@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod process;
 pub mod sentinel;
+pub mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
