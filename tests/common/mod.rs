@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod process;
+pub mod proxy;
 pub mod sentinel;
 pub mod tls;
 
