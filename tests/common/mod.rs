@@ -1,6 +1,12 @@
 //! Test support: a real `redis-server` started by the tests themselves.
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod process;
+pub mod proxy;
+pub mod sentinel;
+pub mod tls;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
