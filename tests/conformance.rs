@@ -1,5 +1,6 @@
-//! One table per algorithm, run unchanged against the memory store and against
-//! a real Redis (driven by an explicit clock). Every expected figure below was
+//! One table per algorithm, run unchanged against the memory store, a real
+//! Redis and (with the `cluster` feature) a real Redis Cluster, all driven by
+//! an explicit clock. Every expected figure below was
 //! worked out by hand from the algorithm's definition; see the comments.
 
 // Tables read better with every figure in the same form (1 * MS beside 500 * MS).
@@ -37,7 +38,23 @@ async fn run(limit: &Limit, table: &[Row]) {
     let prefix = unique_prefix("conformance");
     let memory = patient_limiter(MemoryStore::with_clock(clock.clone()), limit.clone());
     let redis = patient_limiter(redis_store_with_clock(&prefix, &clock), limit.clone());
-    for (store, limiter) in [("memory", &memory), ("redis", &redis)] {
+    #[allow(unused_mut)]
+    let mut stores = vec![("memory", memory), ("redis", redis)];
+    // the same table on a Redis Cluster of three primaries and three replicas
+    #[cfg(feature = "cluster")]
+    stores.push((
+        "cluster",
+        patient_limiter(
+            tower_ratelimit::RedisStore::cluster_builder(common::cluster::shared().seed_urls())
+                .prefix(&prefix)
+                .expiry_slack(TEST_CLOCK_SLACK)
+                .clock(clock.clone())
+                .build()
+                .expect("a cluster store"),
+            limit.clone(),
+        ),
+    ));
+    for (store, limiter) in &stores {
         clock.set(T0);
         for (i, &(at, cost, max_wait, expect, remaining, reset)) in table.iter().enumerate() {
             clock.set(T0 + at);

@@ -286,3 +286,33 @@ async fn connections_the_server_kills_or_closes_when_idle_cost_no_request() {
         .query(&mut conn(&server.url))
         .expect("PING");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_go_silent_are_replaced_through_new_ones() {
+    let server = TestRedis::spawn();
+    let proxy = common::proxy::FaultProxy::to_port(server.port);
+    let limiter = limiter(&proxy.url(), "silent");
+    decided_again(&limiter, Duration::from_secs(5)).await;
+    let load = Load::start(&limiter, 8);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let accepted = proxy.accepted();
+    // the store's connections stay open and forward nothing, Redis is fine
+    proxy.go_silent();
+    let silenced = Instant::now();
+    let recovered = decided_again(&limiter, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let calls = load.finish().await;
+    eprintln!("decisions again {recovered:?} after the connections went silent");
+    assert!(
+        proxy.accepted() > accepted,
+        "the store opened new connections"
+    );
+    let late: Vec<&Call> = calls
+        .iter()
+        .filter(|c| {
+            c.at > silenced + recovered + Duration::from_millis(50) && c.kind != Kind::Decided
+        })
+        .collect();
+    assert!(late.is_empty(), "once replaced, nothing fails: {late:?}");
+    assert_all_answered(&calls, "silent");
+}

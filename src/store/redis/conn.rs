@@ -13,7 +13,9 @@
 //! - New connections are made by one background task per store, never inside
 //!   a request: requests meanwhile use the other lanes' connections, or wait
 //!   (within their own timeout) when none is left.
-//! - After [`OPEN_AFTER`] failures in a row the circuit opens: every lane is
+//! - After [`OPEN_AFTER`] failures in a row (abandoned requests, failed
+//!   connection attempts; on a cluster only the latter, since one node's
+//!   failure must not stop the other nodes' slots) the circuit opens: every lane is
 //!   discarded and requests fail at once ([`Error::Unavailable`]) while the
 //!   background task reconnects, backing off from [`MIN_BACKOFF`] to
 //!   [`MAX_BACKOFF`] between refused attempts. Its first connection that
@@ -176,6 +178,8 @@ impl Lane {
 /// The connections a store multiplexes its requests over, and their health.
 pub(super) struct Lanes {
     connector: Connector,
+    /// Whether the connections route by slot over several nodes.
+    cluster: bool,
     lanes: Box<[Lane]>,
     next: AtomicUsize,
     epoch: Instant,
@@ -208,6 +212,7 @@ pub(super) enum Landing<T> {
 impl Lanes {
     pub(super) fn new(connector: Connector, lanes: usize) -> Arc<Lanes> {
         Arc::new(Lanes {
+            cluster: connector.is_cluster(),
             connector,
             lanes: (0..lanes)
                 .map(|_| Lane {
@@ -466,7 +471,11 @@ impl Drop for Flight<'_> {
             // it may be silent for good (a proxy that forwards nothing, a
             // half-open socket), so it is replaced
             self.lanes.discard(self.index, self.generation);
-            self.lanes.failed();
+            // on a cluster, one node's failure (answered on its slots until
+            // a replica is promoted) must not stop the other nodes' slots
+            if !self.lanes.cluster {
+                self.lanes.failed();
+            }
         }
     }
 }

@@ -366,7 +366,14 @@ impl RedisStoreBuilder {
                 }
                 let builder = redis::cluster::ClusterClientBuilder::new(infos)
                     .connection_timeout(conn::CONNECT_TIMEOUT)
-                    .response_timeout(RESPONSE_TIMEOUT);
+                    .response_timeout(RESPONSE_TIMEOUT)
+                    // redis-rs waits 1.28 s and more between retries (a
+                    // failover, TRYAGAIN while a slot moves); a decision is
+                    // bounded far sooner, so it retries within that bound
+                    .retries(8)
+                    .min_retry_wait(5)
+                    .max_retry_wait(100)
+                    .retry_wait_formula(10, 2);
                 #[cfg(feature = "tls")]
                 let builder = match self.certificates() {
                     Some(certs) => builder.certs(certs),
