@@ -56,6 +56,10 @@ impl Server {
         cmd.env("PORT", port.to_string())
             .env("RUST_LOG", "warn")
             .env_remove("REDIS_URL")
+            .env_remove("REDIS_CLUSTER_URLS")
+            .env_remove("REDIS_SENTINEL_URLS")
+            .env_remove("REDIS_SENTINEL_MASTER")
+            .env_remove("REDIS_CA_FILE")
             .env_remove("ON_STORE_ERROR")
             .env_remove("LIMITS_FILE")
             .envs(env.iter().copied())
@@ -113,6 +117,22 @@ fn send(port: u16, method: &str, path: &str) -> (u16, String) {
     (status, body.to_owned())
 }
 
+/// One request per server that reaches the store, so that connection setup
+/// (a TLS handshake, a cluster's slot map) is not paid inside `exercise`,
+/// whose GCRA figures assume its requests arrive within 100 ms.
+fn warm(ports: &[u16]) {
+    for (i, port) in ports.iter().enumerate() {
+        let phone = format!("/sms/+1555010{i}9");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // 503 while the first connection is made (the store connects in
+        // the background; the request's 100 ms may run out first)
+        while status(*port, "POST", &phone) != 202 {
+            assert!(Instant::now() < deadline, "server {port} never decided");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 fn exercise(ports: &[u16]) {
     // /api/hello: 10 per second per IP, burst 10, across all instances
     let hello: Vec<u16> = (0..12)
@@ -147,6 +167,46 @@ fn two_example_servers_share_limits_through_redis() {
     let redis = TestRedis::spawn();
     let a = Server::start(Some(&redis.url));
     let b = Server::start(Some(&redis.url));
+    exercise(&[a.port, b.port]);
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn two_example_servers_share_limits_through_a_cluster() {
+    let cluster = common::cluster::TestCluster::start();
+    let seeds = cluster.seed_urls().join(",");
+    let a = Server::start_env(&[("REDIS_CLUSTER_URLS", &seeds)]);
+    let b = Server::start_env(&[("REDIS_CLUSTER_URLS", &seeds)]);
+    // the SMS route's limits are keyed per IP and per phone: two slots
+    warm(&[a.port, b.port]);
+    exercise(&[a.port, b.port]);
+}
+
+#[cfg(feature = "sentinel")]
+#[test]
+fn two_example_servers_share_limits_through_sentinel() {
+    let sentinel = common::sentinel::TestSentinel::start();
+    let urls = sentinel.sentinel_urls().join(",");
+    let env = [
+        ("REDIS_SENTINEL_URLS", urls.as_str()),
+        ("REDIS_SENTINEL_MASTER", sentinel.master_name()),
+    ];
+    let a = Server::start_env(&env);
+    let b = Server::start_env(&env);
+    warm(&[a.port, b.port]);
+    exercise(&[a.port, b.port]);
+}
+
+#[cfg(feature = "tls")]
+#[test]
+fn two_example_servers_share_limits_over_tls() {
+    let tls = common::tls::TestTls::start();
+    let ca = tls.ca_path().to_str().expect("a UTF-8 path").to_owned();
+    let env = [("REDIS_URL", tls.url()), ("REDIS_CA_FILE", ca)];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = Server::start_env(&env);
+    let b = Server::start_env(&env);
+    warm(&[a.port, b.port]);
     exercise(&[a.port, b.port]);
 }
 
