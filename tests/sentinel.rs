@@ -15,7 +15,7 @@ use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
 async fn the_store_follows_the_master_through_a_failover() {
     let sentinel = Arc::new(TestSentinel::start());
     let store = RedisStore::sentinel_builder(sentinel.sentinel_urls(), sentinel.master_name())
-        .prefix(&unique_prefix("sentinel"))
+        .prefix(unique_prefix("sentinel"))
         .build()
         .expect("a Sentinel store");
     let limiter = Limiter::builder(store)

@@ -23,7 +23,7 @@ async fn decisions_over_tls_with_a_private_ca() {
     let server = TestTls::start();
     for url in [server.url(), server.localhost_url()] {
         let store = RedisStore::builder(&url)
-            .prefix(&unique_prefix("tls"))
+            .prefix(unique_prefix("tls"))
             .tls_root_certificate(server.ca_pem())
             .build()
             .expect("a TLS store");
@@ -39,7 +39,7 @@ async fn a_certificate_no_trusted_ca_signed_is_refused() {
     let server = TestTls::start();
     // the system's roots only: the test CA is not among them
     let store = RedisStore::builder(server.url())
-        .prefix(&unique_prefix("untrusted"))
+        .prefix(unique_prefix("untrusted"))
         .build()
         .expect("store");
     let limiter = Limiter::builder(store)
@@ -50,7 +50,7 @@ async fn a_certificate_no_trusted_ca_signed_is_refused() {
     assert!(limiter.check("k", 1).await.is_err());
     // nor does plain TCP reach a TLS port
     let plain = RedisStore::builder(server.url().replace("rediss://", "redis://"))
-        .prefix(&unique_prefix("plain"))
+        .prefix(unique_prefix("plain"))
         .build()
         .expect("store");
     let limiter = Limiter::builder(plain)
