@@ -230,8 +230,10 @@ impl Lanes {
         })
     }
 
-    pub(super) fn connector(&self) -> &Connector {
-        &self.connector
+    /// Whether the connections route by slot over several nodes.
+    #[cfg(feature = "cluster")]
+    pub(super) fn is_cluster(&self) -> bool {
+        self.cluster
     }
 
     pub(super) fn len(&self) -> usize {

@@ -549,7 +549,7 @@ impl RedisStore {
         dry: bool,
     ) -> Result<Reply, Error> {
         #[cfg(feature = "cluster")]
-        if self.inner.lanes.connector().is_cluster() {
+        if self.inner.lanes.is_cluster() {
             if let Some(groups) = cluster::slot_groups(checks) {
                 return self.decide_across_slots(checks, &groups, dry).await;
             }
@@ -699,7 +699,7 @@ impl RedisStore {
     /// call through [`invoke`](Self::invoke).
     async fn run_refund(&self, checks: &[Check<'_>], at: i64) -> Result<(), Error> {
         #[cfg(feature = "cluster")]
-        if self.inner.lanes.connector().is_cluster() {
+        if self.inner.lanes.is_cluster() {
             if let Some(groups) = cluster::slot_groups(checks) {
                 return self.refund_across_slots(checks, &groups, at).await;
             }
