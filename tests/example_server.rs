@@ -120,6 +120,7 @@ fn send(port: u16, method: &str, path: &str) -> (u16, String) {
 /// One request per server that reaches the store, so that connection setup
 /// (a TLS handshake, a cluster's slot map) is not paid inside `exercise`,
 /// whose GCRA figures assume its requests arrive within 100 ms.
+#[cfg(any(feature = "cluster", feature = "sentinel", feature = "tls"))]
 fn warm(ports: &[u16]) {
     for (i, port) in ports.iter().enumerate() {
         let phone = format!("/sms/+1555010{i}9");
