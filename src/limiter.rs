@@ -300,6 +300,54 @@ impl Limiter {
         Ok(Grant::new(decision, refund))
     }
 
+    /// Takes as much as every limit has left for `key` now, at most `most`
+    /// (a batch endpoint taking what it may), in one round trip:
+    /// [`Decision::granted`] says how much. When nothing is left, the
+    /// decision is the denial of 1, with the exact `retry_after` until one
+    /// is there; a `most` of 0 takes nothing and is allowed. The grant can
+    /// be given back once ([`Grant::refund`]).
+    ///
+    /// ```
+    /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("rows", Quota::per_minute(10).sliding_log())?);
+    /// assert_eq!(limiter.take_up_to("tenant", 4).await?.granted(), 4);
+    /// assert_eq!(limiter.take_up_to("tenant", 100).await?.granted(), 6);
+    /// let none = limiter.take_up_to("tenant", 100).await?;
+    /// assert!(!none.is_allowed() && none.granted() == 0);
+    /// assert!(none.decision().retry_after().is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn take_up_to(&self, key: impl AsRef<[u8]>, most: u64) -> Result<Grant, Error> {
+        if most == 0 {
+            return self.check_refundable(key, 0).await;
+        }
+        let keys = [key];
+        let checks = self.keyed_checks(&keys, most)?;
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        let taken = match store.take_sync(&checks) {
+            Some(taken) => Ok(taken),
+            None => self.bounded(store.take(&checks)).await,
+        };
+        timer.finish(store.kind(), "take");
+        let result = taken.and_then(|(reply, k)| {
+            let mut decision = Self::decision(&checks, reply, 0)?;
+            decision.granted = if decision.is_allowed() {
+                u64::try_from(k).unwrap_or(0)
+            } else {
+                0
+            };
+            Ok(decision)
+        });
+        crate::metrics::count(&checks, &result, Outcome::of(&result));
+        let decision = result?;
+        let refund = Refund::of(self, &decision, Self::charged(&checks));
+        Ok(Grant::new(decision, refund))
+    }
+
     /// Takes `cost` now or reserves it for the earliest moment within
     /// `max_wait`, in one round trip, then sleeps until that moment. When the
     /// wait would exceed `max_wait` it returns the denial at once, consuming
