@@ -55,7 +55,7 @@ pub enum Outcome {
     /// Refused: the limit has no room for the cost yet.
     Denied,
     /// Would have been refused, but let through because the limit only
-    /// observes (shadow mode). Reserved: nothing reports it yet.
+    /// observes (shadow mode, see [`Limit::shadow`](crate::Limit::shadow)).
     ShadowDenied,
     /// Refused: the cost exceeds the limit's capacity and never fits.
     CostExceedsCapacity,
@@ -134,6 +134,20 @@ pub(crate) fn count(checks: &[Check<'_>], result: &Result<Decision, Error>, outc
 
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn count(_: &[Check<'_>], _: &Result<Decision, Error>, _: Outcome) {}
+
+/// Counts one outcome under one limit.
+#[cfg(feature = "metrics")]
+pub(crate) fn count_one(limit: &crate::Limit, outcome: Outcome) {
+    ::metrics::counter!(
+        DECISIONS,
+        "limit" => limit.shared_name().clone(),
+        "outcome" => outcome.as_str(),
+    )
+    .increment(1);
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn count_one(_: &crate::Limit, _: Outcome) {}
 
 /// Measures one store call.
 pub(crate) struct StoreTimer {
