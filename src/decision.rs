@@ -206,6 +206,24 @@ impl Decision {
         &self.statuses
     }
 
+    /// This decision without the statuses of limits in shadow mode: what
+    /// the rate-limit headers show.
+    pub(crate) fn without_shadow(&self) -> std::borrow::Cow<'_, Decision> {
+        if !self.statuses.iter().any(|s| s.shadow) {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let statuses = self
+            .statuses
+            .iter()
+            .filter(|s| !s.shadow)
+            .cloned()
+            .collect();
+        let mut shown = Decision::new(self.verdict, self.wait, statuses);
+        shown.granted = self.granted;
+        shown.at = self.at;
+        std::borrow::Cow::Owned(shown)
+    }
+
     /// The limits that refused the request (empty when allowed).
     pub fn violated(&self) -> impl Iterator<Item = &LimitStatus> {
         self.statuses.iter().filter(|s| s.violated)

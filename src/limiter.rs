@@ -427,25 +427,28 @@ impl Limiter {
         Ok(Self::checks(pairs, cost))
     }
 
-    /// Decides only the limits that have a key (`keys[i]` for limit `i`); the
-    /// decision lists those limits only. `None` when no limit has a key.
-    pub(crate) async fn decide_present(
+    /// Decides `pairs`, a limit and a key each (a layer's limits with this
+    /// request's tiers and keys); `None` when there are none. With
+    /// `refundable`, the grant can be given back.
+    pub(crate) async fn decide_pairs(
         &self,
-        keys: &[Option<Vec<u8>>],
+        pairs: &[(&Limit, &[u8])],
         cost: u64,
         max_wait: Duration,
-    ) -> Option<Result<Decision, Error>> {
-        let pairs = self
-            .inner
-            .limits
-            .iter()
-            .zip(keys)
-            .filter_map(|(l, k)| Some((l, k.as_deref()?)));
-        let checks = Self::checks(pairs, cost);
-        if checks.is_empty() {
+        refundable: bool,
+    ) -> Option<Result<Grant, Error>> {
+        if pairs.is_empty() {
             return None;
         }
-        Some(self.run(checks, max_wait, false).await)
+        let checks = Self::checks(pairs.iter().copied(), cost);
+        let kept = refundable.then(|| checks.clone());
+        let decision = match self.run(checks, max_wait, false).await {
+            Ok(decision) => decision,
+            Err(error) => return Some(Err(error)),
+        };
+        let refund =
+            kept.and_then(|checks| Refund::of(self, &decision, Self::charged(&checks, &decision)));
+        Some(Ok(Grant::new(decision, refund)))
     }
 
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.

@@ -446,6 +446,14 @@ impl Limit {
         self.shadow
     }
 
+    /// The same limit under another name, for state kept apart from it
+    /// (the name need not be valid: it never comes from a user).
+    pub(crate) fn renamed(&self, name: String) -> Self {
+        let mut limit = self.clone();
+        limit.name = name.into();
+        limit
+    }
+
     /// The name.
     pub fn name(&self) -> &str {
         &self.name
