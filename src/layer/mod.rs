@@ -58,7 +58,10 @@
 //! | a limit refuses | 429, `Retry-After` (whole seconds, rounded up, at least 1), `Cache-Control: no-store`, problem `quota-exceeded` with `violated-policies` |
 //! | the cost exceeds a limit's capacity | 429 without `Retry-After` (waiting cannot help) |
 //! | delay mode, grant within `max_delay` | forwarded after the wait; nothing is answered early |
-//! | no key for a limit | per [`MissingKey`]: 400 by default; when every limit is skipped, forwarded without a decision |
+//! | no key for a limit | per [`MissingKey`] (the layer's, or the limit's own [`Rule::on_missing_key`]): 400 by default; when every limit is skipped, forwarded without a decision |
+//! | exempt ([`RateLimitLayerBuilder::skip_if`]; one limit: [`Rule::skip_if`]) | forwarded without a decision (that limit left out), nothing counted |
+//! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned |
+//! | a limit in [shadow mode](crate::Limit::shadow) would refuse | forwarded; counted `shadow_denied`; shadow limits are left out of the headers |
 //! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state |
 //!
 //! Tracing (target `tower_ratelimit`): denials at `debug` (a flood of them
