@@ -20,26 +20,42 @@
 //! answers 503; `open` lets requests through unlimited; `memory` enforces the
 //! limits in this process until Redis is back), `LIMITS_FILE` (a TOML file
 //! with the limits `per-ip`, `hello` and `sms`, such as
-//! `examples/limits.toml`; default: the built-in limits below).
+//! `examples/limits.toml`; default: the built-in limits below),
+//! `INTERNAL_TOKEN` (when set, a request whose `X-Internal-Token` equals it
+//! is exempt from every limit).
 //!
 //! - every limited route: 100 requests per second per client IP (burst 100)
 //! - `GET /api/hello`: also 10 per second per client IP, burst 10 (GCRA)
 //! - `POST /sms/{phone}`: at most 3 per 60 seconds per phone number (sliding log), 202
+//! - `POST /login` with `{"username": ..., "password": ...}`: every password
+//!   is `correct horse`; right: 200, not counted; wrong: 401, counted; after
+//!   5 counted failures per username in 15 minutes (sliding log), 429 with
+//!   `Retry-After` whatever the password
+//! - `GET /api/report`: 2 per minute per client IP on the free plan, 20 for
+//!   requests with `X-Plan: pro` (a stand-in for an authentication layer), in
+//!   the same limit
 //! - `GET /healthz`: not limited
 //! - `GET /metrics`: not limited; the limiter's metrics in the Prometheus text format
 //!
 //! Two processes on one Redis share every limit.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
-use axum::extract::Path;
-use axum::http::{header, StatusCode};
+use axum::body::Body;
+use axum::extract::{Path, Request};
+use axum::http::{header, request::Parts, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Extension, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
-use tower_ratelimit::key::{ClientIp, ClientIpResolver, PathParam};
-use tower_ratelimit::layer::{OnStoreError, RateLimitInfo, RateLimitLayer};
+use tower_ratelimit::key::{ClientIp, ClientIpResolver, PathParam, RequestExtension};
+use tower_ratelimit::layer::{
+    OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
+};
 use tower_ratelimit::{Limit, MemoryStore, Quota, RedisStore, RedisStoreBuilder, Store};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -97,34 +113,91 @@ impl Limits {
     }
 }
 
-fn app<S: Store + Clone>(
+/// The settings every layer of the server shares.
+struct Setup<S> {
     store: S,
-    limits: Limits,
     client_ip: ClientIp,
     on_store_error: OnStoreError,
+    /// `INTERNAL_TOKEN`, when set.
+    internal_token: Option<Arc<str>>,
+}
+
+impl<S: Store + Clone> Setup<S> {
+    /// A layer over the shared store with the per-IP limit; requests with
+    /// the internal token are exempt from all of its limits.
+    fn layer(&self, per_ip: &Limit) -> RateLimitLayerBuilder {
+        let token = self.internal_token.clone();
+        RateLimitLayer::builder()
+            .store(self.store.clone())
+            .limit(per_ip.clone(), self.client_ip.clone())
+            .on_store_error(self.on_store_error)
+            .skip_if(move |request: &Parts| internal(request, token.as_deref()))
+    }
+}
+
+/// Whether the request carries the internal token.
+fn internal(request: &Parts, token: Option<&str>) -> bool {
+    match (token, request.headers.get("x-internal-token")) {
+        (Some(token), Some(given)) => given.as_bytes() == token.as_bytes(),
+        _ => false,
+    }
+}
+
+fn app<S: Store + Clone>(
+    setup: Setup<S>,
+    limits: Limits,
     metrics: PrometheusHandle,
 ) -> Result<Router, Error> {
     let Limits { per_ip, hello, sms } = limits;
+    let client_ip = setup.client_ip.clone();
 
     // Each route's layer holds the shared per-IP limit and the route's own:
     // one store round trip per request, and a request refused by one limit
     // consumes nothing from the other.
-    let hello_layer = RateLimitLayer::builder()
-        .store(store.clone())
-        .limit(per_ip.clone(), client_ip.clone())
+    let hello_layer = setup
+        .layer(&per_ip)
         .limit(hello, client_ip.clone())
-        .on_store_error(on_store_error)
         .build()?;
-    let sms_layer = RateLimitLayer::builder()
-        .store(store)
-        .limit(per_ip, client_ip)
+    let sms_layer = setup
+        .layer(&per_ip)
         .limit(sms, PathParam::new("phone"))
-        .on_store_error(on_store_error)
         .build()?;
+    // Failed logins per username: taken when the attempt arrives, given back
+    // unless the answer is 401, so 50 concurrent guesses try exactly 5.
+    let failed_logins = Limit::new(
+        "login",
+        Quota::rate(5, Duration::from_secs(15 * 60)).sliding_log(),
+    )?;
+    let login_layer = setup
+        .layer(&per_ip)
+        .rule(
+            Rule::new(failed_logins, RequestExtension::<Username>::new())
+                .refund_if(|response| response.status != StatusCode::UNAUTHORIZED),
+        )
+        .build()?;
+    // One limit, two plans: the quota is chosen per request.
+    let report = Rule::new(
+        Limit::new("report", Quota::per_minute(2).sliding_log())?,
+        client_ip,
+    )
+    .tier("pro", Quota::per_minute(20).sliding_log())
+    .choose_tier(|request| match request.headers.get("x-plan") {
+        Some(plan) if plan == "pro" => Some("pro"),
+        _ => None,
+    });
+    let report_layer = setup.layer(&per_ip).rule(report).build()?;
 
     Ok(Router::new()
         .route("/api/hello", get(say_hello).route_layer(hello_layer))
         .route("/sms/{phone}", post(send_sms).route_layer(sms_layer))
+        .route(
+            "/login",
+            post(login)
+                .route_layer(login_layer)
+                // runs first: the layer keys by the username it reads
+                .route_layer(middleware::from_fn(read_credentials)),
+        )
+        .route("/api/report", get(report_handler).route_layer(report_layer))
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
@@ -218,6 +291,64 @@ fn trusting(_: RedisStoreBuilder, _: Vec<u8>) -> Result<RedisStoreBuilder, Error
     Err("REDIS_CA_FILE needs the `tls` feature: cargo run --example server --all-features".into())
 }
 
+/// The body of `POST /login`.
+#[derive(Clone, Deserialize)]
+struct Credentials {
+    username: String,
+    password: String,
+}
+
+/// The username of a login attempt: the failed-login limit's key.
+#[derive(Clone)]
+struct Username(String);
+
+impl std::fmt::Display for Username {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Reads the JSON body of a login attempt into the request's extensions
+/// (the credentials for the handler, the username for the limit); 400 for
+/// anything else.
+async fn read_credentials(request: Request, next: Next) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 16 * 1024).await else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let Ok(credentials) = serde_json::from_slice::<Credentials>(&bytes) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "expected {\"username\": ..., \"password\": ...}\n",
+        )
+            .into_response();
+    };
+    parts
+        .extensions
+        .insert(Username(credentials.username.clone()));
+    parts.extensions.insert(credentials);
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+async fn login(Extension(credentials): Extension<Credentials>) -> (StatusCode, String) {
+    if credentials.password == "correct horse" {
+        (
+            StatusCode::OK,
+            format!("welcome, {}\n", credentials.username),
+        )
+    } else {
+        (StatusCode::UNAUTHORIZED, "wrong password\n".to_owned())
+    }
+}
+
+async fn report_handler(info: RateLimitInfo) -> String {
+    match info.decision() {
+        Some(decision) => format!("report ready; {} more this minute\n", decision.remaining()),
+        None => "report ready\n".to_owned(),
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     tracing_subscriber::fmt()
@@ -255,20 +386,32 @@ async fn main() -> Result<(), Error> {
             return Err(format!("ON_STORE_ERROR={other}: use open, closed or memory").into())
         }
     };
+    let internal_token: Option<Arc<str>> = std::env::var("INTERNAL_TOKEN")
+        .ok()
+        .filter(|token| !token.is_empty())
+        .map(Into::into);
     let app = match redis_store()? {
-        Some(store) => app(store, limits, client_ip, on_store_error, metrics)?,
+        Some(store) => {
+            let setup = Setup {
+                store,
+                client_ip,
+                on_store_error,
+                internal_token,
+            };
+            app(setup, limits, metrics)?
+        }
         None => {
             tracing::info!(
                 "store: in memory (set REDIS_URL, REDIS_CLUSTER_URLS or REDIS_SENTINEL_URLS \
                  to share limits between processes)"
             );
-            app(
-                MemoryStore::new(),
-                limits,
+            let setup = Setup {
+                store: MemoryStore::new(),
                 client_ip,
                 on_store_error,
-                metrics,
-            )?
+                internal_token,
+            };
+            app(setup, limits, metrics)?
         }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;

@@ -7,7 +7,8 @@
 --            now (us since the epoch; 0 = read Redis TIME, the production
 --            path), max_wait (us: a grant may be reserved this far ahead),
 --            dry (1 = decide, grant nothing: a peek), slack (us keys outlive
---            their state), op (absent or 0: decide; 1: refund, see below),
+--            their state), op (absent or 0: decide; 1: refund; 2: take
+--            what is available; see below),
 --            at (us, for a refund: the time of the grant, `now + wait` of
 --            its reply)
 --        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
@@ -27,6 +28,12 @@
 -- if `at` lies in the counted window, a sliding window from the current or
 -- previous window, whichever holds `at`. Never below empty. Each key is read
 -- at its own clock (the latest of the store's and its `hw`). Reply: "".
+--
+-- Take (op 2): the cost is an upper bound N (the same for every limit):
+-- grants k = min(N, what every limit has left now), at once (max_wait is
+-- ignored), or, when k = 0, decides a cost of 1 without granting it (the
+-- denial says when one will be there). Reply: a decision's reply for cost
+-- k (or 1), then k.
 --
 -- Clock steps: every key records the clock of its last write (`hw`). The
 -- decision's clock is the latest of the store's clock and those, so time never
@@ -99,11 +106,73 @@ local function refund(keys, args, opts)
   return ''
 end
 
+-- Op 2: takes min(N, what every limit has left now).
+local function take(keys, args, opts)
+  local real = opts[1]
+  if real == 0 then
+    local t = redis.call('TIME')
+    real = t[1] * 1000000 + t[2]
+  end
+  local from = real - opts[4]
+  local n = #args - 1
+  local limits = {}
+  local now = real
+  local next_key = 1
+  for i = 1, n do
+    local s = spec(args[1 + i])
+    local st = s.alg.load(keys, next_key, s.p)
+    next_key = next_key + s.alg.nkeys
+    if st.hw > now then now = st.hw end
+    limits[i] = { alg = s.alg, p = s.p, st = st, t = 0 }
+  end
+  local k = spec(args[2]).cost
+  for i = 1, n do
+    local l = limits[i]
+    l.alg.prepare(l.st, l.p, now)
+    k = min(k, (l.alg.status(l.st, l.p, now, now)))
+  end
+  k = max(0, k)
+  local cost, dry = k, k == 0
+  if dry then cost = 1 end
+
+  local at = now
+  local never = false
+  for i = 1, n do
+    local l = limits[i]
+    l.t = l.alg.earliest(l.st, l.p, now, cost)
+    if l.t < 0 then
+      never = true
+    elseif l.t > at then
+      at = l.t
+    end
+  end
+  local outcome, wait = 0, at - now
+  if never then
+    outcome, wait = 2, -1
+  elseif wait > 0 then
+    outcome = 1
+  end
+
+  local reply = { outcome, wait, now }
+  for i = 1, n do
+    local l = limits[i]
+    if outcome == 0 and not dry then l.alg.grant(l.st, l.p, now, cost) end
+    l.alg.save(l.st, l.p, now, from)
+    local remaining, reset = l.alg.status(l.st, l.p, now, now)
+    local t = -1
+    if l.t >= 0 then t = l.t - now end
+    reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = t, remaining, reset
+  end
+  reply[3 * n + 4] = k
+  return struct.pack('<' .. string.rep('d', 4 + 3 * n), unpack(reply))
+end
+
 local function decide(keys, args)
   local first, opts = 1, NO_OPTIONS
   if string.byte(args[1], 1) == 111 then -- 'o'
     opts = ints(string.sub(args[1], 3))
     if opts[5] == 1 then return refund(keys, args, opts) end
+    if opts[5] == 2 then return take(keys, args, opts) end
     first = 2
   end
   local real = opts[1]

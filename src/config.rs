@@ -20,6 +20,9 @@ struct LimitConfig {
     rate: Option<u64>,
     per: Option<HumanDuration>,
     burst: Option<u64>,
+    /// Shadow mode (see [`Limit::shadow`]).
+    #[serde(default)]
+    shadow: bool,
 }
 
 /// A duration with its unit (`"15m"`, `"1h 30m"`, `"250ms"`); a bare number
@@ -122,20 +125,23 @@ impl LimitConfig {
                 Quota::rate(nonzero("limit", self.limit)?, window).sliding_window()
             }
         };
-        Limit::new(self.name.clone(), quota).map_err(|e| match e {
+        let shadow = self.shadow;
+        let limit = Limit::new(self.name.clone(), quota).map_err(|e| match e {
             ConfigError::InvalidName(_) => self.field("name", e.to_string()),
             ConfigError::OutOfRange(_) if window > Duration::from_secs(10 * 366 * 86_400) => {
                 self.field(window_field, e.to_string())
             }
             other => self.field(amount_field, other.to_string()),
-        })
+        })?;
+        Ok(if shadow { limit.shadow() } else { limit })
     }
 }
 
 /// A limit in a configuration file: its `name`, its `algorithm`
 /// (`sliding-log`, `fixed-window`, `sliding-window`, `token-bucket` or
 /// `gcra`), and its amounts. Window algorithms take `limit` and `window`;
-/// the bucket algorithms take `rate` per `per`, and `burst`. Durations have
+/// the bucket algorithms take `rate` per `per`, and `burst`; `shadow = true`
+/// puts it in [shadow mode](Limit::shadow). Durations have
 /// units: `"500ms"`, `"1s"`, `"15m"`, `"1h 30m"`, `"1day"`.
 ///
 /// ```toml

@@ -35,6 +35,8 @@ pub struct LimitStatus {
     pub(crate) wait: Option<Duration>,
     pub(crate) reset_after: Duration,
     pub(crate) violated: bool,
+    pub(crate) shadow: bool,
+    pub(crate) would_refuse: bool,
 }
 
 impl LimitStatus {
@@ -74,9 +76,21 @@ impl LimitStatus {
         self.reset_after
     }
 
-    /// Whether this limit is one that refused the request.
+    /// Whether this limit is one that refused the request (never for a
+    /// limit in shadow mode: see [`would_refuse`](Self::would_refuse)).
     pub fn violated(&self) -> bool {
         self.violated
+    }
+
+    /// Whether the limit is in [shadow mode](crate::Limit::shadow).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// For a limit in shadow mode, whether it would have refused the
+    /// request had it been enforced (it then took nothing).
+    pub fn would_refuse(&self) -> bool {
+        self.would_refuse
     }
 }
 
@@ -105,10 +119,11 @@ pub struct Decision {
 impl Decision {
     pub(crate) fn new(verdict: Verdict, wait: Duration, statuses: Statuses) -> Self {
         let binding = match verdict {
+            // an enforced limit binds, when there is one
             Verdict::Allowed => statuses
                 .iter()
                 .enumerate()
-                .min_by_key(|(_, s)| s.remaining)
+                .min_by_key(|(_, s)| (s.shadow, s.remaining))
                 .map_or(0, |(i, _)| i),
             Verdict::Denied { .. } | Verdict::CostExceedsCapacity => statuses
                 .iter()
@@ -189,6 +204,24 @@ impl Decision {
     /// Every limit's status, in the limiter's order.
     pub fn statuses(&self) -> &[LimitStatus] {
         &self.statuses
+    }
+
+    /// This decision without the statuses of limits in shadow mode: what
+    /// the rate-limit headers show.
+    pub(crate) fn without_shadow(&self) -> std::borrow::Cow<'_, Decision> {
+        if !self.statuses.iter().any(|s| s.shadow) {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let statuses = self
+            .statuses
+            .iter()
+            .filter(|s| !s.shadow)
+            .cloned()
+            .collect();
+        let mut shown = Decision::new(self.verdict, self.wait, statuses);
+        shown.granted = self.granted;
+        shown.at = self.at;
+        std::borrow::Cow::Owned(shown)
     }
 
     /// The limits that refused the request (empty when allowed).

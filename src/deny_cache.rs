@@ -55,12 +55,19 @@ impl DenyCache {
         self.clock.now_micros()
     }
 
-    /// The limits and keys of a decision: each limit's name, then its key
-    /// with its length (names hold no NUL), so the whole is unambiguous.
+    /// The limits and keys of a decision: each limit's name and parameters
+    /// (the tiers of a layer's limit share its name), then its key with its
+    /// length (names hold no NUL), so the whole is unambiguous.
     pub(crate) fn key(checks: &[Check<'_>]) -> Vec<u8> {
-        let mut key = Vec::with_capacity(checks.iter().map(|c| c.key.len() + 80).sum());
+        let mut key = Vec::with_capacity(checks.iter().map(|c| c.key.len() + 112).sum());
         for check in checks {
             key.extend_from_slice(check.limit.name().as_bytes());
+            let params = check.limit.params();
+            key.push(b'/');
+            key.push(params.algorithm.id());
+            for p in params.p {
+                key.extend_from_slice(&p.to_le_bytes());
+            }
             key.extend(Self::segment(check.key));
         }
         key

@@ -52,6 +52,11 @@ pub enum ConfigError {
     /// A configuration value of the HTTP layer is invalid.
     #[error("invalid layer configuration: {0}")]
     Layer(String),
+    /// The tiers of a layer's limit are inconsistent: a tier with another
+    /// algorithm than its limit, two tiers of one name, tiers without a
+    /// way to choose them or the reverse.
+    #[error("invalid tiers: {0}")]
+    Tiers(String),
     /// A limit read from a configuration file has a missing, misplaced or
     /// invalid field.
     #[error("limit {limit:?}: `{field}` {problem}")]

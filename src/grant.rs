@@ -133,6 +133,33 @@ impl Refund {
         })
     }
 
+    /// Gives back once, only in the limits `charged[i]` for which `keep(i)`;
+    /// `true` when this call did. (The refund is spent either way.)
+    pub(crate) async fn run_some(&self, keep: impl Fn(usize) -> bool) -> Result<bool, Error> {
+        if self.done.swap(true, Ordering::AcqRel) {
+            return Ok(false);
+        }
+        let some: Charged = self
+            .charged
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| keep(*i))
+            .map(|(_, charged)| charged.clone())
+            .collect();
+        if some.is_empty() {
+            return Ok(false);
+        }
+        self.limiter
+            .refund_charged(&some, self.cost, self.at)
+            .await
+            .map(|()| true)
+    }
+
+    /// The limits and keys the grant was charged to, in order.
+    pub(crate) fn charged(&self) -> &[(Limit, Vec<u8>)] {
+        &self.charged
+    }
+
     /// Gives back once; `true` when this call did.
     pub(crate) async fn run(&self) -> Result<bool, Error> {
         if self.done.swap(true, Ordering::AcqRel) {

@@ -216,13 +216,15 @@ impl Limiter {
     pub async fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         // One limit over a store that answers at once: straight through.
         if let [limit] = &self.inner.limits[..] {
-            let check = [Check {
-                limit,
-                key: key.as_ref(),
-                cost: Self::cost(cost),
-            }];
-            if let Some(result) = self.decide_now(&check, 0, false) {
-                return result;
+            if !limit.is_shadow() {
+                let check = [Check {
+                    limit,
+                    key: key.as_ref(),
+                    cost: Self::cost(cost),
+                }];
+                if let Some(result) = self.decide_now(&check, 0, false, true) {
+                    return result;
+                }
             }
         }
         self.decide(&[key], cost, Duration::ZERO).await
@@ -296,7 +298,63 @@ impl Limiter {
     ) -> Result<Grant, Error> {
         let checks = self.keyed_checks(keys, cost)?;
         let decision = self.run(checks.clone(), max_wait, false).await?;
-        let refund = Refund::of(self, &decision, Self::charged(&checks));
+        let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
+        Ok(Grant::new(decision, refund))
+    }
+
+    /// Takes as much as every limit has left for `key` now, at most `most`
+    /// (a batch endpoint taking what it may), in one round trip:
+    /// [`Decision::granted`] says how much. When nothing is left, the
+    /// decision is the denial of 1, with the exact `retry_after` until one
+    /// is there; a `most` of 0 takes nothing and is allowed. The grant can
+    /// be given back once ([`Grant::refund`]). Limits in
+    /// [shadow mode](Limit::shadow) take no part.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("rows", Quota::per_minute(10).sliding_log())?);
+    /// assert_eq!(limiter.take_up_to("tenant", 4).await?.granted(), 4);
+    /// assert_eq!(limiter.take_up_to("tenant", 100).await?.granted(), 6);
+    /// let none = limiter.take_up_to("tenant", 100).await?;
+    /// assert!(!none.is_allowed() && none.granted() == 0);
+    /// assert!(none.decision().retry_after().is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn take_up_to(&self, key: impl AsRef<[u8]>, most: u64) -> Result<Grant, Error> {
+        if most == 0 {
+            return self.check_refundable(key, 0).await;
+        }
+        let keys = [key];
+        let mut checks = self.keyed_checks(&keys, most)?;
+        // limits in shadow mode never refuse, so they take no part
+        checks.retain(|c| !c.limit.is_shadow());
+        if checks.is_empty() {
+            let mut decision = self.check_refundable(&keys[0], 0).await?.into_decision();
+            decision.granted = most;
+            return Ok(Grant::new(decision, None));
+        }
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        let taken = match store.take_sync(&checks) {
+            Some(taken) => Ok(taken),
+            None => self.bounded(store.take(&checks)).await,
+        };
+        timer.finish(store.kind(), "take");
+        let result = taken.and_then(|(reply, k)| {
+            let mut decision = Self::decision(&checks, reply, 0)?;
+            decision.granted = if decision.is_allowed() {
+                u64::try_from(k).unwrap_or(0)
+            } else {
+                0
+            };
+            Ok(decision)
+        });
+        crate::metrics::count(&checks, &result, Outcome::of(&result));
+        let decision = result?;
+        let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
         Ok(Grant::new(decision, refund))
     }
 
@@ -328,7 +386,8 @@ impl Limiter {
         if decision.is_allowed() && !decision.wait().is_zero() {
             let key = key.as_ref();
             let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key)), cost);
-            let guard = RefundOnDrop::new(Refund::of(self, &decision, Self::charged(&checks)));
+            let charged = Self::charged(&checks, &decision);
+            let guard = RefundOnDrop::new(Refund::of(self, &decision, charged));
             tokio::time::sleep(decision.wait()).await;
             drop(guard.disarm());
         }
@@ -368,25 +427,28 @@ impl Limiter {
         Ok(Self::checks(pairs, cost))
     }
 
-    /// Decides only the limits that have a key (`keys[i]` for limit `i`); the
-    /// decision lists those limits only. `None` when no limit has a key.
-    pub(crate) async fn decide_present(
+    /// Decides `pairs`, a limit and a key each (a layer's limits with this
+    /// request's tiers and keys); `None` when there are none. With
+    /// `refundable`, the grant can be given back.
+    pub(crate) async fn decide_pairs(
         &self,
-        keys: &[Option<Vec<u8>>],
+        pairs: &[(&Limit, &[u8])],
         cost: u64,
         max_wait: Duration,
-    ) -> Option<Result<Decision, Error>> {
-        let pairs = self
-            .inner
-            .limits
-            .iter()
-            .zip(keys)
-            .filter_map(|(l, k)| Some((l, k.as_deref()?)));
-        let checks = Self::checks(pairs, cost);
-        if checks.is_empty() {
+        refundable: bool,
+    ) -> Option<Result<Grant, Error>> {
+        if pairs.is_empty() {
             return None;
         }
-        Some(self.run(checks, max_wait, false).await)
+        let checks = Self::checks(pairs.iter().copied(), cost);
+        let kept = refundable.then(|| checks.clone());
+        let decision = match self.run(checks, max_wait, false).await {
+            Ok(decision) => decision,
+            Err(error) => return Some(Err(error)),
+        };
+        let refund =
+            kept.and_then(|checks| Refund::of(self, &decision, Self::charged(&checks, &decision)));
+        Some(Ok(Grant::new(decision, refund)))
     }
 
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
@@ -404,22 +466,139 @@ impl Limiter {
         result
     }
 
-    /// One decision: the store call, in a `rate_limit` span, measured and
-    /// counted (see [`crate::metrics`]).
+    /// One decision, with limits in shadow mode kept from refusing (see
+    /// [`Limit::shadow`]).
     async fn run(
         &self,
         checks: Checks<'_>,
         max_wait: Duration,
         dry: bool,
     ) -> Result<Decision, Error> {
+        if checks.iter().any(|c| c.limit.is_shadow()) {
+            return self.run_shadow(checks, max_wait, dry).await;
+        }
+        self.run_once(checks, max_wait, dry, true).await
+    }
+
+    /// A decision over limits some of which are in shadow mode: decided
+    /// with every limit; while only shadow limits refuse, decided again
+    /// without them. Each would-be refusal is logged and counted
+    /// (`shadow_denied`); the decision lists every limit, in order, those
+    /// left out marked [`LimitStatus::would_refuse`].
+    async fn run_shadow(
+        &self,
+        checks: Checks<'_>,
+        max_wait: Duration,
+        dry: bool,
+    ) -> Result<Decision, Error> {
+        // the checks still decided, by their index in `checks`
+        let mut active: SmallVec<[usize; 2]> = (0..checks.len()).collect();
+        let mut left_out: SmallVec<[(usize, LimitStatus); 1]> = SmallVec::new();
+        loop {
+            let round: Checks<'_> = active.iter().map(|&i| checks[i]).collect();
+            let result = self.run_once(round.clone(), max_wait, dry, false).await;
+            let decision = match result {
+                Ok(decision) => decision,
+                Err(error) => {
+                    let result = Err(error);
+                    if !dry {
+                        crate::metrics::count(&round, &result, Outcome::StoreError);
+                    }
+                    return result;
+                }
+            };
+            let only_shadow =
+                !decision.is_allowed() && !decision.statuses.iter().any(|s| s.violated);
+            if only_shadow && !round.is_empty() {
+                // only shadow limits refused: decide again without them
+                let mut keep = SmallVec::<[usize; 2]>::new();
+                for (&i, status) in active.iter().zip(&decision.statuses) {
+                    if status.would_refuse {
+                        if !dry {
+                            tracing::debug!(
+                                target: "tower_ratelimit",
+                                limit = status.name(),
+                                "shadow limit {} would have refused the request",
+                                status.name()
+                            );
+                            crate::metrics::count_one(checks[i].limit, Outcome::ShadowDenied);
+                        }
+                        left_out.push((i, status.clone()));
+                    } else {
+                        keep.push(i);
+                    }
+                }
+                active = keep;
+                if !active.is_empty() {
+                    continue;
+                }
+            }
+            if !dry {
+                if active.is_empty() {
+                    // every limit left out: the request passes, nothing taken
+                } else {
+                    let result = Ok(decision.clone());
+                    crate::metrics::count(&round, &result, Outcome::of(&result));
+                    // refused by an enforced limit: the shadow limits that
+                    // would have refused too are counted as such
+                    if !decision.is_allowed() {
+                        for (check, status) in round.iter().zip(&decision.statuses) {
+                            if status.would_refuse {
+                                crate::metrics::count_one(check.limit, Outcome::ShadowDenied);
+                            }
+                        }
+                    }
+                }
+            }
+            return Ok(Self::merge(decision, &active, left_out));
+        }
+    }
+
+    /// The final decision of [`run_shadow`](Self::run_shadow), over every
+    /// limit in order: the last round's statuses and those left out.
+    fn merge(
+        last: Decision,
+        active: &[usize],
+        left_out: SmallVec<[(usize, LimitStatus); 1]>,
+    ) -> Decision {
+        if left_out.is_empty() {
+            return last;
+        }
+        let (verdict, wait) = if active.is_empty() {
+            (Verdict::Allowed, Duration::ZERO)
+        } else {
+            (last.verdict, last.wait)
+        };
+        let granted = if active.is_empty() { 0 } else { last.granted };
+        let mut all: SmallVec<[(usize, LimitStatus); 2]> = left_out.into_iter().collect();
+        if !active.is_empty() {
+            all.extend(active.iter().copied().zip(last.statuses));
+        }
+        all.sort_by_key(|(i, _)| *i);
+        let mut decision = Decision::new(verdict, wait, all.into_iter().map(|(_, s)| s).collect());
+        decision.granted = granted;
+        decision.at = last.at;
+        decision
+    }
+
+    /// One decision: the store call, in a `rate_limit` span, measured and
+    /// (when `plain`) counted (see [`crate::metrics`]) and answered from the
+    /// cache of denials when it can be.
+    async fn run_once(
+        &self,
+        checks: Checks<'_>,
+        max_wait: Duration,
+        dry: bool,
+        plain: bool,
+    ) -> Result<Decision, Error> {
         // A denial known to hold needs no round trip (not for a look, which
         // must see what the store says now).
-        let denials = self.inner.denials.as_ref().filter(|_| !dry);
+        let denials = self.inner.denials.as_ref().filter(|_| !dry && plain);
         let cost = checks.first().map_or(0, |c| c.cost);
         let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
         let store = &self.inner.store;
         // A store that answers at once needs neither a future nor a timer.
-        if let Some(result) = self.decide_now(&checks, max_wait, dry) {
+        if let Some(result) = self.decide_now(&checks, max_wait, dry, plain) {
             return result;
         }
         // a cost over a capacity is answered "never" by the store
@@ -449,7 +628,7 @@ impl Limiter {
         timer.finish(store.kind(), "decide");
         let outcome = Outcome::of(&result);
         span.record("outcome", outcome.as_str());
-        if !dry {
+        if !dry && plain {
             crate::metrics::count(&checks, &result, outcome);
         }
         if let (Some(denials), Some(key), Ok(decision)) = (denials, cache_key, &result) {
@@ -466,6 +645,7 @@ impl Limiter {
         checks: &[Check<'_>],
         max_wait: i64,
         dry: bool,
+        counted: bool,
     ) -> Option<Result<Decision, Error>> {
         let store = &self.inner.store;
         let timer = StoreTimer::start();
@@ -480,7 +660,7 @@ impl Limiter {
             outcome = outcome.as_str(),
         )
         .in_scope(|| {});
-        if !dry {
+        if !dry && counted {
             crate::metrics::count(checks, &result, outcome);
         }
         store.report_size();
@@ -537,7 +717,16 @@ impl Limiter {
                     1 => wait > max_wait,
                     _ => false,
                 },
+                shadow: false,
+                would_refuse: false,
             });
+            if limit.is_shadow() {
+                // a limit in shadow mode never refuses
+                if let Some(status) = statuses.last_mut() {
+                    status.shadow = true;
+                    status.would_refuse = std::mem::take(&mut status.violated);
+                }
+            }
         }
         let granted = if reply.outcome == 0 {
             checks
@@ -563,11 +752,15 @@ impl Limiter {
         Ok(decision)
     }
 
-    /// The limits and keys of `checks`, owned: what a [`Grant`] gives back.
-    fn charged(checks: &[Check<'_>]) -> Charged {
+    /// The limits and keys `decision` charged of `checks` (those of its
+    /// statuses, in order; a shadow limit that would have refused took
+    /// nothing), owned: what a [`Grant`] gives back.
+    fn charged(checks: &[Check<'_>], decision: &Decision) -> Charged {
         checks
             .iter()
-            .map(|c| (c.limit.clone(), c.key.to_vec()))
+            .zip(decision.statuses())
+            .filter(|(_, status)| !status.would_refuse())
+            .map(|(c, _)| (c.limit.clone(), c.key.to_vec()))
             .collect()
     }
 

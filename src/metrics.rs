@@ -6,13 +6,15 @@
 //! | name | kind | labels | what |
 //! |---|---|---|---|
 //! | [`DECISIONS`] | counter | `limit`, `outcome` | decisions, per limit and [`Outcome`] |
-//! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`) | seconds per store call, failures and timeouts included |
+//! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`, `refund`, `take`) | seconds per store call, failures and timeouts included |
 //! | [`MEMORY_STORE_KEYS`] | gauge | | key states held by this process's memory stores (the stores, a layer's memory fallback), refreshed at most once a second per store |
 //!
 //! A decision counts once under each limit it involved: under every limit
 //! when it is allowed or the store failed, under the limits that refused it
 //! when it is refused. A [`peek`](crate::Limiter::peek) consumes nothing and
-//! is not counted. Under the layer's
+//! is not counted. A limit in [shadow mode](crate::Limit::shadow) that would
+//! have refused counts `shadow_denied`; a refund is not a decision and is not
+//! counted here. Under the layer's
 //! [`OnStoreError::FallbackToMemory`](crate::layer::OnStoreError::FallbackToMemory),
 //! a request the store failed counts twice: `store_error`, then the outcome
 //! of the in-memory fallback's decision.
@@ -55,7 +57,7 @@ pub enum Outcome {
     /// Refused: the limit has no room for the cost yet.
     Denied,
     /// Would have been refused, but let through because the limit only
-    /// observes (shadow mode). Reserved: nothing reports it yet.
+    /// observes (shadow mode, see [`Limit::shadow`](crate::Limit::shadow)).
     ShadowDenied,
     /// Refused: the cost exceeds the limit's capacity and never fits.
     CostExceedsCapacity,
@@ -134,6 +136,20 @@ pub(crate) fn count(checks: &[Check<'_>], result: &Result<Decision, Error>, outc
 
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn count(_: &[Check<'_>], _: &Result<Decision, Error>, _: Outcome) {}
+
+/// Counts one outcome under one limit.
+#[cfg(feature = "metrics")]
+pub(crate) fn count_one(limit: &crate::Limit, outcome: Outcome) {
+    ::metrics::counter!(
+        DECISIONS,
+        "limit" => limit.shared_name().clone(),
+        "outcome" => outcome.as_str(),
+    )
+    .increment(1);
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn count_one(_: &crate::Limit, _: Outcome) {}
 
 /// Measures one store call.
 pub(crate) struct StoreTimer {

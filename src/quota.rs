@@ -378,6 +378,8 @@ pub struct Limit {
     /// the cost (see `lua/driver.lua`): the same on every call, so made once.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     wire: Arc<str>,
+    /// Shadow mode: decides and records, never refuses.
+    shadow: bool,
 }
 
 impl Limit {
@@ -403,7 +405,53 @@ impl Limit {
             params,
             policy_window,
             wire,
+            shadow: false,
         })
+    }
+
+    /// This limit in shadow mode: it decides and records as if enforced
+    /// (its grants count, and a request it would refuse takes nothing from
+    /// it), but it never refuses. Its would-be refusals are counted under the
+    /// outcome `shadow_denied` (see [`crate::metrics`]), logged at `debug`,
+    /// and marked in the decision ([`LimitStatus::would_refuse`]): roll a
+    /// new limit out, watch it, then enforce it. As Envoy's rate limit
+    /// service does.
+    ///
+    /// With other limits, the request is decided once with every limit; if
+    /// only shadow limits refuse, it is decided again without them (a second
+    /// round trip, only then), so the enforced limits count it.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let trial = Limit::new("trial", Quota::per_minute(1).sliding_log())?.shadow();
+    /// let limiter = Limiter::new(MemoryStore::new(), trial);
+    /// limiter.check("alice", 1).await?;
+    /// let second = limiter.check("alice", 1).await?;
+    /// assert!(second.is_allowed()); // never refused,
+    /// assert!(second.statuses()[0].would_refuse()); // but it would have been
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// [`LimitStatus::would_refuse`]: crate::LimitStatus::would_refuse
+    pub fn shadow(mut self) -> Self {
+        self.shadow = true;
+        self
+    }
+
+    /// Whether the limit is in [shadow mode](Self::shadow).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// The same limit under another name, for state kept apart from it
+    /// (the name need not be valid: it never comes from a user).
+    pub(crate) fn renamed(&self, name: String) -> Self {
+        let mut limit = self.clone();
+        limit.name = name.into();
+        limit
     }
 
     /// The name.

@@ -62,6 +62,7 @@ impl Server {
             .env_remove("REDIS_CA_FILE")
             .env_remove("ON_STORE_ERROR")
             .env_remove("LIMITS_FILE")
+            .env_remove("INTERNAL_TOKEN")
             .envs(env.iter().copied())
             .stdout(Stdio::null());
         cmd
@@ -131,6 +132,140 @@ fn warm(ports: &[u16]) {
             assert!(Instant::now() < deadline, "server {port} never decided");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// Sends one HTTP/1.1 request with extra header lines and a body; returns
+/// the status code and the whole response text.
+fn send_with(port: u16, method: &str, path: &str, headers: &[&str], body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n");
+    for line in headers {
+        head.push_str(line);
+        head.push_str("\r\n");
+    }
+    write!(
+        stream,
+        "{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {response:?}"));
+    (status, response)
+}
+
+fn login(port: u16, username: &str, password: &str) -> (u16, String) {
+    let body = format!(r#"{{"username": "{username}", "password": "{password}"}}"#);
+    send_with(
+        port,
+        "POST",
+        "/login",
+        &["Content-Type: application/json"],
+        &body,
+    )
+}
+
+/// Failed logins only count: successes never do, 50 concurrent wrong
+/// guesses try exactly 5, then every attempt waits for the window.
+fn exercise_login(ports: &[u16], user: &str) {
+    for i in 0..6 {
+        assert_eq!(login(ports[i % ports.len()], user, "correct horse").0, 200);
+    }
+    let guesses: Vec<_> = (0..50)
+        .map(|i| {
+            let (port, user) = (ports[i % ports.len()], user.to_owned());
+            std::thread::spawn(move || login(port, &user, &format!("guess {i}")).0)
+        })
+        .collect();
+    let statuses: Vec<u16> = guesses
+        .into_iter()
+        .map(|g| g.join().expect("thread"))
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 401).count(),
+        5,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        45,
+        "{statuses:?}"
+    );
+    let (code, response) = login(ports[0], user, "correct horse");
+    assert_eq!(code, 429, "{response}");
+    assert!(
+        response.to_ascii_lowercase().contains("retry-after: "),
+        "{response}"
+    );
+    // another username is unaffected
+    assert_eq!(login(ports[0], &format!("{user}-other"), "wrong").0, 401);
+    assert_eq!(
+        login(ports[0], &format!("{user}-other"), "correct horse").0,
+        200
+    );
+    // a body that is not credentials
+    let (code, _) = send_with(ports[0], "POST", "/login", &[], "hello");
+    assert_eq!(code, 400);
+}
+
+#[test]
+fn failed_logins_are_limited_in_memory() {
+    let server = Server::start(None);
+    exercise_login(&[server.port], "ann");
+}
+
+#[test]
+fn failed_logins_are_limited_across_servers_through_redis() {
+    let redis = TestRedis::spawn();
+    let a = Server::start(Some(&redis.url));
+    let b = Server::start(Some(&redis.url));
+    exercise_login(&[a.port, b.port], "bob");
+}
+
+#[test]
+fn the_report_quota_follows_the_plan() {
+    let server = Server::start(None);
+    let report = |plan: Option<&str>| {
+        let header = plan.map(|p| format!("X-Plan: {p}"));
+        let headers: Vec<&str> = header.iter().map(String::as_str).collect();
+        send_with(server.port, "GET", "/api/report", &headers, "").0
+    };
+    assert_eq!(report(None), 200);
+    assert_eq!(report(None), 200);
+    assert_eq!(report(None), 429);
+    // the same limit on the pro plan: 20 per minute, 2 of them used
+    let pro: Vec<u16> = (0..19).map(|_| report(Some("pro"))).collect();
+    assert_eq!(pro.iter().filter(|s| **s == 200).count(), 18, "{pro:?}");
+    assert_eq!(pro[18], 429);
+}
+
+#[test]
+fn the_internal_token_is_exempt_from_every_limit() {
+    let server = Server::start_env(&[("INTERNAL_TOKEN", "s3cret")]);
+    let hello = |headers: &[&str]| send_with(server.port, "GET", "/api/hello", headers, "").0;
+    for _ in 0..15 {
+        assert_eq!(hello(&["X-Internal-Token: s3cret"]), 200);
+    }
+    let plain: Vec<u16> = (0..11).map(|_| hello(&[])).collect();
+    assert_eq!(plain.iter().filter(|s| **s == 200).count(), 10, "{plain:?}");
+    assert_eq!(hello(&["X-Internal-Token: guess"]), 429);
+    assert_eq!(hello(&["X-Internal-Token: s3cret"]), 200);
+    for i in 0..8 {
+        let (code, _) = send_with(
+            server.port,
+            "POST",
+            "/login",
+            &["X-Internal-Token: s3cret"],
+            &format!(r#"{{"username": "ann", "password": "guess {i}"}}"#),
+        );
+        assert_eq!(code, 401, "exempt from the failed-login limit too");
     }
 }
 

@@ -279,6 +279,17 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// Parses the reply of a take (op 2): a decision's reply, then the amount
+    /// taken.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn from_packed_take(bytes: &[u8], limits: usize) -> Option<(Self, i64)> {
+        let split = bytes.len().checked_sub(8)?;
+        let reply = Self::from_packed(&bytes[..split], limits)?;
+        let x = f64::from_le_bytes(bytes[split..].try_into().ok()?);
+        let exact = x.fract() == 0.0 && x.abs() < EXACT as f64;
+        exact.then_some((reply, x as i64))
+    }
+
     /// Parses the driver's reply: `3 + 3 * limits` little-endian doubles, each
     /// an integer below 2^53 in magnitude.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -361,6 +372,21 @@ pub(crate) fn decide(
         now,
         limits,
     }
+}
+
+/// Takes what is available, at most `most` in every limit: the mirror of
+/// `take` (op 2) in `lua/driver.lua`. Grants k = min(`most`, what every
+/// limit has left now) at once; when k = 0, decides a cost of 1 without
+/// granting it. Returns the reply and k.
+pub(crate) fn take(states: &mut [State], params: &[&Params], most: i64, now: i64) -> (Reply, i64) {
+    let k = states
+        .iter()
+        .zip(params)
+        .map(|(state, p)| state.status(p, now, now).0)
+        .fold(most, i64::min)
+        .max(0);
+    let costs: SmallVec<[i64; 4]> = std::iter::repeat_n(k.max(1), states.len()).collect();
+    (decide(states, params, &costs, now, 0, k == 0), k)
 }
 
 #[cfg(test)]

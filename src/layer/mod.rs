@@ -58,7 +58,10 @@
 //! | a limit refuses | 429, `Retry-After` (whole seconds, rounded up, at least 1), `Cache-Control: no-store`, problem `quota-exceeded` with `violated-policies` |
 //! | the cost exceeds a limit's capacity | 429 without `Retry-After` (waiting cannot help) |
 //! | delay mode, grant within `max_delay` | forwarded after the wait; nothing is answered early |
-//! | no key for a limit | per [`MissingKey`]: 400 by default; when every limit is skipped, forwarded without a decision |
+//! | no key for a limit | per [`MissingKey`] (the layer's, or the limit's own [`Rule::on_missing_key`]): 400 by default; when every limit is skipped, forwarded without a decision |
+//! | exempt ([`RateLimitLayerBuilder::skip_if`]; one limit: [`Rule::skip_if`]) | forwarded without a decision (that limit left out), nothing counted |
+//! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned |
+//! | a limit in [shadow mode](crate::Limit::shadow) would refuse | forwarded; counted `shadow_denied`; shadow limits are left out of the headers |
 //! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state |
 //!
 //! Tracing (target `tower_ratelimit`): denials at `debug` (a flood of them
@@ -72,6 +75,7 @@ mod body;
 mod info;
 mod outage;
 mod response;
+mod rule;
 mod service;
 
 use std::sync::Arc;
@@ -87,11 +91,13 @@ pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };
+pub use self::rule::Rule;
 pub use self::service::{RateLimit, ResponseFuture};
 
 use self::body::{RejectionBody, RejectionResponse};
 use self::outage::{OutageLog, DEFAULT_LOG_INTERVAL};
 use self::response::HeaderSet;
+use self::rule::{CompiledRule, RequestPredicate, ResponsePredicate};
 use crate::key::KeyExtractor;
 use crate::store::Store;
 use crate::{ConfigError, Decision, Error, Limit, Limiter, MemoryStore, DEFAULT_TIMEOUT};
@@ -128,7 +134,9 @@ impl Default for OnStoreError {
 }
 
 /// What to do with a request that has no key for a limit (e.g. no API key
-/// header, no peer address).
+/// header, no peer address): for every limit of a layer
+/// ([`RateLimitLayerBuilder::on_missing_key`]) or for one
+/// ([`Rule::on_missing_key`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
@@ -136,7 +144,10 @@ pub enum MissingKey {
     Reject(StatusCode),
     /// Skip that limit for this request (the others still apply).
     Skip,
-    /// Count the request under this key: all keyless requests share one limit.
+    /// Count the request under this key: all keyless requests share one
+    /// limit, kept apart from every real key (under the limit's name with
+    /// `#keyless` appended, a name no user limit can have), so no client can
+    /// name the shared key and join or drain it.
     Shared(String),
 }
 
@@ -167,10 +178,15 @@ type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 pub(crate) struct Config {
     pub(crate) limiter: Limiter,
-    pub(crate) keys: Vec<Arc<dyn KeyExtractor>>,
+    pub(crate) rules: Vec<CompiledRule>,
     pub(crate) fallback: Option<Limiter>,
     pub(crate) on_error: OnStoreError,
-    pub(crate) on_missing: MissingKey,
+    /// Requests exempt from every limit of the layer.
+    pub(crate) skip: Option<RequestPredicate>,
+    /// Responses whose requests do not count, in any limit.
+    pub(crate) refund_if: Option<ResponsePredicate>,
+    /// Whether any grant may be given back (a refund predicate, delay mode).
+    pub(crate) refundable: bool,
     pub(crate) cost: Option<CostFn>,
     pub(crate) fixed_cost: u64,
     pub(crate) max_delay: Duration,
@@ -206,7 +222,9 @@ impl RateLimitLayer {
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
             store: None,
-            limits: Vec::new(),
+            rules: Vec::new(),
+            skip: None,
+            refund_if: None,
             timeout: DEFAULT_TIMEOUT,
             on_error: OnStoreError::default(),
             on_missing: MissingKey::default(),
@@ -236,7 +254,9 @@ impl<S> tower_layer::Layer<S> for RateLimitLayer {
 #[must_use]
 pub struct RateLimitLayerBuilder {
     store: Option<Arc<dyn Store>>,
-    limits: Vec<(Limit, Arc<dyn KeyExtractor>)>,
+    rules: Vec<Rule>,
+    skip: Option<RequestPredicate>,
+    refund_if: Option<ResponsePredicate>,
     timeout: Duration,
     on_error: OnStoreError,
     on_missing: MissingKey,
@@ -250,7 +270,7 @@ pub struct RateLimitLayerBuilder {
 
 impl std::fmt::Debug for RateLimitLayerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = self.limits.iter().map(|(l, _)| l.name()).collect();
+        let names: Vec<&str> = self.rules.iter().map(|r| r.limit.name()).collect();
         f.debug_struct("RateLimitLayerBuilder")
             .field("limits", &names)
             .finish()
@@ -266,8 +286,47 @@ impl RateLimitLayerBuilder {
 
     /// Adds a limit counted per `key`. All limits are decided together in one
     /// store round trip: a request passes only if every limit grants it.
-    pub fn limit(mut self, limit: Limit, key: impl KeyExtractor) -> Self {
-        self.limits.push((limit, Arc::new(key)));
+    pub fn limit(self, limit: Limit, key: impl KeyExtractor) -> Self {
+        self.rule(Rule::new(limit, key))
+    }
+
+    /// Adds a limit with policies of its own (exemptions, missing keys,
+    /// refunds, tiers): see [`Rule`].
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Requests for which `skip` answers `true` are exempt from every limit
+    /// of this layer: never counted, never refused, forwarded without a
+    /// decision. For internal networks, health checkers, an allow-list of
+    /// API keys; for one limit only, see [`Rule::skip_if`].
+    ///
+    /// ```
+    /// use tower_ratelimit::key::ClientIp;
+    /// use tower_ratelimit::layer::RateLimitLayer;
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .limit(Limit::new("api", Quota::per_second(10).allow_burst(20).gcra())?, ClientIp::peer())
+    ///     .skip_if(|request| request.headers.get("x-internal-token").is_some_and(|t| t == "s3cret"))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn skip_if(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.skip = Some(Arc::new(skip));
+        self
+    }
+
+    /// Gives the permits of a request back, in every limit, when `refund`
+    /// answers `true` for its response: the request does not count. For one
+    /// limit only, and the details, see [`Rule::refund_if`].
+    pub fn refund_if(
+        mut self,
+        refund: impl Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.refund_if = Some(Arc::new(refund));
         self
     }
 
@@ -289,7 +348,8 @@ impl RateLimitLayerBuilder {
     /// Delay mode (traffic shaping): a request that would be granted within
     /// `max_delay` reserves its slot and is forwarded after the wait; beyond
     /// it, the request is answered 429 and consumes nothing. A request
-    /// dropped while it waits (the client went away) keeps its reservation.
+    /// dropped while it waits (the client went away) gives its reservation
+    /// back.
     pub fn delay(mut self, max_delay: Duration) -> Self {
         self.max_delay = max_delay;
         self
@@ -317,7 +377,8 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// The policy for requests without a key (default: 400).
+    /// The policy for requests without a key (default: 400), for every limit
+    /// without one of its own ([`Rule::on_missing_key`]).
     pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
         self.on_missing = policy;
         self
@@ -375,20 +436,11 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Validates the configuration.
+    /// Validates the configuration: a typed [`ConfigError`] for a fixed cost
+    /// over a capacity, a missing key answered with a success status,
+    /// inconsistent tiers ([`ConfigError::Tiers`]), duplicate limit names.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
-        let (limits, keys): (Vec<Limit>, Vec<Arc<dyn KeyExtractor>>) =
-            self.limits.into_iter().unzip();
-        if self.cost.is_none() {
-            if let Some(limit) = limits.iter().find(|l| l.capacity() < self.fixed_cost) {
-                return Err(ConfigError::CostExceedsCapacity {
-                    cost: self.fixed_cost,
-                    limit: limit.name().to_owned(),
-                    capacity: limit.capacity(),
-                });
-            }
-        }
         if let MissingKey::Reject(status) = &self.on_missing {
             if status.is_success() || status.is_informational() {
                 return Err(ConfigError::Layer(format!(
@@ -396,6 +448,24 @@ impl RateLimitLayerBuilder {
                 )));
             }
         }
+        let rules = self
+            .rules
+            .into_iter()
+            .map(|rule| rule.compile(&self.on_missing))
+            .collect::<Result<Vec<CompiledRule>, ConfigError>>()?;
+        if self.cost.is_none() {
+            let every = rules.iter().flat_map(CompiledRule::limits);
+            for limit in every {
+                if limit.capacity() < self.fixed_cost {
+                    return Err(ConfigError::CostExceedsCapacity {
+                        cost: self.fixed_cost,
+                        limit: limit.name().to_owned(),
+                        capacity: limit.capacity(),
+                    });
+                }
+            }
+        }
+        let limits: Vec<Limit> = rules.iter().map(|r| r.limit().clone()).collect();
         let with_limits = |builder: crate::LimiterBuilder| {
             limits
                 .iter()
@@ -413,23 +483,36 @@ impl RateLimitLayerBuilder {
             }
             _ => None,
         };
+        // The same `RateLimit-Policy` for every response that lists every
+        // enforced limit, unless a request's quota or name can vary.
+        let shown: Vec<&Limit> = limits.iter().filter(|l| !l.is_shadow()).collect();
+        let policy = if rules.iter().any(CompiledRule::varies) {
+            None
+        } else {
+            self::response::policy_value(
+                shown
+                    .iter()
+                    .map(|l| (l.name(), l.capacity(), l.policy_window())),
+            )
+            .map(|value| (shown.len(), value))
+        };
+        let refundable = self.refund_if.is_some()
+            || rules.iter().any(|r| r.refund_if.is_some())
+            || !self.max_delay.is_zero();
         Ok(RateLimitLayer {
             config: Arc::new(Config {
                 limiter,
-                keys,
+                rules,
                 fallback,
                 on_error: self.on_error,
-                on_missing: self.on_missing,
+                skip: self.skip,
+                refund_if: self.refund_if,
+                refundable,
                 cost: self.cost,
                 fixed_cost: self.fixed_cost,
                 max_delay: self.max_delay,
                 headers: HeaderSet {
-                    policy: self::response::policy_value(
-                        limits
-                            .iter()
-                            .map(|l| (l.name(), l.capacity(), l.policy_window())),
-                    )
-                    .map(|value| (limits.len(), value)),
+                    policy,
                     ..self.headers
                 },
                 rejector: self.rejector,

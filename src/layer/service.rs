@@ -12,8 +12,11 @@ use tower_service::Service;
 use super::response::{
     insert_headers, insert_retry_after, missing_key, store_unavailable, too_many_requests,
 };
+use smallvec::SmallVec;
+
 use super::{Config, MissingKey, OnStoreError, RateLimitInfo, Rejection, ResponseBody};
-use crate::Decision;
+use crate::grant::{Refund, RefundOnDrop};
+use crate::{Decision, Grant, Limit};
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
 ///
@@ -134,44 +137,59 @@ where
         let config = self.config.clone();
         let inner = Box::pin(async move {
             let (parts, body) = request.into_parts();
-            let mut keys = Vec::with_capacity(config.keys.len());
-            for (extractor, limit) in config.keys.iter().zip(config.limiter.limits()) {
-                let key = match (extractor.extract(&parts), &config.on_missing) {
-                    (Some(key), _) => Some(key),
-                    (None, MissingKey::Skip) => None,
-                    (None, MissingKey::Shared(key)) => Some(key.clone().into_bytes()),
-                    (None, MissingKey::Reject(status)) => {
-                        tracing::debug!(target: "tower_ratelimit", limit = limit.name(), "request without a rate-limit key");
-                        let why = Rejection::MissingKey(limit.name());
-                        return Ok(rejection(&config, why, || {
-                            missing_key(*status, limit.name())
-                        }));
-                    }
-                };
-                keys.push(key);
+            if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
+                // exempt: never counted, never refused
+                return pass(inner, Request::from_parts(parts, body), false).await;
             }
+            // (limit, key, rule) of each limit that applies to this request
+            let mut chosen: SmallVec<[(&Limit, Vec<u8>, usize); 2]> = SmallVec::new();
+            for (i, rule) in config.rules.iter().enumerate() {
+                if rule.skip.as_ref().is_some_and(|skip| skip(&parts)) {
+                    continue;
+                }
+                let tier = rule.tier(&parts);
+                match (rule.key.extract(&parts), &rule.on_missing) {
+                    (Some(key), _) => chosen.push((&tier.limit, key, i)),
+                    (None, MissingKey::Skip) => {}
+                    (None, MissingKey::Shared(key)) => {
+                        let limit = tier.keyless.as_ref().unwrap_or(&tier.limit);
+                        chosen.push((limit, key.clone().into_bytes(), i));
+                    }
+                    (None, MissingKey::Reject(status)) => {
+                        let name = rule.limit().name();
+                        tracing::debug!(target: "tower_ratelimit", limit = name, "request without a rate-limit key");
+                        let why = Rejection::MissingKey(name);
+                        return Ok(rejection(&config, why, || missing_key(*status, name)));
+                    }
+                }
+            }
+            let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
+                .iter()
+                .map(|(limit, key, _)| (*limit, key.as_slice()))
+                .collect();
             let cost = config
                 .cost
                 .as_ref()
                 .map_or(config.fixed_cost, |cost| cost(&parts));
+            let (delay, refundable) = (config.max_delay, config.refundable);
             let mut store_failed = false;
-            let decision = match config
+            let decided = match config
                 .limiter
-                .decide_present(&keys, cost, config.max_delay)
+                .decide_pairs(&pairs, cost, delay, refundable)
                 .await
             {
                 None => None,
-                Some(Ok(decision)) => {
+                Some(Ok(grant)) => {
                     config.outage.success();
-                    Some(decision)
+                    Some(grant)
                 }
                 Some(Err(error)) => {
                     store_failed = true;
                     match (config.on_error, &config.fallback) {
                         (OnStoreError::FallbackToMemory, Some(fallback)) => {
                             config.outage.failure(&error, "deciding in memory");
-                            match fallback.decide_present(&keys, cost, config.max_delay).await {
-                                Some(Ok(decision)) => Some(decision),
+                            match fallback.decide_pairs(&pairs, cost, delay, refundable).await {
+                                Some(Ok(grant)) => Some(grant),
                                 _ => None,
                             }
                         }
@@ -187,14 +205,10 @@ where
                     }
                 }
             };
-            let Some(decision) = decision else {
-                let mut request = Request::from_parts(parts, body);
-                request
-                    .extensions_mut()
-                    .insert(RateLimitInfo::new(None, store_failed));
-                let response = forward(inner, request).await?;
-                return Ok(response.map(ResponseBody::inner));
+            let Some(Grant { decision, refund }) = decided else {
+                return pass(inner, Request::from_parts(parts, body), store_failed).await;
             };
+            let shown = decision.without_shadow();
             if !decision.is_allowed() {
                 let violated: Vec<&str> = decision.violated().map(|s| s.name()).collect();
                 tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
@@ -202,20 +216,84 @@ where
                     too_many_requests(&decision)
                 });
                 insert_retry_after(response.headers_mut(), &decision);
-                insert_headers(response.headers_mut(), &decision, &config.headers);
+                insert_headers(response.headers_mut(), &shown, &config.headers);
                 return Ok(response);
             }
-            if !decision.wait().is_zero() {
+            let refund = if decision.wait().is_zero() {
+                refund
+            } else {
+                // a request dropped while it waits gives its slot back
+                let reservation = RefundOnDrop::new(refund);
                 tokio::time::sleep(decision.wait()).await;
-            }
+                reservation.disarm()
+            };
+            // the rule of each limit the grant was charged to
+            let charged_rules: SmallVec<[usize; 2]> = chosen
+                .iter()
+                .zip(decision.statuses())
+                .filter(|(_, status)| !status.would_refuse())
+                .map(|((_, _, rule), _)| *rule)
+                .collect();
             let mut request = Request::from_parts(parts, body);
             let extensions = request.extensions_mut();
             extensions.insert::<Decision>(decision.clone());
             extensions.insert(RateLimitInfo::new(Some(decision.clone()), store_failed));
-            let mut response = forward(inner, request).await?.map(ResponseBody::inner);
-            insert_headers(response.headers_mut(), &decision, &config.headers);
+            let response = forward(inner, request).await?;
+            let response = match refund {
+                Some(refund) => give_back(&config, &refund, &charged_rules, response).await,
+                None => response,
+            };
+            let mut response = response.map(ResponseBody::inner);
+            insert_headers(response.headers_mut(), &shown, &config.headers);
             Ok(response)
         });
         ResponseFuture { inner }
     }
+}
+
+/// Forwards a request the layer did not decide (exempt, every limit
+/// skipped, or the store failed open).
+async fn pass<S, ReqBody, ResBody>(
+    inner: S,
+    mut request: Request<ReqBody>,
+    store_failed: bool,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    request
+        .extensions_mut()
+        .insert(RateLimitInfo::new(None, store_failed));
+    let response = forward(inner, request).await?;
+    Ok(response.map(ResponseBody::inner))
+}
+
+/// Gives the grant back in the limits whose refund predicate (the layer's
+/// or the rule's) says the response does not count, before the response
+/// is returned, so that the client's next request sees it.
+async fn give_back<B>(
+    config: &Config,
+    refund: &Refund,
+    charged_rules: &[usize],
+    response: Response<B>,
+) -> Response<B> {
+    let (head, body) = response.into_parts();
+    let all = config
+        .refund_if
+        .as_ref()
+        .is_some_and(|refund| refund(&head));
+    let keep = |j: usize| {
+        all || charged_rules
+            .get(j)
+            .and_then(|&rule| config.rules.get(rule)?.refund_if.as_ref())
+            .is_some_and(|refund| refund(&head))
+    };
+    if (0..refund.charged().len()).any(keep) {
+        if let Err(error) = refund.run_some(keep).await {
+            config
+                .outage
+                .failure(&error, "a request that should not count was counted");
+        }
+    }
+    Response::from_parts(head, body)
 }

@@ -628,6 +628,34 @@ impl MemoryStore {
     }
 
     fn decide_now(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Reply {
+        self.decide_with(checks, |states, params, costs, now| {
+            let reply = algorithm::decide(states, params, costs, now, max_wait, dry);
+            let write = reply.outcome == 0 && !dry;
+            (reply, write)
+        })
+    }
+
+    /// Takes min(`most`, what every limit has left now): see
+    /// `algorithm::take`. Returns the reply and the amount taken.
+    fn take_now(&self, checks: &[Check<'_>], most: i64) -> (Reply, i64) {
+        let mut taken = 0;
+        let reply = self.decide_with(checks, |states, params, _, now| {
+            let (reply, k) = algorithm::take(states, params, most, now);
+            taken = k;
+            let write = reply.outcome == 0 && k > 0;
+            (reply, write)
+        });
+        (reply, taken)
+    }
+
+    /// One atomic decision over `checks` with every key's state prepared and
+    /// locked: `decide` makes it and says whether the states are written back.
+    #[inline(always)]
+    fn decide_with(
+        &self,
+        checks: &[Check<'_>],
+        decide: impl FnOnce(&mut [State], &[&Params], &[i64], i64) -> (Reply, bool),
+    ) -> Reply {
         let inner = &*self.inner;
         let real = inner.clock.now_micros();
         let hashes: SmallVec<[u64; 4]> = checks.iter().map(|c| inner.hasher.hash(c.key)).collect();
@@ -688,9 +716,8 @@ impl MemoryStore {
         }
         let params: SmallVec<[&Params; 4]> = checks.iter().map(|c| c.limit.params()).collect();
         let costs: SmallVec<[i64; 4]> = checks.iter().map(|c| c.cost).collect();
-        let reply = algorithm::decide(&mut states, &params, &costs, now, max_wait, dry);
+        let (reply, write) = decide(&mut states, &params, &costs, now);
 
-        let write = reply.outcome == 0 && !dry;
         let mut added = false;
         for (((check, state), &(g, t, found)), &hash) in
             checks.iter().zip(states).zip(&places).zip(&hashes)
@@ -848,6 +875,17 @@ impl Sealed for MemoryStore {
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], at: i64) -> BoxFuture<'a, Result<(), Error>> {
         bounded_keys(checks, |checks| self.refund_now(checks, at));
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn take<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(Reply, i64), Error>> {
+        let most = checks.first().map_or(0, |c| c.cost);
+        let taken = bounded_keys(checks, |checks| self.take_now(checks, most));
+        Box::pin(std::future::ready(Ok(taken)))
+    }
+
+    fn take_sync(&self, checks: &[Check<'_>]) -> Option<(Reply, i64)> {
+        let most = checks.first().map_or(0, |c| c.cost);
+        Some(bounded_keys(checks, |checks| self.take_now(checks, most)))
     }
 
     fn refund_sync(&self, checks: &[Check<'_>], at: i64) -> bool {

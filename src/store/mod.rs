@@ -125,6 +125,20 @@ pub(crate) mod sealed {
             let _ = checks;
             false
         }
+        /// Takes what is available: grants k = min(N, what every check's
+        /// limit has left now) at once, N being the checks' cost, or, when
+        /// k = 0, decides a cost of 1 without granting it. Returns the reply
+        /// (for cost k, or 1) and k.
+        fn take<'a>(
+            &'a self,
+            checks: &'a [Check<'a>],
+        ) -> BoxFuture<'a, Result<(Reply, i64), Error>>;
+        /// [`take`](Self::take) for a store that answers at once; `None` for
+        /// a store that must be awaited.
+        fn take_sync(&self, checks: &[Check<'_>]) -> Option<(Reply, i64)> {
+            let _ = checks;
+            None
+        }
         /// [`refund`](Self::refund) for a store that answers at once; `false`
         /// (nothing done) for a store that must be awaited.
         fn refund_sync(&self, checks: &[Check<'_>], at: i64) -> bool {

@@ -722,6 +722,30 @@ impl RedisStore {
         self.invoke(&keys, &args).await?;
         Ok(())
     }
+
+    /// Takes what is available, at most the checks' cost: the library's
+    /// take operation (op 2, see `lua/driver.lua`), in one call through
+    /// [`invoke`](Self::invoke).
+    async fn run_take(&self, checks: &[Check<'_>]) -> Result<(Reply, i64), Error> {
+        let mut keys = Vec::with_capacity(checks.len() * 2);
+        for check in checks {
+            keys.extend(self.keys(check, &keys::tag(check.key)));
+        }
+        let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
+        let mut args: Vec<String> = Vec::with_capacity(1 + checks.len());
+        args.push(format!("o:{now}:0:0:{}:2:0", self.inner.slack));
+        for check in checks {
+            args.push(format!("{}{}", check.limit.wire(), check.cost));
+        }
+        let packed = self.invoke(&keys, &args).await?;
+        Reply::from_packed_take(&packed, checks.len()).ok_or_else(|| {
+            Error::UnexpectedReply(format!(
+                "{} bytes for taking from {} limits",
+                packed.len(),
+                checks.len()
+            ))
+        })
+    }
 }
 
 impl RedisStore {
@@ -770,6 +794,10 @@ impl Sealed for RedisStore {
 
     fn refund<'a>(&'a self, checks: &'a [Check<'a>], at: i64) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.run_refund(checks, at))
+    }
+
+    fn take<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(Reply, i64), Error>> {
+        Box::pin(self.run_take(checks))
     }
 
     fn clock(&self) -> Option<Arc<dyn Clock>> {

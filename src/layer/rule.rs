@@ -1,0 +1,281 @@
+//! [`Rule`]: one limit of a layer with its key and its own policies.
+
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::response::Parts as ResponseParts;
+
+use super::MissingKey;
+use crate::key::KeyExtractor;
+use crate::{ConfigError, Limit, Quota};
+
+pub(crate) type RequestPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+pub(crate) type ResponsePredicate = Arc<dyn Fn(&ResponseParts) -> bool + Send + Sync>;
+type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync>;
+
+/// One limit of a [`RateLimitLayer`](super::RateLimitLayer): the limit, the
+/// key it counts per, and policies of its own. Added with
+/// [`RateLimitLayerBuilder::rule`](super::RateLimitLayerBuilder::rule);
+/// [`limit(limit, key)`](super::RateLimitLayerBuilder::limit) adds
+/// `Rule::new(limit, key)`.
+///
+/// - [`skip_if`](Self::skip_if): requests this limit does not apply to
+///   (never counted, never refused by it);
+/// - [`on_missing_key`](Self::on_missing_key): what a request without its
+///   key gets, for this limit only;
+/// - [`refund_if`](Self::refund_if): responses whose requests do not count
+///   (the permit, taken when the request arrived, is given back);
+/// - [`tier`](Self::tier) and [`choose_tier`](Self::choose_tier): the quota
+///   chosen per request (a plan), in the same limit.
+///
+/// At most 5 failed logins per user name per 15 minutes, successes not
+/// counted:
+///
+/// ```
+/// use std::time::Duration;
+/// use http::StatusCode;
+/// use tower_ratelimit::key::Header;
+/// use tower_ratelimit::layer::{RateLimitLayer, Rule};
+/// use tower_ratelimit::{Limit, Quota};
+///
+/// let failures = Limit::new("login", Quota::rate(5, Duration::from_secs(15 * 60)).sliding_log())?;
+/// let layer = RateLimitLayer::builder()
+///     .rule(
+///         Rule::new(failures, Header::new(http::HeaderName::from_static("x-user")))
+///             .refund_if(|response| response.status != StatusCode::UNAUTHORIZED),
+///     )
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
+#[must_use]
+pub struct Rule {
+    pub(crate) limit: Limit,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) skip: Option<RequestPredicate>,
+    pub(crate) on_missing: Option<MissingKey>,
+    pub(crate) refund_if: Option<ResponsePredicate>,
+    pub(crate) tiers: Vec<(String, Quota)>,
+    pub(crate) choose: Option<TierChoice>,
+}
+
+impl std::fmt::Debug for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rule")
+            .field("limit", &self.limit)
+            .field("on_missing", &self.on_missing)
+            .field("tiers", &self.tiers)
+            .finish()
+    }
+}
+
+impl Rule {
+    /// `limit`, counted per `key`, with the layer's policies.
+    pub fn new(limit: Limit, key: impl KeyExtractor) -> Self {
+        Self {
+            limit,
+            key: Arc::new(key),
+            skip: None,
+            on_missing: None,
+            refund_if: None,
+            tiers: Vec::new(),
+            choose: None,
+        }
+    }
+
+    /// Requests for which `skip` answers `true` are exempt from this limit:
+    /// never counted by it, never refused by it (the layer's other limits
+    /// still apply). For an exemption from every limit of the layer, see
+    /// [`RateLimitLayerBuilder::skip_if`](super::RateLimitLayerBuilder::skip_if).
+    pub fn skip_if(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.skip = Some(Arc::new(skip));
+        self
+    }
+
+    /// What a request without this limit's key gets (default: the layer's
+    /// [`on_missing_key`](super::RateLimitLayerBuilder::on_missing_key)).
+    /// [`MissingKey::Shared`] counts keyless requests under a key kept apart
+    /// from every real key of the limit.
+    pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
+        self.on_missing = Some(policy);
+        self
+    }
+
+    /// Gives this limit's permit back when `refund` answers `true` for the
+    /// response: the request does not count. The permit is taken when the
+    /// request arrives, so concurrent requests cannot all slip through
+    /// before the first outcome is known ("at most 5 failed logins":
+    /// `refund_if(|r| r.status != StatusCode::UNAUTHORIZED)`). The refund
+    /// is made before the response is returned. Responses the layer makes
+    /// itself (429, 503, ...) take nothing, and an error of the inner
+    /// service keeps the permit.
+    pub fn refund_if(
+        mut self,
+        refund: impl Fn(&ResponseParts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.refund_if = Some(Arc::new(refund));
+        self
+    }
+
+    /// Another quota for this limit, named `tier`, used for the requests
+    /// [`choose_tier`](Self::choose_tier) names it for (the rule's own
+    /// limit is the default tier). Every tier counts in the same limit, under
+    /// the same keys: a client moving to another plan keeps what it used.
+    /// A tier must use the same algorithm as the limit
+    /// ([`ConfigError::Tiers`] when the layer is built otherwise).
+    pub fn tier(mut self, tier: impl Into<String>, quota: Quota) -> Self {
+        self.tiers.push((tier.into(), quota));
+        self
+    }
+
+    /// The tier of each request: a name given to [`tier`](Self::tier), or
+    /// `None` (or an unknown name) for the default. Called once per request,
+    /// before the store is asked: one round trip, whatever the tier.
+    ///
+    /// ```
+    /// use tower_ratelimit::key::ClientIp;
+    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// #[derive(Clone)]
+    /// enum Plan { Free, Pro } // set by an authentication layer
+    ///
+    /// let reports = Rule::new(Limit::new("reports", Quota::per_hour(100).sliding_window())?, ClientIp::peer())
+    ///     .tier("pro", Quota::per_hour(10_000).sliding_window())
+    ///     .choose_tier(|request| match request.extensions.get::<Plan>() {
+    ///         Some(Plan::Pro) => Some("pro"),
+    ///         _ => None,
+    ///     });
+    /// let layer = RateLimitLayer::builder().rule(reports).build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn choose_tier(
+        mut self,
+        choose: impl for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync + 'static,
+    ) -> Self {
+        self.choose = Some(Arc::new(choose));
+        self
+    }
+
+    /// Validates the rule and resolves its policies against the layer's.
+    pub(crate) fn compile(self, layer_missing: &MissingKey) -> Result<CompiledRule, ConfigError> {
+        let name = self.limit.name().to_owned();
+        let on_missing = self.on_missing.unwrap_or_else(|| layer_missing.clone());
+        if let MissingKey::Reject(status) = &on_missing {
+            if status.is_success() || status.is_informational() {
+                return Err(ConfigError::Layer(format!(
+                    "a missing key cannot be answered with {status}"
+                )));
+            }
+        }
+        match (self.tiers.is_empty(), self.choose.is_some()) {
+            (false, false) => {
+                return Err(ConfigError::Tiers(format!(
+                    "limit {name:?} has tiers but nothing chooses them: call choose_tier"
+                )))
+            }
+            (true, true) => {
+                return Err(ConfigError::Tiers(format!(
+                    "limit {name:?} chooses a tier but has none: add them with tier"
+                )))
+            }
+            _ => {}
+        }
+        let keyless = matches!(on_missing, MissingKey::Shared(_));
+        let default = Tier::new(None, self.limit.clone(), keyless);
+        let mut tiers: Vec<Tier> = Vec::new();
+        for (tier, quota) in self.tiers {
+            if quota.algorithm() != self.limit.quota().algorithm() {
+                return Err(ConfigError::Tiers(format!(
+                    "tier {tier:?} of limit {name:?} uses the {} algorithm, the limit the {}: \
+                     the tiers of a limit share its state, so they share its algorithm",
+                    quota.algorithm(),
+                    self.limit.quota().algorithm()
+                )));
+            }
+            if tiers
+                .iter()
+                .any(|t| t.name.as_deref() == Some(tier.as_str()))
+            {
+                return Err(ConfigError::Tiers(format!(
+                    "limit {name:?} has two tiers named {tier:?}"
+                )));
+            }
+            let mut limit = Limit::new(name.clone(), quota)?;
+            if self.limit.is_shadow() {
+                limit = limit.shadow();
+            }
+            tiers.push(Tier::new(Some(tier), limit, keyless));
+        }
+        Ok(CompiledRule {
+            default,
+            tiers,
+            key: self.key,
+            skip: self.skip,
+            on_missing,
+            refund_if: self.refund_if,
+            choose: self.choose,
+        })
+    }
+}
+
+/// One quota of a rule, with the limit keyless requests count under.
+pub(crate) struct Tier {
+    name: Option<String>,
+    pub(crate) limit: Limit,
+    /// For [`MissingKey::Shared`]: the same quota under a name no user limit
+    /// can have (`name#keyless`), so its key never meets a real one.
+    pub(crate) keyless: Option<Limit>,
+}
+
+impl Tier {
+    fn new(name: Option<String>, limit: Limit, keyless: bool) -> Self {
+        let keyless = keyless.then(|| limit.renamed(format!("{}#keyless", limit.name())));
+        Self {
+            name,
+            limit,
+            keyless,
+        }
+    }
+}
+
+/// A rule as the layer applies it.
+pub(crate) struct CompiledRule {
+    pub(crate) default: Tier,
+    /// The other tiers.
+    tiers: Vec<Tier>,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) skip: Option<RequestPredicate>,
+    pub(crate) on_missing: MissingKey,
+    pub(crate) refund_if: Option<ResponsePredicate>,
+    choose: Option<TierChoice>,
+}
+
+impl CompiledRule {
+    /// Every limit of the rule: its tiers.
+    pub(crate) fn limits(&self) -> impl Iterator<Item = &Limit> {
+        std::iter::once(&self.default)
+            .chain(&self.tiers)
+            .map(|t| &t.limit)
+    }
+
+    /// The default tier's limit.
+    pub(crate) fn limit(&self) -> &Limit {
+        &self.default.limit
+    }
+
+    /// Whether a request's quota can differ from the default's, or a
+    /// keyless request be counted under another name.
+    pub(crate) fn varies(&self) -> bool {
+        !self.tiers.is_empty() || self.default.keyless.is_some()
+    }
+
+    /// The tier of this request.
+    pub(crate) fn tier(&self, parts: &Parts) -> &Tier {
+        let chosen = self.choose.as_ref().and_then(|choose| choose(parts));
+        chosen
+            .and_then(|name| self.tiers.iter().find(|t| t.name.as_deref() == Some(name)))
+            .unwrap_or(&self.default)
+    }
+}
