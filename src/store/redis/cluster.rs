@@ -15,6 +15,12 @@
 //!   its own node's clock, and a limit granted earlier than the request runs
 //!   would let its next requests in early. It grants what every slot can
 //!   grant now, or refuses with the wait until each of them could.
+//! - A [`Grant`](crate::Grant) of limits in several slots is given back at
+//!   the decision's time, the latest of the slots' clocks: buckets and
+//!   windows get it back exactly, but a sliding-log limit in a slot whose
+//!   primary decided at another microsecond keeps its entry (its limit counts
+//!   that request until the window passes). Refunds of one slot's limits,
+//!   the login case, are exact.
 
 use smallvec::SmallVec;
 

@@ -110,6 +110,33 @@ struct Inner {
 /// and cannot evict: then decisions run as scripts, and the load is tried
 /// again ten seconds later.
 ///
+/// # Failures
+///
+/// Connections are made in the background, never inside a decision's time.
+/// A connection that breaks, is closed by the server, answers `READONLY` (a
+/// demoted master) or goes silent (a decision abandoned at its timeout with
+/// nothing received on it since it was sent) is replaced; a decision whose
+/// connection the server had closed is sent again on another (it may count
+/// twice, never admit more). After three failures in a row the circuit opens:
+/// decisions fail at once with [`Error::Unavailable`] while a background task
+/// reconnects, 25 to 250 ms apart, until a new connection answers `PING`.
+///
+/// # Cluster
+///
+/// On a cluster ([`RedisStore::cluster_builder`]) each decision runs on the
+/// primary of its keys' slot. The limits of one decision whose keys live in
+/// different slots are decided slot by slot, in parallel, each atomically;
+/// when one slot refuses, what the others granted is given back, so the
+/// request counts everywhere or nowhere. Until that refund lands (one round
+/// trip), the permit is seen as taken: another request may be refused for
+/// it, none is admitted by it. Across slots nothing is reserved ahead (a
+/// decision with a `max_wait`): it grants what every slot can grant now, or
+/// refuses with the wait until all could. A [`Grant`](crate::Grant) given
+/// back across slots returns bucket and window grants exactly; a sliding log
+/// finds its entry only in slots that decided at the decision's microsecond.
+/// One node's failure does not open the circuit: its slots fail (within the
+/// timeout) until a replica is promoted, the others keep deciding.
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
