@@ -65,6 +65,17 @@ static DELIVERY: LazyLock<Delivery> = LazyLock::new(|| {
     }
 });
 
+/// What one call of the library does (op 0, 1 or 2 of its options).
+#[derive(Clone, Copy)]
+enum Operation {
+    /// Decide, reserving up to `max_wait` us ahead; a `dry` run grants nothing.
+    Decide { max_wait: i64, dry: bool },
+    /// Give back the grants made at store time `at`.
+    Refund { at: i64 },
+    /// Take what is available, at most each check's cost.
+    Take,
+}
+
 /// How long a connection may leave a command unanswered before it is
 /// considered broken (redis-rs' default is 500 ms, which a loaded machine
 /// reaches without anything being broken).
@@ -591,6 +602,21 @@ impl RedisStore {
         max_wait: i64,
         dry: bool,
     ) -> Result<Reply, Error> {
+        let (keys, args) = self.encode(checks, Operation::Decide { max_wait, dry });
+        let packed = self.invoke(&keys, &args).await?;
+        Reply::from_packed(&packed, checks.len()).ok_or_else(|| {
+            Error::UnexpectedReply(format!(
+                "{} bytes for {} limits",
+                packed.len(),
+                checks.len()
+            ))
+        })
+    }
+
+    /// The keys and arguments of one call of the library (see the header of
+    /// `lua/driver.lua`): every key of every check, the options when they
+    /// differ from a plain decision's, then each limit with its cost.
+    fn encode(&self, checks: &[Check<'_>], operation: Operation) -> (Vec<String>, Vec<String>) {
         let mut keys = Vec::with_capacity(checks.len() * 2);
         let mut last: Option<(&[u8], String)> = None;
         for check in checks {
@@ -603,14 +629,17 @@ impl RedisStore {
             last = Some((check.key, tag));
         }
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
+        let slack = self.inner.slack;
         let mut args: Vec<String> = Vec::with_capacity(1 + checks.len());
-        // The options travel only when one differs from the production default.
-        if (now, max_wait, dry, self.inner.slack) != (0, 0, false, 0) {
-            args.push(format!(
-                "o:{now}:{max_wait}:{}:{}",
-                u8::from(dry),
-                self.inner.slack
-            ));
+        match operation {
+            // The options travel only when one differs from the production default.
+            Operation::Decide { max_wait, dry } => {
+                if (now, max_wait, dry, slack) != (0, 0, false, 0) {
+                    args.push(format!("o:{now}:{max_wait}:{}:{slack}", u8::from(dry)));
+                }
+            }
+            Operation::Refund { at } => args.push(format!("o:{now}:0:0:{slack}:1:{at}")),
+            Operation::Take => args.push(format!("o:{now}:0:0:{slack}:2:0")),
         }
         let mut digits = itoa::Buffer::new();
         for check in checks {
@@ -620,14 +649,7 @@ impl RedisStore {
             arg.push_str(cost);
             args.push(arg);
         }
-        let packed = self.invoke(&keys, &args).await?;
-        Reply::from_packed(&packed, checks.len()).ok_or_else(|| {
-            Error::UnexpectedReply(format!(
-                "{} bytes for {} limits",
-                packed.len(),
-                checks.len()
-            ))
-        })
+        (keys, args)
     }
 
     /// Runs the library's function with these keys and arguments over a
@@ -736,16 +758,7 @@ impl RedisStore {
 
     /// A refund of checks whose keys share a slot: one call.
     async fn refund_group(&self, checks: &[Check<'_>], at: i64) -> Result<(), Error> {
-        let mut keys = Vec::with_capacity(checks.len() * 2);
-        for check in checks {
-            keys.extend(self.keys(check, &keys::tag(check.key)));
-        }
-        let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
-        let mut args: Vec<String> = Vec::with_capacity(1 + checks.len());
-        args.push(format!("o:{now}:0:0:{}:1:{at}", self.inner.slack));
-        for check in checks {
-            args.push(format!("{}{}", check.limit.wire(), check.cost));
-        }
+        let (keys, args) = self.encode(checks, Operation::Refund { at });
         self.invoke(&keys, &args).await?;
         Ok(())
     }
@@ -754,16 +767,7 @@ impl RedisStore {
     /// take operation (op 2, see `lua/driver.lua`), in one call through
     /// [`invoke`](Self::invoke).
     async fn run_take(&self, checks: &[Check<'_>]) -> Result<(Reply, i64), Error> {
-        let mut keys = Vec::with_capacity(checks.len() * 2);
-        for check in checks {
-            keys.extend(self.keys(check, &keys::tag(check.key)));
-        }
-        let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
-        let mut args: Vec<String> = Vec::with_capacity(1 + checks.len());
-        args.push(format!("o:{now}:0:0:{}:2:0", self.inner.slack));
-        for check in checks {
-            args.push(format!("{}{}", check.limit.wire(), check.cost));
-        }
+        let (keys, args) = self.encode(checks, Operation::Take);
         let packed = self.invoke(&keys, &args).await?;
         Reply::from_packed_take(&packed, checks.len()).ok_or_else(|| {
             Error::UnexpectedReply(format!(
