@@ -24,7 +24,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
@@ -164,9 +164,10 @@ impl Live {
 
 struct Lane {
     live: Mutex<Option<Live>>,
-    /// When this lane's connection last answered, in microseconds since
-    /// [`Lanes::epoch`].
-    answered: AtomicU64,
+    /// How many answers this lane's connections have received: a request
+    /// abandoned while it still reads what it read when it was sent had no
+    /// answer of any kind meanwhile.
+    answers: AtomicU64,
 }
 
 impl Lane {
@@ -182,7 +183,6 @@ pub(super) struct Lanes {
     cluster: bool,
     lanes: Box<[Lane]>,
     next: AtomicUsize,
-    epoch: Instant,
     generation: AtomicU64,
     /// Failures since the last success (requests and connection attempts).
     failures: AtomicU32,
@@ -217,11 +217,10 @@ impl Lanes {
             lanes: (0..lanes)
                 .map(|_| Lane {
                     live: Mutex::new(None),
-                    answered: AtomicU64::new(0),
+                    answers: AtomicU64::new(0),
                 })
                 .collect(),
             next: AtomicUsize::new(0),
-            epoch: Instant::now(),
             generation: AtomicU64::new(0),
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
@@ -245,10 +244,6 @@ impl Lanes {
         self.open.load(Ordering::Acquire)
     }
 
-    fn micros(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
-
     /// Runs `op` on a connection, again on another while they turn out
     /// broken (at most once per lane, then once on a new one). Fails at once while the circuit is open.
     pub(super) async fn run<T, F, Fut>(self: &Arc<Self>, mut op: F) -> Result<T, Error>
@@ -264,7 +259,7 @@ impl Lanes {
                 lanes: self,
                 index: lease.index,
                 generation: lease.generation,
-                sent: self.micros(),
+                answers: self.lanes[lease.index].answers.load(Ordering::Relaxed),
                 landed: false,
             };
             let result = op(lease.conn).await;
@@ -433,7 +428,8 @@ struct Flight<'a> {
     lanes: &'a Arc<Lanes>,
     index: usize,
     generation: u64,
-    sent: u64,
+    /// The lane's answer count when the request was sent.
+    answers: u64,
     landed: bool,
 }
 
@@ -451,8 +447,8 @@ impl Flight<'_> {
             }
             other => {
                 lanes.lanes[self.index]
-                    .answered
-                    .fetch_max(lanes.micros(), Ordering::Relaxed);
+                    .answers
+                    .fetch_add(1, Ordering::Relaxed);
                 if other.is_ok() {
                     lanes.succeeded();
                 }
@@ -468,7 +464,7 @@ impl Drop for Flight<'_> {
             return;
         }
         let lane = &self.lanes.lanes[self.index];
-        if lane.answered.load(Ordering::Relaxed) < self.sent {
+        if lane.answers.load(Ordering::Relaxed) == self.answers {
             // nothing came back on this connection since the request left:
             // it may be silent for good (a proxy that forwards nothing, a
             // half-open socket), so it is replaced
