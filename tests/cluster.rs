@@ -16,7 +16,7 @@ use axum::http::{HeaderName, Request, StatusCode};
 use axum::routing::post;
 use axum::Router;
 use common::cluster::{key_slot, TestCluster};
-use common::{unique_prefix, PATIENT};
+use common::{decides, unique_prefix, PATIENT};
 use tower::ServiceExt;
 use tower_ratelimit::key::Header;
 use tower_ratelimit::layer::RateLimitLayer;
@@ -249,21 +249,6 @@ impl Traffic {
             self.errors.load(Ordering::Relaxed),
             Duration::from_micros(self.slowest_us.load(Ordering::Relaxed)),
         )
-    }
-}
-
-/// Waits until `limiter` decides for `key` (bounded); how long it took.
-async fn decides(limiter: &Limiter, key: &str, within: Duration) -> Duration {
-    let start = Instant::now();
-    loop {
-        if limiter.check(key, 1).await.is_ok() {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "no decision for {key} within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::TestRedis;
+use common::{decides, TestRedis};
 use tower_ratelimit::{Error, Limit, Limiter, Quota, RedisStore};
 
 /// The limiter's timeout in these tests: the production default.
@@ -123,21 +123,6 @@ fn conn(url: &str) -> redis::Connection {
         .expect("connect to the test Redis")
 }
 
-/// Waits until `limiter` decides again (bounded).
-async fn decided_again(limiter: &Limiter, within: Duration) -> Duration {
-    let start = Instant::now();
-    loop {
-        if limiter.check("probe", 1).await.is_ok() {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "no decision {within:?} after the fault ended"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Every call ended within the timeout (up to scheduling delays).
 fn assert_all_answered(calls: &[Call], what: &str) {
     let slowest = calls.iter().map(|c| c.took).max().unwrap_or_default();
@@ -161,7 +146,7 @@ fn assert_all_answered(calls: &[Call], what: &str) {
 async fn redis_killed_under_load_every_request_is_answered_and_decisions_resume() {
     let mut server = TestRedis::spawn();
     let limiter = limiter(&server.url, "killed");
-    decided_again(&limiter, Duration::from_secs(5)).await;
+    decides(&limiter, "probe", Duration::from_secs(5)).await;
     let load = Load::start(&limiter, 8);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let killed_at = Instant::now();
@@ -182,7 +167,7 @@ async fn redis_killed_under_load_every_request_is_answered_and_decisions_resume(
     );
     server.restart();
     let back = Instant::now();
-    let recovered = decided_again(&limiter, Duration::from_secs(5)).await;
+    let recovered = decides(&limiter, "probe", Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let calls = load.finish().await;
     let first = calls
@@ -198,7 +183,7 @@ async fn redis_killed_under_load_every_request_is_answered_and_decisions_resume(
 async fn a_sleeping_redis_costs_at_most_one_timeout_per_request_and_none_after() {
     let server = TestRedis::spawn_with("--enable-debug-command yes");
     let limiter = limiter(&server.url, "asleep");
-    decided_again(&limiter, Duration::from_secs(5)).await;
+    decides(&limiter, "probe", Duration::from_secs(5)).await;
     let load = Load::start(&limiter, 8);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let url = server.url.clone();
@@ -213,7 +198,7 @@ async fn a_sleeping_redis_costs_at_most_one_timeout_per_request_and_none_after()
     .await
     .expect("the sleeper");
     // the first decision after the wake, then errors no more
-    let recovered = decided_again(&limiter, Duration::from_secs(2)).await;
+    let recovered = decides(&limiter, "probe", Duration::from_secs(2)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let calls = load.finish().await;
     let first = calls
@@ -246,7 +231,7 @@ async fn a_sleeping_redis_costs_at_most_one_timeout_per_request_and_none_after()
 async fn connections_the_server_kills_or_closes_when_idle_cost_no_request() {
     let server = TestRedis::spawn();
     let limiter = limiter(&server.url, "killed-conns");
-    decided_again(&limiter, Duration::from_secs(5)).await;
+    decides(&limiter, "probe", Duration::from_secs(5)).await;
     let mut admin = conn(&server.url);
     // killed under load
     let load = Load::start(&limiter, 4);
@@ -292,14 +277,14 @@ async fn connections_that_go_silent_are_replaced_through_new_ones() {
     let server = TestRedis::spawn();
     let proxy = common::proxy::FaultProxy::to_port(server.port);
     let limiter = limiter(&proxy.url(), "silent");
-    decided_again(&limiter, Duration::from_secs(5)).await;
+    decides(&limiter, "probe", Duration::from_secs(5)).await;
     let load = Load::start(&limiter, 8);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let accepted = proxy.accepted();
     // the store's connections stay open and forward nothing, Redis is fine
     proxy.go_silent();
     let silenced = Instant::now();
-    let recovered = decided_again(&limiter, Duration::from_secs(5)).await;
+    let recovered = decides(&limiter, "probe", Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let calls = load.finish().await;
     eprintln!("decisions again {recovered:?} after the connections went silent");

@@ -8,7 +8,6 @@ pub mod sentinel;
 pub mod tls;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -25,11 +24,6 @@ pub struct TestRedis {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
-}
-
 impl TestRedis {
     /// A server of our own (for tests that stop it).
     pub fn spawn() -> TestRedis {
@@ -38,7 +32,7 @@ impl TestRedis {
 
     /// A server of our own with extra command-line options (shell words).
     pub fn spawn_with(options: &str) -> TestRedis {
-        let port = free_port();
+        let port = process::free_port();
         let script = format!(
             "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
              --loglevel warning {options} & pid=$!; read _; kill $pid; wait $pid"
@@ -283,5 +277,21 @@ impl TokioClock {
 impl tower_ratelimit::Clock for TokioClock {
     fn now_micros(&self) -> i64 {
         T0 + self.0.elapsed().as_micros() as i64
+    }
+}
+
+/// Waits until `limiter` decides for `key` again (a grant or a refusal, not
+/// an error), at most `within`; how long that took.
+pub async fn decides(limiter: &tower_ratelimit::Limiter, key: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if limiter.check(key, 1).await.is_ok() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "no decision for {key:?} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -46,6 +46,17 @@ pub(super) fn slot_groups(checks: &[Check<'_>]) -> Option<Vec<SmallVec<[usize; 2
     (groups.len() > 1).then(|| groups.into_iter().map(|(_, group)| group).collect())
 }
 
+/// The checks of each group, in order.
+fn subsets<'c>(
+    checks: &[Check<'c>],
+    groups: &[SmallVec<[usize; 2]>],
+) -> Vec<SmallVec<[Check<'c>; 2]>> {
+    groups
+        .iter()
+        .map(|group| group.iter().map(|&i| checks[i]).collect())
+        .collect()
+}
+
 /// The slot of a key whose hash tag is `tag` (`{...}`): CRC16 (XMODEM) of
 /// what the braces enclose, modulo 16384, as Redis Cluster computes it.
 fn slot(tag: &str) -> u16 {
@@ -65,10 +76,7 @@ impl RedisStore {
         groups: &[SmallVec<[usize; 2]>],
         at: i64,
     ) -> Result<(), Error> {
-        let subsets: Vec<SmallVec<[Check<'_>; 2]>> = groups
-            .iter()
-            .map(|group| group.iter().map(|&i| checks[i]).collect())
-            .collect();
+        let subsets = subsets(checks, groups);
         let results = futures_util::future::join_all(
             subsets.iter().map(|subset| self.refund_group(subset, at)),
         )
@@ -82,10 +90,7 @@ impl RedisStore {
         groups: &[SmallVec<[usize; 2]>],
         dry: bool,
     ) -> Result<Reply, Error> {
-        let subsets: Vec<SmallVec<[Check<'_>; 2]>> = groups
-            .iter()
-            .map(|group| group.iter().map(|&i| checks[i]).collect())
-            .collect();
+        let subsets = subsets(checks, groups);
         let replies = futures_util::future::join_all(
             subsets
                 .iter()
