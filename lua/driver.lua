@@ -84,13 +84,35 @@ local function decide_one(keys, s, real, max_wait, dry, from)
   return struct.pack('<dddddd', outcome, wait, now, t, remaining, reset)
 end
 
--- Op 1: gives back the grants of each limit's cost made at `at`.
-local function refund(keys, args, opts)
+-- The decision's clock: the `now` option, or Redis TIME (the production path).
+local function clock(opts)
   local real = opts[1]
   if real == 0 then
     local t = redis.call('TIME')
     real = t[1] * 1000000 + t[2]
   end
+  return real
+end
+
+-- Loads the state of the n limits whose arguments start at args[first], in
+-- key order; returns them and the latest of `now` and their clocks (`hw`).
+local function load_limits(keys, args, first, n, now)
+  local limits = {}
+  local next_key = 1
+  for i = 1, n do
+    local s = spec(args[first + i - 1])
+    local alg = s.alg
+    local st = alg.load(keys, next_key, s.p)
+    next_key = next_key + alg.nkeys
+    if st.hw > now then now = st.hw end
+    limits[i] = { alg = alg, p = s.p, cost = s.cost, st = st, t = 0 }
+  end
+  return limits, now
+end
+
+-- Op 1: gives back the grants of each limit's cost made at `at`.
+local function refund(keys, args, opts)
+  local real = clock(opts)
   local from, at = real - opts[4], opts[6]
   local next_key = 1
   for i = 2, #args do
@@ -108,23 +130,10 @@ end
 
 -- Op 2: takes min(N, what every limit has left now).
 local function take(keys, args, opts)
-  local real = opts[1]
-  if real == 0 then
-    local t = redis.call('TIME')
-    real = t[1] * 1000000 + t[2]
-  end
+  local real = clock(opts)
   local from = real - opts[4]
   local n = #args - 1
-  local limits = {}
-  local now = real
-  local next_key = 1
-  for i = 1, n do
-    local s = spec(args[1 + i])
-    local st = s.alg.load(keys, next_key, s.p)
-    next_key = next_key + s.alg.nkeys
-    if st.hw > now then now = st.hw end
-    limits[i] = { alg = s.alg, p = s.p, st = st, t = 0 }
-  end
+  local limits, now = load_limits(keys, args, 2, n, real)
   local k = spec(args[2]).cost
   for i = 1, n do
     local l = limits[i]
@@ -175,28 +184,14 @@ local function decide(keys, args)
     if opts[5] == 2 then return take(keys, args, opts) end
     first = 2
   end
-  local real = opts[1]
-  if real == 0 then
-    local t = redis.call('TIME')
-    real = t[1] * 1000000 + t[2]
-  end
+  local real = clock(opts)
   local max_wait, dry = opts[2], opts[3] == 1
   -- expiries count from here: the store's clock, less the slack
   local from = real - opts[4]
   local n = #args - first + 1
   if n == 1 then return decide_one(keys, spec(args[first]), real, max_wait, dry, from) end
 
-  local limits = {}
-  local now = real
-  local next_key = 1
-  for i = 1, n do
-    local s = spec(args[first + i - 1])
-    local alg = s.alg
-    local st = alg.load(keys, next_key, s.p)
-    next_key = next_key + alg.nkeys
-    if st.hw > now then now = st.hw end
-    limits[i] = { alg = alg, p = s.p, cost = s.cost, st = st, t = 0 }
-  end
+  local limits, now = load_limits(keys, args, first, n, real)
 
   local at = now
   local never = false
