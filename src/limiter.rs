@@ -451,6 +451,28 @@ impl Limiter {
         Some(Ok(Grant::new(decision, refund)))
     }
 
+    /// [`decide_pairs`](Self::decide_pairs) without a future, for a store
+    /// that answers at once, no refund and no reservation: the decision, or
+    /// `None` when it must be awaited (another store, a limit in shadow
+    /// mode, whose refusals may need a second decision).
+    pub(crate) fn decide_pairs_now(
+        &self,
+        pairs: &[(&Limit, &[u8])],
+        cost: u64,
+    ) -> Option<Result<Decision, Error>> {
+        let checks = Self::checks(pairs.iter().copied(), cost);
+        if checks.iter().any(|c| c.limit.is_shadow()) {
+            return None;
+        }
+        self.decide_now(&checks, 0, false, true)
+    }
+
+    /// Whether every decision of this limiter's store is made at once (in
+    /// memory): the layer then decides inside `call`.
+    pub(crate) fn answers_at_once(&self) -> bool {
+        self.inner.store.answers_at_once()
+    }
+
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), 0);
@@ -613,12 +635,17 @@ impl Limiter {
                 return result;
             }
         }
-        let span = tracing::debug_span!(
-            target: "tower_ratelimit",
-            "rate_limit",
-            limits = %LimitNames(&checks),
-            outcome = tracing::field::Empty,
-        );
+        // (not built at all unless enabled: see `decide_now`)
+        let span = if tracing::level_enabled!(tracing::Level::DEBUG) {
+            tracing::debug_span!(
+                target: "tower_ratelimit",
+                "rate_limit",
+                limits = %LimitNames(&checks),
+                outcome = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
         let timer = StoreTimer::start();
         let result = self
             .bounded(store.decide(&checks, max_wait, dry))
@@ -653,13 +680,17 @@ impl Limiter {
         timer.finish(store.kind(), "decide");
         let result = Self::decision(checks, reply, max_wait);
         let outcome = Outcome::of(&result);
-        tracing::debug_span!(
-            target: "tower_ratelimit",
-            "rate_limit",
-            limits = %LimitNames(checks),
-            outcome = outcome.as_str(),
-        )
-        .in_scope(|| {});
+        // (checked first: without a subscriber, tracing's `log` fallback,
+        // which axum turns on, would build the span for nothing)
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            tracing::debug_span!(
+                target: "tower_ratelimit",
+                "rate_limit",
+                limits = %LimitNames(checks),
+                outcome = outcome.as_str(),
+            )
+            .in_scope(|| {});
+        }
         if !dry && counted {
             crate::metrics::count(checks, &result, outcome);
         }

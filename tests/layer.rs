@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use axum::{Extension, Router};
+use axum::Router;
 use bytes::Bytes;
 use common::{redis_store, unique_prefix, TestRedis};
 use events::Events;
@@ -24,7 +24,7 @@ use tower_ratelimit::key::{
     ClientIp, ClientIpResolver, Global, Header, MatchedRoute, PathParam, RequestExtension as Ext,
 };
 use tower_ratelimit::layer::{MissingKey, OnStoreError, RateLimitInfo, RateLimitLayer, Rejection};
-use tower_ratelimit::{ConfigError, Decision, Limit, MemoryStore, Quota, RedisStore};
+use tower_ratelimit::{ConfigError, Limit, MemoryStore, Quota, RedisStore};
 
 fn limit(name: &str, quota: Quota) -> Limit {
     Limit::new(name, quota).expect("valid limit")
@@ -418,6 +418,89 @@ async fn a_request_waiting_in_delay_mode_holds_no_inner_capacity() {
     assert_eq!(second.status(), StatusCode::OK);
 }
 
+/// In memory the layer decides within `call` and calls the inner service
+/// directly when it is ready; when it is not, the granted request waits for
+/// it (on a clone), keeping its decision and its fields.
+#[tokio::test]
+async fn decided_at_once_a_request_still_waits_for_inner_capacity() {
+    let layer = RateLimitLayer::builder()
+        .limit(limit("api", per_minute(5)), Global)
+        .build()
+        .expect("layer");
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let handler_gate = gate.clone();
+    // The inner service serves one request at a time, each until the gate opens.
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(tower::limit::ConcurrencyLimitLayer::new(1))
+        .service(tower::service_fn(move |_req: Request<Full<Bytes>>| {
+            let gate = handler_gate.clone();
+            async move {
+                gate.acquire().await.expect("open").forget();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+            }
+        }));
+    let req = || {
+        Request::get("/")
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    };
+    let mut first = std::pin::pin!(svc.clone().oneshot(req()));
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    // the inner service is busy: the second request is decided, then waits
+    let mut second = std::pin::pin!(svc.clone().oneshot(req()));
+    assert!(futures::poll!(second.as_mut()).is_pending());
+    gate.add_permits(2);
+    let first = first.await.expect("infallible");
+    let second = second.await.expect("infallible");
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    assert_eq!(first.headers()["ratelimit"], "\"api\";r=4;t=12");
+    assert_eq!(second.headers()["ratelimit"], "\"api\";r=3;t=24");
+    // both were counted once: three left, then two
+    let third = svc.clone().oneshot(req());
+    gate.add_permits(1);
+    let third = third.await.expect("infallible");
+    assert_eq!(third.headers()["ratelimit"], "\"api\";r=2;t=36");
+}
+
+/// A readiness error of the inner service is the response future's error,
+/// over a store that answers at once as over any other.
+#[tokio::test]
+async fn an_inner_readiness_error_is_returned() {
+    #[derive(Clone)]
+    struct Broken;
+    impl tower::Service<Request<Full<Bytes>>> for Broken {
+        type Response = Response<Full<Bytes>>;
+        type Error = &'static str;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Err("broken"))
+        }
+        fn call(&mut self, _: Request<Full<Bytes>>) -> Self::Future {
+            std::future::ready(Err("called without readiness"))
+        }
+    }
+    let svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::builder()
+                .limit(limit("api", per_minute(5)), Global)
+                .build()
+                .expect("layer"),
+        )
+        .service(Broken);
+    let request = Request::get("/")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let result = svc.oneshot(request).await;
+    assert_eq!(result.err(), Some("broken"));
+}
+
 #[tokio::test]
 async fn missing_keys_follow_the_configured_policy() {
     let api_key = || Header::new(HeaderName::from_static("x-api-key"));
@@ -468,15 +551,17 @@ async fn handlers_see_the_decision_and_headers_are_configurable() {
         .legacy_headers(true)
         .build()
         .expect("layer");
-    let app =
-        Router::new()
-            .route(
-                "/",
-                get(|Extension(d): Extension<Decision>| async move {
-                    format!("{} left", d.remaining())
-                }),
-            )
-            .layer(layer);
+    let app = Router::new()
+        .route(
+            "/",
+            get(|info: RateLimitInfo| async move {
+                match info.decision() {
+                    Some(d) => format!("{} left", d.remaining()),
+                    None => "no decision".to_owned(),
+                }
+            }),
+        )
+        .layer(layer);
     let (status, headers, body) = send(&app, request("/")).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "4 left"));
     assert!(!headers.contains_key("ratelimit") && !headers.contains_key("ratelimit-policy"));

@@ -26,10 +26,9 @@ use crate::Decision;
 /// # }
 /// ```
 ///
-/// The layer also inserts the bare [`Decision`] when it has one, but
-/// `axum::Extension<Decision>` rejects (500) every request that has none,
-/// such as each one let through while the store is down: use this type.
-/// With nested layers, the info is that of the innermost layer.
+/// This is the only extension the layer inserts (one insert per request: the
+/// decision moves in, it is not copied). With nested layers, the info is
+/// that of the innermost layer.
 ///
 /// [`OnStoreError::FailOpen`]: super::OnStoreError::FailOpen
 #[derive(Debug, Clone, Default)]

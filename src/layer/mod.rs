@@ -190,6 +190,9 @@ pub(crate) struct Config {
     pub(crate) cost: Option<CostFn>,
     pub(crate) fixed_cost: u64,
     pub(crate) max_delay: Duration,
+    /// Decided inside `call`: the store answers at once, and no grant is
+    /// reserved ahead, given back or decided again (shadow limits).
+    pub(crate) at_once: bool,
     pub(crate) headers: HeaderSet,
     pub(crate) rejector: Option<Rejector>,
     pub(crate) outage: OutageLog,
@@ -499,6 +502,12 @@ impl RateLimitLayerBuilder {
         let refundable = self.refund_if.is_some()
             || rules.iter().any(|r| r.refund_if.is_some())
             || !self.max_delay.is_zero();
+        let at_once = limiter.answers_at_once()
+            && !refundable
+            && !rules
+                .iter()
+                .flat_map(CompiledRule::limits)
+                .any(Limit::is_shadow);
         Ok(RateLimitLayer {
             config: Arc::new(Config {
                 limiter,
@@ -511,6 +520,7 @@ impl RateLimitLayerBuilder {
                 cost: self.cost,
                 fixed_cost: self.fixed_cost,
                 max_delay: self.max_delay,
+                at_once,
                 headers: HeaderSet {
                     policy,
                     ..self.headers

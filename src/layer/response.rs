@@ -84,48 +84,82 @@ fn state_value(decision: &Decision) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
 }
 
-/// Adds the rate-limit fields describing `decision` to `headers`.
-pub(crate) fn insert_headers(headers: &mut HeaderMap, decision: &Decision, set: &HeaderSet) {
-    if set.ietf && !decision.statuses().is_empty() {
-        // The layer's policy when the decision covers all its limits (some
-        // are skipped for a request without their key).
-        let policy = match &set.policy {
-            Some((limits, value)) if *limits == decision.statuses().len() => Some(value.clone()),
-            _ => policy_value(
-                decision
-                    .statuses()
-                    .iter()
-                    .map(|s| (s.name(), s.limit(), s.window())),
-            ),
+/// The rate-limit fields of one decision, computed before the request is
+/// forwarded (the decision then moves into the request's extensions) and
+/// added to the response when it comes back.
+#[derive(Debug)]
+pub(crate) struct Fields {
+    policy: Option<HeaderValue>,
+    state: Option<HeaderValue>,
+    /// Legacy fields: the binding limit's capacity, remaining and reset.
+    legacy: Option<(u64, u64, Duration)>,
+}
+
+impl Fields {
+    /// The fields describing `decision`, per `set`; `None` when there are none.
+    pub(crate) fn of(decision: &Decision, set: &HeaderSet) -> Option<Fields> {
+        let mut fields = Fields {
+            policy: None,
+            state: None,
+            legacy: None,
         };
+        if set.ietf && !decision.statuses().is_empty() {
+            // The layer's policy when the decision covers all its limits (some
+            // are skipped for a request without their key).
+            fields.policy = match &set.policy {
+                Some((limits, value)) if *limits == decision.statuses().len() => {
+                    Some(value.clone())
+                }
+                _ => policy_value(
+                    decision
+                        .statuses()
+                        .iter()
+                        .map(|s| (s.name(), s.limit(), s.window())),
+                ),
+            };
+            fields.state = state_value(decision);
+        }
+        if set.legacy {
+            fields.legacy = decision
+                .binding()
+                .map(|b| (b.limit(), b.remaining(), b.reset_after()));
+        }
+        let empty = fields.policy.is_none() && fields.state.is_none() && fields.legacy.is_none();
+        (!empty).then_some(fields)
+    }
+
+    /// Adds the fields to `headers`.
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
         // Appended, not replaced: with nested layers each adds its limits, and
         // several lines of a structured List are one List (RFC 9651).
-        if let Some(policy) = policy {
+        if let Some(policy) = self.policy {
             headers.append(RATELIMIT_POLICY, policy);
         }
-        if let Some(state) = state_value(decision) {
+        if let Some(state) = self.state {
             headers.append(RATELIMIT, state);
         }
-    }
-    if set.legacy {
-        if let Some(binding) = decision.binding() {
+        if let Some((limit, remaining, reset_after)) = self.legacy {
             // One value each: keep the most restrictive of nested layers.
             let current = headers
                 .get(X_RATELIMIT_REMAINING)
                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-            if current.is_none_or(|remaining| binding.remaining() < remaining) {
+            if current.is_none_or(|current| remaining < current) {
                 let now = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or_default();
-                let reset = ceil_secs(now + binding.reset_after());
-                headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(binding.limit()));
-                headers.insert(
-                    X_RATELIMIT_REMAINING,
-                    HeaderValue::from(binding.remaining()),
-                );
+                let reset = ceil_secs(now + reset_after);
+                headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
+                headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
                 headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
             }
         }
+    }
+}
+
+/// Adds the rate-limit fields describing `decision` to `headers`.
+pub(crate) fn insert_headers(headers: &mut HeaderMap, decision: &Decision, set: &HeaderSet) {
+    if let Some(fields) = Fields::of(decision, set) {
+        fields.apply(headers);
     }
 }
 

@@ -3,20 +3,23 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 
 use super::body::RejectionResponse;
 use http::{Request, Response};
 use tower_service::Service;
 
+use http::request::Parts;
+use pin_project_lite::pin_project;
+
 use super::response::{
-    insert_headers, insert_retry_after, missing_key, store_unavailable, too_many_requests,
+    insert_headers, insert_retry_after, missing_key, store_unavailable, too_many_requests, Fields,
 };
 use smallvec::SmallVec;
 
 use super::{Config, MissingKey, OnStoreError, RateLimitInfo, Rejection, ResponseBody};
 use crate::grant::{Refund, RefundOnDrop};
-use crate::{Decision, Grant, Limit};
+use crate::{Decision, Error, Grant, Limit, Limiter};
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
 ///
@@ -59,27 +62,87 @@ impl<S> RateLimit<S> {
     }
 }
 
-/// The response future of [`RateLimit`].
-///
-/// Unlike tower-http's hand-written state machines this is a boxed `async`
-/// block: the store call is already a boxed future (stores are trait
-/// objects), so a second box costs one allocation and keeps the control flow
-/// (decide, wait, forward, decorate) readable top to bottom.
-pub struct ResponseFuture<B, E> {
-    inner: Pin<Box<dyn Future<Output = Outcome<B, E>> + Send>>,
+pin_project! {
+    /// The response future of [`RateLimit`].
+    ///
+    /// Over a store that answers at once (in memory), the layer decides
+    /// inside `call` and this future is the inner service's own, plus the
+    /// rate-limit fields to add, or the layer's answer; no box, no clone of
+    /// the inner service. Otherwise it is a boxed `async` block: the store
+    /// call is already a boxed future (stores are trait objects), so a
+    /// second box costs one allocation and keeps the control flow (decide,
+    /// wait, forward, decorate) readable top to bottom.
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        state: State<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B, E> {
+        // Decided and forwarded: the inner service's future.
+        Inner {
+            #[pin]
+            future: F,
+            fields: Option<Fields>,
+        },
+        // Answered by the layer.
+        Ready {
+            outcome: Option<Outcome<B, E>>,
+        },
+        // Awaiting the store, a delay, a refund or the inner service's readiness.
+        Boxed {
+            future: Pin<Box<dyn Future<Output = Outcome<B, E>> + Send>>,
+        },
+    }
 }
 
 type Outcome<B, E> = Result<Response<ResponseBody<B>>, E>;
 
-impl<B, E> Future for ResponseFuture<B, E> {
-    type Output = Outcome<B, E>;
+impl<F, B, E> ResponseFuture<F, B, E> {
+    fn ready(outcome: Outcome<B, E>) -> Self {
+        let outcome = Some(outcome);
+        Self {
+            state: State::Ready { outcome },
+        }
+    }
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+    fn boxed(future: impl Future<Output = Outcome<B, E>> + Send + 'static) -> Self {
+        let future = Box::pin(future);
+        Self {
+            state: State::Boxed { future },
+        }
     }
 }
 
-impl<B, E> std::fmt::Debug for ResponseFuture<B, E> {
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Outcome<B, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner { future, fields } => {
+                let response = ready!(future.poll(cx))?;
+                let mut response = response.map(ResponseBody::inner);
+                if let Some(fields) = fields.take() {
+                    fields.apply(response.headers_mut());
+                }
+                Poll::Ready(Ok(response))
+            }
+            StateProj::Ready { outcome } => match outcome.take() {
+                Some(outcome) => Poll::Ready(outcome),
+                // polled again after it completed: nothing more will come
+                None => Poll::Pending,
+            },
+            StateProj::Boxed { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ResponseFuture")
     }
@@ -95,6 +158,81 @@ fn rejection<B>(
         None => default(),
     };
     response.map(ResponseBody::rejection)
+}
+
+/// The 429 for a refused decision (`shown`: the decision without its shadow
+/// limits).
+fn refused<B>(config: &Config, decision: &Decision, shown: &Decision) -> Response<ResponseBody<B>> {
+    let violated: SmallVec<[&str; 2]> = decision.violated().map(|s| s.name()).collect();
+    tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
+    let mut response = rejection(config, Rejection::Limited(decision), || {
+        too_many_requests(decision)
+    });
+    insert_retry_after(response.headers_mut(), decision);
+    insert_headers(response.headers_mut(), shown, &config.headers);
+    response
+}
+
+/// The limits that apply to a request: (limit, key, rule) each, or the
+/// answer to a request without a key that its rule refuses.
+type Chosen<'a> = SmallVec<[(&'a Limit, Vec<u8>, usize); 2]>;
+
+// (the answer is returned once per refused request: not worth a box)
+#[allow(clippy::result_large_err)]
+fn choose<'a, B>(
+    config: &'a Config,
+    parts: &Parts,
+) -> Result<Chosen<'a>, Response<ResponseBody<B>>> {
+    let mut chosen = Chosen::new();
+    for (i, rule) in config.rules.iter().enumerate() {
+        if rule.skip.as_ref().is_some_and(|skip| skip(parts)) {
+            continue;
+        }
+        let tier = rule.tier(parts);
+        match (rule.key.extract(parts), &rule.on_missing) {
+            (Some(key), _) => chosen.push((&tier.limit, key, i)),
+            (None, MissingKey::Skip) => {}
+            (None, MissingKey::Shared(key)) => {
+                let limit = tier.keyless.as_ref().unwrap_or(&tier.limit);
+                chosen.push((limit, key.clone().into_bytes(), i));
+            }
+            (None, MissingKey::Reject(status)) => {
+                let name = rule.limit().name();
+                tracing::debug!(target: "tower_ratelimit", limit = name, "request without a rate-limit key");
+                let why = Rejection::MissingKey(name);
+                return Err(rejection(config, why, || missing_key(*status, name)));
+            }
+        }
+    }
+    Ok(chosen)
+}
+
+/// What a store failure leads to, per [`OnStoreError`].
+enum AfterFailure<'a, B> {
+    /// Decide with the in-process fallback.
+    Fallback(&'a Limiter),
+    /// Answer this (fail closed).
+    Answer(Response<ResponseBody<B>>),
+    /// Forward without a decision (fail open).
+    Pass,
+}
+
+fn after_failure<'a, B>(config: &'a Config, error: &Error) -> AfterFailure<'a, B> {
+    match (config.on_error, &config.fallback) {
+        (OnStoreError::FallbackToMemory, Some(fallback)) => {
+            config.outage.failure(error, "deciding in memory");
+            AfterFailure::Fallback(fallback)
+        }
+        (OnStoreError::FailClosed { retry_after }, _) => {
+            config.outage.failure(error, "refusing requests");
+            let why = Rejection::StoreFailed(error);
+            AfterFailure::Answer(rejection(config, why, || store_unavailable(retry_after)))
+        }
+        _ => {
+            config.outage.failure(error, "letting requests through");
+            AfterFailure::Pass
+        }
+    }
 }
 
 /// Readies `inner` and calls it: readiness is taken only once the request
@@ -117,138 +255,238 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<ResBody, S::Error>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
-    /// Always ready, reserving nothing. The inner service is readied inside
-    /// the response future, once the request is granted (after the store
-    /// round trip and any delay-mode wait), on a clone of it, as
-    /// `axum::middleware::from_fn` does. Readying it here would hold what
-    /// its readiness reserves (a `ConcurrencyLimit` permit, a `Buffer` slot)
-    /// across the decision and the wait, so a request sleeping in delay mode
-    /// would block requests that are granted at once, and refused requests
-    /// would take capacity for nothing. The inner service's backpressure
-    /// still applies: the future waits for it before calling it.
+    /// Always ready, reserving nothing. The inner service is readied once
+    /// the request is granted (after the store round trip and any
+    /// delay-mode wait), inside the response future on a clone of it, as
+    /// `axum::middleware::from_fn` does; over a store that answers at once,
+    /// within `call`, and called at once when it is ready then. Readying it
+    /// here would hold what its readiness reserves (a `ConcurrencyLimit`
+    /// permit, a `Buffer` slot) across the decision and the wait, so a
+    /// request sleeping in delay mode would block requests that are granted
+    /// at once, and refused requests would take capacity for nothing. The
+    /// inner service's backpressure still applies: the future waits for it
+    /// before calling it.
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let inner = self.inner.clone();
-        let config = self.config.clone();
-        let inner = Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
-                // exempt: never counted, never refused
-                return pass(inner, Request::from_parts(parts, body), false).await;
-            }
-            // (limit, key, rule) of each limit that applies to this request
-            let mut chosen: SmallVec<[(&Limit, Vec<u8>, usize); 2]> = SmallVec::new();
-            for (i, rule) in config.rules.iter().enumerate() {
-                if rule.skip.as_ref().is_some_and(|skip| skip(&parts)) {
-                    continue;
-                }
-                let tier = rule.tier(&parts);
-                match (rule.key.extract(&parts), &rule.on_missing) {
-                    (Some(key), _) => chosen.push((&tier.limit, key, i)),
-                    (None, MissingKey::Skip) => {}
-                    (None, MissingKey::Shared(key)) => {
-                        let limit = tier.keyless.as_ref().unwrap_or(&tier.limit);
-                        chosen.push((limit, key.clone().into_bytes(), i));
-                    }
-                    (None, MissingKey::Reject(status)) => {
-                        let name = rule.limit().name();
-                        tracing::debug!(target: "tower_ratelimit", limit = name, "request without a rate-limit key");
-                        let why = Rejection::MissingKey(name);
-                        return Ok(rejection(&config, why, || missing_key(*status, name)));
-                    }
-                }
-            }
-            let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
-                .iter()
-                .map(|(limit, key, _)| (*limit, key.as_slice()))
-                .collect();
-            let cost = config
-                .cost
-                .as_ref()
-                .map_or(config.fixed_cost, |cost| cost(&parts));
-            let (delay, refundable) = (config.max_delay, config.refundable);
-            let mut store_failed = false;
-            let decided = match config
-                .limiter
-                .decide_pairs(&pairs, cost, delay, refundable)
-                .await
-            {
-                None => None,
-                Some(Ok(grant)) => {
-                    config.outage.success();
-                    Some(grant)
-                }
-                Some(Err(error)) => {
-                    store_failed = true;
-                    match (config.on_error, &config.fallback) {
-                        (OnStoreError::FallbackToMemory, Some(fallback)) => {
-                            config.outage.failure(&error, "deciding in memory");
-                            match fallback.decide_pairs(&pairs, cost, delay, refundable).await {
-                                Some(Ok(grant)) => Some(grant),
-                                _ => None,
-                            }
-                        }
-                        (OnStoreError::FailClosed { retry_after }, _) => {
-                            config.outage.failure(&error, "refusing requests");
-                            let why = Rejection::StoreFailed(&error);
-                            return Ok(rejection(&config, why, || store_unavailable(retry_after)));
-                        }
-                        _ => {
-                            config.outage.failure(&error, "letting requests through");
-                            None
-                        }
-                    }
-                }
-            };
-            let Some(Grant { decision, refund }) = decided else {
-                return pass(inner, Request::from_parts(parts, body), store_failed).await;
-            };
-            let shown = decision.without_shadow();
-            if !decision.is_allowed() {
-                let violated: Vec<&str> = decision.violated().map(|s| s.name()).collect();
-                tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
-                let mut response = rejection(&config, Rejection::Limited(&decision), || {
-                    too_many_requests(&decision)
-                });
-                insert_retry_after(response.headers_mut(), &decision);
-                insert_headers(response.headers_mut(), &shown, &config.headers);
-                return Ok(response);
-            }
-            let refund = if decision.wait().is_zero() {
-                refund
-            } else {
-                // a request dropped while it waits gives its slot back
-                let reservation = RefundOnDrop::new(refund);
-                tokio::time::sleep(decision.wait()).await;
-                reservation.disarm()
-            };
-            // the rule of each limit the grant was charged to
-            let charged_rules: SmallVec<[usize; 2]> = chosen
-                .iter()
-                .zip(decision.statuses())
-                .filter(|(_, status)| !status.would_refuse())
-                .map(|((_, _, rule), _)| *rule)
-                .collect();
-            let mut request = Request::from_parts(parts, body);
-            let extensions = request.extensions_mut();
-            extensions.insert::<Decision>(decision.clone());
-            extensions.insert(RateLimitInfo::new(Some(decision.clone()), store_failed));
-            let response = forward(inner, request).await?;
-            let response = match refund {
-                Some(refund) => give_back(&config, &refund, &charged_rules, response).await,
-                None => response,
-            };
-            let mut response = response.map(ResponseBody::inner);
-            insert_headers(response.headers_mut(), &shown, &config.headers);
-            Ok(response)
-        });
-        ResponseFuture { inner }
+        if self.config.at_once {
+            call_at_once(self, request)
+        } else {
+            call_later(&self.inner, &self.config, request)
+        }
     }
+}
+
+/// Decides within `call`: the store answers at once, and nothing is
+/// reserved ahead or given back.
+fn call_at_once<S, ReqBody, ResBody>(
+    service: &mut RateLimit<S>,
+    request: Request<ReqBody>,
+) -> ResponseFuture<S::Future, ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    let RateLimit { inner, config } = service;
+    let (parts, body) = request.into_parts();
+    if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
+        // exempt: never counted, never refused
+        let info = RateLimitInfo::new(None, false);
+        return forward_now(inner, Request::from_parts(parts, body), info, None);
+    }
+    let chosen = match choose(config, &parts) {
+        Ok(chosen) => chosen,
+        Err(answer) => return ResponseFuture::ready(Ok(answer)),
+    };
+    let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
+        .iter()
+        .map(|(limit, key, _)| (*limit, key.as_slice()))
+        .collect();
+    let cost = config
+        .cost
+        .as_ref()
+        .map_or(config.fixed_cost, |cost| cost(&parts));
+    let mut store_failed = false;
+    let decided = if pairs.is_empty() {
+        Some(None)
+    } else {
+        match config.limiter.decide_pairs_now(&pairs, cost) {
+            Some(Ok(decision)) => {
+                config.outage.success();
+                Some(Some(decision))
+            }
+            Some(Err(error)) => {
+                store_failed = true;
+                match after_failure(config, &error) {
+                    AfterFailure::Fallback(fallback) => {
+                        Some(fallback.decide_pairs_now(&pairs, cost).and_then(Result::ok))
+                    }
+                    AfterFailure::Answer(answer) => return ResponseFuture::ready(Ok(answer)),
+                    AfterFailure::Pass => Some(None),
+                }
+            }
+            // not at once after all: decided the usual way
+            None => None,
+        }
+    };
+    drop(pairs);
+    drop(chosen);
+    let Some(decided) = decided else {
+        return call_later(inner, config, Request::from_parts(parts, body));
+    };
+    let Some(decision) = decided else {
+        let info = RateLimitInfo::new(None, store_failed);
+        return forward_now(inner, Request::from_parts(parts, body), info, None);
+    };
+    if !decision.is_allowed() {
+        return ResponseFuture::ready(Ok(refused(config, &decision, &decision)));
+    }
+    let fields = Fields::of(&decision, &config.headers);
+    let info = RateLimitInfo::new(Some(decision), store_failed);
+    forward_now(inner, Request::from_parts(parts, body), info, fields)
+}
+
+/// Forwards a request decided within `call`: to the inner service itself
+/// when it is ready now, else to a clone readied in the future.
+fn forward_now<S, ReqBody, ResBody>(
+    inner: &mut S,
+    mut request: Request<ReqBody>,
+    info: RateLimitInfo,
+    fields: Option<Fields>,
+) -> ResponseFuture<S::Future, ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    request.extensions_mut().insert(info);
+    let mut cx = Context::from_waker(Waker::noop());
+    match inner.poll_ready(&mut cx) {
+        Poll::Ready(Ok(())) => ResponseFuture {
+            state: State::Inner {
+                future: inner.call(request),
+                fields,
+            },
+        },
+        Poll::Ready(Err(error)) => ResponseFuture::ready(Err(error)),
+        Poll::Pending => {
+            let inner = inner.clone();
+            ResponseFuture::boxed(async move {
+                let mut response = forward(inner, request).await?.map(ResponseBody::inner);
+                if let Some(fields) = fields {
+                    fields.apply(response.headers_mut());
+                }
+                Ok(response)
+            })
+        }
+    }
+}
+
+/// Decides inside the response future: the store is awaited, or a grant
+/// may be reserved ahead, given back or decided again.
+fn call_later<S, ReqBody, ResBody>(
+    inner: &S,
+    config: &Arc<Config>,
+    request: Request<ReqBody>,
+) -> ResponseFuture<S::Future, ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    let inner = inner.clone();
+    let config = config.clone();
+    ResponseFuture::boxed(async move {
+        let (parts, body) = request.into_parts();
+        if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
+            // exempt: never counted, never refused
+            return pass(inner, Request::from_parts(parts, body), false).await;
+        }
+        let chosen = match choose(&config, &parts) {
+            Ok(chosen) => chosen,
+            Err(answer) => return Ok(answer),
+        };
+        let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
+            .iter()
+            .map(|(limit, key, _)| (*limit, key.as_slice()))
+            .collect();
+        let cost = config
+            .cost
+            .as_ref()
+            .map_or(config.fixed_cost, |cost| cost(&parts));
+        let (delay, refundable) = (config.max_delay, config.refundable);
+        let mut store_failed = false;
+        let decided = match config
+            .limiter
+            .decide_pairs(&pairs, cost, delay, refundable)
+            .await
+        {
+            None => None,
+            Some(Ok(grant)) => {
+                config.outage.success();
+                Some(grant)
+            }
+            Some(Err(error)) => {
+                store_failed = true;
+                match after_failure(&config, &error) {
+                    AfterFailure::Fallback(fallback) => {
+                        match fallback.decide_pairs(&pairs, cost, delay, refundable).await {
+                            Some(Ok(grant)) => Some(grant),
+                            _ => None,
+                        }
+                    }
+                    AfterFailure::Answer(answer) => return Ok(answer),
+                    AfterFailure::Pass => None,
+                }
+            }
+        };
+        let Some(Grant { decision, refund }) = decided else {
+            return pass(inner, Request::from_parts(parts, body), store_failed).await;
+        };
+        if !decision.is_allowed() {
+            return Ok(refused(&config, &decision, &decision.without_shadow()));
+        }
+        let refund = if decision.wait().is_zero() {
+            refund
+        } else {
+            // a request dropped while it waits gives its slot back
+            let reservation = RefundOnDrop::new(refund);
+            tokio::time::sleep(decision.wait()).await;
+            reservation.disarm()
+        };
+        // the rule of each limit the grant was charged to
+        let charged_rules: SmallVec<[usize; 2]> = chosen
+            .iter()
+            .zip(decision.statuses())
+            .filter(|(_, status)| !status.would_refuse())
+            .map(|((_, _, rule), _)| *rule)
+            .collect();
+        let fields = Fields::of(&decision.without_shadow(), &config.headers);
+        let mut request = Request::from_parts(parts, body);
+        let info = RateLimitInfo::new(Some(decision), store_failed);
+        request.extensions_mut().insert(info);
+        let response = forward(inner, request).await?;
+        let response = match refund {
+            Some(refund) => give_back(&config, &refund, &charged_rules, response).await,
+            None => response,
+        };
+        let mut response = response.map(ResponseBody::inner);
+        if let Some(fields) = fields {
+            fields.apply(response.headers_mut());
+        }
+        Ok(response)
+    })
 }
 
 /// Forwards a request the layer did not decide (exempt, every limit

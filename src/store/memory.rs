@@ -893,6 +893,10 @@ impl Sealed for MemoryStore {
         true
     }
 
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn decide_sync(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Option<Reply> {
         Some(bounded_keys(checks, |checks| match checks {
             [check] => self.decide_one(check, max_wait, dry),

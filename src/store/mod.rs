@@ -112,6 +112,11 @@ pub(crate) mod sealed {
             checks: &'a [Check<'a>],
             at: i64,
         ) -> BoxFuture<'a, Result<(), Error>>;
+        /// Whether [`decide_sync`](Self::decide_sync) always answers: the
+        /// store never needs awaiting (in memory).
+        fn answers_at_once(&self) -> bool {
+            false
+        }
         /// [`decide`](Self::decide) for a store that answers at once (no
         /// I/O, nothing to time out): the reply, without a future or a timer.
         /// `None` for a store that must be awaited.
