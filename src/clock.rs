@@ -41,8 +41,13 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now_micros(&self) -> i64 {
-        let elapsed = i64::try_from(self.start.elapsed().as_micros()).unwrap_or(i64::MAX / 2);
-        self.epoch_micros.saturating_add(elapsed)
+        // whole seconds and microseconds apart: no 128-bit arithmetic
+        let elapsed = self.start.elapsed();
+        let secs = i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX / 2_000_000);
+        let micros = secs
+            .saturating_mul(1_000_000)
+            .saturating_add(i64::from(elapsed.subsec_micros()));
+        self.epoch_micros.saturating_add(micros)
     }
 }
 

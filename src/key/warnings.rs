@@ -13,8 +13,8 @@ use super::{ClientIpResolver, ProxyHeader};
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Which warnings an extractor (and its clones) has given. Until both
-/// forwarding warnings are given, each request costs two header lookups;
-/// afterwards one relaxed load.
+/// forwarding warnings are given, the first requests on each thread, then
+/// one in [`SAMPLE`], cost two header lookups; afterwards one relaxed load.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Warnings(Arc<Flags>);
 
@@ -25,6 +25,23 @@ struct Flags {
     no_peer: AtomicBool,
     /// Both forwarding warnings given: nothing left to check per request.
     forwarding_done: AtomicBool,
+}
+
+/// After the first [`SAMPLE`] requests of a thread, one in `SAMPLE` is looked
+/// at: a misconfiguration that concerns every request is still reported
+/// within a few requests, without two header lookups on every request of a
+/// service that is configured right.
+const SAMPLE: u32 = 16;
+
+fn sampled() -> bool {
+    thread_local! {
+        static SEEN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    SEEN.with(|seen| {
+        let n = seen.get();
+        seen.set(n.wrapping_add(1));
+        n < SAMPLE || n % SAMPLE == 0
+    })
 }
 
 /// Sets `flag`; true for the one caller that set it first.
@@ -55,7 +72,7 @@ impl Warnings {
         headers: &HeaderMap,
     ) {
         let flags = &self.0;
-        if flags.forwarding_done.load(Ordering::Relaxed) {
+        if flags.forwarding_done.load(Ordering::Relaxed) || !sampled() {
             return;
         }
         let xff = headers.contains_key(X_FORWARDED_FOR);
