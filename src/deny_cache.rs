@@ -68,16 +68,16 @@ impl DenyCache {
             for p in params.p {
                 key.extend_from_slice(&p.to_le_bytes());
             }
-            key.extend(Self::segment(check.key));
+            Self::segment(&mut key, check.key);
         }
         key
     }
 
     /// How `key` stands in a cache key: NUL, its length, itself.
-    fn segment(key: &[u8]) -> impl Iterator<Item = u8> + '_ {
-        std::iter::once(0)
-            .chain((key.len() as u64).to_le_bytes())
-            .chain(key.iter().copied())
+    fn segment(out: &mut Vec<u8>, key: &[u8]) {
+        out.push(0);
+        out.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        out.extend_from_slice(key);
     }
 
     /// The store's answer for `cost` at `now`, when it is known to be a
@@ -134,7 +134,8 @@ impl DenyCache {
     /// Forgets every entry that involves `key` (a reset of that key; an
     /// entry that merely contains the same bytes goes too, which is safe).
     pub(crate) fn forget(&self, key: &[u8]) {
-        let needle: Vec<u8> = Self::segment(key).collect();
+        let mut needle = Vec::with_capacity(key.len() + 9);
+        Self::segment(&mut needle, key);
         self.lock()
             .retain(|k, _| !k.windows(needle.len()).any(|w| w == needle.as_slice()));
     }

@@ -297,23 +297,22 @@ impl Reply {
         if bytes.len() != 8 * (3 + 3 * limits) {
             return None;
         }
-        let values = bytes
-            .chunks_exact(8)
-            .map(|chunk| {
-                let x = f64::from_le_bytes(chunk.try_into().ok()?);
-                let exact = x.fract() == 0.0 && x.abs() < EXACT as f64;
-                // exact: an integer below 2^53, so the cast loses nothing
-                exact.then_some(x as i64)
-            })
-            .collect::<Option<Vec<i64>>>()?;
-        let per = values[3..]
-            .chunks_exact(3)
-            .map(|c| [c[0], c[1], c[2]])
-            .collect();
+        let mut values = bytes.chunks_exact(8).map(|chunk| {
+            let x = f64::from_le_bytes(chunk.try_into().ok()?);
+            // an integer below 2^53 in magnitude (NaN is not): the casts lose nothing
+            let exact = x.abs() < EXACT as f64 && (x as i64) as f64 == x;
+            exact.then_some(x as i64)
+        });
+        let mut next = || values.next().flatten();
+        let (outcome, wait, now) = (next()?, next()?, next()?);
+        let mut per = SmallVec::with_capacity(limits);
+        for _ in 0..limits {
+            per.push([next()?, next()?, next()?]);
+        }
         Some(Self {
-            outcome: values[0],
-            wait: values[1],
-            now: values[2],
+            outcome,
+            wait,
+            now,
             limits: per,
         })
     }

@@ -279,6 +279,12 @@ impl Lanes {
     async fn lease(self: &Arc<Self>) -> Result<Lease, Error> {
         let n = self.lanes.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        // The common case, a live connection in the lane: no waiter to register.
+        if !self.is_open() {
+            if let Some(lease) = self.live(first) {
+                return Ok(lease);
+            }
+        }
         loop {
             if self.is_open() {
                 self.repair();
@@ -289,21 +295,12 @@ impl Lanes {
             notified.as_mut().enable();
             let mut empty = false;
             for k in 0..n {
-                let index = (first + k) % n;
-                let live = self.lanes[index]
-                    .lock()
-                    .as_ref()
-                    .map(|live| (live.conn.clone(), live.generation));
-                match live {
-                    Some((conn, generation)) => {
+                match self.live((first + k) % n) {
+                    Some(lease) => {
                         if empty {
                             self.repair();
                         }
-                        return Ok(Lease {
-                            conn,
-                            index,
-                            generation,
-                        });
+                        return Ok(lease);
                     }
                     None => empty = true,
                 }
@@ -311,6 +308,17 @@ impl Lanes {
             self.repair();
             notified.await;
         }
+    }
+
+    /// Lane `index`'s connection, if it has one.
+    fn live(&self, index: usize) -> Option<Lease> {
+        let lane = self.lanes.get(index)?.lock();
+        let live = lane.as_ref()?;
+        Some(Lease {
+            conn: live.conn.clone(),
+            index,
+            generation: live.generation,
+        })
     }
 
     /// Drops lane `index`'s connection if it is still `generation`.

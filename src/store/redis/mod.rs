@@ -576,7 +576,14 @@ impl RedisStore {
         let parts = check.limit.params().algorithm.key_parts();
         parts
             .iter()
-            .map(|part| format!("{prefix}:{tag}:{name}:{part}"))
+            .map(|part| {
+                let len = prefix.len() + tag.len() + name.len() + part.len() + 3;
+                let mut key = String::with_capacity(len);
+                for piece in [prefix.as_str(), ":", tag, ":", name, ":", *part] {
+                    key.push_str(piece);
+                }
+                key
+            })
             .collect()
     }
 
