@@ -17,6 +17,7 @@
 //! limiter clears the key's entries.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -39,6 +40,9 @@ struct Entry {
 /// Denials of one limiter, by the limits and keys they were decided on.
 pub(crate) struct DenyCache {
     entries: Mutex<HashMap<Vec<u8>, Entry>>,
+    /// How many entries there are (kept under the lock, read without it):
+    /// while none, a decision neither builds a cache key nor takes the lock.
+    held: AtomicUsize,
     clock: Arc<dyn Clock>,
 }
 
@@ -46,8 +50,14 @@ impl DenyCache {
     pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             entries: Mutex::new(HashMap::new()),
+            held: AtomicUsize::new(0),
             clock,
         }
+    }
+
+    /// Whether any denial is cached (expired ones included, until swept).
+    pub(crate) fn holds_any(&self) -> bool {
+        self.held.load(Ordering::Acquire) > 0
     }
 
     /// The time on the cache's clock, in us.
@@ -111,6 +121,7 @@ impl DenyCache {
         let mut entries = self.lock();
         if entries.len() >= CAPACITY && !entries.contains_key(&key) {
             entries.retain(|_, e| e.until > sent);
+            self.held.store(entries.len(), Ordering::Release);
             if entries.len() >= CAPACITY {
                 return;
             }
@@ -127,6 +138,7 @@ impl DenyCache {
                         decision: decision.clone(),
                     },
                 );
+                self.held.store(entries.len(), Ordering::Release);
             }
         }
     }
@@ -136,8 +148,9 @@ impl DenyCache {
     pub(crate) fn forget(&self, key: &[u8]) {
         let mut needle = Vec::with_capacity(key.len() + 9);
         Self::segment(&mut needle, key);
-        self.lock()
-            .retain(|k, _| !k.windows(needle.len()).any(|w| w == needle.as_slice()));
+        let mut entries = self.lock();
+        entries.retain(|k, _| !k.windows(needle.len()).any(|w| w == needle.as_slice()));
+        self.held.store(entries.len(), Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Entry>> {

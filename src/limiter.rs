@@ -497,7 +497,9 @@ impl Limiter {
         dry: bool,
     ) -> Result<Decision, Error> {
         if checks.iter().any(|c| c.limit.is_shadow()) {
-            return self.run_shadow(checks, max_wait, dry).await;
+            // boxed: its future is nearly twice the plain one's, and every
+            // decision's future would otherwise carry (and move) that size
+            return Box::pin(self.run_shadow(checks, max_wait, dry)).await;
         }
         self.run_once(checks, max_wait, dry, true).await
     }
@@ -627,7 +629,10 @@ impl Limiter {
         let fits = checks.iter().all(|c| c.cost <= c.limit.params().p[0]);
         let denials = denials.filter(|_| fits);
         let sent = denials.map_or(0, DenyCache::now);
-        let cache_key = denials.map(|_| DenyCache::key(&checks));
+        // the key is only built while the cache holds a denial, or for a new one
+        let cache_key = denials
+            .filter(|d| d.holds_any())
+            .map(|_| DenyCache::key(&checks));
         if let (Some(denials), Some(key)) = (denials, &cache_key) {
             if let Some(denied) = denials.lookup(key, cost, max_wait, sent) {
                 let result = Ok(denied);
@@ -658,8 +663,11 @@ impl Limiter {
         if !dry && plain {
             crate::metrics::count(&checks, &result, outcome);
         }
-        if let (Some(denials), Some(key), Ok(decision)) = (denials, cache_key, &result) {
-            denials.insert(key, cost, sent, decision);
+        if let (Some(denials), Ok(decision)) = (denials, &result) {
+            if !decision.is_allowed() {
+                let key = cache_key.unwrap_or_else(|| DenyCache::key(&checks));
+                denials.insert(key, cost, sent, decision);
+            }
         }
         result
     }

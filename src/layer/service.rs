@@ -441,7 +441,9 @@ where
                 store_failed = true;
                 match after_failure(&config, &error) {
                     AfterFailure::Fallback(fallback) => {
-                        match fallback.decide_pairs(&pairs, cost, delay, refundable).await {
+                        // boxed: a rare path that would double the future's size
+                        let fallback = fallback.decide_pairs(&pairs, cost, delay, refundable);
+                        match Box::pin(fallback).await {
                             Some(Ok(grant)) => Some(grant),
                             _ => None,
                         }
@@ -478,7 +480,7 @@ where
         request.extensions_mut().insert(info);
         let response = forward(inner, request).await?;
         let response = match refund {
-            Some(refund) => give_back(&config, &refund, &charged_rules, response).await,
+            Some(refund) => Box::pin(give_back(&config, &refund, &charged_rules, response)).await,
             None => response,
         };
         let mut response = response.map(ResponseBody::inner);

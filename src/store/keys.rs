@@ -35,18 +35,29 @@ const ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'%').add(b'{').add(b'}').add
 /// The hash tag of every key stored for the user key `key`: `{escaped key}`.
 #[cfg(feature = "redis")]
 pub(crate) fn tag(key: &[u8]) -> String {
-    let mut out = String::with_capacity(key.len().min(MAX_RAW_KEY) + 2);
-    out.push('{');
+    let mut out = Vec::with_capacity(key.len().min(MAX_RAW_KEY) + 2);
+    write_tag(&mut out, key);
+    // escaped: ASCII only
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends [`tag`]`(key)` to `out`.
+#[cfg(feature = "redis")]
+pub(crate) fn write_tag(out: &mut Vec<u8>, key: &[u8]) {
+    out.push(b'{');
     if key.len() > MAX_RAW_KEY {
-        out.push('#');
+        out.push(b'#');
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         for byte in Sha256::digest(key) {
-            out.push_str(&format!("{byte:02x}"));
+            out.push(HEX[usize::from(byte >> 4)]);
+            out.push(HEX[usize::from(byte & 15)]);
         }
     } else {
-        out.extend(percent_encode(key, ESCAPED));
+        for piece in percent_encode(key, ESCAPED) {
+            out.extend_from_slice(piece.as_bytes());
+        }
     }
-    out.push('}');
-    out
+    out.push(b'}');
 }
 
 #[cfg(all(test, feature = "redis"))]

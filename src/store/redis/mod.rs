@@ -1,6 +1,7 @@
 //! The Redis store: one `FCALL` of the `lua/` library per decision over a
 //! pooled connection (`EVALSHA` of the same code where Functions are missing).
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use deadpool_redis::{Manager, Pool, Runtime};
 use redis::Script;
 use redis::{AsyncConnectionConfig, IntoConnectionInfo};
+use smallvec::SmallVec;
 
 use self::conn::{Conn, Connector, Lanes};
 use super::sealed::Sealed;
@@ -74,6 +76,36 @@ enum Operation {
     Refund { at: i64 },
     /// Take what is available, at most each check's cost.
     Take,
+}
+
+/// One call's keys and arguments, written into one buffer.
+struct Encoded {
+    buf: Vec<u8>,
+    keys: SmallVec<[Range<usize>; 2]>,
+    args: SmallVec<[Range<usize>; 2]>,
+}
+
+impl Encoded {
+    fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.keys.iter().filter_map(|r| self.buf.get(r.clone()))
+    }
+
+    fn args(&self) -> impl Iterator<Item = &[u8]> {
+        self.args.iter().filter_map(|r| self.buf.get(r.clone()))
+    }
+
+    /// Where the hash tag lies in the key written at `key`: after the
+    /// prefix and its colon, up to and including the first `}` (escaped
+    /// tags hold no other).
+    fn tag_of(&self, key: Range<usize>, prefix: usize) -> Range<usize> {
+        let start = key.start + prefix + 1;
+        let end = self
+            .buf
+            .get(start..key.end)
+            .and_then(|rest| rest.iter().position(|&b| b == b'}'))
+            .map_or(key.end, |i| start + i + 1);
+        start..end
+    }
 }
 
 /// How long a connection may leave a command unanswered before it is
@@ -609,8 +641,8 @@ impl RedisStore {
         max_wait: i64,
         dry: bool,
     ) -> Result<Reply, Error> {
-        let (keys, args) = self.encode(checks, Operation::Decide { max_wait, dry });
-        let packed = self.invoke(&keys, &args).await?;
+        let encoded = self.encode(checks, Operation::Decide { max_wait, dry });
+        let packed = self.invoke(&encoded).await?;
         Reply::from_packed(&packed, checks.len()).ok_or_else(|| {
             Error::UnexpectedReply(format!(
                 "{} bytes for {} limits",
@@ -622,69 +654,91 @@ impl RedisStore {
 
     /// The keys and arguments of one call of the library (see the header of
     /// `lua/driver.lua`): every key of every check, the options when they
-    /// differ from a plain decision's, then each limit with its cost.
-    fn encode(&self, checks: &[Check<'_>], operation: Operation) -> (Vec<String>, Vec<String>) {
-        let mut keys = Vec::with_capacity(checks.len() * 2);
-        let mut last: Option<(&[u8], String)> = None;
-        for check in checks {
+    /// differ from a plain decision's, then each limit with its cost, written
+    /// into one buffer.
+    fn encode(&self, checks: &[Check<'_>], operation: Operation) -> Encoded {
+        let prefix = self.inner.prefix.as_bytes();
+        let mut out = Encoded {
+            buf: Vec::with_capacity(checks.iter().map(|c| 2 * c.key.len() + 96).sum()),
+            keys: SmallVec::new(),
+            args: SmallVec::new(),
+        };
+        for (i, check) in checks.iter().enumerate() {
             // limits of one request often share its key: escape it once
-            let tag = match last.take() {
-                Some((key, tag)) if key == check.key => tag,
-                _ => keys::tag(check.key),
+            let shared = i > 0 && checks[i - 1].key == check.key;
+            let tag = match (shared, out.keys.last()) {
+                (true, Some(last)) => Some(out.tag_of(last.clone(), prefix.len())),
+                _ => None,
             };
-            keys.extend(self.keys(check, &tag));
-            last = Some((check.key, tag));
+            let name = check.limit.name().as_bytes();
+            for part in check.limit.params().algorithm.key_parts() {
+                let start = out.buf.len();
+                out.buf.extend_from_slice(prefix);
+                out.buf.push(b':');
+                match &tag {
+                    Some(range) => out.buf.extend_from_within(range.clone()),
+                    None => keys::write_tag(&mut out.buf, check.key),
+                }
+                out.buf.push(b':');
+                out.buf.extend_from_slice(name);
+                out.buf.push(b':');
+                out.buf.extend_from_slice(part.as_bytes());
+                out.keys.push(start..out.buf.len());
+            }
         }
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
         let slack = self.inner.slack;
-        let mut args: Vec<String> = Vec::with_capacity(1 + checks.len());
+        let start = out.buf.len();
+        let mut digits = itoa::Buffer::new();
+        let mut options = |out: &mut Encoded, fields: &[i64]| {
+            out.buf.push(b'o');
+            for field in fields {
+                out.buf.push(b':');
+                out.buf.extend_from_slice(digits.format(*field).as_bytes());
+            }
+            out.args.push(start..out.buf.len());
+        };
         match operation {
             // The options travel only when one differs from the production default.
             Operation::Decide { max_wait, dry } => {
                 if (now, max_wait, dry, slack) != (0, 0, false, 0) {
-                    args.push(format!("o:{now}:{max_wait}:{}:{slack}", u8::from(dry)));
+                    options(&mut out, &[now, max_wait, i64::from(dry), slack]);
                 }
             }
-            Operation::Refund { at } => args.push(format!("o:{now}:0:0:{slack}:1:{at}")),
-            Operation::Take => args.push(format!("o:{now}:0:0:{slack}:2:0")),
+            Operation::Refund { at } => options(&mut out, &[now, 0, 0, slack, 1, at]),
+            Operation::Take => options(&mut out, &[now, 0, 0, slack, 2, 0]),
         }
         let mut digits = itoa::Buffer::new();
         for check in checks {
-            let (wire, cost) = (check.limit.wire(), digits.format(check.cost));
-            let mut arg = String::with_capacity(wire.len() + cost.len());
-            arg.push_str(wire);
-            arg.push_str(cost);
-            args.push(arg);
+            let start = out.buf.len();
+            out.buf.extend_from_slice(check.limit.wire().as_bytes());
+            out.buf
+                .extend_from_slice(digits.format(check.cost).as_bytes());
+            out.args.push(start..out.buf.len());
         }
-        (keys, args)
+        out
     }
 
     /// Runs the library's function with these keys and arguments over a
     /// lane's connection: the one way every operation reaches Redis.
-    async fn invoke(&self, keys: &[String], args: &[String]) -> Result<Vec<u8>, Error> {
+    async fn invoke(&self, encoded: &Encoded) -> Result<Vec<u8>, Error> {
         self.inner
             .lanes
-            .run(|mut conn| async move { self.call(&mut conn, keys, args).await })
+            .run(|mut conn| async move { self.call(&mut conn, encoded).await })
             .await
     }
 
     /// Runs the decision code: `FCALL`, loading the library when the server
     /// lacks it (a new server, a flushed one, a promoted replica), or
     /// `EVALSHA` on a server without Functions (before Redis 7).
-    async fn call(
-        &self,
-        conn: &mut Conn,
-        keys: &[String],
-        args: &[String],
-    ) -> redis::RedisResult<Vec<u8>> {
+    async fn call(&self, conn: &mut Conn, encoded: &Encoded) -> redis::RedisResult<Vec<u8>> {
         let delivery = &*DELIVERY;
         if self.inner.mode.load(Ordering::Relaxed) != SCRIPTS && !self.load_failed_lately() {
             let mut fcall = redis::cmd("FCALL");
-            fcall
-                .arg(&delivery.function)
-                .arg(keys.len())
-                .arg(keys)
-                .arg(args);
+            fcall.arg(&delivery.function).arg(encoded.keys.len());
+            for arg in encoded.keys().chain(encoded.args()) {
+                fcall.arg(arg);
+            }
             match fcall.query_async::<Vec<u8>>(conn).await {
                 Ok(values) => {
                     self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
@@ -724,10 +778,10 @@ impl RedisStore {
             }
         }
         let mut invocation = delivery.script.prepare_invoke();
-        for key in keys {
+        for key in encoded.keys() {
             invocation.key(key);
         }
-        for arg in args {
+        for arg in encoded.args() {
             invocation.arg(arg);
         }
         invocation.invoke_async(conn).await
@@ -765,8 +819,8 @@ impl RedisStore {
 
     /// A refund of checks whose keys share a slot: one call.
     async fn refund_group(&self, checks: &[Check<'_>], at: i64) -> Result<(), Error> {
-        let (keys, args) = self.encode(checks, Operation::Refund { at });
-        self.invoke(&keys, &args).await?;
+        let encoded = self.encode(checks, Operation::Refund { at });
+        self.invoke(&encoded).await?;
         Ok(())
     }
 
@@ -774,8 +828,8 @@ impl RedisStore {
     /// take operation (op 2, see `lua/driver.lua`), in one call through
     /// [`invoke`](Self::invoke).
     async fn run_take(&self, checks: &[Check<'_>]) -> Result<(Reply, i64), Error> {
-        let (keys, args) = self.encode(checks, Operation::Take);
-        let packed = self.invoke(&keys, &args).await?;
+        let encoded = self.encode(checks, Operation::Take);
+        let packed = self.invoke(&encoded).await?;
         Reply::from_packed_take(&packed, checks.len()).ok_or_else(|| {
             Error::UnexpectedReply(format!(
                 "{} bytes for taking from {} limits",
@@ -856,5 +910,65 @@ impl Sealed for RedisStore {
 
     fn quotas(&self) -> Option<&super::QuotaRegistry> {
         Some(&self.inner.quotas)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Limit, Quota};
+
+    /// One buffer holds what the reset's key names and the limits' wire
+    /// strings say, in order, with a key's tag written once and reused.
+    #[test]
+    fn encoded_keys_and_arguments_name_every_key_of_every_check() {
+        let store = RedisStore::builder("redis://127.0.0.1:1/")
+            .prefix("p")
+            .build()
+            .expect("store");
+        let minute = Duration::from_secs(60);
+        let log = Limit::new("log", Quota::sliding_log(3, minute)).expect("limit");
+        let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
+        let keys: [&[u8]; 3] = [b"a}:{b", b"a}:{b", b"x"];
+        let checks = [
+            Check {
+                limit: &log,
+                key: keys[0],
+                cost: 1,
+            },
+            Check {
+                limit: &gcra,
+                key: keys[1],
+                cost: 1,
+            },
+            Check {
+                limit: &gcra,
+                key: keys[2],
+                cost: 2,
+            },
+        ];
+        let encoded = store.encode(
+            &checks,
+            Operation::Decide {
+                max_wait: 0,
+                dry: false,
+            },
+        );
+        let expected: Vec<String> = checks
+            .iter()
+            .flat_map(|c| store.keys(c, &keys::tag(c.key)))
+            .collect();
+        let got: Vec<&[u8]> = encoded.keys().collect();
+        assert_eq!(
+            got,
+            expected.iter().map(String::as_bytes).collect::<Vec<_>>()
+        );
+        assert_eq!(got[0], b"p:{a%7D:%7Bb}:log:log");
+        let args: Vec<&[u8]> = encoded.args().collect();
+        let wire = |l: &Limit, cost: &str| format!("{}{cost}", l.wire()).into_bytes();
+        assert_eq!(args, [wire(&log, "1"), wire(&gcra, "1"), wire(&gcra, "2")]);
+        let refund = store.encode(&checks[2..], Operation::Refund { at: 7 });
+        let args: Vec<&[u8]> = refund.args().collect();
+        assert_eq!(args, [b"o:0:0:0:0:1:7".to_vec(), wire(&gcra, "2")]);
     }
 }
