@@ -19,7 +19,7 @@ use events::Events;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use sfv::{List, ListEntry, Parser};
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_ratelimit::key::{
     ClientIp, ClientIpResolver, Global, Header, MatchedRoute, PathParam, RequestExtension as Ext,
 };
@@ -464,6 +464,46 @@ async fn decided_at_once_a_request_still_waits_for_inner_capacity() {
     gate.add_permits(1);
     let third = third.await.expect("infallible");
     assert_eq!(third.headers()["ratelimit"], "\"api\";r=2;t=36");
+}
+
+/// As a server does with one connection's service, requests go through one
+/// service value in turn: a request that found the inner service busy takes
+/// the next free permit, whichever request freed it.
+#[tokio::test]
+async fn one_service_value_hands_a_freed_permit_to_the_waiting_request() {
+    let layer = RateLimitLayer::builder()
+        .limit(limit("api", per_minute(5)), Global)
+        .build()
+        .expect("layer");
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let handler_gate = gate.clone();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(tower::limit::ConcurrencyLimitLayer::new(1))
+        .service(tower::service_fn(move |_req: Request<Full<Bytes>>| {
+            let gate = handler_gate.clone();
+            async move {
+                gate.acquire().await.expect("open").forget();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+            }
+        }));
+    let req = || {
+        Request::get("/")
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    };
+    // boxed: awaited by value, it is dropped when done and frees its permit
+    let mut first = Box::pin(svc.ready().await.expect("ready").call(req()));
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    let second = svc.ready().await.expect("ready").call(req());
+    let mut second = std::pin::pin!(second);
+    assert!(futures::poll!(second.as_mut()).is_pending());
+    gate.add_permits(2);
+    assert_eq!(first.await.expect("infallible").status(), StatusCode::OK);
+    // the permit the first request freed reaches the second
+    let second = tokio::time::timeout(Duration::from_secs(10), second).await;
+    let second = second.expect("the waiting request got the freed permit");
+    assert_eq!(second.expect("infallible").status(), StatusCode::OK);
 }
 
 /// A readiness error of the inner service is the response future's error,

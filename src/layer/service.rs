@@ -379,9 +379,15 @@ where
         },
         Poll::Ready(Err(error)) => ResponseFuture::ready(Err(error)),
         Poll::Pending => {
-            let inner = inner.clone();
+            // The service whose readiness is under way (it may hold a place
+            // in a queue, as a `ConcurrencyLimit` or `Buffer` does) goes on
+            // being readied in the future, with a real waker; a fresh clone
+            // stays. Left behind, that place would take a freed permit that
+            // no one polls.
+            let clone = inner.clone();
+            let readying = std::mem::replace(inner, clone);
             ResponseFuture::boxed(async move {
-                let mut response = forward(inner, request).await?.map(ResponseBody::inner);
+                let mut response = forward(readying, request).await?.map(ResponseBody::inner);
                 if let Some(fields) = fields {
                     fields.apply(response.headers_mut());
                 }
