@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# bench/lua.sh: Redis server time per decision of the lua/ library, next to
+# tower-rate-limit-redis' script (the "peer"), without HTTP around it.
+#
+#   bench/lua.sh                     # the work tree's lua/, 3 interleaved rounds
+#   bench/lua.sh main HEAD~3         # also the library of these git revisions
+#   ROUNDS=5 ALGS="gcra log" bench/lua.sh
+#   CALLGRIND=1 N=20000 bench/lua.sh # instructions per call instead of time
+#
+# One private redis-server (pinned to REDIS_CPU, no persistence) gets the
+# library of each version exactly as RedisStore loads it (the lua/ files
+# concatenated as `CODE` in src/store/redis/mod.rs, as Function
+# `tower_ratelimit_<sha16>` with flag allow-oom), only one at a time (the
+# Lua garbage collector's work grows with the code loaded), the peer's
+# script (SCRIPT LOAD), and, as floors, an empty Function and an empty
+# script.
+# bench/lua_load.py (pinned to LOAD_CPU) then sends N calls from C clients,
+# one in flight each, over a pool of KEYS keys, after N/10 calls of warm-up
+# on a flushed server:
+#
+#   peer:  EVALSHA <sha> 1 k<i> 65535 1          (capacity 65535, 1 ms)
+#   gcra:  FCALL <fn> 1 bench:{k<i>}:hello:gcra 3:65535:1:1000:0:1
+#   tb:    ... :tb   2:65535:1:1000:0:1           (65535, 1000 per s)
+#   fw:    ... :fw   4:65535:1000000:0:0:1        (65535 per s)
+#   sw:    ... :sw   5:65535:1000000:1:0:1        (65535 per s)
+#   log:   FCALL <fn> 2 ...:log ...:meta 1:1000:1000000:0:0:1 (1000 per s)
+#
+# the quotas of bench/peers (`ours-redis*` modes), the arguments as
+# `Limit::wire()` and `RedisStore::encode` write them for one check of cost
+# 1. Each round runs peer, then each algorithm for each version, with the
+# peer again before every algorithm, so that every figure has a peer figure
+# measured just before it. Reported: usec_per_call of FCALL or EVALSHA in
+# INFO commandstats per run, then per mode the median over rounds and the
+# median of its ratios to the peer run before it.
+#
+# With CALLGRIND=1 the server runs under valgrind's callgrind, collecting
+# only inside fcallCommand and evalShaCommand, and the figure is instructions
+# per call: slow (use a small N) but insensitive to the other load on the
+# machine.
+#
+# Environment: ROUNDS (3), N (200000), C (50), KEYS (10000), ALGS (gcra tb fw
+# sw log), FLOOR (1: also the empty Function and script), REDIS_CPU (0),
+# LOAD_CPU (1), OUT (raw outputs; default a new temporary folder). Needs
+# redis-server, redis-cli, python3, taskset, and valgrind for CALLGRIND.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROUNDS=${ROUNDS:-3}
+N=${N:-200000}
+C=${C:-50}
+KEYS=${KEYS:-10000}
+ALGS=${ALGS:-gcra tb fw sw log}
+FLOOR=${FLOOR:-1}
+REDIS_CPU=${REDIS_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+CALLGRIND=${CALLGRIND:-0}
+OUT=${OUT:-$(mktemp -d -t tower-ratelimit-lua.XXXXXX)}
+mkdir -p "$OUT"
+PEER_SCRIPT=${PEER_SCRIPT:-$(ls ~/.cargo/registry/src/*/tower-rate-limit-redis-1.0.2/scripts/rate_limit.lua 2>/dev/null | head -1)}
+[ -f "$PEER_SCRIPT" ] || { echo "the peer's rate_limit.lua is missing: set PEER_SCRIPT" >&2; exit 1; }
+FILES="common sliding_log token_bucket gcra fixed_window sliding_window driver"
+
+log() { printf '[lua %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+PORT=$(free_port)
+SERVER_PID=
+cleanup() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null || true; }
+trap cleanup EXIT
+if [ "$CALLGRIND" = 1 ]; then
+  taskset -c "$REDIS_CPU" valgrind --tool=callgrind --collect-atstart=no \
+    --toggle-collect=fcallCommand --toggle-collect=evalShaCommand \
+    --callgrind-out-file="$OUT/callgrind.%p" \
+    redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --loglevel warning >"$OUT/redis.log" 2>&1 &
+else
+  taskset -c "$REDIS_CPU" redis-server --port "$PORT" --bind 127.0.0.1 --save '' \
+    --appendonly no --loglevel warning >"$OUT/redis.log" 2>&1 &
+fi
+SERVER_PID=$!
+rc() { redis-cli -p "$PORT" "$@"; }
+for _ in $(seq 300); do rc PING >/dev/null 2>&1 && break; sleep 0.1; done
+rc PING >/dev/null
+
+# The library of a version ("work": the work tree; else a git revision), as
+# RedisStore loads it, in $OUT/<version>.lib; prints the function's name.
+make_library() {
+  local rev=$1 code name
+  code=$OUT/$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' _).code
+  for f in $FILES; do
+    if [ "$rev" = work ]; then cat "$ROOT/lua/$f.lua"; else git -C "$ROOT" show "$rev:lua/$f.lua"; fi
+  done >"$code"
+  name=tower_ratelimit_$(sha1sum "$code" | cut -c1-16)
+  { printf '#!lua name=%s\n' "$name"; cat "$code"; printf '\n'
+    printf "redis.register_function{function_name = '%s', callback = decide, flags = { 'allow-oom' }}\n" "$name"
+  } >"${code%.code}.lib"
+  echo "$name"
+}
+
+VERSIONS=(work "$@")
+declare -A FN LIB
+for v in "${VERSIONS[@]}"; do
+  FN[$v]=$(make_library "$v")
+  LIB[$v]=$OUT/$(echo "$v" | tr -c 'A-Za-z0-9_.\n-' _).lib
+  log "version $v: ${FN[$v]}"
+done
+printf "#!lua name=bench_empty\nredis.register_function{function_name = 'bench_empty', callback = function() return '' end, flags = { 'allow-oom' }}\n" >"$OUT/empty.lib"
+PEER_SHA=$(rc -x SCRIPT LOAD <"$PEER_SCRIPT")
+EMPTY_SHA=$(rc SCRIPT LOAD "return ''")
+
+# Only the library a run calls is loaded while it runs, as on a server of
+# one deployment: the Lua garbage collector's work grows with what is loaded.
+load_only() {
+  rc FUNCTION FLUSH >/dev/null
+  [ -n "$1" ] && rc -x FUNCTION LOAD <"$1" >/dev/null
+  return 0
+}
+
+# the command of a mode, {k} standing for the key number
+command_of() {
+  local mode=$1 alg fn
+  case $mode in
+    peer) echo "EVALSHA $PEER_SHA 1 k{k} 65535 1"; return ;;
+    empty-fcall) echo "FCALL bench_empty 1 bench:{k{k}}:hello:gcra 3:65535:1:1000:0:1"; return ;;
+    empty-eval) echo "EVALSHA $EMPTY_SHA 1 bench:{k{k}}:hello:gcra 3:65535:1:1000:0:1"; return ;;
+  esac
+  alg=${mode##*/}
+  fn=${FN[${mode%/*}]}
+  case $alg in
+    gcra) echo "FCALL $fn 1 bench:{k{k}}:hello:gcra 3:65535:1:1000:0:1" ;;
+    tb) echo "FCALL $fn 1 bench:{k{k}}:hello:tb 2:65535:1:1000:0:1" ;;
+    fw) echo "FCALL $fn 1 bench:{k{k}}:hello:fw 4:65535:1000000:0:0:1" ;;
+    sw) echo "FCALL $fn 1 bench:{k{k}}:hello:sw 5:65535:1000000:1:0:1" ;;
+    log) echo "FCALL $fn 2 bench:{k{k}}:hello:log bench:{k{k}}:hello:meta 1:1000:1000000:0:0:1" ;;
+    *) echo "unknown algorithm $alg" >&2; exit 1 ;;
+  esac
+}
+
+# usec_per_call (or, under callgrind, instructions per call) of FCALL and
+# EVALSHA since the last reset
+figure() {
+  if [ "$CALLGRIND" = 1 ]; then
+    local calls dump
+    calls=$(rc INFO commandstats | tr -d '\r' | awk -F'[:,=]' '/^cmdstat_(fcall|evalsha):/ {c+=$3} END {print c+0}')
+    callgrind_control -d "$SERVER_PID" >/dev/null 2>&1
+    dump=$(ls -t "$OUT"/callgrind.* | head -1)
+    awk -v calls="$calls" '/^(summary|totals):/ {ir=$2} END {printf "%.0f", ir/calls}' "$dump"
+    rm -f "$dump"
+  else
+    rc INFO commandstats | tr -d '\r' |
+      awk -F'[:,=]' '/^cmdstat_(fcall|evalsha):/ {c+=$3; u+=$5} END {if (c) printf "%.3f", u/c; else printf "-"}'
+  fi
+}
+
+run() {
+  local mode=$1 round=$2 cmd rps fig
+  cmd=$(command_of "$mode")
+  case $mode in
+    peer | empty-eval) load_only "" ;;
+    empty-fcall) load_only "$OUT/empty.lib" ;;
+    *) load_only "${LIB[${mode%/*}]}" ;;
+  esac
+  rc FLUSHALL >/dev/null
+  # shellcheck disable=SC2086
+  taskset -c "$LOAD_CPU" python3 "$ROOT/bench/lua_load.py" "$PORT" $((N / 10)) "$C" "$KEYS" $cmd >/dev/null
+  rc CONFIG RESETSTAT >/dev/null
+  [ "$CALLGRIND" = 1 ] && callgrind_control -z "$SERVER_PID" >/dev/null 2>&1
+  # shellcheck disable=SC2086
+  rps=$(taskset -c "$LOAD_CPU" python3 "$ROOT/bench/lua_load.py" "$PORT" "$N" "$C" "$KEYS" $cmd)
+  fig=$(figure)
+  printf '%s %s %s %s\n' "$round" "$mode" "$fig" "$rps" >>"$OUT/runs.txt"
+  log "round $round $mode: $fig per call ($rps calls/s)"
+}
+
+MODES=()
+[ "$FLOOR" = 1 ] && MODES+=(empty-eval empty-fcall)
+for alg in $ALGS; do for v in "${VERSIONS[@]}"; do MODES+=("$v/$alg"); done; done
+: >"$OUT/runs.txt"
+for round in $(seq "$ROUNDS"); do
+  for mode in "${MODES[@]}"; do
+    run peer "$round"
+    run "$mode" "$round"
+  done
+done
+
+# per mode: median figure, and the median ratio to the peer run just before
+python3 - "$OUT/runs.txt" <<'EOF'
+import statistics, sys
+runs = [line.split() for line in open(sys.argv[1])]
+figures, ratios, order = {}, {}, []
+peer = None
+for _, mode, fig, _ in runs:
+    fig = float(fig)
+    if mode == "peer":
+        peer = fig
+    else:
+        ratios.setdefault(mode, []).append(fig / peer)
+    if mode not in figures:
+        order.append(mode)
+    figures.setdefault(mode, []).append(fig)
+print("%-14s %6s %12s %12s" % ("mode", "rounds", "median", "x peer"))
+for mode in order:
+    f = figures[mode]
+    r = statistics.median(ratios[mode]) if mode in ratios else 1.0
+    print("%-14s %6d %12.3f %12.2f" % (mode, len(f), statistics.median(f), r))
+EOF
+log "raw figures in $OUT/runs.txt"
