@@ -4,6 +4,7 @@
 #
 #   bench/lua.sh                     # the work tree's lua/, 3 interleaved rounds
 #   bench/lua.sh main HEAD~3         # also the library of these git revisions
+#   bench/lua.sh /tmp/variant        # or of a folder holding the lua/ files
 #   ROUNDS=5 ALGS="gcra log" bench/lua.sh
 #   CALLGRIND=1 N=20000 bench/lua.sh # instructions per call instead of time
 #
@@ -30,8 +31,9 @@
 # 1. Each round runs peer, then each algorithm for each version, with the
 # peer again before every algorithm, so that every figure has a peer figure
 # measured just before it. Reported: usec_per_call of FCALL or EVALSHA in
-# INFO commandstats per run, then per mode the median over rounds and the
-# median of its ratios to the peer run before it.
+# INFO commandstats per run, then per mode the median over rounds, the
+# median of its ratios to the peer run before it, and the lowest figure with
+# its ratio to the peer's lowest (other load on the machine only ever adds).
 #
 # With CALLGRIND=1 the server runs under valgrind's callgrind, collecting
 # only inside fcallCommand and evalShaCommand, and the figure is instructions
@@ -87,7 +89,9 @@ make_library() {
   local rev=$1 code name
   code=$OUT/$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' _).code
   for f in $FILES; do
-    if [ "$rev" = work ]; then cat "$ROOT/lua/$f.lua"; else git -C "$ROOT" show "$rev:lua/$f.lua"; fi
+    if [ "$rev" = work ]; then cat "$ROOT/lua/$f.lua"
+    elif [ -d "$rev" ]; then cat "$rev/$f.lua"
+    else git -C "$ROOT" show "$rev:lua/$f.lua"; fi
   done >"$code"
   name=tower_ratelimit_$(sha1sum "$code" | cut -c1-16)
   { printf '#!lua name=%s\n' "$name"; cat "$code"; printf '\n'
@@ -182,7 +186,9 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-# per mode: median figure, and the median ratio to the peer run just before
+# per mode: the median figure and the median of its ratios to the peer run
+# just before; and, less sensitive to other load on the machine, the lowest
+# figure and its ratio to the peer's lowest
 python3 - "$OUT/runs.txt" <<'EOF'
 import statistics, sys
 runs = [line.split() for line in open(sys.argv[1])]
@@ -197,10 +203,11 @@ for _, mode, fig, _ in runs:
     if mode not in figures:
         order.append(mode)
     figures.setdefault(mode, []).append(fig)
-print("%-14s %6s %12s %12s" % ("mode", "rounds", "median", "x peer"))
+low_peer = min(figures["peer"])
+print("%-16s %6s %10s %8s %10s %8s" % ("mode", "runs", "median", "x peer", "lowest", "x peer"))
 for mode in order:
     f = figures[mode]
     r = statistics.median(ratios[mode]) if mode in ratios else 1.0
-    print("%-14s %6d %12.3f %12.2f" % (mode, len(f), statistics.median(f), r))
+    print("%-16s %6d %10.3f %8.2f %10.3f %8.2f" % (mode, len(f), statistics.median(f), r, min(f), min(f) / low_peer))
 EOF
 log "raw figures in $OUT/runs.txt"

@@ -2,7 +2,7 @@
 """bench/lua_diff.py: the work tree's lua/ library against the one of a git
 revision, decision by decision, on random inputs.
 
-    bench/lua_diff.py [--rev REV] [--cases N] [--seed S] [--commands]
+    bench/lua_diff.py [--rev REV] [--cases N] [--seed S] [--commands] [--alg A]
 
 Starts a private redis-server, loads both libraries as RedisStore would, and
 runs random cases through both, each on its own copy of the same keys: a
@@ -17,7 +17,10 @@ values (a sliding log's members and scores) and their expiries to the
 millisecond, as Redis was told them (every decision sets keys an hour of
 expiry slack, so that none expires in real time during a case): every write command the scripts issue is
 read from MONITOR, and with --commands those must be the same commands too
-(for changes that should not change what a decision writes).
+(for changes that should not change what a decision writes). Then the
+production path (no options, Redis' clock), which has no twin to agree
+with: its replies carry Redis' clock and a sliding log's scores are the
+times its members record.
 
 Exit status 0 when every step agreed. Needs redis-server, python3 and git.
 """
@@ -201,6 +204,7 @@ def main():
     ap.add_argument("--cases", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--commands", action="store_true")
+    ap.add_argument("--alg", type=int, default=None, help="only this algorithm (1 to 5)")
     args = ap.parse_args()
 
     s = socket.socket()
@@ -209,7 +213,8 @@ def main():
     s.close()
     tmp = tempfile.mkdtemp()
     server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no", "--dir", tmp, "--loglevel", "warning"])
+                               "--appendonly", "no", "--dir", tmp, "--loglevel", "warning"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):
             try:
@@ -254,7 +259,7 @@ def main():
             return out
 
         for case in range(args.cases):
-            limit = rand_limit(rng)
+            limit = rand_limit(rng, args.alg)
             alg = limit[0]
             other = rand_limit(rng) if rng.random() < 0.3 else None
             tag = "{c%d}" % case
@@ -333,6 +338,41 @@ def main():
                         print("   ", p)
                     if failures > 10:
                         raise SystemExit(1)
+        # The production path (no options: Redis' own clock) cannot be
+        # compared call by call; check what it writes: every log member's
+        # score is the time it records, and the reply's clock is Redis'.
+        for case in range(args.cases // 4):
+            limit = rand_limit(rng, args.alg)
+            alg = limit[0]
+            ks = ["work:{r%d}:l:%s" % (case, p) for p in KEY_PARTS[alg]]
+            for call_no in range(rng.randint(1, 6)):
+                if case < 6 and call_no == 0:
+                    # just after a second begins: a clock of fewer digits of us
+                    t = c("TIME")
+                    time.sleep((10 ** 6 - int(t[1])) / 1e6 + rng.choice([0.0015, 0.004, 0.02, 0.06]))
+                before = c("TIME")
+                reply = c("FCALL", names["work"], len(ks), *ks, spec_text(limit, rng.choice([0, 1, 1, 2])))
+                after = c("TIME")
+                steps += 1
+                problems = []
+                if isinstance(reply, Exception) or len(reply) != 48:
+                    problems.append("reply %r" % (reply,))
+                else:
+                    now = struct.unpack("<6d", reply)[2]
+                    lo = int(before[0]) * 10 ** 6 + int(before[1])
+                    hi = int(after[0]) * 10 ** 6 + int(after[1])
+                    if not lo <= now <= hi:
+                        problems.append("clock %r outside [%r, %r]" % (now, lo, hi))
+                if alg == 1:
+                    z = c("ZRANGE", ks[0], 0, -1, "WITHSCORES")
+                    for member, score in zip(z[::2], z[1::2]):
+                        if len(member) == 25 and struct.unpack("<d", member[1:9])[0] != float(score):
+                            problems.append("member %r has score %r" % (member, score))
+                if problems:
+                    failures += 1
+                    print("real-clock case %d: limit %r" % (case, limit))
+                    for p_ in problems:
+                        print("   ", p_)
         print("%d cases, %d steps, %d disagreements" % (args.cases, steps, failures))
         sys.exit(1 if failures else 0)
     finally:

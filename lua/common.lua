@@ -25,6 +25,20 @@
 -- library in an environment without them. They are used inside functions.)
 local EXACT = 9007199254740992 -- 2^53
 
+-- redis.call, redis.pcall, struct.pack and struct.unpack, looked up once: a
+-- global's lookup passes through the protected global table's metatable and
+-- costs more than several lines of arithmetic. They are not there while
+-- Redis 7 loads a library: `spec` binds them when it parses the first limit.
+local rcall, rpcall, spack, sunpack, ssub
+local function bind()
+  rcall, rpcall, spack, sunpack = redis.call, redis.pcall, struct.pack, struct.unpack
+  ssub = string.sub
+end
+
+-- The decision of one limit by the algorithm's general steps (driver.lua),
+-- for the states a faster path leaves to them.
+local decide_one
+
 local function fdiv(a, b) -- floor(a / b) for integers, b > 0
   -- `%` is a - floor(a / b) * b in doubles, off by one b when a / b rounds
   -- across an integer; the corrected remainder makes the division exact.
@@ -37,12 +51,25 @@ local function fdiv(a, b) -- floor(a / b) for integers, b > 0
   return (a - r) / b
 end
 
-local function cdiv(a, b) -- ceil(a / b) for integers, b > 0
-  return -fdiv(-a, b)
+local function cdiv(a, b) -- ceil(a / b) for integers, b > 0: -fdiv(-a, b)
+  a = -a
+  local r = a % b
+  if r < 0 then
+    r = r + b
+  elseif r >= b then
+    r = r - b
+  end
+  return -((a - r) / b)
 end
 
-local function fmod(a, b) -- a mod b in [0, b), exact
-  return a - fdiv(a, b) * b
+local function fmod(a, b) -- a mod b in [0, b), exact: a - fdiv(a, b) * b
+  local r = a % b
+  if r < 0 then
+    r = r + b
+  elseif r >= b then
+    r = r - b
+  end
+  return a - (a - r) / b * b
 end
 
 local function max(a, b)
@@ -79,10 +106,25 @@ local function rescale(x, from, to)
   return q * to + part
 end
 
+-- Expiries as PX arguments, as strings: Redis 7.0 formats a number
+-- argument with snprintf("%.17g"), which costs more than all of a
+-- decision's arithmetic, and decisions in a row mostly set the same few
+-- expiries. The text of the last `ms` of each residue mod 64 is kept:
+-- `px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)` is the text of
+-- `ms`. (A cache of every value seen would grow the Lua heap, whose every
+-- object the garbage collector visits again and again.)
+local px_ms, px_str = {}, {}
+local function px_arg(ms)
+  local s = string.format('%d', ms)
+  px_ms[ms % 64], px_str[ms % 64] = ms, s
+  return s
+end
+
 -- Milliseconds from the store's clock `from` until `at`, at least 1: the
--- expiry that makes a key outlive `at`.
+-- expiry that makes a key outlive `at` (as a PX argument).
 local function px(at, from)
-  return max(1, cdiv(at - from, 1000))
+  local ms = max(1, cdiv(at - from, 1000))
+  return px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
 end
 
 -- Parsed strings of integers separated by ':' (a limit and its cost,

@@ -44,13 +44,21 @@
 -- memory, since a state past its own `exp` reads as absent anyway.
 local algorithms = { sliding_log, token_bucket, gcra, fixed_window, sliding_window }
 
--- A limit's string, parsed once: its algorithm, parameters and cost.
+-- A limit's string, parsed once: its algorithm, parameters and cost; for
+-- the decision of one limit also as an array: [1] the algorithm's `one`,
+-- [2..5] the parameters, [6] the cost, then what `derive` adds.
 local specs, n_specs = {}, 0
 local function spec(s)
   local v = specs[s]
   if v then return v end
+  -- every algorithm's decision has a spec: Redis' functions are bound by then
+  if not rcall then bind() end
+  if string.byte(s, 1) == 111 then return nil end -- 'o': options, no limit
   local f = ints(s)
-  v = { alg = algorithms[f[1]], p = { f[2], f[3], f[4], f[5] }, cost = f[6] }
+  local alg = algorithms[f[1]]
+  v = { alg.one, f[2], f[3], f[4], f[5], f[6],
+    alg = alg, p = { f[2], f[3], f[4], f[5] }, cost = f[6] }
+  if alg.derive then alg.derive(v) end
   if n_specs >= 1024 then specs, n_specs = {}, 0 end
   specs[s] = v
   n_specs = n_specs + 1
@@ -60,9 +68,10 @@ end
 local NO_OPTIONS = { 0, 0, 0, 0 }
 local formats = {}
 
--- The common decision of one limit: the same steps, without the tables that
--- collect several.
-local function decide_one(keys, s, real, max_wait, dry, from)
+-- The decision of one limit by its algorithm's steps, without the tables
+-- that collect several: what each algorithm's `one` does on locals (the
+-- production path), and does itself for the states `one` leaves to it.
+function decide_one(keys, s, real, max_wait, dry, from)
   local alg, p, cost = s.alg, s.p, s.cost
   local st = alg.load(keys, 1, p)
   local now = max(real, st.hw)
@@ -177,6 +186,16 @@ local function take(keys, args, opts)
 end
 
 local function decide(keys, args)
+  if #args == 1 then
+    -- the production path: one limit, no options (each `one` takes the
+    -- TIME reply too, as text for a sliding log's score)
+    local s = specs[args[1]] or spec(args[1])
+    if s then
+      local t = rcall('TIME')
+      local real = t[1] * 1000000 + t[2]
+      return s[1](keys, s, real, 0, false, real, t)
+    end
+  end
   local first, opts = 1, NO_OPTIONS
   if string.byte(args[1], 1) == 111 then -- 'o'
     opts = ints(string.sub(args[1], 3))
@@ -189,7 +208,10 @@ local function decide(keys, args)
   -- expiries count from here: the store's clock, less the slack
   local from = real - opts[4]
   local n = #args - first + 1
-  if n == 1 then return decide_one(keys, spec(args[first]), real, max_wait, dry, from) end
+  if n == 1 then
+    local s = spec(args[first])
+    return s[1](keys, s, real, max_wait, dry, from)
+  end
 
   local limits, now = load_limits(keys, args, first, n, real)
 

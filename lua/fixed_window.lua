@@ -80,8 +80,113 @@ local function fw_save(st, p, now, from)
     'PX', px(st.start + p[2], from))
 end
 
+-- The decision of one limit (see `decide_one` in driver.lua): the steps
+-- above on locals, for the production path. s[2], s[3] = p, s[6] = cost.
+local function fw_one(keys, s, real, max_wait, dry, from)
+  local n, w, cost = s[2], s[3], s[6]
+  local key = keys[1]
+  local now, start, count = real, -1, 0
+  -- load and prepare
+  local v = rpcall('GET', key)
+  if v and #v == 33 then -- (an error reply is a table: #v == 0)
+    local tag, s0, len, c0, hw = sunpack('<c1dddd', v)
+    -- (each field an integer below 2^53 in magnitude, as int() checks;
+    -- 2^53 written out costs one VM instruction less than an upvalue)
+    if tag == 'F' and s0 % 1 == 0 and s0 < 9007199254740992 and s0 > -9007199254740992
+        and len % 1 == 0 and len > 0 and len < 9007199254740992
+        and c0 % 1 == 0 and c0 < 9007199254740992 and c0 > -9007199254740992
+        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992 then
+      if hw > now then now = hw end
+      if s0 + len > now then
+        if len == w then
+          start, count = s0, c0
+        else
+          local st = { raw = true, r_start = s0, r_len = len, r_count = c0 }
+          fw_prepare(st, s.p, now)
+          start, count = st.start, st.count
+        end
+      end
+    end
+  end
+  -- the window of now (now - fmod(now, w))
+  local m = now % w
+  if m < 0 then m = m + w elseif m >= w then m = m - w end
+  local current = now - m
+  if start <= current and s[7] and max_wait >= 0 and not dry then
+    -- the common case: 1 <= cost <= N, no reservation ahead; when it fits
+    -- in the current window it is granted now, in this window
+    local used = cost
+    if start == current then used = count + cost end
+    if used <= n then
+      local x = -(current + w - from) -- px: max(1, cdiv(current + w - from, 1000))
+      m = x % 1000
+      if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
+      local ms = -((x - m) / 1000)
+      if ms < 1 then ms = 1 end
+      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      rcall('SET', key, spack('<c1dddd', 'F', current, w, used, now), 'PX', ms)
+      return spack('<dddddd', 0, 0, now, 0, n - used, current + w - now)
+    end
+  end
+  -- earliest: in the counted window if it is not over, else in the current one
+  local t = now
+  if cost > 0 then
+    if cost > n then
+      t = -1
+    else
+      local at, used = current, 0
+      if start >= current then at, used = start, count end
+      if used + cost <= n then
+        if at > now then t = at end
+      else
+        t = at + w
+      end
+    end
+  end
+  local outcome, wait = 0, t - now
+  if t < 0 then
+    outcome, wait = 2, -1
+  elseif wait > max_wait then
+    outcome = 1
+  elseif not dry then
+    if cost > 0 then
+      -- grant in the window of t
+      local ts = current
+      if t ~= now then
+        m = t % w
+        if m < 0 then m = m + w elseif m >= w then m = m - w end
+        ts = t - m
+      end
+      if start == ts then count = count + cost else count = cost end
+      start = ts
+      -- save
+      local x = -(start + w - from) -- px: max(1, cdiv(start + w - from, 1000))
+      m = x % 1000
+      if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
+      local ms = -((x - m) / 1000)
+      if ms < 1 then ms = 1 end
+      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      rcall('SET', key, spack('<c1dddd', 'F', start, w, count, now), 'PX', ms)
+      -- status as of t, in the window just counted
+      local remaining = n - count
+      if remaining < 0 then remaining = 0 end
+      return spack('<dddddd', 0, wait, now, wait, remaining, start + w - now)
+    end
+  end
+  -- status as of now
+  if t >= 0 then t = t - now end
+  if start > current then return spack('<dddddd', outcome, wait, now, t, 0, start + w - now) end
+  if start == current then
+    local remaining = n - count
+    if remaining < 0 then remaining = 0 end
+    return spack('<dddddd', outcome, wait, now, t, remaining, current + w - now)
+  end
+  return spack('<dddddd', outcome, wait, now, t, n, 0)
+end
+
 local fixed_window = {
   nkeys = 1, load = fw_load, prepare = fw_prepare, earliest = fw_earliest,
   grant = fw_grant, status = fw_status, save = fw_save,
-  refund = fw_refund,
+  refund = fw_refund, one = fw_one,
+  derive = function(s) s[7] = s[6] >= 1 and s[6] <= s[2] end, -- 1 <= cost <= N
 }

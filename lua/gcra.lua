@@ -107,8 +107,150 @@ local function gcra_save(st, p, now, from)
     'PX', px(exp, from))
 end
 
+-- The decision of one limit (see `decide_one` in driver.lua): the steps
+-- above on locals, the common cases inline, for the production path. `s` is
+-- the limit's spec: s[2..4] = p, s[6] = cost, s[7] = B * W,
+-- s[8] = (B - cost) * W, s[9] = cost * W.
+local function gcra_one(keys, s, real, max_wait, dry, from)
+  local b, n, w, cost = s[2], s[3], s[4], s[6]
+  local key = keys[1]
+  local now, tat, frac, keep = real, real, 0, b
+  -- load and prepare
+  local v = rpcall('GET', key)
+  if v and #v == 41 then -- (an error reply is a table: #v == 0)
+    local tag, level, den, hw, exp, bmax = sunpack('<c1ddddd', v)
+    -- (each field an integer below 2^53 in magnitude, as int() checks;
+    -- 2^53 written out costs one VM instruction less than an upvalue)
+    if tag == 'G' and level % 1 == 0 and level < 9007199254740992 and level > -9007199254740992
+        and den % 1 == 0 and den > 0 and den < 9007199254740992
+        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992
+        and exp % 1 == 0 and exp < 9007199254740992 and exp > -9007199254740992
+        and bmax % 1 == 0 and bmax < 9007199254740992 and bmax > -9007199254740992 then
+      if hw > now then now = hw end
+      tat = now
+      if exp > now then
+        if bmax > b then keep = bmax end
+        local debt = 0
+        if den == w then -- fdiv(level, w) < b, exactly: B * W < 2^53
+          if level < s[7] then debt = s[7] - level end
+        elseif fdiv(level, den) < b then
+          debt = s[7] - rescale(level, den, w)
+        end
+        local r = debt % n -- whole = fdiv(debt, n)
+        if r < 0 then r = r + n elseif r >= n then r = r - n end
+        local whole = (debt - r) / n
+        tat, frac = hw + whole, debt - whole * n
+        if frac > 0 then
+          if tat + 1 < now then tat, frac = now, 0 end
+        elseif tat < now then
+          tat = now
+        end
+      end
+    end
+  end
+  if tat == now and frac == 0 and keep == b and s[16] and now < s[17] and max_wait >= 0
+      and not dry then
+    -- a full bucket (the common case: a key that rested) grants 1 <= cost
+    -- <= B at once, to the same state and status every time (spec[10..15]:
+    -- exactly what the steps below compute while the new TAT's tick stays
+    -- below 2^53)
+    local ms = -(now + s[13] - from) -- px: max(1, cdiv(exp - from, 1000))
+    local r = ms % 1000
+    if r < 0 then r = r + 1000 elseif r >= 1000 then r = r - 1000 end
+    ms = -((ms - r) / 1000)
+    if ms < 1 then ms = 1 end
+    ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+    rcall('SET', key, spack('<c1ddddd', 'G', s[12], w, now, now + s[13], b), 'PX', ms)
+    return spack('<dddddd', 0, 0, now, 0, s[14], s[15])
+  end
+  -- earliest
+  local t = now
+  if cost > 0 then
+    if cost > b then
+      t = -1
+    else
+      local x = s[8] - frac -- t = max(now, tat - fdiv(x, n))
+      local r = x % n
+      if r < 0 then r = r + n elseif r >= n then r = r - n end
+      t = tat - (x - r) / n
+      if t < now then t = now end
+    end
+  end
+  local outcome, wait, as_of = 0, t - now, now
+  if t < 0 then
+    outcome, wait = 2, -1
+  elseif wait > max_wait then
+    outcome = 1
+  elseif not dry then
+    as_of = t
+    if cost > 0 then
+      -- grant
+      if frac > 0 then
+        if tat + 1 < t then tat, frac = t, 0 end
+      elseif tat < t then
+        tat = t
+      end
+      local total = frac + s[9]
+      local r = total % n
+      if r < 0 then r = r + n elseif r >= n then r = r - n end
+      local whole = (total - r) / n
+      tat, frac = tat + whole, total - whole * n
+      -- save
+      local exp = tat + 1
+      if frac > 0 then exp = tat + 2 end
+      if keep > b then
+        local extra = min(keep - b, fdiv(EXACT - 1, w))
+        exp = exp + cdiv(extra * w, n)
+      end
+      local ms = -(exp - from) -- px: max(1, cdiv(exp - from, 1000))
+      r = ms % 1000
+      if r < 0 then r = r + 1000 elseif r >= 1000 then r = r - 1000 end
+      ms = -((ms - r) / 1000)
+      if ms < 1 then ms = 1 end
+      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      rcall('SET', key, spack('<c1ddddd', 'G', s[7] - ((tat - now) * n + frac), w, now, exp, keep),
+        'PX', ms)
+    end
+  end
+  -- status
+  local used = 0 -- (tat - as_of) scaled by N
+  if tat >= as_of then used = (tat - as_of) * n + frac end
+  local x = s[7] - used -- remaining = max(0, min(b, fdiv(x, w)))
+  local r = x % w
+  if r < 0 then r = r + w elseif r >= w then r = r - w end
+  local remaining = (x - r) / w
+  if remaining > b then remaining = b elseif remaining < 0 then remaining = 0 end
+  local reset = 0
+  if tat >= now then
+    reset = tat - now
+    if frac > 0 then -- + cdiv(frac, n), 0 < frac < n
+      reset = reset + 1
+    end
+  end
+  if t >= 0 then t = t - now end
+  return spack('<dddddd', outcome, wait, now, t, remaining, reset)
+end
+
 local gcra = {
   nkeys = 1, load = gcra_load, prepare = gcra_prepare, earliest = gcra_earliest,
   grant = gcra_grant, status = gcra_status, save = gcra_save,
-  refund = gcra_refund,
+  refund = gcra_refund, one = gcra_one,
+  -- the constants gcra_one reads from a spec; [10..17] describe a grant
+  -- from a full bucket (TAT = now): the TAT moves whole = s[10] us and
+  -- frac = s[11] ahead, the level left is s[12], the state expires s[13]
+  -- after now, remaining s[14], reset_after s[15]; s[16]: 1 <= cost <= B;
+  -- s[17]: the clocks below which now + s[13] is exact
+  derive = function(s)
+    local b, n, w, cost = s[2], s[3], s[4], s[6]
+    s[7], s[8], s[9] = b * w, (b - cost) * w, cost * w
+    s[16] = cost >= 1 and cost <= b
+    if s[16] then
+      local whole = fdiv(s[9], n)
+      local frac = s[9] - whole * n
+      s[10], s[11], s[12] = whole, frac, s[7] - s[9]
+      s[13], s[14], s[15] = whole + 1, b - cost, whole
+      if frac > 0 then s[13], s[15] = whole + 2, whole + 1 end
+      s[17] = EXACT - 2 - whole
+    end
+  end,
 }

@@ -204,8 +204,173 @@ local function slog_save(st, p, now, from)
   redis.call('PEXPIRE', st.log, px(until_at, from))
 end
 
+-- A log member's time and cost when it is this code's ('E', integer time,
+-- seq and cost, cost at least 1: what slog_entry reads as such); nil for
+-- another (slog_entry counts it as one grant, and its time is only its
+-- score).
+local function slog_member(e)
+  if #e ~= 25 then return nil end
+  local tag, at, seq, cost = sunpack('<c1ddd', e)
+  if tag == 'E' and at % 1 == 0 and at < 9007199254740992 and at > -9007199254740992
+      and seq % 1 == 0 and seq < 9007199254740992 and seq > -9007199254740992
+      and cost % 1 == 0 and cost >= 1 and cost < 9007199254740992 then
+    return at, cost
+  end
+  return nil
+end
+
+-- The decision of one limit (see `decide_one` in driver.lua) for a log of
+-- at most SLOG_SMALL members whose meta is valid (or absent, the log
+-- empty), every member this code's own, and no longer window keeping
+-- entries: the steps above, with the whole log in one ZRANGE that also
+-- checks meta's count and last member, and each member's time read from
+-- the member (it is its score). Any other state takes decide_one, before
+-- anything is written. `clock`, the TIME reply `real` was read from (nil
+-- for a given clock), spells a grant's score without formatting a number.
+local SLOG_SMALL = 8
+-- ranks as arguments (a number argument is formatted), and the zeros that
+-- pad 1 to 6 digits of microseconds to 6
+local RANK = { [0] = '0', '1', '2', '3', '4', '5', '6', '7', '8' }
+local PAD = { '00000', '0000', '000', '00', '0', '' }
+
+local function slog_one(keys, s, real, max_wait, dry, from, clock)
+  local n, w, cost = s[2], s[3], s[6]
+  local log, meta = keys[1], keys[2]
+  -- load: meta (valid, or absent for an empty log), then the whole log
+  local sum, cnt, seq, hw, wmax, wexp, uni = 0, 0, 0, 0, 0, 0, 1
+  local m = rpcall('GET', meta)
+  if m then
+    if #m < 57 then return decide_one(keys, s, real, max_wait, dry, from) end
+    local tag
+    tag, sum, cnt, seq, hw, wmax, wexp, uni = sunpack('<c1ddddddd', m)
+    -- (int() of every field; 2^53 written out costs one VM instruction
+    -- less than an upvalue)
+    if not (tag == 'M' and cnt >= 0 and cnt <= SLOG_SMALL and cnt % 1 == 0
+        and sum % 1 == 0 and sum < 9007199254740992 and sum > -9007199254740992
+        and seq % 1 == 0 and seq < 9007199254740992 and seq > -9007199254740992
+        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992
+        and wmax % 1 == 0 and wmax < 9007199254740992 and wmax > -9007199254740992
+        and wexp % 1 == 0 and wexp < 9007199254740992 and wexp > -9007199254740992
+        and uni % 1 == 0 and uni < 9007199254740992 and uni > -9007199254740992) then
+      return decide_one(keys, s, real, max_wait, dry, from)
+    end
+    if wmax <= 0 then wmax, wexp = 0, 0 end
+    if uni ~= 1 then uni = 0 end
+  end
+  local now = real
+  if hw > now then now = hw end
+  -- a longer window in use keeps entries outside this one
+  if wmax > w and wexp > now then return decide_one(keys, s, real, max_wait, dry, from) end
+  -- ranks 0 .. cnt: exactly cnt members when meta's count is the log's
+  local r = rpcall('ZRANGE', log, '0', RANK[cnt])
+  if r.err or #r ~= cnt or (cnt > 0 and r[cnt] ~= ssub(m, 58)) then
+    return decide_one(keys, s, real, max_wait, dry, from)
+  end
+  -- prepare: the first k members left the window (all of them once the
+  -- writer's newest grant left the writer's window); an empty log is empty
+  -- whatever meta's sum says
+  local top, last, k, gone = false, false, 0, 0
+  if cnt == 0 then
+    sum, uni = 0, 1
+  else
+    top = r[cnt]
+    local top_cost
+    last, top_cost = slog_member(top)
+    if not last then return decide_one(keys, s, real, max_wait, dry, from) end
+    local cutoff = now - w
+    if wmax > 0 and last + wmax <= now then cutoff = last end
+    while k < cnt do
+      local at, c = last, top_cost
+      if k + 1 < cnt then
+        at, c = slog_member(r[k + 1])
+        if not at then return decide_one(keys, s, real, max_wait, dry, from) end
+      end
+      if at > cutoff then break end
+      k = k + 1
+      if uni == 1 then gone = gone + 1 else gone = gone + c end
+    end
+  end
+  local count = cnt - k
+  sum = sum - gone
+  if count == 0 then top, last, uni = false, false, 1 end
+  local win = sum
+  -- earliest
+  local t = now
+  if cost > 0 then
+    if cost > n then
+      t = -1
+    else
+      if last and last > now then t = last end
+      local excess = win + cost - n
+      if excess > 0 then
+        -- wait until enough of the oldest grants have left the window
+        local dropped, i, at, c = 0, k, last, 0
+        while i < cnt and dropped < excess do
+          i = i + 1
+          at, c = slog_member(r[i])
+          if not at then return decide_one(keys, s, real, max_wait, dry, from) end
+          dropped = dropped + c
+        end
+        at = at + w -- (when too few: the last's time, which is the log's last)
+        if at > t then t = at end
+      end
+    end
+  end
+  if k > 0 then rcall('ZREMRANGEBYRANK', log, '0', RANK[k - 1]) end
+  local outcome, wait, as_of = 0, t - now, now
+  if t < 0 then
+    outcome, wait = 2, -1
+  elseif wait > max_wait then
+    outcome = 1
+  elseif not dry and cost > 0 then
+    -- grant, then save
+    as_of = t
+    seq = seq + 1
+    local member = spack('<c1ddd', 'E', t, seq, cost)
+    local score = t
+    if clock and t == real then score = clock[1] .. PAD[#clock[2]] .. clock[2] end
+    rcall('ZADD', log, score, member)
+    if not last or t > last or member > top then top = member end
+    sum, win, count, last = sum + cost, win + cost, count + 1, t
+    if cost ~= 1 then uni = 0 end
+    local x = -(t + w - from) -- px: max(1, cdiv(last + w - from, 1000))
+    local r0 = x % 1000
+    if r0 < 0 then r0 = r0 + 1000 elseif r0 >= 1000 then r0 = r0 - 1000 end
+    local ms = -((x - r0) / 1000)
+    if ms < 1 then ms = 1 end
+    ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+    rcall('SET', meta, spack('<c1dddddddc0', 'M', sum, count, seq, now, w, now + w, uni, top),
+      'PX', ms)
+    rcall('PEXPIRE', log, ms)
+    k = 0
+  elseif not dry then
+    as_of = t
+  end
+  if k > 0 then
+    -- a decision that pruned and granted nothing keeps meta in step
+    rcall('SET', meta, spack('<c1dddddddc0', 'M', sum, count, seq, hw, wmax, wexp, uni, top or ''),
+      'KEEPTTL')
+  end
+  -- status
+  local remaining, reset = n, 0
+  if last then
+    reset = last + w - now
+    if last > as_of then
+      remaining = 0
+    else
+      if as_of > now then
+        local grants = rcall('ZRANGEBYSCORE', log, '(' .. string.format('%d', now - w), as_of - w)
+        win = win - slog_sum(grants)
+      end
+      remaining = max(0, n - win)
+    end
+  end
+  if t >= 0 then t = t - now end
+  return spack('<dddddd', outcome, wait, now, t, remaining, reset)
+end
+
 local sliding_log = {
   nkeys = 2, load = slog_load, prepare = slog_prepare, earliest = slog_earliest,
   grant = slog_grant, status = slog_status, save = slog_save,
-  refund = slog_refund,
+  refund = slog_refund, one = slog_one,
 }

@@ -114,8 +114,207 @@ local function sw_save(st, p, now, from)
     'PX', px(st.start + 2 * p[2], from))
 end
 
+-- What `prev` weighs with `rem` us left in the current window:
+-- cdiv(prev * cdiv(rem, u), wu), as sw_status counts it.
+local function sw_weighed(prev, rem, u, wu)
+  local x = -rem
+  local m = x % u
+  if m < 0 then m = m + u elseif m >= u then m = m - u end
+  x = prev * ((x - m) / u) -- -(prev * cdiv(rem, u))
+  m = x % wu
+  if m < 0 then m = m + wu elseif m >= wu then m = m - wu end
+  return -((x - m) / wu)
+end
+
+-- The decision of one limit (see `decide_one` in driver.lua): the steps
+-- above on locals, for the production path. s[2..4] = p, s[6] = cost,
+-- s[7] = ceil(W / U).
+local function sw_one(keys, s, real, max_wait, dry, from)
+  local n, w, u, cost, wu = s[2], s[3], s[4], s[6], s[7]
+  local key = keys[1]
+  local now, start, prev, cur = real, -1, 0, 0
+  -- load and prepare
+  local v = rpcall('GET', key)
+  if v and #v == 41 then -- (an error reply is a table: #v == 0)
+    local tag, s0, len, p0, c0, hw = sunpack('<c1ddddd', v)
+    -- (each field an integer below 2^53 in magnitude, as int() checks;
+    -- 2^53 written out costs one VM instruction less than an upvalue)
+    if tag == 'S' and s0 % 1 == 0 and s0 < 9007199254740992 and s0 > -9007199254740992
+        and len % 1 == 0 and len > 0 and len < 9007199254740992
+        and p0 % 1 == 0 and p0 < 9007199254740992 and p0 > -9007199254740992
+        and c0 % 1 == 0 and c0 < 9007199254740992 and c0 > -9007199254740992
+        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992 then
+      if hw > now then now = hw end
+      if s0 + 2 * len > now then
+        if len == w then
+          start, prev, cur = s0, p0, c0
+        else
+          local st = { raw = true, r_start = s0, r_len = len, r_prev = p0, r_cur = c0 }
+          sw_prepare(st, s.p, now)
+          start, prev, cur = st.start, st.prev, st.cur
+        end
+      end
+    end
+  end
+  -- the window of now (now - fmod(now, w))
+  local m = now % w
+  if m < 0 then m = m + w elseif m >= w then m = m - w end
+  local current = now - m
+  if start <= current and s[8] and max_wait >= 0 and not dry then
+    -- the common case: 1 <= cost <= N, no reservation ahead; when the
+    -- first window sw_earliest tries, the current one, allows it now, it
+    -- is granted now, in this window
+    local p, c = 0, 0 -- sw_counts(current)
+    if start == current then
+      p, c = prev, cur
+    elseif start == current - w then
+      p = cur
+    end
+    if c + cost <= n then
+      -- with p > 0, now is the time sw_earliest finds when the weight left
+      -- of p, ru = ceil((current + w - now) / U) steps, is at most the
+      -- steps the cost leaves: fdiv((N - c - cost) * ceil(W / U), p)
+      local fits, ru = p == 0, 0
+      if p > 0 then
+        local x = -(current + w - now)
+        m = x % u
+        if m < 0 then m = m + u elseif m >= u then m = m - u end
+        ru = -((x - m) / u)
+        fits = (n - c - cost) * wu >= ru * p
+      end
+      if fits then
+        c = c + cost
+        local x = -(current + 2 * w - from) -- px: max(1, cdiv(current + 2 * w - from, 1000))
+        m = x % 1000
+        if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
+        local ms = -((x - m) / 1000)
+        if ms < 1 then ms = 1 end
+        ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+        rcall('SET', key, spack('<c1ddddd', 'S', current, w, p, c, now), 'PX', ms)
+        local used = c
+        if p > 0 then -- + sw_weighed(p, current + w - now, u, wu)
+          local x = -(p * ru)
+          m = x % wu
+          if m < 0 then m = m + wu elseif m >= wu then m = m - wu end
+          used = c - (x - m) / wu
+        end
+        local remaining = n - used
+        if remaining < 0 then remaining = 0 end
+        return spack('<dddddd', 0, 0, now, 0, remaining, current + 2 * w - now)
+      end
+    end
+  end
+  -- earliest
+  local t = now
+  if cost > 0 then
+    if cost > n then
+      t = -1
+    else
+      t = nil
+      local at = current
+      if start > at then at = start end
+      local from_t = now
+      if at > now then from_t = at end
+      for _ = 1, 3 do
+        local p, c = 0, 0 -- sw_counts(at)
+        if start == at then
+          p, c = prev, cur
+        elseif start == at - w then
+          p = cur
+        end
+        if c + cost <= n then
+          if p == 0 then
+            t = at
+            break
+          end
+          local x = (n - c - cost) * wu -- steps = fdiv(x, p)
+          m = x % p
+          if m < 0 then m = m + p elseif m >= p then m = m - p end
+          x = at + w - (x - m) / p * u
+          if x < at then x = at end
+          if x < at + w then
+            t = x
+            break
+          end
+        end
+        at = at + w
+      end
+      if not t then t = at end
+      if t < from_t then t = from_t end
+    end
+  end
+  local outcome, wait = 0, t - now
+  if t < 0 then
+    outcome, wait = 2, -1
+  elseif wait > max_wait then
+    outcome = 1
+  elseif not dry then
+    if cost > 0 then
+      -- grant in the window of t
+      local ts = current
+      if t ~= now then
+        m = t % w
+        if m < 0 then m = m + w elseif m >= w then m = m - w end
+        ts = t - m
+      end
+      if start == ts then
+        cur = cur + cost
+      elseif start == ts - w then
+        prev, cur = cur, cost
+      else
+        prev, cur = 0, cost
+      end
+      start = ts
+      -- save
+      local x = -(start + 2 * w - from) -- px: max(1, cdiv(start + 2 * w - from, 1000))
+      m = x % 1000
+      if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
+      local ms = -((x - m) / 1000)
+      if ms < 1 then ms = 1 end
+      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      rcall('SET', key, spack('<c1ddddd', 'S', start, w, prev, cur, now), 'PX', ms)
+      -- status as of t, in the window just counted (cur > 0)
+      local used = cur
+      if prev ~= 0 then -- + sw_weighed(prev, start + w - t, u, wu)
+        local x = -(start + w - t)
+        m = x % u
+        if m < 0 then m = m + u elseif m >= u then m = m - u end
+        x = prev * ((x - m) / u)
+        m = x % wu
+        if m < 0 then m = m + wu elseif m >= wu then m = m - wu end
+        used = cur - (x - m) / wu
+      end
+      local remaining = n - used
+      if remaining < 0 then remaining = 0 end
+      return spack('<dddddd', 0, wait, now, wait, remaining, start + 2 * w - now)
+    end
+  end
+  -- status as of now
+  if t >= 0 then t = t - now end
+  if start > current then return spack('<dddddd', outcome, wait, now, t, 0, start + 2 * w - now) end
+  local p, c = 0, 0 -- sw_counts(current)
+  if start == current then
+    p, c = prev, cur
+  elseif start == current - w then
+    p = cur
+  end
+  local used = c
+  if p ~= 0 then used = c + sw_weighed(p, current + w - now, u, wu) end
+  local remaining = n - used
+  if remaining < 0 then remaining = 0 end
+  local reset = 0
+  if c > 0 then
+    reset = current + 2 * w - now
+  elseif p > 0 then
+    reset = current + w - now
+  end
+  return spack('<dddddd', outcome, wait, now, t, remaining, reset)
+end
+
 local sliding_window = {
   nkeys = 1, load = sw_load, prepare = sw_prepare, earliest = sw_earliest,
   grant = sw_grant, status = sw_status, save = sw_save,
-  refund = sw_refund,
+  refund = sw_refund, one = sw_one,
+  -- s[7] = ceil(W / U), s[8]: 1 <= cost <= N
+  derive = function(s) s[7], s[8] = cdiv(s[3], s[4]), s[6] >= 1 and s[6] <= s[2] end,
 }

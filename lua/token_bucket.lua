@@ -89,8 +89,121 @@ local function tb_save(st, p, now, from)
     'PX', px(exp, from))
 end
 
+-- The decision of one limit (see `decide_one` in driver.lua): the steps
+-- above on locals, for the production path. s[2..4] = p, s[6] = cost,
+-- s[7] = C * P, s[8] = cost * P.
+local function tb_one(keys, s, real, max_wait, dry, from)
+  local c, r, p, cost, full = s[2], s[3], s[4], s[6], s[7]
+  local key = keys[1]
+  local now, level, ts, keep = real, full, real, c
+  -- load and prepare
+  local v = rpcall('GET', key)
+  if v and #v == 49 then -- (an error reply is a table: #v == 0)
+    local tag, l, den, t0, hw, exp, cmax = sunpack('<c1dddddd', v)
+    -- (each field an integer below 2^53 in magnitude, as int() checks;
+    -- 2^53 written out costs one VM instruction less than an upvalue)
+    if tag == 'T' and l % 1 == 0 and l < 9007199254740992 and l > -9007199254740992
+        and den % 1 == 0 and den > 0 and den < 9007199254740992
+        and t0 % 1 == 0 and t0 < 9007199254740992 and t0 > -9007199254740992
+        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992
+        and exp % 1 == 0 and exp < 9007199254740992 and exp > -9007199254740992
+        and cmax % 1 == 0 and cmax < 9007199254740992 and cmax > -9007199254740992 then
+      if hw > now then now = hw end
+      ts = now
+      if exp > now then
+        if cmax > c then keep = cmax end
+        ts = t0
+        if den == p then -- fdiv(l, p) < c, exactly: C * P < 2^53
+          if l < full then level = l end
+        elseif fdiv(l, den) < c then
+          level = rescale(l, den, p)
+        end
+      end
+    end
+  end
+  if level == full and ts == now and keep == c and s[12] and max_wait >= 0 and not dry then
+    -- a full bucket (the common case: a key that rested) grants 1 <= cost
+    -- <= C at once, to the same state and status every time (spec[9..11])
+    local x = -(now + s[9] - from) -- px: max(1, cdiv(exp - from, 1000))
+    local m = x % 1000
+    if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
+    local ms = -((x - m) / 1000)
+    if ms < 1 then ms = 1 end
+    ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+    rcall('SET', key, spack('<c1dddddd', 'T', s[10], p, now, now, now + s[9], c), 'PX', ms)
+    return spack('<dddddd', 0, 0, now, 0, s[11], s[9])
+  end
+  -- the fill at base = max(now, ts) (tb_level_at)
+  local base = now
+  if ts > now then base = ts end
+  local fill = level
+  if base > ts then
+    if base - ts >= cdiv(full - level, r) then fill = full else fill = level + (base - ts) * r end
+  end
+  -- earliest
+  local t = now
+  if cost > 0 then
+    if cost > c then
+      t = -1
+    else
+      local need = s[8] - fill
+      t = base
+      if need > 0 then t = base + cdiv(need, r) end
+    end
+  end
+  local outcome, wait = 0, t - now
+  if t < 0 then
+    outcome, wait = 2, -1
+  elseif wait > max_wait then
+    outcome = 1
+  elseif not dry then
+    if cost > 0 then
+      -- grant at t >= ts: the fill at t, less the cost
+      if t > ts then
+        if t - ts >= cdiv(full - level, r) then fill = full else fill = level + (t - ts) * r end
+      end
+      level, ts = fill - s[8], t
+      fill = level
+      -- save: the bucket is full again (at its largest capacity) at exp
+      local x = -(full - level) -- refill = cdiv(full - level, r)
+      local m = x % r
+      if m < 0 then m = m + r elseif m >= r then m = m - r end
+      local refill = -((x - m) / r)
+      local exp = ts + refill
+      if keep > c then exp = ts + cdiv(min(keep, fdiv(EXACT - 1, p)) * p - level, r) end
+      x = -(exp - from) -- px: max(1, cdiv(exp - from, 1000))
+      m = x % 1000
+      if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
+      local ms = -((x - m) / 1000)
+      if ms < 1 then ms = 1 end
+      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      rcall('SET', key, spack('<c1dddddd', 'T', level, p, ts, now, exp, keep), 'PX', ms)
+      -- status as of t: this fill, full again `refill` later
+      x = level -- remaining = fdiv(level, p)
+      m = x % p
+      if m < 0 then m = m + p elseif m >= p then m = m - p end
+      return spack('<dddddd', 0, wait, now, wait, (x - m) / p, t - now + refill)
+    end
+  end
+  -- status as of now: the fill at base = max(now, ts), none while reserved
+  local remaining = 0
+  if ts <= now then remaining = fdiv(fill, p) end
+  local reset = base - now + cdiv(full - fill, r)
+  if t >= 0 then t = t - now end
+  return spack('<dddddd', outcome, wait, now, t, remaining, reset)
+end
+
 local token_bucket = {
   nkeys = 1, load = tb_load, prepare = tb_prepare, earliest = tb_earliest,
   grant = tb_grant, status = tb_status, save = tb_save,
-  refund = tb_refund,
+  refund = tb_refund, one = tb_one,
+  -- the constants tb_one reads from a spec; [9..12] describe a grant from
+  -- a full bucket: it is full again s[9] us later, leaves the level s[10]
+  -- and s[11] tokens; s[12]: 1 <= cost <= C
+  derive = function(s)
+    local c, r, p, cost = s[2], s[3], s[4], s[6]
+    s[7], s[8] = c * p, cost * p
+    s[12] = cost >= 1 and cost <= c
+    if s[12] then s[9], s[10], s[11] = cdiv(s[8], r), s[7] - s[8], c - cost end
+  end,
 }
