@@ -270,12 +270,20 @@ fn the_internal_token_is_exempt_from_every_limit() {
 }
 
 fn exercise(ports: &[u16]) {
-    // /api/hello: 10 per second per IP, burst 10, across all instances
+    // /api/hello: 10 per second per IP, burst 10, across all instances.
+    // The burst passes; beyond it, one more per 100 ms the requests took
+    // (TLS handshakes in a debug build on a busy machine take that long).
+    let started = std::time::Instant::now();
     let hello: Vec<u16> = (0..12)
         .map(|i| status(ports[i % ports.len()], "GET", "/api/hello"))
         .collect();
-    assert_eq!(hello.iter().filter(|s| **s == 200).count(), 10, "{hello:?}");
-    assert_eq!(hello[11], 429);
+    let refills = usize::try_from(started.elapsed().as_millis() / 100).unwrap_or(usize::MAX);
+    let granted = hello.iter().filter(|s| **s == 200).count();
+    assert!(hello[..10].iter().all(|s| *s == 200), "{hello:?}");
+    assert!(granted <= 10 + refills, "{hello:?}: {refills} refills");
+    if refills == 0 {
+        assert_eq!(hello[11], 429);
+    }
     // /sms/{phone}: 3 per minute per number, 202 when accepted
     let sms: Vec<u16> = (0..4)
         .map(|i| status(ports[i % ports.len()], "POST", "/sms/+15550100"))
