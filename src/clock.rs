@@ -3,7 +3,9 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+#[cfg(doc)]
+use std::time::Instant;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of the current time in whole microseconds since the Unix epoch.
 pub trait Clock: Send + Sync + 'static {
@@ -12,12 +14,18 @@ pub trait Clock: Send + Sync + 'static {
 }
 
 /// The process clock: the system time read once, advanced by a monotonic
-/// [`Instant`], so it is aligned with other machines' epochs (fixed windows
+/// clock, so it is aligned with other machines' epochs (fixed windows
 /// start at the same instants everywhere) yet never jumps backwards.
+///
+/// The monotonic clock is [`quanta`]'s: the CPU's time-stamp counter where
+/// it is invariant (a read costs a few nanoseconds, against 20 to 30 for
+/// [`Instant::now`] on common virtual machines), else the operating
+/// system's monotonic clock.
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     epoch_micros: i64,
-    start: Instant,
+    clock: quanta::Clock,
+    start: u64,
 }
 
 impl SystemClock {
@@ -26,9 +34,11 @@ impl SystemClock {
         let since_epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
+        let clock = quanta::Clock::new();
         Self {
             epoch_micros: i64::try_from(since_epoch.as_micros()).unwrap_or(i64::MAX / 2),
-            start: Instant::now(),
+            start: clock.raw(),
+            clock,
         }
     }
 }
@@ -41,12 +51,8 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now_micros(&self) -> i64 {
-        // whole seconds and microseconds apart: no 128-bit arithmetic
-        let elapsed = self.start.elapsed();
-        let secs = i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX / 2_000_000);
-        let micros = secs
-            .saturating_mul(1_000_000)
-            .saturating_add(i64::from(elapsed.subsec_micros()));
+        let nanos = self.clock.delta_as_nanos(self.start, self.clock.raw());
+        let micros = i64::try_from(nanos / 1_000).unwrap_or(i64::MAX / 2);
         self.epoch_micros.saturating_add(micros)
     }
 }

@@ -1,6 +1,5 @@
 //! What a check returns: [`Decision`], its [`Verdict`] and one [`LimitStatus`] per limit.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -27,13 +26,17 @@ pub enum Verdict {
 /// The state of one limit after a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitStatus {
-    pub(crate) name: Arc<str>,
-    pub(crate) algorithm: Algorithm,
+    /// Interned (see [`crate::Limit::new`]): no reference count to keep.
+    pub(crate) name: &'static str,
     pub(crate) limit: u64,
-    pub(crate) window: Duration,
+    /// The times in microseconds, as the stores count them: a status (and a
+    /// decision) stays small enough to move without a `memcpy` call.
+    pub(crate) window_us: u64,
     pub(crate) remaining: u64,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) reset_after: Duration,
+    /// `u64::MAX` for "never" (a cost over the capacity).
+    pub(crate) wait_us: u64,
+    pub(crate) reset_us: u64,
+    pub(crate) algorithm: Algorithm,
     pub(crate) violated: bool,
     pub(crate) shadow: bool,
     pub(crate) would_refuse: bool,
@@ -42,7 +45,7 @@ pub struct LimitStatus {
 impl LimitStatus {
     /// The limit's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.name
     }
 
     /// The limit's algorithm.
@@ -57,7 +60,7 @@ impl LimitStatus {
 
     /// Time for a spent capacity to come back in full (see [`crate::Limit::policy_window`]).
     pub fn window(&self) -> Duration {
-        self.window
+        Duration::from_micros(self.window_us)
     }
 
     /// What could still be granted at once (after the grant, when granted).
@@ -68,12 +71,12 @@ impl LimitStatus {
     /// Time until this limit alone would grant the cost; `None` when the cost
     /// exceeds its capacity.
     pub fn wait(&self) -> Option<Duration> {
-        self.wait
+        (self.wait_us != u64::MAX).then(|| Duration::from_micros(self.wait_us))
     }
 
     /// Time until this limit is fully replenished.
     pub fn reset_after(&self) -> Duration {
-        self.reset_after
+        Duration::from_micros(self.reset_us)
     }
 
     /// Whether this limit is one that refused the request (never for a
@@ -105,9 +108,10 @@ pub(crate) type Statuses = SmallVec<[LimitStatus; 1]>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub(crate) verdict: Verdict,
-    pub(crate) wait: Duration,
+    /// The reservation's wait, in microseconds.
+    pub(crate) wait_us: u64,
     pub(crate) statuses: Statuses,
-    pub(crate) binding: usize,
+    pub(crate) binding: u32,
     pub(crate) cached: bool,
     /// The amount granted: the cost, or what `Limiter::take_up_to` took;
     /// 0 unless allowed.
@@ -117,7 +121,8 @@ pub struct Decision {
 }
 
 impl Decision {
-    pub(crate) fn new(verdict: Verdict, wait: Duration, statuses: Statuses) -> Self {
+    /// A decision; `wait_us` is the reservation's wait in microseconds.
+    pub(crate) fn new(verdict: Verdict, wait_us: u64, statuses: Statuses) -> Self {
         let binding = match verdict {
             // an enforced limit binds, when there is one
             Verdict::Allowed => statuses
@@ -129,14 +134,15 @@ impl Decision {
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| s.violated)
-                .max_by_key(|(_, s)| s.wait.unwrap_or(Duration::MAX))
+                .max_by_key(|(_, s)| s.wait_us)
                 .map_or(0, |(i, _)| i),
         };
         Self {
             verdict,
-            wait,
+            wait_us,
             statuses,
-            binding,
+            // (a decision has at most a few limits)
+            binding: u32::try_from(binding).unwrap_or(0),
             cached: false,
             granted: 0,
             at: 0,
@@ -178,7 +184,7 @@ impl Decision {
     /// For a reservation ([`crate::Limiter::acquire`]), how long the grant lies
     /// in the future; zero for an immediate grant or a denial.
     pub fn wait(&self) -> Duration {
-        self.wait
+        Duration::from_micros(self.wait_us)
     }
 
     /// The binding limit's capacity.
@@ -193,12 +199,13 @@ impl Decision {
 
     /// The binding limit's time until full replenishment.
     pub fn reset_after(&self) -> Duration {
-        self.binding().map_or(Duration::ZERO, |s| s.reset_after)
+        self.binding()
+            .map_or(Duration::ZERO, LimitStatus::reset_after)
     }
 
     /// The binding limit: see the type's documentation.
     pub fn binding(&self) -> Option<&LimitStatus> {
-        self.statuses.get(self.binding)
+        self.statuses.get(self.binding as usize)
     }
 
     /// Every limit's status, in the limiter's order.
@@ -218,7 +225,7 @@ impl Decision {
             .filter(|s| !s.shadow)
             .cloned()
             .collect();
-        let mut shown = Decision::new(self.verdict, self.wait, statuses);
+        let mut shown = Decision::new(self.verdict, self.wait_us, statuses);
         shown.granted = self.granted;
         shown.at = self.at;
         std::borrow::Cow::Owned(shown)

@@ -165,12 +165,15 @@ impl Decision {
         let Verdict::Denied { retry_after } = self.verdict else {
             return self.clone();
         };
-        let passed = retry_after.saturating_sub(left);
+        let passed =
+            u64::try_from(retry_after.saturating_sub(left).as_micros()).unwrap_or(u64::MAX);
         let mut decision = self.clone();
         decision.verdict = Verdict::Denied { retry_after: left };
         for status in &mut decision.statuses {
-            status.wait = status.wait.map(|w| w.saturating_sub(passed));
-            status.reset_after = status.reset_after.saturating_sub(passed);
+            if status.wait_us != u64::MAX {
+                status.wait_us = status.wait_us.saturating_sub(passed);
+            }
+            status.reset_us = status.reset_us.saturating_sub(passed);
         }
         decision.cached = true;
         decision

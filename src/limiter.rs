@@ -589,9 +589,9 @@ impl Limiter {
             return last;
         }
         let (verdict, wait) = if active.is_empty() {
-            (Verdict::Allowed, Duration::ZERO)
+            (Verdict::Allowed, 0)
         } else {
-            (last.verdict, last.wait)
+            (last.verdict, last.wait_us)
         };
         let granted = if active.is_empty() { 0 } else { last.granted };
         let mut all: SmallVec<[(usize, LimitStatus); 2]> = left_out.into_iter().collect();
@@ -686,6 +686,7 @@ impl Limiter {
         let timer = StoreTimer::start();
         let reply = store.decide_sync(checks, max_wait, dry)?;
         timer.finish(store.kind(), "decide");
+        let at = reply.now;
         let result = Self::decision(checks, reply, max_wait);
         let outcome = Outcome::of(&result);
         // (checked first: without a subscriber, tracing's `log` fallback,
@@ -702,7 +703,7 @@ impl Limiter {
         if !dry && counted {
             crate::metrics::count(checks, &result, outcome);
         }
-        store.report_size();
+        store.report_size(at);
         Some(result)
     }
 
@@ -739,18 +740,19 @@ impl Limiter {
                 checks.len()
             )));
         }
-        let micros = |us: i64| Duration::from_micros(u64::try_from(us).unwrap_or(0));
+        let us = |us: i64| u64::try_from(us).unwrap_or(0);
+        let micros = |x: i64| Duration::from_micros(us(x));
         let mut statuses = Statuses::new();
         for (check, &[wait, remaining, reset]) in checks.iter().zip(&reply.limits) {
             let limit = check.limit;
             statuses.push(LimitStatus {
-                name: limit.shared_name().clone(),
+                name: limit.shared_name(),
                 algorithm: limit.quota().algorithm(),
                 limit: limit.capacity(),
-                window: limit.policy_window(),
-                remaining: u64::try_from(remaining).unwrap_or(0),
-                wait: (wait >= 0).then(|| micros(wait)),
-                reset_after: micros(reset),
+                window_us: limit.policy_window_us(),
+                remaining: us(remaining),
+                wait_us: if wait >= 0 { us(wait) } else { u64::MAX },
+                reset_us: us(reset),
                 violated: match reply.outcome {
                     2 => wait < 0,
                     1 => wait > max_wait,
@@ -775,14 +777,14 @@ impl Limiter {
             0
         };
         let (verdict, wait) = match reply.outcome {
-            0 => (Verdict::Allowed, micros(reply.wait)),
+            0 => (Verdict::Allowed, us(reply.wait)),
             1 => (
                 Verdict::Denied {
                     retry_after: micros(reply.wait),
                 },
-                Duration::ZERO,
+                0,
             ),
-            2 => (Verdict::CostExceedsCapacity, Duration::ZERO),
+            2 => (Verdict::CostExceedsCapacity, 0),
             other => return Err(Error::UnexpectedReply(format!("outcome {other}"))),
         };
         let mut decision = Decision::new(verdict, wait, statuses);

@@ -112,25 +112,50 @@ impl std::fmt::Display for Outcome {
 }
 
 /// Counts a decision under its limits (see the module docs).
+/// The metadata every metric of this crate is registered with.
+#[cfg(feature = "metrics")]
+static METADATA: ::metrics::Metadata<'static> =
+    ::metrics::Metadata::new(module_path!(), ::metrics::Level::INFO, Some(module_path!()));
+
+/// One limit's [`DECISIONS`] keys, one per [`Outcome`], built once with the
+/// limit: a decision then looks up the recorder in effect (global or local,
+/// as the `metrics` macros do) with a key whose labels and hash are already
+/// made, instead of building and hashing a new key per decision.
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+pub(crate) struct LimitKeys([::metrics::Key; Outcome::ALL.len()]);
+
+#[cfg(feature = "metrics")]
+impl LimitKeys {
+    pub(crate) fn new(name: &'static str) -> Self {
+        Self(Outcome::ALL.map(|outcome| {
+            let labels = vec![
+                ::metrics::Label::from_static_parts("limit", name),
+                ::metrics::Label::from_static_parts("outcome", outcome.as_str()),
+            ];
+            ::metrics::Key::from_parts(DECISIONS, labels)
+        }))
+    }
+
+    fn increment(&self, outcome: Outcome) {
+        let key = &self.0[outcome as usize];
+        ::metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
+    }
+}
+
 #[cfg(feature = "metrics")]
 pub(crate) fn count(checks: &[Check<'_>], result: &Result<Decision, Error>, outcome: Outcome) {
-    let count_one = |check: &Check<'_>| {
-        ::metrics::counter!(
-            DECISIONS,
-            "limit" => check.limit.shared_name().clone(),
-            "outcome" => outcome.as_str(),
-        )
-        .increment(1);
-    };
     match result {
         Ok(decision) if !decision.is_allowed() => {
             for (check, status) in checks.iter().zip(decision.statuses()) {
                 if status.violated() {
-                    count_one(check);
+                    check.limit.metric_keys().increment(outcome);
                 }
             }
         }
-        _ => checks.iter().for_each(count_one),
+        _ => checks
+            .iter()
+            .for_each(|check| check.limit.metric_keys().increment(outcome)),
     }
 }
 
@@ -140,12 +165,7 @@ pub(crate) fn count(_: &[Check<'_>], _: &Result<Decision, Error>, _: Outcome) {}
 /// Counts one outcome under one limit.
 #[cfg(feature = "metrics")]
 pub(crate) fn count_one(limit: &crate::Limit, outcome: Outcome) {
-    ::metrics::counter!(
-        DECISIONS,
-        "limit" => limit.shared_name().clone(),
-        "outcome" => outcome.as_str(),
-    )
-    .increment(1);
+    limit.metric_keys().increment(outcome);
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -167,12 +187,45 @@ impl StoreTimer {
 
     #[cfg(feature = "metrics")]
     pub(crate) fn finish(self, store: &'static str, operation: &'static str) {
-        ::metrics::histogram!(STORE_DURATION, "store" => store, "operation" => operation)
-            .record(self.started.elapsed().as_secs_f64());
+        let seconds = self.started.elapsed().as_secs_f64();
+        match duration_key(store, operation) {
+            Some(key) => ::metrics::with_recorder(|recorder| {
+                recorder.register_histogram(key, &METADATA).record(seconds);
+            }),
+            None => {
+                ::metrics::histogram!(STORE_DURATION, "store" => store, "operation" => operation)
+                    .record(seconds)
+            }
+        }
     }
 
     #[cfg(not(feature = "metrics"))]
     pub(crate) fn finish(self, _: &'static str, _: &'static str) {}
+}
+
+/// The [`STORE_DURATION`] key of a store kind and an operation: made once.
+#[cfg(feature = "metrics")]
+fn duration_key(store: &'static str, operation: &'static str) -> Option<&'static ::metrics::Key> {
+    use ::metrics::{Key, Label};
+    macro_rules! keys {
+        ($($store:literal => [$($op:literal),*]),*) => {
+            match (store, operation) {
+                $($(($store, $op) => {
+                    static LABELS: [Label; 2] = [
+                        Label::from_static_parts("store", $store),
+                        Label::from_static_parts("operation", $op),
+                    ];
+                    static KEY: Key = Key::from_static_parts(STORE_DURATION, &LABELS);
+                    Some(&KEY)
+                })*)*
+                _ => None,
+            }
+        };
+    }
+    keys!(
+        "memory" => ["decide", "reset", "refund", "take"],
+        "redis" => ["decide", "reset", "refund", "take"]
+    )
 }
 
 /// One memory store's share of [`MEMORY_STORE_KEYS`]: the store adds the
@@ -182,31 +235,26 @@ impl StoreTimer {
 #[derive(Debug, Default)]
 pub(crate) struct SizeGauge {
     reported: std::sync::atomic::AtomicI64,
-    /// Nanoseconds after [`anchor`] before which no report is due.
+    /// The store time (us) before which no report is due.
     next_at: std::sync::atomic::AtomicU64,
 }
 
 #[cfg(feature = "metrics")]
-fn anchor() -> std::time::Instant {
-    static ANCHOR: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    *ANCHOR.get_or_init(std::time::Instant::now)
-}
-
-#[cfg(feature = "metrics")]
 impl SizeGauge {
-    const INTERVAL_NANOS: u64 = 1_000_000_000;
+    const INTERVAL_MICROS: u64 = 1_000_000;
 
-    /// Reports `len()` if the last report is a second old (one caller wins).
-    pub(crate) fn report(&self, len: impl FnOnce() -> usize) {
+    /// Reports `len()` if the last report is a second old at `now` (the
+    /// store's time, in microseconds), one caller winning: no clock read.
+    pub(crate) fn report(&self, now: i64, len: impl FnOnce() -> usize) {
         use std::sync::atomic::Ordering;
-        let now = u64::try_from(anchor().elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = u64::try_from(now).unwrap_or(0);
         let due = self.next_at.load(Ordering::Relaxed);
         if now < due
             || self
                 .next_at
                 .compare_exchange(
                     due,
-                    now.saturating_add(Self::INTERVAL_NANOS),
+                    now.saturating_add(Self::INTERVAL_MICROS),
                     Ordering::AcqRel,
                     Ordering::Relaxed,
                 )

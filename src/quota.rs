@@ -370,22 +370,33 @@ pub(crate) struct Params {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Limit {
-    name: Arc<str>,
+    /// Interned (see [`intern`]): a decision names its limits without
+    /// counting references.
+    name: &'static str,
     quota: Quota,
     params: Params,
     policy_window: Duration,
+    policy_window_us: u64,
     /// `algorithm:p1:p2:p3:p4:`, what the Redis decision function reads before
     /// the cost (see `lua/driver.lua`): the same on every call, so made once.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     wire: Arc<str>,
     /// Shadow mode: decides and records, never refuses.
     shadow: bool,
+    /// Its `tower_ratelimit_decisions_total` keys, made once.
+    #[cfg(feature = "metrics")]
+    metric_keys: Arc<crate::metrics::LimitKeys>,
 }
 
 impl Limit {
     /// Validates `quota` and names it. The name becomes part of every storage
     /// key and of the `RateLimit-Policy` header: 1 to 64 characters from
     /// `A-Z a-z 0-9 _ . -`.
+    ///
+    /// Names are configuration: the process keeps one copy of each distinct
+    /// name for its whole life (a decision then names its limits without a
+    /// reference count). Make limits with a bounded set of names, not one
+    /// name per client.
     pub fn new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
         let name: String = name.into();
         let valid_name = !name.is_empty()
@@ -399,11 +410,15 @@ impl Limit {
         let (params, policy_window) = derive(&quota)?;
         let [a, b, c, d] = params.p;
         let wire = format!("{}:{a}:{b}:{c}:{d}:", params.algorithm.id()).into();
+        let name = intern(&name);
         Ok(Self {
-            name: name.into(),
+            #[cfg(feature = "metrics")]
+            metric_keys: Arc::new(crate::metrics::LimitKeys::new(name)),
+            name,
             quota,
             params,
             policy_window,
+            policy_window_us: u64::try_from(policy_window.as_micros()).unwrap_or(u64::MAX),
             wire,
             shadow: false,
         })
@@ -450,17 +465,27 @@ impl Limit {
     /// (the name need not be valid: it never comes from a user).
     pub(crate) fn renamed(&self, name: String) -> Self {
         let mut limit = self.clone();
-        limit.name = name.into();
+        limit.name = intern(&name);
+        #[cfg(feature = "metrics")]
+        {
+            limit.metric_keys = Arc::new(crate::metrics::LimitKeys::new(limit.name));
+        }
         limit
     }
 
     /// The name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.name
     }
 
-    pub(crate) fn shared_name(&self) -> &Arc<str> {
-        &self.name
+    /// The name, interned: the same pointer for every limit of that name.
+    pub(crate) fn shared_name(&self) -> &'static str {
+        self.name
+    }
+
+    #[cfg(feature = "metrics")]
+    pub(crate) fn metric_keys(&self) -> &crate::metrics::LimitKeys {
+        &self.metric_keys
     }
 
     /// The quota.
@@ -478,6 +503,11 @@ impl Limit {
     /// `w` of `RateLimit-Policy`.
     pub fn policy_window(&self) -> Duration {
         self.policy_window
+    }
+
+    /// [`policy_window`](Self::policy_window) in microseconds (it is whole).
+    pub(crate) fn policy_window_us(&self) -> u64 {
+        self.policy_window_us
     }
 
     pub(crate) fn params(&self) -> &Params {
@@ -505,6 +535,26 @@ fn exact(value: u128, what: &str) -> Result<i64, ConfigError> {
         )));
     }
     i64::try_from(value).map_err(|_| ConfigError::OutOfRange(format!("{what} is too large")))
+}
+
+/// The one `&'static` copy of a limit name, made on its first use. Limit
+/// names are configuration: a process keeps each distinct name it has seen
+/// (at most 64 bytes, plus the internal `#keyless` variants) for its life,
+/// and in exchange every decision names its limits without touching a
+/// reference count.
+fn intern(name: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<Option<std::collections::HashSet<&'static str>>> =
+        std::sync::Mutex::new(None);
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let names = names.get_or_insert_with(Default::default);
+    if let Some(&known) = names.get(name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(leaked);
+    leaked
 }
 
 fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {

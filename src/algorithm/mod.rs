@@ -138,6 +138,27 @@ impl State {
                 **slot = (s.into_log(), expires_at);
                 expires_at
             }
+            // the same form: written in place (`save` has just set `raw`)
+            (State::Gcra(mut s), Stored::Gcra(raw)) => {
+                let expires_at = s.save(&p.p, now);
+                *raw = s.raw().unwrap_or_default();
+                expires_at
+            }
+            (State::TokenBucket(mut s), Stored::TokenBucket(raw)) => {
+                let expires_at = s.save(&p.p, now);
+                *raw = s.raw().unwrap_or_default();
+                expires_at
+            }
+            (State::FixedWindow(mut s), Stored::FixedWindow(raw)) => {
+                let expires_at = s.save(&p.p);
+                *raw = s.raw().unwrap_or_default();
+                expires_at
+            }
+            (State::SlidingWindow(mut s), Stored::SlidingWindow(raw)) => {
+                let expires_at = s.save(&p.p);
+                *raw = s.raw().unwrap_or_default();
+                expires_at
+            }
             (state, stored) => {
                 let (saved, expires_at) = state.save_new(p, now);
                 *stored = saved;

@@ -54,7 +54,8 @@ struct Slot {
 
 /// The states of one limit (name and algorithm) in one shard.
 struct Table {
-    name: Arc<str>,
+    /// Interned: compared by address.
+    name: &'static str,
     algorithm: Algorithm,
     /// Slot numbers, found by the key's hash.
     index: HashTable<u32>,
@@ -68,7 +69,7 @@ struct Table {
 impl Table {
     fn new(limit: &Limit) -> Self {
         Self {
-            name: limit.shared_name().clone(),
+            name: limit.shared_name(),
             algorithm: limit.params().algorithm,
             index: HashTable::new(),
             chunks: Vec::new(),
@@ -79,8 +80,7 @@ impl Table {
 
     #[inline]
     fn is_for(&self, limit: &Limit) -> bool {
-        self.algorithm == limit.params().algorithm
-            && (Arc::ptr_eq(&self.name, limit.shared_name()) || *self.name == *limit.name())
+        self.algorithm == limit.params().algorithm && std::ptr::eq(self.name, limit.shared_name())
     }
 
     #[inline]
@@ -918,8 +918,8 @@ impl Sealed for MemoryStore {
     }
 
     #[cfg(feature = "metrics")]
-    fn report_size(&self) {
-        self.inner.size_gauge.report(|| self.len());
+    fn report_size(&self, now: i64) {
+        self.inner.size_gauge.report(now, || self.len());
     }
 }
 

@@ -50,8 +50,7 @@ pub(crate) mod sealed {
     #[derive(Debug, Default)]
     #[allow(unreachable_pub)]
     pub struct QuotaRegistry {
-        seen:
-            std::sync::Mutex<std::collections::HashMap<std::sync::Arc<str>, (crate::Quota, bool)>>,
+        seen: std::sync::Mutex<std::collections::HashMap<&'static str, (crate::Quota, bool)>>,
     }
 
     impl QuotaRegistry {
@@ -63,9 +62,7 @@ pub(crate) mod sealed {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             for limit in limits {
                 let quota = *limit.quota();
-                let (first, warned) = seen
-                    .entry(limit.shared_name().clone())
-                    .or_insert((quota, false));
+                let (first, warned) = seen.entry(limit.shared_name()).or_insert((quota, false));
                 if *first != quota && !*warned {
                     *warned = true;
                     tracing::warn!(
@@ -176,6 +173,6 @@ pub(crate) mod sealed {
         /// The `store` label of the metrics: `"memory"` or `"redis"`.
         fn kind(&self) -> &'static str;
         /// Reports the number of stored key states to the metrics, when due.
-        fn report_size(&self) {}
+        fn report_size(&self, _now: i64) {}
     }
 }
