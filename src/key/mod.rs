@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, RawPathParams};
 use http::request::Parts;
 use http::HeaderName;
+use smallvec::SmallVec;
 
 pub use self::ip::{ClientIpResolver, IpConfigError, ProxyHeader};
 use self::warnings::Warnings;
@@ -37,6 +38,87 @@ use self::warnings::Warnings;
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The key, or `None` when the request has none.
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>>;
+
+    /// Appends the key to `key` and answers `true`, or answers `false` when
+    /// the request has none (what is appended then does not matter). The
+    /// layer calls this: the default goes through
+    /// [`extract`](Self::extract); the crate's own extractors write into
+    /// the buffer, which holds a key of up to 48 bytes without allocating.
+    fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
+        match self.extract(parts) {
+            Some(bytes) => {
+                key.extend_from_slice(&bytes);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The bytes of one rate-limit key, held inline up to 48 bytes: what
+/// [`KeyExtractor::extract_into`] writes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyBuf(SmallVec<[u8; 48]>);
+
+impl KeyBuf {
+    /// An empty key.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends `bytes`.
+    #[inline]
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+
+    /// Appends one byte.
+    #[inline]
+    pub fn push(&mut self, byte: u8) {
+        self.0.push(byte);
+    }
+
+    /// The key's bytes.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The key's length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the key is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Empties the key, keeping its storage.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+impl std::fmt::Write for KeyBuf {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        self.extend_from_slice(text.as_bytes());
+        Ok(())
+    }
+}
+
+impl From<&[u8]> for KeyBuf {
+    fn from(bytes: &[u8]) -> Self {
+        Self(SmallVec::from_slice(bytes))
+    }
+}
+
+/// `extract` of an extractor whose `extract_into` writes the key itself.
+fn extract_via_buf(extractor: &impl KeyExtractor, parts: &Parts) -> Option<Vec<u8>> {
+    let mut key = KeyBuf::new();
+    extractor
+        .extract_into(parts, &mut key)
+        .then(|| key.as_bytes().to_vec())
 }
 
 impl<F> KeyExtractor for F
@@ -95,6 +177,10 @@ impl ClientIp {
 
 impl KeyExtractor for ClientIp {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        extract_via_buf(self, parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
         #[cfg(feature = "axum")]
         let connect_info = parts
             .extensions
@@ -105,34 +191,46 @@ impl KeyExtractor for ClientIp {
         let peer = connect_info.or_else(|| parts.extensions.get::<SocketAddr>().copied());
         let Some(peer) = peer else {
             self.warnings.no_peer();
-            return None;
+            return false;
         };
         self.warnings
             .check_forwarding(&self.resolver, peer.ip(), &parts.headers);
         let net = self.resolver.client_net(peer.ip(), &parts.headers);
-        Some(net_key(&net))
+        write_net_key(&net, key);
+        true
     }
 }
 
 /// The text of a client network, `203.0.113.7/32` or `2001:db8::/64`: IPv4,
 /// nearly every request, written byte by byte (the formatting machinery
 /// costs more than the rest of the key), IPv6 through its `Display`.
-fn net_key(net: &ipnet::IpNet) -> Vec<u8> {
+fn write_net_key(net: &ipnet::IpNet, out: &mut KeyBuf) {
+    // a decimal number below 256, digit by digit
+    fn decimal(out: &mut KeyBuf, n: u8) {
+        if n >= 100 {
+            out.push(b'0' + n / 100);
+        }
+        if n >= 10 {
+            out.push(b'0' + n / 10 % 10);
+        }
+        out.push(b'0' + n % 10);
+    }
     match net {
         ipnet::IpNet::V4(v4) => {
-            let mut out = Vec::with_capacity(18);
-            let mut digits = itoa::Buffer::new();
             for (i, octet) in v4.addr().octets().into_iter().enumerate() {
                 if i > 0 {
                     out.push(b'.');
                 }
-                out.extend_from_slice(digits.format(octet).as_bytes());
+                decimal(out, octet);
             }
             out.push(b'/');
-            out.extend_from_slice(digits.format(v4.prefix_len()).as_bytes());
-            out
+            decimal(out, v4.prefix_len());
         }
-        ipnet::IpNet::V6(_) => net.to_string().into_bytes(),
+        ipnet::IpNet::V6(_) => {
+            use std::fmt::Write;
+            // (writing to a KeyBuf cannot fail)
+            let _ = write!(out, "{net}");
+        }
     }
 }
 
@@ -151,8 +249,17 @@ impl Header {
 
 impl KeyExtractor for Header {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
-        let value = parts.headers.get(&self.name)?.as_bytes();
-        (!value.is_empty()).then(|| value.to_vec())
+        extract_via_buf(self, parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
+        match parts.headers.get(&self.name).map(|v| v.as_bytes()) {
+            Some(value) if !value.is_empty() => {
+                key.extend_from_slice(value);
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -254,8 +361,17 @@ pub const Route: MatchedRoute = MatchedRoute;
 #[cfg(feature = "axum")]
 impl KeyExtractor for MatchedRoute {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
-        let path = parts.extensions.get::<MatchedPath>()?;
-        Some(format!("{} {}", parts.method, path.as_str()).into_bytes())
+        extract_via_buf(self, parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
+        let Some(path) = parts.extensions.get::<MatchedPath>() else {
+            return false;
+        };
+        key.extend_from_slice(parts.method.as_str().as_bytes());
+        key.push(b' ');
+        key.extend_from_slice(path.as_str().as_bytes());
+        true
     }
 }
 
@@ -340,11 +456,16 @@ impl KeyExtractor for Global {
     fn extract(&self, _: &Parts) -> Option<Vec<u8>> {
         Some(b"global".to_vec())
     }
+
+    fn extract_into(&self, _: &Parts, key: &mut KeyBuf) -> bool {
+        key.extend_from_slice(b"global");
+        true
+    }
 }
 
 /// Appends `part` so that no two different sequences of parts give one key.
-fn push_part(out: &mut Vec<u8>, part: &[u8]) {
-    out.extend_from_slice(part.len().to_string().as_bytes());
+fn push_part(out: &mut KeyBuf, part: &[u8]) {
+    out.extend_from_slice(itoa::Buffer::new().format(part.len()).as_bytes());
     out.push(b':');
     out.extend_from_slice(part);
 }
@@ -355,12 +476,22 @@ macro_rules! tuple_extractor {
         /// when any part is missing. Parts are length-prefixed, so distinct
         /// combinations never share a key.
         impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
-            #[allow(non_snake_case)]
             fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+                extract_via_buf(self, parts)
+            }
+
+            #[allow(non_snake_case)]
+            fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
                 let ($($name,)+) = self;
-                let mut key = Vec::new();
-                $(push_part(&mut key, &$name.extract(parts)?);)+
-                Some(key)
+                let mut part = KeyBuf::new();
+                $(
+                    part.clear();
+                    if !$name.extract_into(parts, &mut part) {
+                        return false;
+                    }
+                    push_part(key, part.as_bytes());
+                )+
+                true
             }
         }
     };
@@ -374,13 +505,19 @@ tuple_extractor!(A, B, C, D);
 mod tests {
     use proptest::prelude::*;
 
+    fn key_of(net: &ipnet::IpNet) -> Vec<u8> {
+        let mut key = super::KeyBuf::new();
+        super::write_net_key(net, &mut key);
+        key.as_bytes().to_vec()
+    }
+
     proptest! {
         #[test]
         fn network_keys_are_the_networks_text(a in any::<[u8; 4]>(), len in 0u8..=32, v6 in any::<[u16; 8]>(), len6 in 0u8..=128) {
             let v4 = ipnet::IpNet::V4(ipnet::Ipv4Net::new(a.into(), len).expect("prefix"));
-            prop_assert_eq!(net_key(&v4), v4.to_string().into_bytes());
+            prop_assert_eq!(key_of(&v4), v4.to_string().into_bytes());
             let v6 = ipnet::IpNet::V6(ipnet::Ipv6Net::new(v6.into(), len6).expect("prefix"));
-            prop_assert_eq!(net_key(&v6), v6.to_string().into_bytes());
+            prop_assert_eq!(key_of(&v6), v6.to_string().into_bytes());
         }
     }
 

@@ -497,7 +497,7 @@ impl RateLimitLayerBuilder {
                     .iter()
                     .map(|l| (l.name(), l.capacity(), l.policy_window())),
             )
-            .map(|value| (shown.len(), value))
+            .map(|value| (shown.len(), self::response::shared_value(&value)))
         };
         let refundable = self.refund_if.is_some()
             || rules.iter().any(|r| r.refund_if.is_some())

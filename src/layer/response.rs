@@ -62,12 +62,39 @@ pub(crate) fn policy_value<'a>(
     HeaderValue::from_str(&policy.finish()?).ok()
 }
 
+/// The one `'static` copy of a header value a layer sends on every
+/// response (its `RateLimit-Policy`), made once per distinct value: a
+/// response then carries it without touching a reference count shared by
+/// every thread. Layers are configuration, and so are their policies.
+pub(crate) fn shared_value(value: &HeaderValue) -> HeaderValue {
+    static VALUES: std::sync::Mutex<Option<std::collections::HashSet<&'static str>>> =
+        std::sync::Mutex::new(None);
+    let Ok(text) = value.to_str() else {
+        return value.clone();
+    };
+    let mut values = VALUES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let values = values.get_or_insert_with(Default::default);
+    let known = match values.get(text) {
+        Some(&known) => known,
+        None => {
+            let leaked: &'static str = Box::leak(text.to_owned().into_boxed_str());
+            values.insert(leaked);
+            leaked
+        }
+    };
+    // `from_static` accepts exactly what `to_str` did (visible ASCII and tab)
+    HeaderValue::from_static(known)
+}
+
 /// `RateLimit` for these statuses: `"name";r=remaining;t=seconds, ...`, a
 /// structured List (RFC 9651) written directly: limit names are validated to
 /// `[A-Za-z0-9_.-]`, which a String holds unescaped, and integers are capped
 /// at the 15 digits an Integer may have.
 fn state_value(decision: &Decision) -> Option<HeaderValue> {
-    let mut out = Vec::with_capacity(40 * decision.statuses().len());
+    // on the stack for one or two limits; copied once into the value
+    let mut out = smallvec::SmallVec::<[u8; 128]>::new();
     let mut digits = itoa::Buffer::new();
     let cap = |n: u64| n.min(999_999_999_999_999);
     for (i, s) in decision.statuses().iter().enumerate() {
@@ -81,7 +108,7 @@ fn state_value(decision: &Decision) -> Option<HeaderValue> {
         out.extend_from_slice(b";t=");
         out.extend_from_slice(digits.format(cap(ceil_secs(s.reset_after()))).as_bytes());
     }
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
+    HeaderValue::from_bytes(&out).ok()
 }
 
 /// The rate-limit fields of one decision, computed before the request is

@@ -9,6 +9,7 @@ use super::body::RejectionResponse;
 use http::{Request, Response};
 use tower_service::Service;
 
+use crate::key::KeyBuf;
 use http::request::Parts;
 use pin_project_lite::pin_project;
 
@@ -175,7 +176,7 @@ fn refused<B>(config: &Config, decision: &Decision, shown: &Decision) -> Respons
 
 /// The limits that apply to a request: (limit, key, rule) each, or the
 /// answer to a request without a key that its rule refuses.
-type Chosen<'a> = SmallVec<[(&'a Limit, Vec<u8>, usize); 2]>;
+type Chosen<'a> = SmallVec<[(&'a Limit, KeyBuf, usize); 2]>;
 
 // (the answer is returned once per refused request: not worth a box)
 #[allow(clippy::result_large_err)]
@@ -189,14 +190,16 @@ fn choose<'a, B>(
             continue;
         }
         let tier = rule.tier(parts);
-        match (rule.key.extract(parts), &rule.on_missing) {
-            (Some(key), _) => chosen.push((&tier.limit, key, i)),
-            (None, MissingKey::Skip) => {}
-            (None, MissingKey::Shared(key)) => {
+        let mut key = KeyBuf::new();
+        let found = rule.key.extract_into(parts, &mut key);
+        match (found, &rule.on_missing) {
+            (true, _) => chosen.push((&tier.limit, key, i)),
+            (false, MissingKey::Skip) => {}
+            (false, MissingKey::Shared(key)) => {
                 let limit = tier.keyless.as_ref().unwrap_or(&tier.limit);
-                chosen.push((limit, key.clone().into_bytes(), i));
+                chosen.push((limit, KeyBuf::from(key.as_bytes()), i));
             }
-            (None, MissingKey::Reject(status)) => {
+            (false, MissingKey::Reject(status)) => {
                 let name = rule.limit().name();
                 tracing::debug!(target: "tower_ratelimit", limit = name, "request without a rate-limit key");
                 let why = Rejection::MissingKey(name);
@@ -307,7 +310,7 @@ where
     };
     let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
         .iter()
-        .map(|(limit, key, _)| (*limit, key.as_slice()))
+        .map(|(limit, key, _)| (*limit, key.as_bytes()))
         .collect();
     let cost = config
         .cost
@@ -425,7 +428,7 @@ where
         };
         let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
             .iter()
-            .map(|(limit, key, _)| (*limit, key.as_slice()))
+            .map(|(limit, key, _)| (*limit, key.as_bytes()))
             .collect();
         let cost = config
             .cost
