@@ -652,11 +652,15 @@ impl Limiter {
             tracing::Span::none()
         };
         let timer = StoreTimer::start();
-        let result = self
-            .bounded(store.decide(&checks, max_wait, dry))
-            .instrument(span.clone())
-            .await
-            .and_then(|reply| Self::decision(&checks, reply, max_wait));
+        let call = self.bounded(store.decide(&checks, max_wait, dry));
+        // (instrumented only with a span: entering and leaving a disabled
+        // one on every poll is not free)
+        let reply = if span.is_none() {
+            call.await
+        } else {
+            call.instrument(span.clone()).await
+        };
+        let result = reply.and_then(|reply| Self::decision(&checks, reply, max_wait));
         timer.finish(store.kind(), "decide");
         let outcome = Outcome::of(&result);
         span.record("outcome", outcome.as_str());

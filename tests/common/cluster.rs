@@ -231,7 +231,11 @@ impl TestCluster {
             killed_slots: Mutex::new(HashMap::new()),
             dir,
         };
-        cluster.wait_healthy("the new cluster to come up", |_| true);
+        // every node agreeing on three replicas too: right after `create`, a
+        // node may still see a replica as a primary without slots
+        cluster.wait_healthy("the new cluster to come up", |view| {
+            view.iter().filter(|n| n.role == Role::Replica).count() == NODES / 2
+        });
         cluster
     }
 

@@ -734,8 +734,15 @@ impl RedisStore {
     async fn call(&self, conn: &mut Conn, encoded: &Encoded) -> redis::RedisResult<Vec<u8>> {
         let delivery = &*DELIVERY;
         if self.inner.mode.load(Ordering::Relaxed) != SCRIPTS && !self.load_failed_lately() {
-            let mut fcall = redis::cmd("FCALL");
-            fcall.arg(&delivery.function).arg(encoded.keys.len());
+            // sized up front: growing the command's buffers argument by
+            // argument reallocated three times per decision
+            let count = encoded.keys.len() + encoded.args.len();
+            let data = encoded.buf.len() + delivery.function.len() + 32;
+            let mut fcall = redis::Cmd::with_capacity(count + 3, data);
+            fcall
+                .arg("FCALL")
+                .arg(&delivery.function)
+                .arg(encoded.keys.len());
             for arg in encoded.keys().chain(encoded.args()) {
                 fcall.arg(arg);
             }
