@@ -537,23 +537,24 @@ fn exact(value: u128, what: &str) -> Result<i64, ConfigError> {
     i64::try_from(value).map_err(|_| ConfigError::OutOfRange(format!("{what} is too large")))
 }
 
-/// The one `&'static` copy of a limit name, made on its first use. Limit
-/// names are configuration: a process keeps each distinct name it has seen
-/// (at most 64 bytes, plus the internal `#keyless` variants) for its life,
-/// and in exchange every decision names its limits without touching a
-/// reference count.
-fn intern(name: &str) -> &'static str {
-    static NAMES: std::sync::Mutex<Option<std::collections::HashSet<&'static str>>> =
+/// The one `&'static` copy of `text`, made on its first use: for strings
+/// that come from configuration (limit names, a layer's `RateLimit-Policy`),
+/// which a process keeps for its life so that every decision and response
+/// can carry them without touching a reference count. Each distinct text is
+/// kept once (a limit name is at most 64 bytes, plus the internal
+/// `#keyless` variants).
+pub(crate) fn intern(text: &str) -> &'static str {
+    static TEXTS: std::sync::Mutex<Option<std::collections::HashSet<&'static str>>> =
         std::sync::Mutex::new(None);
-    let mut names = NAMES
+    let mut texts = TEXTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let names = names.get_or_insert_with(Default::default);
-    if let Some(&known) = names.get(name) {
+    let texts = texts.get_or_insert_with(Default::default);
+    if let Some(&known) = texts.get(text) {
         return known;
     }
-    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
-    names.insert(leaked);
+    let leaked: &'static str = Box::leak(text.to_owned().into_boxed_str());
+    texts.insert(leaked);
     leaked
 }
 

@@ -67,25 +67,11 @@ pub(crate) fn policy_value<'a>(
 /// response then carries it without touching a reference count shared by
 /// every thread. Layers are configuration, and so are their policies.
 pub(crate) fn shared_value(value: &HeaderValue) -> HeaderValue {
-    static VALUES: std::sync::Mutex<Option<std::collections::HashSet<&'static str>>> =
-        std::sync::Mutex::new(None);
-    let Ok(text) = value.to_str() else {
-        return value.clone();
-    };
-    let mut values = VALUES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let values = values.get_or_insert_with(Default::default);
-    let known = match values.get(text) {
-        Some(&known) => known,
-        None => {
-            let leaked: &'static str = Box::leak(text.to_owned().into_boxed_str());
-            values.insert(leaked);
-            leaked
-        }
-    };
-    // `from_static` accepts exactly what `to_str` did (visible ASCII and tab)
-    HeaderValue::from_static(known)
+    match value.to_str() {
+        // `from_static` accepts exactly what `to_str` did (visible ASCII and tab)
+        Ok(text) => HeaderValue::from_static(crate::quota::intern(text)),
+        Err(_) => value.clone(),
+    }
 }
 
 /// `RateLimit` for these statuses: `"name";r=remaining;t=seconds, ...`, a
