@@ -2,12 +2,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use smallvec::SmallVec;
-
 use crate::{Decision, Error, Limit, Limiter};
 
 /// The limits and keys a grant was charged to, owned.
-pub(crate) type Charged = SmallVec<[(Limit, Vec<u8>); 1]>;
+pub(crate) type Charged = Vec<(Limit, Vec<u8>)>;
 
 /// A decision of [`Limiter::check_refundable`],
 /// [`acquire_refundable`](Limiter::acquire_refundable) or

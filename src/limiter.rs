@@ -256,7 +256,7 @@ impl Limiter {
     /// Like [`peek`](Self::peek), for a request of `cost`.
     pub async fn peek_cost(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), cost);
-        self.run(checks, Duration::ZERO, true).await
+        self.run(&checks, Duration::ZERO, true).await
     }
 
     /// Like [`check`](Self::check), and the grant can be given back once
@@ -297,7 +297,7 @@ impl Limiter {
         max_wait: Duration,
     ) -> Result<Grant, Error> {
         let checks = self.keyed_checks(keys, cost)?;
-        let decision = self.run(checks.clone(), max_wait, false).await?;
+        let decision = self.run(&checks, max_wait, false).await?;
         let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
         Ok(Grant::new(decision, refund))
     }
@@ -404,7 +404,7 @@ impl Limiter {
         max_wait: Duration,
     ) -> Result<Decision, Error> {
         let checks = self.keyed_checks(keys, cost)?;
-        self.run(checks, max_wait, false).await
+        self.run(&checks, max_wait, false).await
     }
 
     /// One check per limit: `keys[i]` for limit `i`, or one key for all.
@@ -441,13 +441,15 @@ impl Limiter {
             return None;
         }
         let checks = Self::checks(pairs.iter().copied(), cost);
-        let kept = refundable.then(|| checks.clone());
-        let decision = match self.run(checks, max_wait, false).await {
+        let decision = match self.run(&checks, max_wait, false).await {
             Ok(decision) => decision,
             Err(error) => return Some(Err(error)),
         };
-        let refund =
-            kept.and_then(|checks| Refund::of(self, &decision, Self::charged(&checks, &decision)));
+        let refund = if refundable {
+            Refund::of(self, &decision, Self::charged(&checks, &decision))
+        } else {
+            None
+        };
         Some(Ok(Grant::new(decision, refund)))
     }
 
@@ -490,15 +492,19 @@ impl Limiter {
 
     /// One decision, with limits in shadow mode kept from refusing (see
     /// [`Limit::shadow`]).
+    ///
+    /// Every decision's future holds this one, and is allocated and moved
+    /// per decision: the checks are borrowed, not moved down (an `async
+    /// fn` keeps a moved argument's slot beside its callee's future), and
+    /// the shadow path is boxed.
     async fn run(
         &self,
-        checks: Checks<'_>,
+        checks: &[Check<'_>],
         max_wait: Duration,
         dry: bool,
     ) -> Result<Decision, Error> {
         if checks.iter().any(|c| c.limit.is_shadow()) {
-            // boxed: its future is nearly twice the plain one's, and every
-            // decision's future would otherwise carry (and move) that size
+            // boxed: its future is nearly twice the plain one's
             return Box::pin(self.run_shadow(checks, max_wait, dry)).await;
         }
         self.run_once(checks, max_wait, dry, true).await
@@ -511,7 +517,7 @@ impl Limiter {
     /// left out marked [`LimitStatus::would_refuse`].
     async fn run_shadow(
         &self,
-        checks: Checks<'_>,
+        checks: &[Check<'_>],
         max_wait: Duration,
         dry: bool,
     ) -> Result<Decision, Error> {
@@ -520,7 +526,7 @@ impl Limiter {
         let mut left_out: SmallVec<[(usize, LimitStatus); 1]> = SmallVec::new();
         loop {
             let round: Checks<'_> = active.iter().map(|&i| checks[i]).collect();
-            let result = self.run_once(round.clone(), max_wait, dry, false).await;
+            let result = self.run_once(&round, max_wait, dry, false).await;
             let decision = match result {
                 Ok(decision) => decision,
                 Err(error) => {
@@ -610,7 +616,7 @@ impl Limiter {
     /// cache of denials when it can be.
     async fn run_once(
         &self,
-        checks: Checks<'_>,
+        checks: &[Check<'_>],
         max_wait: Duration,
         dry: bool,
         plain: bool,
@@ -622,7 +628,7 @@ impl Limiter {
         let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
         let store = &self.inner.store;
         // A store that answers at once needs neither a future nor a timer.
-        if let Some(result) = self.decide_now(&checks, max_wait, dry, plain) {
+        if let Some(result) = self.decide_now(checks, max_wait, dry, plain) {
             return result;
         }
         // a cost over a capacity is answered "never" by the store
@@ -632,11 +638,11 @@ impl Limiter {
         // the key is only built while the cache holds a denial, or for a new one
         let cache_key = denials
             .filter(|d| d.holds_any())
-            .map(|_| DenyCache::key(&checks));
+            .map(|_| DenyCache::key(checks));
         if let (Some(denials), Some(key)) = (denials, &cache_key) {
             if let Some(denied) = denials.lookup(key, cost, max_wait, sent) {
                 let result = Ok(denied);
-                crate::metrics::count(&checks, &result, Outcome::LocalCache);
+                crate::metrics::count(checks, &result, Outcome::LocalCache);
                 return result;
             }
         }
@@ -645,31 +651,35 @@ impl Limiter {
             tracing::debug_span!(
                 target: "tower_ratelimit",
                 "rate_limit",
-                limits = %LimitNames(&checks),
+                limits = %LimitNames(checks),
                 outcome = tracing::field::Empty,
             )
         } else {
             tracing::Span::none()
         };
         let timer = StoreTimer::start();
-        let call = self.bounded(store.decide(&checks, max_wait, dry));
         // (instrumented only with a span: entering and leaving a disabled
-        // one on every poll is not free)
+        // one on every poll is not free; each call built where it is
+        // awaited, so that the future holds no second copy of it)
+        let timeout = self.inner.timeout;
         let reply = if span.is_none() {
-            call.await
+            tokio::time::timeout(timeout, store.decide(checks, max_wait, dry)).await
         } else {
-            call.instrument(span.clone()).await
+            tokio::time::timeout(timeout, store.decide(checks, max_wait, dry))
+                .instrument(span.clone())
+                .await
         };
-        let result = reply.and_then(|reply| Self::decision(&checks, reply, max_wait));
+        let reply = reply.unwrap_or(Err(Error::Timeout(timeout)));
+        let result = reply.and_then(|reply| Self::decision(checks, reply, max_wait));
         timer.finish(store.kind(), "decide");
         let outcome = Outcome::of(&result);
         span.record("outcome", outcome.as_str());
         if !dry && plain {
-            crate::metrics::count(&checks, &result, outcome);
+            crate::metrics::count(checks, &result, outcome);
         }
         if let (Some(denials), Ok(decision)) = (denials, &result) {
             if !decision.is_allowed() {
-                let key = cache_key.unwrap_or_else(|| DenyCache::key(&checks));
+                let key = cache_key.unwrap_or_else(|| DenyCache::key(checks));
                 denials.insert(key, cost, sent, decision);
             }
         }

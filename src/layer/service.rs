@@ -279,7 +279,7 @@ where
         if self.config.at_once {
             call_at_once(self, request)
         } else {
-            call_later(&self.inner, &self.config, request)
+            call_later(&mut self.inner, &self.config, request)
         }
     }
 }
@@ -402,8 +402,13 @@ where
 
 /// Decides inside the response future: the store is awaited, or a grant
 /// may be reserved ahead, given back or decided again.
+///
+/// The boxed future holds only the request, its keys and the awaits of the
+/// common path (the decision, the inner service); the rare ones (a store
+/// failure, a reservation's wait, a refund) are boxed apart. Every request
+/// pays for this future's size: it is allocated and moved once.
 fn call_later<S, ReqBody, ResBody>(
-    inner: &S,
+    inner: &mut S,
     config: &Arc<Config>,
     request: Request<ReqBody>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error>
@@ -414,26 +419,27 @@ where
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
-    let inner = inner.clone();
+    let (parts, body) = request.into_parts();
+    if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
+        // exempt: never counted, never refused
+        let info = RateLimitInfo::new(None, false);
+        return forward_now(inner, Request::from_parts(parts, body), info, None);
+    }
+    let mut inner = inner.clone();
     let config = config.clone();
     ResponseFuture::boxed(async move {
-        let (parts, body) = request.into_parts();
-        if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
-            // exempt: never counted, never refused
-            return pass(inner, Request::from_parts(parts, body), false).await;
-        }
         let chosen = match choose(&config, &parts) {
             Ok(chosen) => chosen,
             Err(answer) => return Ok(answer),
         };
-        let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
-            .iter()
-            .map(|(limit, key, _)| (*limit, key.as_bytes()))
-            .collect();
         let cost = config
             .cost
             .as_ref()
             .map_or(config.fixed_cost, |cost| cost(&parts));
+        let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
+            .iter()
+            .map(|(limit, key, _)| (*limit, key.as_bytes()))
+            .collect();
         let (delay, refundable) = (config.max_delay, config.refundable);
         let mut store_failed = false;
         let decided = match config
@@ -450,7 +456,6 @@ where
                 store_failed = true;
                 match after_failure(&config, &error) {
                     AfterFailure::Fallback(fallback) => {
-                        // boxed: a rare path that would double the future's size
                         let fallback = fallback.decide_pairs(&pairs, cost, delay, refundable);
                         match Box::pin(fallback).await {
                             Some(Ok(grant)) => Some(grant),
@@ -462,8 +467,10 @@ where
                 }
             }
         };
+        drop(pairs);
         let Some(Grant { decision, refund }) = decided else {
-            return pass(inner, Request::from_parts(parts, body), store_failed).await;
+            let request = Request::from_parts(parts, body);
+            return Box::pin(pass(inner, request, store_failed)).await;
         };
         if !decision.is_allowed() {
             return Ok(refused(&config, &decision, &decision.without_shadow()));
@@ -471,10 +478,7 @@ where
         let refund = if decision.wait().is_zero() {
             refund
         } else {
-            // a request dropped while it waits gives its slot back
-            let reservation = RefundOnDrop::new(refund);
-            tokio::time::sleep(decision.wait()).await;
-            reservation.disarm()
+            Box::pin(wait_for(decision.wait(), refund)).await
         };
         // the rule of each limit the grant was charged to
         let charged_rules: SmallVec<[usize; 2]> = chosen
@@ -483,11 +487,15 @@ where
             .filter(|(_, status)| !status.would_refuse())
             .map(|((_, _, rule), _)| *rule)
             .collect();
+        drop(chosen);
         let fields = Fields::of(&decision.without_shadow(), &config.headers);
         let mut request = Request::from_parts(parts, body);
         let info = RateLimitInfo::new(Some(decision), store_failed);
         request.extensions_mut().insert(info);
-        let response = forward(inner, request).await?;
+        // readied only now (see `RateLimit::poll_ready`); called in place,
+        // so that the request is not moved into a second future
+        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+        let response = inner.call(request).await?;
         let response = match refund {
             Some(refund) => Box::pin(give_back(&config, &refund, &charged_rules, response)).await,
             None => response,
@@ -498,6 +506,14 @@ where
         }
         Ok(response)
     })
+}
+
+/// Waits out a reservation; a request dropped while it waits gives its
+/// slot back.
+async fn wait_for(wait: std::time::Duration, refund: Option<Refund>) -> Option<Refund> {
+    let reservation = RefundOnDrop::new(refund);
+    tokio::time::sleep(wait).await;
+    reservation.disarm()
 }
 
 /// Forwards a request the layer did not decide (exempt, every limit

@@ -254,7 +254,13 @@ impl Lanes {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let lease = self.lease().await?;
+            // the common case, a live connection in the next lane, needs no
+            // future; waiting for one is boxed, so that every request's
+            // future stays small
+            let lease = match self.lease_now() {
+                Some(lease) => lease,
+                None => Box::pin(self.lease()).await?,
+            };
             let flight = Flight {
                 lanes: self,
                 index: lease.index,
@@ -274,17 +280,20 @@ impl Lanes {
         }
     }
 
-    /// A connection: the next lane's, or any live one while that lane is
-    /// refilled; waits for the background task when no lane has one.
+    /// The next lane's connection, if it has one and the circuit is closed.
+    fn lease_now(&self) -> Option<Lease> {
+        if self.is_open() {
+            return None;
+        }
+        let first = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
+        self.live(first)
+    }
+
+    /// A connection: any live one while the next lane is refilled; waits
+    /// for the background task when no lane has one.
     async fn lease(self: &Arc<Self>) -> Result<Lease, Error> {
         let n = self.lanes.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        // The common case, a live connection in the lane: no waiter to register.
-        if !self.is_open() {
-            if let Some(lease) = self.live(first) {
-                return Ok(lease);
-            }
-        }
         loop {
             if self.is_open() {
                 self.repair();

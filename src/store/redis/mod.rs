@@ -628,7 +628,8 @@ impl RedisStore {
         #[cfg(feature = "cluster")]
         if self.inner.lanes.is_cluster() {
             if let Some(groups) = cluster::slot_groups(checks) {
-                return self.decide_across_slots(checks, &groups, dry).await;
+                // boxed: the common decision's future stays small
+                return Box::pin(self.decide_across_slots(checks, &groups, dry)).await;
             }
         }
         self.decide_group(checks, max_wait, dry).await
@@ -731,58 +732,83 @@ impl RedisStore {
     /// Runs the decision code: `FCALL`, loading the library when the server
     /// lacks it (a new server, a flushed one, a promoted replica), or
     /// `EVALSHA` on a server without Functions (before Redis 7).
+    ///
+    /// Only the common path, one `FCALL` that finds the library, lives in
+    /// this future; loading the library and `EVALSHA` are boxed in
+    /// [`call_slowly`](Self::call_slowly), so that every decision's future
+    /// (which holds this one) stays small: it is moved and allocated per
+    /// decision.
     async fn call(&self, conn: &mut Conn, encoded: &Encoded) -> redis::RedisResult<Vec<u8>> {
+        if self.inner.mode.load(Ordering::Relaxed) == SCRIPTS || self.load_failed_lately() {
+            return Box::pin(self.call_slowly(conn, encoded, None)).await;
+        }
         let delivery = &*DELIVERY;
-        if self.inner.mode.load(Ordering::Relaxed) != SCRIPTS && !self.load_failed_lately() {
-            // sized up front: growing the command's buffers argument by
-            // argument reallocated three times per decision
-            let count = encoded.keys.len() + encoded.args.len();
-            let data = encoded.buf.len() + delivery.function.len() + 32;
-            let mut fcall = redis::Cmd::with_capacity(count + 3, data);
-            fcall
-                .arg("FCALL")
-                .arg(&delivery.function)
-                .arg(encoded.keys.len());
-            for arg in encoded.keys().chain(encoded.args()) {
-                fcall.arg(arg);
+        // sized up front: growing the command's buffers argument by
+        // argument reallocated three times per decision
+        let count = encoded.keys.len() + encoded.args.len();
+        let data = encoded.buf.len() + delivery.function.len() + 32;
+        let mut fcall = redis::Cmd::with_capacity(count + 3, data);
+        fcall
+            .arg("FCALL")
+            .arg(&delivery.function)
+            .arg(encoded.keys.len());
+        for arg in encoded.keys().chain(encoded.args()) {
+            fcall.arg(arg);
+        }
+        match fcall.query_async::<Vec<u8>>(conn).await {
+            Ok(values) => {
+                self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
+                Ok(values)
             }
-            match fcall.query_async::<Vec<u8>>(conn).await {
-                Ok(values) => {
-                    self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
-                    return Ok(values);
-                }
-                Err(e) if is_missing_function(&e) => {
-                    let _loading = self.inner.loading.lock().await;
-                    // another decision may have loaded it while this one waited
-                    match fcall.query_async::<Vec<u8>>(conn).await {
-                        Err(e) if is_missing_function(&e) => {}
-                        done => return done,
-                    }
-                    tracing::debug!(target: "tower_ratelimit", library = %delivery.function, "loading the decision library");
-                    let loaded = redis::cmd("FUNCTION")
-                        .arg("LOAD")
-                        .arg(&delivery.library)
-                        .query_async::<String>(conn)
-                        .await;
-                    match loaded {
-                        // loaded, or another process loaded it first
-                        Ok(_) => return fcall.query_async(conn).await,
-                        Err(e) if e.to_string().contains("already exists") => {
-                            return fcall.query_async(conn).await
-                        }
-                        Err(e) => {
-                            tracing::warn!(target: "tower_ratelimit", error = %e, "cannot load the decision library; deciding with EVALSHA for {LOAD_RETRY:?}");
-                            *lock(&self.inner.scripts_until) =
-                                Some(tokio::time::Instant::now() + LOAD_RETRY);
-                        }
-                    }
-                }
-                Err(e) if is_unknown_command(&e) => {
-                    tracing::info!(target: "tower_ratelimit", "Redis has no Functions (before 7.0): deciding with EVALSHA");
-                    self.inner.mode.store(SCRIPTS, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e),
+            Err(e) if is_missing_function(&e) || is_unknown_command(&e) => {
+                Box::pin(self.call_slowly(conn, encoded, Some((fcall, e)))).await
             }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`call`](Self::call) after its `FCALL` failed (`failed`: the command
+    /// and its error) for want of the library or of Functions, or at once
+    /// while the store decides with `EVALSHA`.
+    async fn call_slowly(
+        &self,
+        conn: &mut Conn,
+        encoded: &Encoded,
+        failed: Option<(redis::Cmd, redis::RedisError)>,
+    ) -> redis::RedisResult<Vec<u8>> {
+        let delivery = &*DELIVERY;
+        match failed {
+            Some((fcall, e)) if is_missing_function(&e) => {
+                let _loading = self.inner.loading.lock().await;
+                // another decision may have loaded it while this one waited
+                match fcall.query_async::<Vec<u8>>(conn).await {
+                    Err(e) if is_missing_function(&e) => {}
+                    done => return done,
+                }
+                tracing::debug!(target: "tower_ratelimit", library = %delivery.function, "loading the decision library");
+                let loaded = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg(&delivery.library)
+                    .query_async::<String>(conn)
+                    .await;
+                match loaded {
+                    // loaded, or another process loaded it first
+                    Ok(_) => return fcall.query_async(conn).await,
+                    Err(e) if e.to_string().contains("already exists") => {
+                        return fcall.query_async(conn).await
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "tower_ratelimit", error = %e, "cannot load the decision library; deciding with EVALSHA for {LOAD_RETRY:?}");
+                        *lock(&self.inner.scripts_until) =
+                            Some(tokio::time::Instant::now() + LOAD_RETRY);
+                    }
+                }
+            }
+            Some(_) => {
+                tracing::info!(target: "tower_ratelimit", "Redis has no Functions (before 7.0): deciding with EVALSHA");
+                self.inner.mode.store(SCRIPTS, Ordering::Relaxed);
+            }
+            None => {}
         }
         let mut invocation = delivery.script.prepare_invoke();
         for key in encoded.keys() {
