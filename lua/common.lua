@@ -109,9 +109,8 @@ end
 -- Expiries as PX arguments, as strings: Redis 7.0 formats a number
 -- argument with snprintf("%.17g"), which costs more than all of a
 -- decision's arithmetic, and decisions in a row mostly set the same few
--- expiries. The text of the last `ms` of each residue mod 64 is kept:
--- `px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)` is the text of
--- `ms`. (A cache of every value seen would grow the Lua heap, whose every
+-- expiries. The text of the last `ms` of each residue mod 64 is kept
+-- (see `px`). (A cache of every value seen would grow the Lua heap, whose every
 -- object the garbage collector visits again and again.)
 local px_ms, px_str = {}, {}
 local function px_arg(ms)
@@ -121,9 +120,15 @@ local function px_arg(ms)
 end
 
 -- Milliseconds from the store's clock `from` until `at`, at least 1: the
--- expiry that makes a key outlive `at` (as a PX argument).
+-- expiry that makes a key outlive `at` (as a PX argument). Every decision
+-- that writes calls it once: max(1, cdiv(at - from, 1000)) is written out,
+-- two calls fewer.
 local function px(at, from)
-  local ms = max(1, cdiv(at - from, 1000))
+  local x = from - at
+  local r = x % 1000
+  if r < 0 then r = r + 1000 elseif r >= 1000 then r = r - 1000 end
+  local ms = -((x - r) / 1000)
+  if ms < 1 then ms = 1 end
   return px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
 end
 

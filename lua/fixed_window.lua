@@ -118,12 +118,7 @@ local function fw_one(keys, s, real, max_wait, dry, from)
     local used = cost
     if start == current then used = count + cost end
     if used <= n then
-      local x = -(current + w - from) -- px: max(1, cdiv(current + w - from, 1000))
-      m = x % 1000
-      if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
-      local ms = -((x - m) / 1000)
-      if ms < 1 then ms = 1 end
-      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      local ms = px(current + w, from)
       rcall('SET', key, spack('<c1dddd', 'F', current, w, used, now), 'PX', ms)
       return spack('<dddddd', 0, 0, now, 0, n - used, current + w - now)
     end
@@ -160,12 +155,7 @@ local function fw_one(keys, s, real, max_wait, dry, from)
       if start == ts then count = count + cost else count = cost end
       start = ts
       -- save
-      local x = -(start + w - from) -- px: max(1, cdiv(start + w - from, 1000))
-      m = x % 1000
-      if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
-      local ms = -((x - m) / 1000)
-      if ms < 1 then ms = 1 end
-      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      local ms = px(start + w, from)
       rcall('SET', key, spack('<c1dddd', 'F', start, w, count, now), 'PX', ms)
       -- status as of t, in the window just counted
       local remaining = n - count

@@ -154,12 +154,7 @@ local function gcra_one(keys, s, real, max_wait, dry, from)
     -- <= B at once, to the same state and status every time (spec[10..15]:
     -- exactly what the steps below compute while the new TAT's tick stays
     -- below 2^53)
-    local ms = -(now + s[13] - from) -- px: max(1, cdiv(exp - from, 1000))
-    local r = ms % 1000
-    if r < 0 then r = r + 1000 elseif r >= 1000 then r = r - 1000 end
-    ms = -((ms - r) / 1000)
-    if ms < 1 then ms = 1 end
-    ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+    local ms = px(now + s[13], from)
     rcall('SET', key, spack('<c1ddddd', 'G', s[12], w, now, now + s[13], b), 'PX', ms)
     return spack('<dddddd', 0, 0, now, 0, s[14], s[15])
   end
@@ -202,12 +197,7 @@ local function gcra_one(keys, s, real, max_wait, dry, from)
         local extra = min(keep - b, fdiv(EXACT - 1, w))
         exp = exp + cdiv(extra * w, n)
       end
-      local ms = -(exp - from) -- px: max(1, cdiv(exp - from, 1000))
-      r = ms % 1000
-      if r < 0 then r = r + 1000 elseif r >= 1000 then r = r - 1000 end
-      ms = -((ms - r) / 1000)
-      if ms < 1 then ms = 1 end
-      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      local ms = px(exp, from)
       rcall('SET', key, spack('<c1ddddd', 'G', s[7] - ((tat - now) * n + frac), w, now, exp, keep),
         'PX', ms)
     end

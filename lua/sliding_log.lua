@@ -199,9 +199,9 @@ local function slog_save(st, p, now, from)
   end
   local wmax, wexp = p[2], now + p[2]
   if st.keep > p[2] then wmax, wexp = st.wmax, st.wexp end
-  local until_at = st.last + st.keep
-  redis.call('SET', st.meta, slog_meta(st, now, wmax, wexp), 'PX', px(until_at, from))
-  redis.call('PEXPIRE', st.log, px(until_at, from))
+  local ms = px(st.last + st.keep, from)
+  redis.call('SET', st.meta, slog_meta(st, now, wmax, wexp), 'PX', ms)
+  redis.call('PEXPIRE', st.log, ms)
 end
 
 -- A log member's time and cost when it is this code's ('E', integer time,
@@ -333,12 +333,7 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
     if not last or t > last or member > top then top = member end
     sum, win, count, last = sum + cost, win + cost, count + 1, t
     if cost ~= 1 then uni = 0 end
-    local x = -(t + w - from) -- px: max(1, cdiv(last + w - from, 1000))
-    local r0 = x % 1000
-    if r0 < 0 then r0 = r0 + 1000 elseif r0 >= 1000 then r0 = r0 - 1000 end
-    local ms = -((x - r0) / 1000)
-    if ms < 1 then ms = 1 end
-    ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+    local ms = px(t + w, from)
     rcall('SET', meta, spack('<c1dddddddc0', 'M', sum, count, seq, now, w, now + w, uni, top),
       'PX', ms)
     rcall('PEXPIRE', log, ms)

@@ -184,12 +184,7 @@ local function sw_one(keys, s, real, max_wait, dry, from)
       end
       if fits then
         c = c + cost
-        local x = -(current + 2 * w - from) -- px: max(1, cdiv(current + 2 * w - from, 1000))
-        m = x % 1000
-        if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
-        local ms = -((x - m) / 1000)
-        if ms < 1 then ms = 1 end
-        ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+        local ms = px(current + 2 * w, from)
         rcall('SET', key, spack('<c1ddddd', 'S', current, w, p, c, now), 'PX', ms)
         local used = c
         if p > 0 then -- + sw_weighed(p, current + w - now, u, wu)
@@ -266,12 +261,7 @@ local function sw_one(keys, s, real, max_wait, dry, from)
       end
       start = ts
       -- save
-      local x = -(start + 2 * w - from) -- px: max(1, cdiv(start + 2 * w - from, 1000))
-      m = x % 1000
-      if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
-      local ms = -((x - m) / 1000)
-      if ms < 1 then ms = 1 end
-      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      local ms = px(start + 2 * w, from)
       rcall('SET', key, spack('<c1ddddd', 'S', start, w, prev, cur, now), 'PX', ms)
       -- status as of t, in the window just counted (cur > 0)
       local used = cur

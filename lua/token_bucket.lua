@@ -124,12 +124,7 @@ local function tb_one(keys, s, real, max_wait, dry, from)
   if level == full and ts == now and keep == c and s[12] and max_wait >= 0 and not dry then
     -- a full bucket (the common case: a key that rested) grants 1 <= cost
     -- <= C at once, to the same state and status every time (spec[9..11])
-    local x = -(now + s[9] - from) -- px: max(1, cdiv(exp - from, 1000))
-    local m = x % 1000
-    if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
-    local ms = -((x - m) / 1000)
-    if ms < 1 then ms = 1 end
-    ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+    local ms = px(now + s[9], from)
     rcall('SET', key, spack('<c1dddddd', 'T', s[10], p, now, now, now + s[9], c), 'PX', ms)
     return spack('<dddddd', 0, 0, now, 0, s[11], s[9])
   end
@@ -171,12 +166,7 @@ local function tb_one(keys, s, real, max_wait, dry, from)
       local refill = -((x - m) / r)
       local exp = ts + refill
       if keep > c then exp = ts + cdiv(min(keep, fdiv(EXACT - 1, p)) * p - level, r) end
-      x = -(exp - from) -- px: max(1, cdiv(exp - from, 1000))
-      m = x % 1000
-      if m < 0 then m = m + 1000 elseif m >= 1000 then m = m - 1000 end
-      local ms = -((x - m) / 1000)
-      if ms < 1 then ms = 1 end
-      ms = px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
+      local ms = px(exp, from)
       rcall('SET', key, spack('<c1dddddd', 'T', level, p, ts, now, exp, keep), 'PX', ms)
       -- status as of t: this fill, full again `refill` later
       x = level -- remaining = fdiv(level, p)
