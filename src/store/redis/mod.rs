@@ -108,9 +108,13 @@ impl Encoded {
     }
 }
 
-/// How long a connection may leave a command unanswered before it is
-/// considered broken (redis-rs' default is 500 ms, which a loaded machine
-/// reaches without anything being broken).
+/// How long a cluster connection may leave a command unanswered before it
+/// is considered broken (redis-rs' default is 500 ms, which a loaded machine
+/// reaches without anything being broken). Single-server connections have
+/// none: every command they carry is bounded by the limiter's own timeout,
+/// which also discards a connection that answers nothing (see `conn`), and
+/// a second timer per command costs CPU on every decision.
+#[cfg(feature = "cluster")]
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long decisions run as scripts after a failed `FUNCTION LOAD`.
@@ -382,11 +386,13 @@ impl RedisStoreBuilder {
         })
     }
 
-    /// A connection whose answer is this late is replaced; each decision is
-    /// bounded far sooner by the limiter's own timeout.
+    /// No response timeout in redis-rs: every command is bounded by the
+    /// limiter's timeout (connection attempts by [`conn::CONNECT_TIMEOUT`]),
+    /// and a connection that leaves a request unanswered that long is
+    /// discarded by the lanes.
     fn connection_config() -> AsyncConnectionConfig {
         AsyncConnectionConfig::new()
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_response_timeout(None)
             .set_connection_timeout(Some(conn::CONNECT_TIMEOUT))
     }
 
