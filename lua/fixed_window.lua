@@ -85,11 +85,12 @@ end
 local function fw_one(keys, s, real, max_wait, dry, from)
   local n, w, cost = s[2], s[3], s[6]
   local key = keys[1]
-  local now, start, count = real, -1, 0
+  local now, start, count, len = real, -1, 0, 0
   -- load and prepare
   local v = rpcall('GET', key)
   if v and #v == 33 then -- (an error reply is a table: #v == 0)
-    local tag, s0, len, c0, hw = sunpack('<c1dddd', v)
+    local tag, s0, c0, hw
+    tag, s0, len, c0, hw = sunpack('<c1dddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
     -- 2^53 written out costs one VM instruction less than an upvalue)
     if tag == 'F' and s0 % 1 == 0 and s0 < 9007199254740992 and s0 > -9007199254740992
@@ -118,8 +119,14 @@ local function fw_one(keys, s, real, max_wait, dry, from)
     local used = cost
     if start == current then used = count + cost end
     if used <= n then
-      local ms = px(current + w, from)
-      rcall('SET', key, spack('<c1dddd', 'F', current, w, used, now), 'PX', ms)
+      if start == current and len == w then
+        -- the stored state is this window's, and its key already expires
+        -- after the window's end: KEEPTTL spares Redis resetting it
+        rcall('SET', key, spack('<c1dddd', 'F', current, w, used, now), 'KEEPTTL')
+      else
+        local ms = px(current + w, from)
+        rcall('SET', key, spack('<c1dddd', 'F', current, w, used, now), 'PX', ms)
+      end
       return spack('<dddddd', 0, 0, now, 0, n - used, current + w - now)
     end
   end

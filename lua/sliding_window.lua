@@ -132,11 +132,12 @@ end
 local function sw_one(keys, s, real, max_wait, dry, from)
   local n, w, u, cost, wu = s[2], s[3], s[4], s[6], s[7]
   local key = keys[1]
-  local now, start, prev, cur = real, -1, 0, 0
+  local now, start, prev, cur, len = real, -1, 0, 0, 0
   -- load and prepare
   local v = rpcall('GET', key)
   if v and #v == 41 then -- (an error reply is a table: #v == 0)
-    local tag, s0, len, p0, c0, hw = sunpack('<c1ddddd', v)
+    local tag, s0, p0, c0, hw
+    tag, s0, len, p0, c0, hw = sunpack('<c1ddddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
     -- 2^53 written out costs one VM instruction less than an upvalue)
     if tag == 'S' and s0 % 1 == 0 and s0 < 9007199254740992 and s0 > -9007199254740992
@@ -184,8 +185,14 @@ local function sw_one(keys, s, real, max_wait, dry, from)
       end
       if fits then
         c = c + cost
-        local ms = px(current + 2 * w, from)
-        rcall('SET', key, spack('<c1ddddd', 'S', current, w, p, c, now), 'PX', ms)
+        if start == current and len == w then
+          -- the stored state is this window's, and its key already expires
+          -- after the next window's end: KEEPTTL spares Redis resetting it
+          rcall('SET', key, spack('<c1ddddd', 'S', current, w, p, c, now), 'KEEPTTL')
+        else
+          local ms = px(current + 2 * w, from)
+          rcall('SET', key, spack('<c1ddddd', 'S', current, w, p, c, now), 'PX', ms)
+        end
         local used = c
         if p > 0 then -- + sw_weighed(p, current + w - now, u, wu)
           local x = -(p * ru)

@@ -621,3 +621,71 @@ async fn eviction_under_maxmemory_never_fails_a_decision() {
     let evicted = common::info_field(&mut conn, "stats", "evicted_keys");
     assert!(evicted > 1000, "the test evicted {evicted} keys only");
 }
+
+/// A window's key outlives its window whichever limiter writes it: more
+/// grants in the window that set its expiry keep that expiry (`KEEPTTL`),
+/// and a limiter whose window of the same start is longer (a rolling
+/// deploy) sets an expiry after its own window's end, so the grants it
+/// counts are not lost with a key that expires with the shorter window.
+#[tokio::test]
+async fn a_window_key_outlives_the_window_of_whoever_wrote_it() {
+    let (short, long) = (Duration::from_secs(1), Duration::from_secs(10));
+    for (quota, longer) in [
+        (Quota::fixed_window(5, short), Quota::fixed_window(5, long)),
+        (
+            Quota::sliding_window(5, short),
+            Quota::sliding_window(5, long),
+        ),
+    ] {
+        // windows start at T0 (a multiple of 10 s); the decisions come 1 ms in
+        let clock = ManualClock::new(T0 + MS);
+        let prefix = unique_prefix("window-expiry");
+        let store = RedisStore::builder(common::redis_url())
+            .prefix(&prefix)
+            .expiry_slack(Duration::ZERO)
+            .clock(clock.clone())
+            .build()
+            .expect("store");
+        let key = key_of(&prefix, &quota);
+        let mut conn = common::connection();
+        let pttl = |conn: &mut redis::Connection| -> i64 {
+            redis::cmd("PTTL").arg(&key).query(conn).expect("PTTL")
+        };
+        // the key lives as long as the window it holds: one window for a
+        // fixed window, two (the previous one is weighed) for a sliding one
+        let lives = |window: Duration| -> i64 {
+            let windows = if quota.algorithm() == tower_ratelimit::Algorithm::FixedWindow {
+                1
+            } else {
+                2
+            };
+            windows * window.as_millis() as i64 - 1
+        };
+        let short_limiter = patient_limiter(store.clone(), limit(quota));
+        for _ in 0..3 {
+            let d = short_limiter.check("k", 1).await.expect("decision");
+            assert!(d.is_allowed(), "{quota:?}");
+        }
+        let ttl = pttl(&mut conn);
+        assert!(
+            ttl > lives(short) - 500 && ttl <= lives(short) + 1,
+            "{quota:?}: {ttl} ms after grants in one window"
+        );
+        let long_limiter = patient_limiter(store.clone(), limit(longer));
+        for _ in 0..2 {
+            let d = long_limiter.check("k", 1).await.expect("decision");
+            // the three grants of the shorter window count in the longer one
+            assert!(d.is_allowed(), "{longer:?}");
+        }
+        assert!(!long_limiter
+            .check("k", 1)
+            .await
+            .expect("decision")
+            .is_allowed());
+        let ttl = pttl(&mut conn);
+        assert!(
+            ttl > lives(long) - 500 && ttl <= lives(long) + 1,
+            "{longer:?}: {ttl} ms, not the longer window's expiry"
+        );
+    }
+}
