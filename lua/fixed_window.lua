@@ -119,13 +119,13 @@ local function fw_one(keys, s, real, max_wait, dry, from)
     local used = cost
     if start == current then used = count + cost end
     if used <= n then
+      local state = spack('<c1dddd', 'F', current, w, used, now)
       if start == current and len == w then
         -- the stored state is this window's, and its key already expires
         -- after the window's end: KEEPTTL spares Redis resetting it
-        rcall('SET', key, spack('<c1dddd', 'F', current, w, used, now), 'KEEPTTL')
+        rcall('SET', key, state, 'KEEPTTL')
       else
-        local ms = px(current + w, from)
-        rcall('SET', key, spack('<c1dddd', 'F', current, w, used, now), 'PX', ms)
+        rcall('SET', key, state, 'PX', px(current + w, from))
       end
       return spack('<dddddd', 0, 0, now, 0, n - used, current + w - now)
     end

@@ -185,13 +185,13 @@ local function sw_one(keys, s, real, max_wait, dry, from)
       end
       if fits then
         c = c + cost
+        local state = spack('<c1ddddd', 'S', current, w, p, c, now)
         if start == current and len == w then
           -- the stored state is this window's, and its key already expires
           -- after the next window's end: KEEPTTL spares Redis resetting it
-          rcall('SET', key, spack('<c1ddddd', 'S', current, w, p, c, now), 'KEEPTTL')
+          rcall('SET', key, state, 'KEEPTTL')
         else
-          local ms = px(current + 2 * w, from)
-          rcall('SET', key, spack('<c1ddddd', 'S', current, w, p, c, now), 'PX', ms)
+          rcall('SET', key, state, 'PX', px(current + 2 * w, from))
         end
         local used = c
         if p > 0 then -- + sw_weighed(p, current + w - now, u, wu)
