@@ -280,6 +280,24 @@ async fn without_functions_decisions_run_as_evalsha() {
     drop(server);
 }
 
+/// A server that refuses `FUNCTION LOAD` (here FUNCTION renamed away; in
+/// production, say, Redis over `maxmemory`): the decision that found no
+/// library runs as EVALSHA, and so do the next ones, without trying FCALL
+/// again until the load is retried.
+#[tokio::test]
+async fn after_a_refused_library_load_decisions_run_as_evalsha() {
+    let server = TestRedis::spawn_with("--rename-command FUNCTION ''");
+    let (limiter, mut conn) = warmed_up(&server).await;
+    for i in 0..50 {
+        limiter.check(format!("k{}", i % 7), 1).await.unwrap();
+    }
+    assert_eq!(command_calls(&mut conn, "evalsha"), 50);
+    assert_eq!(command_calls(&mut conn, "fcall"), 0, "FCALL tried again");
+    let d = limiter.peek("k").await.unwrap();
+    assert_eq!(d.statuses()[0].remaining(), 1_000_000 - 8, "{d:?}");
+    drop(server);
+}
+
 /// A limiter on `server` with a quota no test here exhausts, its lanes
 /// warmed up (their first use checks a connection out of the pool) and its
 /// code loaded; and a connection to `server` whose command stats start now.

@@ -2,7 +2,7 @@
 //! pooled connection (`EVALSHA` of the same code where Functions are missing).
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -135,6 +135,9 @@ struct Inner {
     /// After a failed `FUNCTION LOAD` (say, Redis over `maxmemory` refuses
     /// it), decisions run as scripts until then, and the load is tried again.
     scripts_until: Mutex<Option<tokio::time::Instant>>,
+    /// Whether `scripts_until` may hold a time: read by every decision, so
+    /// that the common one takes no lock.
+    load_failed: AtomicBool,
     /// The connections, and what replaces them when they fail.
     lanes: Arc<Lanes>,
     clock: Option<Arc<dyn Clock>>,
@@ -377,6 +380,7 @@ impl RedisStoreBuilder {
                 mode: AtomicU8::new(UNTRIED),
                 loading: tokio::sync::Mutex::new(()),
                 scripts_until: Mutex::new(None),
+                load_failed: AtomicBool::new(false),
                 lanes: Lanes::new(connector, self.lanes),
                 clock: self.clock,
                 slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
@@ -745,7 +749,8 @@ impl RedisStore {
     /// (which holds this one) stays small: it is moved and allocated per
     /// decision.
     async fn call(&self, conn: &mut Conn, encoded: &Encoded) -> redis::RedisResult<Vec<u8>> {
-        if self.inner.mode.load(Ordering::Relaxed) == SCRIPTS || self.load_failed_lately() {
+        let mode = self.inner.mode.load(Ordering::Relaxed);
+        if mode == SCRIPTS || self.load_failed_lately() {
             return Box::pin(self.call_slowly(conn, encoded, None)).await;
         }
         let delivery = &*DELIVERY;
@@ -763,7 +768,11 @@ impl RedisStore {
         }
         match fcall.query_async::<Vec<u8>>(conn).await {
             Ok(values) => {
-                self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
+                // written once, not by every decision: a store to the line
+                // that every thread reads
+                if mode != FUNCTIONS {
+                    self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
+                }
                 Ok(values)
             }
             Err(e) if is_missing_function(&e) || is_unknown_command(&e) => {
@@ -807,6 +816,7 @@ impl RedisStore {
                         tracing::warn!(target: "tower_ratelimit", error = %e, "cannot load the decision library; deciding with EVALSHA for {LOAD_RETRY:?}");
                         *lock(&self.inner.scripts_until) =
                             Some(tokio::time::Instant::now() + LOAD_RETRY);
+                        self.inner.load_failed.store(true, Ordering::Relaxed);
                     }
                 }
             }
@@ -882,11 +892,15 @@ impl RedisStore {
 impl RedisStore {
     /// Whether a recent `FUNCTION LOAD` failed, so decisions run as scripts.
     fn load_failed_lately(&self) -> bool {
+        if !self.inner.load_failed.load(Ordering::Relaxed) {
+            return false;
+        }
         let mut until = lock(&self.inner.scripts_until);
         match *until {
             Some(at) if tokio::time::Instant::now() < at => true,
             Some(_) => {
                 *until = None;
+                self.inner.load_failed.store(false, Ordering::Relaxed);
                 false
             }
             None => false,
