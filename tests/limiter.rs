@@ -446,3 +446,66 @@ async fn memory_store_evicts_idle_keys_by_itself() {
     }
     assert!(store.len() <= 2_000);
 }
+
+/// The decision connections among `admin`'s view of the server's clients:
+/// (id, last command) of each, the admin connection left out.
+fn store_clients(admin: &mut redis::Connection) -> Vec<(u64, String)> {
+    let own: u64 = redis::cmd("CLIENT").arg("ID").query(admin).unwrap();
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
+    list.lines()
+        .filter_map(|line| {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+                    .map(str::to_owned)
+            };
+            let id: u64 = field("id")?.parse().ok()?;
+            (id != own).then_some((id, field("cmd")?))
+        })
+        .collect()
+}
+
+/// Concurrent decisions share one connection (its writes and reads carry
+/// many at once); the second lane stands by, connected, and carries the
+/// next decision as soon as the first connection is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_share_one_connection_and_the_standby_takes_over() {
+    let server = TestRedis::spawn();
+    let (limiter, mut admin) = warmed_up(&server).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let limiter = limiter.clone();
+        tasks.spawn(async move { limiter.check(format!("k{}", i % 8), 1).await });
+    }
+    while let Some(result) = tasks.join_next().await {
+        assert!(result.unwrap().unwrap().is_allowed());
+    }
+    // the standby is connected in the background: wait for it (bounded)
+    let mut clients = store_clients(&mut admin);
+    for _ in 0..100 {
+        if clients.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        clients = store_clients(&mut admin);
+    }
+    let mut commands: Vec<&str> = clients.iter().map(|(_, cmd)| cmd.as_str()).collect();
+    commands.sort_unstable();
+    assert_eq!(commands, ["fcall", "ping"], "{clients:?}");
+    let active = clients.iter().find(|(_, cmd)| cmd == "fcall").unwrap().0;
+    let standby = clients.iter().find(|(_, cmd)| cmd == "ping").unwrap().0;
+    let _: () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(active)
+        .query(&mut admin)
+        .unwrap();
+    // sent on the killed connection, then again on the standby
+    assert!(limiter.check("after", 1).await.unwrap().is_allowed());
+    let clients = store_clients(&mut admin);
+    assert!(
+        clients.contains(&(standby, "fcall".to_owned())),
+        "the standby carried the decision: {clients:?}"
+    );
+    drop(server);
+}

@@ -287,7 +287,7 @@ impl RedisStoreBuilder {
         RedisStoreBuilder {
             target,
             prefix: "rl".into(),
-            lanes: 4,
+            lanes: 2,
             clock: None,
             slack: Duration::ZERO,
             #[cfg(feature = "tls")]
@@ -302,8 +302,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many connections to keep and multiplex decisions over (default 4,
-    /// at least 1). On a cluster, each is a cluster connection, which holds
+    /// How many connections to keep (default 2, at least 1). Decisions are
+    /// multiplexed over the first that works, so that concurrent decisions
+    /// share its writes and reads; the others stand by and take over at once
+    /// when it breaks or goes silent, while a new one is made in the
+    /// background. On a cluster, each is a cluster connection, which holds
     /// one connection per node.
     pub fn lanes(mut self, lanes: usize) -> Self {
         self.lanes = lanes;
