@@ -284,7 +284,7 @@ impl Lanes {
     /// same connection while it works, so that concurrent decisions share
     /// its writes and reads (redis-rs pipelines what is queued), and the
     /// other lanes stand by to take over at once. Spread over four lanes in
-    /// turn, each decision cost the server about 15% more CPU (more, smaller
+    /// turn, each decision cost the server about 10% more CPU (more, smaller
     /// writes and reads, and one more shared counter written per decision).
     fn lease_now(&self) -> Option<Lease> {
         if self.is_open() {
