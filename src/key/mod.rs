@@ -202,35 +202,62 @@ impl KeyExtractor for ClientIp {
 }
 
 /// The text of a client network, `203.0.113.7/32` or `2001:db8::/64`: IPv4,
-/// nearly every request, written byte by byte (the formatting machinery
-/// costs more than the rest of the key), IPv6 through its `Display`.
+/// nearly every request, written byte by byte on the stack and copied into
+/// the key once (the formatting machinery costs more than the rest of the
+/// key), IPv6 through its `Display`.
 fn write_net_key(net: &ipnet::IpNet, out: &mut KeyBuf) {
-    // a decimal number below 256, digit by digit
-    fn decimal(out: &mut KeyBuf, n: u8) {
-        if n >= 100 {
-            out.push(b'0' + n / 100);
-        }
-        if n >= 10 {
-            out.push(b'0' + n / 10 % 10);
-        }
-        out.push(b'0' + n % 10);
-    }
     match net {
         ipnet::IpNet::V4(v4) => {
-            for (i, octet) in v4.addr().octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b'.');
-                }
-                decimal(out, octet);
+            let [a, b, c, d] = v4.addr().octets();
+            let mut text = V4Text::default();
+            text.decimal(a);
+            for octet in [b, c, d] {
+                text.push(b'.');
+                text.decimal(octet);
             }
-            out.push(b'/');
-            decimal(out, v4.prefix_len());
+            text.push(b'/');
+            text.decimal(v4.prefix_len());
+            out.extend_from_slice(text.as_bytes());
         }
         ipnet::IpNet::V6(_) => {
             use std::fmt::Write;
             // (writing to a KeyBuf cannot fail)
             let _ = write!(out, "{net}");
         }
+    }
+}
+
+/// The text of an IPv4 network: at most `255.255.255.255/32`, 18 bytes.
+#[derive(Default)]
+struct V4Text {
+    bytes: [u8; 18],
+    len: usize,
+}
+
+impl V4Text {
+    #[inline]
+    fn push(&mut self, byte: u8) {
+        // (never full: the longest network fits)
+        if let Some(slot) = self.bytes.get_mut(self.len) {
+            *slot = byte;
+            self.len += 1;
+        }
+    }
+
+    /// A decimal number below 256, digit by digit.
+    #[inline]
+    fn decimal(&mut self, n: u8) {
+        if n >= 100 {
+            self.push(b'0' + n / 100);
+        }
+        if n >= 10 {
+            self.push(b'0' + n / 10 % 10);
+        }
+        self.push(b'0' + n % 10);
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or_default()
     }
 }
 
@@ -509,6 +536,14 @@ mod tests {
         let mut key = super::KeyBuf::new();
         super::write_net_key(net, &mut key);
         key.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn the_longest_ipv4_network_fits() {
+        let net = ipnet::IpNet::V4(ipnet::Ipv4Net::new([255; 4].into(), 32).expect("prefix"));
+        assert_eq!(key_of(&net), b"255.255.255.255/32");
+        let net = ipnet::IpNet::V4(ipnet::Ipv4Net::new([0; 4].into(), 0).expect("prefix"));
+        assert_eq!(key_of(&net), b"0.0.0.0/0");
     }
 
     proptest! {
