@@ -116,14 +116,31 @@ for mode in dict.fromkeys(r['mode'] for r in rows if r['kind'] == 'http'):
     print(f"| {mode} | {med('http', mode, 'rps'):,.0f} | {med('http', mode, 'rps') / bare:.2f} | {med('http', mode, 'redis_usec')} |")
 print()
 def ratio(a, b): return a / b if b else float('nan')
-print('| target | figure | ratio |')
-print('|---|---|---|')
-print(f"| HTTP in memory vs tower_governor (headers on) | {med('http','ours-mem','rps'):,.0f} vs {med('http','governor','rps'):,.0f} req/s | {ratio(med('http','ours-mem','rps'), med('http','governor','rps')):.2f} (target >= 0.95) |")
-print(f"| HTTP in memory vs tower_governor (headers off) | {med('http','ours-mem-noheaders','rps'):,.0f} vs {med('http','governor','rps'):,.0f} req/s | {ratio(med('http','ours-mem-noheaders','rps'), med('http','governor','rps')):.2f} (target >= 1.0) |")
-print(f"| HTTP over Redis vs tower-rate-limit-redis | {med('http','ours-redis','rps'):,.0f} vs {med('http','trlr','rps'):,.0f} req/s | {ratio(med('http','ours-redis','rps'), med('http','trlr','rps')):.2f} (target >= 1.0) |")
+# Each ratio is the median over rounds of that round's ratio: the modes of a
+# round run back to back, so a machine that slows down for a minute (a
+# shared host) slows both sides of the round's ratio alike, where it would
+# skew a ratio of medians taken over different minutes.
+def by_round(kind, mode, field):
+    return {r['round']: float(r[field]) for r in rows
+            if r['kind'] == kind and r['mode'] == mode and r.get(field, '-') not in ('-', '')}
+def round_ratios(kind, a, b, field):
+    xa, xb = by_round(kind, a, field), by_round(kind, b, field)
+    return [ratio(xa[k], xb[k]) for k in sorted(xa, key=int) if k in xb]
+def paired(kind, a, b, field):
+    xs = round_ratios(kind, a, b, field)
+    return statistics.median(xs) if xs else float('nan')
+def rounds(kind, a, b, field):
+    return ' '.join(f"{x:.2f}" for x in round_ratios(kind, a, b, field))
+print('| target | figure (medians) | ratio (median of the rounds\' ratios) | each round |')
+print('|---|---|---|---|')
+def row(what, kind, a, b, field, unit, goal):
+    print(f"| {what} | {med(kind, a, field):,.2f} vs {med(kind, b, field):,.2f} {unit} | {paired(kind, a, b, field):.2f} ({goal}) | {rounds(kind, a, b, field)} |")
+row('HTTP in memory vs tower_governor (headers on)', 'http', 'ours-mem', 'governor', 'rps', 'req/s', 'target >= 0.95')
+row('HTTP in memory vs tower_governor (headers off)', 'http', 'ours-mem-noheaders', 'governor', 'rps', 'req/s', 'target >= 1.0')
+row('HTTP over Redis vs tower-rate-limit-redis', 'http', 'ours-redis', 'trlr', 'rps', 'req/s', 'target >= 1.0')
 for mode, limit in [('ours-redis', 1.0), ('ours-redis-tb', 1.0), ('ours-redis-fw', 1.0), ('ours-redis-sw', 1.0), ('ours-redis-log', 2.5)]:
-    print(f"| Redis us per decision, {mode} vs tower-rate-limit-redis | {med('http',mode,'redis_usec')} vs {med('http','trlr','redis_usec')} us | {ratio(med('http',mode,'redis_usec'), med('http','trlr','redis_usec')):.2f} (target <= {limit}) |")
-print(f"| API decisions/s vs rate-limiter-flexible | {med('api','ours','dps'):,.0f} vs {med('api','rate-limiter-flexible','dps'):,.0f} | {ratio(med('api','ours','dps'), med('api','rate-limiter-flexible','dps')):.2f} (target >= 2) |")
+    row(f'Redis us per decision, {mode} vs tower-rate-limit-redis', 'http', mode, 'trlr', 'redis_usec', 'us', f'target <= {limit}')
+row('API decisions/s vs rate-limiter-flexible', 'api', 'ours', 'rate-limiter-flexible', 'dps', '', 'target >= 2')
 flood = [r for r in rows if r['kind'] == 'http' and r['mode'] == 'ours-redis-flood']
 if flood:
     local = [1 - float(r['redis_calls']) / float(r['non2xx']) for r in flood if float(r.get('non2xx', 0) or 0) > 0]
