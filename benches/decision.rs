@@ -8,7 +8,7 @@
 //! next to three baselines that run the same decision function (or a bare `PING`) without
 //! it, each with 1 and with 50 decisions in flight:
 //!
-//! - `store_lanes`: `Limiter` over `RedisStore` (4 lanes), one `EVALSHA` per
+//! - `store_lanes`: `Limiter` over `RedisStore` (default lanes), one `FCALL` per
 //!   decision over a connection the store keeps checked out of its pool.
 //! - `pool_get_per_call`: `pool.get()` from a deadpool-redis pool for every
 //!   decision, which pays deadpool's recycle check (`UNWATCH` + `PING`) on
@@ -265,7 +265,6 @@ impl RedisBench {
             .map_err(|e| format!("cannot build the pool: {e}"))?;
         let store = RedisStore::builder(url)
             .prefix("bench")
-            .lanes(4)
             .build()
             .map_err(|e| format!("cannot build the store: {e}"))?;
         let limiter = Limiter::new(store, limit(redis_quota()));
