@@ -105,8 +105,11 @@ python3 - "$OUT/results.txt" <<'PY'
 import re, statistics, sys
 rows = [dict(kv.split('=') for kv in line.split()[2:]) | {'kind': line.split()[0], 'mode': line.split()[1]}
         for line in open(sys.argv[1]) if line.strip()]
+def by_round(kind, mode, field):
+    return {r['round']: float(r[field]) for r in rows
+            if r['kind'] == kind and r['mode'] == mode and r.get(field, '-') not in ('-', '')}
 def med(kind, mode, field):
-    xs = [float(r[field]) for r in rows if r['kind'] == kind and r['mode'] == mode and r.get(field, '-') not in ('-', '')]
+    xs = list(by_round(kind, mode, field).values())
     return statistics.median(xs) if xs else float('nan')
 print()
 print('| mode | req/s | x bare | Redis us per decision |')
@@ -120,9 +123,6 @@ def ratio(a, b): return a / b if b else float('nan')
 # round run back to back, so a machine that slows down for a minute (a
 # shared host) slows both sides of the round's ratio alike, where it would
 # skew a ratio of medians taken over different minutes.
-def by_round(kind, mode, field):
-    return {r['round']: float(r[field]) for r in rows
-            if r['kind'] == kind and r['mode'] == mode and r.get(field, '-') not in ('-', '')}
 def round_ratios(kind, a, b, field):
     xa, xb = by_round(kind, a, field), by_round(kind, b, field)
     return [ratio(xa[k], xb[k]) for k in sorted(xa, key=int) if k in xb]
