@@ -122,6 +122,7 @@ pub struct Decision {
 
 impl Decision {
     /// A decision; `wait_us` is the reservation's wait in microseconds.
+    #[inline]
     pub(crate) fn new(verdict: Verdict, wait_us: u64, statuses: Statuses) -> Self {
         let binding = match verdict {
             // an enforced limit binds, when there is one

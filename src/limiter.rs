@@ -342,7 +342,7 @@ impl Limiter {
             Some(taken) => Ok(taken),
             None => self.bounded(store.take(&checks)).await,
         };
-        timer.finish(store.kind(), "take");
+        timer.finish(&**store, "take");
         let result = taken.and_then(|(reply, k)| {
             let mut decision = Self::decision(&checks, reply, 0)?;
             decision.granted = if decision.is_allowed() {
@@ -486,7 +486,7 @@ impl Limiter {
         }
         let timer = StoreTimer::start();
         let result = self.bounded(self.inner.store.reset(&checks)).await;
-        timer.finish(self.inner.store.kind(), "reset");
+        timer.finish(&*self.inner.store, "reset");
         result
     }
 
@@ -671,7 +671,7 @@ impl Limiter {
         };
         let reply = reply.unwrap_or(Err(Error::Timeout(timeout)));
         let result = reply.and_then(|reply| Self::decision(checks, reply, max_wait));
-        timer.finish(store.kind(), "decide");
+        timer.finish(&**store, "decide");
         let outcome = Outcome::of(&result);
         span.record("outcome", outcome.as_str());
         if !dry && plain {
@@ -688,7 +688,7 @@ impl Limiter {
 
     /// The decision of a store that answers at once (in memory), counted and
     /// traced as any other; `None` for a store that must be awaited.
-    #[inline]
+    #[inline(always)]
     fn decide_now(
         &self,
         checks: &[Check<'_>],
@@ -699,7 +699,7 @@ impl Limiter {
         let store = &self.inner.store;
         let timer = StoreTimer::start();
         let reply = store.decide_sync(checks, max_wait, dry)?;
-        timer.finish(store.kind(), "decide");
+        timer.finish(&**store, "decide");
         let at = reply.now;
         let result = Self::decision(checks, reply, max_wait);
         let outcome = Outcome::of(&result);
@@ -717,7 +717,10 @@ impl Limiter {
         if !dry && counted {
             crate::metrics::count(checks, &result, outcome);
         }
+        #[cfg(feature = "metrics")]
         store.report_size(at);
+        #[cfg(not(feature = "metrics"))]
+        let _ = at;
         Some(result)
     }
 
@@ -745,7 +748,7 @@ impl Limiter {
         i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX)
     }
 
-    #[inline]
+    #[inline(always)]
     fn decision(checks: &[Check<'_>], reply: Reply, max_wait: i64) -> Result<Decision, Error> {
         if reply.limits.len() != checks.len() {
             return Err(Error::UnexpectedReply(format!(
@@ -833,7 +836,7 @@ impl Limiter {
         let store = &self.inner.store;
         let timer = StoreTimer::start();
         let result = self.bounded(store.refund(&checks, at)).await;
-        timer.finish(store.kind(), "refund");
+        timer.finish(&**store, "refund");
         result
     }
 
@@ -857,7 +860,7 @@ impl Limiter {
         if !store.refund_sync(&checks, at) {
             return false;
         }
-        timer.finish(store.kind(), "refund");
+        timer.finish(&**store, "refund");
         true
     }
 

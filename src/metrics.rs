@@ -185,8 +185,10 @@ impl StoreTimer {
         }
     }
 
+    /// Records the call's duration under `store`'s kind.
     #[cfg(feature = "metrics")]
-    pub(crate) fn finish(self, store: &'static str, operation: &'static str) {
+    pub(crate) fn finish(self, store: &dyn crate::store::Store, operation: &'static str) {
+        let store = store.kind();
         let seconds = self.started.elapsed().as_secs_f64();
         match duration_key(store, operation) {
             Some(key) => ::metrics::with_recorder(|recorder| {
@@ -199,8 +201,11 @@ impl StoreTimer {
         }
     }
 
+    /// Without metrics: nothing (not even asking the store its kind, a
+    /// dynamic call on every decision).
     #[cfg(not(feature = "metrics"))]
-    pub(crate) fn finish(self, _: &'static str, _: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn finish(self, _: &dyn crate::store::Store, _: &'static str) {}
 }
 
 /// The [`STORE_DURATION`] key of a store kind and an operation: made once.

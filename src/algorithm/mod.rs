@@ -130,7 +130,7 @@ impl State {
 
     /// [`save`](Self::save)s into `stored`, reusing a sliding log's
     /// allocation; returns the expiry.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn save_into(self, p: &Params, now: i64, stored: &mut Stored) -> i64 {
         match (self, stored) {
             (State::SlidingLog(mut s), Stored::SlidingLog(slot)) => {

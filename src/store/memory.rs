@@ -280,7 +280,7 @@ impl Inner {
     /// else unchanged but for the pruning of a sliding log, as in Redis.
     /// Returns whether a new key was stored.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn write_back(
         &self,
         table: &mut Table,
