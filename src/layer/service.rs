@@ -495,16 +495,15 @@ where
         // readied only now (see `RateLimit::poll_ready`); called in place,
         // so that the request is not moved into a second future
         std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-        let response = inner.call(request).await?;
-        let response = match refund {
-            Some(refund) => Box::pin(give_back(&config, &refund, &charged_rules, response)).await,
-            None => response,
-        };
-        let mut response = response.map(ResponseBody::inner);
+        // (the response is large: moved as few times as the types allow)
+        let mut response = inner.call(request).await?;
+        if let Some(refund) = refund {
+            response = Box::pin(give_back(&config, &refund, &charged_rules, response)).await;
+        }
         if let Some(fields) = fields {
             fields.apply(response.headers_mut());
         }
-        Ok(response)
+        Ok(response.map(ResponseBody::inner))
     })
 }
 
