@@ -103,6 +103,7 @@ mod limiter;
 pub mod metrics;
 mod quota;
 pub mod store;
+mod text;
 
 /// The README's examples, compiled as doctests so they stay true.
 #[cfg(all(

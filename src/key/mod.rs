@@ -209,7 +209,8 @@ fn write_net_key(net: &ipnet::IpNet, out: &mut KeyBuf) {
     match net {
         ipnet::IpNet::V4(v4) => {
             let [a, b, c, d] = v4.addr().octets();
-            let mut text = V4Text::default();
+            let mut text = V4Text::new();
+            // (the longest network fits: every write succeeds)
             text.decimal(a);
             for octet in [b, c, d] {
                 text.push(b'.');
@@ -228,38 +229,7 @@ fn write_net_key(net: &ipnet::IpNet, out: &mut KeyBuf) {
 }
 
 /// The text of an IPv4 network: at most `255.255.255.255/32`, 18 bytes.
-#[derive(Default)]
-struct V4Text {
-    bytes: [u8; 18],
-    len: usize,
-}
-
-impl V4Text {
-    #[inline]
-    fn push(&mut self, byte: u8) {
-        // (never full: the longest network fits)
-        if let Some(slot) = self.bytes.get_mut(self.len) {
-            *slot = byte;
-            self.len += 1;
-        }
-    }
-
-    /// A decimal number below 256, digit by digit.
-    #[inline]
-    fn decimal(&mut self, n: u8) {
-        if n >= 100 {
-            self.push(b'0' + n / 100);
-        }
-        if n >= 10 {
-            self.push(b'0' + n / 10 % 10);
-        }
-        self.push(b'0' + n % 10);
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        self.bytes.get(..self.len).unwrap_or_default()
-    }
-}
+type V4Text = crate::text::StackText<18>;
 
 /// The value of a request header, such as an API key.
 #[derive(Debug, Clone)]

@@ -79,22 +79,39 @@ pub(crate) fn shared_value(value: &HeaderValue) -> HeaderValue {
 /// `[A-Za-z0-9_.-]`, which a String holds unescaped, and integers are capped
 /// at the 15 digits an Integer may have.
 fn state_value(decision: &Decision) -> Option<HeaderValue> {
-    // on the stack for one or two limits; copied once into the value
-    let mut out = smallvec::SmallVec::<[u8; 128]>::new();
+    // On the stack, copied once into the value: one limit always fits (a
+    // name has at most 64 bytes, an integer 15 digits), and usually two.
+    let mut line = crate::text::StackText::<160>::new();
+    if write_state(decision, |text| line.put(text)) {
+        return HeaderValue::from_bytes(line.as_bytes()).ok();
+    }
+    let mut out = Vec::new();
+    write_state(decision, |text| {
+        out.extend_from_slice(text);
+        true
+    });
+    HeaderValue::from_bytes(&out).ok()
+}
+
+/// Writes the `RateLimit` value of `decision` through `put`; `false` as soon
+/// as `put` refuses a piece.
+#[inline(always)]
+fn write_state(decision: &Decision, mut put: impl FnMut(&[u8]) -> bool) -> bool {
     let mut digits = itoa::Buffer::new();
     let cap = |n: u64| n.min(999_999_999_999_999);
     for (i, s) in decision.statuses().iter().enumerate() {
-        if i > 0 {
-            out.extend_from_slice(b", ");
+        let written = (i == 0 || put(b", "))
+            && put(b"\"")
+            && put(s.name().as_bytes())
+            && put(b"\";r=")
+            && put(digits.format(cap(s.remaining())).as_bytes())
+            && put(b";t=")
+            && put(digits.format(cap(ceil_secs(s.reset_after()))).as_bytes());
+        if !written {
+            return false;
         }
-        out.push(b'"');
-        out.extend_from_slice(s.name().as_bytes());
-        out.extend_from_slice(b"\";r=");
-        out.extend_from_slice(digits.format(cap(s.remaining())).as_bytes());
-        out.extend_from_slice(b";t=");
-        out.extend_from_slice(digits.format(cap(ceil_secs(s.reset_after()))).as_bytes());
     }
-    HeaderValue::from_bytes(&out).ok()
+    true
 }
 
 /// The rate-limit fields of one decision, computed before the request is
@@ -275,5 +292,59 @@ mod tests {
         assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
         assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
         assert_eq!(ceil_secs(Duration::ZERO), 0);
+    }
+
+    fn status(name: &'static str, remaining: u64, reset_us: u64) -> crate::LimitStatus {
+        crate::LimitStatus {
+            name,
+            limit: remaining,
+            window_us: 1,
+            remaining,
+            wait_us: 0,
+            reset_us,
+            algorithm: crate::Algorithm::Gcra,
+            violated: false,
+            shadow: false,
+            would_refuse: false,
+        }
+    }
+
+    /// The value written on the stack and the one written on the heap (more
+    /// than fits on the stack) are the same text, RFC 9651's List.
+    #[test]
+    fn the_ratelimit_value_is_the_same_list_on_the_stack_and_beyond_it() {
+        let long: &'static str = "a-name-of-the-longest-length-a-limit-may-have.0123456789_abcdefg";
+        assert_eq!(long.len(), 64);
+        let big = 10_u64.pow(18);
+        for statuses in [
+            vec![status("per-ip", 9, 1_500_000)],
+            vec![status(long, big, big)],
+            vec![status(long, big, big), status("b", 0, 0)],
+            // beyond the stack's 160 bytes
+            vec![status(long, big, big), status(long, big, big)],
+            vec![
+                status("a", 1, 1),
+                status(long, 7, 8),
+                status("c", 2, 2_000_001),
+                status(long, 0, 0),
+            ],
+        ] {
+            let expected = statuses
+                .iter()
+                .map(|s| {
+                    let (r, t) = (
+                        s.remaining.min(999_999_999_999_999),
+                        ceil_secs(s.reset_after()),
+                    );
+                    format!("\"{}\";r={r};t={}", s.name, t.min(999_999_999_999_999))
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let decision = Decision::new(Verdict::Allowed, 0, statuses.into_iter().collect());
+            let value = state_value(&decision).expect("a valid value");
+            assert_eq!(value.to_str().ok(), Some(expected.as_str()));
+            let parsed = sfv::Parser::new(&expected).parse::<sfv::List>();
+            assert!(parsed.is_ok(), "{expected}");
+        }
     }
 }
