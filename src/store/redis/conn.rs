@@ -114,6 +114,22 @@ pub(super) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
+impl Conn {
+    /// `cmd`'s reply as `T`. Over a single connection, redis-rs's own
+    /// future is awaited in place: its `ConnectionLike` method boxes it,
+    /// 1.1 kB per command, a size glibc's malloc serves on its slow path.
+    pub(super) async fn query<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
+        match self {
+            Conn::Single(conn) => {
+                let value = conn.send_packed_command(cmd).await?;
+                Ok(redis::from_redis_value(value.extract_error()?)?)
+            }
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => cmd.query_async(self).await,
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

@@ -769,7 +769,7 @@ impl RedisStore {
         for arg in encoded.keys().chain(encoded.args()) {
             fcall.arg(arg);
         }
-        match fcall.query_async::<Vec<u8>>(conn).await {
+        match conn.query::<Vec<u8>>(&fcall).await {
             Ok(values) => {
                 // written once, not by every decision: a store to the line
                 // that every thread reads
