@@ -23,7 +23,7 @@ ROUNDS=${ROUNDS:-3}
 DUR=${DUR:-5}
 REDIS_CPU=${REDIS_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
-MODES=${MODES:-bare governor ours-mem ours-mem-noheaders trlr ours-redis ours-redis-tb ours-redis-fw ours-redis-sw ours-redis-log ours-redis-flood}
+MODES=${MODES:-bare governor ours-mem ours-mem-noheaders trlr ours-redis ours-redis-noheaders ours-redis-tb ours-redis-fw ours-redis-sw ours-redis-log ours-redis-flood}
 OUT=${OUT:-$(mktemp -d -t tower-ratelimit-bench.XXXXXX)}
 mkdir -p "$OUT"
 
@@ -138,6 +138,8 @@ def row(what, kind, a, b, field, unit, goal):
 row('HTTP in memory vs tower_governor (headers on)', 'http', 'ours-mem', 'governor', 'rps', 'req/s', 'target >= 0.95')
 row('HTTP in memory vs tower_governor (headers off)', 'http', 'ours-mem-noheaders', 'governor', 'rps', 'req/s', 'target >= 1.0')
 row('HTTP over Redis vs tower-rate-limit-redis', 'http', 'ours-redis', 'trlr', 'rps', 'req/s', 'target >= 1.0')
+# like for like: tower-rate-limit-redis sends no rate-limit fields on a grant
+row('HTTP over Redis, headers off, vs tower-rate-limit-redis', 'http', 'ours-redis-noheaders', 'trlr', 'rps', 'req/s', 'for comparison, no target')
 for mode, limit in [('ours-redis', 1.0), ('ours-redis-tb', 1.0), ('ours-redis-fw', 1.0), ('ours-redis-sw', 1.0), ('ours-redis-log', 2.5)]:
     row(f'Redis us per decision, {mode} vs tower-rate-limit-redis', 'http', mode, 'trlr', 'redis_usec', 'us', f'target <= {limit}')
 row('API decisions/s vs rate-limiter-flexible', 'api', 'ours', 'rate-limiter-flexible', 'dps', '', 'target >= 2')

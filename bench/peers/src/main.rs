@@ -11,6 +11,7 @@
 //! | `ours-mem-noheaders` | the same without the RateLimit fields |
 //! | `trlr` | tower-rate-limit-redis, GCRA, keys rotated over 10k |
 //! | `ours-redis` | tower-ratelimit, RedisStore, GCRA, the same 10k keys |
+//! | `ours-redis-noheaders` | the same without the RateLimit fields (tower-rate-limit-redis sends none on a grant) |
 //! | `ours-redis-tb`, `-fw`, `-sw`, `-log` | the same with a token bucket, fixed window, sliding window counter, sliding log |
 //! | `ours-redis-flood` | RedisStore, GCRA 10/s, one key: nearly every answer a 429 |
 use std::net::SocketAddr;
@@ -32,10 +33,22 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let mode = args.get(1).map_or("bare", String::as_str).to_owned();
     let port: u16 = args.get(2).map_or(Ok(3100), |p| p.parse())?;
-    let url = args.get(3).cloned().unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
-    let app = limited(Router::new().route("/", get(|| async { "hello" })), &mode, &url).await?;
+    let url = args
+        .get(3)
+        .cloned()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
+    let app = limited(
+        Router::new().route("/", get(|| async { "hello" })),
+        &mode,
+        &url,
+    )
+    .await?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
     Ok(())
 }
 
@@ -43,14 +56,16 @@ async fn limited(app: Router, mode: &str, url: &str) -> Result<Router, Error> {
     let second = Duration::from_secs(1);
     // 1000 per second per key with bursts of 65535: tower-rate-limit-redis'
     // largest capacity and 1 ms emission interval; 10k keys share the load.
-    let per_key = |quota: Quota| -> Result<RateLimitLayer, Error> {
+    let per_key_with = |quota: Quota, headers: bool| -> Result<RateLimitLayer, Error> {
         let store = RedisStore::builder(url).prefix("bench").build()?;
         Ok(RateLimitLayer::builder()
             .store(store)
             .limit(Limit::new("hello", quota)?, rotated)
             .timeout(Duration::from_millis(300))
+            .ietf_headers(headers)
             .build()?)
     };
+    let per_key = |quota: Quota| per_key_with(quota, true);
     Ok(match mode {
         "bare" => app,
         "governor" => {
@@ -73,7 +88,9 @@ async fn limited(app: Router, mode: &str, url: &str) -> Result<Router, Error> {
             )
         }
         "trlr" => {
-            let conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+            let conn = redis::Client::open(url)?
+                .get_multiplexed_async_connection()
+                .await?;
             app.layer(
                 tower_rate_limit_redis::RateLimitLayer::builder()
                     .conn(conn)
@@ -85,6 +102,9 @@ async fn limited(app: Router, mode: &str, url: &str) -> Result<Router, Error> {
             )
         }
         "ours-redis" => app.layer(per_key(Quota::gcra(1000, second, 65_535))?),
+        "ours-redis-noheaders" => {
+            app.layer(per_key_with(Quota::gcra(1000, second, 65_535), false)?)
+        }
         "ours-redis-tb" => app.layer(per_key(Quota::token_bucket(65_535, 1000, second))?),
         "ours-redis-fw" => app.layer(per_key(Quota::fixed_window(65_535, second))?),
         "ours-redis-sw" => app.layer(per_key(Quota::sliding_window(65_535, second))?),
@@ -121,7 +141,10 @@ struct Rotated;
 impl tower_rate_limit_redis::KeyResolver for Rotated {
     type Key = String;
     type ErrorBody = axum::body::Body;
-    fn key<T>(&self, request: &http::Request<T>) -> Result<String, http::Response<Self::ErrorBody>> {
+    fn key<T>(
+        &self,
+        request: &http::Request<T>,
+    ) -> Result<String, http::Response<Self::ErrorBody>> {
         Ok(next_key(request.uri().path()))
     }
 }

@@ -12,12 +12,18 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
-    let url = args.get(1).cloned().unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
+    let url = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
     let seconds: u64 = args.get(2).map_or(Ok(5), |s| s.parse())?;
     let in_flight: usize = args.get(3).map_or(Ok(50), |s| s.parse())?;
     let store = RedisStore::builder(url).prefix("api").build()?;
     let limit = Limit::new("api", Quota::gcra(1000, Duration::from_secs(1), 65_535))?;
-    let limiter = Limiter::builder(store).limit(limit).timeout(Duration::from_secs(1)).build()?;
+    let limiter = Limiter::builder(store)
+        .limit(limit)
+        .timeout(Duration::from_secs(1))
+        .build()?;
     limiter.check("warm-up", 1).await?;
     let done = Arc::new(AtomicU64::new(0));
     let until = Instant::now() + Duration::from_secs(seconds);
@@ -38,6 +44,9 @@ async fn main() -> Result<(), Error> {
     for task in tasks {
         task.await?;
     }
-    println!("decisions/s {:.0}", done.load(Ordering::Relaxed) as f64 / seconds as f64);
+    println!(
+        "decisions/s {:.0}",
+        done.load(Ordering::Relaxed) as f64 / seconds as f64
+    );
     Ok(())
 }
