@@ -12,9 +12,12 @@
 # over RedisStore and rate-limiter-flexible (Node) on the same Redis, 50 in
 # flight. Prints every figure, then medians and ratios.
 #
+# Then, for the three HTTP targets, paired slices: both servers up, 1 s wrk
+# runs alternating between them, a ratio per pair of runs (see below).
+#
 # Environment: ROUNDS (3), DUR (5 s per run), REDIS_CPU (0), LOAD_CPU (1),
-# MODES (the HTTP modes), OUT (a folder for the raw outputs; default a new
-# temporary one). Needs redis-server, wrk, node/npm, taskset, cargo; it says
+# MODES (the HTTP modes), SLICES (16 per pair; 0 skips them), OUT (a folder
+# for the raw outputs; default a new temporary one). Needs redis-server, wrk, node/npm, taskset, cargo; it says
 # which apt package installs what is missing. Everything it starts it stops.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -101,6 +104,39 @@ for round in $(seq "$ROUNDS"); do
   rc FLUSHALL >/dev/null
 done
 
+# Paired slices. The HTTP targets compare two servers a few percent apart,
+# less than a shared host drifts between runs seconds apart (in one run
+# here, bare served 26k req/s and governor 42k in the next run). So for
+# each pair both servers stay up, and 1 s wrk slices alternate between
+# them (A B, then B A, and so on): each slice's ratio compares runs at
+# most a second apart. SLICES per pair (0 skips this part).
+slices_pair() {
+  local a=$1 b=$2 pa pb ida idb i ra rb
+  pa=$(free_port); pb=$(free_port)
+  taskset -c "$LOAD_CPU" "$SERVER" "$a" "$pa" "$URL" >"$OUT/server-slices-$a.log" 2>&1 &
+  ida=$!; PIDS+=($ida)
+  taskset -c "$LOAD_CPU" "$SERVER" "$b" "$pb" "$URL" >"$OUT/server-slices-$b.log" 2>&1 &
+  idb=$!; PIDS+=($idb)
+  for port in "$pa" "$pb"; do
+    for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
+    taskset -c "$LOAD_CPU" wrk -t1 -c50 -d1s "http://127.0.0.1:$port/" >/dev/null 2>&1 # warm-up
+  done
+  slice() { taskset -c "$LOAD_CPU" wrk -t1 -c50 -d1s "http://127.0.0.1:$1/" 2>&1 | awk '/^Requests\/sec/ {print $2}'; }
+  for i in $(seq "$SLICES"); do
+    if (( i % 2 )); then ra=$(slice "$pa"); rb=$(slice "$pb"); else rb=$(slice "$pb"); ra=$(slice "$pa"); fi
+    echo "slice $b vs=$a slice=$i a_rps=$ra b_rps=$rb" | tee -a "$OUT/results.txt"
+  done
+  kill "$ida" "$idb"; wait "$ida" "$idb" 2>/dev/null || true
+}
+SLICES=${SLICES:-16}
+if (( SLICES > 0 )); then
+  log "paired slices: $SLICES per pair"
+  slices_pair governor ours-mem
+  slices_pair governor ours-mem-noheaders
+  slices_pair trlr ours-redis
+  rc FLUSHALL >/dev/null
+fi
+
 python3 - "$OUT/results.txt" <<'PY'
 import re, statistics, sys
 rows = [dict(kv.split('=') for kv in line.split()[2:]) | {'kind': line.split()[0], 'mode': line.split()[1]}
@@ -143,6 +179,21 @@ row('HTTP over Redis, headers off, vs tower-rate-limit-redis', 'http', 'ours-red
 for mode, limit in [('ours-redis', 1.0), ('ours-redis-tb', 1.0), ('ours-redis-fw', 1.0), ('ours-redis-sw', 1.0), ('ours-redis-log', 2.5)]:
     row(f'Redis us per decision, {mode} vs tower-rate-limit-redis', 'http', mode, 'trlr', 'redis_usec', 'us', f'target <= {limit}')
 row('API decisions/s vs rate-limiter-flexible', 'api', 'ours', 'rate-limiter-flexible', 'dps', '', 'target >= 2')
+slices = [r for r in rows if r['kind'] == 'slice']
+if slices:
+    print()
+    print('Paired slices (1 s each, the two servers alternating): median of the slices\' ratios, and their quartiles')
+    print()
+    print('| target | ratio | quartiles | slices |')
+    print('|---|---|---|---|')
+    for what, a, b, goal in [('HTTP in memory vs tower_governor (headers on)', 'governor', 'ours-mem', '>= 0.95'),
+                             ('HTTP in memory vs tower_governor (headers off)', 'governor', 'ours-mem-noheaders', '>= 1.0'),
+                             ('HTTP over Redis vs tower-rate-limit-redis', 'trlr', 'ours-redis', '>= 1.0')]:
+        xs = sorted(float(r['b_rps']) / float(r['a_rps']) for r in slices
+                    if r['mode'] == b and r['vs'] == a and float(r.get('a_rps') or 0) > 0 and r.get('b_rps'))
+        if len(xs) >= 4:
+            q = statistics.quantiles(xs, n=4)
+            print(f"| {what} | {statistics.median(xs):.2f} (target {goal}) | {q[0]:.2f} to {q[2]:.2f} | {len(xs)} |")
 flood = [r for r in rows if r['kind'] == 'http' and r['mode'] == 'ours-redis-flood']
 if flood:
     local = [1 - float(r['redis_calls']) / float(r['non2xx']) for r in flood if float(r.get('non2xx', 0) or 0) > 0]
