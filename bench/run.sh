@@ -12,8 +12,9 @@
 # over RedisStore and rate-limiter-flexible (Node) on the same Redis, 50 in
 # flight. Prints every figure, then medians and ratios.
 #
-# Then, for the three HTTP targets, paired slices: both servers up, 1 s wrk
-# runs alternating between them, a ratio per pair of runs (see below).
+# Then, for the three HTTP targets and the Redis time of each algorithm,
+# paired slices: both servers up, 1 s wrk runs alternating between them, a
+# ratio per pair of runs (see below).
 #
 # Environment: ROUNDS (3), DUR (5 s per run), REDIS_CPU (0), LOAD_CPU (1),
 # MODES (the HTTP modes), SLICES (16 per pair; 0 skips them), OUT (a folder
@@ -109,9 +110,10 @@ done
 # here, bare served 26k req/s and governor 42k in the next run). So for
 # each pair both servers stay up, and 1 s wrk slices alternate between
 # them (A B, then B A, and so on): each slice's ratio compares runs at
-# most a second apart. SLICES per pair (0 skips this part).
+# most a second apart. The same for the Redis time per decision of each
+# algorithm against the peer's. SLICES per pair (0 skips this part).
 slices_pair() {
-  local a=$1 b=$2 pa pb ida idb i ra rb
+  local a=$1 b=$2 pa pb ida idb i ra rb ua ub sa sb
   pa=$(free_port); pb=$(free_port)
   taskset -c "$LOAD_CPU" "$SERVER" "$a" "$pa" "$URL" >"$OUT/server-slices-$a.log" 2>&1 &
   ida=$!; PIDS+=($ida)
@@ -121,10 +123,16 @@ slices_pair() {
     for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
     taskset -c "$LOAD_CPU" wrk -t1 -c50 -d1s "http://127.0.0.1:$port/" >/dev/null 2>&1 # warm-up
   done
-  slice() { taskset -c "$LOAD_CPU" wrk -t1 -c50 -d1s "http://127.0.0.1:$1/" 2>&1 | awk '/^Requests\/sec/ {print $2}'; }
+  # req/s, then the Redis time per decision during the slice ("-" without Redis)
+  slice() {
+    rc CONFIG RESETSTAT >/dev/null
+    taskset -c "$LOAD_CPU" wrk -t1 -c50 -d1s "http://127.0.0.1:$1/" 2>&1 | awk '/^Requests\/sec/ {printf "%s ", $2}'
+    decision_usec
+  }
   for i in $(seq "$SLICES"); do
-    if (( i % 2 )); then ra=$(slice "$pa"); rb=$(slice "$pb"); else rb=$(slice "$pb"); ra=$(slice "$pa"); fi
-    echo "slice $b vs=$a slice=$i a_rps=$ra b_rps=$rb" | tee -a "$OUT/results.txt"
+    if (( i % 2 )); then sa=$(slice "$pa"); sb=$(slice "$pb"); else sb=$(slice "$pb"); sa=$(slice "$pa"); fi
+    read -r ra ua <<<"$sa"; read -r rb ub <<<"$sb"
+    echo "slice $b vs=$a slice=$i a_rps=$ra b_rps=$rb a_usec=$ua b_usec=$ub" | tee -a "$OUT/results.txt"
   done
   kill "$ida" "$idb"; wait "$ida" "$idb" 2>/dev/null || true
 }
@@ -134,6 +142,10 @@ if (( SLICES > 0 )); then
   slices_pair governor ours-mem
   slices_pair governor ours-mem-noheaders
   slices_pair trlr ours-redis
+  # the Redis time of the other algorithms, against the same peer
+  for mode in ours-redis-tb ours-redis-fw ours-redis-sw ours-redis-log; do
+    slices_pair trlr "$mode"
+  done
   rc FLUSHALL >/dev/null
 fi
 
@@ -194,6 +206,13 @@ if slices:
         if len(xs) >= 4:
             q = statistics.quantiles(xs, n=4)
             print(f"| {what} | {statistics.median(xs):.2f} (target {goal}) | {q[0]:.2f} to {q[2]:.2f} | {len(xs)} |")
+    for mode, limit in [('ours-redis', 1.0), ('ours-redis-tb', 1.0), ('ours-redis-fw', 1.0), ('ours-redis-sw', 1.0), ('ours-redis-log', 2.5)]:
+        xs = sorted(float(r['b_usec']) / float(r['a_usec']) for r in slices
+                    if r['mode'] == mode and r['vs'] == 'trlr'
+                    and r.get('a_usec', '-') not in ('-', '') and r.get('b_usec', '-') not in ('-', '') and float(r['a_usec']) > 0)
+        if len(xs) >= 4:
+            q = statistics.quantiles(xs, n=4)
+            print(f"| Redis us per decision, {mode} vs tower-rate-limit-redis | {statistics.median(xs):.2f} (target <= {limit}) | {q[0]:.2f} to {q[2]:.2f} | {len(xs)} |")
 flood = [r for r in rows if r['kind'] == 'http' and r['mode'] == 'ours-redis-flood']
 if flood:
     local = [1 - float(r['redis_calls']) / float(r['non2xx']) for r in flood if float(r.get('non2xx', 0) or 0) > 0]
