@@ -700,7 +700,8 @@ impl Limiter {
         let timer = StoreTimer::start();
         let reply = store.decide_sync(checks, max_wait, dry)?;
         timer.finish(&**store, "decide");
-        let at = reply.now;
+        #[cfg(feature = "metrics")]
+        store.report_size(reply.now);
         let result = Self::decision(checks, reply, max_wait);
         let outcome = Outcome::of(&result);
         // (checked first: without a subscriber, tracing's `log` fallback,
@@ -717,10 +718,6 @@ impl Limiter {
         if !dry && counted {
             crate::metrics::count(checks, &result, outcome);
         }
-        #[cfg(feature = "metrics")]
-        store.report_size(at);
-        #[cfg(not(feature = "metrics"))]
-        let _ = at;
         Some(result)
     }
 
