@@ -301,13 +301,15 @@ where
     let (parts, body) = request.into_parts();
     if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
         // exempt: never counted, never refused
-        let info = RateLimitInfo::new(None, false);
-        return forward_now(inner, Request::from_parts(parts, body), info, None);
+        return forward_now(inner, parts, body, RateLimitInfo::new(None, false), None);
     }
     let chosen = match choose(config, &parts) {
         Ok(chosen) => chosen,
         Err(answer) => return ResponseFuture::ready(Ok(answer)),
     };
+    if chosen.is_empty() {
+        return forward_now(inner, parts, body, RateLimitInfo::new(None, false), None);
+    }
     let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
         .iter()
         .map(|(limit, key, _)| (*limit, key.as_bytes()))
@@ -316,51 +318,85 @@ where
         .cost
         .as_ref()
         .map_or(config.fixed_cost, |cost| cost(&parts));
-    let mut store_failed = false;
-    let decided = if pairs.is_empty() {
-        Some(None)
-    } else {
-        match config.limiter.decide_pairs_now(&pairs, cost) {
-            Some(Ok(decision)) => {
-                config.outage.success();
-                Some(Some(decision))
-            }
-            Some(Err(error)) => {
-                store_failed = true;
-                match after_failure(config, &error) {
-                    AfterFailure::Fallback(fallback) => {
-                        Some(fallback.decide_pairs_now(&pairs, cost).and_then(Result::ok))
-                    }
-                    AfterFailure::Answer(answer) => return ResponseFuture::ready(Ok(answer)),
-                    AfterFailure::Pass => Some(None),
-                }
-            }
-            // not at once after all: decided the usual way
-            None => None,
+    let decision = match config.limiter.decide_pairs_now(&pairs, cost) {
+        Some(Ok(decision)) => decision,
+        Some(Err(error)) => {
+            return after_failure_now(inner, config, parts, body, &pairs, cost, &error)
+        }
+        // not at once after all: decided the usual way
+        None => {
+            drop(pairs);
+            drop(chosen);
+            return call_later(inner, config, Request::from_parts(parts, body));
         }
     };
+    config.outage.success();
     drop(pairs);
     drop(chosen);
-    let Some(decided) = decided else {
-        return call_later(inner, config, Request::from_parts(parts, body));
-    };
-    let Some(decision) = decided else {
-        let info = RateLimitInfo::new(None, store_failed);
-        return forward_now(inner, Request::from_parts(parts, body), info, None);
-    };
     if !decision.is_allowed() {
         return ResponseFuture::ready(Ok(refused(config, &decision, &decision)));
     }
     let fields = Fields::of(&decision, &config.headers);
-    let info = RateLimitInfo::new(Some(decision), store_failed);
-    forward_now(inner, Request::from_parts(parts, body), info, fields)
+    forward_now(
+        inner,
+        parts,
+        body,
+        RateLimitInfo::new(Some(decision), false),
+        fields,
+    )
 }
 
-/// Forwards a request decided within `call`: to the inner service itself
-/// when it is ready now, else to a clone readied in the future.
+/// [`call_at_once`] after the store failed: the in-process fallback's
+/// decision, the layer's answer or the request forwarded undecided, per
+/// [`OnStoreError`].
+#[cold]
+#[inline(never)]
+fn after_failure_now<S, ReqBody, ResBody>(
+    inner: &mut S,
+    config: &Arc<Config>,
+    parts: Parts,
+    body: ReqBody,
+    pairs: &[(&Limit, &[u8])],
+    cost: u64,
+    error: &Error,
+) -> ResponseFuture<S::Future, ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    let decision = match after_failure(config, error) {
+        AfterFailure::Fallback(fallback) => {
+            fallback.decide_pairs_now(pairs, cost).and_then(Result::ok)
+        }
+        AfterFailure::Answer(answer) => return ResponseFuture::ready(Ok(answer)),
+        AfterFailure::Pass => None,
+    };
+    if let Some(decision) = decision.as_ref().filter(|d| !d.is_allowed()) {
+        return ResponseFuture::ready(Ok(refused(config, decision, decision)));
+    }
+    let fields = decision
+        .as_ref()
+        .and_then(|decision| Fields::of(decision, &config.headers));
+    forward_now(
+        inner,
+        parts,
+        body,
+        RateLimitInfo::new(decision, true),
+        fields,
+    )
+}
+
+/// Forwards a request decided within `call`, with `info` among its
+/// extensions (put into the parts before they are rejoined: the request is
+/// not moved again): to the inner service itself when it is ready now, else
+/// to a clone readied in the future.
 fn forward_now<S, ReqBody, ResBody>(
     inner: &mut S,
-    mut request: Request<ReqBody>,
+    mut parts: Parts,
+    body: ReqBody,
     info: RateLimitInfo,
     fields: Option<Fields>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error>
@@ -371,7 +407,8 @@ where
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
-    request.extensions_mut().insert(info);
+    parts.extensions.insert(info);
+    let request = Request::from_parts(parts, body);
     let mut cx = Context::from_waker(Waker::noop());
     match inner.poll_ready(&mut cx) {
         Poll::Ready(Ok(())) => ResponseFuture {
@@ -422,8 +459,7 @@ where
     let (parts, body) = request.into_parts();
     if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
         // exempt: never counted, never refused
-        let info = RateLimitInfo::new(None, false);
-        return forward_now(inner, Request::from_parts(parts, body), info, None);
+        return forward_now(inner, parts, body, RateLimitInfo::new(None, false), None);
     }
     let mut inner = inner.clone();
     let config = config.clone();
