@@ -13,9 +13,10 @@
 //! - New connections are made by one background task per store, never inside
 //!   a request: requests meanwhile use the other lanes' connections, or wait
 //!   (within their own timeout) when none is left.
-//! - After [`OPEN_AFTER`] failures in a row (abandoned requests, failed
-//!   connection attempts; on a cluster only the latter, since one node's
-//!   failure must not stop the other nodes' slots) the circuit opens: every lane is
+//! - After [`OPEN_AFTER`] failures in a row (requests abandoned on a silent
+//!   connection, unless a new connection answered since they were sent;
+//!   failed connection attempts; on a cluster only the latter, since one
+//!   node's failure must not stop the other nodes' slots) the circuit opens: every lane is
 //!   discarded and requests fail at once ([`Error::Unavailable`]) while the
 //!   background task reconnects, backing off from [`MIN_BACKOFF`] to
 //!   [`MAX_BACKOFF`] between refused attempts. Its first connection that
@@ -281,6 +282,7 @@ impl Lanes {
                 index: lease.index,
                 generation: lease.generation,
                 answers: self.lanes[lease.index].answers.load(Ordering::Relaxed),
+                installed: self.generation.load(Ordering::Relaxed),
                 landed: false,
             };
             let result = op(lease.conn).await;
@@ -466,6 +468,8 @@ struct Flight<'a> {
     generation: u64,
     /// The lane's answer count when the request was sent.
     answers: u64,
+    /// The latest connection's generation when the request was sent.
+    installed: u64,
     landed: bool,
 }
 
@@ -506,8 +510,14 @@ impl Drop for Flight<'_> {
             // half-open socket), so it is replaced
             self.lanes.discard(self.index, self.generation);
             // on a cluster, one node's failure (answered on its slots until
-            // a replica is promoted) must not stop the other nodes' slots
-            if !self.lanes.cluster {
+            // a replica is promoted) must not stop the other nodes' slots;
+            // and a new connection that answered `PING` since this request
+            // left is newer news than its silence: requests that were in
+            // flight on the silent connections, abandoned after the
+            // recovery, must not open the circuit again
+            if !self.lanes.cluster
+                && self.lanes.generation.load(Ordering::Relaxed) == self.installed
+            {
                 self.lanes.failed();
             }
         }
