@@ -284,6 +284,33 @@ where
     }
 }
 
+/// The inner service as the functions below need it: the bounds of the
+/// `Service` impl above, named once (the associated types' bounds are
+/// implied wherever `Inner` is).
+trait Inner<ReqBody, ResBody>:
+    Service<
+        Request<ReqBody>,
+        Response = Response<ResBody>,
+        Future: Send + 'static,
+        Error: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
+    S: Service<
+            Request<ReqBody>,
+            Response = Response<ResBody>,
+            Future: Send + 'static,
+            Error: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Decides within `call`: the store answers at once, and nothing is
 /// reserved ahead or given back.
 fn call_at_once<S, ReqBody, ResBody>(
@@ -291,9 +318,7 @@ fn call_at_once<S, ReqBody, ResBody>(
     request: Request<ReqBody>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
@@ -361,9 +386,7 @@ fn after_failure_now<S, ReqBody, ResBody>(
     error: &Error,
 ) -> ResponseFuture<S::Future, ResBody, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
@@ -401,9 +424,7 @@ fn forward_now<S, ReqBody, ResBody>(
     fields: Option<Fields>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
@@ -450,9 +471,7 @@ fn call_later<S, ReqBody, ResBody>(
     request: Request<ReqBody>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
