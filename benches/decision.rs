@@ -63,20 +63,28 @@ fn redis_quota() -> Quota {
     Quota::gcra(1_000_000, Duration::from_secs(1), 1_000_000)
 }
 
+/// A GCRA quota as (per second, burst): one value gives both sides of
+/// `versus_governor` ([`gcra_quota`], [`governor_limiter`]) the same quota.
+type Gcra = (u32, u32);
+
 /// The memory quota: 1000 per microsecond. The in-process store decides a hot
 /// key several times per microsecond, which would exhaust the Redis quota
 /// within a fraction of a second and turn the bench into one of denials.
-fn memory_gcra_quota() -> Quota {
-    Quota::gcra(1_000_000_000, Duration::from_secs(1), 1_000_000_000)
-}
+const MEMORY_GCRA: Gcra = (1_000_000_000, 1_000_000_000);
 
 /// 1 per second with a burst of 10^9: each check adds a second of debt, so
 /// a key revisited every 10k checks (milliseconds) never gets back to a
 /// fresh state and stays stored for the whole bench, and no check is
 /// refused. (At 1000 per second a check's 1 ms of debt is paid back before
 /// the key's turn comes again: every key expires, as in `10k_keys`.)
-fn live_gcra_quota() -> Quota {
-    Quota::gcra(1, Duration::from_secs(1), 1_000_000_000)
+const LIVE_GCRA: Gcra = (1, 1_000_000_000);
+
+fn gcra_quota((per_second, burst): Gcra) -> Quota {
+    Quota::gcra(per_second.into(), Duration::from_secs(1), burst.into())
+}
+
+fn memory_gcra_quota() -> Quota {
+    gcra_quota(MEMORY_GCRA)
 }
 
 /// A sliding log whose 1 ms window keeps the log short and never fills.
@@ -125,18 +133,11 @@ fn runtime() -> Runtime {
         .expect("tokio runtime")
 }
 
-/// `governor`'s keyed limiter with the quota of [`memory_gcra_quota`]:
-/// 10^9 per second, bursts of 10^9 (a cell every nanosecond).
-fn governor_limiter() -> governor::DefaultKeyedRateLimiter<String> {
-    let rate = NonZeroU32::new(1_000_000_000).expect("non-zero");
-    governor::RateLimiter::keyed(governor::Quota::per_second(rate).allow_burst(rate))
-}
-
-/// Governor with [`live_gcra_quota`].
-fn governor_live_limiter() -> governor::DefaultKeyedRateLimiter<String> {
-    let rate = NonZeroU32::new(1).expect("non-zero");
-    let burst = NonZeroU32::new(1_000_000_000).expect("non-zero");
-    governor::RateLimiter::keyed(governor::Quota::per_second(rate).allow_burst(burst))
+/// `governor`'s keyed limiter with the quota of [`gcra_quota`]`(gcra)`.
+fn governor_limiter((per_second, burst): Gcra) -> governor::DefaultKeyedRateLimiter<String> {
+    let non_zero = |n| NonZeroU32::new(n).expect("non-zero");
+    let quota = governor::Quota::per_second(non_zero(per_second)).allow_burst(non_zero(burst));
+    governor::RateLimiter::keyed(quota)
 }
 
 fn bench_versus_governor(c: &mut Criterion, rt: &Runtime) {
@@ -144,7 +145,7 @@ fn bench_versus_governor(c: &mut Criterion, rt: &Runtime) {
     group.throughput(Throughput::Elements(1));
     let keys: Vec<String> = (0..KEYS).map(|i| format!("user-{i}")).collect();
 
-    let governor = governor_limiter();
+    let governor = governor_limiter(MEMORY_GCRA);
     let hot = USER_KEY.to_owned();
     group.bench_function("governor/hot_key", |b| {
         b.iter(|| assert!(governor.check_key(&hot).is_ok(), "governor denied"));
@@ -155,36 +156,22 @@ fn bench_versus_governor(c: &mut Criterion, rt: &Runtime) {
             .iter(|| async { granted(ours.check(USER_KEY, 1).await) });
     });
 
-    rotating_keys(
-        &mut group,
-        rt,
-        "10k_keys",
-        &keys,
-        governor_limiter(),
-        memory_gcra_quota(),
-    );
-    rotating_keys(
-        &mut group,
-        rt,
-        "10k_live_keys",
-        &keys,
-        governor_live_limiter(),
-        live_gcra_quota(),
-    );
+    rotating_keys(&mut group, rt, "10k_keys", &keys, MEMORY_GCRA);
+    rotating_keys(&mut group, rt, "10k_live_keys", &keys, LIVE_GCRA);
     group.finish();
 }
 
 /// `governor/{case}` and `ours/{case}`: one check per iteration, on each of
-/// `keys` in turn, by `governor` and by a `Limiter` over `MemoryStore` with
-/// `quota`.
+/// `keys` in turn, by governor and by a `Limiter` over `MemoryStore`, both
+/// with the quota `gcra`.
 fn rotating_keys(
     group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
     rt: &Runtime,
     case: &str,
     keys: &[String],
-    governor: governor::DefaultKeyedRateLimiter<String>,
-    quota: Quota,
+    gcra: Gcra,
 ) {
+    let governor = governor_limiter(gcra);
     group.bench_function(format!("governor/{case}"), |b| {
         let mut next = 0;
         b.iter(|| {
@@ -193,7 +180,7 @@ fn rotating_keys(
             assert!(governor.check_key(key).is_ok(), "governor denied");
         });
     });
-    let ours = Limiter::new(MemoryStore::new(), limit(quota));
+    let ours = Limiter::new(MemoryStore::new(), limit(gcra_quota(gcra)));
     let ours = &ours;
     group.bench_function(format!("ours/{case}"), |b| {
         let mut next = 0;
