@@ -11,7 +11,7 @@ use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
 use crate::deny_cache::DenyCache;
 use crate::grant::{Charged, Grant, Refund, RefundOnDrop};
 use crate::metrics::{Outcome, StoreTimer};
-use crate::store::{Check, Store};
+use crate::store::{Check, Deadline, Store};
 use crate::{ConfigError, Error, Limit};
 
 /// The checks of one decision: inline for the usual few limits.
@@ -340,7 +340,7 @@ impl Limiter {
         let timer = StoreTimer::start();
         let taken = match store.take_sync(&checks) {
             Some(taken) => Ok(taken),
-            None => self.bounded(store.take(&checks)).await,
+            None => store.take(&checks, self.deadline()).await,
         };
         timer.finish(&**store, "take");
         let result = taken.and_then(|(reply, k)| {
@@ -485,7 +485,7 @@ impl Limiter {
             return Ok(());
         }
         let timer = StoreTimer::start();
-        let result = self.bounded(self.inner.store.reset(&checks)).await;
+        let result = self.inner.store.reset(&checks, self.deadline()).await;
         timer.finish(&*self.inner.store, "reset");
         result
     }
@@ -661,15 +661,15 @@ impl Limiter {
         // (instrumented only with a span: entering and leaving a disabled
         // one on every poll is not free; each call built where it is
         // awaited, so that the future holds no second copy of it)
-        let timeout = self.inner.timeout;
+        let deadline = self.deadline();
         let reply = if span.is_none() {
-            tokio::time::timeout(timeout, store.decide(checks, max_wait, dry)).await
+            store.decide(checks, max_wait, dry, deadline).await
         } else {
-            tokio::time::timeout(timeout, store.decide(checks, max_wait, dry))
+            store
+                .decide(checks, max_wait, dry, deadline)
                 .instrument(span.clone())
                 .await
         };
-        let reply = reply.unwrap_or(Err(Error::Timeout(timeout)));
         let result = reply.and_then(|reply| Self::decision(checks, reply, max_wait));
         timer.finish(&**store, "decide");
         let outcome = Outcome::of(&result);
@@ -721,13 +721,10 @@ impl Limiter {
         Some(result)
     }
 
-    async fn bounded<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, Error>>,
-    ) -> Result<T, Error> {
-        tokio::time::timeout(self.inner.timeout, call)
-            .await
-            .unwrap_or(Err(Error::Timeout(self.inner.timeout)))
+    /// When a store call starting now must have answered: the store bounds
+    /// its own waits by it (see [`Deadline`]).
+    fn deadline(&self) -> Deadline {
+        Deadline::after(self.inner.timeout)
     }
 
     fn checks<'a>(pairs: impl Iterator<Item = (&'a Limit, &'a [u8])>, cost: u64) -> Checks<'a> {
@@ -832,7 +829,7 @@ impl Limiter {
         }
         let store = &self.inner.store;
         let timer = StoreTimer::start();
-        let result = self.bounded(store.refund(&checks, at)).await;
+        let result = store.refund(&checks, at, self.deadline()).await;
         timer.finish(&**store, "refund");
         result
     }

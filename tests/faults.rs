@@ -302,3 +302,63 @@ async fn connections_that_go_silent_are_replaced_through_new_ones() {
     assert!(late.is_empty(), "once replaced, nothing fails: {late:?}");
     assert_all_answered(&calls, "silent");
 }
+
+/// Callers that go away (an HTTP client closing its socket makes hyper drop
+/// the request's future) tell nothing about Redis: a flood of decisions
+/// abandoned right after they were sent, beside ordinary traffic on a
+/// healthy Redis, fails no request and replaces no connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_go_away_neither_open_the_circuit_nor_replace_connections() {
+    let server = TestRedis::spawn();
+    let limiter = limiter(&server.url, "abandoned");
+    decides(&limiter, "probe", Duration::from_secs(5)).await;
+    let mut admin = conn(&server.url);
+    let connections = common::info_field(&mut admin, "stats", "total_connections_received");
+    let load = Load::start(&limiter, 4);
+    let abandoned = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let flood: Vec<_> = (0..2)
+        .map(|task| {
+            let (limiter, abandoned) = (limiter.clone(), abandoned.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let mut n = 0u64;
+                while started.elapsed() < Duration::from_millis(1500) {
+                    n += 1;
+                    // sent (the first poll writes the command), then dropped
+                    let mut call = Box::pin(limiter.check(format!("flood-{task}-{n}"), 1));
+                    if futures::poll!(call.as_mut()).is_pending() {
+                        abandoned.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(call);
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for task in flood {
+        task.await.expect("a flood task panicked");
+    }
+    let calls = load.finish().await;
+    let abandoned = abandoned.load(Ordering::Relaxed);
+    eprintln!(
+        "{abandoned} decisions abandoned beside {} ordinary ones",
+        calls.len()
+    );
+    assert!(abandoned > 100, "the flood abandoned decisions in flight");
+    let failed: Vec<&Call> = calls.iter().filter(|c| c.kind != Kind::Decided).collect();
+    assert!(
+        failed.is_empty(),
+        "callers going away fail nobody else: {} of {} failed, first {:?}",
+        failed.len(),
+        calls.len(),
+        failed.first()
+    );
+    let now = common::info_field(&mut admin, "stats", "total_connections_received");
+    assert_eq!(
+        now,
+        connections,
+        "no connection was replaced: {} new ones",
+        now - connections
+    );
+    assert_all_answered(&calls, "abandoned");
+}

@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 
 use super::keys;
 use super::sealed::Sealed;
-use super::{BoxFuture, Check, Store};
+use super::{BoxFuture, Check, Deadline, Store};
 use crate::algorithm::{self, Reply, State, Stored};
 use crate::clock::{Clock, SystemClock};
 use crate::quota::{Algorithm, Params};
@@ -862,22 +862,36 @@ impl Sealed for MemoryStore {
         checks: &'a [Check<'a>],
         max_wait: i64,
         dry: bool,
+        _: Deadline,
     ) -> BoxFuture<'a, Result<Reply, Error>> {
         let reply = bounded_keys(checks, |checks| self.decide_now(checks, max_wait, dry));
         Box::pin(std::future::ready(Ok(reply)))
     }
 
-    fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>> {
+    fn reset<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        _: Deadline,
+    ) -> BoxFuture<'a, Result<(), Error>> {
         bounded_keys(checks, |checks| self.reset_now(checks));
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn refund<'a>(&'a self, checks: &'a [Check<'a>], at: i64) -> BoxFuture<'a, Result<(), Error>> {
+    fn refund<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        at: i64,
+        _: Deadline,
+    ) -> BoxFuture<'a, Result<(), Error>> {
         bounded_keys(checks, |checks| self.refund_now(checks, at));
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn take<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(Reply, i64), Error>> {
+    fn take<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        _: Deadline,
+    ) -> BoxFuture<'a, Result<(Reply, i64), Error>> {
         let most = checks.first().map_or(0, |c| c.cost);
         let taken = bounded_keys(checks, |checks| self.take_now(checks, most));
         Box::pin(std::future::ready(Ok(taken)))

@@ -21,7 +21,7 @@ use crate::Error;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub(crate) use self::sealed::{Check, QuotaRegistry};
+pub(crate) use self::sealed::{Check, Deadline, QuotaRegistry};
 
 /// A place to keep limit state. Implemented by [`MemoryStore`] and
 /// [`RedisStore`]; sealed so that both can evolve together with the algorithms.
@@ -30,6 +30,52 @@ pub trait Store: sealed::Sealed + Send + Sync + 'static {}
 pub(crate) mod sealed {
     use super::{BoxFuture, Error, Reply};
     use crate::{Limit, MemoryStore};
+    use std::future::Future;
+
+    /// When a store call must have answered: the limiter's timeout, counted
+    /// from the call's start. A store that waits (on the network) bounds every
+    /// wait by it, and only a request still unanswered at its deadline tells
+    /// anything about the connection it was sent on: a caller that goes away
+    /// sooner (an HTTP client closing its socket drops the request's future)
+    /// tells nothing.
+    #[derive(Debug, Clone, Copy)]
+    #[allow(unreachable_pub)]
+    pub struct Deadline {
+        at: tokio::time::Instant,
+        timeout: std::time::Duration,
+    }
+
+    impl Deadline {
+        /// `timeout` from now (or, for a timeout beyond any clock, in 30 years).
+        pub(crate) fn after(timeout: std::time::Duration) -> Self {
+            let now = tokio::time::Instant::now();
+            let at = now
+                .checked_add(timeout)
+                .unwrap_or_else(|| now + std::time::Duration::from_secs(30 * 365 * 86_400));
+            Self { at, timeout }
+        }
+
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        pub(crate) fn at(self) -> tokio::time::Instant {
+            self.at
+        }
+
+        /// The error of a call that met its deadline.
+        pub(crate) fn error(self) -> Error {
+            Error::Timeout(self.timeout)
+        }
+
+        /// `call`'s result, or [`error`](Self::error) if it is not done by the
+        /// deadline (it is dropped then).
+        pub(crate) async fn bound<T>(
+            self,
+            call: impl Future<Output = Result<T, Error>>,
+        ) -> Result<T, Error> {
+            tokio::time::timeout_at(self.at, call)
+                .await
+                .unwrap_or(Err(self.error()))
+        }
+    }
 
     /// One limit of an atomic decision: which limit, whose key, at what cost.
     #[derive(Debug, Clone, Copy)]
@@ -85,15 +131,21 @@ pub(crate) mod sealed {
     pub trait Sealed {
         /// Decides all checks atomically: grants all of them at one time no
         /// later than `max_wait` microseconds from now, or none. A `dry` run
-        /// decides the same way but grants and writes nothing.
+        /// decides the same way but grants and writes nothing. Every
+        /// operation answers by its `deadline` ([`Error::Timeout`] then).
         fn decide<'a>(
             &'a self,
             checks: &'a [Check<'a>],
             max_wait: i64,
             dry: bool,
+            deadline: Deadline,
         ) -> BoxFuture<'a, Result<Reply, Error>>;
         /// Forgets the state of every check's key.
-        fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>>;
+        fn reset<'a>(
+            &'a self,
+            checks: &'a [Check<'a>],
+            deadline: Deadline,
+        ) -> BoxFuture<'a, Result<(), Error>>;
         /// Gives back the grant of each check's `cost` that the store made at
         /// store time `at` (microseconds; for a granted [`Reply`] that is
         /// `reply.now + reply.wait`), exactly: a sliding log drops one entry
@@ -108,6 +160,7 @@ pub(crate) mod sealed {
             &'a self,
             checks: &'a [Check<'a>],
             at: i64,
+            deadline: Deadline,
         ) -> BoxFuture<'a, Result<(), Error>>;
         /// Whether [`decide_sync`](Self::decide_sync) always answers: the
         /// store never needs awaiting (in memory).
@@ -134,6 +187,7 @@ pub(crate) mod sealed {
         fn take<'a>(
             &'a self,
             checks: &'a [Check<'a>],
+            deadline: Deadline,
         ) -> BoxFuture<'a, Result<(Reply, i64), Error>>;
         /// [`take`](Self::take) for a store that answers at once; `None` for
         /// a store that must be awaited.

@@ -26,7 +26,7 @@ use smallvec::SmallVec;
 
 use super::RedisStore;
 use crate::algorithm::Reply;
-use crate::store::{keys, Check};
+use crate::store::{keys, Check, Deadline};
 use crate::Error;
 
 /// The indices of a decision's checks, grouped by the cluster slot of their
@@ -75,10 +75,13 @@ impl RedisStore {
         checks: &[Check<'_>],
         groups: &[SmallVec<[usize; 2]>],
         at: i64,
+        deadline: Deadline,
     ) -> Result<(), Error> {
         let subsets = subsets(checks, groups);
         let results = futures_util::future::join_all(
-            subsets.iter().map(|subset| self.refund_group(subset, at)),
+            subsets
+                .iter()
+                .map(|subset| self.refund_group(subset, at, deadline)),
         )
         .await;
         results.into_iter().collect()
@@ -89,12 +92,13 @@ impl RedisStore {
         checks: &[Check<'_>],
         groups: &[SmallVec<[usize; 2]>],
         dry: bool,
+        deadline: Deadline,
     ) -> Result<Reply, Error> {
         let subsets = subsets(checks, groups);
         let replies = futures_util::future::join_all(
             subsets
                 .iter()
-                .map(|subset| self.decide_group(subset, 0, dry)),
+                .map(|subset| self.decide_group(subset, 0, dry, deadline)),
         )
         .await;
         let mut failure = None;
@@ -122,7 +126,7 @@ impl RedisStore {
                     continue;
                 }
                 let at = reply.now + reply.wait;
-                match self.refund_group(subset, at).await {
+                match self.refund_group(subset, at, deadline).await {
                     Ok(()) => {
                         for (&index, check) in group.iter().zip(subset) {
                             let capacity =

@@ -7,14 +7,18 @@
 //!   replica that refuses writes) discards that connection and is sent
 //!   again on another: connections the server closed while idle cost no
 //!   request. (A resent decision may count twice; it never admits more.)
-//! - A request abandoned by its caller (the limiter's timeout) while its
-//!   connection answered nothing since it was sent marks that connection as
-//!   silent: it is discarded, whatever keeps it open.
+//! - A request still unanswered at its deadline (the limiter's timeout),
+//!   while its connection answered nothing since it was sent, marks that
+//!   connection as silent: it is discarded, whatever keeps it open. A request
+//!   whose caller goes away before its deadline (an HTTP client that closes
+//!   its socket drops the request's future) says nothing about the
+//!   connection: it is neither discarded nor counted, and the command, once
+//!   written, still runs on the server (its grant counts there).
 //! - New connections are made by one background task per store, never inside
 //!   a request: requests meanwhile use the other lanes' connections, or wait
 //!   (within their own timeout) when none is left.
-//! - After [`OPEN_AFTER`] failures in a row (requests abandoned on a silent
-//!   connection, unless a new connection answered since they were sent;
+//! - After [`OPEN_AFTER`] failures in a row (requests past their deadline on
+//!   a silent connection, unless a new connection answered since they were sent;
 //!   failed connection attempts; on a cluster only the latter, since one
 //!   node's failure must not stop the other nodes' slots) the circuit opens: every lane is
 //!   discarded and requests fail at once ([`Error::Unavailable`]) while the
@@ -30,6 +34,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
+use crate::store::Deadline;
 use crate::Error;
 
 /// How long one connection attempt (connect, handshake, `PING`) may take.
@@ -261,8 +266,13 @@ impl Lanes {
     }
 
     /// Runs `op` on a connection, again on another while they turn out
-    /// broken (at most once per lane, then once on a new one). Fails at once while the circuit is open.
-    pub(super) async fn run<T, F, Fut>(self: &Arc<Self>, mut op: F) -> Result<T, Error>
+    /// broken (at most once per lane, then once on a new one), until
+    /// `deadline`. Fails at once while the circuit is open.
+    pub(super) async fn run<T, F, Fut>(
+        self: &Arc<Self>,
+        deadline: Deadline,
+        mut op: F,
+    ) -> Result<T, Error>
     where
         F: FnMut(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -275,7 +285,7 @@ impl Lanes {
             // future stays small
             let lease = match self.lease_now() {
                 Some(lease) => lease,
-                None => Box::pin(self.lease()).await?,
+                None => deadline.bound(Box::pin(self.lease())).await?,
             };
             let flight = Flight {
                 lanes: self,
@@ -283,9 +293,11 @@ impl Lanes {
                 generation: lease.generation,
                 answers: self.lanes[lease.index].answers.load(Ordering::Relaxed),
                 installed: self.generation.load(Ordering::Relaxed),
-                landed: false,
             };
-            let result = op(lease.conn).await;
+            let Ok(result) = tokio::time::timeout_at(deadline.at(), op(lease.conn)).await else {
+                flight.unanswered();
+                return Err(deadline.error());
+            };
             match flight.land(result) {
                 Landing::Done(result) => return result.map_err(Error::from),
                 // every lane may hold a connection the server closed
@@ -460,8 +472,9 @@ impl Lanes {
     }
 }
 
-/// One request in flight on a lease. Dropped before it lands (its caller
-/// gave up), it tells whether the connection answered anything meanwhile.
+/// One request in flight on a lease, until it lands or meets its deadline.
+/// Dropped otherwise (its caller went away), it leaves no trace: a caller
+/// leaving is no news of the connection.
 struct Flight<'a> {
     lanes: &'a Arc<Lanes>,
     index: usize,
@@ -470,12 +483,10 @@ struct Flight<'a> {
     answers: u64,
     /// The latest connection's generation when the request was sent.
     installed: u64,
-    landed: bool,
 }
 
 impl Flight<'_> {
-    fn land<T>(mut self, result: RedisResult<T>) -> Landing<T> {
-        self.landed = true;
+    fn land<T>(self, result: RedisResult<T>) -> Landing<T> {
         let lanes = self.lanes;
         match result {
             // not counted against the circuit: a connection closed by the
@@ -496,13 +507,9 @@ impl Flight<'_> {
             }
         }
     }
-}
 
-impl Drop for Flight<'_> {
-    fn drop(&mut self) {
-        if self.landed {
-            return;
-        }
+    /// The request met its deadline unanswered.
+    fn unanswered(self) {
         let lane = &self.lanes.lanes[self.index];
         if lane.answers.load(Ordering::Relaxed) == self.answers {
             // nothing came back on this connection since the request left:
@@ -513,7 +520,7 @@ impl Drop for Flight<'_> {
             // a replica is promoted) must not stop the other nodes' slots;
             // and a new connection that answered `PING` since this request
             // left is newer news than its silence: requests that were in
-            // flight on the silent connections, abandoned after the
+            // flight on the silent connections, timed out after the
             // recovery, must not open the circuit again
             if !self.lanes.cluster
                 && self.lanes.generation.load(Ordering::Relaxed) == self.installed

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use self::conn::{Conn, Connector, Lanes};
 use super::sealed::Sealed;
-use super::{keys, BoxFuture, Check, MemoryStore, Store};
+use super::{keys, BoxFuture, Check, Deadline, MemoryStore, Store};
 #[cfg(feature = "cluster")]
 mod cluster;
 mod conn;
@@ -637,15 +637,16 @@ impl RedisStore {
         checks: &[Check<'_>],
         max_wait: i64,
         dry: bool,
+        deadline: Deadline,
     ) -> Result<Reply, Error> {
         #[cfg(feature = "cluster")]
         if self.inner.lanes.is_cluster() {
             if let Some(groups) = cluster::slot_groups(checks) {
                 // boxed: the common decision's future stays small
-                return Box::pin(self.decide_across_slots(checks, &groups, dry)).await;
+                return Box::pin(self.decide_across_slots(checks, &groups, dry, deadline)).await;
             }
         }
-        self.decide_group(checks, max_wait, dry).await
+        self.decide_group(checks, max_wait, dry, deadline).await
     }
 
     /// One decision over checks whose keys share a slot: one call.
@@ -654,9 +655,10 @@ impl RedisStore {
         checks: &[Check<'_>],
         max_wait: i64,
         dry: bool,
+        deadline: Deadline,
     ) -> Result<Reply, Error> {
         let encoded = self.encode(checks, Operation::Decide { max_wait, dry });
-        let packed = self.invoke(&encoded).await?;
+        let packed = self.invoke(&encoded, deadline).await?;
         Reply::from_packed(&packed, checks.len()).ok_or_else(|| {
             Error::UnexpectedReply(format!(
                 "{} bytes for {} limits",
@@ -735,10 +737,12 @@ impl RedisStore {
 
     /// Runs the library's function with these keys and arguments over a
     /// lane's connection: the one way every operation reaches Redis.
-    async fn invoke(&self, encoded: &Encoded) -> Result<Vec<u8>, Error> {
+    async fn invoke(&self, encoded: &Encoded, deadline: Deadline) -> Result<Vec<u8>, Error> {
         self.inner
             .lanes
-            .run(|mut conn| async move { self.call(&mut conn, encoded).await })
+            .run(deadline, |mut conn| async move {
+                self.call(&mut conn, encoded).await
+            })
             .await
     }
 
@@ -839,7 +843,7 @@ impl RedisStore {
         invocation.invoke_async(conn).await
     }
 
-    async fn run_reset(&self, checks: &[Check<'_>]) -> Result<(), Error> {
+    async fn run_reset(&self, checks: &[Check<'_>], deadline: Deadline) -> Result<(), Error> {
         let mut cmd = redis::cmd("DEL");
         for check in checks {
             for key in self.keys(check, &keys::tag(check.key)) {
@@ -849,7 +853,9 @@ impl RedisStore {
         let cmd = &cmd;
         self.inner
             .lanes
-            .run(|mut conn| async move { cmd.query_async::<()>(&mut conn).await })
+            .run(deadline, |mut conn| async move {
+                cmd.query_async::<()>(&mut conn).await
+            })
             .await?;
         Ok(())
     }
@@ -859,29 +865,45 @@ impl RedisStore {
     /// Gives back each check's grant made at store time `at`: the library's
     /// refund operation (op 1 of the options, see `lua/driver.lua`), in one
     /// call through [`invoke`](Self::invoke).
-    async fn run_refund(&self, checks: &[Check<'_>], at: i64) -> Result<(), Error> {
+    async fn run_refund(
+        &self,
+        checks: &[Check<'_>],
+        at: i64,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
         #[cfg(feature = "cluster")]
         if self.inner.lanes.is_cluster() {
             if let Some(groups) = cluster::slot_groups(checks) {
-                return self.refund_across_slots(checks, &groups, at).await;
+                return self
+                    .refund_across_slots(checks, &groups, at, deadline)
+                    .await;
             }
         }
-        self.refund_group(checks, at).await
+        self.refund_group(checks, at, deadline).await
     }
 
     /// A refund of checks whose keys share a slot: one call.
-    async fn refund_group(&self, checks: &[Check<'_>], at: i64) -> Result<(), Error> {
+    async fn refund_group(
+        &self,
+        checks: &[Check<'_>],
+        at: i64,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
         let encoded = self.encode(checks, Operation::Refund { at });
-        self.invoke(&encoded).await?;
+        self.invoke(&encoded, deadline).await?;
         Ok(())
     }
 
     /// Takes what is available, at most the checks' cost: the library's
     /// take operation (op 2, see `lua/driver.lua`), in one call through
     /// [`invoke`](Self::invoke).
-    async fn run_take(&self, checks: &[Check<'_>]) -> Result<(Reply, i64), Error> {
+    async fn run_take(
+        &self,
+        checks: &[Check<'_>],
+        deadline: Deadline,
+    ) -> Result<(Reply, i64), Error> {
         let encoded = self.encode(checks, Operation::Take);
-        let packed = self.invoke(&encoded).await?;
+        let packed = self.invoke(&encoded, deadline).await?;
         Reply::from_packed_take(&packed, checks.len()).ok_or_else(|| {
             Error::UnexpectedReply(format!(
                 "{} bytes for taking from {} limits",
@@ -932,20 +954,34 @@ impl Sealed for RedisStore {
         checks: &'a [Check<'a>],
         max_wait: i64,
         dry: bool,
+        deadline: Deadline,
     ) -> BoxFuture<'a, Result<Reply, Error>> {
-        Box::pin(self.run_decide(checks, max_wait, dry))
+        Box::pin(self.run_decide(checks, max_wait, dry, deadline))
     }
 
-    fn reset<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.run_reset(checks))
+    fn reset<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        deadline: Deadline,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.run_reset(checks, deadline))
     }
 
-    fn refund<'a>(&'a self, checks: &'a [Check<'a>], at: i64) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.run_refund(checks, at))
+    fn refund<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        at: i64,
+        deadline: Deadline,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.run_refund(checks, at, deadline))
     }
 
-    fn take<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, Result<(Reply, i64), Error>> {
-        Box::pin(self.run_take(checks))
+    fn take<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        deadline: Deadline,
+    ) -> BoxFuture<'a, Result<(Reply, i64), Error>> {
+        Box::pin(self.run_take(checks, deadline))
     }
 
     fn clock(&self) -> Option<Arc<dyn Clock>> {
