@@ -634,13 +634,13 @@ impl Limiter {
         // a cost over a capacity is answered "never" by the store
         let fits = checks.iter().all(|c| c.cost <= c.limit.params().p[0]);
         let denials = denials.filter(|_| fits);
-        let sent = denials.map_or(0, DenyCache::now);
+        let sent = denials.map_or_else(Default::default, DenyCache::sent);
         // the key is only built while the cache holds a denial, or for a new one
         let cache_key = denials
             .filter(|d| d.holds_any())
             .map(|_| DenyCache::key(checks));
         if let (Some(denials), Some(key)) = (denials, &cache_key) {
-            if let Some(denied) = denials.lookup(key, cost, max_wait, sent) {
+            if let Some(denied) = denials.lookup(key, cost, max_wait, sent.at) {
                 let result = Ok(denied);
                 crate::metrics::count(checks, &result, Outcome::LocalCache);
                 return result;
@@ -680,7 +680,7 @@ impl Limiter {
         if let (Some(denials), Ok(decision)) = (denials, &result) {
             if !decision.is_allowed() {
                 let key = cache_key.unwrap_or_else(|| DenyCache::key(checks));
-                denials.insert(key, cost, sent, decision);
+                denials.insert(key, checks, cost, sent, decision);
             }
         }
         result
