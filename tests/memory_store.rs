@@ -32,8 +32,79 @@ fn invalid_bounds_and_intervals_are_config_errors() {
     assert_eq!(store.max_keys(), 5);
 }
 
+/// Two per minute in every algorithm.
+fn two_per_minute_in_each_algorithm() -> Vec<Limit> {
+    let minute = Duration::from_secs(60);
+    [
+        Quota::sliding_log(2, minute),
+        Quota::token_bucket(2, 2, minute),
+        Quota::gcra(2, minute, 2),
+        Quota::fixed_window(2, minute),
+        Quota::sliding_window(2, minute),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, quota)| Limit::new(format!("l{i}"), quota).expect("valid limit"))
+    .collect()
+}
+
+/// A flood of made-up keys fills the store; from then on no key, made-up
+/// or new, ever passes more than its quota, stored keys keep their exact
+/// state, and memory stays within the bound. Once the flood's grants have
+/// aged out (one period of the limit), new keys get their whole quota again.
 #[tokio::test]
-async fn at_the_bound_new_keys_are_decided_fresh_and_stored_keys_keep_their_limits() {
+async fn at_the_bound_no_key_passes_more_than_its_quota() {
+    for limit in two_per_minute_in_each_algorithm() {
+        let name = limit.name().to_owned();
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .max_keys(100)
+            .build()
+            .expect("store");
+        let limiter = Limiter::new(store.clone(), limit.clone());
+        let passes = |key: String| {
+            let limiter = limiter.clone();
+            async move {
+                let mut passed = 0;
+                for _ in 0..6 {
+                    passed += u32::from(limiter.check(&key, 1).await.unwrap().is_allowed());
+                }
+                passed
+            }
+        };
+
+        // The victim is stored first and spends its limit.
+        assert_eq!(passes("victim".into()).await, 2, "{name}");
+        // A flood of made-up keys, each checked once, then again.
+        for i in 0..1_000 {
+            limiter.check(format!("flood-{i}"), 1).await.unwrap();
+        }
+        assert!(store.len() <= 100, "{name}: the bound holds");
+        for i in (0..1_000).step_by(97) {
+            let again = passes(format!("flood-{i}")).await;
+            assert!(again <= 1, "{name}: flood-{i} passed {again} more");
+        }
+        // New keys while the store is full never pass more than their quota
+        // (they share the flood's state: here, nothing is left).
+        for i in 0..20 {
+            let passed = passes(format!("new-{i}")).await;
+            assert!(passed <= 2, "{name}: new-{i} passed {passed} of 2");
+        }
+        assert_eq!(passes("victim".into()).await, 0, "{name}");
+        assert!(store.len() <= 100, "{name}: the bound holds");
+
+        // A period later the flood's grants have aged out: a new key has
+        // its whole quota, and no more.
+        clock.advance(Duration::from_secs(121));
+        assert_eq!(passes("late".into()).await, 2, "{name}");
+    }
+}
+
+/// Stored keys are never evicted to make room, and once stored states
+/// expire, new keys are stored again.
+#[tokio::test]
+async fn at_the_bound_stored_keys_keep_their_limits() {
     let clock = ManualClock::new(T0);
     let store = MemoryStore::builder()
         .clock(clock.clone())
@@ -41,8 +112,6 @@ async fn at_the_bound_new_keys_are_decided_fresh_and_stored_keys_keep_their_limi
         .build()
         .expect("store");
     let limiter = Limiter::new(store.clone(), two_per_minute());
-
-    // The victim is stored first and spends its limit.
     for _ in 0..2 {
         assert!(limiter.check("victim", 1).await.unwrap().is_allowed());
     }
@@ -54,35 +123,23 @@ async fn at_the_bound_new_keys_are_decided_fresh_and_stored_keys_keep_their_limi
             .is_allowed());
     }
     assert_eq!(store.len(), 8);
-
-    // A flood of made-up keys: each is decided against a fresh state (so a
-    // request above the capacity still never passes) and none is stored.
-    for i in 0..1_000 {
+    // A cost above the capacity never passes, stored or not.
+    for i in 0..100 {
         let key = format!("flood-{i}");
-        assert!(limiter.check(&key, 2).await.unwrap().is_allowed());
         assert_eq!(
             limiter.check(&key, 3).await.unwrap().verdict(),
             Verdict::CostExceedsCapacity
         );
+        limiter.check(&key, 1).await.unwrap();
     }
     assert_eq!(store.len(), 8, "the bound holds");
-    // A new key beyond the bound is limited per request only: not remembered.
-    for _ in 0..3 {
-        assert!(limiter.check("unremembered", 2).await.unwrap().is_allowed());
-    }
-
-    // Stored keys were not evicted and keep their exact limits.
-    let victim = limiter.check("victim", 1).await.unwrap();
-    assert!(
-        !victim.is_allowed(),
-        "the victim's state survived the flood"
-    );
+    assert!(!limiter.check("victim", 1).await.unwrap().is_allowed());
     assert!(limiter.check("k0", 1).await.unwrap().is_allowed());
     assert!(!limiter.check("k0", 1).await.unwrap().is_allowed());
     assert_eq!(store.len(), 8);
 
     // Once stored states expire and are reclaimed, new keys are stored again.
-    clock.advance(Duration::from_secs(61));
+    clock.advance(Duration::from_secs(121));
     limiter.reset("victim").await.unwrap();
     assert_eq!(store.len(), 7);
     for _ in 0..2 {

@@ -64,6 +64,12 @@ struct Table {
     len: usize,
     /// Where the next sweep step looks.
     cursor: usize,
+    /// The state shared by every key of this table that found the store
+    /// full (its key is empty): it holds all their grants, so it counts at
+    /// least what each of them was granted. While it is live, a key not
+    /// stored is decided on a copy of it (see
+    /// [`MemoryStoreBuilder::max_keys`]).
+    overflow: Option<Slot>,
 }
 
 impl Table {
@@ -75,7 +81,40 @@ impl Table {
             chunks: Vec::new(),
             len: 0,
             cursor: 0,
+            overflow: None,
         }
+    }
+
+    /// The slot `found` points at: a stored key's, or the shared overflow.
+    #[inline]
+    fn found(&self, found: Found) -> Option<&Slot> {
+        match found {
+            Found::Live(i) => self.slot(i),
+            Found::Shared => self.overflow.as_ref(),
+            Found::Expired(_) | Found::Absent => None,
+        }
+    }
+
+    /// The state `found` points at, loaded for `p`, and the clock it was
+    /// written at (`fresh` for a fresh state). A stored key's state is moved
+    /// out (see [`State::load`]); the shared overflow is copied.
+    #[inline]
+    fn load(&mut self, found: Found, p: &Params, fresh: i64) -> (State, i64) {
+        match found {
+            Found::Live(i) => {
+                if let Some(slot) = self.slot_mut(i) {
+                    return (State::load(Some(&mut slot.stored), p), slot.hw);
+                }
+            }
+            Found::Shared => {
+                if let Some(shared) = &self.overflow {
+                    let mut copy = shared.stored.clone();
+                    return (State::load(Some(&mut copy), p), shared.hw);
+                }
+            }
+            Found::Expired(_) | Found::Absent => {}
+        }
+        (State::load(None, p), fresh)
     }
 
     #[inline]
@@ -102,10 +141,10 @@ impl Table {
         Some(*found as usize)
     }
 
-    /// Appends a slot; `false` (nothing stored) if slot numbers ran out.
-    fn push(&mut self, hash: u64, slot: Slot, hasher: &Hasher) -> bool {
+    /// Appends a slot, or gives it back if slot numbers ran out.
+    fn push(&mut self, hash: u64, slot: Slot, hasher: &Hasher) -> Result<(), Slot> {
         let Ok(i) = u32::try_from(self.len) else {
-            return false;
+            return Err(slot);
         };
         match self.chunks.last_mut() {
             Some(chunk) if chunk.len() < CHUNK => chunk.push(slot),
@@ -115,7 +154,7 @@ impl Table {
         let chunks = &self.chunks;
         self.index
             .insert_unique(hash, i, |&j| rehash(chunks, j, hasher));
-        true
+        Ok(())
     }
 
     /// Removes slot `i`, moving the last slot into its place.
@@ -147,6 +186,13 @@ impl Table {
     /// Examines up to `n` slots (each at most once) from the cursor and
     /// removes the expired ones; returns how many it examined and removed.
     fn sweep(&mut self, n: usize, now: i64, hasher: &Hasher) -> (usize, usize) {
+        if self
+            .overflow
+            .as_ref()
+            .is_some_and(|shared| shared.stored.expires_at() <= now)
+        {
+            self.overflow = None;
+        }
         let n = n.min(self.len);
         let (mut examined, mut removed) = (0, 0);
         while examined < n && self.len > 0 {
@@ -229,6 +275,9 @@ enum Found {
     Live(usize),
     /// An expired state (read as absent) in this slot.
     Expired(usize),
+    /// No state stored, while the table's shared overflow state is live.
+    Shared,
+    /// No state stored, nor a live overflow state.
     Absent,
 }
 
@@ -245,6 +294,8 @@ struct Inner {
     sweep_interval: Duration,
     /// Whether a background reclaimer runs (or cannot run: no timers).
     reclaimer: AtomicBool,
+    /// Whether the store said it was full.
+    full_warned: AtomicBool,
 }
 
 impl Inner {
@@ -268,7 +319,10 @@ impl Inner {
     #[inline]
     fn locate(&self, table: &Table, hash: u64, key: &[u8], real: i64) -> Found {
         let Some(i) = table.find(hash, key) else {
-            return Found::Absent;
+            return match &table.overflow {
+                Some(shared) if shared.stored.expires_at() > real => Found::Shared,
+                _ => Found::Absent,
+            };
         };
         match table.slot(i) {
             Some(slot) if slot.stored.expires_at() > real => Found::Live(i),
@@ -317,7 +371,7 @@ impl Inner {
                 }
                 false
             }
-            Found::Absent if write => {
+            Found::Shared | Found::Absent if write => {
                 let (stored, expires_at) = state.save_new(p, now);
                 if expires_at <= real {
                     return false;
@@ -327,29 +381,46 @@ impl Inner {
                     hw: now,
                     stored,
                 };
-                self.insert(table, hash, slot, real)
+                match self.insert(table, hash, slot, real) {
+                    Ok(()) => true,
+                    // full: the grant goes to the shared state, which then
+                    // holds it (it was live and copied, or equal to fresh)
+                    Err(mut slot) => {
+                        if !self.full_warned.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                target: "tower_ratelimit",
+                                max_keys = self.max_keys,
+                                "the memory store is full: keys not stored share one state per \
+                                 limit and shard until room is made (logged once per store)"
+                            );
+                        }
+                        slot.key = Key::new();
+                        table.overflow = Some(slot);
+                        false
+                    }
+                }
             }
-            Found::Absent => false,
+            Found::Shared | Found::Absent => false,
         }
     }
 
     /// Stores a new key's state, within the bound: when the store is full,
-    /// first reclaims expired states of this table, else stores nothing.
-    fn insert(&self, table: &mut Table, hash: u64, slot: Slot, now: i64) -> bool {
+    /// first reclaims expired states of this table, else gives it back.
+    fn insert(&self, table: &mut Table, hash: u64, slot: Slot, now: i64) -> Result<(), Slot> {
         if !self.admit() {
             let (_, removed) = table.sweep(SWEEP_AT_BOUND, now, &self.hasher);
             self.forget(removed);
             if !self.admit() {
-                return false;
+                return Err(slot);
             }
         }
-        if !table.push(hash, slot, &self.hasher) {
+        if let Err(slot) = table.push(hash, slot, &self.hasher) {
             self.forget(1);
-            return false;
+            return Err(slot);
         }
         let (_, removed) = table.sweep(SWEEP_PER_INSERT, now, &self.hasher);
         self.forget(removed);
-        true
+        Ok(())
     }
 
     /// One background step in shard `s`: sweeps a slice of table `*t`, with
@@ -510,14 +581,23 @@ impl MemoryStoreBuilder {
     /// than one process serves within a window, and a ceiling on what a
     /// flood of made-up keys can take). From 1 to `u32::MAX`.
     ///
-    /// At the bound, a new key first reclaims expired states of its shard. If
-    /// the store is still full, its decision is made against a fresh state,
-    /// as for any new key, and its state is not stored: beyond the bound, new
-    /// keys are limited per request only (no request above the capacity
-    /// passes) until room is made by expiry. Stored keys are never evicted to
-    /// make room and keep their exact limits, so a flood of made-up keys can
-    /// neither grow memory nor erase the state of the keys it competes with;
-    /// its own keys gain nothing either, as each of them is new anyway.
+    /// At the bound, a new key first reclaims expired states of its shard.
+    /// If the store is still full, its grant is recorded in a state shared
+    /// by every key that found the store full (one per limit in each of the
+    /// store's 32 shards, not counted in the bound), and while that shared
+    /// state holds grants, every key not stored is decided on it, and a key
+    /// stored then starts from it. The shared state counts at least every
+    /// grant of each key it stands for, so no key ever passes more than its
+    /// quota, and memory stays bounded whatever keys clients make up.
+    ///
+    /// What a legitimate new key gets while a flood of made-up keys keeps
+    /// the store full: the quota left in its shard's shared state, often
+    /// none (refused with the shared state's `retry_after`). That lasts
+    /// until room is made by expiry and, after the flood's last grant, at
+    /// most the time the limit takes to become fresh again (its window, or
+    /// its capacity's refill). Stored keys are never evicted to make room
+    /// and keep their exact limits; a reset or refund of a key that was not
+    /// stored leaves the shared state as it is.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -586,6 +666,7 @@ impl MemoryStore {
                 count: AtomicUsize::new(0),
                 sweep_interval: builder.sweep_interval,
                 reclaimer: AtomicBool::new(false),
+                full_warned: AtomicBool::new(false),
             }),
         };
         store.ensure_reclaimer();
@@ -683,10 +764,8 @@ impl MemoryStore {
             let t = shard.table(check.limit);
             let table = &mut shard.tables[t];
             let found = inner.locate(table, hash, check.key, real);
-            if let Found::Live(i) = found {
-                if let Some(slot) = table.slot(i) {
-                    now = now.max(slot.hw);
-                }
+            if let Some(slot) = table.found(found) {
+                now = now.max(slot.hw);
             }
             places.push((g, t, found));
         }
@@ -701,14 +780,8 @@ impl MemoryStore {
         let mut states: SmallVec<[State; 2]> = SmallVec::with_capacity(checks.len());
         for (check, &(g, t, found)) in checks.iter().zip(&places) {
             let p = check.limit.params();
-            let slot = match found {
-                Found::Live(i) => guards
-                    .get_mut(g)
-                    .and_then(|s| s.tables.get_mut(t)?.slot_mut(i)),
-                _ => None,
-            };
-            let (mut state, hw) = match slot {
-                Some(slot) => (State::load(Some(&mut slot.stored), p), slot.hw),
+            let (mut state, hw) = match guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
+                Some(table) => table.load(found, p, now),
                 None => (State::load(None, p), now),
             };
             state.prepare(p, hw, now);
@@ -745,17 +818,8 @@ impl MemoryStore {
         let t = shard.table(check.limit);
         let table = &mut shard.tables[t];
         let found = inner.locate(table, hash, check.key, real);
-        let live = match found {
-            Found::Live(i) => table.slot_mut(i),
-            _ => None,
-        };
-        let (mut state, hw, now) = match live {
-            Some(slot) => {
-                let now = real.max(slot.hw);
-                (State::load(Some(&mut slot.stored), p), slot.hw, now)
-            }
-            None => (State::load(None, p), real, real),
-        };
+        let (mut state, hw) = table.load(found, p, real);
+        let now = real.max(hw);
         state.prepare(p, hw, now);
         let reply = algorithm::decide(
             std::slice::from_mut(&mut state),
