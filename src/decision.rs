@@ -118,6 +118,9 @@ pub struct Decision {
     pub(crate) granted: u64,
     /// The store time of the grant (us): what a refund names it by.
     pub(crate) at: i64,
+    /// Whether the shadow limits were granted apart from the enforced ones
+    /// (a reservation ahead): a refund then leaves them.
+    pub(crate) shadow_apart: bool,
 }
 
 impl Decision {
@@ -147,6 +150,7 @@ impl Decision {
             cached: false,
             granted: 0,
             at: 0,
+            shadow_apart: false,
         }
     }
 

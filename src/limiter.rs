@@ -505,7 +505,10 @@ impl Limiter {
     ) -> Result<Decision, Error> {
         if checks.iter().any(|c| c.limit.is_shadow()) {
             // boxed: its future is nearly twice the plain one's
-            return Box::pin(self.run_shadow(checks, max_wait, dry)).await;
+            if max_wait.is_zero() {
+                return Box::pin(self.run_shadow(checks, max_wait, dry)).await;
+            }
+            return Box::pin(self.run_shadow_ahead(checks, max_wait, dry)).await;
         }
         self.run_once(checks, max_wait, dry, true).await
     }
@@ -580,8 +583,76 @@ impl Limiter {
                     }
                 }
             }
-            return Ok(Self::merge(decision, &active, left_out));
+            let mut merged = Self::merge(decision, &active, left_out);
+            // refused by enforced limits: retry when they allow, whatever
+            // the shadow limits would ask
+            if let Verdict::Denied { retry_after } = &mut merged.verdict {
+                let enforced = merged.statuses.iter().filter(|s| !s.shadow);
+                if let Some(wait) = enforced.map(|s| s.wait_us).max() {
+                    if wait != u64::MAX {
+                        *retry_after = (*retry_after).min(Duration::from_micros(wait));
+                    }
+                }
+            }
+            return Ok(merged);
         }
+    }
+
+    /// [`run_shadow`](Self::run_shadow) for a decision that may be reserved
+    /// ahead (`max_wait` > 0): the enforced limits alone decide the request
+    /// and its time, then the shadow limits are decided by that time (dry
+    /// when the request is refused), so that no shadow limit can delay it.
+    /// The shadow limits' grants are made apart, at their own time: a
+    /// refund of the request leaves them counted.
+    async fn run_shadow_ahead(
+        &self,
+        checks: &[Check<'_>],
+        max_wait: Duration,
+        dry: bool,
+    ) -> Result<Decision, Error> {
+        let (shadow, enforced): (Checks<'_>, Checks<'_>) =
+            checks.iter().copied().partition(|c| c.limit.is_shadow());
+        let decided = if enforced.is_empty() {
+            None
+        } else {
+            Some(self.run_once(&enforced, max_wait, dry, true).await?)
+        };
+        let (by, refused) = match &decided {
+            Some(d) if d.is_allowed() => (d.wait(), false),
+            Some(_) => (Duration::ZERO, true),
+            None => (Duration::ZERO, false),
+        };
+        let looked = self.run_shadow(&shadow, by, dry || refused).await?;
+        if refused && !dry {
+            for (check, status) in shadow.iter().zip(&looked.statuses) {
+                if status.would_refuse {
+                    crate::metrics::count_one(check.limit, Outcome::ShadowDenied);
+                }
+            }
+        }
+        let mut shadow_statuses = looked.statuses.into_iter();
+        let mut outcome = decided.unwrap_or_else(|| {
+            let mut passed = Decision::new(Verdict::Allowed, 0, Statuses::new());
+            passed.granted = looked.granted;
+            passed.at = looked.at;
+            passed
+        });
+        let mut enforced_statuses = std::mem::take(&mut outcome.statuses).into_iter();
+        let statuses: Statuses = checks
+            .iter()
+            .filter_map(|c| {
+                if c.limit.is_shadow() {
+                    shadow_statuses.next()
+                } else {
+                    enforced_statuses.next()
+                }
+            })
+            .collect();
+        let mut decision = Decision::new(outcome.verdict, outcome.wait_us, statuses);
+        decision.granted = std::mem::take(&mut outcome.granted);
+        decision.at = outcome.at;
+        decision.shadow_apart = true;
+        Ok(decision)
     }
 
     /// The final decision of [`run_shadow`](Self::run_shadow), over every
@@ -811,7 +882,9 @@ impl Limiter {
         checks
             .iter()
             .zip(decision.statuses())
-            .filter(|(_, status)| !status.would_refuse())
+            .filter(|(_, status)| {
+                !status.would_refuse() && (!decision.shadow_apart || !status.shadow)
+            })
             .map(|(c, _)| (c.limit.clone(), c.key.to_vec()))
             .collect()
     }

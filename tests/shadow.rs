@@ -201,3 +201,52 @@ fn enforced_limits_still_count_and_refuse_beside_a_shadow_limit() {
         );
     }
 }
+
+/// A shadow limit never changes what happens to a request: its wait neither
+/// delays a grant (`acquire`, the layer's delay mode) nor charges the
+/// enforced limits later, and a refusal's retry is the enforced limits'.
+#[test]
+fn a_shadow_limit_never_delays_a_request_nor_lengthens_its_retry() {
+    let minute = std::time::Duration::from_secs(60);
+    for (store, make) in stores("shadow-delay") {
+        let enforced = Limit::new("paid", Quota::per_minute(2).allow_burst(2).gcra()).unwrap();
+        // one per 45 s: its second grant would wait 45 s, within max_wait
+        let trial = Limit::new(
+            "trial",
+            Quota::gcra(1, std::time::Duration::from_secs(45), 1),
+        )
+        .unwrap()
+        .shadow();
+        let limiter = make().limiter(vec![enforced, trial]);
+        runtime().block_on(async {
+            let first = limiter.acquire("u", 1, minute).await.expect("first");
+            assert!(first.is_allowed() && first.wait().is_zero(), "{store}");
+            let second = tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                limiter.acquire("u", 1, minute),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{store}: acquire slept for the shadow limit"))
+            .expect("second");
+            assert!(second.is_allowed(), "{store}: {second:?}");
+            assert!(
+                second.wait().is_zero(),
+                "{store}: the shadow limit delayed the grant by {:?}",
+                second.wait()
+            );
+            assert!(
+                second.statuses()[1].would_refuse(),
+                "{store}: the shadow limit's delay is reported"
+            );
+            // the enforced limit was charged now, not in the future: it is
+            // empty now and refuses, with its own retry (30 s for a permit
+            // at 2 per minute), not the shadow limit's
+            let third = limiter.check("u", 1).await.expect("third");
+            let retry = third.retry_after().expect("refused by the enforced limit");
+            assert!(
+                retry <= std::time::Duration::from_secs(30),
+                "{store}: retry {retry:?}"
+            );
+        });
+    }
+}
