@@ -93,6 +93,10 @@ pub enum Error {
     /// The store answered something this crate does not understand.
     #[error("the store gave an unexpected reply: {0}")]
     UnexpectedReply(String),
+    /// A `max_wait` longer than [`MAX_WAIT`](crate::MAX_WAIT): nothing is
+    /// decided.
+    #[error("max_wait {0:?} is longer than a grant may be reserved ahead (1 hour)")]
+    WaitTooLong(Duration),
     /// The number of keys does not match the number of limits.
     #[error("expected {expected} keys (one per limit) or 1, got {got}")]
     KeyCount {

@@ -120,7 +120,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 pub use grant::Grant;
-pub use limiter::{Limiter, LimiterBuilder, DEFAULT_TIMEOUT};
+pub use limiter::{Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
 pub use quota::{Algorithm, Burst, Limit, Quota, Rate};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]

@@ -46,6 +46,13 @@ impl std::fmt::Display for LimitNames<'_, '_> {
 /// Default bound on one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// The furthest ahead a grant may be reserved: the longest `max_wait` of
+/// [`Limiter::acquire`] and [`Limiter::decide`], and the longest delay of
+/// the layer's delay mode. A reservation takes its permits until its time
+/// (a bucket's tokens, a window's count), so an unbounded one could hold a
+/// key's limit for longer than any caller waits.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+
 struct Inner {
     store: Arc<dyn Store>,
     limits: Vec<Limit>,
@@ -296,6 +303,7 @@ impl Limiter {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Grant, Error> {
+        Self::within_max_wait(max_wait)?;
         let checks = self.keyed_checks(keys, cost)?;
         let decision = self.run(&checks, max_wait, false).await?;
         let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
@@ -362,7 +370,8 @@ impl Limiter {
     /// `max_wait`, in one round trip, then sleeps until that moment. When the
     /// wait would exceed `max_wait` it returns the denial at once, consuming
     /// nothing. Dropping the future while it sleeps gives the reservation
-    /// back, so the next request can have it.
+    /// back, so the next request can have it. A `max_wait` over [`MAX_WAIT`]
+    /// is refused ([`Error::WaitTooLong`]).
     ///
     /// ```
     /// use std::time::Duration;
@@ -397,14 +406,25 @@ impl Limiter {
     /// The general form: one key per limit (or one key for all), a cost, and
     /// how far in the future a grant may be reserved. Returns at once; when the
     /// decision is a reservation ([`Decision::wait`] > 0), the caller waits.
+    ///
+    /// A `max_wait` over [`MAX_WAIT`] is refused ([`Error::WaitTooLong`]).
     pub async fn decide<K: AsRef<[u8]>>(
         &self,
         keys: &[K],
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
+        Self::within_max_wait(max_wait)?;
         let checks = self.keyed_checks(keys, cost)?;
         self.run(&checks, max_wait, false).await
+    }
+
+    /// [`Error::WaitTooLong`] for a `max_wait` over [`MAX_WAIT`].
+    fn within_max_wait(max_wait: Duration) -> Result<(), Error> {
+        if max_wait > MAX_WAIT {
+            return Err(Error::WaitTooLong(max_wait));
+        }
+        Ok(())
     }
 
     /// One check per limit: `keys[i]` for limit `i`, or one key for all.

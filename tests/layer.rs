@@ -372,6 +372,68 @@ async fn delay_mode_forwards_after_the_wait_and_refuses_beyond_max_delay() {
     );
 }
 
+/// At most `max_waiting` requests wait at once; beyond, a request that
+/// would have to wait is answered 429 with its wait, consuming nothing.
+#[tokio::test(start_paused = true)]
+async fn delay_mode_lets_at_most_max_waiting_requests_wait() {
+    let store = MemoryStore::with_clock(common::TokioClock::start());
+    let layer = RateLimitLayer::builder()
+        .store(store)
+        .limit(
+            limit("shaped", Quota::gcra(1, Duration::from_secs(10), 1)),
+            Global,
+        )
+        .delay(Duration::from_secs(60))
+        .max_waiting(2)
+        .build()
+        .expect("layer");
+    let app = hello_app(layer);
+    assert_eq!(send(&app, request("/")).await.0, StatusCode::OK);
+    // two wait (10 s and 20 s)
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, request("/")).await.0 })
+        })
+        .collect();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    // the third would wait 30 s: refused at once, with that wait
+    let started = tokio::time::Instant::now();
+    let (status, headers, _) = send(&app, request("/")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(started.elapsed(), Duration::ZERO, "refused without waiting");
+    assert_eq!(headers["retry-after"], "30");
+    for request in waiting {
+        assert_eq!(request.await.expect("task"), StatusCode::OK);
+    }
+    // the places are free again: the next request waits its turn
+    assert_eq!(send(&app, request("/")).await.0, StatusCode::OK);
+}
+
+#[test]
+fn a_delay_beyond_max_wait_or_no_waiting_place_is_a_config_error() {
+    let build = |delay: Duration, waiting: usize| {
+        RateLimitLayer::builder()
+            .limit(limit("l", per_minute(1)), Global)
+            .delay(delay)
+            .max_waiting(waiting)
+            .build()
+    };
+    assert!(build(tower_ratelimit::MAX_WAIT, 1).is_ok());
+    for (delay, waiting) in [
+        (tower_ratelimit::MAX_WAIT + Duration::from_secs(1), 1),
+        (Duration::MAX, 1),
+        (Duration::from_secs(1), 0),
+    ] {
+        assert!(
+            matches!(build(delay, waiting), Err(ConfigError::Layer(_))),
+            "{delay:?}, {waiting}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_waiting_in_delay_mode_holds_no_inner_capacity() {
     let layer = RateLimitLayer::builder()

@@ -11,6 +11,7 @@ use common::{
 };
 use tower_ratelimit::{
     ConfigError, Error, Limit, Limiter, ManualClock, MemoryStore, Quota, RedisStore, Verdict,
+    MAX_WAIT,
 };
 
 fn burst_and_daily() -> (Limit, Limit) {
@@ -508,4 +509,23 @@ async fn decisions_share_one_connection_and_the_standby_takes_over() {
         "the standby carried the decision: {clients:?}"
     );
     drop(server);
+}
+
+/// A reservation further ahead than `MAX_WAIT` is refused before anything
+/// is decided; `MAX_WAIT` itself is taken.
+#[tokio::test]
+async fn a_max_wait_beyond_max_wait_is_refused_and_takes_nothing() {
+    let limit = Limit::new("jobs", Quota::gcra(1, Duration::from_secs(60), 1)).expect("limit");
+    let limiter = Limiter::new(MemoryStore::new(), limit);
+    for max_wait in [MAX_WAIT + Duration::from_micros(1), Duration::MAX] {
+        let result = limiter.decide(&["k"], 1, max_wait).await;
+        assert!(
+            matches!(result, Err(Error::WaitTooLong(w)) if w == max_wait),
+            "{result:?}"
+        );
+        let result = limiter.acquire_refundable("k", 1, max_wait).await;
+        assert!(matches!(result, Err(Error::WaitTooLong(_))), "{result:?}");
+    }
+    let first = limiter.decide(&["k"], 1, MAX_WAIT).await.expect("decided");
+    assert!(first.is_allowed() && first.wait().is_zero());
 }

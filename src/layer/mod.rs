@@ -58,6 +58,7 @@
 //! | a limit refuses | 429, `Retry-After` (whole seconds, rounded up, at least 1), `Cache-Control: no-store`, problem `quota-exceeded` with `violated-policies` |
 //! | the cost exceeds a limit's capacity | 429 without `Retry-After` (waiting cannot help) |
 //! | delay mode, grant within `max_delay` | forwarded after the wait; nothing is answered early |
+//! | delay mode, [`max_waiting`](RateLimitLayerBuilder::max_waiting) requests already waiting | decided without waiting: forwarded if granted now, else 429 with the wait as `Retry-After` |
 //! | no key for a limit | per [`MissingKey`] (the layer's, or the limit's own [`Rule::on_missing_key`]): 400 by default; when every limit is skipped, forwarded without a decision |
 //! | exempt ([`RateLimitLayerBuilder::skip_if`]; one limit: [`Rule::skip_if`]) | forwarded without a decision (that limit left out), nothing counted |
 //! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned |
@@ -101,6 +102,10 @@ use self::rule::{CompiledRule, RequestPredicate, ResponsePredicate};
 use crate::key::KeyExtractor;
 use crate::store::Store;
 use crate::{ConfigError, Decision, Error, Limit, Limiter, MemoryStore, DEFAULT_TIMEOUT};
+
+/// The default of [`RateLimitLayerBuilder::max_waiting`]: requests that may
+/// wait in delay mode at once, per layer.
+pub const DEFAULT_MAX_WAITING: usize = 1024;
 
 /// What to do when the store fails or does not answer within the timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +195,9 @@ pub(crate) struct Config {
     pub(crate) cost: Option<CostFn>,
     pub(crate) fixed_cost: u64,
     pub(crate) max_delay: Duration,
+    /// Requests that may wait in delay mode at once (see
+    /// [`RateLimitLayerBuilder::max_waiting`]); `None` without delay mode.
+    pub(crate) waiting: Option<Arc<tokio::sync::Semaphore>>,
     /// Decided inside `call`: the store answers at once, and no grant is
     /// reserved ahead, given back or decided again (shadow limits).
     pub(crate) at_once: bool,
@@ -234,6 +242,7 @@ impl RateLimitLayer {
             cost: None,
             fixed_cost: 1,
             max_delay: Duration::ZERO,
+            max_waiting: DEFAULT_MAX_WAITING,
             headers: HeaderSet {
                 ietf: true,
                 legacy: false,
@@ -266,6 +275,7 @@ pub struct RateLimitLayerBuilder {
     cost: Option<CostFn>,
     fixed_cost: u64,
     max_delay: Duration,
+    max_waiting: usize,
     headers: HeaderSet,
     rejector: Option<Rejector>,
     log_interval: Duration,
@@ -352,9 +362,20 @@ impl RateLimitLayerBuilder {
     /// `max_delay` reserves its slot and is forwarded after the wait; beyond
     /// it, the request is answered 429 and consumes nothing. A request
     /// dropped while it waits (the client went away) gives its reservation
-    /// back.
+    /// back. At most [`MAX_WAIT`](crate::MAX_WAIT) (a build error beyond),
+    /// and at most [`max_waiting`](Self::max_waiting) requests wait at once.
     pub fn delay(mut self, max_delay: Duration) -> Self {
         self.max_delay = max_delay;
+        self
+    }
+
+    /// In delay mode, how many requests may wait at once (default
+    /// [`DEFAULT_MAX_WAITING`]; at least 1). A waiting request holds its
+    /// connection and its memory: while this many wait, a request is decided
+    /// as without delay mode, so one that would have to wait is answered 429
+    /// with its wait as `Retry-After`, consuming nothing.
+    pub fn max_waiting(mut self, requests: usize) -> Self {
+        self.max_waiting = requests;
         self
     }
 
@@ -443,6 +464,18 @@ impl RateLimitLayerBuilder {
     /// over a capacity, a missing key answered with a success status,
     /// inconsistent tiers ([`ConfigError::Tiers`]), duplicate limit names.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        if self.max_delay > crate::MAX_WAIT {
+            return Err(ConfigError::Layer(format!(
+                "the delay of {:?} is longer than a grant may be reserved ahead ({:?})",
+                self.max_delay,
+                crate::MAX_WAIT
+            )));
+        }
+        if self.max_waiting == 0 {
+            return Err(ConfigError::Layer(
+                "max_waiting must be at least 1".to_owned(),
+            ));
+        }
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         if let MissingKey::Reject(status) = &self.on_missing {
             if status.is_success() || status.is_informational() {
@@ -520,6 +553,10 @@ impl RateLimitLayerBuilder {
                 cost: self.cost,
                 fixed_cost: self.fixed_cost,
                 max_delay: self.max_delay,
+                waiting: (!self.max_delay.is_zero()).then(|| {
+                    let permits = self.max_waiting.min(tokio::sync::Semaphore::MAX_PERMITS);
+                    Arc::new(tokio::sync::Semaphore::new(permits))
+                }),
                 at_once,
                 headers: HeaderSet {
                     policy,

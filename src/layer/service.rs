@@ -495,7 +495,17 @@ where
             .iter()
             .map(|(limit, key, _)| (*limit, key.as_bytes()))
             .collect();
-        let (delay, refundable) = (config.max_delay, config.refundable);
+        // a place among the requests that may wait, while one is free
+        let place = config
+            .waiting
+            .as_ref()
+            .and_then(|waiting| waiting.clone().try_acquire_owned().ok());
+        let delay = if place.is_some() {
+            config.max_delay
+        } else {
+            std::time::Duration::ZERO
+        };
+        let refundable = config.refundable;
         let mut store_failed = false;
         let decided = match config
             .limiter
@@ -535,6 +545,7 @@ where
         } else {
             Box::pin(wait_for(decision.wait(), refund)).await
         };
+        drop(place);
         // the rule of each limit the grant was charged to
         let charged_rules: SmallVec<[usize; 2]> = chosen
             .iter()
