@@ -40,11 +40,14 @@ pub(crate) mod sealed {
     /// tells nothing.
     #[derive(Debug, Clone, Copy)]
     #[allow(unreachable_pub)]
+    // (only a store that waits reads it: the Redis store)
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub struct Deadline {
         at: tokio::time::Instant,
         timeout: std::time::Duration,
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     impl Deadline {
         /// `timeout` from now (or, for a timeout beyond any clock, in 30 years).
         pub(crate) fn after(timeout: std::time::Duration) -> Self {
@@ -55,7 +58,6 @@ pub(crate) mod sealed {
             Self { at, timeout }
         }
 
-        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
         pub(crate) fn at(self) -> tokio::time::Instant {
             self.at
         }
