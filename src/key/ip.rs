@@ -4,20 +4,17 @@
 //! See [`ClientIpResolver`] for the resolution rules.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::ops::ControlFlow;
+
+use http::header::HeaderMap;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use super::forwarded::{self, Hop};
 
 /// The most hops examined, counted from the right end of the list.
 const MAX_HOPS: usize = 32;
-
-/// The longest `for=` value (after unescaping) that is considered. The longest
-/// valid one, `"[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255]:65535"`, is
-/// 53 bytes; obfuscated ports could be longer but are not worth a heap buffer.
-const MAX_NODE_LEN: usize = 64;
-
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 const DEFAULT_IPV4_PREFIX: u8 = 32;
 const DEFAULT_IPV6_PREFIX: u8 = 64;
@@ -53,8 +50,12 @@ const DEFAULT_IPV6_PREFIX: u8 = 64;
 ///    optional (possibly obfuscated) port.
 /// 5. At most the 32 rightmost entries are examined. If all of them are
 ///    trusted, the walk stops there as it does at an unusable entry, and the
-///    last (leftmost examined) trusted hop is returned. Parsing uses
-///    fixed-size buffers only: resolving an address never allocates.
+///    last (leftmost examined) trusted hop is returned. Lines are parsed from
+///    their end, only as far as the walk goes, with fixed-size buffers:
+///    resolving an address never allocates. `Forwarded` elements are cut at
+///    the commas outside quoted strings, so a malformed element (an
+///    unterminated quote included) is garbage on its own and cannot swallow
+///    the elements to its right.
 ///
 /// # Deployment caveat
 ///
@@ -246,31 +247,31 @@ impl ClientIpResolver {
             return peer;
         }
 
-        let mut hops = HopWindow::new();
-        match self.header {
-            ProxyHeader::Forwarded => {
-                for line in headers.get_all(header::FORWARDED) {
-                    read_forwarded_line(line, &mut hops);
-                }
-            }
-            ProxyHeader::XForwardedFor => {
-                for line in headers.get_all(X_FORWARDED_FOR) {
-                    read_xff_line(line, &mut hops);
-                }
-            }
-        }
-
         // Walk from the right. Running out of hops (all trusted, or the cap
         // reached) and meeting garbage both end at the last trusted hop.
-        let mut last_trusted = peer;
-        for k in 0..hops.len {
-            match hops.nth_from_right(k) {
-                Hop::Garbage => return last_trusted,
-                Hop::Addr(ip) if self.is_trusted(ip) => last_trusted = ip,
-                Hop::Addr(ip) => return ip,
+        let (mut last_trusted, mut client, mut seen) = (peer, None, 0);
+        let visit = |hop: Hop| {
+            if seen == MAX_HOPS {
+                return ControlFlow::Break(());
             }
+            seen += 1;
+            match hop {
+                Hop::Addr(ip) if self.is_trusted(ip) => {
+                    last_trusted = ip;
+                    ControlFlow::Continue(())
+                }
+                Hop::Addr(ip) => {
+                    client = Some(ip);
+                    ControlFlow::Break(())
+                }
+                Hop::Garbage => ControlFlow::Break(()),
+            }
+        };
+        match self.header {
+            ProxyHeader::Forwarded => forwarded::forwarded_from_right(headers, visit),
+            ProxyHeader::XForwardedFor => forwarded::x_forwarded_for_from_right(headers, visit),
         }
-        last_trusted
+        client.unwrap_or(last_trusted)
     }
 
     /// Returns the client address (see [`client_ip`](Self::client_ip))
@@ -338,342 +339,17 @@ fn normalise_net(net: IpNet) -> IpNet {
     as_v4.map_or(net, IpNet::V4)
 }
 
-/// One entry of the hop list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hop {
-    /// A usable, normalised address.
-    Addr(IpAddr),
-    /// Anything else: the walk stops here.
-    Garbage,
-}
-
-impl From<Option<IpAddr>> for Hop {
-    fn from(ip: Option<IpAddr>) -> Self {
-        match ip {
-            Some(ip) => Hop::Addr(ip.to_canonical()),
-            None => Hop::Garbage,
-        }
-    }
-}
-
-/// Keeps the `MAX_HOPS` rightmost hops of a list read left to right.
-struct HopWindow {
-    ring: [Hop; MAX_HOPS],
-    /// Where the next hop goes.
-    next: usize,
-    /// How many hops are held (at most `MAX_HOPS`).
-    len: usize,
-}
-
-impl HopWindow {
-    fn new() -> Self {
-        HopWindow {
-            ring: [Hop::Garbage; MAX_HOPS],
-            next: 0,
-            len: 0,
-        }
-    }
-
-    fn push(&mut self, hop: Hop) {
-        self.ring[self.next] = hop;
-        self.next = (self.next + 1) % MAX_HOPS;
-        if self.len < MAX_HOPS {
-            self.len += 1;
-        }
-    }
-
-    /// The `k`-th hop from the right (0 = rightmost); `k < self.len`.
-    fn nth_from_right(&self, k: usize) -> Hop {
-        self.ring[(self.next + MAX_HOPS - 1 - k % MAX_HOPS) % MAX_HOPS]
-    }
-}
-
-/// Whether `c` is an RFC 7230 `tchar`.
-fn is_tchar(c: u8) -> bool {
-    c.is_ascii_alphanumeric()
-        || matches!(
-            c,
-            b'!' | b'#'
-                | b'$'
-                | b'%'
-                | b'&'
-                | b'\''
-                | b'*'
-                | b'+'
-                | b'-'
-                | b'.'
-                | b'^'
-                | b'_'
-                | b'`'
-                | b'|'
-                | b'~'
-        )
-}
-
-fn is_ows(c: u8) -> bool {
-    c == b' ' || c == b'\t'
-}
-
-fn skip_ows(b: &[u8], mut i: usize) -> usize {
-    while i < b.len() && is_ows(b[i]) {
-        i += 1;
-    }
-    i
-}
-
-/// A decimal port: 1 to 5 digits, at most 65535.
-fn is_port(p: &str) -> bool {
-    (1..=5).contains(&p.len()) && p.bytes().all(|c| c.is_ascii_digit()) && p.parse::<u16>().is_ok()
-}
-
-/// An RFC 7239 obfuscated port: `_` followed by ALPHA / DIGIT / `.` `_` `-`.
-fn is_obf_port(p: &str) -> bool {
-    p.strip_prefix('_').is_some_and(|rest| {
-        !rest.is_empty()
-            && rest
-                .bytes()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
-    })
-}
-
-// ---------------------------------------------------------------------------
-// X-Forwarded-For
-
-fn read_xff_line(line: &HeaderValue, hops: &mut HopWindow) {
-    match std::str::from_utf8(line.as_bytes()) {
-        Ok(text) => {
-            for entry in text.split(',') {
-                hops.push(parse_xff_entry(entry).into());
-            }
-        }
-        Err(_) => hops.push(Hop::Garbage),
-    }
-}
-
-/// Accepts `1.2.3.4`, `1.2.3.4:8080`, `2001:db8::1`, `[2001:db8::1]` and
-/// `[2001:db8::1]:443`, with surrounding spaces or tabs.
-fn parse_xff_entry(entry: &str) -> Option<IpAddr> {
-    let entry = entry.trim_matches(|c| c == ' ' || c == '\t');
-    if let Some(rest) = entry.strip_prefix('[') {
-        let (inner, after) = rest.split_once(']')?;
-        let ip = inner.parse::<Ipv6Addr>().ok()?;
-        if !after.is_empty() && !after.strip_prefix(':').is_some_and(is_port) {
-            return None;
-        }
-        return Some(IpAddr::V6(ip));
-    }
-    if let Ok(ip) = entry.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    let (host, port) = entry.rsplit_once(':')?;
-    let ip = host.parse::<Ipv4Addr>().ok()?;
-    is_port(port).then_some(IpAddr::V4(ip))
-}
-
-// ---------------------------------------------------------------------------
-// Forwarded (RFC 7239)
-
-/// A fixed-size buffer for an unescaped parameter value.
-struct ValueBuf {
-    bytes: [u8; MAX_NODE_LEN],
-    len: usize,
-    overflow: bool,
-}
-
-impl ValueBuf {
-    fn new() -> Self {
-        ValueBuf {
-            bytes: [0; MAX_NODE_LEN],
-            len: 0,
-            overflow: false,
-        }
-    }
-
-    fn push(&mut self, c: u8) {
-        if self.len < MAX_NODE_LEN {
-            self.bytes[self.len] = c;
-            self.len += 1;
-        } else {
-            self.overflow = true;
-        }
-    }
-
-    fn as_str(&self) -> Option<&str> {
-        if self.overflow {
-            return None;
-        }
-        std::str::from_utf8(self.bytes.get(..self.len)?).ok()
-    }
-}
-
-fn read_forwarded_line(line: &HeaderValue, hops: &mut HopWindow) {
-    let Ok(text) = std::str::from_utf8(line.as_bytes()) else {
-        hops.push(Hop::Garbage);
-        return;
-    };
-    let bytes = text.as_bytes();
-    let mut pos = 0;
-    loop {
-        let (hop, next) = parse_forwarded_element(bytes, pos);
-        hops.push(hop);
-        match next {
-            // Always past a comma, so the loop advances.
-            Some(next) => pos = next,
-            None => return,
-        }
-    }
-}
-
-/// Parses the element starting at `i`. Returns its hop and the index just past
-/// the comma that ends it, or `None` if it runs to the end of the line.
-///
-/// Element boundaries are found the same way whether or not the element is
-/// well-formed: commas inside quoted strings (where `\` escapes the next
-/// byte) do not count.
-fn parse_forwarded_element(b: &[u8], mut i: usize) -> (Hop, Option<usize>) {
-    // `None` until a `for=` is seen; then its parsed node, if any.
-    let mut node: Option<Option<IpAddr>> = None;
-    let mut well_formed = true;
-    loop {
-        i = skip_ows(b, i);
-        let name_start = i;
-        while i < b.len() && is_tchar(b[i]) {
-            i += 1;
-        }
-        let name = &b[name_start..i];
-        if !name.is_empty() {
-            if b.get(i) != Some(&b'=') {
-                return skip_to_next_element(b, i);
-            }
-            i += 1;
-            let mut value = ValueBuf::new();
-            let quoted = b.get(i) == Some(&b'"');
-            if quoted {
-                match read_quoted(b, i + 1, &mut value) {
-                    Some((end, clean)) => {
-                        i = end;
-                        well_formed &= clean;
-                    }
-                    // Unterminated: the rest of the line is this element.
-                    None => return (Hop::Garbage, None),
-                }
-            } else {
-                let start = i;
-                // Lenient: `:` is allowed so that `for=192.0.2.1:80` parses.
-                while i < b.len() && (is_tchar(b[i]) || b[i] == b':') {
-                    value.push(b[i]);
-                    i += 1;
-                }
-                if i == start {
-                    return skip_to_next_element(b, i);
-                }
-            }
-            if name.eq_ignore_ascii_case(b"for") {
-                if node.is_some() {
-                    // RFC 7239: a parameter must not occur twice in an element.
-                    well_formed = false;
-                }
-                node = Some(value.as_str().and_then(|v| parse_forwarded_node(v, quoted)));
-            }
-            i = skip_ows(b, i);
-        }
-        match b.get(i) {
-            Some(b';') => i += 1,
-            Some(b',') => return (finish_element(well_formed, node), Some(i + 1)),
-            None => return (finish_element(well_formed, node), None),
-            Some(_) => return skip_to_next_element(b, i),
-        }
-    }
-}
-
-fn finish_element(well_formed: bool, node: Option<Option<IpAddr>>) -> Hop {
-    match node {
-        Some(ip) if well_formed => ip.into(),
-        _ => Hop::Garbage,
-    }
-}
-
-/// Reads a quoted string whose opening quote is just before `i`, unescaping
-/// into `value`. Returns the index past the closing quote and whether every
-/// character was allowed, or `None` if the string is not terminated.
-fn read_quoted(b: &[u8], mut i: usize, value: &mut ValueBuf) -> Option<(usize, bool)> {
-    let mut clean = true;
-    loop {
-        let c = *b.get(i)?;
-        i += 1;
-        match c {
-            b'"' => return Some((i, clean)),
-            b'\\' => {
-                let escaped = *b.get(i)?;
-                i += 1;
-                clean &= escaped == b'\t' || (escaped >= 0x20 && escaped != 0x7f);
-                value.push(escaped);
-            }
-            _ => {
-                clean &= c == b'\t' || (c >= 0x20 && c != 0x7f);
-                value.push(c);
-            }
-        }
-    }
-}
-
-/// Error recovery: the current element is garbage; find where the next one
-/// starts, honouring quoted strings.
-fn skip_to_next_element(b: &[u8], mut i: usize) -> (Hop, Option<usize>) {
-    let mut in_quotes = false;
-    while i < b.len() {
-        let c = b[i];
-        i += 1;
-        if in_quotes {
-            match c {
-                b'\\' => i += 1,
-                b'"' => in_quotes = false,
-                _ => {}
-            }
-        } else {
-            match c {
-                b'"' => in_quotes = true,
-                b',' => return (Hop::Garbage, Some(i)),
-                _ => {}
-            }
-        }
-    }
-    (Hop::Garbage, None)
-}
-
-/// Parses a `for=` node: `192.0.2.1`, `192.0.2.1:80`, and, quoted only,
-/// `[2001:db8::1]` or `[2001:db8::1]:443`. Ports may be obfuscated
-/// (`_abc`). `unknown`, obfuscated identifiers and unbracketed IPv6 give
-/// `None`.
-fn parse_forwarded_node(v: &str, quoted: bool) -> Option<IpAddr> {
-    let port_ok = |p: &str| is_port(p) || is_obf_port(p);
-    if let Some(rest) = v.strip_prefix('[') {
-        if !quoted {
-            return None;
-        }
-        let (inner, after) = rest.split_once(']')?;
-        let ip = inner.parse::<Ipv6Addr>().ok()?;
-        if !after.is_empty() && !after.strip_prefix(':').is_some_and(port_ok) {
-            return None;
-        }
-        return Some(IpAddr::V6(ip));
-    }
-    let (host, port) = match v.split_once(':') {
-        Some((host, port)) => (host, Some(port)),
-        None => (v, None),
-    };
-    let ip = host.parse::<Ipv4Addr>().ok()?;
-    if port.is_some_and(|p| !port_ok(p)) {
-        return None;
-    }
-    Some(IpAddr::V4(ip))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    use http::HeaderValue;
+    use std::net::Ipv4Addr;
+
+    use http::header::{self, HeaderName, HeaderValue};
+
+    use crate::key::forwarded::parse_xff_entry;
+
+    const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
     use proptest::prelude::*;
 
     fn ip(s: &str) -> IpAddr {
@@ -973,11 +649,12 @@ mod tests {
             let line = format!("for=6.6.6.6, {g}, for=10.0.0.2");
             assert_eq!(via_proxy(&fwd(&[&line])), ip("10.0.0.2"), "{line:?}");
         }
-        // An unterminated quoted string takes the rest of its line with it.
+        // An unterminated quoted string spoils its own element (and, read
+        // from the right, what lies left of it), never its right neighbours.
         for g in ["for=\"1.2.3.4", "for=\"1.2.3.4\\"] {
             assert_eq!(via_proxy(&fwd(&[g])), ip(PROXY), "{g:?}");
             let line = format!("for=6.6.6.6, {g}, for=10.0.0.2");
-            assert_eq!(via_proxy(&fwd(&[&line])), ip(PROXY), "{line:?}");
+            assert_eq!(via_proxy(&fwd(&[&line])), ip("10.0.0.2"), "{line:?}");
             assert_eq!(via_proxy(&fwd(&[g, "for=10.0.0.2"])), ip("10.0.0.2"));
         }
         // An empty element between two commas.
@@ -986,10 +663,13 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_unterminated_quote_stays_in_its_line() {
-        // Same line: the rest of the line is one garbage element.
+    fn forwarded_unterminated_quote_spoils_only_its_element() {
+        // Same line: the element with the quote is garbage, the one a proxy
+        // appended after it is read (elements are cut from the right).
         let h = fwd(&["for=\"6.6.6.6, for=5.5.5.5"]);
-        assert_eq!(via_proxy(&h), ip(PROXY));
+        assert_eq!(via_proxy(&h), ip("5.5.5.5"));
+        let h = fwd(&["for=\"6.6.6.6, for=10.0.0.2"]);
+        assert_eq!(via_proxy(&h), ip("10.0.0.2"));
         // A later line is read on its own.
         let h = fwd(&["for=\"6.6.6.6", "for=5.5.5.5"]);
         assert_eq!(via_proxy(&h), ip("5.5.5.5"));
@@ -1084,17 +764,6 @@ mod tests {
         assert_eq!(via_proxy(&fwd(&[&elements.join(",")])), ip("10.0.0.1"));
         assert_eq!(via_proxy(&fwd(&[&elements[1..].join(",")])), ip("10.0.0.1"));
         assert_eq!(via_proxy(&fwd(&[&elements[..32].join(",")])), ip("1.2.3.4"));
-    }
-
-    #[test]
-    fn hop_window_keeps_rightmost() {
-        let mut w = HopWindow::new();
-        for i in 0..100u8 {
-            w.push(Hop::Addr(IpAddr::V4(Ipv4Addr::new(0, 0, 0, i))));
-        }
-        assert_eq!(w.len, MAX_HOPS);
-        assert_eq!(w.nth_from_right(0), Hop::Addr(ip("0.0.0.99")));
-        assert_eq!(w.nth_from_right(31), Hop::Addr(ip("0.0.0.68")));
     }
 
     // --- Grouping --------------------------------------------------------------

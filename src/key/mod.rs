@@ -7,6 +7,7 @@
 //! An extractor answers `None` when the request has no such key (no header, no
 //! peer address); the layer then applies its [`MissingKey`](crate::layer::MissingKey) policy.
 
+mod forwarded;
 mod ip;
 mod warnings;
 
