@@ -94,9 +94,7 @@ mod clock;
 #[cfg(feature = "serde")]
 mod config;
 mod decision;
-mod deny_cache;
 mod error;
-mod grant;
 pub mod key;
 pub mod layer;
 mod limiter;
@@ -119,8 +117,8 @@ struct ReadmeDoctests;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
-pub use grant::Grant;
-pub use limiter::{Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
+
+pub use limiter::{Grant, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
 pub use quota::{Algorithm, Burst, Limit, Quota, Rate};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]

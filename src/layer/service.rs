@@ -19,7 +19,7 @@ use super::response::{
 use smallvec::SmallVec;
 
 use super::{Config, MissingKey, OnStoreError, RateLimitInfo, Rejection, ResponseBody};
-use crate::grant::{Refund, RefundOnDrop};
+use crate::limiter::{Refund, RefundOnDrop};
 use crate::{Decision, Error, Grant, Limit, Limiter};
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).

@@ -2,7 +2,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::{Decision, Error, Limit, Limiter};
+use super::Checks;
+use crate::decision::Decision;
+use crate::metrics::StoreTimer;
+use crate::store::Check;
+use crate::{Error, Limit, Limiter};
 
 /// The limits and keys a grant was charged to, owned.
 pub(crate) type Charged = Vec<(Limit, Vec<u8>)>;
@@ -220,5 +224,70 @@ impl Drop for RefundOnDrop {
         if let Some(refund) = self.0.take() {
             refund.run_detached();
         }
+    }
+}
+
+impl Limiter {
+    /// The limits and keys `decision` charged of `checks` (those of its
+    /// statuses, in order; a shadow limit that would have refused took
+    /// nothing), owned: what a [`Grant`] gives back.
+    pub(super) fn charged(checks: &[Check<'_>], decision: &Decision) -> Charged {
+        checks
+            .iter()
+            .zip(decision.statuses())
+            .filter(|(_, status)| {
+                !status.would_refuse() && (!decision.shadow_apart || !status.shadow)
+            })
+            .map(|(c, _)| (c.limit.clone(), c.key.to_vec()))
+            .collect()
+    }
+
+    /// Gives back a grant of `cost` at store time `at` from `charged`.
+    pub(crate) async fn refund_charged(
+        &self,
+        charged: &[(Limit, Vec<u8>)],
+        cost: i64,
+        at: i64,
+    ) -> Result<(), Error> {
+        let checks = Self::owned_checks(charged, cost);
+        if self.refund_charged_now(charged, cost, at) {
+            return Ok(());
+        }
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        let result = store.refund(&checks, at, self.deadline()).await;
+        timer.finish(&**store, "refund");
+        result
+    }
+
+    /// [`refund_charged`](Self::refund_charged) on a store that answers at
+    /// once; `false` (nothing done) on one that must be awaited.
+    pub(crate) fn refund_charged_now(
+        &self,
+        charged: &[(Limit, Vec<u8>)],
+        cost: i64,
+        at: i64,
+    ) -> bool {
+        let checks = Self::owned_checks(charged, cost);
+        // cached denials of these keys may no longer hold
+        if let Some(denials) = &self.inner.denials {
+            for check in &checks {
+                denials.forget(check.key);
+            }
+        }
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        if !store.refund_sync(&checks, at) {
+            return false;
+        }
+        timer.finish(&**store, "refund");
+        true
+    }
+
+    fn owned_checks(charged: &[(Limit, Vec<u8>)], cost: i64) -> Checks<'_> {
+        charged
+            .iter()
+            .map(|(limit, key)| Check { limit, key, cost })
+            .collect()
     }
 }

@@ -1,0 +1,233 @@
+//! One call of the store for a decision: made (at once on a store that
+//! answers at once, else awaited by its deadline), measured, traced,
+//! counted, answered from the cache of denials when it can be, and its
+//! reply read into a [`Decision`].
+
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::deny_cache::DenyCache;
+use super::{Checks, Limiter};
+use crate::algorithm::Reply;
+use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
+use crate::metrics::{Outcome, StoreTimer};
+use crate::store::{Check, Deadline};
+use crate::{Error, Limit};
+
+/// The limit names of a decision, for its span.
+struct LimitNames<'a, 'b>(&'a [Check<'b>]);
+
+impl std::fmt::Display for LimitNames<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, check) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(check.limit.name())?;
+        }
+        Ok(())
+    }
+}
+
+impl Limiter {
+    /// One decision: the store call, in a `rate_limit` span, measured and
+    /// (when `plain`) counted (see [`crate::metrics`]) and answered from the
+    /// cache of denials when it can be.
+    pub(super) async fn run_once(
+        &self,
+        checks: &[Check<'_>],
+        max_wait: Duration,
+        dry: bool,
+        plain: bool,
+    ) -> Result<Decision, Error> {
+        // A denial known to hold needs no round trip (not for a look, which
+        // must see what the store says now).
+        let denials = self.inner.denials.as_ref().filter(|_| !dry && plain);
+        let cost = checks.first().map_or(0, |c| c.cost);
+        let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
+        let store = &self.inner.store;
+        // A store that answers at once needs neither a future nor a timer.
+        if let Some(result) = self.decide_now(checks, max_wait, dry, plain) {
+            return result;
+        }
+        // a cost over a capacity is answered "never" by the store
+        let fits = checks.iter().all(|c| c.cost <= c.limit.params().p[0]);
+        let denials = denials.filter(|_| fits);
+        let sent = denials.map_or_else(Default::default, DenyCache::sent);
+        // the key is only built while the cache holds a denial, or for a new one
+        let cache_key = denials
+            .filter(|d| d.holds_any())
+            .map(|_| DenyCache::key(checks));
+        if let (Some(denials), Some(key)) = (denials, &cache_key) {
+            if let Some(denied) = denials.lookup(key, cost, max_wait, sent.at) {
+                let result = Ok(denied);
+                crate::metrics::count(checks, &result, Outcome::LocalCache);
+                return result;
+            }
+        }
+        // (not built at all unless enabled: see `decide_now`)
+        let span = if tracing::level_enabled!(tracing::Level::DEBUG) {
+            tracing::debug_span!(
+                target: "tower_ratelimit",
+                "rate_limit",
+                limits = %LimitNames(checks),
+                outcome = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
+        let timer = StoreTimer::start();
+        // (instrumented only with a span: entering and leaving a disabled
+        // one on every poll is not free; each call built where it is
+        // awaited, so that the future holds no second copy of it)
+        let deadline = self.deadline();
+        let reply = if span.is_none() {
+            store.decide(checks, max_wait, dry, deadline).await
+        } else {
+            store
+                .decide(checks, max_wait, dry, deadline)
+                .instrument(span.clone())
+                .await
+        };
+        let result = reply.and_then(|reply| Self::decision(checks, reply, max_wait));
+        timer.finish(&**store, "decide");
+        let outcome = Outcome::of(&result);
+        span.record("outcome", outcome.as_str());
+        if !dry && plain {
+            crate::metrics::count(checks, &result, outcome);
+        }
+        if let (Some(denials), Ok(decision)) = (denials, &result) {
+            if !decision.is_allowed() {
+                let key = cache_key.unwrap_or_else(|| DenyCache::key(checks));
+                denials.insert(key, checks, cost, sent, decision);
+            }
+        }
+        result
+    }
+
+    /// The decision of a store that answers at once (in memory), counted and
+    /// traced as any other; `None` for a store that must be awaited.
+    #[inline(always)]
+    pub(super) fn decide_now(
+        &self,
+        checks: &[Check<'_>],
+        max_wait: i64,
+        dry: bool,
+        counted: bool,
+    ) -> Option<Result<Decision, Error>> {
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        let reply = store.decide_sync(checks, max_wait, dry)?;
+        timer.finish(&**store, "decide");
+        #[cfg(feature = "metrics")]
+        store.report_size(reply.now);
+        let result = Self::decision(checks, reply, max_wait);
+        let outcome = Outcome::of(&result);
+        // (checked first: without a subscriber, tracing's `log` fallback,
+        // which axum turns on, would build the span for nothing)
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            tracing::debug_span!(
+                target: "tower_ratelimit",
+                "rate_limit",
+                limits = %LimitNames(checks),
+                outcome = outcome.as_str(),
+            )
+            .in_scope(|| {});
+        }
+        if !dry && counted {
+            crate::metrics::count(checks, &result, outcome);
+        }
+        Some(result)
+    }
+
+    /// When a store call starting now must have answered: the store bounds
+    /// its own waits by it (see [`Deadline`]).
+    pub(super) fn deadline(&self) -> Deadline {
+        Deadline::after(self.inner.timeout)
+    }
+
+    pub(super) fn checks<'a>(
+        pairs: impl Iterator<Item = (&'a Limit, &'a [u8])>,
+        cost: u64,
+    ) -> Checks<'a> {
+        let cost = Self::cost(cost);
+        let mut checks = Checks::new();
+        for (limit, key) in pairs {
+            checks.push(Check { limit, key, cost });
+        }
+        checks
+    }
+
+    pub(super) fn cost(cost: u64) -> i64 {
+        // Costs above 2^53 can never fit any validated limit; clamp so the
+        // arithmetic in both stores stays exact.
+        i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX)
+    }
+
+    #[inline(always)]
+    pub(super) fn decision(
+        checks: &[Check<'_>],
+        reply: Reply,
+        max_wait: i64,
+    ) -> Result<Decision, Error> {
+        if reply.limits.len() != checks.len() {
+            return Err(Error::UnexpectedReply(format!(
+                "{} statuses for {} limits",
+                reply.limits.len(),
+                checks.len()
+            )));
+        }
+        let us = |us: i64| u64::try_from(us).unwrap_or(0);
+        let micros = |x: i64| Duration::from_micros(us(x));
+        let mut statuses = Statuses::new();
+        for (check, &[wait, remaining, reset]) in checks.iter().zip(&reply.limits) {
+            let limit = check.limit;
+            statuses.push(LimitStatus {
+                name: limit.shared_name(),
+                algorithm: limit.quota().algorithm(),
+                limit: limit.capacity(),
+                window_us: limit.policy_window_us(),
+                remaining: us(remaining),
+                wait_us: if wait >= 0 { us(wait) } else { u64::MAX },
+                reset_us: us(reset),
+                violated: match reply.outcome {
+                    2 => wait < 0,
+                    1 => wait > max_wait,
+                    _ => false,
+                },
+                shadow: false,
+                would_refuse: false,
+            });
+            if limit.is_shadow() {
+                // a limit in shadow mode never refuses
+                if let Some(status) = statuses.last_mut() {
+                    status.shadow = true;
+                    status.would_refuse = std::mem::take(&mut status.violated);
+                }
+            }
+        }
+        let granted = if reply.outcome == 0 {
+            checks
+                .first()
+                .map_or(0, |c| u64::try_from(c.cost).unwrap_or(0))
+        } else {
+            0
+        };
+        let (verdict, wait) = match reply.outcome {
+            0 => (Verdict::Allowed, us(reply.wait)),
+            1 => (
+                Verdict::Denied {
+                    retry_after: micros(reply.wait),
+                },
+                0,
+            ),
+            2 => (Verdict::CostExceedsCapacity, 0),
+            other => return Err(Error::UnexpectedReply(format!("outcome {other}"))),
+        };
+        let mut decision = Decision::new(verdict, wait, statuses);
+        decision.granted = granted;
+        decision.at = reply.now + reply.wait.max(0);
+        Ok(decision)
+    }
+}
