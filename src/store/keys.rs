@@ -32,8 +32,9 @@ pub(crate) fn long_key(key: &[u8]) -> LongKey {
 #[cfg(feature = "redis")]
 const ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'%').add(b'{').add(b'}').add(b'#');
 
-/// The hash tag of every key stored for the user key `key`: `{escaped key}`.
-#[cfg(feature = "redis")]
+/// The hash tag of every key stored for the user key `key`: `{escaped key}`
+/// (what a cluster hashes to find the keys' slot).
+#[cfg(any(feature = "cluster", all(test, feature = "redis")))]
 pub(crate) fn tag(key: &[u8]) -> String {
     let mut out = Vec::with_capacity(key.len().min(MAX_RAW_KEY) + 2);
     write_tag(&mut out, key);

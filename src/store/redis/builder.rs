@@ -1,0 +1,334 @@
+//! Configuring a [`RedisStore`]: what it connects to (one server, a
+//! cluster, Sentinel), with what prefix, lanes, clock and certificates.
+
+use std::sync::atomic::{AtomicBool, AtomicU8};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use deadpool_redis::{Manager, Pool, Runtime};
+use redis::{AsyncConnectionConfig, IntoConnectionInfo};
+
+use super::conn::{Connector, Lanes};
+use super::script::UNTRIED;
+use super::{Inner, RedisStore};
+use crate::clock::Clock;
+use crate::ConfigError;
+
+/// How long a cluster connection may leave a command unanswered before it
+/// is considered broken (redis-rs' default is 500 ms, which a loaded machine
+/// reaches without anything being broken). Single-server connections have
+/// none: every command they carry is bounded by the limiter's own timeout,
+/// which also discards a connection that answers nothing (see `conn`), and
+/// a second timer per command costs CPU on every decision.
+#[cfg(feature = "cluster")]
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a store connects to.
+#[derive(Clone)]
+pub(super) enum Target {
+    Url(String),
+    Pool(Pool),
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        urls: Vec<String>,
+        master: String,
+    },
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Url(url) => f.debug_tuple("Url").field(&redacted(url)).finish(),
+            Target::Pool(_) => f.write_str("Pool"),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => f
+                .debug_tuple("Cluster")
+                .field(&urls.iter().map(|u| redacted(u)).collect::<Vec<_>>())
+                .finish(),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls, master } => f
+                .debug_struct("Sentinel")
+                .field(
+                    "urls",
+                    &urls.iter().map(|u| redacted(u)).collect::<Vec<_>>(),
+                )
+                .field("master", master)
+                .finish(),
+        }
+    }
+}
+
+/// A URL without its password, for `Debug`.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Configures a [`RedisStore`].
+#[derive(Clone)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    target: Target,
+    prefix: String,
+    lanes: usize,
+    clock: Option<Arc<dyn Clock>>,
+    slack: Duration,
+    #[cfg(feature = "tls")]
+    root_certificate: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("target", &self.target)
+            .field("prefix", &self.prefix)
+            .field("lanes", &self.lanes)
+            .finish()
+    }
+}
+
+impl RedisStoreBuilder {
+    pub(super) fn new(target: Target) -> Self {
+        RedisStoreBuilder {
+            target,
+            prefix: "rl".into(),
+            lanes: 2,
+            clock: None,
+            slack: Duration::ZERO,
+            #[cfg(feature = "tls")]
+            root_certificate: None,
+        }
+    }
+
+    /// The prefix of every key (default `"rl"`). Instances share limits when
+    /// they share the Redis and the prefix.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How many connections to keep (default 2, at least 1). Decisions are
+    /// multiplexed over the first that works, so that concurrent decisions
+    /// share its writes and reads; the others stand by and take over at once
+    /// when it breaks or goes silent, while a new one is made in the
+    /// background. On a cluster, each is a cluster connection, which holds
+    /// one connection per node.
+    pub fn lanes(mut self, lanes: usize) -> Self {
+        self.lanes = lanes;
+        self
+    }
+
+    /// Uses this clock instead of Redis `TIME`: for tests that drive time, or
+    /// for deployments that trust the application clocks more than Redis'.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Lets every key live this much longer than its state needs (default:
+    /// none). Decisions never depend on it: every state records when it
+    /// becomes equal to a fresh one and reads as absent from then on, so a
+    /// key's expiry only reclaims memory. A slack keeps keys whose state is
+    /// stamped by clocks other than Redis' (see [`clock`](Self::clock)) from
+    /// being reclaimed early when those clocks step or run ahead.
+    pub fn expiry_slack(mut self, slack: Duration) -> Self {
+        self.slack = slack;
+        self
+    }
+
+    /// Trusts this CA certificate (PEM) for `rediss://` connections, in
+    /// addition to the system's roots: for servers whose certificates a
+    /// private CA signed. Not used with [`RedisStore::builder_with_pool`],
+    /// whose pool makes its own connections.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
+        self
+    }
+
+    #[cfg(feature = "tls")]
+    fn certificates(&self) -> Option<redis::TlsCertificates> {
+        self.root_certificate
+            .as_ref()
+            .map(|pem| redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            })
+    }
+
+    /// Builds the store. No connection is made until the first decision.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        let valid_prefix = !self.prefix.is_empty()
+            && !self.prefix.contains(['{', '}'])
+            && !self.prefix.chars().any(char::is_whitespace);
+        if !valid_prefix {
+            return Err(ConfigError::InvalidPrefix(self.prefix));
+        }
+        if self.slack > Duration::from_secs(10 * 366 * 86_400) {
+            return Err(ConfigError::Redis(
+                "the expiry slack must not exceed ten years".into(),
+            ));
+        }
+        if self.lanes == 0 {
+            return Err(ConfigError::Redis("at least one lane is needed".into()));
+        }
+        let connector = self.connector()?;
+        if let Some(max) = connector.capacity() {
+            if max < self.lanes {
+                return Err(ConfigError::Redis(format!(
+                    "the pool holds at most {max} connections, fewer than the {} lanes",
+                    self.lanes
+                )));
+            }
+        }
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                prefix: self.prefix,
+                mode: AtomicU8::new(UNTRIED),
+                loading: tokio::sync::Mutex::new(()),
+                scripts_until: Mutex::new(None),
+                load_failed: AtomicBool::new(false),
+                lanes: Lanes::new(connector, self.lanes),
+                clock: self.clock,
+                slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
+                fallback: OnceLock::new(),
+                quotas: Default::default(),
+            }),
+        })
+    }
+
+    /// No response timeout in redis-rs: every command is bounded by the
+    /// limiter's timeout (connection attempts by [`super::conn::CONNECT_TIMEOUT`]),
+    /// and a connection that leaves a request unanswered that long is
+    /// discarded by the lanes.
+    fn connection_config() -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(super::conn::CONNECT_TIMEOUT))
+    }
+
+    fn connector(&self) -> Result<Connector, ConfigError> {
+        // redis-rs builds its TLS configuration from the process's default
+        // rustls provider: ring, unless the application installed another
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let invalid = |e: redis::RedisError| ConfigError::Redis(e.to_string());
+        Ok(match &self.target {
+            Target::Pool(pool) => Connector::Pool(pool.clone()),
+            Target::Url(url) => {
+                #[cfg(feature = "tls")]
+                let info = match self.certificates() {
+                    Some(certs) => redis::Client::build_with_tls(url.as_str(), certs)
+                        .map_err(invalid)?
+                        .get_connection_info()
+                        .clone(),
+                    None => url.as_str().into_connection_info().map_err(invalid)?,
+                };
+                #[cfg(not(feature = "tls"))]
+                let info = url.as_str().into_connection_info().map_err(invalid)?;
+                reject_unsupported(&info)?;
+                let manager =
+                    Manager::new_with_config(info, Self::connection_config()).map_err(invalid)?;
+                // The lanes keep their connections; the rest of the pool is
+                // headroom while broken ones are replaced.
+                let pool = Pool::builder(manager)
+                    .max_size(2 * self.lanes)
+                    .runtime(Runtime::Tokio1)
+                    .build()
+                    .map_err(|e| ConfigError::Redis(e.to_string()))?;
+                Connector::Pool(pool)
+            }
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => {
+                if urls.is_empty() {
+                    return Err(ConfigError::Redis(
+                        "a cluster needs at least one seed URL".into(),
+                    ));
+                }
+                let mut infos = Vec::with_capacity(urls.len());
+                for url in urls {
+                    let info = url.as_str().into_connection_info().map_err(invalid)?;
+                    reject_unsupported(&info)?;
+                    infos.push(info);
+                }
+                let builder = redis::cluster::ClusterClientBuilder::new(infos)
+                    .connection_timeout(super::conn::CONNECT_TIMEOUT)
+                    .response_timeout(RESPONSE_TIMEOUT)
+                    // redis-rs waits 1.28 s and more between retries (a
+                    // failover, TRYAGAIN while a slot moves); a decision is
+                    // bounded far sooner, so it retries within that bound
+                    .retries(8)
+                    .min_retry_wait(5)
+                    .max_retry_wait(100)
+                    .retry_wait_formula(10, 2);
+                #[cfg(feature = "tls")]
+                let builder = match self.certificates() {
+                    Some(certs) => builder.certs(certs),
+                    None => builder,
+                };
+                Connector::Cluster(builder.build().map_err(invalid)?)
+            }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls, master } => {
+                use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+                let first = urls.first().ok_or_else(|| {
+                    ConfigError::Redis("Sentinel needs at least one sentinel URL".into())
+                })?;
+                let mut addrs = Vec::with_capacity(urls.len());
+                for url in urls {
+                    let info = url.as_str().into_connection_info().map_err(invalid)?;
+                    reject_unsupported(&info)?;
+                    addrs.push(info.addr().clone());
+                }
+                let first = first.as_str().into_connection_info().map_err(invalid)?;
+                let redis_info = first.redis_settings();
+                let mut builder =
+                    SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
+                        .map_err(invalid)?
+                        .set_client_to_redis_db(redis_info.db());
+                if let Some(user) = redis_info.username() {
+                    builder = builder.set_client_to_redis_username(user);
+                }
+                if let Some(password) = redis_info.password() {
+                    builder = builder.set_client_to_redis_password(password);
+                }
+                if let redis::ConnectionAddr::TcpTls { insecure, .. } = first.addr() {
+                    let mode = if *insecure {
+                        redis::TlsMode::Insecure
+                    } else {
+                        redis::TlsMode::Secure
+                    };
+                    builder = builder.set_client_to_redis_tls_mode(mode);
+                    #[cfg(feature = "tls")]
+                    if let Some(certs) = self.certificates() {
+                        builder = builder
+                            .set_client_to_redis_certificates(certs.clone())
+                            .set_client_to_sentinel_certificates(certs);
+                    }
+                }
+                Connector::Sentinel {
+                    client: tokio::sync::Mutex::new(builder.build().map_err(invalid)?),
+                    config: Self::connection_config(),
+                }
+            }
+        })
+    }
+}
+
+/// Refuses a `rediss://` URL in a build without the `tls` feature, at build
+/// time rather than at the first decision.
+fn reject_unsupported(info: &redis::ConnectionInfo) -> Result<(), ConfigError> {
+    if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) && !cfg!(feature = "tls") {
+        return Err(ConfigError::Redis(
+            "rediss:// URLs need the crate's `tls` feature".into(),
+        ));
+    }
+    Ok(())
+}

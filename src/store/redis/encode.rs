@@ -1,0 +1,205 @@
+//! One call of the library, encoded: its keys (the Redis key names, made
+//! here only) and its arguments (the options and each limit's wire string
+//! with its cost), written into one buffer.
+
+use std::ops::Range;
+
+use smallvec::SmallVec;
+
+use super::RedisStore;
+use crate::store::{keys, Check};
+
+/// What one call of the library does (op 0, 1 or 2 of its options).
+#[derive(Clone, Copy)]
+pub(super) enum Operation {
+    /// Decide, reserving up to `max_wait` us ahead; a `dry` run grants nothing.
+    Decide { max_wait: i64, dry: bool },
+    /// Give back the grants made at store time `at`.
+    Refund { at: i64 },
+    /// Take what is available, at most each check's cost.
+    Take,
+}
+
+/// One call's keys and arguments, written into one buffer.
+pub(super) struct Encoded {
+    buf: Vec<u8>,
+    keys: SmallVec<[Range<usize>; 2]>,
+    args: SmallVec<[Range<usize>; 2]>,
+}
+
+impl Encoded {
+    pub(super) fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub(super) fn arg_count(&self) -> usize {
+        self.args.len()
+    }
+
+    /// The bytes of every key and argument.
+    pub(super) fn byte_len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub(super) fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.keys.iter().filter_map(|r| self.buf.get(r.clone()))
+    }
+
+    pub(super) fn args(&self) -> impl Iterator<Item = &[u8]> {
+        self.args.iter().filter_map(|r| self.buf.get(r.clone()))
+    }
+
+    /// Where the hash tag lies in the key written at `key`: after the
+    /// prefix and its colon, up to and including the first `}` (escaped
+    /// tags hold no other).
+    fn tag_of(&self, key: Range<usize>, prefix: usize) -> Range<usize> {
+        let start = key.start + prefix + 1;
+        let end = self
+            .buf
+            .get(start..key.end)
+            .and_then(|rest| rest.iter().position(|&b| b == b'}'))
+            .map_or(key.end, |i| start + i + 1);
+        start..end
+    }
+}
+
+impl RedisStore {
+    /// Every key of every check (`<prefix>:{<escaped key>}:<limit>:<part>`,
+    /// see [`keys`]), written into a new buffer: the one place Redis key
+    /// names are made.
+    pub(super) fn encode_keys(&self, checks: &[Check<'_>]) -> Encoded {
+        let prefix = self.inner.prefix.as_bytes();
+        let mut out = Encoded {
+            buf: Vec::with_capacity(checks.iter().map(|c| 2 * c.key.len() + 96).sum()),
+            keys: SmallVec::new(),
+            args: SmallVec::new(),
+        };
+        for (i, check) in checks.iter().enumerate() {
+            // limits of one request often share its key: escape it once
+            let shared = i > 0 && checks[i - 1].key == check.key;
+            let tag = match (shared, out.keys.last()) {
+                (true, Some(last)) => Some(out.tag_of(last.clone(), prefix.len())),
+                _ => None,
+            };
+            let name = check.limit.name().as_bytes();
+            for part in check.limit.params().algorithm.key_parts() {
+                let start = out.buf.len();
+                out.buf.extend_from_slice(prefix);
+                out.buf.push(b':');
+                match &tag {
+                    Some(range) => out.buf.extend_from_within(range.clone()),
+                    None => keys::write_tag(&mut out.buf, check.key),
+                }
+                out.buf.push(b':');
+                out.buf.extend_from_slice(name);
+                out.buf.push(b':');
+                out.buf.extend_from_slice(part.as_bytes());
+                out.keys.push(start..out.buf.len());
+            }
+        }
+        out
+    }
+
+    /// The keys and arguments of one call of the library (see the header of
+    /// `lua/driver.lua`): every key of every check, the options when they
+    /// differ from a plain decision's, then each limit with its cost, written
+    /// into one buffer.
+    pub(super) fn encode(&self, checks: &[Check<'_>], operation: Operation) -> Encoded {
+        let mut out = self.encode_keys(checks);
+        let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
+        let slack = self.inner.slack;
+        let start = out.buf.len();
+        let mut digits = itoa::Buffer::new();
+        let mut options = |out: &mut Encoded, fields: &[i64]| {
+            out.buf.push(b'o');
+            for field in fields {
+                out.buf.push(b':');
+                out.buf.extend_from_slice(digits.format(*field).as_bytes());
+            }
+            out.args.push(start..out.buf.len());
+        };
+        match operation {
+            // The options travel only when one differs from the production default.
+            Operation::Decide { max_wait, dry } => {
+                if (now, max_wait, dry, slack) != (0, 0, false, 0) {
+                    options(&mut out, &[now, max_wait, i64::from(dry), slack]);
+                }
+            }
+            Operation::Refund { at } => options(&mut out, &[now, 0, 0, slack, 1, at]),
+            Operation::Take => options(&mut out, &[now, 0, 0, slack, 2, 0]),
+        }
+        let mut digits = itoa::Buffer::new();
+        for check in checks {
+            let start = out.buf.len();
+            out.buf.extend_from_slice(check.limit.wire().as_bytes());
+            out.buf
+                .extend_from_slice(digits.format(check.cost).as_bytes());
+            out.args.push(start..out.buf.len());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::redis::RedisStore;
+    use crate::{Limit, Quota};
+
+    /// One buffer holds what the reset's key names and the limits' wire
+    /// strings say, in order, with a key's tag written once and reused.
+    #[test]
+    fn encoded_keys_and_arguments_name_every_key_of_every_check() {
+        let store = RedisStore::builder("redis://127.0.0.1:1/")
+            .prefix("p")
+            .build()
+            .expect("store");
+        let minute = Duration::from_secs(60);
+        let log = Limit::new("log", Quota::sliding_log(3, minute)).expect("limit");
+        let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
+        let keys: [&[u8]; 3] = [b"a}:{b", b"a}:{b", b"x"];
+        let checks = [
+            Check {
+                limit: &log,
+                key: keys[0],
+                cost: 1,
+            },
+            Check {
+                limit: &gcra,
+                key: keys[1],
+                cost: 1,
+            },
+            Check {
+                limit: &gcra,
+                key: keys[2],
+                cost: 2,
+            },
+        ];
+        let encoded = store.encode(
+            &checks,
+            Operation::Decide {
+                max_wait: 0,
+                dry: false,
+            },
+        );
+        let got: Vec<&[u8]> = encoded.keys().collect();
+        let expected: [&[u8]; 4] = [
+            b"p:{a%7D:%7Bb}:log:log",
+            b"p:{a%7D:%7Bb}:log:meta",
+            b"p:{a%7D:%7Bb}:g:gcra",
+            b"p:{x}:g:gcra",
+        ];
+        assert_eq!(got, expected);
+        let reset = store.encode_keys(&checks);
+        assert!(reset.keys().eq(expected.iter().copied()));
+        assert_eq!(reset.args().count(), 0);
+        let args: Vec<&[u8]> = encoded.args().collect();
+        let wire = |l: &Limit, cost: &str| format!("{}{cost}", l.wire()).into_bytes();
+        assert_eq!(args, [wire(&log, "1"), wire(&gcra, "1"), wire(&gcra, "2")]);
+        let refund = store.encode(&checks[2..], Operation::Refund { at: 7 });
+        let args: Vec<&[u8]> = refund.args().collect();
+        assert_eq!(args, [b"o:0:0:0:0:1:7".to_vec(), wire(&gcra, "2")]);
+    }
+}

@@ -1,0 +1,199 @@
+//! The decision library as Redis runs it: a Function library loaded once
+//! per server (`FCALL`, Redis 7 and later), or the same code as a script
+//! (`EVALSHA`), and the one call that runs it, loading it where missing.
+
+use std::sync::atomic::Ordering;
+use std::sync::{LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::Script;
+
+use super::conn::Conn;
+use super::encode::Encoded;
+use super::RedisStore;
+
+/// The decision code: the helpers, the algorithms, then the driver, which
+/// defines `decide(keys, args)`.
+const CODE: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/sliding_log.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/gcra.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window.lua"),
+    include_str!("../../../lua/driver.lua"),
+);
+
+/// How the decision code reaches Redis: as a Function library loaded once
+/// per server (`FCALL`, Redis 7 and later), or as a script (`EVALSHA`).
+///
+/// The function is flagged `allow-oom`: a Function without it is refused as
+/// a whole whenever Redis is over `maxmemory` and eviction cannot bring it
+/// under (the library's own memory, clients and buffers count too), which
+/// would turn memory pressure into an outage of every limit. Its writes are
+/// small, carry TTLs and stay subject to the eviction policy, as a script's
+/// writes are.
+pub(super) struct Delivery {
+    /// `FUNCTION LOAD` source. Library and function are named after the
+    /// code's SHA1, so instances running different versions of this crate
+    /// on one Redis (a rolling deploy) each call their own.
+    library: String,
+    pub(super) function: String,
+    /// The same code as a script, for servers without Functions.
+    pub(super) script: Script,
+}
+
+pub(super) static DELIVERY: LazyLock<Delivery> = LazyLock::new(|| {
+    let script = Script::new(&format!("{CODE}\nreturn decide(KEYS, ARGV)\n"));
+    let code = Script::new(CODE);
+    let function = format!("tower_ratelimit_{}", &code.get_hash()[..16]);
+    Delivery {
+        library: format!(
+            "#!lua name={function}\n{CODE}\n\
+             redis.register_function{{function_name = '{function}', callback = decide, flags = {{ 'allow-oom' }}}}\n"
+        ),
+        function,
+        script,
+    }
+});
+
+/// How long decisions run as scripts after a failed `FUNCTION LOAD`.
+const LOAD_RETRY: Duration = Duration::from_secs(10);
+
+/// [`Inner::mode`]: Functions untried, in use, or missing on this server.
+pub(super) const UNTRIED: u8 = 0;
+const FUNCTIONS: u8 = 1;
+const SCRIPTS: u8 = 2;
+
+impl RedisStore {
+    /// Runs the decision code: `FCALL`, loading the library when the server
+    /// lacks it (a new server, a flushed one, a promoted replica), or
+    /// `EVALSHA` on a server without Functions (before Redis 7).
+    ///
+    /// Only the common path, one `FCALL` that finds the library, lives in
+    /// this future; loading the library and `EVALSHA` are boxed in
+    /// [`call_slowly`](Self::call_slowly), so that every decision's future
+    /// (which holds this one) stays small: it is moved and allocated per
+    /// decision.
+    pub(super) async fn call(
+        &self,
+        conn: &mut Conn,
+        encoded: &Encoded,
+    ) -> redis::RedisResult<Vec<u8>> {
+        let mode = self.inner.mode.load(Ordering::Relaxed);
+        if mode == SCRIPTS || self.load_failed_lately() {
+            return Box::pin(self.call_slowly(conn, encoded, None)).await;
+        }
+        let delivery = &*DELIVERY;
+        // sized up front: growing the command's buffers argument by
+        // argument reallocated three times per decision
+        let count = encoded.key_count() + encoded.arg_count();
+        let data = encoded.byte_len() + delivery.function.len() + 32;
+        let mut fcall = redis::Cmd::with_capacity(count + 3, data);
+        fcall
+            .arg("FCALL")
+            .arg(&delivery.function)
+            .arg(encoded.key_count());
+        for arg in encoded.keys().chain(encoded.args()) {
+            fcall.arg(arg);
+        }
+        match conn.query::<Vec<u8>>(&fcall).await {
+            Ok(values) => {
+                // written once, not by every decision: a store to the line
+                // that every thread reads
+                if mode != FUNCTIONS {
+                    self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
+                }
+                Ok(values)
+            }
+            Err(e) if is_missing_function(&e) || is_unknown_command(&e) => {
+                Box::pin(self.call_slowly(conn, encoded, Some((fcall, e)))).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`call`](Self::call) after its `FCALL` failed (`failed`: the command
+    /// and its error) for want of the library or of Functions, or at once
+    /// while the store decides with `EVALSHA`.
+    async fn call_slowly(
+        &self,
+        conn: &mut Conn,
+        encoded: &Encoded,
+        failed: Option<(redis::Cmd, redis::RedisError)>,
+    ) -> redis::RedisResult<Vec<u8>> {
+        let delivery = &*DELIVERY;
+        match failed {
+            Some((fcall, e)) if is_missing_function(&e) => {
+                let _loading = self.inner.loading.lock().await;
+                // another decision may have loaded it while this one waited
+                match fcall.query_async::<Vec<u8>>(conn).await {
+                    Err(e) if is_missing_function(&e) => {}
+                    done => return done,
+                }
+                tracing::debug!(target: "tower_ratelimit", library = %delivery.function, "loading the decision library");
+                let loaded = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg(&delivery.library)
+                    .query_async::<String>(conn)
+                    .await;
+                match loaded {
+                    // loaded, or another process loaded it first
+                    Ok(_) => return fcall.query_async(conn).await,
+                    Err(e) if e.to_string().contains("already exists") => {
+                        return fcall.query_async(conn).await
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "tower_ratelimit", error = %e, "cannot load the decision library; deciding with EVALSHA for {LOAD_RETRY:?}");
+                        *lock(&self.inner.scripts_until) =
+                            Some(tokio::time::Instant::now() + LOAD_RETRY);
+                        self.inner.load_failed.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+            Some(_) => {
+                tracing::info!(target: "tower_ratelimit", "Redis has no Functions (before 7.0): deciding with EVALSHA");
+                self.inner.mode.store(SCRIPTS, Ordering::Relaxed);
+            }
+            None => {}
+        }
+        let mut invocation = delivery.script.prepare_invoke();
+        for key in encoded.keys() {
+            invocation.key(key);
+        }
+        for arg in encoded.args() {
+            invocation.arg(arg);
+        }
+        invocation.invoke_async(conn).await
+    }
+
+    /// Whether a recent `FUNCTION LOAD` failed, so decisions run as scripts.
+    fn load_failed_lately(&self) -> bool {
+        if !self.inner.load_failed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut until = lock(&self.inner.scripts_until);
+        match *until {
+            Some(at) if tokio::time::Instant::now() < at => true,
+            Some(_) => {
+                *until = None;
+                self.inner.load_failed.store(false, Ordering::Relaxed);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn is_missing_function(e: &redis::RedisError) -> bool {
+    e.to_string().contains("Function not found")
+}
+
+fn is_unknown_command(e: &redis::RedisError) -> bool {
+    let text = e.to_string();
+    text.contains("unknown command") && (text.contains("FCALL") || text.contains("fcall"))
+}
