@@ -34,11 +34,25 @@ local function slog_load(keys, i, p)
     redis.call('DEL', st.log)
     n = 0
   end
-  st.n = n
-  if n > 0 then
+  -- the last entry; first, entries whose score is no grant time (an integer
+  -- below 2^53 in magnitude: not inf, 1e300 or 0.5) are foreign and go,
+  -- those beyond the range at once (the lower ones go with the expired)
+  while n > 0 do
     local top = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
-    st.top, st.last = top[1], tonumber(top[2])
+    local last = tonumber(top[2])
+    if last and int(last) then
+      st.top, st.last = top[1], last
+      break
+    elseif last and last >= EXACT then
+      redis.call('ZREMRANGEBYSCORE', st.log, '9007199254740992', '+inf')
+    elseif last and last <= -EXACT then
+      redis.call('ZREMRANGEBYSCORE', st.log, '-inf', '-9007199254740992')
+    else
+      redis.call('ZREM', st.log, top[1])
+    end
+    n = redis.call('ZCARD', st.log)
   end
+  st.n = n
   local m = redis.pcall('GET', st.meta)
   if type(m) == 'string' and #m >= 57 and string.byte(m, 1) == 77 then -- 'M'
     local sum, cnt, seq, hw, wmax, wexp, uni = struct.unpack('<ddddddd', m, 2)
@@ -89,9 +103,19 @@ local function slog_prepare(st, p, now)
       st.pruned = true
     end
   else
-    -- meta lost, foreign or stale: the log itself is the truth
+    -- meta lost, foreign or stale: the log itself is the truth, but for the
+    -- entries whose score is a fraction (foreign, as in slog_load)
     redis.call('ZREMRANGEBYSCORE', st.log, '-inf', cutoff)
-    local all = redis.call('ZRANGE', st.log, 0, -1)
+    local scored = redis.call('ZRANGE', st.log, 0, -1, 'WITHSCORES')
+    local all = {}
+    for i = 1, #scored, 2 do
+      local t = tonumber(scored[i + 1])
+      if t and int(t) then
+        all[#all + 1] = scored[i]
+      else
+        redis.call('ZREM', st.log, scored[i])
+      end
+    end
     local sum, seq, uni = slog_sum(all)
     st.sum, st.n, st.seq, st.uni = sum, #all, max(st.seq, seq), uni
   end
@@ -112,7 +136,10 @@ local function slog_earliest(st, p, now, cost)
   if st.last then base = max(now, st.last) end
   local excess = st.win + cost - n
   if excess <= 0 then return base end
-  -- Wait until enough of the oldest grants have left the window.
+  -- Wait until enough of the oldest grants have left the window. (Scores
+  -- here are finite and in range, slog_load and the pruning saw to both
+  -- ends; one changed in place to a fraction, which meta cannot tell,
+  -- counts from the next microsecond.)
   local dropped, offset = 0, st.skip
   while true do
     local batch = redis.call('ZRANGE', st.log, offset, offset + 63, 'WITHSCORES')
@@ -120,7 +147,7 @@ local function slog_earliest(st, p, now, cost)
     for i = 1, #batch, 2 do
       dropped = dropped + slog_entry(batch[i])
       if dropped >= excess then
-        return max(base, tonumber(batch[i + 1]) + w)
+        return max(base, math.ceil(tonumber(batch[i + 1])) + w)
       end
     end
     offset = offset + 64

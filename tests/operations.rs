@@ -689,3 +689,175 @@ async fn a_window_key_outlives_the_window_of_whoever_wrote_it() {
         );
     }
 }
+
+/// Sliding-log scores no grant time can have (infinite, beyond 2^53 either
+/// way, fractional) planted in the log beside two real grants, and meta
+/// fields that are no integers: every decision is made, never an error, as
+/// if the foreign entries were absent (the two grants still count), and the
+/// next write leaves a log and a meta that agree. A member that is not this
+/// code's (here a huge one) counts as one grant at its score, as always.
+#[tokio::test]
+async fn a_sliding_log_reads_foreign_scores_as_absent() {
+    let quota = quotas()[0];
+    let huge = "m".repeat(100_000);
+    // (what, commands on (log, meta), the grants at 0 the log then holds)
+    let plants: Vec<(&str, Vec<Vec<String>>, u64)> = vec![
+        (
+            "a score of +inf",
+            vec![vec!["ZADD".into(), "L".into(), "+inf".into(), "a".into()]],
+            2,
+        ),
+        (
+            "a score of -inf",
+            vec![vec!["ZADD".into(), "L".into(), "-inf".into(), "a".into()]],
+            2,
+        ),
+        (
+            "a score of 1e300",
+            vec![vec!["ZADD".into(), "L".into(), "1e300".into(), "a".into()]],
+            2,
+        ),
+        (
+            "a score of -1e300",
+            vec![vec!["ZADD".into(), "L".into(), "-1e300".into(), "a".into()]],
+            2,
+        ),
+        (
+            "a score of 2^53",
+            vec![vec![
+                "ZADD".into(),
+                "L".into(),
+                "9007199254740992".into(),
+                "a".into(),
+            ]],
+            2,
+        ),
+        (
+            "a fractional score",
+            vec![vec![
+                "ZADD".into(),
+                "L".into(),
+                format!("{T0}.5"),
+                "a".into(),
+            ]],
+            2,
+        ),
+        (
+            "every kind at once",
+            vec![vec![
+                "ZADD".into(),
+                "L".into(),
+                "+inf".into(),
+                "a".into(),
+                "-inf".into(),
+                "b".into(),
+                "1e300".into(),
+                "c".into(),
+                format!("{T0}.25"),
+                "d".into(),
+                "-9007199254740992".into(),
+                "e".into(),
+            ]],
+            2,
+        ),
+        (
+            "a huge member",
+            vec![vec!["ZADD".into(), "L".into(), T0.to_string(), huge]],
+            3,
+        ),
+    ];
+    let metas: [(&str, Option<[f64; 7]>); 3] = [
+        ("untouched", None),
+        (
+            "an infinite clock",
+            Some([2.0, 2.0, 2.0, f64::INFINITY, 1e6, f64::INFINITY, 1.0]),
+        ),
+        (
+            "a NaN clock",
+            Some([2.0, 2.0, 2.0, f64::NAN, f64::NAN, 1e300, 1.0]),
+        ),
+    ];
+    for (what, commands, held) in &plants {
+        for (meta_what, meta_fields) in metas {
+            let stores = Stores::new("foreign-score");
+            let redis = patient_limiter(stores.redis.clone(), limit(quota));
+            let twin = patient_limiter(MemoryStore::with_clock(stores.clock.clone()), limit(quota));
+            stores.at(0);
+            assert!(redis.check("k", 1).await.expect("setup").is_allowed());
+            assert!(redis.check("k", 1).await.expect("setup").is_allowed());
+            assert!(twin.check("k", *held).await.expect("setup").is_allowed());
+            let mut conn = common::connection();
+            let (log, meta) = (
+                format!("{}:{{k}}:op:log", stores.prefix),
+                format!("{}:{{k}}:op:meta", stores.prefix),
+            );
+            for words in commands {
+                let mut c = redis::cmd(&words[0]);
+                for word in &words[1..] {
+                    c.arg(if word == "L" {
+                        log.as_str()
+                    } else {
+                        word.as_str()
+                    });
+                }
+                let _: redis::Value = c.query(&mut conn).expect("plant");
+            }
+            if let Some(fields) = meta_fields {
+                let _: redis::Value = set_meta(&meta, fields).query(&mut conn).expect("meta");
+            }
+            let ctx = format!("log with {what}, meta {meta_what}");
+            agree_after(&stores, &redis, &twin, &ctx).await;
+            stores.at(3000 * MS);
+            assert!(
+                redis.check("k", 1).await.expect("decision").is_allowed(),
+                "{ctx}"
+            );
+            let count: f64 = redis::cmd("ZCARD")
+                .arg(&log)
+                .query(&mut conn)
+                .expect("ZCARD");
+            let cached: Vec<u8> = redis::cmd("GET").arg(&meta).query(&mut conn).expect("GET");
+            let cnt = cached
+                .get(9..17)
+                .and_then(|b| b.try_into().ok())
+                .map(f64::from_le_bytes);
+            assert_eq!(cnt, Some(count), "{ctx}");
+        }
+    }
+}
+
+/// A log longer than the fast path takes, whose oldest entry's score is
+/// changed in place to a fraction: meta still agrees with the log, so the
+/// entry counts, from the next microsecond. A decision, never an error.
+#[tokio::test]
+async fn a_sliding_log_score_changed_in_place_to_a_fraction_still_decides() {
+    let quota = Quota::sliding_log(10, Duration::from_secs(1));
+    let stores = Stores::new("fraction-in-place");
+    let redis = patient_limiter(stores.redis.clone(), limit(quota));
+    for i in 0..10 {
+        stores.at(i * MS);
+        assert!(redis.check("k", 1).await.expect("setup").is_allowed());
+    }
+    let mut conn = common::connection();
+    let log = format!("{}:{{k}}:op:log", stores.prefix);
+    let oldest: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&log)
+        .arg(0)
+        .arg(0)
+        .query(&mut conn)
+        .expect("ZRANGE");
+    let _: redis::Value = redis::cmd("ZADD")
+        .arg(&log)
+        .arg("XX")
+        .arg(format!("{T0}.5"))
+        .arg(oldest[0].as_slice())
+        .query(&mut conn)
+        .expect("ZADD");
+    stores.at(10 * MS);
+    let d = redis.check("k", 1).await.expect("a decision");
+    assert_eq!(
+        d.retry_after(),
+        Some(Duration::from_micros(990_001)),
+        "{d:?}"
+    );
+}
