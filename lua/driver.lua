@@ -27,7 +27,8 @@
 -- take the cost back, never above their capacity; a fixed window uncounts it
 -- if `at` lies in the counted window, a sliding window from the current or
 -- previous window, whichever holds `at`. Never below empty. Each key is read
--- at its own clock (the latest of the store's and its `hw`). Reply: "".
+-- at its own clock (the latest of the store's and its `hw` as believed, see
+-- "Clock steps"). Reply: "".
 --
 -- Take (op 2): the cost is an upper bound N (the same for every limit):
 -- grants k = min(N, what every limit has left now), at once (max_wait is
@@ -35,13 +36,27 @@
 -- denial says when one will be there). Reply: a decision's reply for cost
 -- k (or 1), then k.
 --
--- Clock steps: every key records the clock of its last write (`hw`). The
--- decision's clock is the latest of the store's clock and those, so time never
--- runs backwards for a key: after a backward step, state written "in the
--- future" is read as of its own time (what it records is spent, not
--- reserved), and real reservations stay reservations. Expiries are set from
--- the store's own clock, so a key never expires early; they only reclaim
--- memory, since a state past its own `exp` reads as absent anyway.
+-- Clock steps: every key records the clock of its last write (`hw`). A key's
+-- clock is believed at most the limit's horizon H ahead of the store's clock,
+-- and the decision's clock is the latest of the store's clock and the
+-- believed ones. H is the longest wait the limit asks by itself: a full
+-- burst's emission (GCRA), a full bucket's refill, one window (fixed window,
+-- sliding log), two (a sliding window's estimate spans the previous one).
+-- Within H, time never runs backwards for a key: after a backward step,
+-- state written "in the future" is read as of its own time (what it records
+-- is spent, not reserved), real reservations stay reservations, and waiting
+-- the step out costs a request at most H more than the limit could ask. A
+-- state dated after the decision's clock (its writer's clock was more than H
+-- ahead: a replica promoted with its clock ahead, a misconfigured store
+-- clock) is moved back to that clock whole, every time it records by the
+-- same amount: its grants count as made now and its reservations stay queued
+-- behind them (nothing is over-admitted), and its key is refused no longer
+-- than the limit could ask, plus those reservations. A decision that moves a
+-- state that still holds something writes it back, a denial or a peek too,
+-- so that it ages from then on (one that holds nothing is left to the next
+-- write). Expiries are set from the store's own clock, so a key never
+-- expires early; they only reclaim memory, since a state past its own `exp`
+-- reads as absent anyway.
 local algorithms = { sliding_log, token_bucket, gcra, fixed_window, sliding_window }
 
 -- A limit's string, parsed once: its algorithm, parameters and cost; for
@@ -58,6 +73,7 @@ local function spec(s)
   local alg = algorithms[f[1]]
   v = { alg.one, f[2], f[3], f[4], f[5], f[6],
     alg = alg, p = { f[2], f[3], f[4], f[5] }, cost = f[6] }
+  v.h = alg.horizon(v.p)
   if alg.derive then alg.derive(v) end
   if n_specs >= 1024 then specs, n_specs = {}, 0 end
   specs[s] = v
@@ -68,13 +84,21 @@ end
 local NO_OPTIONS = { 0, 0, 0, 0 }
 local formats = {}
 
+-- A key's clock as the decision believes it (see "Clock steps"): its `hw`
+-- when that lies ahead of the store's clock `real` by at most the limit's
+-- horizon `h`, else `real`.
+local function believed(real, hw, h)
+  if hw > real and hw - real <= h then return hw end
+  return real
+end
+
 -- The decision of one limit by its algorithm's steps, without the tables
 -- that collect several: what each algorithm's `one` does on locals (the
 -- production path), and does itself for the states `one` leaves to it.
 function decide_one(keys, s, real, max_wait, dry, from)
   local alg, p, cost = s.alg, s.p, s.cost
   local st = alg.load(keys, 1, p)
-  local now = max(real, st.hw)
+  local now = believed(real, st.hw, s.h)
   alg.prepare(st, p, now)
   local t = now
   if cost > 0 then t = alg.earliest(st, p, now, cost) end
@@ -104,16 +128,18 @@ local function clock(opts)
 end
 
 -- Loads the state of the n limits whose arguments start at args[first], in
--- key order; returns them and the latest of `now` and their clocks (`hw`).
-local function load_limits(keys, args, first, n, now)
+-- key order; returns them and the latest of the store's clock `real` and
+-- their clocks as believed.
+local function load_limits(keys, args, first, n, real)
   local limits = {}
   local next_key = 1
+  local now = real
   for i = 1, n do
     local s = spec(args[first + i - 1])
     local alg = s.alg
     local st = alg.load(keys, next_key, s.p)
     next_key = next_key + alg.nkeys
-    if st.hw > now then now = st.hw end
+    now = max(now, believed(real, st.hw, s.h))
     limits[i] = { alg = alg, p = s.p, cost = s.cost, st = st, t = 0 }
   end
   return limits, now
@@ -129,7 +155,7 @@ local function refund(keys, args, opts)
     local alg = s.alg
     local st = alg.load(keys, next_key, s.p)
     next_key = next_key + alg.nkeys
-    local now = max(real, st.hw)
+    local now = believed(real, st.hw, s.h)
     alg.prepare(st, s.p, now)
     if s.cost > 0 then alg.refund(st, s.p, now, at, s.cost) end
     alg.save(st, s.p, now, from)

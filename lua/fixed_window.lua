@@ -24,18 +24,23 @@ end
 local function fw_prepare(st, p, now)
   local w = p[2]
   st.start, st.count = -1, 0
+  -- dated after the decision's clock: moved back to it (see "Clock steps"
+  -- in driver.lua), and written back if it still holds something
+  local moved = st.hw > now
+  if moved then st.r_start, st.hw = st.r_start - (st.hw - now), now end
   -- absent, or its window is over
   if not st.raw or st.r_start + st.r_len <= now then return end
   local s, len, count = st.r_start, st.r_len, st.r_count
-  if len == w then
+  if len == w and not moved then
     st.start, st.count = s, count
     return
   end
   -- the window of this limit that holds the stored one's grants, if any
+  -- (a moved window need not start where one of this limit's does)
   local r = now - fmod(now, w)
   if s > now then r = s - fmod(s, w) end
   if s < r + w and r < s + len then
-    st.start, st.count = r, count
+    st.start, st.count, st.dirty = r, count, moved
   end
 end
 
@@ -97,12 +102,16 @@ local function fw_one(keys, s, real, max_wait, dry, from)
         and len % 1 == 0 and len > 0 and len < 9007199254740992
         and c0 % 1 == 0 and c0 < 9007199254740992 and c0 > -9007199254740992
         and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992 then
-      if hw > now then now = hw end
+      if hw > now then
+        -- beyond the limit's horizon, the steps above move the state back
+        if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
+        now = hw
+      end
       if s0 + len > now then
         if len == w then
           start, count = s0, c0
         else
-          local st = { raw = true, r_start = s0, r_len = len, r_count = c0 }
+          local st = { raw = true, hw = now, r_start = s0, r_len = len, r_count = c0 }
           fw_prepare(st, s.p, now)
           start, count = st.start, st.count
         end
@@ -186,4 +195,5 @@ local fixed_window = {
   grant = fw_grant, status = fw_status, save = fw_save,
   refund = fw_refund, one = fw_one,
   derive = function(s) s[7] = s[6] >= 1 and s[6] <= s[2] end, -- 1 <= cost <= N
+  horizon = function(p) return p[2] end, -- the longest wait: one window
 }

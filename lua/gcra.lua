@@ -37,6 +37,12 @@ end
 
 local function gcra_prepare(st, p, now)
   st.tat, st.frac, st.keep = now, 0, p[1]
+  if st.hw > now then
+    -- dated after the decision's clock: moved back to it (see "Clock steps"
+    -- in driver.lua), and written back if it still holds something
+    st.r_exp, st.hw = st.r_exp - (st.hw - now), now
+    st.dirty = st.r_exp > now
+  end
   if st.raw and st.r_exp > now then
     st.keep = max(st.keep, st.r_bmax)
     local debt = 0
@@ -126,7 +132,11 @@ local function gcra_one(keys, s, real, max_wait, dry, from)
         and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992
         and exp % 1 == 0 and exp < 9007199254740992 and exp > -9007199254740992
         and bmax % 1 == 0 and bmax < 9007199254740992 and bmax > -9007199254740992 then
-      if hw > now then now = hw end
+      if hw > now then
+        -- beyond the limit's horizon, the steps above move the state back
+        if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
+        now = hw
+      end
       tat = now
       if exp > now then
         if bmax > b then keep = bmax end
@@ -225,6 +235,8 @@ local gcra = {
   nkeys = 1, load = gcra_load, prepare = gcra_prepare, earliest = gcra_earliest,
   grant = gcra_grant, status = gcra_status, save = gcra_save,
   refund = gcra_refund, one = gcra_one,
+  -- the longest wait the limit asks by itself: B emission intervals
+  horizon = function(p) return cdiv(p[1] * p[3], p[2]) end,
   -- the constants gcra_one reads from a spec; [10..17] describe a grant
   -- from a full bucket (TAT = now): the TAT moves whole = s[10] us and
   -- frac = s[11] ahead, the level left is s[12], the state expires s[13]

@@ -26,9 +26,9 @@ local function slog_entry(member) -- (cost, seq)
 end
 
 local function slog_load(keys, i, p)
-  local st = { log = keys[i], meta = keys[i + 1], hw = 0, seq = 0, n = 0, top = false, last = false,
-    sum = false, uni = false, wmax = false, wexp = 0, keep = 0, win = 0, skip = 0,
-    pruned = false, dirty = false }
+  local st = { log = keys[i], meta = keys[i + 1], hw = 0, clocked = false, seq = 0, n = 0,
+    top = false, last = false, sum = false, uni = false, wmax = false, wexp = 0, keep = 0,
+    win = 0, skip = 0, pruned = false, dirty = false }
   local n = redis.pcall('ZCARD', st.log)
   if type(n) ~= 'number' then
     redis.call('DEL', st.log)
@@ -57,7 +57,7 @@ local function slog_load(keys, i, p)
   if type(m) == 'string' and #m >= 57 and string.byte(m, 1) == 77 then -- 'M'
     local sum, cnt, seq, hw, wmax, wexp, uni = struct.unpack('<ddddddd', m, 2)
     if int(sum) and int(cnt) and int(seq) and int(hw) and int(wmax) and int(wexp) and int(uni) then
-      st.hw, st.seq = hw, seq
+      st.hw, st.clocked, st.seq = hw, true, seq
       if wmax > 0 then st.wmax, st.wexp = wmax, wexp end
       if cnt == n and (n == 0 or string.sub(m, 58) == st.top) then
         st.sum, st.uni = sum, uni == 1
@@ -80,8 +80,36 @@ local function slog_sum(members) -- total cost of members, their highest seq, al
   return sum, seq, uni
 end
 
+-- Moves the log `d` back, to the decision's clock `now` (see "Clock steps"
+-- in driver.lua): every score, and the time in each of this code's members
+-- (slog_one reads it), so the entries keep their order and their costs.
+local function slog_move(st, d, now)
+  st.hw = now
+  if st.wmax then st.wexp = st.wexp - d end
+  if st.n == 0 then return end
+  local all = redis.call('ZRANGE', st.log, 0, -1, 'WITHSCORES')
+  redis.call('DEL', st.log)
+  local args, k = {}, 0
+  for i = 1, #all, 2 do
+    local member = all[i]
+    if #member == 25 and string.byte(member, 1) == 69 then -- 'E'
+      local at, seq, cost = struct.unpack('<ddd', member, 2)
+      if int(at) then member = struct.pack('<c1ddd', 'E', at - d, seq, cost) end
+    end
+    args[k + 1], args[k + 2], k = tonumber(all[i + 1]) - d, member, k + 2
+    if k == 512 or i + 1 == #all then
+      redis.call('ZADD', st.log, unpack(args, 1, k))
+      k = 0
+    end
+  end
+  st.top, st.last = redis.call('ZRANGE', st.log, -1, -1)[1], st.last - d
+end
+
 local function slog_prepare(st, p, now)
   local w = p[2]
+  -- dated after the decision's clock: moved back to it (see below)
+  local moved = st.hw > now
+  if moved then slog_move(st, st.hw - now, now) end
   local keep = w
   if st.wmax and st.wmax > w and st.wexp > now then keep = st.wmax end
   st.keep = keep
@@ -107,14 +135,23 @@ local function slog_prepare(st, p, now)
     -- entries whose score is a fraction (foreign, as in slog_load)
     redis.call('ZREMRANGEBYSCORE', st.log, '-inf', cutoff)
     local scored = redis.call('ZRANGE', st.log, 0, -1, 'WITHSCORES')
-    local all = {}
+    local all, oldest = {}, now
     for i = 1, #scored, 2 do
       local t = tonumber(scored[i + 1])
       if t and int(t) then
+        if #all == 0 then oldest = t end
         all[#all + 1] = scored[i]
       else
         redis.call('ZREM', st.log, scored[i])
       end
+    end
+    -- without meta the writer's clock is unknown: a log whose oldest entry
+    -- lies beyond the limit's horizon is moved back so that entry is now
+    -- (the writer's clock had passed it, unless it was a reservation)
+    if not st.clocked and oldest - now > w then
+      st.n = #all
+      slog_move(st, oldest - now, now)
+      moved = true
     end
     local sum, seq, uni = slog_sum(all)
     st.sum, st.n, st.seq, st.uni = sum, #all, max(st.seq, seq), uni
@@ -126,6 +163,14 @@ local function slog_prepare(st, p, now)
     local old = redis.call('ZRANGEBYSCORE', st.log, '-inf', now - w)
     st.win = st.sum - slog_sum(old)
     st.skip = #old
+  end
+  if moved then
+    -- written back if it still holds something, else fresh
+    st.dirty = st.n > 0
+    if st.n == 0 then
+      redis.call('DEL', st.meta)
+      st.wmax, st.pruned = false, false
+    end
   end
 end
 
@@ -285,7 +330,11 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
     if uni ~= 1 then uni = 0 end
   end
   local now = real
-  if hw > now then now = hw end
+  if hw > now then
+    -- beyond the limit's horizon, the steps above move the log back
+    if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
+    now = hw
+  end
   -- a longer window in use keeps entries outside this one
   if wmax > w and wexp > now then return decide_one(keys, s, real, max_wait, dry, from) end
   -- ranks 0 .. cnt: exactly cnt members when meta's count is the log's
@@ -395,4 +444,5 @@ local sliding_log = {
   nkeys = 2, load = slog_load, prepare = slog_prepare, earliest = slog_earliest,
   grant = slog_grant, status = slog_status, save = slog_save,
   refund = slog_refund, one = slog_one,
+  horizon = function(p) return p[2] end, -- the longest wait: one window
 }

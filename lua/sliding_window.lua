@@ -26,13 +26,18 @@ end
 local function sw_prepare(st, p, now)
   local w = p[2]
   st.start, st.prev, st.cur = -1, 0, 0
+  -- dated after the decision's clock: moved back to it (see "Clock steps"
+  -- in driver.lua), and written back if it still holds something
+  local moved = st.hw > now
+  if moved then st.r_start, st.hw = st.r_start - (st.hw - now), now end
   -- absent, or both windows over
   if not st.raw or st.r_start + 2 * st.r_len <= now then return end
   local s, len, prev, cur = st.r_start, st.r_len, st.r_prev, st.r_cur
-  if len == w then
+  if len == w and not moved then
     st.start, st.prev, st.cur = s, prev, cur
     return
   end
+  -- (a moved window need not start where one of this limit's does)
   local r = now - fmod(now, w)
   if s > now then r = s - fmod(s, w) end
   for _, c in ipairs({ { cur, s, s + len }, { prev, s - len, s } }) do
@@ -44,7 +49,7 @@ local function sw_prepare(st, p, now)
       end
     end
   end
-  if st.prev + st.cur > 0 then st.start = r end
+  if st.prev + st.cur > 0 then st.start, st.dirty = r, moved end
 end
 
 local function sw_counts(st, p, start) -- (prev, cur) as seen in the window at `start`
@@ -145,12 +150,16 @@ local function sw_one(keys, s, real, max_wait, dry, from)
         and p0 % 1 == 0 and p0 < 9007199254740992 and p0 > -9007199254740992
         and c0 % 1 == 0 and c0 < 9007199254740992 and c0 > -9007199254740992
         and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992 then
-      if hw > now then now = hw end
+      if hw > now then
+        -- beyond the limit's horizon, the steps above move the state back
+        if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
+        now = hw
+      end
       if s0 + 2 * len > now then
         if len == w then
           start, prev, cur = s0, p0, c0
         else
-          local st = { raw = true, r_start = s0, r_len = len, r_prev = p0, r_cur = c0 }
+          local st = { raw = true, hw = now, r_start = s0, r_len = len, r_prev = p0, r_cur = c0 }
           sw_prepare(st, s.p, now)
           start, prev, cur = st.start, st.prev, st.cur
         end
@@ -314,4 +323,6 @@ local sliding_window = {
   refund = sw_refund, one = sw_one,
   -- s[7] = ceil(W / U), s[8]: 1 <= cost <= N
   derive = function(s) s[7], s[8] = cdiv(s[3], s[4]), s[6] >= 1 and s[6] <= s[2] end,
+  -- the longest wait: two windows (the estimate weighs the previous one)
+  horizon = function(p) return 2 * p[2] end,
 }

@@ -30,6 +30,13 @@ end
 local function tb_prepare(st, p, now)
   local full = p[1] * p[3]
   st.level, st.ts, st.keep = full, now, p[1]
+  if st.hw > now then
+    -- dated after the decision's clock: moved back to it (see "Clock steps"
+    -- in driver.lua), and written back if it still holds something
+    local d = st.hw - now
+    st.r_ts, st.r_exp, st.hw = st.r_ts - d, st.r_exp - d, now
+    st.dirty = st.r_exp > now
+  end
   if st.raw and st.r_exp > now then
     st.keep = max(st.keep, st.r_cmax)
     st.ts = st.r_ts
@@ -108,7 +115,11 @@ local function tb_one(keys, s, real, max_wait, dry, from)
         and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992
         and exp % 1 == 0 and exp < 9007199254740992 and exp > -9007199254740992
         and cmax % 1 == 0 and cmax < 9007199254740992 and cmax > -9007199254740992 then
-      if hw > now then now = hw end
+      if hw > now then
+        -- beyond the limit's horizon, the steps above move the state back
+        if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
+        now = hw
+      end
       ts = now
       if exp > now then
         if cmax > c then keep = cmax end
@@ -187,6 +198,8 @@ local token_bucket = {
   nkeys = 1, load = tb_load, prepare = tb_prepare, earliest = tb_earliest,
   grant = tb_grant, status = tb_status, save = tb_save,
   refund = tb_refund, one = tb_one,
+  -- the longest wait the limit asks by itself: a full bucket's refill
+  horizon = function(p) return cdiv(p[1] * p[3], p[2]) end,
   -- the constants tb_one reads from a spec; [9..12] describe a grant from
   -- a full bucket: it is full again s[9] us later, leaves the level s[10]
   -- and s[11] tokens; s[12]: 1 <= cost <= C

@@ -690,6 +690,80 @@ async fn a_window_key_outlives_the_window_of_whoever_wrote_it() {
     }
 }
 
+/// A state written by a clock far ahead (a replica promoted with its clock a
+/// year ahead, a misconfigured store clock), then decisions on the right
+/// clock. The grants it records count as made just now: the first request
+/// after them is refused (nothing is over-admitted), but only for as long as
+/// the limit itself could make it wait, and its Retry-After is true (the
+/// request is granted once it has passed), on both stores. Then requests as
+/// fast as they are allowed: no window of the limit's length holds more
+/// grants than the limit lets through in one (the writer's counted at the
+/// step back), and no refusal asks for longer than the limit could.
+#[tokio::test]
+async fn a_state_from_a_clock_far_ahead_counts_as_now_and_never_freezes_its_key() {
+    const YEAR: i64 = 365 * 86_400 * S;
+    let sec = Duration::from_secs(1);
+    // (quota, the longest it makes a request wait by itself, the most it
+    // grants in any 1 s: a bucket's fill and refill, two fixed windows'
+    // quotas either side of a boundary, a weighted estimate's)
+    let quotas = [
+        (Quota::sliding_log(5, sec), S, 5),
+        (Quota::token_bucket(5, 5, sec), S, 10),
+        (Quota::gcra(5, sec, 5), S, 10),
+        (Quota::fixed_window(5, sec), S, 10),
+        (Quota::sliding_window(5, sec), 2 * S, 10),
+    ];
+    for (quota, longest, most) in quotas {
+        let stores = Stores::new("clock-ahead");
+        for (name, limiter) in stores.limiters(quota) {
+            let ctx = format!("{quota:?} on {name}");
+            stores.at(YEAR);
+            let spent = limiter.check("f", 5).await.expect("check");
+            assert!(spent.is_allowed(), "{ctx}: {spent:?}");
+            // the clock is right again, a year behind the state
+            let mut grants = vec![0i64; 5];
+            let mut t = 0;
+            let mut refusals = 0;
+            while t <= 3 * S {
+                stores.at(t);
+                let d = limiter.check("f", 1).await.expect("check");
+                if let Some(retry) = d.retry_after() {
+                    refusals += 1;
+                    let retry = retry.as_micros() as i64;
+                    assert!(retry > 0 && retry <= longest, "{ctx} at {t} us: {d:?}");
+                    t += retry;
+                    stores.at(t);
+                    let again = limiter.check("f", 1).await.expect("check");
+                    assert!(
+                        again.is_allowed() && again.wait().is_zero(),
+                        "{ctx}: refused at {} us until {t} us, then {again:?}",
+                        t - retry
+                    );
+                } else {
+                    assert!(
+                        d.is_allowed() && d.wait().is_zero(),
+                        "{ctx} at {t} us: {d:?}"
+                    );
+                    assert!(t > 0, "{ctx}: the writer's grants were forgotten: {d:?}");
+                }
+                grants.push(t);
+                t += 10 * MS;
+            }
+            assert!(refusals > 0, "{ctx}: never refused");
+            for &from in &grants {
+                let within = grants
+                    .iter()
+                    .filter(|&&g| g >= from && g < from + S)
+                    .count();
+                assert!(
+                    within <= most,
+                    "{ctx}: {within} grants in the second from {from} us: {grants:?}"
+                );
+            }
+        }
+    }
+}
+
 /// Sliding-log scores no grant time can have (infinite, beyond 2^53 either
 /// way, fractional) planted in the log beside two real grants, and meta
 /// fields that are no integers: every decision is made, never an error, as
@@ -860,4 +934,110 @@ async fn a_sliding_log_score_changed_in_place_to_a_fraction_still_decides() {
         Some(Duration::from_micros(990_001)),
         "{d:?}"
     );
+}
+
+/// The same through the driver's other paths: every algorithm as one limit
+/// of a limiter on one key, all spent by a clock a year ahead, then on the
+/// right clock a refund of one of those grants (the buckets take it back;
+/// the windows, moved, no longer hold its time), peeks, takes and checks.
+/// Both stores agree at every step, and the key is granted again within the
+/// longest of the limits' own waits (a sliding window's two windows).
+#[tokio::test]
+async fn far_ahead_states_under_several_limits_agree_on_both_stores() {
+    const YEAR: i64 = 365 * 86_400 * S;
+    let stores = Stores::new("clock-ahead-multi");
+    let limiter = |store: tower_ratelimit::LimiterBuilder| {
+        quotas()
+            .into_iter()
+            .enumerate()
+            .fold(store, |b, (i, q)| {
+                b.limit(Limit::new(format!("l{i}"), q).expect("valid"))
+            })
+            .timeout(common::PATIENT)
+            .cache_denials(false)
+            .build()
+            .expect("limiter")
+    };
+    let memory = limiter(Limiter::builder(stores.memory.clone()));
+    let redis = limiter(Limiter::builder(stores.redis.clone()));
+    stores.at(YEAR);
+    let (m, r) = (
+        memory.check("k", 4).await.expect("memory"),
+        redis.check("k", 4).await.expect("redis"),
+    );
+    assert!(m.is_allowed() && m == r, "{m:?} {r:?}");
+    let m = memory.check_refundable("k", 1).await.expect("memory");
+    let r = redis.check_refundable("k", 1).await.expect("redis");
+    assert!(
+        m.is_allowed() && m.decision() == r.decision(),
+        "{m:?} {r:?}"
+    );
+    stores.at(0);
+    let (mr, rr) = (
+        m.refund().await.expect("memory"),
+        r.refund().await.expect("redis"),
+    );
+    assert_eq!(mr, rr, "refund");
+    let mut first_grant = None;
+    for step in 0..60 {
+        let t = step * 50 * MS;
+        stores.at(t);
+        let (m, r) = (
+            memory.peek("k").await.expect("memory"),
+            redis.peek("k").await.expect("redis"),
+        );
+        assert_eq!(m, r, "peek at {t} us");
+        let (m, r) = if step % 3 == 0 {
+            (
+                memory
+                    .take_up_to("k", 2)
+                    .await
+                    .expect("memory")
+                    .into_decision(),
+                redis
+                    .take_up_to("k", 2)
+                    .await
+                    .expect("redis")
+                    .into_decision(),
+            )
+        } else {
+            (
+                memory.check("k", 1).await.expect("memory"),
+                redis.check("k", 1).await.expect("redis"),
+            )
+        };
+        assert_eq!(m, r, "at {t} us");
+        if let Some(retry) = m.retry_after() {
+            assert!(retry <= Duration::from_secs(2), "at {t} us: {m:?}");
+        } else if first_grant.is_none() {
+            first_grant = Some(t);
+        }
+    }
+    let first = first_grant.expect("never granted again");
+    assert!(first > 0 && first <= 2 * S, "first granted at {first} us");
+}
+
+/// A sliding log written by a clock a year ahead whose meta is then lost
+/// (evicted alone): its entries' times are the only clock left. The oldest
+/// stands for the writer's, so the grants count as made just now, and the
+/// key is refused for one window, with a true Retry-After, not for a year.
+#[tokio::test]
+async fn a_sliding_log_far_ahead_without_its_meta_counts_as_now() {
+    const YEAR: i64 = 365 * 86_400 * S;
+    let stores = Stores::new("clock-ahead-meta-lost");
+    let redis = patient_limiter(stores.redis.clone(), limit(quotas()[0]));
+    stores.at(YEAR);
+    for _ in 0..5 {
+        assert!(redis.check("k", 1).await.expect("check").is_allowed());
+    }
+    let meta = format!("{}:{{k}}:op:meta", stores.prefix);
+    let _: redis::Value = cmd(&["DEL", &meta])
+        .query(&mut common::connection())
+        .expect("DEL");
+    stores.at(0);
+    let d = redis.check("k", 1).await.expect("check");
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(1)), "{d:?}");
+    stores.at(S);
+    let d = redis.check("k", 1).await.expect("check");
+    assert!(d.is_allowed() && d.remaining() == 4, "{d:?}");
 }

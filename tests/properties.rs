@@ -313,33 +313,116 @@ proptest! {
     fn memory_and_redis_agree_on_multi_limit_reservations(
         quotas in proptest::collection::vec(quota_strategy(), 1..4),
         steps in proptest::collection::vec(
-            (prop_oneof![Just(0u64), 0u64..100_000, 0u64..3_000_000], 0u64..9, prop_oneof![Just(0u64), 0u64..2_000_000], 0usize..3),
+            (prop_oneof![Just(0i64), 0i64..100_000, 0i64..3_000_000], 0u64..9, prop_oneof![Just(0u64), 0u64..2_000_000], 0usize..3),
             1..40),
     ) {
-        let clock = ManualClock::new(T0);
-        let prefix = unique_prefix("prop-diff");
-        let limits: Vec<Limit> = quotas.iter().enumerate().map(|(i, q)| Limit::new(format!("l{i}"), *q).expect("valid")).collect();
-        let with = |limiter: tower_ratelimit::LimiterBuilder| limits.iter().cloned().fold(limiter.timeout(PATIENT).cache_denials(false), |b, l| b.limit(l)).build().expect("limiter");
-        let memory = with(Limiter::builder(MemoryStore::with_clock(clock.clone())));
-        let redis = with(Limiter::builder(redis_store_with_clock(&prefix, &clock)));
-        runtime().block_on(async {
-            let mut now = T0;
-            for (i, &(step, cost, max_wait, keys)) in steps.iter().enumerate() {
-                now += step as i64;
-                clock.set(now);
-                // 0: one key for all limits; 1, 2: a key per limit from a small set
-                let names: Vec<String> = (0..limits.len()).map(|l| format!("k{}", (l + keys) % 2)).collect();
-                let keys: Vec<&str> = if keys == 0 { vec!["shared"] } else { names.iter().map(String::as_str).collect() };
-                let wait = Duration::from_micros(max_wait);
-                let m = memory.decide(&keys, cost, wait).await.expect("memory");
-                let r = redis.decide(&keys, cost, wait).await.expect("redis");
-                prop_assert_eq!(&m, &r, "step {} (cost {}, max_wait {})", i, cost, max_wait);
-            }
-            Ok(())
-        })?;
-        let longest_wait = steps.iter().map(|s| s.2).max().unwrap_or(0);
-        assert_keys_expire(&prefix, state_lifetime(&limits, Duration::from_micros(longest_wait)) + TEST_CLOCK_SLACK);
+        memory_and_redis_agree(&quotas, &steps)?;
     }
+
+    /// The same after the clock steps back from where the states were
+    /// written, by up to a few windows or by a year: states believed ahead,
+    /// and states moved back to the decision's clock, decide identically.
+    /// (The states are all written at one instant: a decision at a later
+    /// instant ahead would make the memory store drop states that had
+    /// expired by then, which Redis, whose expiries run on real time rather
+    /// than the test clock, would still hold after the step back.)
+    #[test]
+    fn memory_and_redis_agree_after_a_backward_clock_step(
+        quotas in proptest::collection::vec(quota_strategy(), 1..4),
+        lead in prop_oneof![0i64..3_000_000, Just(YEAR)],
+        ahead in proptest::collection::vec(
+            (0u64..9, prop_oneof![Just(0u64), 0u64..2_000_000], 0usize..3), 1..6),
+        steps in proptest::collection::vec(
+            (prop_oneof![Just(0i64), 0i64..100_000, 0i64..3_000_000], 0u64..9, prop_oneof![Just(0u64), 0u64..2_000_000], 0usize..3),
+            1..30),
+    ) {
+        let ahead = ahead.iter().enumerate().map(|(i, &(cost, wait, keys))| (if i == 0 { lead } else { 0 }, cost, wait, keys));
+        let back = steps.iter().enumerate().map(|(i, &(step, cost, wait, keys))| (if i == 0 { step - lead } else { step }, cost, wait, keys));
+        memory_and_redis_agree(&quotas, &ahead.chain(back).collect::<Vec<_>>())?;
+    }
+}
+
+const YEAR: i64 = 365 * 86_400 * 1_000_000;
+
+/// Runs (clock step in us, cost, max_wait in us, key choice) steps on a
+/// limiter of `quotas` over each store; they must decide identically.
+fn memory_and_redis_agree(
+    quotas: &[Quota],
+    steps: &[(i64, u64, u64, usize)],
+) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("prop-diff");
+    let limits: Vec<Limit> = quotas
+        .iter()
+        .enumerate()
+        .map(|(i, q)| Limit::new(format!("l{i}"), *q).expect("valid"))
+        .collect();
+    let with = |limiter: tower_ratelimit::LimiterBuilder| {
+        limits
+            .iter()
+            .cloned()
+            .fold(limiter.timeout(PATIENT).cache_denials(false), |b, l| {
+                b.limit(l)
+            })
+            .build()
+            .expect("limiter")
+    };
+    let memory = with(Limiter::builder(MemoryStore::with_clock(clock.clone())));
+    let redis = with(Limiter::builder(redis_store_with_clock(&prefix, &clock)));
+    // 0: one key for all limits; 1, 2: a key per limit from a small set
+    let names = |keys: usize| -> Vec<String> {
+        if keys == 0 {
+            vec!["shared".to_owned(); limits.len()]
+        } else {
+            (0..limits.len())
+                .map(|l| format!("k{}", (l + keys) % 2))
+                .collect()
+        }
+    };
+    // how long a state reaches past the store's clock when it is written:
+    // further by up to its limit's horizon (at most two windows) when the
+    // clock steps back and a key's clock ahead is believed
+    let longest_wait = steps.iter().map(|s| s.2).max().unwrap_or(0);
+    let mut reach = state_lifetime(&limits, Duration::from_micros(longest_wait));
+    if steps.iter().any(|s| s.0 < 0) {
+        reach += state_lifetime(&limits, Duration::ZERO);
+    }
+    runtime().block_on(async {
+        let mut now = T0;
+        for (i, &(step, cost, max_wait, keys)) in steps.iter().enumerate() {
+            now += step;
+            clock.set(now);
+            let wait = Duration::from_micros(max_wait);
+            let m = memory
+                .decide(&names(keys), cost, wait)
+                .await
+                .expect("memory");
+            let r = redis.decide(&names(keys), cost, wait).await.expect("redis");
+            prop_assert_eq!(&m, &r, "step {} (cost {}, max_wait {})", i, cost, max_wait);
+        }
+        // quiet for longer than any state reaches, twice (a state written
+        // far ahead counts as made when it is first read): then every key
+        // is granted again, whatever clock wrote it
+        for quiet in 0..2 {
+            now += reach.as_micros() as i64;
+            clock.set(now);
+            for keys in 0..3 {
+                let m = memory
+                    .decide(&names(keys), 1, Duration::ZERO)
+                    .await
+                    .expect("memory");
+                let r = redis
+                    .decide(&names(keys), 1, Duration::ZERO)
+                    .await
+                    .expect("redis");
+                prop_assert_eq!(&m, &r, "after quiet {}", quiet);
+                prop_assert!(quiet == 0 || m.is_allowed(), "after the quiet: {:?}", m);
+            }
+        }
+        Ok(())
+    })?;
+    assert_keys_expire(&prefix, reach + TEST_CLOCK_SLACK);
+    Ok(())
 }
 
 /// An algorithm and its three numbers: (amount, rate, window in us), where the

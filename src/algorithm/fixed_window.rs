@@ -40,17 +40,24 @@ impl FixedWindow {
         self.raw
     }
 
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
+    /// See `State::prepare`: `true` when the state was moved back to `now`
+    /// and still holds something.
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
         let w = p[1];
         (self.start, self.count) = (-1, 0);
+        let moved = hw > now;
+        if let Some(raw) = self.raw.as_mut().filter(|_| moved) {
+            raw.0 -= hw - now;
+        }
         // absent, or its window is over
         let Some((s, len, count)) = self.raw.filter(|raw| raw.0 + raw.1 > now) else {
-            return;
+            return false;
         };
-        if len == w {
+        if len == w && !moved {
             (self.start, self.count) = (s, count);
-            return;
+            return false;
         }
+        // (a moved window need not start where one of this limit's does)
         let r = if s > now {
             s - s.rem_euclid(w)
         } else {
@@ -58,7 +65,9 @@ impl FixedWindow {
         };
         if s < r + w && r < s + len {
             (self.start, self.count) = (r, count);
+            return moved;
         }
+        false
     }
 
     fn count_in(&self, start: i64) -> i64 {

@@ -49,8 +49,15 @@ impl Gcra {
         self.tat + i64::from(self.frac > 0)
     }
 
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) {
+    /// See `State::prepare`: `true` when the state was moved back to `now`
+    /// and still holds something.
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
         (self.tat, self.frac, self.keep) = (now, 0, p[0]);
+        let (mut hw, mut moved) = (hw, false);
+        if let Some(raw) = self.raw.as_mut().filter(|_| hw > now) {
+            raw.exp -= hw - now;
+            (hw, moved) = (now, raw.exp > now);
+        }
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
             self.keep = self.keep.max(raw.bmax);
             let debt = if fdiv(raw.level, raw.den) < p[0] {
@@ -64,6 +71,7 @@ impl Gcra {
                 (self.tat, self.frac) = (now, 0);
             }
         }
+        moved
     }
 
     pub(crate) fn earliest(&self, p: &[i64; 4], now: i64, cost: i64) -> Option<i64> {

@@ -76,6 +76,32 @@ pub(crate) fn rescale(x: i64, from: i64, to: i64) -> i64 {
     q * to + part
 }
 
+/// The longest wait a limit asks by itself, its horizon (`horizon` in each
+/// script): a full burst's emission (GCRA), a full bucket's refill, one
+/// window (fixed window, sliding log), two (a sliding window's estimate
+/// spans the previous one). A key's clock is believed that far ahead of the
+/// store's, no further (see "Clock steps" in `lua/driver.lua`).
+pub(crate) fn horizon(p: &Params) -> i64 {
+    let q = &p.p;
+    match p.algorithm {
+        Algorithm::Gcra | Algorithm::TokenBucket => cdiv(q[0] * q[2], q[1]),
+        Algorithm::FixedWindow | Algorithm::SlidingLog => q[1],
+        Algorithm::SlidingWindow => 2 * q[1],
+    }
+}
+
+/// A key's clock as a decision believes it (`believed` in `lua/driver.lua`):
+/// its `hw` when that lies ahead of the store's clock `real` by at most the
+/// limit's [`horizon`], else `real`.
+#[inline]
+pub(crate) fn believed(real: i64, hw: i64, p: &Params) -> i64 {
+    if hw > real && hw.saturating_sub(real) <= horizon(p) {
+        hw
+    } else {
+        real
+    }
+}
+
 /// The state of one key under one algorithm: what the store keeps (the
 /// fields the scripts write, independent of the quota) and, once prepared,
 /// the working form in the reading limit's units.
@@ -183,15 +209,19 @@ impl State {
     }
 
     /// Reads the stored state (written at the writer's clock `hw`) in this
-    /// limit's units as of `now`, as the scripts' `prepare` functions do.
+    /// limit's units as of `now`, as the scripts' `prepare` functions do. A
+    /// state dated after `now` is moved back to it whole (see "Clock steps"
+    /// in `lua/driver.lua`); returns whether it was and still holds
+    /// something, in which case the decision writes it back whatever it
+    /// decides.
     #[inline]
-    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) {
+    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
         match self {
-            State::SlidingLog(s) => s.prepare(&p.p, now),
-            State::TokenBucket(s) => s.prepare(&p.p, now),
+            State::SlidingLog(s) => s.prepare(&p.p, hw, now),
+            State::TokenBucket(s) => s.prepare(&p.p, hw, now),
             State::Gcra(s) => s.prepare(&p.p, hw, now),
-            State::FixedWindow(s) => s.prepare(&p.p, now),
-            State::SlidingWindow(s) => s.prepare(&p.p, now),
+            State::FixedWindow(s) => s.prepare(&p.p, hw, now),
+            State::SlidingWindow(s) => s.prepare(&p.p, hw, now),
         }
     }
 

@@ -46,8 +46,20 @@ impl SlidingLog {
         Log { entries, sum, wmax }
     }
 
-    /// Drops grants no window in use still counts, as the script's `prepare`.
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
+    /// Drops grants no window in use still counts, as the script's
+    /// `prepare`, once a log dated after `now` (its clock `hw`) is moved back
+    /// to it (see `State::prepare`): `true` when it was and still holds
+    /// something.
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
+        let moved = hw > now;
+        if moved {
+            for entry in &mut self.entries {
+                entry.0 -= hw - now;
+            }
+            if let Some((_, wexp)) = &mut self.wmax {
+                *wexp -= hw - now;
+            }
+        }
         let w = p[1];
         self.keep = match self.wmax {
             Some((wmax, wexp)) if wmax > w && wexp > now => wmax,
@@ -77,6 +89,11 @@ impl SlidingLog {
                 self.skip += 1;
             }
         }
+        if moved && self.entries.is_empty() {
+            // nothing left: fresh, as the script deletes it
+            self.wmax = None;
+        }
+        moved && !self.entries.is_empty()
     }
 
     fn last(&self) -> Option<i64> {

@@ -44,17 +44,24 @@ impl SlidingWindow {
         self.raw
     }
 
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
+    /// See `State::prepare`: `true` when the state was moved back to `now`
+    /// and still holds something.
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
         let w = p[1];
         (self.start, self.prev, self.cur) = (-1, 0, 0);
+        let moved = hw > now;
+        if let Some(raw) = self.raw.as_mut().filter(|_| moved) {
+            raw.0 -= hw - now;
+        }
         // absent, or both windows over
         let Some((s, len, prev, cur)) = self.raw.filter(|raw| raw.0 + 2 * raw.1 > now) else {
-            return;
+            return false;
         };
-        if len == w {
+        if len == w && !moved {
             (self.start, self.prev, self.cur) = (s, prev, cur);
-            return;
+            return false;
         }
+        // (a moved window need not start where one of this limit's does)
         let r = if s > now {
             s - s.rem_euclid(w)
         } else {
@@ -71,7 +78,9 @@ impl SlidingWindow {
         }
         if self.prev + self.cur > 0 {
             self.start = r;
+            return moved;
         }
+        false
     }
 
     /// (previous, current) counts as seen from the window beginning at `start`.

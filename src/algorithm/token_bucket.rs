@@ -46,9 +46,16 @@ impl TokenBucket {
         self.raw
     }
 
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], now: i64) {
+    /// See `State::prepare`: `true` when the state was moved back to `now`
+    /// and still holds something.
+    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
         let full = p[0] * p[2];
         (self.level, self.ts, self.keep) = (full, now, p[0]);
+        let mut moved = false;
+        if let Some(raw) = self.raw.as_mut().filter(|_| hw > now) {
+            (raw.ts, raw.exp) = (raw.ts - (hw - now), raw.exp - (hw - now));
+            moved = raw.exp > now;
+        }
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
             self.keep = self.keep.max(raw.cmax);
             self.ts = raw.ts;
@@ -56,6 +63,7 @@ impl TokenBucket {
                 self.level = rescale(raw.level, raw.den, p[2]);
             }
         }
+        moved
     }
 
     fn level_at(&self, p: &[i64; 4], t: i64) -> i64 {

@@ -330,9 +330,10 @@ impl Inner {
         }
     }
 
-    /// Puts a decided state back: saved when granted (`write`) at a cost,
-    /// else unchanged but for the pruning of a sliding log, as in Redis.
-    /// Returns whether a new key was stored.
+    /// Puts a decided state back: saved when granted (`write`) at a cost, or
+    /// when `prepare` moved it back to the decision's clock (`moved`), else
+    /// unchanged but for the pruning of a sliding log, as in Redis. Returns
+    /// whether a new key was stored.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn write_back(
@@ -343,11 +344,12 @@ impl Inner {
         found: Found,
         hash: u64,
         write: bool,
+        moved: bool,
         now: i64,
         real: i64,
     ) -> bool {
         let p = check.limit.params();
-        let write = write && check.cost > 0;
+        let write = (write && check.cost > 0) || moved;
         match found {
             Found::Live(i) | Found::Expired(i) if write => {
                 if let Some(slot) = table.slot_mut(i) {
@@ -752,7 +754,8 @@ impl MemoryStore {
         // distinct names, each write their own table.
         let mut places: SmallVec<[(usize, usize, Found); 4]> = SmallVec::new();
         // As in `lua/driver.lua`: the decision's clock is the latest of the
-        // store's and of every key's last write, so time never runs back.
+        // store's and of every key's last write as believed (at most the
+        // limit's horizon ahead), so within that time never runs back.
         let mut now = real;
         for (check, &hash) in checks.iter().zip(&hashes) {
             let g = order
@@ -765,7 +768,7 @@ impl MemoryStore {
             let table = &mut shard.tables[t];
             let found = inner.locate(table, hash, check.key, real);
             if let Some(slot) = table.found(found) {
-                now = now.max(slot.hw);
+                now = now.max(algorithm::believed(real, slot.hw, check.limit.params()));
             }
             places.push((g, t, found));
         }
@@ -778,13 +781,14 @@ impl MemoryStore {
         }
 
         let mut states: SmallVec<[State; 2]> = SmallVec::with_capacity(checks.len());
+        let mut moved: SmallVec<[bool; 4]> = SmallVec::with_capacity(checks.len());
         for (check, &(g, t, found)) in checks.iter().zip(&places) {
             let p = check.limit.params();
             let (mut state, hw) = match guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
                 Some(table) => table.load(found, p, now),
                 None => (State::load(None, p), now),
             };
-            state.prepare(p, hw, now);
+            moved.push(state.prepare(p, hw, now));
             states.push(state);
         }
         let params: SmallVec<[&Params; 4]> = checks.iter().map(|c| c.limit.params()).collect();
@@ -792,11 +796,16 @@ impl MemoryStore {
         let (reply, write) = decide(&mut states, &params, &costs, now);
 
         let mut added = false;
-        for (((check, state), &(g, t, found)), &hash) in
-            checks.iter().zip(states).zip(&places).zip(&hashes)
+        for ((((check, state), &(g, t, found)), &hash), &moved) in checks
+            .iter()
+            .zip(states)
+            .zip(&places)
+            .zip(&hashes)
+            .zip(&moved)
         {
             if let Some(table) = guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
-                added |= inner.write_back(table, check, state, found, hash, write, now, real);
+                added |=
+                    inner.write_back(table, check, state, found, hash, write, moved, now, real);
             }
         }
         drop(guards);
@@ -819,8 +828,8 @@ impl MemoryStore {
         let table = &mut shard.tables[t];
         let found = inner.locate(table, hash, check.key, real);
         let (mut state, hw) = table.load(found, p, real);
-        let now = real.max(hw);
-        state.prepare(p, hw, now);
+        let now = algorithm::believed(real, hw, p);
+        let moved = state.prepare(p, hw, now);
         let reply = algorithm::decide(
             std::slice::from_mut(&mut state),
             &[p],
@@ -830,7 +839,7 @@ impl MemoryStore {
             dry,
         );
         let write = reply.outcome == 0 && !dry;
-        let added = inner.write_back(table, check, state, found, hash, write, now, real);
+        let added = inner.write_back(table, check, state, found, hash, write, moved, now, real);
         drop(shard);
         if added {
             self.ensure_reclaimer();
@@ -856,10 +865,10 @@ impl MemoryStore {
             let Some(slot) = table.slot_mut(i) else {
                 continue;
             };
-            let (hw, now) = (slot.hw, real.max(slot.hw));
+            let (hw, now) = (slot.hw, algorithm::believed(real, slot.hw, p));
             let mut state = State::load(Some(&mut slot.stored), p);
-            state.prepare(p, hw, now);
-            if !state.refund(p, now, at, check.cost) {
+            let moved = state.prepare(p, hw, now);
+            if !state.refund(p, now, at, check.cost) && !moved {
                 state.restore(&mut slot.stored);
                 continue;
             }
