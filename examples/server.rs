@@ -22,7 +22,7 @@
 //! with the limits `per-ip`, `hello` and `sms`, such as
 //! `examples/limits.toml`; default: the built-in limits below),
 //! `INTERNAL_TOKEN` (when set, a request whose `X-Internal-Token` equals it
-//! is exempt from every limit).
+//! is exempt from every limit; compared in constant time).
 //!
 //! - every limited route: 100 requests per second per client IP (burst 100)
 //! - `GET /api/hello`: also 10 per second per client IP, burst 10 (GCRA)
@@ -52,6 +52,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
+use subtle::ConstantTimeEq;
 use tower_ratelimit::key::{ClientIp, ClientIpResolver, PathParam, RequestExtension};
 use tower_ratelimit::layer::{
     OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
@@ -119,7 +120,7 @@ struct Setup<S> {
     client_ip: ClientIp,
     on_store_error: OnStoreError,
     /// `INTERNAL_TOKEN`, when set.
-    internal_token: Option<Arc<str>>,
+    internal_token: Option<Arc<[u8]>>,
 }
 
 impl<S: Store + Clone> Setup<S> {
@@ -135,10 +136,14 @@ impl<S: Store + Clone> Setup<S> {
     }
 }
 
-/// Whether the request carries the internal token.
-fn internal(request: &Parts, token: Option<&str>) -> bool {
+/// Whether the request carries the internal token, compared in constant
+/// time: `==` on bytes stops at the first difference, so the time a wrong
+/// guess takes tells how much of it was right, and a token can be guessed
+/// byte by byte. (`ct_eq` answers at once for another length: the token's
+/// length is not secret, its bytes are.)
+fn internal(request: &Parts, token: Option<&[u8]>) -> bool {
     match (token, request.headers.get("x-internal-token")) {
-        (Some(token), Some(given)) => given.as_bytes() == token.as_bytes(),
+        (Some(token), Some(given)) => given.as_bytes().ct_eq(token).into(),
         _ => false,
     }
 }
@@ -386,10 +391,10 @@ async fn main() -> Result<(), Error> {
             return Err(format!("ON_STORE_ERROR={other}: use open, closed or memory").into())
         }
     };
-    let internal_token: Option<Arc<str>> = std::env::var("INTERNAL_TOKEN")
+    let internal_token: Option<Arc<[u8]>> = std::env::var("INTERNAL_TOKEN")
         .ok()
         .filter(|token| !token.is_empty())
-        .map(Into::into);
+        .map(|token| token.into_bytes().into());
     let app = match redis_store()? {
         Some(store) => {
             let setup = Setup {

@@ -256,6 +256,10 @@ fn the_internal_token_is_exempt_from_every_limit() {
     let plain: Vec<u16> = (0..11).map(|_| hello(&[])).collect();
     assert_eq!(plain.iter().filter(|s| **s == 200).count(), 10, "{plain:?}");
     assert_eq!(hello(&["X-Internal-Token: guess"]), 429);
+    // (compared whole: a prefix or an extension of the token is no token)
+    assert_eq!(hello(&["X-Internal-Token: s3cre"]), 429);
+    assert_eq!(hello(&["X-Internal-Token: s3cret0"]), 429);
+    assert_eq!(hello(&["X-Internal-Token: S3CRET"]), 429);
     assert_eq!(hello(&["X-Internal-Token: s3cret"]), 200);
     for i in 0..8 {
         let (code, _) = send_with(
