@@ -28,9 +28,12 @@
 //! - `GET /api/hello`: also 10 per second per client IP, burst 10 (GCRA)
 //! - `POST /sms/{phone}`: at most 3 per 60 seconds per phone number (sliding log), 202
 //! - `POST /login` with `{"username": ..., "password": ...}`: every password
-//!   is `correct horse`; right: 200, not counted; wrong: 401, counted; after
-//!   5 counted failures per username in 15 minutes (sliding log), 429 with
-//!   `Retry-After` whatever the password
+//!   is `correct horse`; right: 200, not counted; wrong: 401, counted; 429
+//!   with `Retry-After`, whatever the password, after 5 counted failures per
+//!   username from one client IP, 20 per username from all of them (both in
+//!   15 minutes), or 30 per client IP across usernames in an hour (sliding
+//!   logs; see `app` for what each one stops); 400 for a body that is not
+//!   credentials or a username that is empty or longer than 64 characters
 //! - `GET /api/report`: 2 per minute per client IP on the free plan, 20 for
 //!   requests with `X-Plan: pro` (a stand-in for an authentication layer), in
 //!   the same limit
@@ -53,7 +56,7 @@ use axum::{Extension, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
-use tower_ratelimit::key::{ClientIp, ClientIpResolver, PathParam, RequestExtension};
+use tower_ratelimit::key::{ClientIp, ClientIpResolver, KeyExtractor, PathParam, RequestExtension};
 use tower_ratelimit::layer::{
     OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
 };
@@ -124,16 +127,33 @@ struct Setup<S> {
 }
 
 impl<S: Store + Clone> Setup<S> {
-    /// A layer over the shared store with the per-IP limit; requests with
-    /// the internal token are exempt from all of its limits.
-    fn layer(&self, per_ip: &Limit) -> RateLimitLayerBuilder {
+    /// A layer over the shared store, without limits yet; requests with the
+    /// internal token are exempt from all of its limits.
+    fn bare(&self) -> RateLimitLayerBuilder {
         let token = self.internal_token.clone();
         RateLimitLayer::builder()
             .store(self.store.clone())
-            .limit(per_ip.clone(), self.client_ip.clone())
             .on_store_error(self.on_store_error)
             .skip_if(move |request: &Parts| internal(request, token.as_deref()))
     }
+
+    /// A layer over the shared store with the per-IP limit.
+    fn layer(&self, per_ip: &Limit) -> RateLimitLayerBuilder {
+        self.bare().limit(per_ip.clone(), self.client_ip.clone())
+    }
+}
+
+/// A limit of `amount` failed logins per `window` and `key`: the permit is
+/// taken when the attempt arrives and given back unless the answer is 401,
+/// so 50 concurrent guesses try exactly `amount`.
+fn failed_logins(
+    name: &str,
+    amount: u64,
+    window: Duration,
+    key: impl KeyExtractor,
+) -> Result<Rule, Error> {
+    let limit = Limit::new(name, Quota::rate(amount, window).sliding_log())?;
+    Ok(Rule::new(limit, key).refund_if(|response| response.status != StatusCode::UNAUTHORIZED))
 }
 
 /// Whether the request carries the internal token, compared in constant
@@ -167,19 +187,56 @@ fn app<S: Store + Clone>(
         .layer(&per_ip)
         .limit(sms, PathParam::new("phone"))
         .build()?;
-    // Failed logins per username: taken when the attempt arrives, given back
-    // unless the answer is 401, so 50 concurrent guesses try exactly 5.
-    let failed_logins = Limit::new(
-        "login",
-        Quota::rate(5, Duration::from_secs(15 * 60)).sliding_log(),
-    )?;
+    // Failed logins, counted three ways, as OWASP's authentication cheat
+    // sheet and rate-limiter-flexible's login recipe count them. A limit per
+    // username alone lets anyone lock any user out, from anywhere, with 5
+    // wrong passwords; a limit per IP alone lets a botnet guess one user's
+    // password from thousands of addresses.
+    //
+    // - `login-user-ip`: 5 per (username, client IP) per 15 minutes, the
+    //   tight one. Stops one address guessing one user's password, and locks
+    //   out only that address, for that user.
+    // - `login-user`: 20 per username per 15 minutes, from all addresses, the
+    //   loose one. Stops many addresses guessing one user's password. Each
+    //   address burns at most 5 of the 20 before `login-user-ip` stops it
+    //   (a refused attempt consumes nothing), so locking a user out takes
+    //   at least 4 addresses: the price of a bound on distributed guessing
+    //   (a real service would also alert, or ask for a second factor).
+    // - `login-ip`: 30 per client IP per hour, whatever the usernames. Stops
+    //   one address trying a few common passwords on many users (password
+    //   spraying, credential stuffing), which no per-username limit sees.
+    //
+    // All three are decided together, in one round trip. The username is the
+    // canonical one `read_credentials` makes, so `Ann` and ` ann` get no
+    // guesses of their own.
+    let fifteen_minutes = Duration::from_secs(15 * 60);
+    let username = RequestExtension::<Username>::new;
     let login_layer = setup
-        .layer(&per_ip)
-        .rule(
-            Rule::new(failed_logins, RequestExtension::<Username>::new())
-                .refund_if(|response| response.status != StatusCode::UNAUTHORIZED),
-        )
+        .bare()
+        .rule(failed_logins(
+            "login-user-ip",
+            5,
+            fifteen_minutes,
+            (username(), client_ip.clone()),
+        )?)
+        .rule(failed_logins(
+            "login-user",
+            20,
+            fifteen_minutes,
+            username(),
+        )?)
+        .rule(failed_logins(
+            "login-ip",
+            30,
+            Duration::from_secs(60 * 60),
+            client_ip.clone(),
+        )?)
         .build()?;
+    // The per-IP limit of /login is decided before its body is read (a
+    // second round trip): a body that is not credentials is answered 400
+    // before the failed-login limits, which need the username, and would
+    // otherwise be read and parsed without any limit.
+    let login_per_ip = setup.layer(&per_ip).build()?;
     // One limit, two plans: the quota is chosen per request.
     let report = Rule::new(
         Limit::new("report", Quota::per_minute(2).sliding_log())?,
@@ -199,8 +256,10 @@ fn app<S: Store + Clone>(
             "/login",
             post(login)
                 .route_layer(login_layer)
-                // runs first: the layer keys by the username it reads
-                .route_layer(middleware::from_fn(read_credentials)),
+                // runs before: the limits above key by the username it reads
+                .route_layer(middleware::from_fn(read_credentials))
+                // runs first: nothing is read beyond the per-IP limit
+                .route_layer(login_per_ip),
         )
         .route("/api/report", get(report_handler).route_layer(report_layer))
         .route("/healthz", get(|| async { "ok" }))
@@ -303,9 +362,33 @@ struct Credentials {
     password: String,
 }
 
-/// The username of a login attempt: the failed-login limit's key.
+/// The longest username accepted, in characters, after trimming.
+const MAX_USERNAME: usize = 64;
+
+/// The username of a login attempt, in canonical form: the key of the
+/// failed-login limits.
+///
+/// A limit keyed by the name as typed counts `Ann`, `ann` and ` ann` apart,
+/// 5 guesses each, when the user lookup takes them for one account: the key
+/// must be the form the lookup matches. This example's lookup (every
+/// password is right or wrong for any name) takes the trimmed, lowercased
+/// name; a real service keys by what its own user table matches (NFKC and
+/// case folding where names may be non-ASCII, its account id once found).
 #[derive(Clone)]
 struct Username(String);
+
+impl Username {
+    /// The canonical form of `typed`: trimmed and lowercased; `None` when it
+    /// is empty or longer than [`MAX_USERNAME`] characters (no account has
+    /// such a name, and a key need not be made for it).
+    fn canonical(typed: &str) -> Option<Username> {
+        let trimmed = typed.trim();
+        if trimmed.is_empty() || trimmed.chars().count() > MAX_USERNAME {
+            return None;
+        }
+        Some(Username(trimmed.to_lowercase()))
+    }
+}
 
 impl std::fmt::Display for Username {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -314,8 +397,8 @@ impl std::fmt::Display for Username {
 }
 
 /// Reads the JSON body of a login attempt into the request's extensions
-/// (the credentials for the handler, the username for the limit); 400 for
-/// anything else.
+/// (the credentials for the handler, the canonical username for the limits
+/// and the handler); 400 for anything else.
 async fn read_credentials(request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, 16 * 1024).await else {
@@ -328,20 +411,22 @@ async fn read_credentials(request: Request, next: Next) -> Response {
         )
             .into_response();
     };
-    parts
-        .extensions
-        .insert(Username(credentials.username.clone()));
+    let Some(username) = Username::canonical(&credentials.username) else {
+        let message = format!("a username has 1 to {MAX_USERNAME} characters\n");
+        return (StatusCode::BAD_REQUEST, message).into_response();
+    };
+    parts.extensions.insert(username);
     parts.extensions.insert(credentials);
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
 
-async fn login(Extension(credentials): Extension<Credentials>) -> (StatusCode, String) {
+async fn login(
+    Extension(credentials): Extension<Credentials>,
+    Extension(username): Extension<Username>,
+) -> (StatusCode, String) {
     if credentials.password == "correct horse" {
-        (
-            StatusCode::OK,
-            format!("welcome, {}\n", credentials.username),
-        )
+        (StatusCode::OK, format!("welcome, {username}\n"))
     } else {
         (StatusCode::UNAUTHORIZED, "wrong password\n".to_owned())
     }

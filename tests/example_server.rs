@@ -229,6 +229,121 @@ fn failed_logins_are_limited_across_servers_through_redis() {
     exercise_login(&[a.port, b.port], "bob");
 }
 
+/// A failed login from `ip` (the client address a trusted proxy forwards).
+fn login_from(port: u16, ip: &str, username: &str, password: &str) -> u16 {
+    let body = format!(r#"{{"username": "{username}", "password": "{password}"}}"#);
+    let xff = format!("X-Forwarded-For: {ip}");
+    let headers = ["Content-Type: application/json", xff.as_str()];
+    send_with(port, "POST", "/login", &headers, &body).0
+}
+
+/// The server behind a trusted proxy (this test, on 127.0.0.1), so that each
+/// request names its client address in `X-Forwarded-For`.
+fn behind_a_proxy() -> Server {
+    Server::start_env(&[("TRUSTED_PROXIES", "127.0.0.1/32")])
+}
+
+#[test]
+fn an_attacker_on_one_address_does_not_lock_the_user_out_elsewhere() {
+    let server = behind_a_proxy();
+    let port = server.port;
+    let attacker = "203.0.113.66";
+    let guesses: Vec<u16> = (0..6)
+        .map(|i| login_from(port, attacker, "ann", &format!("guess {i}")))
+        .collect();
+    assert_eq!(guesses, [401, 401, 401, 401, 401, 429]);
+    // ann, from her own address, is not locked out
+    assert_eq!(login_from(port, "198.51.100.7", "ann", "typo"), 401);
+    assert_eq!(
+        login_from(port, "198.51.100.7", "ann", "correct horse"),
+        200
+    );
+    // the attacker's address is done with ann, whatever the spelling or password
+    assert_eq!(login_from(port, attacker, "ann", "correct horse"), 429);
+    assert_eq!(login_from(port, attacker, "Ann", "guess"), 429);
+    assert_eq!(login_from(port, attacker, " ANN ", "guess"), 429);
+    // ... but not with other users
+    assert_eq!(login_from(port, attacker, "bea", "guess"), 401);
+    // Many addresses guessing ann's password: 20 failures per username per
+    // 15 minutes in all (5 from the attacker, 1 from ann so far), then every
+    // address waits, ann's own included.
+    let mut failures = 6;
+    for bot in 1..=4 {
+        let ip = format!("192.0.2.{bot}");
+        for i in 0..5 {
+            let code = login_from(port, &ip, "ann", &format!("guess {i}"));
+            if failures < 20 {
+                assert_eq!(code, 401, "failure {failures} from {ip}");
+                failures += 1;
+            } else {
+                assert_eq!(code, 429, "beyond 20 failures, from {ip}");
+            }
+        }
+    }
+    assert_eq!(login_from(port, "192.0.2.99", "ann", "guess"), 429);
+    assert_eq!(login_from(port, "198.51.100.7", "ann", "guess"), 429);
+}
+
+#[test]
+fn one_address_guessing_across_usernames_is_limited() {
+    let server = behind_a_proxy();
+    let port = server.port;
+    let sprayer = "203.0.113.77";
+    // 30 failed logins per client address per hour, whatever the usernames
+    for i in 0..30 {
+        assert_eq!(
+            login_from(port, sprayer, &format!("user{i}"), "123456"),
+            401,
+            "user{i}"
+        );
+    }
+    assert_eq!(login_from(port, sprayer, "user30", "123456"), 429);
+    assert_eq!(login_from(port, sprayer, "user31", "correct horse"), 429);
+    // another address is not concerned
+    assert_eq!(login_from(port, "198.51.100.8", "user30", "123456"), 401);
+    assert_eq!(
+        login_from(port, "198.51.100.8", "user30", "correct horse"),
+        200
+    );
+}
+
+#[test]
+fn login_bodies_that_are_no_credentials_are_refused_within_the_per_ip_limit() {
+    // the per-IP limit at 5 per minute
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("limits.toml");
+    let text = std::fs::read_to_string(limits_toml()).expect("examples/limits.toml");
+    let text = text.replacen(
+        "rate = 100\nper = \"1s\"\nburst = 100",
+        "rate = 5\nper = \"1m\"\nburst = 5",
+        1,
+    );
+    std::fs::write(&path, &text).expect("write the limits file");
+    let server = Server::start_env(&[
+        ("TRUSTED_PROXIES", "127.0.0.1/32"),
+        ("LIMITS_FILE", path.to_str().expect("utf-8 path")),
+    ]);
+    let port = server.port;
+    let long = "a".repeat(65);
+    for username in ["", "   ", long.as_str()] {
+        assert_eq!(
+            login_from(port, "203.0.113.5", username, "guess"),
+            400,
+            "{username:?}"
+        );
+    }
+    // Bodies that are no credentials count in the per-IP limit: it is
+    // decided before the body is read.
+    let malformed = || {
+        let xff = "X-Forwarded-For: 203.0.113.6";
+        send_with(port, "POST", "/login", &[xff], "{").0
+    };
+    let codes: Vec<u16> = (0..6).map(|_| malformed()).collect();
+    assert_eq!(codes, [400, 400, 400, 400, 400, 429]);
+    assert_eq!(login_from(port, "203.0.113.6", "ann", "correct horse"), 429);
+    assert_eq!(login_from(port, "203.0.113.7", "ann", "correct horse"), 200);
+}
+
 #[test]
 fn the_report_quota_follows_the_plan() {
     let server = Server::start(None);
