@@ -22,7 +22,10 @@
 //! with the limits `per-ip`, `hello` and `sms`, such as
 //! `examples/limits.toml`; default: the built-in limits below),
 //! `INTERNAL_TOKEN` (when set, a request whose `X-Internal-Token` equals it
-//! is exempt from every limit; compared in constant time).
+//! is exempt from every limit; compared in constant time), `API_KEYS`
+//! (comma-separated `key=plan` pairs, the plan `free` or `pro`: the API keys
+//! a client sends as `Authorization: Bearer <key>`; default: none, every
+//! request is on the free plan).
 //!
 //! - every limited route: 100 requests per second per client IP (burst 100)
 //! - `GET /api/hello`: also 10 per second per client IP, burst 10 (GCRA)
@@ -34,9 +37,12 @@
 //!   15 minutes), or 30 per client IP across usernames in an hour (sliding
 //!   logs; see `app` for what each one stops); 400 for a body that is not
 //!   credentials or a username that is empty or longer than 64 characters
-//! - `GET /api/report`: 2 per minute per client IP on the free plan, 20 for
-//!   requests with `X-Plan: pro` (a stand-in for an authentication layer), in
-//!   the same limit
+//! - `GET /api/report`: 2 per minute per client IP on the free plan, 20 on
+//!   the pro plan, in the same limit. The plan is the authenticated one: the
+//!   `authenticate` layer (a stand-in for a real authentication layer) maps
+//!   the verified API key to a `Plan` request extension, which the limit
+//!   reads. Never a header the client sets, such as `X-Plan: pro`: anyone
+//!   can send it.
 //! - `GET /healthz`: not limited
 //! - `GET /metrics`: not limited; the limiter's metrics in the Prometheus text format
 //!
@@ -47,7 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Path, Request};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, request::Parts, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -171,6 +177,7 @@ fn internal(request: &Parts, token: Option<&[u8]>) -> bool {
 fn app<S: Store + Clone>(
     setup: Setup<S>,
     limits: Limits,
+    api_keys: Arc<ApiKeys>,
     metrics: PrometheusHandle,
 ) -> Result<Router, Error> {
     let Limits { per_ip, hello, sms } = limits;
@@ -237,15 +244,17 @@ fn app<S: Store + Clone>(
     // before the failed-login limits, which need the username, and would
     // otherwise be read and parsed without any limit.
     let login_per_ip = setup.layer(&per_ip).build()?;
-    // One limit, two plans: the quota is chosen per request.
+    // One limit, two plans: the quota is chosen per request, from the plan
+    // `authenticate` verified (a request extension no client can set), not
+    // from a header (which every client can).
     let report = Rule::new(
         Limit::new("report", Quota::per_minute(2).sliding_log())?,
         client_ip,
     )
     .tier("pro", Quota::per_minute(20).sliding_log())
-    .choose_tier(|request| match request.headers.get("x-plan") {
-        Some(plan) if plan == "pro" => Some("pro"),
-        _ => None,
+    .choose_tier(|request| match request.extensions.get::<Plan>() {
+        Some(Plan::Pro) => Some("pro"),
+        Some(Plan::Free) | None => None,
     });
     let report_layer = setup.layer(&per_ip).rule(report).build()?;
 
@@ -269,7 +278,86 @@ fn app<S: Store + Clone>(
                 let content_type = [(header::CONTENT_TYPE, "text/plain; version=0.0.4")];
                 (content_type, metrics.render())
             }),
-        ))
+        )
+        // runs before every route's layers: they read the plan it sets
+        .layer(middleware::from_fn_with_state(api_keys, authenticate)))
+}
+
+/// A client's plan, as the authentication layer verified it: the report
+/// limit's tier. Set only by [`authenticate`]; a request extension, which no
+/// client can send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    Free,
+    Pro,
+}
+
+/// The API keys of `API_KEYS` and their plans.
+#[derive(Default)]
+struct ApiKeys(Vec<(Box<[u8]>, Plan)>);
+
+impl ApiKeys {
+    /// `API_KEYS`: comma-separated `key=plan` pairs, the plan `free` or
+    /// `pro`. Errors name the pair by its position, never its key.
+    fn parse(text: &str) -> Result<ApiKeys, Error> {
+        let mut keys = Vec::new();
+        let pairs = text.split(',').map(str::trim).filter(|p| !p.is_empty());
+        for (i, pair) in pairs.enumerate() {
+            let number = i + 1;
+            let (key, plan) = pair
+                .rsplit_once('=')
+                .ok_or_else(|| format!("API_KEYS: pair {number} is not key=plan"))?;
+            let plan = match plan.trim() {
+                "free" => Plan::Free,
+                "pro" => Plan::Pro,
+                other => {
+                    return Err(format!(
+                        "API_KEYS: pair {number} has the plan {other:?}; the plans are free and pro"
+                    )
+                    .into())
+                }
+            };
+            let key = key.trim();
+            if key.is_empty() {
+                return Err(format!("API_KEYS: pair {number} has an empty key").into());
+            }
+            keys.push((key.as_bytes().into(), plan));
+        }
+        Ok(ApiKeys(keys))
+    }
+
+    /// The plan of the API key `given`, if it is one. Every key is compared,
+    /// each in constant time, so the time taken says nothing of how close a
+    /// guess came.
+    fn plan(&self, given: &[u8]) -> Option<Plan> {
+        let mut found = None;
+        for (key, plan) in &self.0 {
+            if bool::from(key.ct_eq(given)) {
+                found = Some(*plan);
+            }
+        }
+        found
+    }
+}
+
+/// The authentication layer (a stand-in for a real one: sessions, signed
+/// tokens, hashed API keys): the plan of the API key in `Authorization:
+/// Bearer <key>`, as a [`Plan`] extension for the limits. A request without
+/// a key, or with a key that is none, is on the free plan, so a guessed key
+/// gets what no key gets, within the same free quota.
+async fn authenticate(
+    State(keys): State<Arc<ApiKeys>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let plan = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+        .and_then(|key| keys.plan(key))
+        .unwrap_or(Plan::Free);
+    request.extensions_mut().insert(plan);
+    next.run(request).await
 }
 
 /// `RateLimitInfo` always extracts: it has no decision when the request was
@@ -476,6 +564,11 @@ async fn main() -> Result<(), Error> {
             return Err(format!("ON_STORE_ERROR={other}: use open, closed or memory").into())
         }
     };
+    let api_keys = match std::env::var("API_KEYS") {
+        Ok(text) => ApiKeys::parse(&text)?,
+        Err(_) => ApiKeys::default(),
+    };
+    let api_keys = Arc::new(api_keys);
     let internal_token: Option<Arc<[u8]>> = std::env::var("INTERNAL_TOKEN")
         .ok()
         .filter(|token| !token.is_empty())
@@ -488,7 +581,7 @@ async fn main() -> Result<(), Error> {
                 on_store_error,
                 internal_token,
             };
-            app(setup, limits, metrics)?
+            app(setup, limits, api_keys, metrics)?
         }
         None => {
             tracing::info!(
@@ -501,7 +594,7 @@ async fn main() -> Result<(), Error> {
                 on_store_error,
                 internal_token,
             };
-            app(setup, limits, metrics)?
+            app(setup, limits, api_keys, metrics)?
         }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;

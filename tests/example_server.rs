@@ -49,8 +49,8 @@ impl Server {
         Server::start_env(&env)
     }
 
-    /// The example binary with `PORT` set and `REDIS_URL`, `ON_STORE_ERROR`
-    /// and `LIMITS_FILE` taken from `env` only.
+    /// The example binary with `PORT` set and the rest of its environment
+    /// (`REDIS_URL`, `ON_STORE_ERROR`, `LIMITS_FILE`, ...) taken from `env` only.
     fn command(port: u16, env: &[(&str, &str)]) -> Command {
         let mut cmd = Command::new(example_binary());
         cmd.env("PORT", port.to_string())
@@ -63,6 +63,8 @@ impl Server {
             .env_remove("ON_STORE_ERROR")
             .env_remove("LIMITS_FILE")
             .env_remove("INTERNAL_TOKEN")
+            .env_remove("API_KEYS")
+            .env_remove("TRUSTED_PROXIES")
             .envs(env.iter().copied())
             .stdout(Stdio::null());
         cmd
@@ -345,20 +347,39 @@ fn login_bodies_that_are_no_credentials_are_refused_within_the_per_ip_limit() {
 }
 
 #[test]
-fn the_report_quota_follows_the_plan() {
-    let server = Server::start(None);
-    let report = |plan: Option<&str>| {
-        let header = plan.map(|p| format!("X-Plan: {p}"));
-        let headers: Vec<&str> = header.iter().map(String::as_str).collect();
-        send_with(server.port, "GET", "/api/report", &headers, "").0
-    };
-    assert_eq!(report(None), 200);
-    assert_eq!(report(None), 200);
-    assert_eq!(report(None), 429);
+fn the_report_quota_follows_the_authenticated_plan() {
+    let server = Server::start_env(&[("API_KEYS", "k-pro-1=pro,k-free-1=free")]);
+    let report = |headers: &[&str]| send_with(server.port, "GET", "/api/report", headers, "").0;
+    assert_eq!(report(&[]), 200);
+    assert_eq!(report(&["Authorization: Bearer k-free-1"]), 200);
+    assert_eq!(report(&[]), 429);
+    // a plan the client claims is no plan
+    assert_eq!(report(&["X-Plan: pro"]), 429);
+    assert_eq!(report(&["X-Plan: premium"]), 429);
+    // nor is a key that is not one
+    assert_eq!(report(&["Authorization: Bearer k-pro-2"]), 429);
+    assert_eq!(report(&["Authorization: Bearer k-pro-1x"]), 429);
+    assert_eq!(report(&["Authorization: k-pro-1"]), 429);
     // the same limit on the pro plan: 20 per minute, 2 of them used
-    let pro: Vec<u16> = (0..19).map(|_| report(Some("pro"))).collect();
+    let pro: Vec<u16> = (0..19)
+        .map(|_| report(&["Authorization: Bearer k-pro-1", "X-Plan: free"]))
+        .collect();
     assert_eq!(pro.iter().filter(|s| **s == 200).count(), 18, "{pro:?}");
     assert_eq!(pro[18], 429);
+}
+
+#[test]
+fn a_bad_api_keys_setting_stops_the_server_without_showing_a_key() {
+    for setting in ["k-pro-1=pro,sekrit-k=gold", "k-pro-1=pro,sekrit-k"] {
+        let output = Server::command(0, &[("API_KEYS", setting)])
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run the example server");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(stderr.contains("API_KEYS: pair 2"), "{stderr}");
+        assert!(!stderr.contains("sekrit"), "{stderr}");
+    }
 }
 
 #[test]
