@@ -29,7 +29,9 @@
 //!
 //! - every limited route: 100 requests per second per client IP (burst 100)
 //! - `GET /api/hello`: also 10 per second per client IP, burst 10 (GCRA)
-//! - `POST /sms/{phone}`: at most 3 per 60 seconds per phone number (sliding log), 202
+//! - `POST /sms/{phone}`: at most 3 per 60 seconds per phone number (sliding log), 202;
+//!   the number in international form, `+` and 7 to 15 digits, spaces, dashes,
+//!   dots and brackets ignored (`+1 555-0100` is `+15550100`); 400 otherwise
 //! - `POST /login` with `{"username": ..., "password": ...}`: every password
 //!   is `correct horse`; right: 200, not counted; wrong: 401, counted; 429
 //!   with `Retry-After`, whatever the password, after 5 counted failures per
@@ -62,7 +64,7 @@ use axum::{Extension, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
-use tower_ratelimit::key::{ClientIp, ClientIpResolver, KeyExtractor, PathParam, RequestExtension};
+use tower_ratelimit::key::{ClientIp, ClientIpResolver, KeyExtractor, RequestExtension};
 use tower_ratelimit::layer::{
     OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
 };
@@ -190,9 +192,12 @@ fn app<S: Store + Clone>(
         .layer(&per_ip)
         .limit(hello, client_ip.clone())
         .build()?;
+    // Keyed by the number `read_phone` made canonical, not the path as
+    // written: `+1 555 0100` and `+1-555-0100` are one number, and would
+    // each get 3 texts to it if counted apart.
     let sms_layer = setup
         .layer(&per_ip)
-        .limit(sms, PathParam::new("phone"))
+        .limit(sms, RequestExtension::<Phone>::new())
         .build()?;
     // Failed logins, counted three ways, as OWASP's authentication cheat
     // sheet and rate-limiter-flexible's login recipe count them. A limit per
@@ -260,7 +265,13 @@ fn app<S: Store + Clone>(
 
     Ok(Router::new()
         .route("/api/hello", get(say_hello).route_layer(hello_layer))
-        .route("/sms/{phone}", post(send_sms).route_layer(sms_layer))
+        .route(
+            "/sms/{phone}",
+            post(send_sms)
+                .route_layer(sms_layer)
+                // runs first: the layer keys by the number it reads
+                .route_layer(middleware::from_fn(read_phone)),
+        )
         .route(
             "/login",
             post(login)
@@ -369,8 +380,52 @@ async fn say_hello(info: RateLimitInfo) -> String {
     }
 }
 
-async fn send_sms(Path(phone): Path<String>) -> (StatusCode, String) {
+async fn send_sms(Extension(phone): Extension<Phone>) -> (StatusCode, String) {
     (StatusCode::ACCEPTED, format!("SMS to {phone} queued\n"))
+}
+
+/// A phone number in international (E.164) form, `+` and 7 to 15 digits,
+/// the first not 0: the SMS limit's key and the handler's number.
+#[derive(Clone)]
+struct Phone(String);
+
+impl Phone {
+    /// The number `written` stands for: `+`, then digits, with spaces,
+    /// dashes, dots and brackets ignored (`+1 (555) 010-0`, `+1.555.0100` and
+    /// `+15550100` are one number); `None` for anything else. A real service
+    /// would parse with its phone-number library, to the same canonical form
+    /// it sends to.
+    fn parse(written: &str) -> Option<Phone> {
+        let digits = written.strip_prefix('+')?;
+        let mut number = String::from("+");
+        for c in digits.chars() {
+            match c {
+                '0'..='9' if number.len() <= 15 => number.push(c),
+                ' ' | '-' | '.' | '(' | ')' => {}
+                _ => return None,
+            }
+        }
+        let count = number.len() - 1;
+        let valid = (7..=15).contains(&count) && !number[1..].starts_with('0');
+        valid.then_some(Phone(number))
+    }
+}
+
+impl std::fmt::Display for Phone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Reads the number of `POST /sms/{phone}` into the request's extensions,
+/// canonical (for the limit and the handler); 400 for anything else.
+async fn read_phone(Path(written): Path<String>, mut request: Request, next: Next) -> Response {
+    let Some(phone) = Phone::parse(&written) else {
+        let message = "expected a phone number in international form, such as +15550100\n";
+        return (StatusCode::BAD_REQUEST, message).into_response();
+    };
+    request.extensions_mut().insert(phone);
+    next.run(request).await
 }
 
 /// The Redis store the environment names, if any: a cluster

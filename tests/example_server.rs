@@ -383,6 +383,28 @@ fn a_bad_api_keys_setting_stops_the_server_without_showing_a_key() {
 }
 
 #[test]
+fn a_phone_number_counts_once_however_it_is_written() {
+    let server = Server::start(None);
+    let sms = |path: &str| status(server.port, "POST", path);
+    assert_eq!(sms("/sms/+15550100"), 202);
+    assert_eq!(sms("/sms/+1%20555%200100"), 202);
+    assert_eq!(sms("/sms/%2B1-555-0100"), 202);
+    for spelling in ["/sms/+15550100", "/sms/+1(555)0100", "/sms/+1.555.0100"] {
+        assert_eq!(sms(spelling), 429, "{spelling}");
+    }
+    // what is no phone number in international form is refused, not counted
+    for path in [
+        "/sms/15550100",
+        "/sms/0015550100",
+        "/sms/+1555",
+        "/sms/+1555abc0100",
+    ] {
+        assert_eq!(sms(path), 400, "{path}");
+    }
+    assert_eq!(sms("/sms/+15550101"), 202, "another number");
+}
+
+#[test]
 fn the_internal_token_is_exempt_from_every_limit() {
     let server = Server::start_env(&[("INTERNAL_TOKEN", "s3cret")]);
     let hello = |headers: &[&str]| send_with(server.port, "GET", "/api/hello", headers, "").0;

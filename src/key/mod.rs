@@ -385,6 +385,12 @@ impl KeyExtractor for MatchedRoute {
 /// deep. Parameters captured by an outer nest (`/orgs/{org}`) count too; if
 /// two levels capture the same name, the innermost value is used.
 ///
+/// The value is the client's text: where several texts stand for one thing
+/// (`+1 555 0100` and `+15550100`, `Ann` and `ann`), each would be counted
+/// apart. Key such values by a canonical form instead, made by a closure
+/// extractor or by a middleware that puts it in the request extensions
+/// ([`RequestExtension`]), as the example server does for phone numbers.
+///
 /// `None` (the layer then applies its
 /// [`MissingKey`](crate::layer::MissingKey) policy) when the request was not
 /// routed by axum, the route has no such parameter, its value is empty, or a
