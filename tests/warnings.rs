@@ -8,11 +8,12 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use events::Events;
+use http::HeaderName;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{service_fn, Layer, ServiceExt};
-use tower_ratelimit::key::{ClientIp, ClientIpResolver};
-use tower_ratelimit::layer::{MissingKey, RateLimitLayer};
+use tower_ratelimit::key::{ClientIp, ClientIpResolver, Header, KeyExtractor};
+use tower_ratelimit::layer::{MissingKey, RateLimitLayer, Rule};
 use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -142,6 +143,133 @@ fn a_limit_name_reused_with_another_quota_on_one_store_warns_once() {
     assert!(
         warnings[0].contains("GCRA, 10 per 1s, bursts of 20")
             && warnings[0].contains("GCRA, 5 per 1s, bursts of 20"),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn a_limit_name_keyed_two_ways_on_one_store_warns_once() {
+    let events = Events::capture();
+    let store = MemoryStore::new();
+    let api = || Limit::new("api", Quota::per_minute(2).allow_burst(2).gcra()).expect("limit");
+    let header = |name: &'static str| Header::new(HeaderName::from_static(name));
+    let on = |store: &MemoryStore, key: Rule| {
+        RateLimitLayer::builder()
+            .store(store.clone())
+            .rule(key)
+            .build()
+            .expect("layer")
+    };
+    let by_ip = on(&store, Rule::new(api(), ClientIp::peer()));
+    // the same kind of key on another layer: one limit, shared on purpose
+    let _also_by_ip = on(&store.clone(), Rule::new(api(), ClientIp::peer()));
+    // another kind of key on another store: nothing shared
+    let _elsewhere = on(&MemoryStore::new(), Rule::new(api(), header("x-api-key")));
+    assert!(events.warnings().is_empty(), "{:?}", events.warnings());
+
+    let by_key = on(&store, Rule::new(api(), header("x-api-key")));
+    let warnings = events.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("\"api\"")
+            && warnings[0].contains("ClientIp")
+            && warnings[0].contains("Header(x-api-key)"),
+        "names the limit and both keys: {warnings:?}"
+    );
+    // What it warns of: an API key written as an IP's key drains that IP.
+    runtime().block_on(async {
+        let forged = Some(("x-api-key", "203.0.113.9/32"));
+        for _ in 0..2 {
+            assert_eq!(status(&by_key, request(None, forged)).await, StatusCode::OK);
+        }
+        assert_eq!(
+            status(&by_ip, request(Some("203.0.113.9"), None)).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    });
+    // once per name
+    let _third = on(&store, Rule::new(api(), header("x-user")));
+    assert_eq!(events.warnings().len(), 1, "{:?}", events.warnings());
+}
+
+#[test]
+fn one_extractor_type_reading_two_things_is_two_kinds_of_key() {
+    let events = Events::capture();
+    let store = MemoryStore::new();
+    let user = || Limit::new("per-user", Quota::per_second(5).gcra()).expect("limit");
+    let header = |name: &'static str| Header::new(HeaderName::from_static(name));
+    let _a = RateLimitLayer::builder()
+        .store(store.clone())
+        .limit(user(), header("x-user-id"))
+        .build()
+        .expect("layer");
+    let _b = RateLimitLayer::builder()
+        .store(store)
+        .limit(user(), header("x-api-key"))
+        .build()
+        .expect("layer");
+    let warnings = events.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("Header(x-user-id)") && warnings[0].contains("Header(x-api-key)"),
+        "{warnings:?}"
+    );
+}
+
+/// A user id read from one of two places: one kind of key, whichever.
+#[derive(Clone)]
+enum UserId {
+    Header,
+    Extension,
+}
+
+impl KeyExtractor for UserId {
+    fn extract(&self, parts: &http::request::Parts) -> Option<Vec<u8>> {
+        match self {
+            UserId::Header => parts
+                .headers
+                .get("x-user-id")
+                .map(|v| v.as_bytes().to_vec()),
+            UserId::Extension => parts
+                .extensions
+                .get::<u64>()
+                .map(|id| id.to_string().into_bytes()),
+        }
+    }
+
+    fn key_kind(&self) -> String {
+        "user id".to_owned()
+    }
+}
+
+#[test]
+fn key_kinds_are_the_types_and_what_they_say() {
+    let events = Events::capture();
+    let store = MemoryStore::new();
+    let limit = |name| Limit::new(name, Quota::per_second(5).gcra()).expect("limit");
+    let layer = |key: Rule| {
+        RateLimitLayer::builder()
+            .store(store.clone())
+            .rule(key)
+            .build()
+            .expect("layer")
+    };
+    // one type that answers alike: shared on purpose, no warning
+    let _a = layer(Rule::new(limit("per-user"), UserId::Header));
+    let _b = layer(Rule::new(limit("per-user"), UserId::Extension));
+    assert!(events.warnings().is_empty(), "{:?}", events.warnings());
+    // two closures: two types, though their names read alike
+    let tenant = |parts: &http::request::Parts| parts.uri.host().map(str::to_owned);
+    let user = |parts: &http::request::Parts| parts.uri.query().map(str::to_owned);
+    let _c = layer(Rule::new(limit("per-tenant"), tenant));
+    let _d = layer(Rule::new(limit("per-tenant"), tenant));
+    assert!(events.warnings().is_empty(), "{:?}", events.warnings());
+    let _e = layer(Rule::new(limit("per-tenant"), user));
+    let warnings = events.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("{{closure}}")
+            && warnings[0].contains("two extractor types of that name"),
         "{warnings:?}"
     );
 }

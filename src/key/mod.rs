@@ -54,6 +54,55 @@ pub trait KeyExtractor: Send + Sync + 'static {
             None => false,
         }
     }
+
+    /// What this extractor reads, such as `Header(x-api-key)` or `ClientIp`:
+    /// with the extractor's type, the kind of key it makes.
+    ///
+    /// Keys are stored per limit name and key text, whatever made the text:
+    /// two layers on one store that use one limit name with two kinds of key
+    /// share every bucket whose key texts meet (an API key written as
+    /// `203.0.113.9/32` drains that IP's bucket). So when a layer is built,
+    /// its limits are registered with their kinds of key on the store (and
+    /// its clones), and a name that comes back with another kind logs one
+    /// `warn` line (target `tower_ratelimit`), once per name: see
+    /// [`RateLimitLayerBuilder::build`](crate::layer::RateLimitLayerBuilder::build).
+    /// Called once when a [`Rule`](crate::layer::Rule) is made, never per
+    /// request.
+    ///
+    /// Two extractors make the same kind of key when they are of one type
+    /// and answer alike here. The default is the type's name, so that every
+    /// value of a type is one kind; an extractor whose fields choose what it
+    /// reads names them (the crate's `Header` names its header,
+    /// `PathParam` its parameter). To share one limit between two ways of
+    /// finding the same key on purpose, key both layers with one extractor
+    /// type that answers alike for both.
+    fn key_kind(&self) -> String {
+        std::any::type_name::<Self>().to_owned()
+    }
+}
+
+/// The kind of key an extractor makes: its type and its
+/// [`KeyExtractor::key_kind`]. Made once per rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyKind {
+    type_id: std::any::TypeId,
+    text: String,
+}
+
+impl KeyKind {
+    /// The kind of key `key` makes.
+    pub(crate) fn of<K: KeyExtractor>(key: &K) -> Self {
+        Self {
+            type_id: std::any::TypeId::of::<K>(),
+            text: key.key_kind(),
+        }
+    }
+}
+
+impl std::fmt::Display for KeyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
 }
 
 /// The bytes of one rate-limit key, held inline up to 48 bytes: what
@@ -200,6 +249,12 @@ impl KeyExtractor for ClientIp {
         write_net_key(&net, key);
         true
     }
+
+    /// `ClientIp`, whatever the resolver: every resolver's keys are client
+    /// networks.
+    fn key_kind(&self) -> String {
+        "ClientIp".to_owned()
+    }
 }
 
 /// The text of a client network, `203.0.113.7/32` or `2001:db8::/64`: IPv4,
@@ -258,6 +313,11 @@ impl KeyExtractor for Header {
             }
             _ => false,
         }
+    }
+
+    /// `Header(name)`.
+    fn key_kind(&self) -> String {
+        format!("Header({})", self.name)
     }
 }
 
@@ -326,6 +386,11 @@ impl<T: Display + Send + Sync + 'static> KeyExtractor for RequestExtension<T> {
             .get::<T>()
             .map(|value| value.to_string().into_bytes())
     }
+
+    /// `RequestExtension<T>`, with `T`'s full path.
+    fn key_kind(&self) -> String {
+        format!("RequestExtension<{}>", std::any::type_name::<T>())
+    }
 }
 
 /// The method and matched route, e.g. `GET /users/{id}`: one key per endpoint,
@@ -370,6 +435,11 @@ impl KeyExtractor for MatchedRoute {
         key.push(b' ');
         key.extend_from_slice(path.as_str().as_bytes());
         true
+    }
+
+    /// `MatchedRoute`.
+    fn key_kind(&self) -> String {
+        "MatchedRoute".to_owned()
     }
 }
 
@@ -427,6 +497,11 @@ impl KeyExtractor for PathParam {
             .last()?;
         (!value.is_empty()).then(|| value.as_bytes().to_vec())
     }
+
+    /// `PathParam(name)`.
+    fn key_kind(&self) -> String {
+        format!("PathParam({})", self.name)
+    }
 }
 
 /// The path parameters axum stored in the request extensions when it routed
@@ -465,6 +540,11 @@ impl KeyExtractor for Global {
         key.extend_from_slice(b"global");
         true
     }
+
+    /// `Global`.
+    fn key_kind(&self) -> String {
+        "Global".to_owned()
+    }
 }
 
 /// Appends `part` so that no two different sequences of parts give one key.
@@ -496,6 +576,14 @@ macro_rules! tuple_extractor {
                     push_part(key, part.as_bytes());
                 )+
                 true
+            }
+
+            /// The parts' kinds, as a tuple: `(Header(x-user), ClientIp)`.
+            #[allow(non_snake_case)]
+            fn key_kind(&self) -> String {
+                let ($($name,)+) = self;
+                let kinds = [$($name.key_kind()),+];
+                format!("({})", kinds.join(", "))
             }
         }
     };
@@ -589,6 +677,33 @@ mod tests {
             ClientIp::peer().extract(&parts(http::Request::new(()))),
             None
         );
+    }
+
+    #[test]
+    fn key_kinds_name_what_is_read() {
+        let api_key = Header::new(HeaderName::from_static("x-api-key"));
+        assert_eq!(api_key.key_kind(), "Header(x-api-key)");
+        assert_eq!(ClientIp::peer().key_kind(), "ClientIp");
+        assert_eq!(Global.key_kind(), "Global");
+        assert_eq!(
+            (RequestExtension::<u64>::new(), api_key.clone()).key_kind(),
+            "(RequestExtension<u64>, Header(x-api-key))"
+        );
+        #[cfg(feature = "axum")]
+        {
+            assert_eq!(PathParam::new("phone").key_kind(), "PathParam(phone)");
+            assert_eq!(MatchedRoute.key_kind(), "MatchedRoute");
+        }
+        let closure = |_: &Parts| None::<String>;
+        assert!(closure.key_kind().contains("{{closure}}"));
+        // one type, two headers: two kinds; one type and text: one kind
+        let user = Header::new(HeaderName::from_static("x-user"));
+        assert_ne!(KeyKind::of(&api_key), KeyKind::of(&user));
+        assert_eq!(KeyKind::of(&api_key), KeyKind::of(&api_key.clone()));
+        // two closures: two types, whatever their names
+        let other = |_: &Parts| None::<String>;
+        assert_eq!(closure.key_kind(), other.key_kind());
+        assert_ne!(KeyKind::of(&closure), KeyKind::of(&other));
     }
 
     /// The former names still compile (with a deprecation warning).

@@ -463,6 +463,20 @@ impl RateLimitLayerBuilder {
     /// Validates the configuration: a typed [`ConfigError`] for a fixed cost
     /// over a capacity, a missing key answered with a success status,
     /// inconsistent tiers ([`ConfigError::Tiers`]), duplicate limit names.
+    ///
+    /// Then registers the limits on the store (shared by its clones), with
+    /// their quotas and the kinds of key their extractors make
+    /// ([`KeyExtractor::key_kind`]), and logs one `warn` line (target
+    /// `tower_ratelimit`) per limit name that another layer or limiter on
+    /// that store used with another quota, or another layer keyed another
+    /// way. Keys are stored per limit name and key text, whatever extractor
+    /// made the text, so two layers sharing a name share its buckets: on
+    /// purpose with the same key (a per-IP limit on every route), by mistake
+    /// with two (a per-API-key layer and a per-IP layer both naming their
+    /// limit `api`: an API key written as `203.0.113.9/32` drains that IP's
+    /// bucket). Such a layer is still built, and still shares: give each way
+    /// of keying its own name. The check runs here, never per request, and
+    /// sees the layers of one process only.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         if self.max_delay > crate::MAX_WAIT {
             return Err(ConfigError::Layer(format!(
@@ -510,6 +524,11 @@ impl RateLimitLayerBuilder {
                 .build()
         };
         let limiter = with_limits(Limiter::builder_shared(store.clone()))?;
+        if let Some(registry) = store.quotas() {
+            for rule in &rules {
+                registry.register_key(rule.limit(), &rule.key_kind);
+            }
+        }
         let fallback = match self.on_error {
             // The store's own fallback, shared with every other layer over
             // it: a limit shared by two layers stays one limit in an outage.

@@ -6,7 +6,7 @@ use http::request::Parts;
 use http::response::Parts as ResponseParts;
 
 use super::MissingKey;
-use crate::key::KeyExtractor;
+use crate::key::{KeyExtractor, KeyKind};
 use crate::{ConfigError, Limit, Quota};
 
 pub(crate) type RequestPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
@@ -52,6 +52,9 @@ type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync
 pub struct Rule {
     pub(crate) limit: Limit,
     pub(crate) key: Arc<dyn KeyExtractor>,
+    /// What kind of key `key` makes, registered on the store when the layer
+    /// is built.
+    key_kind: KeyKind,
     pub(crate) skip: Option<RequestPredicate>,
     pub(crate) on_missing: Option<MissingKey>,
     pub(crate) refund_if: Option<ResponsePredicate>,
@@ -63,6 +66,7 @@ impl std::fmt::Debug for Rule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rule")
             .field("limit", &self.limit)
+            .field("key", &self.key_kind)
             .field("on_missing", &self.on_missing)
             .field("tiers", &self.tiers)
             .finish()
@@ -71,9 +75,14 @@ impl std::fmt::Debug for Rule {
 
 impl Rule {
     /// `limit`, counted per `key`, with the layer's policies.
+    ///
+    /// Reads the kind of key `key` makes ([`KeyExtractor::key_kind`]) once,
+    /// here: a layer built with this rule warns if another layer on the same
+    /// store keys the same limit name another way.
     pub fn new(limit: Limit, key: impl KeyExtractor) -> Self {
         Self {
             limit,
+            key_kind: KeyKind::of(&key),
             key: Arc::new(key),
             skip: None,
             on_missing: None,
@@ -212,6 +221,7 @@ impl Rule {
             default,
             tiers,
             key: self.key,
+            key_kind: self.key_kind,
             skip: self.skip,
             on_missing,
             refund_if: self.refund_if,
@@ -246,6 +256,7 @@ pub(crate) struct CompiledRule {
     /// The other tiers.
     tiers: Vec<Tier>,
     pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) key_kind: KeyKind,
     pub(crate) skip: Option<RequestPredicate>,
     pub(crate) on_missing: MissingKey,
     pub(crate) refund_if: Option<ResponsePredicate>,

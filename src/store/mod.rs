@@ -93,12 +93,17 @@ pub(crate) mod sealed {
 
     /// The quota each limit name was first used with on one store, to warn
     /// (once per name) when a name comes back with another quota: both would
-    /// read and write the same keys, each misreading the other's state. Only
-    /// consulted when a limiter is built, never per decision.
+    /// read and write the same keys, each misreading the other's state. And
+    /// the kind of key each name was first used with by a layer, to warn
+    /// (once per name) when a layer keys it another way: both would count
+    /// in the same buckets wherever their key texts meet. Only consulted when
+    /// a limiter or layer is built, never per decision.
     #[derive(Debug, Default)]
     #[allow(unreachable_pub)]
     pub struct QuotaRegistry {
         seen: std::sync::Mutex<std::collections::HashMap<&'static str, (crate::Quota, bool)>>,
+        keyed:
+            std::sync::Mutex<std::collections::HashMap<&'static str, (crate::key::KeyKind, bool)>>,
     }
 
     impl QuotaRegistry {
@@ -124,6 +129,39 @@ pub(crate) mod sealed {
                         quota
                     );
                 }
+            }
+        }
+
+        /// Records that a layer keys `limit` by `kind`, warning about a name
+        /// already keyed by another kind.
+        pub(crate) fn register_key(&self, limit: &crate::Limit, kind: &crate::key::KeyKind) {
+            let mut keyed = self
+                .keyed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (first, warned) = keyed
+                .entry(limit.shared_name())
+                .or_insert_with(|| (kind.clone(), false));
+            if first != kind && !*warned {
+                *warned = true;
+                let (first_text, text) = (first.to_string(), kind.to_string());
+                let alike = if first_text == text {
+                    " (two extractor types of that name)"
+                } else {
+                    ""
+                };
+                tracing::warn!(
+                    target: "tower_ratelimit",
+                    limit = limit.name(),
+                    "limit {:?} is keyed two ways on one store, by {} and by {}{}: both count \
+                     in the same buckets wherever their key texts meet, so a client can spend \
+                     another's (an API key written as an IP address drains that address). Give \
+                     each its own limit name, or key both layers with one extractor.",
+                    limit.name(),
+                    first_text,
+                    text,
+                    alike
+                );
             }
         }
     }
