@@ -31,7 +31,8 @@
 //! - `GET /api/hello`: also 10 per second per client IP, burst 10 (GCRA)
 //! - `POST /sms/{phone}`: at most 3 per 60 seconds per phone number (sliding log), 202;
 //!   the number in international form, `+` and 7 to 15 digits, spaces, dashes,
-//!   dots and brackets ignored (`+1 555-0100` is `+15550100`); 400 otherwise
+//!   dots and brackets ignored (`+1 555-0100` is `+15550100`); 400 otherwise;
+//!   also at most 10 texts per client IP per hour, whatever the numbers
 //! - `POST /login` with `{"username": ..., "password": ...}`: every password
 //!   is `correct horse`; right: 200, not counted; wrong: 401, counted; 429
 //!   with `Retry-After`, whatever the password, after 5 counted failures per
@@ -186,18 +187,26 @@ fn app<S: Store + Clone>(
     let client_ip = setup.client_ip.clone();
 
     // Each route's layer holds the shared per-IP limit and the route's own:
-    // one store round trip per request, and a request refused by one limit
-    // consumes nothing from the other.
+    // one store round trip per request (two for /login, see below), and a
+    // request refused by one limit consumes nothing from the others.
     let hello_layer = setup
         .layer(&per_ip)
         .limit(hello, client_ip.clone())
         .build()?;
     // Keyed by the number `read_phone` made canonical, not the path as
     // written: `+1 555 0100` and `+1-555-0100` are one number, and would
-    // each get 3 texts to it if counted apart.
+    // each get 3 texts to it if counted apart. The per-number limit spares
+    // the phone; `sms-ip` spares the service: without it one address could
+    // text every number there is (SMS pumping, paid by the sender) and fill
+    // the store with made-up numbers' keys.
+    let sms_per_ip = Limit::new(
+        "sms-ip",
+        Quota::rate(10, Duration::from_secs(60 * 60)).sliding_log(),
+    )?;
     let sms_layer = setup
         .layer(&per_ip)
         .limit(sms, RequestExtension::<Phone>::new())
+        .limit(sms_per_ip, client_ip.clone())
         .build()?;
     // Failed logins, counted three ways, as OWASP's authentication cheat
     // sheet and rate-limiter-flexible's login recipe count them. A limit per

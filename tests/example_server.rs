@@ -405,6 +405,32 @@ fn a_phone_number_counts_once_however_it_is_written() {
 }
 
 #[test]
+fn one_address_texting_many_numbers_is_limited() {
+    let server = behind_a_proxy();
+    let sms = |ip: &str, phone: &str| {
+        let xff = format!("X-Forwarded-For: {ip}");
+        send_with(
+            server.port,
+            "POST",
+            &format!("/sms/{phone}"),
+            &[xff.as_str()],
+            "",
+        )
+        .0
+    };
+    // 10 texts per client IP per hour, whatever the numbers
+    for i in 0..10 {
+        assert_eq!(
+            sms("203.0.113.88", &format!("+1555020{i:02}")),
+            202,
+            "text {i}"
+        );
+    }
+    assert_eq!(sms("203.0.113.88", "+155502010"), 429);
+    assert_eq!(sms("198.51.100.9", "+155502010"), 202, "another address");
+}
+
+#[test]
 fn the_internal_token_is_exempt_from_every_limit() {
     let server = Server::start_env(&[("INTERNAL_TOKEN", "s3cret")]);
     let hello = |headers: &[&str]| send_with(server.port, "GET", "/api/hello", headers, "").0;
