@@ -303,6 +303,13 @@ fn app<S: Store + Clone>(
         .layer(middleware::from_fn_with_state(api_keys, authenticate)))
 }
 
+/// The token of an `Authorization: Bearer <token>` value (the scheme's name
+/// in any case).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(7)?;
+    scheme.eq_ignore_ascii_case(b"bearer ").then_some(token)
+}
+
 /// A client's plan, as the authentication layer verified it: the report
 /// limit's tier. Set only by [`authenticate`]; a request extension, which no
 /// client can send.
@@ -373,7 +380,7 @@ async fn authenticate(
     let plan = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+        .and_then(|value| bearer(value.as_bytes()))
         .and_then(|key| keys.plan(key))
         .unwrap_or(Plan::Free);
     request.extensions_mut().insert(plan);
@@ -577,7 +584,8 @@ async fn login(
     Extension(credentials): Extension<Credentials>,
     Extension(username): Extension<Username>,
 ) -> (StatusCode, String) {
-    if credentials.password == "correct horse" {
+    // (a real service verifies a password hash: argon2, scrypt, bcrypt)
+    if bool::from(credentials.password.as_bytes().ct_eq(b"correct horse")) {
         (StatusCode::OK, format!("welcome, {username}\n"))
     } else {
         (StatusCode::UNAUTHORIZED, "wrong password\n".to_owned())
