@@ -99,6 +99,37 @@ impl Drop for Server {
     }
 }
 
+/// Runs the example server as `command` says, expecting it to stop at once
+/// (a setting it refuses): its exit status and standard error. A server
+/// that is still running after 20 s (it took the setting) is killed, and
+/// the test fails.
+fn refused(mut command: Command) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let mut child = command
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example server");
+    let mut pipe = child.stderr.take().expect("piped stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().expect("wait for the example server") {
+            break exit;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the example server took the setting and kept running");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (exit, reader.join().expect("stderr reader"))
+}
+
 /// Sends one HTTP/1.1 request and returns the status code.
 fn status(port: u16, method: &str, path: &str) -> u16 {
     send(port, method, path).0
@@ -373,12 +404,8 @@ fn the_report_quota_follows_the_authenticated_plan() {
 #[test]
 fn a_bad_api_keys_setting_stops_the_server_without_showing_a_key() {
     for setting in ["k-pro-1=pro,sekrit-k=gold", "k-pro-1=pro,sekrit-k"] {
-        let output = Server::command(0, &[("API_KEYS", setting)])
-            .stderr(Stdio::piped())
-            .output()
-            .expect("run the example server");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{stderr}");
+        let (exit, stderr) = refused(Server::command(0, &[("API_KEYS", setting)]));
+        assert!(!exit.success(), "{stderr}");
         assert!(stderr.contains("API_KEYS: pair 2"), "{stderr}");
         assert!(!stderr.contains("sekrit"), "{stderr}");
     }
@@ -603,12 +630,11 @@ fn limits_come_from_the_file_in_limits_file() {
         text.replacen("window = \"1m\"", "window = \"1 fortnight\"", 1),
     )
     .expect("write the limits file");
-    let output = Server::command(0, &[("LIMITS_FILE", path.to_str().expect("utf-8 path"))])
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run the example server");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
+    let (exit, stderr) = refused(Server::command(
+        0,
+        &[("LIMITS_FILE", path.to_str().expect("utf-8 path"))],
+    ));
+    assert!(!exit.success(), "{stderr}");
     assert!(
         stderr.contains("sms") && stderr.contains("`window`"),
         "the error names the limit and the field: {stderr}"
