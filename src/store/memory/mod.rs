@@ -7,279 +7,40 @@
 //! in Redis. A shard holds one [`Table`] per limit (name and algorithm, as in
 //! the Redis key): a `hashbrown` table of `u32` slot numbers over slots kept
 //! densely in fixed-size chunks, so memory follows the number of keys rather
-//! than the table's load factor.
+//! than the table's load factor (`table.rs`). Expired states are reclaimed
+//! a few at a time by the decisions that add keys, and in the background
+//! (`reclaim.rs`).
+
+mod reclaim;
+mod table;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use hashbrown::HashTable;
 use smallvec::SmallVec;
 
+use self::table::{Found, Hasher, Key, Shard, Slot, Table};
 use super::keys;
 use super::sealed::Sealed;
 use super::{BoxFuture, Check, Deadline, Store};
-use crate::algorithm::{self, Reply, State, Stored};
+use crate::algorithm::{self, Reply, State};
 use crate::clock::{Clock, SystemClock};
-use crate::quota::{Algorithm, Params};
-use crate::{ConfigError, Error, Limit};
+use crate::quota::Params;
+use crate::{ConfigError, Error};
 
 /// Number of independently locked shards.
 const SHARDS: usize = 32;
-/// Slots per chunk of a table's slot storage.
-const CHUNK: usize = 1024;
 /// Slots examined for expiry after each new key (sweeping as traffic comes).
 const SWEEP_PER_INSERT: usize = 32;
 /// Slots of its table examined for expiry when a new key finds the store full.
 const SWEEP_AT_BOUND: usize = 256;
-/// Slots examined by the background reclaimer per lock hold.
-const SWEEP_SLICE: usize = 1024;
 
 /// The default bound on stored key states: see [`MemoryStoreBuilder::max_keys`].
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// The default pause between background sweeps: see
 /// [`MemoryStoreBuilder::sweep_interval`].
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-
-/// A user key: stored inline up to 24 bytes, on the heap beyond.
-type Key = SmallVec<[u8; 24]>;
-
-/// One key's state under one limit.
-struct Slot {
-    key: Key,
-    /// The clock of the decision that wrote the state (`hw` in the scripts).
-    hw: i64,
-    stored: Stored,
-}
-
-/// The states of one limit (name and algorithm) in one shard.
-struct Table {
-    /// Interned: compared by address.
-    name: &'static str,
-    algorithm: Algorithm,
-    /// Slot numbers, found by the key's hash.
-    index: HashTable<u32>,
-    /// Slots `0..len`, `CHUNK` per chunk; only the last chunk is partly used.
-    chunks: Vec<Vec<Slot>>,
-    len: usize,
-    /// Where the next sweep step looks.
-    cursor: usize,
-    /// The state shared by every key of this table that found the store
-    /// full (its key is empty): it holds all their grants, so it counts at
-    /// least what each of them was granted. While it is live, a key not
-    /// stored is decided on a copy of it (see
-    /// [`MemoryStoreBuilder::max_keys`]).
-    overflow: Option<Slot>,
-}
-
-impl Table {
-    fn new(limit: &Limit) -> Self {
-        Self {
-            name: limit.shared_name(),
-            algorithm: limit.params().algorithm,
-            index: HashTable::new(),
-            chunks: Vec::new(),
-            len: 0,
-            cursor: 0,
-            overflow: None,
-        }
-    }
-
-    /// The slot `found` points at: a stored key's, or the shared overflow.
-    #[inline]
-    fn found(&self, found: Found) -> Option<&Slot> {
-        match found {
-            Found::Live(i) => self.slot(i),
-            Found::Shared => self.overflow.as_ref(),
-            Found::Expired(_) | Found::Absent => None,
-        }
-    }
-
-    /// The state `found` points at, loaded for `p`, and the clock it was
-    /// written at (`fresh` for a fresh state). A stored key's state is moved
-    /// out (see [`State::load`]); the shared overflow is copied.
-    #[inline]
-    fn load(&mut self, found: Found, p: &Params, fresh: i64) -> (State, i64) {
-        match found {
-            Found::Live(i) => {
-                if let Some(slot) = self.slot_mut(i) {
-                    return (State::load(Some(&mut slot.stored), p), slot.hw);
-                }
-            }
-            Found::Shared => {
-                if let Some(shared) = &self.overflow {
-                    let mut copy = shared.stored.clone();
-                    return (State::load(Some(&mut copy), p), shared.hw);
-                }
-            }
-            Found::Expired(_) | Found::Absent => {}
-        }
-        (State::load(None, p), fresh)
-    }
-
-    #[inline]
-    fn is_for(&self, limit: &Limit) -> bool {
-        self.algorithm == limit.params().algorithm && std::ptr::eq(self.name, limit.shared_name())
-    }
-
-    #[inline]
-    fn slot(&self, i: usize) -> Option<&Slot> {
-        self.chunks.get(i / CHUNK)?.get(i % CHUNK)
-    }
-
-    #[inline]
-    fn slot_mut(&mut self, i: usize) -> Option<&mut Slot> {
-        self.chunks.get_mut(i / CHUNK)?.get_mut(i % CHUNK)
-    }
-
-    #[inline]
-    fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
-        let found = self.index.find(hash, |&i| {
-            self.slot(i as usize)
-                .is_some_and(|slot| slot.key.as_slice() == key)
-        })?;
-        Some(*found as usize)
-    }
-
-    /// Appends a slot, or gives it back if slot numbers ran out.
-    fn push(&mut self, hash: u64, slot: Slot, hasher: &Hasher) -> Result<(), Slot> {
-        let Ok(i) = u32::try_from(self.len) else {
-            return Err(slot);
-        };
-        match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < CHUNK => chunk.push(slot),
-            _ => self.chunks.push(vec![slot]),
-        }
-        self.len += 1;
-        let chunks = &self.chunks;
-        self.index
-            .insert_unique(hash, i, |&j| rehash(chunks, j, hasher));
-        Ok(())
-    }
-
-    /// Removes slot `i`, moving the last slot into its place.
-    fn remove(&mut self, i: usize, hasher: &Hasher) -> Option<Slot> {
-        let hash = hasher.hash(&self.slot(i)?.key);
-        if let Ok(entry) = self.index.find_entry(hash, |&j| j as usize == i) {
-            entry.remove();
-        }
-        let last = self.chunks.last_mut()?.pop()?;
-        // The first chunk stays (a key coming and going reuses it); `shrink`
-        // frees it once the table is empty.
-        if self.chunks.len() > 1 && self.chunks.last().is_some_and(Vec::is_empty) {
-            self.chunks.pop();
-        }
-        self.len -= 1;
-        if i == self.len {
-            return Some(last);
-        }
-        let moved_hash = hasher.hash(&last.key);
-        let from = self.len;
-        if let Some(number) = self.index.find_mut(moved_hash, |&j| j as usize == from) {
-            // `i` < `from` <= u32::MAX: it fits.
-            *number = u32::try_from(i).unwrap_or(u32::MAX);
-        }
-        let hole = self.slot_mut(i)?;
-        Some(std::mem::replace(hole, last))
-    }
-
-    /// Examines up to `n` slots (each at most once) from the cursor and
-    /// removes the expired ones; returns how many it examined and removed.
-    fn sweep(&mut self, n: usize, now: i64, hasher: &Hasher) -> (usize, usize) {
-        if self
-            .overflow
-            .as_ref()
-            .is_some_and(|shared| shared.stored.expires_at() <= now)
-        {
-            self.overflow = None;
-        }
-        let n = n.min(self.len);
-        let (mut examined, mut removed) = (0, 0);
-        while examined < n && self.len > 0 {
-            if self.cursor >= self.len {
-                self.cursor = 0;
-            }
-            let expired = self
-                .slot(self.cursor)
-                .is_some_and(|slot| slot.stored.expires_at() <= now);
-            if expired && self.remove(self.cursor, hasher).is_some() {
-                removed += 1;
-            } else {
-                self.cursor += 1;
-            }
-            examined += 1;
-        }
-        (examined, removed)
-    }
-
-    /// Gives back the index's memory once most of its keys are gone.
-    fn shrink(&mut self, hasher: &Hasher) {
-        if self.len == 0 {
-            self.chunks = Vec::new();
-        }
-        if self.index.capacity() > 4 * self.len.max(64) {
-            let chunks = &self.chunks;
-            self.index
-                .shrink_to(self.len, |&j| rehash(chunks, j, hasher));
-        }
-    }
-}
-
-/// The hash of slot `j`'s key, for the index's own rehashing.
-fn rehash(chunks: &[Vec<Slot>], j: u32, hasher: &Hasher) -> u64 {
-    let j = j as usize;
-    chunks
-        .get(j / CHUNK)
-        .and_then(|chunk| chunk.get(j % CHUNK))
-        .map_or(0, |slot| hasher.hash(&slot.key))
-}
-
-#[derive(Default)]
-struct Shard {
-    tables: Vec<Table>,
-}
-
-impl Shard {
-    /// The table of `limit`, created on first use (tables are never removed,
-    /// so a table's position stays valid across lock holds).
-    #[inline]
-    fn table(&mut self, limit: &Limit) -> usize {
-        if let Some(t) = self.tables.iter().position(|t| t.is_for(limit)) {
-            return t;
-        }
-        self.tables.push(Table::new(limit));
-        self.tables.len() - 1
-    }
-}
-
-/// Randomly keyed foldhash: crafted keys cannot all land in one bucket.
-struct Hasher(foldhash::quality::RandomState);
-
-impl Hasher {
-    #[inline]
-    fn hash(&self, key: &[u8]) -> u64 {
-        use std::hash::BuildHasher;
-        self.0.hash_one(key)
-    }
-
-    /// The shard of a hash: bits the tables' own indexing does not use.
-    fn shard(hash: u64) -> usize {
-        (hash >> 32) as usize % SHARDS
-    }
-}
-
-/// Where a key's state is in its table.
-#[derive(Debug, Clone, Copy)]
-enum Found {
-    /// A live state in this slot.
-    Live(usize),
-    /// An expired state (read as absent) in this slot.
-    Expired(usize),
-    /// No state stored, while the table's shared overflow state is live.
-    Shared,
-    /// No state stored, nor a live overflow state.
-    Absent,
-}
 
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
@@ -423,73 +184,6 @@ impl Inner {
         let (_, removed) = table.sweep(SWEEP_PER_INSERT, now, &self.hasher);
         self.forget(removed);
         Ok(())
-    }
-
-    /// One background step in shard `s`: sweeps a slice of table `*t`, with
-    /// `*budget` slots left to examine in it. Returns whether the shard has more.
-    fn sweep_step(&self, s: usize, t: &mut usize, budget: &mut Option<usize>) -> bool {
-        let Some(shard) = self.shards.get(s) else {
-            return false;
-        };
-        let now = self.clock.now_micros();
-        let mut shard = lock(shard);
-        let Some(table) = shard.tables.get_mut(*t) else {
-            return false;
-        };
-        let left = *budget.get_or_insert(table.len);
-        let (examined, removed) = table.sweep(left.min(SWEEP_SLICE), now, &self.hasher);
-        self.forget(removed);
-        let left = left.saturating_sub(examined.max(1));
-        if left == 0 || table.len == 0 {
-            table.shrink(&self.hasher);
-            *t += 1;
-            *budget = None;
-            return *t < shard.tables.len();
-        }
-        *budget = Some(left);
-        true
-    }
-}
-
-/// Marks the reclaimer stopped when its task ends or is dropped with its
-/// runtime, so a later decision in a live runtime starts another. A task that
-/// panicked (a runtime without timers) is not restarted.
-struct Running(Weak<Inner>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            if let Some(inner) = self.0.upgrade() {
-                inner.reclaimer.store(false, Ordering::Release);
-            }
-        }
-    }
-}
-
-/// The background reclaimer: every interval, sweeps every table in slices of
-/// [`SWEEP_SLICE`] slots, releasing the shard's lock and yielding between
-/// slices. Holds the store only weakly: it ends once the store is dropped.
-async fn reclaim(weak: Weak<Inner>) {
-    let _running = Running(weak.clone());
-    loop {
-        let Some(interval) = weak.upgrade().map(|inner| inner.sweep_interval) else {
-            return;
-        };
-        tokio::time::sleep(interval).await;
-        for s in 0..SHARDS {
-            let (mut t, mut budget) = (0, None);
-            loop {
-                let Some(inner) = weak.upgrade() else {
-                    return;
-                };
-                let more = inner.sweep_step(s, &mut t, &mut budget);
-                drop(inner);
-                tokio::task::yield_now().await;
-                if !more {
-                    break;
-                }
-            }
-        }
     }
 }
 
@@ -706,7 +400,7 @@ impl MemoryStore {
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            runtime.spawn(reclaim(Arc::downgrade(inner)));
+            runtime.spawn(reclaim::reclaim(Arc::downgrade(inner)));
         }
     }
 
