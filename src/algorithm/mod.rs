@@ -315,13 +315,36 @@ impl Stored {
 /// Per-limit statuses of a reply: inline for the usual one or two limits.
 pub(crate) type Statuses = SmallVec<[[i64; 3]; 2]>;
 
+/// How a decision ended: the first number of the scripts' reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Granted, now or at `now + wait`.
+    Granted = 0,
+    /// Refused: a retry after `wait` would be granted.
+    Denied = 1,
+    /// A cost exceeds a capacity: never granted (`wait` is -1).
+    Never = 2,
+}
+
+impl Outcome {
+    /// The outcome the scripts write as `code`.
+    pub(crate) fn from_code(code: i64) -> Option<Self> {
+        match code {
+            0 => Some(Outcome::Granted),
+            1 => Some(Outcome::Denied),
+            2 => Some(Outcome::Never),
+            _ => None,
+        }
+    }
+}
+
 /// What a store answers for one decision, in the units of the scripts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(unreachable_pub)] // named by the sealed store trait, never exported
 pub struct Reply {
-    /// 0 granted, 1 denied, 2 a cost exceeds a capacity.
-    pub(crate) outcome: i64,
-    /// Microseconds until the grant (0) or until a retry would succeed (1); -1 for 2.
+    pub(crate) outcome: Outcome,
+    /// Microseconds until the grant, or until a retry would be granted; -1
+    /// for [`Outcome::Never`].
     pub(crate) wait: i64,
     /// The store's clock.
     pub(crate) now: i64,
@@ -330,6 +353,17 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// Whether the decision was granted (now or as a reservation).
+    pub(crate) fn granted(&self) -> bool {
+        self.outcome == Outcome::Granted
+    }
+
+    /// The store time of the grant (us): `now + wait` for a grant; what a
+    /// refund names it by.
+    pub(crate) fn at(&self) -> i64 {
+        self.now + self.wait.max(0)
+    }
+
     /// Parses the reply of a take (op 2): a decision's reply, then the amount
     /// taken.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -355,7 +389,7 @@ impl Reply {
             exact.then_some(x as i64)
         });
         let mut next = || values.next().flatten();
-        let (outcome, wait, now) = (next()?, next()?, next()?);
+        let (outcome, wait, now) = (Outcome::from_code(next()?)?, next()?, next()?);
         let mut per = SmallVec::with_capacity(limits);
         for _ in 0..limits {
             per.push([next()?, next()?, next()?]);
@@ -399,15 +433,15 @@ pub(crate) fn decide(
         limits.push([t.map_or(-1, |t| t - now), 0, 0]);
     }
     let (outcome, wait) = if never {
-        (2, -1)
+        (Outcome::Never, -1)
     } else if at - now > max_wait {
-        (1, at - now)
+        (Outcome::Denied, at - now)
     } else {
-        (0, at - now)
+        (Outcome::Granted, at - now)
     };
     for (((state, p), &cost), status) in states.iter_mut().zip(params).zip(costs).zip(&mut limits) {
         let mut as_of = now;
-        if outcome == 0 && !dry {
+        if outcome == Outcome::Granted && !dry {
             as_of = at;
             if cost > 0 {
                 state.grant(p, at, cost);

@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use super::deny_cache::DenyCache;
 use super::{Checks, Limiter};
-use crate::algorithm::Reply;
+use crate::algorithm::{self, Reply};
 use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
 use crate::metrics::{Outcome, StoreTimer};
 use crate::store::{Check, Deadline};
@@ -192,9 +192,9 @@ impl Limiter {
                 wait_us: if wait >= 0 { us(wait) } else { u64::MAX },
                 reset_us: us(reset),
                 violated: match reply.outcome {
-                    2 => wait < 0,
-                    1 => wait > max_wait,
-                    _ => false,
+                    algorithm::Outcome::Never => wait < 0,
+                    algorithm::Outcome::Denied => wait > max_wait,
+                    algorithm::Outcome::Granted => false,
                 },
                 shadow: false,
                 would_refuse: false,
@@ -207,7 +207,7 @@ impl Limiter {
                 }
             }
         }
-        let granted = if reply.outcome == 0 {
+        let granted = if reply.granted() {
             checks
                 .first()
                 .map_or(0, |c| u64::try_from(c.cost).unwrap_or(0))
@@ -215,19 +215,18 @@ impl Limiter {
             0
         };
         let (verdict, wait) = match reply.outcome {
-            0 => (Verdict::Allowed, us(reply.wait)),
-            1 => (
+            algorithm::Outcome::Granted => (Verdict::Allowed, us(reply.wait)),
+            algorithm::Outcome::Denied => (
                 Verdict::Denied {
                     retry_after: micros(reply.wait),
                 },
                 0,
             ),
-            2 => (Verdict::CostExceedsCapacity, 0),
-            other => return Err(Error::UnexpectedReply(format!("outcome {other}"))),
+            algorithm::Outcome::Never => (Verdict::CostExceedsCapacity, 0),
         };
         let mut decision = Decision::new(verdict, wait, statuses);
         decision.granted = granted;
-        decision.at = reply.now + reply.wait.max(0);
+        decision.at = reply.at();
         Ok(decision)
     }
 }

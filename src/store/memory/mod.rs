@@ -407,7 +407,7 @@ impl MemoryStore {
     fn decide_now(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Reply {
         self.decide_with(checks, |states, params, costs, now| {
             let reply = algorithm::decide(states, params, costs, now, max_wait, dry);
-            let write = reply.outcome == 0 && !dry;
+            let write = reply.granted() && !dry;
             (reply, write)
         })
     }
@@ -419,7 +419,7 @@ impl MemoryStore {
         let reply = self.decide_with(checks, |states, params, _, now| {
             let (reply, k) = algorithm::take(states, params, most, now);
             taken = k;
-            let write = reply.outcome == 0 && k > 0;
+            let write = reply.granted() && k > 0;
             (reply, write)
         });
         (reply, taken)
@@ -532,7 +532,7 @@ impl MemoryStore {
             max_wait,
             dry,
         );
-        let write = reply.outcome == 0 && !dry;
+        let write = reply.granted() && !dry;
         let added = inner.write_back(table, check, state, found, hash, write, moved, now, real);
         drop(shard);
         if added {

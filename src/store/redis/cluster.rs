@@ -25,7 +25,7 @@
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use crate::algorithm::Reply;
+use crate::algorithm::{Outcome, Reply};
 use crate::store::{keys, Check, Deadline};
 use crate::Error;
 
@@ -122,11 +122,10 @@ impl RedisStore {
             // all or nothing: what the other groups granted goes back
             for ((group, subset), reply) in groups.iter().zip(&subsets).zip(&replies) {
                 let Ok(reply) = reply else { continue };
-                if reply.outcome != 0 {
+                if !reply.granted() {
                     continue;
                 }
-                let at = reply.now + reply.wait;
-                match self.refund_group(subset, at, deadline).await {
+                match self.refund_group(subset, reply.at(), deadline).await {
                     Ok(()) => {
                         for (&index, check) in group.iter().zip(subset) {
                             let capacity =
@@ -151,11 +150,11 @@ impl RedisStore {
             }
         }
         let (outcome, wait) = if never {
-            (2, -1)
+            (Outcome::Never, -1)
         } else if wait > 0 {
-            (1, wait)
+            (Outcome::Denied, wait)
         } else {
-            (0, 0)
+            (Outcome::Granted, 0)
         };
         Ok(Reply {
             outcome,
