@@ -73,6 +73,7 @@
 //! ([`RateLimitLayerBuilder::store_error_log_interval`]).
 
 mod body;
+mod future;
 mod info;
 mod outage;
 mod response;
@@ -87,13 +88,14 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 
 pub use self::body::ResponseBody;
+pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };
 pub use self::rule::Rule;
-pub use self::service::{RateLimit, ResponseFuture};
+pub use self::service::RateLimit;
 
 use self::body::{RejectionBody, RejectionResponse};
 use self::outage::{OutageLog, DEFAULT_LOG_INTERVAL};
