@@ -97,6 +97,7 @@ mod decision;
 mod error;
 pub mod key;
 pub mod layer;
+mod limit;
 mod limiter;
 pub mod metrics;
 mod quota;
@@ -118,8 +119,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 
+pub use limit::Limit;
 pub use limiter::{Grant, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
-pub use quota::{Algorithm, Burst, Limit, Quota, Rate};
+pub use quota::{Algorithm, Burst, Quota, Rate};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

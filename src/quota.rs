@@ -1,19 +1,8 @@
-//! What a limit is: an [`Algorithm`] with its amounts and window ([`Quota`]),
-//! under a name ([`Limit`]). Validation happens in [`Limit::new`].
+//! What a quota is: an [`Algorithm`] with its amounts and window. A
+//! [`Limit`](crate::Limit) names and validates one (`limit.rs`).
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
-
-use crate::ConfigError;
-
-/// Largest integer every intermediate value must stay below (2^53, the exact
-/// range of the doubles Redis Lua computes with).
-pub(crate) const MAX_EXACT: u128 = 1 << 53;
-/// Longest accepted window: ten years, so `now + window` stays far below 2^53 us.
-const MAX_WINDOW_MICROS: u128 = 10 * 366 * 86_400 * 1_000_000;
-/// Sliding window counter weights have 2^20 steps per window.
-const WEIGHT_STEPS: u64 = 1 << 20;
 
 /// The algorithm a [`Quota`] uses. In configuration files (feature `serde`)
 /// it is written `sliding-log`, `token-bucket`, `gcra`, `fixed-window` or
@@ -78,7 +67,7 @@ impl fmt::Display for Algorithm {
 }
 
 /// How much may pass, and how fast it comes back. Constructing a quota never
-/// fails; [`Limit::new`] validates it.
+/// fails; [`Limit::new`](crate::Limit::new) validates it.
 ///
 /// A quota is spelled in named steps: a [`Rate`] ("10 per second"), for the
 /// bucket algorithms a burst ("bursts of 20"), then the algorithm. Every
@@ -107,10 +96,11 @@ impl fmt::Display for Algorithm {
 /// order their amounts differently, and swapped amounts compile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota {
-    algorithm: Algorithm,
-    amount: u64,
-    window: Duration,
-    extra: u64,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) amount: u64,
+    pub(crate) window: Duration,
+    /// The rate (GCRA) or refill (token bucket) per window; 0 for windows.
+    pub(crate) extra: u64,
 }
 
 impl Quota {
@@ -347,288 +337,10 @@ impl Quota {
     }
 }
 
-/// Integer parameters shared by the Lua scripts and their Rust mirrors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    pub(crate) algorithm: Algorithm,
-    pub(crate) p: [i64; 4],
-}
-
-/// A named, validated quota. Cheap to clone.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_ratelimit::{ConfigError, Limit, Quota};
-///
-/// let sms = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?;
-/// assert_eq!(sms.name(), "sms");
-/// assert!(matches!(
-///     Limit::new("sms", Quota::sliding_log(0, Duration::from_secs(60))),
-///     Err(ConfigError::ZeroAmount { .. })
-/// ));
-/// # Ok::<(), ConfigError>(())
-/// ```
-#[derive(Debug, Clone)]
-pub struct Limit {
-    /// Interned (see [`intern`]): a decision names its limits without
-    /// counting references.
-    name: &'static str,
-    quota: Quota,
-    params: Params,
-    policy_window: Duration,
-    policy_window_us: u64,
-    /// `algorithm:p1:p2:p3:p4:`, what the Redis decision function reads before
-    /// the cost (see `lua/driver.lua`): the same on every call, so made once.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    wire: Arc<str>,
-    /// Shadow mode: decides and records, never refuses.
-    shadow: bool,
-    /// Its `tower_ratelimit_decisions_total` keys, made once.
-    #[cfg(feature = "metrics")]
-    metric_keys: Arc<crate::metrics::LimitKeys>,
-}
-
-impl Limit {
-    /// Validates `quota` and names it. The name becomes part of every storage
-    /// key and of the `RateLimit-Policy` header: 1 to 64 characters from
-    /// `A-Z a-z 0-9 _ . -`.
-    ///
-    /// Names are configuration: the process keeps one copy of each distinct
-    /// name for its whole life (a decision then names its limits without a
-    /// reference count). Make limits with a bounded set of names, not one
-    /// name per client.
-    pub fn new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
-        let name: String = name.into();
-        let valid_name = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-        if !valid_name {
-            return Err(ConfigError::InvalidName(name));
-        }
-        let (params, policy_window) = derive(&quota)?;
-        let [a, b, c, d] = params.p;
-        let wire = format!("{}:{a}:{b}:{c}:{d}:", params.algorithm.id()).into();
-        let name = intern(&name);
-        Ok(Self {
-            #[cfg(feature = "metrics")]
-            metric_keys: Arc::new(crate::metrics::LimitKeys::new(name)),
-            name,
-            quota,
-            params,
-            policy_window,
-            policy_window_us: u64::try_from(policy_window.as_micros()).unwrap_or(u64::MAX),
-            wire,
-            shadow: false,
-        })
-    }
-
-    /// This limit in shadow mode: it decides and records as if enforced
-    /// (its grants count, and a request it would refuse takes nothing from
-    /// it), but it never refuses. Its would-be refusals are counted under the
-    /// outcome `shadow_denied` (see [`crate::metrics`]), logged at `debug`,
-    /// and marked in the decision ([`LimitStatus::would_refuse`]): roll a
-    /// new limit out, watch it, then enforce it. As Envoy's rate limit
-    /// service does.
-    ///
-    /// With other limits, the request is decided once with every limit; if
-    /// only shadow limits refuse, it is decided again without them (a second
-    /// round trip, only then), so the enforced limits count it.
-    ///
-    /// ```
-    /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
-    ///
-    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let trial = Limit::new("trial", Quota::per_minute(1).sliding_log())?.shadow();
-    /// let limiter = Limiter::new(MemoryStore::new(), trial);
-    /// limiter.check("alice", 1).await?;
-    /// let second = limiter.check("alice", 1).await?;
-    /// assert!(second.is_allowed()); // never refused,
-    /// assert!(second.statuses()[0].would_refuse()); // but it would have been
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    ///
-    /// [`LimitStatus::would_refuse`]: crate::LimitStatus::would_refuse
-    pub fn shadow(mut self) -> Self {
-        self.shadow = true;
-        self
-    }
-
-    /// Whether the limit is in [shadow mode](Self::shadow).
-    pub fn is_shadow(&self) -> bool {
-        self.shadow
-    }
-
-    /// The same limit under another name, for state kept apart from it
-    /// (the name need not be valid: it never comes from a user).
-    pub(crate) fn renamed(&self, name: String) -> Self {
-        let mut limit = self.clone();
-        limit.name = intern(&name);
-        #[cfg(feature = "metrics")]
-        {
-            limit.metric_keys = Arc::new(crate::metrics::LimitKeys::new(limit.name));
-        }
-        limit
-    }
-
-    /// The name.
-    pub fn name(&self) -> &str {
-        self.name
-    }
-
-    /// The name, interned: the same pointer for every limit of that name.
-    pub(crate) fn shared_name(&self) -> &'static str {
-        self.name
-    }
-
-    #[cfg(feature = "metrics")]
-    pub(crate) fn metric_keys(&self) -> &crate::metrics::LimitKeys {
-        &self.metric_keys
-    }
-
-    /// The quota.
-    pub fn quota(&self) -> &Quota {
-        &self.quota
-    }
-
-    /// The most one request can ever be granted.
-    pub fn capacity(&self) -> u64 {
-        self.quota.amount
-    }
-
-    /// The time in which a spent capacity comes back in full: the window for
-    /// window algorithms, capacity / rate for the bucket algorithms. Used as the
-    /// `w` of `RateLimit-Policy`.
-    pub fn policy_window(&self) -> Duration {
-        self.policy_window
-    }
-
-    /// [`policy_window`](Self::policy_window) in microseconds (it is whole).
-    pub(crate) fn policy_window_us(&self) -> u64 {
-        self.policy_window_us
-    }
-
-    pub(crate) fn params(&self) -> &Params {
-        &self.params
-    }
-
-    /// The limit's argument to the Redis decision function, less the cost.
-    #[cfg(feature = "redis")]
-    pub(crate) fn wire(&self) -> &str {
-        &self.wire
-    }
-}
-
-fn gcd(mut a: u128, mut b: u128) -> u128 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
-fn exact(value: u128, what: &str) -> Result<i64, ConfigError> {
-    if value >= MAX_EXACT {
-        return Err(ConfigError::OutOfRange(format!(
-            "{what} is {value}, which must stay below 2^53 for exact arithmetic"
-        )));
-    }
-    i64::try_from(value).map_err(|_| ConfigError::OutOfRange(format!("{what} is too large")))
-}
-
-/// The one `&'static` copy of `text`, made on its first use: for strings
-/// that come from configuration (limit names, a layer's `RateLimit-Policy`),
-/// which a process keeps for its life so that every decision and response
-/// can carry them without touching a reference count. Each distinct text is
-/// kept once (a limit name is at most 64 bytes, plus the internal
-/// `#keyless` variants).
-pub(crate) fn intern(text: &str) -> &'static str {
-    static TEXTS: std::sync::Mutex<Option<std::collections::HashSet<&'static str>>> =
-        std::sync::Mutex::new(None);
-    let mut texts = TEXTS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let texts = texts.get_or_insert_with(Default::default);
-    if let Some(&known) = texts.get(text) {
-        return known;
-    }
-    let leaked: &'static str = Box::leak(text.to_owned().into_boxed_str());
-    texts.insert(leaked);
-    leaked
-}
-
-fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
-    let window = q.window.as_micros();
-    let window_name = match q.algorithm {
-        Algorithm::TokenBucket | Algorithm::Gcra => "period",
-        _ => "window",
-    };
-    if window == 0 {
-        return Err(ConfigError::ZeroWindow { what: window_name });
-    }
-    if window > MAX_WINDOW_MICROS {
-        return Err(ConfigError::OutOfRange(format!(
-            "the {window_name} is longer than ten years"
-        )));
-    }
-    let amount_name = match q.algorithm {
-        Algorithm::TokenBucket => "capacity",
-        Algorithm::Gcra => "burst",
-        _ => "limit",
-    };
-    if q.amount == 0 {
-        return Err(ConfigError::ZeroAmount { what: amount_name });
-    }
-    let amount = u128::from(q.amount);
-    let mut p = [0i64; 4];
-    let policy_window_micros: u128;
-    match q.algorithm {
-        Algorithm::SlidingLog | Algorithm::FixedWindow => {
-            p[0] = exact(amount, "the limit")?;
-            p[1] = exact(window, "the window in microseconds")?;
-            policy_window_micros = window;
-        }
-        Algorithm::SlidingWindow => {
-            let steps = u128::from(WEIGHT_STEPS);
-            exact(amount * steps, "the limit times 2^20")?;
-            p[0] = exact(amount, "the limit")?;
-            p[1] = exact(window, "the window in microseconds")?;
-            p[2] = exact(window.div_ceil(steps), "the weight step")?;
-            policy_window_micros = window;
-        }
-        Algorithm::TokenBucket | Algorithm::Gcra => {
-            let rate_name = if q.algorithm == Algorithm::Gcra {
-                "rate"
-            } else {
-                "refill"
-            };
-            if q.extra == 0 {
-                return Err(ConfigError::ZeroAmount { what: rate_name });
-            }
-            let g = gcd(u128::from(q.extra), window);
-            let (per, period) = (u128::from(q.extra) / g, window / g);
-            p[0] = exact(amount, amount_name)?;
-            p[1] = exact(per, rate_name)?;
-            p[2] = exact(period, "the reduced period in microseconds")?;
-            // The largest products the scripts form: capacity * period (+ rate).
-            exact(amount * period + per, "capacity times reduced period")?;
-            policy_window_micros = (amount * period).div_ceil(per);
-        }
-    }
-    let micros = u64::try_from(policy_window_micros).unwrap_or(u64::MAX);
-    Ok((
-        Params {
-            algorithm: q.algorithm,
-            p,
-        },
-        Duration::from_micros(micros),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{ConfigError, Limit};
 
     #[test]
     fn named_steps_build_the_positional_quotas() {

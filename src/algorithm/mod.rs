@@ -26,7 +26,14 @@ pub(crate) mod token_bucket;
 
 use smallvec::SmallVec;
 
-use crate::quota::{Algorithm, Params};
+use crate::quota::Algorithm;
+
+/// Integer parameters shared by the Lua scripts and their Rust mirrors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Params {
+    pub(crate) algorithm: Algorithm,
+    pub(crate) p: [i64; 4],
+}
 
 /// floor(a / b) for b > 0.
 ///

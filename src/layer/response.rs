@@ -69,7 +69,7 @@ pub(crate) fn policy_value<'a>(
 pub(crate) fn shared_value(value: &HeaderValue) -> HeaderValue {
     match value.to_str() {
         // `from_static` accepts exactly what `to_str` did (visible ASCII and tab)
-        Ok(text) => HeaderValue::from_static(crate::quota::intern(text)),
+        Ok(text) => HeaderValue::from_static(crate::limit::intern(text)),
         Err(_) => value.clone(),
     }
 }

@@ -24,9 +24,9 @@ use self::table::{Found, Hasher, Key, Shard, Slot, Table};
 use super::keys;
 use super::sealed::Sealed;
 use super::{BoxFuture, Check, Deadline, Store};
+use crate::algorithm::Params;
 use crate::algorithm::{self, Reply, State};
 use crate::clock::{Clock, SystemClock};
-use crate::quota::Params;
 use crate::{ConfigError, Error};
 
 /// Number of independently locked shards.

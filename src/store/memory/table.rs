@@ -6,8 +6,9 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 
 use super::SHARDS;
+use crate::algorithm::Params;
 use crate::algorithm::{State, Stored};
-use crate::quota::{Algorithm, Params};
+use crate::quota::Algorithm;
 use crate::Limit;
 
 /// Slots per chunk of a table's slot storage.
