@@ -97,7 +97,8 @@ local function fw_one(keys, s, real, max_wait, dry, from)
     local tag, s0, c0, hw
     tag, s0, len, c0, hw = sunpack('<c1dddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
-    -- 2^53 written out costs one VM instruction less than an upvalue)
+    -- 2^53 written out: a literal is an operand of the comparison, an upvalue
+    -- must be loaded first)
     if tag == 'F' and s0 % 1 == 0 and s0 < 9007199254740992 and s0 > -9007199254740992
         and len % 1 == 0 and len > 0 and len < 9007199254740992
         and c0 % 1 == 0 and c0 < 9007199254740992 and c0 > -9007199254740992

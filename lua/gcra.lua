@@ -126,7 +126,8 @@ local function gcra_one(keys, s, real, max_wait, dry, from)
   if v and #v == 41 then -- (an error reply is a table: #v == 0)
     local tag, level, den, hw, exp, bmax = sunpack('<c1ddddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
-    -- 2^53 written out costs one VM instruction less than an upvalue)
+    -- 2^53 written out: a literal is an operand of the comparison, an upvalue
+    -- must be loaded first)
     if tag == 'G' and level % 1 == 0 and level < 9007199254740992 and level > -9007199254740992
         and den % 1 == 0 and den > 0 and den < 9007199254740992
         and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992

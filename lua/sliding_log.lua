@@ -315,8 +315,8 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
     if #m < 57 then return decide_one(keys, s, real, max_wait, dry, from) end
     local tag
     tag, sum, cnt, seq, hw, wmax, wexp, uni = sunpack('<c1ddddddd', m)
-    -- (int() of every field; 2^53 written out costs one VM instruction
-    -- less than an upvalue)
+    -- (int() of every field; 2^53 written out: a literal is an operand of the
+    -- comparison, an upvalue must be loaded first)
     if not (tag == 'M' and cnt >= 0 and cnt <= SLOG_SMALL and cnt % 1 == 0
         and sum % 1 == 0 and sum < 9007199254740992 and sum > -9007199254740992
         and seq % 1 == 0 and seq < 9007199254740992 and seq > -9007199254740992

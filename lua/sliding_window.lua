@@ -144,7 +144,8 @@ local function sw_one(keys, s, real, max_wait, dry, from)
     local tag, s0, p0, c0, hw
     tag, s0, len, p0, c0, hw = sunpack('<c1ddddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
-    -- 2^53 written out costs one VM instruction less than an upvalue)
+    -- 2^53 written out: a literal is an operand of the comparison, an upvalue
+    -- must be loaded first)
     if tag == 'S' and s0 % 1 == 0 and s0 < 9007199254740992 and s0 > -9007199254740992
         and len % 1 == 0 and len > 0 and len < 9007199254740992
         and p0 % 1 == 0 and p0 < 9007199254740992 and p0 > -9007199254740992

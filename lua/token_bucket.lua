@@ -108,7 +108,8 @@ local function tb_one(keys, s, real, max_wait, dry, from)
   if v and #v == 49 then -- (an error reply is a table: #v == 0)
     local tag, l, den, t0, hw, exp, cmax = sunpack('<c1dddddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
-    -- 2^53 written out costs one VM instruction less than an upvalue)
+    -- 2^53 written out: a literal is an operand of the comparison, an upvalue
+    -- must be loaded first)
     if tag == 'T' and l % 1 == 0 and l < 9007199254740992 and l > -9007199254740992
         and den % 1 == 0 and den > 0 and den < 9007199254740992
         and t0 % 1 == 0 and t0 < 9007199254740992 and t0 > -9007199254740992

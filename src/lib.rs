@@ -35,8 +35,10 @@
 //!
 //! # Algorithms
 //!
-//! Each algorithm lives in exactly two places with the same name: its Lua
-//! script in `lua/` and its Rust mirror in `src/algorithm/`. Both use integer
+//! Each algorithm lives in two files with the same name: its Lua script in
+//! `lua/` (its steps, and a one-limit fast path written out from them, which
+//! the conformance and property tests hold to the same answers) and its Rust
+//! mirror in `src/algorithm/`. Both use integer
 //! microseconds and exact integer arithmetic, so a fresh 10-per-second limit
 //! reports 9 remaining after one hit, in any year. Several limits are decided
 //! together: each finds the earliest time its cost fits, and all are granted

@@ -241,11 +241,7 @@ pub(crate) mod sealed {
             let _ = (checks, at);
             false
         }
-        /// The in-process store that decides in this one's place while it
-        /// fails (the layer's `FallbackToMemory`): one per store, shared by
-        /// its clones and every layer over it, so a limit shared by several
-        /// layers stays one limit during an outage. `None` for a store that
-        /// does not fail (memory).
+
         /// The application clock the store decides on, if it has one.
         fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {
             None
@@ -257,6 +253,11 @@ pub(crate) mod sealed {
             false
         }
 
+        /// The in-process store that decides in this one's place while it
+        /// fails (the layer's `FallbackToMemory`): one per store, shared by
+        /// its clones and every layer over it, so a limit shared by several
+        /// layers stays one limit during an outage. `None` for a store that
+        /// does not fail (memory).
         fn fallback(&self) -> Option<MemoryStore> {
             None
         }

@@ -123,8 +123,8 @@ pub(super) enum Conn {
 impl Conn {
     /// `cmd`'s reply as `T`. Over a single connection, redis-rs's own
     /// future is awaited in place, inside the caller's (already boxed)
-    /// future: its `ConnectionLike` method would box it apart, 1.1 kB per
-    /// command, one more allocation above glibc's per-thread cache.
+    /// future, so that a command costs no allocation of its own (its
+    /// `ConnectionLike` method boxes the future apart).
     pub(super) async fn query<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
         match self {
             Conn::Single(conn) => {
@@ -314,9 +314,10 @@ impl Lanes {
     /// Lanes are tried in order, not in turn: every decision goes over the
     /// same connection while it works, so that concurrent decisions share
     /// its writes and reads (redis-rs pipelines what is queued), and the
-    /// other lanes stand by to take over at once. Spread over four lanes in
-    /// turn, each decision cost the server about 10% more CPU (more, smaller
-    /// writes and reads, and one more shared counter written per decision).
+    /// other lanes stand by to take over at once: decisions spread over the
+    /// lanes in turn would make more and smaller writes and reads, which
+    /// cost the server more CPU per decision, and one more shared counter
+    /// written per decision.
     fn lease_now(&self) -> Option<Lease> {
         if self.is_open() {
             return None;

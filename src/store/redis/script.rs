@@ -85,8 +85,7 @@ impl RedisStore {
             return Box::pin(self.call_slowly(conn, encoded, None)).await;
         }
         let delivery = &*DELIVERY;
-        // sized up front: growing the command's buffers argument by
-        // argument reallocated three times per decision
+        // sized up front, so that the command's buffers are allocated once
         let count = encoded.key_count() + encoded.arg_count();
         let data = encoded.byte_len() + delivery.function.len() + 32;
         let mut fcall = redis::Cmd::with_capacity(count + 3, data);
