@@ -59,7 +59,7 @@ OUT=${OUT:-$(mktemp -d -t tower-ratelimit-lua.XXXXXX)}
 mkdir -p "$OUT"
 PEER_SCRIPT=${PEER_SCRIPT:-$(ls ~/.cargo/registry/src/*/tower-rate-limit-redis-1.0.2/scripts/rate_limit.lua 2>/dev/null | head -1)}
 [ -f "$PEER_SCRIPT" ] || { echo "the peer's rate_limit.lua is missing: set PEER_SCRIPT" >&2; exit 1; }
-FILES="common sliding_log token_bucket gcra fixed_window sliding_window driver"
+FILES="common sliding_log token_bucket gcra fixed_window sliding_window wire driver"
 
 log() { printf '[lua %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -90,8 +90,9 @@ make_library() {
   code=$OUT/$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' _).code
   for f in $FILES; do
     if [ "$rev" = work ]; then cat "$ROOT/lua/$f.lua"
-    elif [ -d "$rev" ]; then cat "$rev/$f.lua"
-    else git -C "$ROOT" show "$rev:lua/$f.lua"; fi
+    # (revisions before lua/wire.lua have no such file)
+    elif [ -d "$rev" ]; then cat "$rev/$f.lua" 2>/dev/null || true
+    else git -C "$ROOT" show "$rev:lua/$f.lua" 2>/dev/null || true; fi
   done >"$code"
   name=tower_ratelimit_$(sha1sum "$code" | cut -c1-16)
   { printf '#!lua name=%s\n' "$name"; cat "$code"; printf '\n'

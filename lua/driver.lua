@@ -57,7 +57,7 @@
 -- write). Expiries are set from the store's own clock, so a key never
 -- expires early; they only reclaim memory, since a state past its own `exp`
 -- reads as absent anyway.
-local algorithms = { sliding_log, token_bucket, gcra, fixed_window, sliding_window }
+-- (`algorithms`, by id, and each one's `nkeys` come from wire.lua)
 
 -- A limit's string, parsed once: its algorithm, parameters and cost; for
 -- the decision of one limit also as an array: [1] the algorithm's `one`,

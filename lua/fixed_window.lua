@@ -192,7 +192,7 @@ local function fw_one(keys, s, real, max_wait, dry, from)
 end
 
 local fixed_window = {
-  nkeys = 1, load = fw_load, prepare = fw_prepare, earliest = fw_earliest,
+  load = fw_load, prepare = fw_prepare, earliest = fw_earliest,
   grant = fw_grant, status = fw_status, save = fw_save,
   refund = fw_refund, one = fw_one,
   derive = function(s) s[7] = s[6] >= 1 and s[6] <= s[2] end, -- 1 <= cost <= N

@@ -233,7 +233,7 @@ local function gcra_one(keys, s, real, max_wait, dry, from)
 end
 
 local gcra = {
-  nkeys = 1, load = gcra_load, prepare = gcra_prepare, earliest = gcra_earliest,
+  load = gcra_load, prepare = gcra_prepare, earliest = gcra_earliest,
   grant = gcra_grant, status = gcra_status, save = gcra_save,
   refund = gcra_refund, one = gcra_one,
   -- the longest wait the limit asks by itself: B emission intervals

@@ -441,7 +441,7 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
 end
 
 local sliding_log = {
-  nkeys = 2, load = slog_load, prepare = slog_prepare, earliest = slog_earliest,
+  load = slog_load, prepare = slog_prepare, earliest = slog_earliest,
   grant = slog_grant, status = slog_status, save = slog_save,
   refund = slog_refund, one = slog_one,
   horizon = function(p) return p[2] end, -- the longest wait: one window

@@ -319,7 +319,7 @@ local function sw_one(keys, s, real, max_wait, dry, from)
 end
 
 local sliding_window = {
-  nkeys = 1, load = sw_load, prepare = sw_prepare, earliest = sw_earliest,
+  load = sw_load, prepare = sw_prepare, earliest = sw_earliest,
   grant = sw_grant, status = sw_status, save = sw_save,
   refund = sw_refund, one = sw_one,
   -- s[7] = ceil(W / U), s[8]: 1 <= cost <= N

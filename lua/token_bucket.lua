@@ -196,7 +196,7 @@ local function tb_one(keys, s, real, max_wait, dry, from)
 end
 
 local token_bucket = {
-  nkeys = 1, load = tb_load, prepare = tb_prepare, earliest = tb_earliest,
+  load = tb_load, prepare = tb_prepare, earliest = tb_earliest,
   grant = tb_grant, status = tb_status, save = tb_save,
   refund = tb_refund, one = tb_one,
   -- the longest wait the limit asks by itself: a full bucket's refill

@@ -28,32 +28,6 @@ pub enum Algorithm {
     SlidingWindow,
 }
 
-impl Algorithm {
-    /// The id the Lua driver dispatches on.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn id(self) -> u8 {
-        match self {
-            Algorithm::SlidingLog => 1,
-            Algorithm::TokenBucket => 2,
-            Algorithm::Gcra => 3,
-            Algorithm::FixedWindow => 4,
-            Algorithm::SlidingWindow => 5,
-        }
-    }
-
-    /// The suffixes of the keys this algorithm stores under.
-    #[cfg(feature = "redis")]
-    pub(crate) fn key_parts(self) -> &'static [&'static str] {
-        match self {
-            Algorithm::SlidingLog => &["log", "meta"],
-            Algorithm::TokenBucket => &["tb"],
-            Algorithm::Gcra => &["gcra"],
-            Algorithm::FixedWindow => &["fw"],
-            Algorithm::SlidingWindow => &["sw"],
-        }
-    }
-}
-
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

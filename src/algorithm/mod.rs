@@ -23,6 +23,7 @@ pub(crate) mod gcra;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
+pub(crate) mod wire;
 
 use smallvec::SmallVec;
 

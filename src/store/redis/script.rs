@@ -12,7 +12,8 @@ use super::conn::Conn;
 use super::encode::Encoded;
 use super::RedisStore;
 
-/// The decision code: the helpers, the algorithms, then the driver, which
+/// The decision code: the helpers, the algorithms, the wire (their ids and
+/// key counts, written from `algorithm::wire`), then the driver, which
 /// defines `decide(keys, args)`.
 const CODE: &str = concat!(
     include_str!("../../../lua/common.lua"),
@@ -21,6 +22,7 @@ const CODE: &str = concat!(
     include_str!("../../../lua/gcra.lua"),
     include_str!("../../../lua/fixed_window.lua"),
     include_str!("../../../lua/sliding_window.lua"),
+    include_str!("../../../lua/wire.lua"),
     include_str!("../../../lua/driver.lua"),
 );
 

@@ -1,0 +1,124 @@
+//! The wire between the Rust side and the scripts, named once: each
+//! algorithm's id (what a limit's string starts with), the Lua table that
+//! implements it and the suffixes of the keys it stores under. `lua/wire.lua`
+//! is written from these (see [`lua`]); a test fails when it differs.
+
+use crate::quota::Algorithm;
+
+/// Every algorithm, in the order of their ids (1, 2, ...).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::SlidingLog,
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+];
+
+impl Algorithm {
+    /// The id the Lua driver dispatches on: its place in [`ALGORITHMS`],
+    /// from 1.
+    pub(crate) fn id(self) -> u8 {
+        match self {
+            Algorithm::SlidingLog => 1,
+            Algorithm::TokenBucket => 2,
+            Algorithm::Gcra => 3,
+            Algorithm::FixedWindow => 4,
+            Algorithm::SlidingWindow => 5,
+        }
+    }
+
+    /// The name of its table in the scripts (and of its files, `lua/` and
+    /// `src/algorithm/`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn lua_name(self) -> &'static str {
+        match self {
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+        }
+    }
+
+    /// The suffixes of the keys this algorithm stores under, in the order
+    /// its script reads them.
+    #[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
+    pub(crate) fn key_parts(self) -> &'static [&'static str] {
+        match self {
+            Algorithm::SlidingLog => &["log", "meta"],
+            Algorithm::TokenBucket => &["tb"],
+            Algorithm::Gcra => &["gcra"],
+            Algorithm::FixedWindow => &["fw"],
+            Algorithm::SlidingWindow => &["sw"],
+        }
+    }
+}
+
+/// The text of `lua/wire.lua`.
+#[cfg(test)]
+pub(crate) fn lua() -> String {
+    use std::fmt::Write;
+
+    let mut out = String::from(
+        "-- wire.lua: what the scripts share with the Rust side, written from\n\
+         -- src/algorithm/wire.rs: do not edit (the test that compares the two\n\
+         -- writes this file again when run with WRITE_WIRE=1).\n\
+         --\n\
+         -- The algorithms by the id a limit's string starts with, and the keys\n\
+         -- each stores, in the order it reads them:\n",
+    );
+    for algorithm in ALGORITHMS {
+        let _ = writeln!(
+            out,
+            "--   {} {}: {}",
+            algorithm.id(),
+            algorithm.lua_name(),
+            algorithm.key_parts().join(", ")
+        );
+    }
+    out.push_str(
+        "-- A decision's reply starts with its outcome (`algorithm::Outcome`): 0\n\
+         -- granted, 1 denied, 2 never (a cost over a capacity). The scripts write\n\
+         -- these as literals: a literal is an operand, an upvalue must be loaded.\n",
+    );
+    let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.lua_name()).collect();
+    let _ = writeln!(out, "local algorithms = {{ {} }}", names.join(", "));
+    for algorithm in ALGORITHMS {
+        let _ = writeln!(
+            out,
+            "{}.nkeys = {}",
+            algorithm.lua_name(),
+            algorithm.key_parts().len()
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_places_in_the_list() {
+        for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+            assert_eq!(usize::from(algorithm.id()), i + 1);
+        }
+    }
+
+    /// `lua/wire.lua` is what [`lua`] writes; `WRITE_WIRE=1` writes it.
+    #[test]
+    fn lua_wire_is_written_from_rust() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/lua/wire.lua");
+        let expected = lua();
+        if std::env::var_os("WRITE_WIRE").is_some() {
+            std::fs::write(path, &expected).expect("write lua/wire.lua");
+        }
+        let found = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            found == expected,
+            "lua/wire.lua differs from src/algorithm/wire.rs (run the test \
+             with WRITE_WIRE=1 to write it):\n{expected}"
+        );
+    }
+}
