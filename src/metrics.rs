@@ -38,9 +38,6 @@
 //! `tower_ratelimit`, level `debug`) with the fields `limits` (the names)
 //! and `outcome` (as in [`Outcome::as_str`]).
 
-use crate::store::Check;
-use crate::{Decision, Error, Verdict};
-
 /// Counter of decisions, labelled `limit` and `outcome`.
 pub const DECISIONS: &str = "tower_ratelimit_decisions_total";
 /// Histogram of store call durations in seconds, labelled `store` and `operation`.
@@ -93,16 +90,6 @@ impl Outcome {
             Outcome::LocalCache => "local_cache",
         }
     }
-
-    /// The outcome of a decision as a whole.
-    pub(crate) fn of(result: &Result<Decision, Error>) -> Outcome {
-        match result.as_ref().map(Decision::verdict) {
-            Ok(Verdict::Allowed) => Outcome::Allowed,
-            Ok(Verdict::CostExceedsCapacity) => Outcome::CostExceedsCapacity,
-            Ok(_) => Outcome::Denied,
-            Err(_) => Outcome::StoreError,
-        }
-    }
 }
 
 impl std::fmt::Display for Outcome {
@@ -111,7 +98,6 @@ impl std::fmt::Display for Outcome {
     }
 }
 
-/// Counts a decision under its limits (see the module docs).
 /// The metadata every metric of this crate is registered with.
 #[cfg(feature = "metrics")]
 static METADATA: ::metrics::Metadata<'static> =
@@ -137,39 +123,12 @@ impl LimitKeys {
         }))
     }
 
-    fn increment(&self, outcome: Outcome) {
+    /// Counts one decision of the limit with `outcome`.
+    pub(crate) fn increment(&self, outcome: Outcome) {
         let key = &self.0[outcome as usize];
         ::metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
     }
 }
-
-#[cfg(feature = "metrics")]
-pub(crate) fn count(checks: &[Check<'_>], result: &Result<Decision, Error>, outcome: Outcome) {
-    match result {
-        Ok(decision) if !decision.is_allowed() => {
-            for (check, status) in checks.iter().zip(decision.statuses()) {
-                if status.violated() {
-                    check.limit.metric_keys().increment(outcome);
-                }
-            }
-        }
-        _ => checks
-            .iter()
-            .for_each(|check| check.limit.metric_keys().increment(outcome)),
-    }
-}
-
-#[cfg(not(feature = "metrics"))]
-pub(crate) fn count(_: &[Check<'_>], _: &Result<Decision, Error>, _: Outcome) {}
-
-/// Counts one outcome under one limit.
-#[cfg(feature = "metrics")]
-pub(crate) fn count_one(limit: &crate::Limit, outcome: Outcome) {
-    limit.metric_keys().increment(outcome);
-}
-
-#[cfg(not(feature = "metrics"))]
-pub(crate) fn count_one(_: &crate::Limit, _: Outcome) {}
 
 /// Measures one store call.
 pub(crate) struct StoreTimer {
@@ -185,10 +144,11 @@ impl StoreTimer {
         }
     }
 
-    /// Records the call's duration under `store`'s kind.
+    /// Records the call's duration under the store's kind (`"redis"`,
+    /// `"memory"`), asked only when metrics are recorded.
     #[cfg(feature = "metrics")]
-    pub(crate) fn finish(self, store: &dyn crate::store::Store, operation: &'static str) {
-        let store = store.kind();
+    pub(crate) fn finish(self, kind: impl FnOnce() -> &'static str, operation: &'static str) {
+        let store = kind();
         let seconds = self.started.elapsed().as_secs_f64();
         match duration_key(store, operation) {
             Some(key) => ::metrics::with_recorder(|recorder| {
@@ -201,11 +161,10 @@ impl StoreTimer {
         }
     }
 
-    /// Without metrics: nothing (not even asking the store its kind, a
-    /// dynamic call on every decision).
+    /// Without metrics: nothing (the store's kind is not asked).
     #[cfg(not(feature = "metrics"))]
     #[inline(always)]
-    pub(crate) fn finish(self, _: &dyn crate::store::Store, _: &'static str) {}
+    pub(crate) fn finish(self, _: impl FnOnce() -> &'static str, _: &'static str) {}
 }
 
 /// The [`STORE_DURATION`] key of a store kind and an operation: made once.

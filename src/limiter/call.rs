@@ -62,7 +62,7 @@ impl Limiter {
         if let (Some(denials), Some(key)) = (denials, &cache_key) {
             if let Some(denied) = denials.lookup(key, cost, max_wait, sent.at) {
                 let result = Ok(denied);
-                crate::metrics::count(checks, &result, Outcome::LocalCache);
+                super::count::count(checks, &result, Outcome::LocalCache);
                 return result;
             }
         }
@@ -91,11 +91,11 @@ impl Limiter {
                 .await
         };
         let result = reply.and_then(|reply| Self::decision(checks, reply, max_wait));
-        timer.finish(&**store, "decide");
-        let outcome = Outcome::of(&result);
+        timer.finish(|| store.kind(), "decide");
+        let outcome = super::count::outcome_of(&result);
         span.record("outcome", outcome.as_str());
         if !dry && plain {
-            crate::metrics::count(checks, &result, outcome);
+            super::count::count(checks, &result, outcome);
         }
         if let (Some(denials), Ok(decision)) = (denials, &result) {
             if !decision.is_allowed() {
@@ -119,11 +119,11 @@ impl Limiter {
         let store = &self.inner.store;
         let timer = StoreTimer::start();
         let reply = store.decide_sync(checks, max_wait, dry)?;
-        timer.finish(&**store, "decide");
+        timer.finish(|| store.kind(), "decide");
         #[cfg(feature = "metrics")]
         store.report_size(reply.now);
         let result = Self::decision(checks, reply, max_wait);
-        let outcome = Outcome::of(&result);
+        let outcome = super::count::outcome_of(&result);
         // (checked first: without a subscriber, tracing's `log` fallback,
         // which axum turns on, would build the span for nothing)
         if tracing::level_enabled!(tracing::Level::DEBUG) {
@@ -136,7 +136,7 @@ impl Limiter {
             .in_scope(|| {});
         }
         if !dry && counted {
-            crate::metrics::count(checks, &result, outcome);
+            super::count::count(checks, &result, outcome);
         }
         Some(result)
     }

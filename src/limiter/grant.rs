@@ -256,7 +256,7 @@ impl Limiter {
         let store = &self.inner.store;
         let timer = StoreTimer::start();
         let result = store.refund(&checks, at, self.deadline()).await;
-        timer.finish(&**store, "refund");
+        timer.finish(|| store.kind(), "refund");
         result
     }
 
@@ -280,7 +280,7 @@ impl Limiter {
         if !store.refund_sync(&checks, at) {
             return false;
         }
-        timer.finish(&**store, "refund");
+        timer.finish(|| store.kind(), "refund");
         true
     }
 

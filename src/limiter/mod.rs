@@ -8,6 +8,7 @@
 //! (`grant.rs`).
 
 mod call;
+mod count;
 mod deny_cache;
 mod grant;
 mod shadow;
@@ -21,7 +22,7 @@ use self::deny_cache::DenyCache;
 pub use self::grant::Grant;
 pub(crate) use self::grant::{Refund, RefundOnDrop};
 use crate::decision::Decision;
-use crate::metrics::{Outcome, StoreTimer};
+use crate::metrics::StoreTimer;
 use crate::store::{Check, Store};
 use crate::{ConfigError, Error, Limit};
 
@@ -346,7 +347,7 @@ impl Limiter {
             Some(taken) => Ok(taken),
             None => store.take(&checks, self.deadline()).await,
         };
-        timer.finish(&**store, "take");
+        timer.finish(|| store.kind(), "take");
         let result = taken.and_then(|(reply, k)| {
             let mut decision = Self::decision(&checks, reply, 0)?;
             decision.granted = if decision.is_allowed() {
@@ -356,7 +357,7 @@ impl Limiter {
             };
             Ok(decision)
         });
-        crate::metrics::count(&checks, &result, Outcome::of(&result));
+        self::count::count(&checks, &result, self::count::outcome_of(&result));
         let decision = result?;
         let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
         Ok(Grant::new(decision, refund))
@@ -502,7 +503,7 @@ impl Limiter {
         }
         let timer = StoreTimer::start();
         let result = self.inner.store.reset(&checks, self.deadline()).await;
-        timer.finish(&*self.inner.store, "reset");
+        timer.finish(|| self.inner.store.kind(), "reset");
         result
     }
 

@@ -34,7 +34,7 @@ impl Limiter {
                 Err(error) => {
                     let result = Err(error);
                     if !dry {
-                        crate::metrics::count(&round, &result, Outcome::StoreError);
+                        super::count::count(&round, &result, Outcome::StoreError);
                     }
                     return result;
                 }
@@ -53,7 +53,7 @@ impl Limiter {
                                 "shadow limit {} would have refused the request",
                                 status.name()
                             );
-                            crate::metrics::count_one(checks[i].limit, Outcome::ShadowDenied);
+                            super::count::count_one(checks[i].limit, Outcome::ShadowDenied);
                         }
                         left_out.push((i, status.clone()));
                     } else {
@@ -70,13 +70,13 @@ impl Limiter {
                     // every limit left out: the request passes, nothing taken
                 } else {
                     let result = Ok(decision.clone());
-                    crate::metrics::count(&round, &result, Outcome::of(&result));
+                    super::count::count(&round, &result, super::count::outcome_of(&result));
                     // refused by an enforced limit: the shadow limits that
                     // would have refused too are counted as such
                     if !decision.is_allowed() {
                         for (check, status) in round.iter().zip(&decision.statuses) {
                             if status.would_refuse {
-                                crate::metrics::count_one(check.limit, Outcome::ShadowDenied);
+                                super::count::count_one(check.limit, Outcome::ShadowDenied);
                             }
                         }
                     }
@@ -125,7 +125,7 @@ impl Limiter {
         if refused && !dry {
             for (check, status) in shadow.iter().zip(&looked.statuses) {
                 if status.would_refuse {
-                    crate::metrics::count_one(check.limit, Outcome::ShadowDenied);
+                    super::count::count_one(check.limit, Outcome::ShadowDenied);
                 }
             }
         }
