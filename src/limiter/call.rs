@@ -12,7 +12,7 @@ use super::{Checks, Limiter};
 use crate::algorithm::{self, Reply};
 use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
 use crate::metrics::{Outcome, StoreTimer};
-use crate::store::{Check, Deadline};
+use crate::store::{Answer, Check, Deadline};
 use crate::{Error, Limit};
 
 /// The limit names of a decision, for its span.
@@ -31,9 +31,7 @@ impl std::fmt::Display for LimitNames<'_, '_> {
 }
 
 impl Limiter {
-    /// One decision: the store call, in a `rate_limit` span, measured and
-    /// (when `plain`) counted (see [`crate::metrics`]) and answered from the
-    /// cache of denials when it can be.
+    /// One decision, awaited: see [`decision`](Self::decision).
     pub(super) async fn run_once(
         &self,
         checks: &[Check<'_>],
@@ -41,19 +39,31 @@ impl Limiter {
         dry: bool,
         plain: bool,
     ) -> Result<Decision, Error> {
-        // A denial known to hold needs no round trip (not for a look, which
-        // must see what the store says now).
-        let denials = self.inner.denials.as_ref().filter(|_| !dry && plain);
-        let cost = checks.first().map_or(0, |c| c.cost);
         let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
-        let store = &self.inner.store;
-        // A store that answers at once needs neither a future nor a timer.
-        if let Some(result) = self.decide_now(checks, max_wait, dry, plain) {
-            return result;
-        }
-        // a cost over a capacity is answered "never" by the store
-        let fits = checks.iter().all(|c| c.cost <= c.limit.params().p[0]);
-        let denials = denials.filter(|_| fits);
+        self.decision(checks, max_wait, dry, plain).get().await
+    }
+
+    /// One decision: the store call, in a `rate_limit` span (only while
+    /// `debug` is enabled), measured and (when `plain`) counted (see
+    /// [`crate::metrics`]), answered from the cache of denials when it can
+    /// be; at once when the store answers at once.
+    pub(super) fn decision<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        max_wait: i64,
+        dry: bool,
+        plain: bool,
+    ) -> Answer<'a, Result<Decision, Error>> {
+        // A denial known to hold needs no round trip (not for a look, which
+        // must see what the store says now; a cost over a capacity is
+        // answered "never" by the store).
+        let cost = checks.first().map_or(0, |c| c.cost);
+        let fits = || checks.iter().all(|c| c.cost <= c.limit.params().p[0]);
+        let denials = self
+            .inner
+            .denials
+            .as_ref()
+            .filter(|_| !dry && plain && fits());
         let sent = denials.map_or_else(Default::default, DenyCache::sent);
         // the key is only built while the cache holds a denial, or for a new one
         let cache_key = denials
@@ -63,10 +73,11 @@ impl Limiter {
             if let Some(denied) = denials.lookup(key, cost, max_wait, sent.at) {
                 let result = Ok(denied);
                 super::count::count(checks, &result, Outcome::LocalCache);
-                return result;
+                return Answer::Now(result);
             }
         }
-        // (not built at all unless enabled: see `decide_now`)
+        // (checked first: without a subscriber, tracing's `log` fallback,
+        // which axum turns on, would build the span for nothing)
         let span = if tracing::level_enabled!(tracing::Level::DEBUG) {
             tracing::debug_span!(
                 target: "tower_ratelimit",
@@ -78,67 +89,43 @@ impl Limiter {
             tracing::Span::none()
         };
         let timer = StoreTimer::start();
-        // (instrumented only with a span: entering and leaving a disabled
-        // one on every poll is not free; each call built where it is
-        // awaited, so that the future holds no second copy of it)
-        let deadline = self.deadline();
-        let reply = if span.is_none() {
-            store.decide(checks, max_wait, dry, deadline).await
-        } else {
-            store
-                .decide(checks, max_wait, dry, deadline)
-                .instrument(span.clone())
-                .await
-        };
-        let result = reply.and_then(|reply| Self::decision(checks, reply, max_wait));
-        timer.finish(|| store.kind(), "decide");
-        let outcome = super::count::outcome_of(&result);
-        span.record("outcome", outcome.as_str());
-        if !dry && plain {
-            super::count::count(checks, &result, outcome);
-        }
-        if let (Some(denials), Ok(decision)) = (denials, &result) {
-            if !decision.is_allowed() {
-                let key = cache_key.unwrap_or_else(|| DenyCache::key(checks));
-                denials.insert(key, checks, cost, sent, decision);
+        let finish = move |reply: Result<Reply, Error>, span: tracing::Span| {
+            let store = &self.inner.store;
+            timer.finish(|| store.kind(), "decide");
+            #[cfg(feature = "metrics")]
+            if let Ok(reply) = &reply {
+                store.report_size(reply.now);
             }
+            let result = reply.and_then(|reply| Self::decision_of(checks, reply, max_wait));
+            let outcome = super::count::outcome_of(&result);
+            span.record("outcome", outcome.as_str());
+            if !dry && plain {
+                super::count::count(checks, &result, outcome);
+            }
+            if let (Some(denials), Ok(decision)) = (denials, &result) {
+                if !decision.is_allowed() {
+                    let key = cache_key.unwrap_or_else(|| DenyCache::key(checks));
+                    denials.insert(key, checks, cost, sent, decision);
+                }
+            }
+            result
+        };
+        match self
+            .inner
+            .store
+            .decide(checks, max_wait, dry, self.deadline())
+        {
+            Answer::Now(reply) => Answer::Now(finish(reply, span)),
+            // (instrumented only with a span: entering and leaving a
+            // disabled one on every poll is not free)
+            Answer::Later(reply) if span.is_none() => {
+                Answer::Later(Box::pin(async move { finish(reply.await, span) }))
+            }
+            Answer::Later(reply) => Answer::Later(Box::pin(async move {
+                let reply = reply.instrument(span.clone()).await;
+                finish(reply, span)
+            })),
         }
-        result
-    }
-
-    /// The decision of a store that answers at once (in memory), counted and
-    /// traced as any other; `None` for a store that must be awaited.
-    #[inline(always)]
-    pub(super) fn decide_now(
-        &self,
-        checks: &[Check<'_>],
-        max_wait: i64,
-        dry: bool,
-        counted: bool,
-    ) -> Option<Result<Decision, Error>> {
-        let store = &self.inner.store;
-        let timer = StoreTimer::start();
-        let reply = store.decide_sync(checks, max_wait, dry)?;
-        timer.finish(|| store.kind(), "decide");
-        #[cfg(feature = "metrics")]
-        store.report_size(reply.now);
-        let result = Self::decision(checks, reply, max_wait);
-        let outcome = super::count::outcome_of(&result);
-        // (checked first: without a subscriber, tracing's `log` fallback,
-        // which axum turns on, would build the span for nothing)
-        if tracing::level_enabled!(tracing::Level::DEBUG) {
-            tracing::debug_span!(
-                target: "tower_ratelimit",
-                "rate_limit",
-                limits = %LimitNames(checks),
-                outcome = outcome.as_str(),
-            )
-            .in_scope(|| {});
-        }
-        if !dry && counted {
-            super::count::count(checks, &result, outcome);
-        }
-        Some(result)
     }
 
     /// When a store call starting now must have answered: the store bounds
@@ -166,7 +153,7 @@ impl Limiter {
     }
 
     #[inline(always)]
-    pub(super) fn decision(
+    pub(super) fn decision_of(
         checks: &[Check<'_>],
         reply: Reply,
         max_wait: i64,

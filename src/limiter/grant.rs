@@ -1,6 +1,8 @@
 //! [`Grant`]: a decision whose grant can be given back, once.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Waker};
 
 use super::Checks;
 use crate::decision::Decision;
@@ -179,11 +181,14 @@ impl Refund {
         if self.done.swap(true, Ordering::AcqRel) {
             return;
         }
-        if self
-            .limiter
-            .refund_charged_now(&self.charged, self.cost, self.at)
-        {
-            return;
+        if self.limiter.answers_at_once() {
+            let refund = self
+                .limiter
+                .refund_charged(&self.charged, self.cost, self.at);
+            let mut cx = Context::from_waker(Waker::noop());
+            if std::pin::pin!(refund).poll(&mut cx).is_ready() {
+                return;
+            }
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -242,32 +247,14 @@ impl Limiter {
             .collect()
     }
 
-    /// Gives back a grant of `cost` at store time `at` from `charged`.
+    /// Gives back a grant of `cost` at store time `at` from `charged`. On
+    /// a store that answers at once, the future is ready on its first poll.
     pub(crate) async fn refund_charged(
         &self,
         charged: &[(Limit, Vec<u8>)],
         cost: i64,
         at: i64,
     ) -> Result<(), Error> {
-        let checks = Self::owned_checks(charged, cost);
-        if self.refund_charged_now(charged, cost, at) {
-            return Ok(());
-        }
-        let store = &self.inner.store;
-        let timer = StoreTimer::start();
-        let result = store.refund(&checks, at, self.deadline()).await;
-        timer.finish(|| store.kind(), "refund");
-        result
-    }
-
-    /// [`refund_charged`](Self::refund_charged) on a store that answers at
-    /// once; `false` (nothing done) on one that must be awaited.
-    pub(crate) fn refund_charged_now(
-        &self,
-        charged: &[(Limit, Vec<u8>)],
-        cost: i64,
-        at: i64,
-    ) -> bool {
         let checks = Self::owned_checks(charged, cost);
         // cached denials of these keys may no longer hold
         if let Some(denials) = &self.inner.denials {
@@ -277,11 +264,9 @@ impl Limiter {
         }
         let store = &self.inner.store;
         let timer = StoreTimer::start();
-        if !store.refund_sync(&checks, at) {
-            return false;
-        }
+        let result = store.refund(&checks, at, self.deadline()).get().await;
         timer.finish(|| store.kind(), "refund");
-        true
+        result
     }
 
     fn owned_checks(charged: &[(Limit, Vec<u8>)], cost: i64) -> Checks<'_> {

@@ -23,7 +23,7 @@ pub use self::grant::Grant;
 pub(crate) use self::grant::{Refund, RefundOnDrop};
 use crate::decision::Decision;
 use crate::metrics::StoreTimer;
-use crate::store::{Check, Store};
+use crate::store::{Answer, Check, Store};
 use crate::{ConfigError, Error, Limit};
 
 /// The checks of one decision: inline for the usual few limits.
@@ -226,9 +226,7 @@ impl Limiter {
                     key: key.as_ref(),
                     cost: Self::cost(cost),
                 }];
-                if let Some(result) = self.decide_now(&check, 0, false, true) {
-                    return result;
-                }
+                return self.decision(&check, 0, false, true).get().await;
             }
         }
         self.decide(&[key], cost, Duration::ZERO).await
@@ -343,13 +341,10 @@ impl Limiter {
         }
         let store = &self.inner.store;
         let timer = StoreTimer::start();
-        let taken = match store.take_sync(&checks) {
-            Some(taken) => Ok(taken),
-            None => store.take(&checks, self.deadline()).await,
-        };
+        let taken = store.take(&checks, self.deadline()).get().await;
         timer.finish(|| store.kind(), "take");
         let result = taken.and_then(|(reply, k)| {
-            let mut decision = Self::decision(&checks, reply, 0)?;
+            let mut decision = Self::decision_of(&checks, reply, 0)?;
             decision.granted = if decision.is_allowed() {
                 u64::try_from(k).unwrap_or(0)
             } else {
@@ -483,13 +478,18 @@ impl Limiter {
         if checks.iter().any(|c| c.limit.is_shadow()) {
             return None;
         }
-        self.decide_now(&checks, 0, false, true)
+        let decided = match self.decision(&checks, 0, false, true) {
+            Answer::Now(result) => Some(result),
+            // dropped before it was polled: nothing was sent
+            Answer::Later(_) => None,
+        };
+        decided
     }
 
     /// Whether every decision of this limiter's store is made at once (in
     /// memory): the layer then decides inside `call`.
     pub(crate) fn answers_at_once(&self) -> bool {
-        self.inner.store.answers_at_once()
+        !self.inner.store.remote()
     }
 
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
@@ -498,11 +498,8 @@ impl Limiter {
         if let (Some(denials), Some(check)) = (&self.inner.denials, checks.first()) {
             denials.forget(check.key);
         }
-        if self.inner.store.reset_sync(&checks) {
-            return Ok(());
-        }
         let timer = StoreTimer::start();
-        let result = self.inner.store.reset(&checks, self.deadline()).await;
+        let result = self.inner.store.reset(&checks, self.deadline()).get().await;
         timer.finish(|| self.inner.store.kind(), "reset");
         result
     }

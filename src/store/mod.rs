@@ -21,7 +21,7 @@ use crate::Error;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub(crate) use self::sealed::{Check, Deadline, QuotaRegistry};
+pub(crate) use self::sealed::{Answer, Check, Deadline, QuotaRegistry};
 
 /// A place to keep limit state. Implemented by [`MemoryStore`] and
 /// [`RedisStore`]; sealed so that both can evolve together with the algorithms.
@@ -31,6 +31,28 @@ pub(crate) mod sealed {
     use super::{BoxFuture, Error, Reply};
     use crate::{Limit, MemoryStore};
     use std::future::Future;
+
+    /// A store's answer to one operation: at once (in memory: nothing to
+    /// await, no allocation), or later (over the network: a future to
+    /// await, bounded by the operation's [`Deadline`]). Each caller has one
+    /// path over it.
+    #[allow(unreachable_pub)]
+    pub enum Answer<'a, T> {
+        /// Answered.
+        Now(T),
+        /// To be awaited.
+        Later(BoxFuture<'a, T>),
+    }
+
+    impl<T> Answer<'_, T> {
+        /// The answer, awaited if it comes later.
+        pub(crate) async fn get(self) -> T {
+            match self {
+                Answer::Now(answer) => answer,
+                Answer::Later(future) => future.await,
+            }
+        }
+    }
 
     /// When a store call must have answered: the limiter's timeout, counted
     /// from the call's start. A store that waits (on the network) bounds every
@@ -179,13 +201,13 @@ pub(crate) mod sealed {
             max_wait: i64,
             dry: bool,
             deadline: Deadline,
-        ) -> BoxFuture<'a, Result<Reply, Error>>;
+        ) -> Answer<'a, Result<Reply, Error>>;
         /// Forgets the state of every check's key.
         fn reset<'a>(
             &'a self,
             checks: &'a [Check<'a>],
             deadline: Deadline,
-        ) -> BoxFuture<'a, Result<(), Error>>;
+        ) -> Answer<'a, Result<(), Error>>;
         /// Gives back the grant of each check's `cost` that the store made at
         /// store time `at` (microseconds; for a granted [`Reply`] that is
         /// `reply.now + reply.wait`), exactly: a sliding log drops one entry
@@ -201,25 +223,7 @@ pub(crate) mod sealed {
             checks: &'a [Check<'a>],
             at: i64,
             deadline: Deadline,
-        ) -> BoxFuture<'a, Result<(), Error>>;
-        /// Whether [`decide_sync`](Self::decide_sync) always answers: the
-        /// store never needs awaiting (in memory).
-        fn answers_at_once(&self) -> bool {
-            false
-        }
-        /// [`decide`](Self::decide) for a store that answers at once (no
-        /// I/O, nothing to time out): the reply, without a future or a timer.
-        /// `None` for a store that must be awaited.
-        fn decide_sync(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Option<Reply> {
-            let _ = (checks, max_wait, dry);
-            None
-        }
-        /// [`reset`](Self::reset) for a store that answers at once; `false`
-        /// (nothing done) for a store that must be awaited.
-        fn reset_sync(&self, checks: &[Check<'_>]) -> bool {
-            let _ = checks;
-            false
-        }
+        ) -> Answer<'a, Result<(), Error>>;
         /// Takes what is available: grants k = min(N, what every check's
         /// limit has left now) at once, N being the checks' cost, or, when
         /// k = 0, decides a cost of 1 without granting it. Returns the reply
@@ -228,19 +232,7 @@ pub(crate) mod sealed {
             &'a self,
             checks: &'a [Check<'a>],
             deadline: Deadline,
-        ) -> BoxFuture<'a, Result<(Reply, i64), Error>>;
-        /// [`take`](Self::take) for a store that answers at once; `None` for
-        /// a store that must be awaited.
-        fn take_sync(&self, checks: &[Check<'_>]) -> Option<(Reply, i64)> {
-            let _ = checks;
-            None
-        }
-        /// [`refund`](Self::refund) for a store that answers at once; `false`
-        /// (nothing done) for a store that must be awaited.
-        fn refund_sync(&self, checks: &[Check<'_>], at: i64) -> bool {
-            let _ = (checks, at);
-            false
-        }
+        ) -> Answer<'a, Result<(Reply, i64), Error>>;
 
         /// The application clock the store decides on, if it has one.
         fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {

@@ -23,7 +23,7 @@ use smallvec::SmallVec;
 use self::table::{Found, Hasher, Key, Shard, Slot, Table};
 use super::keys;
 use super::sealed::Sealed;
-use super::{BoxFuture, Check, Deadline, Store};
+use super::{Answer, Check, Deadline, Store};
 use crate::algorithm::Params;
 use crate::algorithm::{self, Reply, State};
 use crate::clock::{Clock, SystemClock};
@@ -630,18 +630,16 @@ impl Sealed for MemoryStore {
         max_wait: i64,
         dry: bool,
         _: Deadline,
-    ) -> BoxFuture<'a, Result<Reply, Error>> {
-        let reply = bounded_keys(checks, |checks| self.decide_now(checks, max_wait, dry));
-        Box::pin(std::future::ready(Ok(reply)))
+    ) -> Answer<'a, Result<Reply, Error>> {
+        Answer::Now(Ok(bounded_keys(checks, |checks| match checks {
+            [check] => self.decide_one(check, max_wait, dry),
+            _ => self.decide_now(checks, max_wait, dry),
+        })))
     }
 
-    fn reset<'a>(
-        &'a self,
-        checks: &'a [Check<'a>],
-        _: Deadline,
-    ) -> BoxFuture<'a, Result<(), Error>> {
+    fn reset<'a>(&'a self, checks: &'a [Check<'a>], _: Deadline) -> Answer<'a, Result<(), Error>> {
         bounded_keys(checks, |checks| self.reset_now(checks));
-        Box::pin(std::future::ready(Ok(())))
+        Answer::Now(Ok(()))
     }
 
     fn refund<'a>(
@@ -649,45 +647,20 @@ impl Sealed for MemoryStore {
         checks: &'a [Check<'a>],
         at: i64,
         _: Deadline,
-    ) -> BoxFuture<'a, Result<(), Error>> {
+    ) -> Answer<'a, Result<(), Error>> {
         bounded_keys(checks, |checks| self.refund_now(checks, at));
-        Box::pin(std::future::ready(Ok(())))
+        Answer::Now(Ok(()))
     }
 
     fn take<'a>(
         &'a self,
         checks: &'a [Check<'a>],
         _: Deadline,
-    ) -> BoxFuture<'a, Result<(Reply, i64), Error>> {
+    ) -> Answer<'a, Result<(Reply, i64), Error>> {
         let most = checks.first().map_or(0, |c| c.cost);
-        let taken = bounded_keys(checks, |checks| self.take_now(checks, most));
-        Box::pin(std::future::ready(Ok(taken)))
-    }
-
-    fn take_sync(&self, checks: &[Check<'_>]) -> Option<(Reply, i64)> {
-        let most = checks.first().map_or(0, |c| c.cost);
-        Some(bounded_keys(checks, |checks| self.take_now(checks, most)))
-    }
-
-    fn refund_sync(&self, checks: &[Check<'_>], at: i64) -> bool {
-        bounded_keys(checks, |checks| self.refund_now(checks, at));
-        true
-    }
-
-    fn answers_at_once(&self) -> bool {
-        true
-    }
-
-    fn decide_sync(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Option<Reply> {
-        Some(bounded_keys(checks, |checks| match checks {
-            [check] => self.decide_one(check, max_wait, dry),
-            _ => self.decide_now(checks, max_wait, dry),
-        }))
-    }
-
-    fn reset_sync(&self, checks: &[Check<'_>]) -> bool {
-        bounded_keys(checks, |checks| self.reset_now(checks));
-        true
+        Answer::Now(Ok(bounded_keys(checks, |checks| {
+            self.take_now(checks, most)
+        })))
     }
 
     fn kind(&self) -> &'static str {

@@ -24,7 +24,7 @@ use self::conn::Lanes;
 use self::encode::{Encoded, Operation};
 use self::script::DELIVERY;
 use super::sealed::Sealed;
-use super::{BoxFuture, Check, Deadline, MemoryStore, Store};
+use super::{Answer, Check, Deadline, MemoryStore, Store};
 use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::{ConfigError, Error};
@@ -333,16 +333,16 @@ impl Sealed for RedisStore {
         max_wait: i64,
         dry: bool,
         deadline: Deadline,
-    ) -> BoxFuture<'a, Result<Reply, Error>> {
-        Box::pin(self.run_decide(checks, max_wait, dry, deadline))
+    ) -> Answer<'a, Result<Reply, Error>> {
+        Answer::Later(Box::pin(self.run_decide(checks, max_wait, dry, deadline)))
     }
 
     fn reset<'a>(
         &'a self,
         checks: &'a [Check<'a>],
         deadline: Deadline,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.run_reset(checks, deadline))
+    ) -> Answer<'a, Result<(), Error>> {
+        Answer::Later(Box::pin(self.run_reset(checks, deadline)))
     }
 
     fn refund<'a>(
@@ -350,16 +350,16 @@ impl Sealed for RedisStore {
         checks: &'a [Check<'a>],
         at: i64,
         deadline: Deadline,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.run_refund(checks, at, deadline))
+    ) -> Answer<'a, Result<(), Error>> {
+        Answer::Later(Box::pin(self.run_refund(checks, at, deadline)))
     }
 
     fn take<'a>(
         &'a self,
         checks: &'a [Check<'a>],
         deadline: Deadline,
-    ) -> BoxFuture<'a, Result<(Reply, i64), Error>> {
-        Box::pin(self.run_take(checks, deadline))
+    ) -> Answer<'a, Result<(Reply, i64), Error>> {
+        Answer::Later(Box::pin(self.run_take(checks, deadline)))
     }
 
     fn clock(&self) -> Option<Arc<dyn Clock>> {
