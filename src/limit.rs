@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::Params;
+use crate::algorithm::{self, Params};
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
 
@@ -70,8 +70,8 @@ impl Limit {
             return Err(ConfigError::InvalidName(name));
         }
         let (params, policy_window) = derive(&quota)?;
-        let [a, b, c, d] = params.p;
-        let wire = format!("{}:{a}:{b}:{c}:{d}:", params.algorithm.id()).into();
+        let [a, b, c, d] = params.wire();
+        let wire = format!("{}:{a}:{b}:{c}:{d}:", params.algorithm().id()).into();
         let name = intern(&name);
         Ok(Self {
             #[cfg(feature = "metrics")]
@@ -243,21 +243,27 @@ fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
         return Err(ConfigError::ZeroAmount { what: amount_name });
     }
     let amount = u128::from(q.amount);
-    let mut p = [0i64; 4];
     let policy_window_micros: u128;
-    match q.algorithm {
+    let params = match q.algorithm {
         Algorithm::SlidingLog | Algorithm::FixedWindow => {
-            p[0] = exact(amount, "the limit")?;
-            p[1] = exact(window, "the window in microseconds")?;
             policy_window_micros = window;
+            let limit = exact(amount, "the limit")?;
+            let window = exact(window, "the window in microseconds")?;
+            if q.algorithm == Algorithm::SlidingLog {
+                Params::SlidingLog(algorithm::sliding_log::Params { limit, window })
+            } else {
+                Params::FixedWindow(algorithm::fixed_window::Params { limit, window })
+            }
         }
         Algorithm::SlidingWindow => {
             let steps = u128::from(WEIGHT_STEPS);
             exact(amount * steps, "the limit times 2^20")?;
-            p[0] = exact(amount, "the limit")?;
-            p[1] = exact(window, "the window in microseconds")?;
-            p[2] = exact(window.div_ceil(steps), "the weight step")?;
             policy_window_micros = window;
+            Params::SlidingWindow(algorithm::sliding_window::Params {
+                limit: exact(amount, "the limit")?,
+                window: exact(window, "the window in microseconds")?,
+                step: exact(window.div_ceil(steps), "the weight step")?,
+            })
         }
         Algorithm::TokenBucket | Algorithm::Gcra => {
             let rate_name = if q.algorithm == Algorithm::Gcra {
@@ -270,20 +276,27 @@ fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
             }
             let g = gcd(u128::from(q.extra), window);
             let (per, period) = (u128::from(q.extra) / g, window / g);
-            p[0] = exact(amount, amount_name)?;
-            p[1] = exact(per, rate_name)?;
-            p[2] = exact(period, "the reduced period in microseconds")?;
+            let capacity = exact(amount, amount_name)?;
+            let rate = exact(per, rate_name)?;
+            let reduced = exact(period, "the reduced period in microseconds")?;
             // The largest products the scripts form: capacity * period (+ rate).
             exact(amount * period + per, "capacity times reduced period")?;
             policy_window_micros = (amount * period).div_ceil(per);
+            if q.algorithm == Algorithm::Gcra {
+                Params::Gcra(algorithm::gcra::Params {
+                    burst: capacity,
+                    rate,
+                    period: reduced,
+                })
+            } else {
+                Params::TokenBucket(algorithm::token_bucket::Params {
+                    capacity,
+                    rate,
+                    period: reduced,
+                })
+            }
         }
-    }
+    };
     let micros = u64::try_from(policy_window_micros).unwrap_or(u64::MAX);
-    Ok((
-        Params {
-            algorithm: q.algorithm,
-            p,
-        },
-        Duration::from_micros(micros),
-    ))
+    Ok((params, Duration::from_micros(micros)))
 }

@@ -372,11 +372,11 @@ mod tests {
     #[test]
     fn reduces_rates_and_rejects_bad_quotas() {
         let l = Limit::new("a", Quota::gcra(10, Duration::from_secs(1), 10)).unwrap();
-        assert_eq!(l.params().p[..3], [10, 1, 100_000]);
+        assert_eq!(l.params().wire()[..3], [10, 1, 100_000]);
         assert_eq!(l.policy_window(), Duration::from_secs(1));
         let day = Duration::from_secs(86_400);
         let l = Limit::new("a", Quota::token_bucket(1_000_000, 1_000_000, day)).unwrap();
-        assert_eq!(l.params().p[..3], [1_000_000, 1, 86_400]);
+        assert_eq!(l.params().wire()[..3], [1_000_000, 1, 86_400]);
         assert!(Limit::new(
             "a",
             Quota::sliding_window(1_000_000, Duration::from_secs(3600))

@@ -1,5 +1,15 @@
 //! Mirror of `lua/fixed_window.lua`: a count for the window starting at `start`.
 
+/// The integers this algorithm decides with: at most `limit` permits per
+/// window of `window` microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Params {
+    /// The most granted per window.
+    pub(crate) limit: i64,
+    /// The window, in microseconds, aligned to the epoch.
+    pub(crate) window: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
     /// What the store keeps: (start, window length, count); nothing when fresh.
@@ -42,8 +52,8 @@ impl FixedWindow {
 
     /// See `State::prepare`: `true` when the state was moved back to `now`
     /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
-        let w = p[1];
+    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
+        let w = p.window;
         (self.start, self.count) = (-1, 0);
         let moved = hw > now;
         if let Some(raw) = self.raw.as_mut().filter(|_| moved) {
@@ -78,8 +88,8 @@ impl FixedWindow {
         }
     }
 
-    pub(crate) fn earliest(&self, p: &[i64; 4], now: i64, cost: i64) -> Option<i64> {
-        let (n, w) = (p[0], p[1]);
+    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+        let (n, w) = (p.limit, p.window);
         if cost > n {
             return None;
         }
@@ -90,24 +100,24 @@ impl FixedWindow {
         Some(start + w)
     }
 
-    pub(crate) fn grant(&mut self, p: &[i64; 4], at: i64, cost: i64) {
-        let start = at - at.rem_euclid(p[1]);
+    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
+        let start = at - at.rem_euclid(p.window);
         self.count = self.count_in(start) + cost;
         self.start = start;
     }
 
     /// Gives back `cost` granted at `at` (as `fw_refund`): only when `at`
     /// lies in the window the state counts, never below zero.
-    pub(crate) fn refund(&mut self, p: &[i64; 4], at: i64, cost: i64) -> bool {
-        if self.start < 0 || self.count == 0 || at - at.rem_euclid(p[1]) != self.start {
+    pub(crate) fn refund(&mut self, p: &Params, at: i64, cost: i64) -> bool {
+        if self.start < 0 || self.count == 0 || at - at.rem_euclid(p.window) != self.start {
             return false;
         }
         self.count = (self.count - cost).max(0);
         true
     }
 
-    pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
-        let (n, w) = (p[0], p[1]);
+    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+        let (n, w) = (p.limit, p.window);
         let start = at - at.rem_euclid(w);
         if self.start > start {
             (0, self.start + w - now)
@@ -120,8 +130,8 @@ impl FixedWindow {
 
     /// Records the working state as the store keeps it; returns when it
     /// becomes equal to a fresh one.
-    pub(crate) fn save(&mut self, p: &[i64; 4]) -> i64 {
-        self.raw = Some((self.start, p[1], self.count));
-        self.start + p[1]
+    pub(crate) fn save(&mut self, p: &Params) -> i64 {
+        self.raw = Some((self.start, p.window, self.count));
+        self.start + p.window
     }
 }

@@ -3,6 +3,18 @@
 
 use super::{cdiv, fdiv, rescale, EXACT};
 
+/// The integers this algorithm decides with: `rate` permits per `period`
+/// microseconds, bursts of `burst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Params {
+    /// The most granted at once.
+    pub(crate) burst: i64,
+    /// Permits per `period` (reduced by their gcd).
+    pub(crate) rate: i64,
+    /// Microseconds per `rate` permits (reduced by their gcd).
+    pub(crate) period: i64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Gcra {
     /// What the store keeps, as of the key's `hw`; nothing when fresh.
@@ -51,8 +63,8 @@ impl Gcra {
 
     /// See `State::prepare`: `true` when the state was moved back to `now`
     /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
-        (self.tat, self.frac, self.keep) = (now, 0, p[0]);
+    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
+        (self.tat, self.frac, self.keep) = (now, 0, p.burst);
         let (mut hw, mut moved) = (hw, false);
         if let Some(raw) = self.raw.as_mut().filter(|_| hw > now) {
             raw.exp -= hw - now;
@@ -60,13 +72,13 @@ impl Gcra {
         }
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
             self.keep = self.keep.max(raw.bmax);
-            let debt = if fdiv(raw.level, raw.den) < p[0] {
-                p[0] * p[2] - rescale(raw.level, raw.den, p[2])
+            let debt = if fdiv(raw.level, raw.den) < p.burst {
+                p.burst * p.period - rescale(raw.level, raw.den, p.period)
             } else {
                 0
             };
-            let whole = fdiv(debt, p[1]);
-            (self.tat, self.frac) = (hw + whole, debt - whole * p[1]);
+            let whole = fdiv(debt, p.rate);
+            (self.tat, self.frac) = (hw + whole, debt - whole * p.rate);
             if self.ceil() < now {
                 (self.tat, self.frac) = (now, 0);
             }
@@ -74,30 +86,30 @@ impl Gcra {
         moved
     }
 
-    pub(crate) fn earliest(&self, p: &[i64; 4], now: i64, cost: i64) -> Option<i64> {
-        let (b, n, w) = (p[0], p[1], p[2]);
+    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+        let (b, n, w) = (p.burst, p.rate, p.period);
         if cost > b {
             return None;
         }
         Some(now.max(self.tat - fdiv((b - cost) * w - self.frac, n)))
     }
 
-    pub(crate) fn grant(&mut self, p: &[i64; 4], at: i64, cost: i64) {
+    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
         if self.ceil() < at {
             (self.tat, self.frac) = (at, 0);
         }
-        let total = self.frac + cost * p[2];
-        let whole = fdiv(total, p[1]);
+        let total = self.frac + cost * p.period;
+        let whole = fdiv(total, p.rate);
         self.tat += whole;
-        self.frac = total - whole * p[1];
+        self.frac = total - whole * p.rate;
     }
 
     /// Gives back `cost` (as `gcra_refund`): the TAT moves back by `cost`
     /// emission intervals, never before `now` (a full burst). `false` when
     /// nothing changes.
-    pub(crate) fn refund(&mut self, p: &[i64; 4], now: i64, cost: i64) -> bool {
-        let n = p[1];
-        let x = (self.tat - now) * n + self.frac - cost * p[2];
+    pub(crate) fn refund(&mut self, p: &Params, now: i64, cost: i64) -> bool {
+        let n = p.rate;
+        let x = (self.tat - now) * n + self.frac - cost * p.period;
         let (tat, frac) = if x > 0 {
             let whole = fdiv(x, n);
             (now + whole, x - whole * n)
@@ -109,8 +121,8 @@ impl Gcra {
         changed
     }
 
-    pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
-        let (b, n, w) = (p[0], p[1], p[2]);
+    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+        let (b, n, w) = (p.burst, p.rate, p.period);
         let used = if self.tat >= at {
             (self.tat - at) * n + self.frac
         } else {
@@ -127,14 +139,14 @@ impl Gcra {
 
     /// Records the working state as the store keeps it (as of `now`); returns
     /// when it becomes equal to a fresh one.
-    pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
-        let debt = (self.tat - now) * p[1] + self.frac;
+    pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
+        let debt = (self.tat - now) * p.rate + self.frac;
         let bmax = self.keep;
-        let extra = (bmax - p[0]).min(fdiv(EXACT - 1, p[2]));
-        let exp = self.ceil() + 1 + cdiv(extra * p[2], p[1]);
+        let extra = (bmax - p.burst).min(fdiv(EXACT - 1, p.period));
+        let exp = self.ceil() + 1 + cdiv(extra * p.period, p.rate);
         self.raw = Some(Raw {
-            level: p[0] * p[2] - debt,
-            den: p[2],
+            level: p.burst * p.period - debt,
+            den: p.period,
             exp,
             bmax,
         });

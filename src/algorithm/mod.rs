@@ -29,11 +29,53 @@ use smallvec::SmallVec;
 
 use crate::quota::Algorithm;
 
-/// Integer parameters shared by the Lua scripts and their Rust mirrors.
+/// The integers a limit's algorithm decides with, derived once from its
+/// quota (see `limit.rs`), typed per algorithm: a state is decided with the
+/// parameters of its own algorithm only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    pub(crate) algorithm: Algorithm,
-    pub(crate) p: [i64; 4],
+pub(crate) enum Params {
+    SlidingLog(sliding_log::Params),
+    TokenBucket(token_bucket::Params),
+    Gcra(gcra::Params),
+    FixedWindow(fixed_window::Params),
+    SlidingWindow(sliding_window::Params),
+}
+
+impl Params {
+    /// Whose parameters these are.
+    pub(crate) fn algorithm(&self) -> Algorithm {
+        match self {
+            Params::SlidingLog(_) => Algorithm::SlidingLog,
+            Params::TokenBucket(_) => Algorithm::TokenBucket,
+            Params::Gcra(_) => Algorithm::Gcra,
+            Params::FixedWindow(_) => Algorithm::FixedWindow,
+            Params::SlidingWindow(_) => Algorithm::SlidingWindow,
+        }
+    }
+
+    /// The most one decision can be granted: a larger cost never fits.
+    pub(crate) fn capacity(&self) -> i64 {
+        match self {
+            Params::SlidingLog(p) => p.limit,
+            Params::TokenBucket(p) => p.capacity,
+            Params::Gcra(p) => p.burst,
+            Params::FixedWindow(p) => p.limit,
+            Params::SlidingWindow(p) => p.limit,
+        }
+    }
+
+    /// The parameters as a limit's string sends them to the scripts, after
+    /// the algorithm's id (see `lua/driver.lua`): the one place their order
+    /// is written. The fourth is unused.
+    pub(crate) fn wire(&self) -> [i64; 4] {
+        match *self {
+            Params::SlidingLog(p) => [p.limit, p.window, 0, 0],
+            Params::TokenBucket(p) => [p.capacity, p.rate, p.period, 0],
+            Params::Gcra(p) => [p.burst, p.rate, p.period, 0],
+            Params::FixedWindow(p) => [p.limit, p.window, 0, 0],
+            Params::SlidingWindow(p) => [p.limit, p.window, p.step, 0],
+        }
+    }
 }
 
 /// floor(a / b) for b > 0.
@@ -90,11 +132,12 @@ pub(crate) fn rescale(x: i64, from: i64, to: i64) -> i64 {
 /// spans the previous one). A key's clock is believed that far ahead of the
 /// store's, no further (see "Clock steps" in `lua/driver.lua`).
 pub(crate) fn horizon(p: &Params) -> i64 {
-    let q = &p.p;
-    match p.algorithm {
-        Algorithm::Gcra | Algorithm::TokenBucket => cdiv(q[0] * q[2], q[1]),
-        Algorithm::FixedWindow | Algorithm::SlidingLog => q[1],
-        Algorithm::SlidingWindow => 2 * q[1],
+    match *p {
+        Params::Gcra(p) => cdiv(p.burst * p.period, p.rate),
+        Params::TokenBucket(p) => cdiv(p.capacity * p.period, p.rate),
+        Params::FixedWindow(p) => p.window,
+        Params::SlidingLog(p) => p.window,
+        Params::SlidingWindow(p) => 2 * p.window,
     }
 }
 
@@ -129,7 +172,7 @@ impl State {
     /// [`save_into`](Self::save_into) gives back.
     #[inline]
     pub(crate) fn load(stored: Option<&mut Stored>, p: &Params) -> Self {
-        match (p.algorithm, stored) {
+        match (p.algorithm(), stored) {
             (Algorithm::SlidingLog, Some(Stored::SlidingLog(s))) => {
                 State::SlidingLog(sliding_log::SlidingLog::from_log(std::mem::take(&mut s.0)))
             }
@@ -166,34 +209,34 @@ impl State {
     /// allocation; returns the expiry.
     #[inline(always)]
     pub(crate) fn save_into(self, p: &Params, now: i64, stored: &mut Stored) -> i64 {
-        match (self, stored) {
-            (State::SlidingLog(mut s), Stored::SlidingLog(slot)) => {
-                let expires_at = s.save(&p.p, now);
+        match (self, stored, p) {
+            (State::SlidingLog(mut s), Stored::SlidingLog(slot), Params::SlidingLog(p)) => {
+                let expires_at = s.save(p, now);
                 **slot = (s.into_log(), expires_at);
                 expires_at
             }
             // the same form: written in place (`save` has just set `raw`)
-            (State::Gcra(mut s), Stored::Gcra(raw)) => {
-                let expires_at = s.save(&p.p, now);
+            (State::Gcra(mut s), Stored::Gcra(raw), Params::Gcra(p)) => {
+                let expires_at = s.save(p, now);
                 *raw = s.raw().unwrap_or_default();
                 expires_at
             }
-            (State::TokenBucket(mut s), Stored::TokenBucket(raw)) => {
-                let expires_at = s.save(&p.p, now);
+            (State::TokenBucket(mut s), Stored::TokenBucket(raw), Params::TokenBucket(p)) => {
+                let expires_at = s.save(p, now);
                 *raw = s.raw().unwrap_or_default();
                 expires_at
             }
-            (State::FixedWindow(mut s), Stored::FixedWindow(raw)) => {
-                let expires_at = s.save(&p.p);
+            (State::FixedWindow(mut s), Stored::FixedWindow(raw), Params::FixedWindow(p)) => {
+                let expires_at = s.save(p);
                 *raw = s.raw().unwrap_or_default();
                 expires_at
             }
-            (State::SlidingWindow(mut s), Stored::SlidingWindow(raw)) => {
-                let expires_at = s.save(&p.p);
+            (State::SlidingWindow(mut s), Stored::SlidingWindow(raw), Params::SlidingWindow(p)) => {
+                let expires_at = s.save(p);
                 *raw = s.raw().unwrap_or_default();
                 expires_at
             }
-            (state, stored) => {
+            (state, stored, _) => {
                 let (saved, expires_at) = state.save_new(p, now);
                 *stored = saved;
                 expires_at
@@ -224,34 +267,40 @@ impl State {
     /// decides.
     #[inline]
     pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
-        match self {
-            State::SlidingLog(s) => s.prepare(&p.p, hw, now),
-            State::TokenBucket(s) => s.prepare(&p.p, hw, now),
-            State::Gcra(s) => s.prepare(&p.p, hw, now),
-            State::FixedWindow(s) => s.prepare(&p.p, hw, now),
-            State::SlidingWindow(s) => s.prepare(&p.p, hw, now),
+        match (self, p) {
+            (State::SlidingLog(s), Params::SlidingLog(p)) => s.prepare(p, hw, now),
+            (State::TokenBucket(s), Params::TokenBucket(p)) => s.prepare(p, hw, now),
+            (State::Gcra(s), Params::Gcra(p)) => s.prepare(p, hw, now),
+            (State::FixedWindow(s), Params::FixedWindow(p)) => s.prepare(p, hw, now),
+            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.prepare(p, hw, now),
+            // (never: a state is loaded for its own limit's parameters)
+            _ => false,
         }
     }
 
     #[inline]
     fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
-        match self {
-            State::SlidingLog(s) => s.earliest(&p.p, now, cost),
-            State::TokenBucket(s) => s.earliest(&p.p, now, cost),
-            State::Gcra(s) => s.earliest(&p.p, now, cost),
-            State::FixedWindow(s) => s.earliest(&p.p, now, cost),
-            State::SlidingWindow(s) => s.earliest(&p.p, now, cost),
+        match (self, p) {
+            (State::SlidingLog(s), Params::SlidingLog(p)) => s.earliest(p, now, cost),
+            (State::TokenBucket(s), Params::TokenBucket(p)) => s.earliest(p, now, cost),
+            (State::Gcra(s), Params::Gcra(p)) => s.earliest(p, now, cost),
+            (State::FixedWindow(s), Params::FixedWindow(p)) => s.earliest(p, now, cost),
+            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.earliest(p, now, cost),
+            // (never: a state is loaded for its own limit's parameters)
+            _ => None,
         }
     }
 
     #[inline]
     fn grant(&mut self, p: &Params, at: i64, cost: i64) {
-        match self {
-            State::SlidingLog(s) => s.grant(at, cost),
-            State::TokenBucket(s) => s.grant(&p.p, at, cost),
-            State::Gcra(s) => s.grant(&p.p, at, cost),
-            State::FixedWindow(s) => s.grant(&p.p, at, cost),
-            State::SlidingWindow(s) => s.grant(&p.p, at, cost),
+        match (self, p) {
+            (State::SlidingLog(s), _) => s.grant(at, cost),
+            (State::TokenBucket(s), Params::TokenBucket(p)) => s.grant(p, at, cost),
+            (State::Gcra(s), Params::Gcra(p)) => s.grant(p, at, cost),
+            (State::FixedWindow(s), Params::FixedWindow(p)) => s.grant(p, at, cost),
+            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.grant(p, at, cost),
+            // (never: a state is loaded for its own limit's parameters)
+            _ => {}
         }
     }
 
@@ -259,23 +308,27 @@ impl State {
     /// `now` (the scripts' `refund` functions). Returns whether the state
     /// changed (and must be saved).
     pub(crate) fn refund(&mut self, p: &Params, now: i64, at: i64, cost: i64) -> bool {
-        match self {
-            State::SlidingLog(s) => s.refund(at, cost),
-            State::TokenBucket(s) => s.refund(&p.p, cost),
-            State::Gcra(s) => s.refund(&p.p, now, cost),
-            State::FixedWindow(s) => s.refund(&p.p, at, cost),
-            State::SlidingWindow(s) => s.refund(&p.p, at, cost),
+        match (self, p) {
+            (State::SlidingLog(s), _) => s.refund(at, cost),
+            (State::TokenBucket(s), Params::TokenBucket(p)) => s.refund(p, cost),
+            (State::Gcra(s), Params::Gcra(p)) => s.refund(p, now, cost),
+            (State::FixedWindow(s), Params::FixedWindow(p)) => s.refund(p, at, cost),
+            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.refund(p, at, cost),
+            // (never: a state is loaded for its own limit's parameters)
+            _ => false,
         }
     }
 
     #[inline]
     fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
-        match self {
-            State::SlidingLog(s) => s.status(&p.p, now, at),
-            State::TokenBucket(s) => s.status(&p.p, now, at),
-            State::Gcra(s) => s.status(&p.p, now, at),
-            State::FixedWindow(s) => s.status(&p.p, now, at),
-            State::SlidingWindow(s) => s.status(&p.p, now, at),
+        match (self, p) {
+            (State::SlidingLog(s), Params::SlidingLog(p)) => s.status(p, now, at),
+            (State::TokenBucket(s), Params::TokenBucket(p)) => s.status(p, now, at),
+            (State::Gcra(s), Params::Gcra(p)) => s.status(p, now, at),
+            (State::FixedWindow(s), Params::FixedWindow(p)) => s.status(p, now, at),
+            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.status(p, now, at),
+            // (never: a state is loaded for its own limit's parameters)
+            _ => (0, 0),
         }
     }
 
@@ -284,12 +337,14 @@ impl State {
     /// at which the state becomes equal to a fresh one: the key's expiry.
     #[inline]
     pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
-        match self {
-            State::SlidingLog(s) => s.save(&p.p, now),
-            State::TokenBucket(s) => s.save(&p.p, now),
-            State::Gcra(s) => s.save(&p.p, now),
-            State::FixedWindow(s) => s.save(&p.p),
-            State::SlidingWindow(s) => s.save(&p.p),
+        match (self, p) {
+            (State::SlidingLog(s), Params::SlidingLog(p)) => s.save(p, now),
+            (State::TokenBucket(s), Params::TokenBucket(p)) => s.save(p, now),
+            (State::Gcra(s), Params::Gcra(p)) => s.save(p, now),
+            (State::FixedWindow(s), Params::FixedWindow(p)) => s.save(p),
+            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.save(p),
+            // (never: a state is loaded for its own limit's parameters)
+            _ => now,
         }
     }
 }

@@ -2,6 +2,16 @@
 
 use std::collections::VecDeque;
 
+/// The integers this algorithm decides with: at most `limit` permits in any
+/// window of `window` microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Params {
+    /// The most granted in any window.
+    pub(crate) limit: i64,
+    /// The window, in microseconds.
+    pub(crate) window: i64,
+}
+
 /// Grants, oldest first, the sum of their costs, and the longest window in
 /// use with the time until which it is honoured (`wmax`, `wexp` in Redis).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,7 +60,7 @@ impl SlidingLog {
     /// `prepare`, once a log dated after `now` (its clock `hw`) is moved back
     /// to it (see `State::prepare`): `true` when it was and still holds
     /// something.
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
+    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
         let moved = hw > now;
         if moved {
             for entry in &mut self.entries {
@@ -60,7 +70,7 @@ impl SlidingLog {
                 *wexp -= hw - now;
             }
         }
-        let w = p[1];
+        let w = p.window;
         self.keep = match self.wmax {
             Some((wmax, wexp)) if wmax > w && wexp > now => wmax,
             _ => w,
@@ -104,8 +114,8 @@ impl SlidingLog {
         self.entries.iter().skip(self.skip)
     }
 
-    pub(crate) fn earliest(&self, p: &[i64; 4], now: i64, cost: i64) -> Option<i64> {
-        let (n, w) = (p[0], p[1]);
+    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+        let (n, w) = (p.limit, p.window);
         if cost > n {
             return None;
         }
@@ -148,8 +158,8 @@ impl SlidingLog {
         true
     }
 
-    pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
-        let (n, w) = (p[0], p[1]);
+    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+        let (n, w) = (p.limit, p.window);
         let Some(last) = self.last() else {
             return (n, 0);
         };
@@ -170,9 +180,9 @@ impl SlidingLog {
 
     /// Records the window in use; returns when the state becomes equal to a
     /// fresh one.
-    pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
-        if self.keep <= p[1] {
-            self.wmax = Some((p[1], now + p[1]));
+    pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
+        if self.keep <= p.window {
+            self.wmax = Some((p.window, now + p.window));
         }
         self.last().map_or(now, |last| last + self.keep)
     }

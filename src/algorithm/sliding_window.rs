@@ -2,6 +2,19 @@
 
 use super::{cdiv, fdiv};
 
+/// The integers this algorithm decides with: about `limit` permits in any
+/// window of `window` microseconds, weighed in steps of `step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Params {
+    /// The most granted per estimated window.
+    pub(crate) limit: i64,
+    /// The window, in microseconds.
+    pub(crate) window: i64,
+    /// One 2^-20 of the window, rounded up: the unit of the previous
+    /// window's weight.
+    pub(crate) step: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
     /// What the store keeps: (start, window length, previous, current).
@@ -46,8 +59,8 @@ impl SlidingWindow {
 
     /// See `State::prepare`: `true` when the state was moved back to `now`
     /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
-        let w = p[1];
+    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
+        let w = p.window;
         (self.start, self.prev, self.cur) = (-1, 0, 0);
         let moved = hw > now;
         if let Some(raw) = self.raw.as_mut().filter(|_| moved) {
@@ -84,18 +97,18 @@ impl SlidingWindow {
     }
 
     /// (previous, current) counts as seen from the window beginning at `start`.
-    fn counts(&self, p: &[i64; 4], start: i64) -> (i64, i64) {
+    fn counts(&self, p: &Params, start: i64) -> (i64, i64) {
         if self.start == start {
             (self.prev, self.cur)
-        } else if self.start == start - p[1] {
+        } else if self.start == start - p.window {
             (self.cur, 0)
         } else {
             (0, 0)
         }
     }
 
-    pub(crate) fn earliest(&self, p: &[i64; 4], now: i64, cost: i64) -> Option<i64> {
-        let (n, w, u) = (p[0], p[1], p[2]);
+    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+        let (n, w, u) = (p.limit, p.window, p.step);
         if cost > n {
             return None;
         }
@@ -119,8 +132,8 @@ impl SlidingWindow {
         Some(from.max(start))
     }
 
-    pub(crate) fn grant(&mut self, p: &[i64; 4], at: i64, cost: i64) {
-        let start = at - at.rem_euclid(p[1]);
+    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
+        let start = at - at.rem_euclid(p.window);
         let (prev, cur) = self.counts(p, start);
         (self.start, self.prev, self.cur) = (start, prev, cur + cost);
     }
@@ -128,15 +141,15 @@ impl SlidingWindow {
     /// Gives back `cost` granted at `at` (as `sw_refund`): from the current
     /// or the previous window, whichever holds `at`; nothing if older.
     /// Never below zero.
-    pub(crate) fn refund(&mut self, p: &[i64; 4], at: i64, cost: i64) -> bool {
+    pub(crate) fn refund(&mut self, p: &Params, at: i64, cost: i64) -> bool {
         if self.start < 0 {
             return false;
         }
-        let start = at - at.rem_euclid(p[1]);
+        let start = at - at.rem_euclid(p.window);
         if start == self.start && self.cur > 0 {
             self.cur = (self.cur - cost).max(0);
             true
-        } else if start == self.start - p[1] && self.prev > 0 {
+        } else if start == self.start - p.window && self.prev > 0 {
             self.prev = (self.prev - cost).max(0);
             true
         } else {
@@ -144,8 +157,8 @@ impl SlidingWindow {
         }
     }
 
-    pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
-        let (n, w, u) = (p[0], p[1], p[2]);
+    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+        let (n, w, u) = (p.limit, p.window, p.step);
         let start = at - at.rem_euclid(w);
         if self.start > start {
             return (0, self.start + 2 * w - now);
@@ -164,8 +177,8 @@ impl SlidingWindow {
 
     /// Records the working state as the store keeps it; returns when it
     /// becomes equal to a fresh one.
-    pub(crate) fn save(&mut self, p: &[i64; 4]) -> i64 {
-        self.raw = Some((self.start, p[1], self.prev, self.cur));
-        self.start + 2 * p[1]
+    pub(crate) fn save(&mut self, p: &Params) -> i64 {
+        self.raw = Some((self.start, p.window, self.prev, self.cur));
+        self.start + 2 * p.window
     }
 }

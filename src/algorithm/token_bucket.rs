@@ -2,6 +2,18 @@
 
 use super::{cdiv, fdiv, rescale, EXACT};
 
+/// The integers this algorithm decides with: a bucket of `capacity` tokens,
+/// `rate` back every `period` microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Params {
+    /// The bucket's size.
+    pub(crate) capacity: i64,
+    /// Tokens back per `period` (reduced by their gcd).
+    pub(crate) rate: i64,
+    /// Microseconds per `rate` tokens (reduced by their gcd).
+    pub(crate) period: i64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TokenBucket {
     /// What the store keeps, or nothing for a full bucket.
@@ -48,9 +60,9 @@ impl TokenBucket {
 
     /// See `State::prepare`: `true` when the state was moved back to `now`
     /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &[i64; 4], hw: i64, now: i64) -> bool {
-        let full = p[0] * p[2];
-        (self.level, self.ts, self.keep) = (full, now, p[0]);
+    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
+        let full = p.capacity * p.period;
+        (self.level, self.ts, self.keep) = (full, now, p.capacity);
         let mut moved = false;
         if let Some(raw) = self.raw.as_mut().filter(|_| hw > now) {
             (raw.ts, raw.exp) = (raw.ts - (hw - now), raw.exp - (hw - now));
@@ -59,71 +71,78 @@ impl TokenBucket {
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
             self.keep = self.keep.max(raw.cmax);
             self.ts = raw.ts;
-            if fdiv(raw.level, raw.den) < p[0] {
-                self.level = rescale(raw.level, raw.den, p[2]);
+            if fdiv(raw.level, raw.den) < p.capacity {
+                self.level = rescale(raw.level, raw.den, p.period);
             }
         }
         moved
     }
 
-    fn level_at(&self, p: &[i64; 4], t: i64) -> i64 {
-        let full = p[0] * p[2];
+    fn level_at(&self, p: &Params, t: i64) -> i64 {
+        let full = p.capacity * p.period;
         let need = full - self.level;
         let elapsed = t - self.ts;
         if elapsed <= 0 {
             return self.level;
         }
-        if elapsed >= cdiv(need, p[1]) {
+        if elapsed >= cdiv(need, p.rate) {
             return full;
         }
-        self.level + elapsed * p[1]
+        self.level + elapsed * p.rate
     }
 
-    pub(crate) fn earliest(&self, p: &[i64; 4], now: i64, cost: i64) -> Option<i64> {
-        if cost > p[0] {
+    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+        if cost > p.capacity {
             return None;
         }
         let base = now.max(self.ts);
-        let need = cost * p[2] - self.level_at(p, base);
+        let need = cost * p.period - self.level_at(p, base);
         if need <= 0 {
             return Some(base);
         }
-        Some(base + cdiv(need, p[1]))
+        Some(base + cdiv(need, p.rate))
     }
 
-    pub(crate) fn grant(&mut self, p: &[i64; 4], at: i64, cost: i64) {
-        self.level = self.level_at(p, at) - cost * p[2];
+    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
+        self.level = self.level_at(p, at) - cost * p.period;
         self.ts = at;
     }
 
     /// Gives back `cost` tokens (as `tb_refund`), never above the capacity.
     /// `false` when the bucket is full already.
-    pub(crate) fn refund(&mut self, p: &[i64; 4], cost: i64) -> bool {
-        let full = p[0] * p[2];
+    pub(crate) fn refund(&mut self, p: &Params, cost: i64) -> bool {
+        let full = p.capacity * p.period;
         if self.level >= full {
             return false;
         }
-        self.level = (self.level + cost * p[2]).min(full);
+        self.level = (self.level + cost * p.period).min(full);
         true
     }
 
-    pub(crate) fn status(&self, p: &[i64; 4], now: i64, at: i64) -> (i64, i64) {
+    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         let t = at.max(self.ts);
         let level = self.level_at(p, t);
-        let remaining = if self.ts > at { 0 } else { fdiv(level, p[2]) };
-        (remaining, t - now + cdiv(p[0] * p[2] - level, p[1]))
+        let remaining = if self.ts > at {
+            0
+        } else {
+            fdiv(level, p.period)
+        };
+        (
+            remaining,
+            t - now + cdiv(p.capacity * p.period - level, p.rate),
+        )
     }
 
     /// Records the working state as the store keeps it; returns when it
     /// becomes equal to a fresh one.
-    pub(crate) fn save(&mut self, p: &[i64; 4], now: i64) -> i64 {
+    pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
         let cmax = self.keep;
         let t = now.max(self.ts);
-        let top = cmax.min(fdiv(EXACT - 1, p[2])) * p[2];
-        let exp = t + cdiv(top - self.level_at(p, t), p[1]);
+        let top = cmax.min(fdiv(EXACT - 1, p.period)) * p.period;
+        let exp = t + cdiv(top - self.level_at(p, t), p.rate);
         self.raw = Some(Raw {
             level: self.level,
-            den: p[2],
+            den: p.period,
             ts: self.ts,
             exp,
             cmax,

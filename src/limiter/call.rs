@@ -58,7 +58,7 @@ impl Limiter {
         // must see what the store says now; a cost over a capacity is
         // answered "never" by the store).
         let cost = checks.first().map_or(0, |c| c.cost);
-        let fits = || checks.iter().all(|c| c.cost <= c.limit.params().p[0]);
+        let fits = || checks.iter().all(|c| c.cost <= c.limit.params().capacity());
         let denials = self
             .inner
             .denials

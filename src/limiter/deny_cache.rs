@@ -155,8 +155,8 @@ impl DenyCache {
             key.extend_from_slice(check.limit.name().as_bytes());
             let params = check.limit.params();
             key.push(b'/');
-            key.push(params.algorithm.id());
-            for p in params.p {
+            key.push(params.algorithm().id());
+            for p in params.wire() {
                 key.extend_from_slice(&p.to_le_bytes());
             }
             Self::segment(&mut key, check.key);

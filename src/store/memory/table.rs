@@ -49,7 +49,7 @@ impl Table {
     pub(super) fn new(limit: &Limit) -> Self {
         Self {
             name: limit.shared_name(),
-            algorithm: limit.params().algorithm,
+            algorithm: limit.params().algorithm(),
             index: HashTable::new(),
             chunks: Vec::new(),
             len: 0,
@@ -92,7 +92,7 @@ impl Table {
 
     #[inline]
     pub(super) fn is_for(&self, limit: &Limit) -> bool {
-        self.algorithm == limit.params().algorithm && std::ptr::eq(self.name, limit.shared_name())
+        self.algorithm == limit.params().algorithm() && std::ptr::eq(self.name, limit.shared_name())
     }
 
     #[inline]

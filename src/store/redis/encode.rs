@@ -82,7 +82,7 @@ impl RedisStore {
                 _ => None,
             };
             let name = check.limit.name().as_bytes();
-            for part in check.limit.params().algorithm.key_parts() {
+            for part in check.limit.params().algorithm().key_parts() {
                 let start = out.buf.len();
                 out.buf.extend_from_slice(prefix);
                 out.buf.push(b':');
