@@ -6,7 +6,8 @@
 //! | mode | limiter |
 //! |---|---|
 //! | `bare` | none |
-//! | `governor` | tower_governor, per peer IP |
+//! | `governor` | tower_governor, per peer IP, no headers (its default) |
+//! | `governor-headers` | the same with `use_headers()` (`x-ratelimit-*` on every response) |
 //! | `ours-mem` | tower-ratelimit, MemoryStore, GCRA, per client IP |
 //! | `ours-mem-noheaders` | the same without the RateLimit fields |
 //! | `trlr` | tower-rate-limit-redis, GCRA, keys rotated over 10k |
@@ -72,6 +73,15 @@ async fn limited(app: Router, mode: &str, url: &str) -> Result<Router, Error> {
             let config = tower_governor::governor::GovernorConfigBuilder::default()
                 .per_nanosecond(1)
                 .burst_size(1_000_000_000)
+                .finish()
+                .ok_or("governor configuration")?;
+            app.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
+        }
+        "governor-headers" => {
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000_000)
+                .use_headers()
                 .finish()
                 .ok_or("governor configuration")?;
             app.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
