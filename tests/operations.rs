@@ -507,26 +507,34 @@ async fn a_sliding_log_trusts_its_log_whatever_happened_to_meta() {
             }
             let ctx = format!("log {log_what}, meta {meta_what}");
             agree_after(&stores, &redis, &twin, &ctx).await;
-            // healed: meta is a cache that counts the log again
-            stores.at(3000 * MS);
-            assert!(
-                redis.check("k", 1).await.expect("decision").is_allowed(),
-                "{ctx}"
-            );
-            let count: f64 = redis::cmd("ZCARD")
-                .arg(&log)
-                .query(&mut conn)
-                .expect("ZCARD");
-            let cached: Vec<u8> = redis::cmd("GET").arg(&meta).query(&mut conn).expect("GET");
-            // 'M', then sum and cnt as little-endian doubles (lua/sliding_log.lua)
-            assert_eq!(cached.first(), Some(&b'M'), "{ctx}");
-            let cnt = cached
-                .get(9..17)
-                .and_then(|b| b.try_into().ok())
-                .map(f64::from_le_bytes);
-            assert_eq!(cnt, Some(count), "{ctx}");
+            healed(&stores, &redis, &mut conn, (&log, &meta), &ctx).await;
         }
     }
+}
+
+/// After a corrupted sliding log: at 3 s a decision is granted, and meta is
+/// a cache that counts the log again ('M', then sum and cnt as little-endian
+/// doubles, see `lua/sliding_log.lua`).
+async fn healed(
+    stores: &Stores,
+    redis: &Limiter,
+    conn: &mut redis::Connection,
+    (log, meta): (&str, &str),
+    ctx: &str,
+) {
+    stores.at(3000 * MS);
+    assert!(
+        redis.check("k", 1).await.expect("decision").is_allowed(),
+        "{ctx}"
+    );
+    let count: f64 = redis::cmd("ZCARD").arg(log).query(conn).expect("ZCARD");
+    let cached: Vec<u8> = redis::cmd("GET").arg(meta).query(conn).expect("GET");
+    assert_eq!(cached.first(), Some(&b'M'), "{ctx}");
+    let cnt = cached
+        .get(9..17)
+        .and_then(|b| b.try_into().ok())
+        .map(f64::from_le_bytes);
+    assert_eq!(cnt, Some(count), "{ctx}");
 }
 
 /// A sliding log's meta value with these fields (sum, cnt, seq, hw, wmax,
@@ -881,21 +889,7 @@ async fn a_sliding_log_reads_foreign_scores_as_absent() {
             }
             let ctx = format!("log with {what}, meta {meta_what}");
             agree_after(&stores, &redis, &twin, &ctx).await;
-            stores.at(3000 * MS);
-            assert!(
-                redis.check("k", 1).await.expect("decision").is_allowed(),
-                "{ctx}"
-            );
-            let count: f64 = redis::cmd("ZCARD")
-                .arg(&log)
-                .query(&mut conn)
-                .expect("ZCARD");
-            let cached: Vec<u8> = redis::cmd("GET").arg(&meta).query(&mut conn).expect("GET");
-            let cnt = cached
-                .get(9..17)
-                .and_then(|b| b.try_into().ok())
-                .map(f64::from_le_bytes);
-            assert_eq!(cnt, Some(count), "{ctx}");
+            healed(&stores, &redis, &mut conn, (&log, &meta), &ctx).await;
         }
     }
 }
