@@ -57,8 +57,8 @@ LOAD_CPU=${LOAD_CPU:-1}
 CALLGRIND=${CALLGRIND:-0}
 OUT=${OUT:-$(mktemp -d -t tower-ratelimit-lua.XXXXXX)}
 mkdir -p "$OUT"
-PEER_SCRIPT=${PEER_SCRIPT:-$(ls ~/.cargo/registry/src/*/tower-rate-limit-redis-1.0.2/scripts/rate_limit.lua 2>/dev/null | head -1)}
-[ -f "$PEER_SCRIPT" ] || { echo "the peer's rate_limit.lua is missing: set PEER_SCRIPT" >&2; exit 1; }
+PEER_SCRIPT=${PEER_SCRIPT:-$(ls ~/.cargo/registry/src/*/tower-rate-limit-redis-1.0.2/scripts/rate_limit.lua 2>/dev/null | head -1 || true)}
+[ -f "$PEER_SCRIPT" ] || { echo "the peer's rate_limit.lua is missing: set PEER_SCRIPT, or run cargo fetch in bench/peers" >&2; exit 1; }
 FILES="common sliding_log token_bucket gcra fixed_window sliding_window wire driver"
 
 log() { printf '[lua %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

@@ -188,10 +188,19 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        if self.config.at_once {
-            call_at_once(self, request)
-        } else {
-            call_later(&mut self.inner, &self.config, request)
+        let RateLimit { inner, config } = self;
+        let (parts, body) = request.into_parts();
+        if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
+            // exempt: never counted, never refused
+            return forward_now(inner, parts, body, RateLimitInfo::new(None, false), None);
+        }
+        if !config.at_once {
+            return call_later(inner, config, parts, body, None);
+        }
+        match decide_at_once(config, &parts) {
+            AtOnce::Answer(answer) => ResponseFuture::ready(Ok(answer)),
+            AtOnce::Forward(info, fields) => forward_now(inner, parts, body, info, fields),
+            AtOnce::Later(failed) => call_later(inner, config, parts, body, failed),
         }
     }
 }
@@ -223,105 +232,59 @@ impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
 {
 }
 
-/// Decides within `call`: the store answers at once, and nothing is
-/// reserved ahead or given back.
-fn call_at_once<S, ReqBody, ResBody>(
-    service: &mut RateLimit<S>,
-    request: Request<ReqBody>,
-) -> ResponseFuture<S::Future, ResBody, S::Error>
-where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: Send + 'static,
-    ResBody: Send + 'static,
-{
-    let RateLimit { inner, config } = service;
-    let (parts, body) = request.into_parts();
-    if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
-        // exempt: never counted, never refused
-        return forward_now(inner, parts, body, RateLimitInfo::new(None, false), None);
-    }
-    let chosen = match choose(config, &parts) {
-        Ok(chosen) => chosen,
-        Err(answer) => return ResponseFuture::ready(Ok(answer)),
-    };
-    if chosen.is_empty() {
-        return forward_now(inner, parts, body, RateLimitInfo::new(None, false), None);
-    }
-    let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
-        .iter()
-        .map(|(limit, key, _)| (*limit, key.as_bytes()))
-        .collect();
-    let cost = config
-        .cost
-        .as_ref()
-        .map_or(config.fixed_cost, |cost| cost(&parts));
-    let decision = match config.limiter.decide_pairs_now(&pairs, cost) {
-        Some(Ok(decision)) => decision,
-        Some(Err(error)) => {
-            return after_failure_now(inner, config, parts, body, &pairs, cost, &error)
-        }
-        // not at once after all: decided the usual way
-        None => {
-            drop(pairs);
-            drop(chosen);
-            return call_later(inner, config, Request::from_parts(parts, body));
-        }
-    };
-    config.outage.success();
-    drop(pairs);
-    drop(chosen);
-    if !decision.is_allowed() {
-        return ResponseFuture::ready(Ok(refused(config, &decision, &decision)));
-    }
-    let fields = Fields::of(&decision, &config.headers);
-    forward_now(
-        inner,
-        parts,
-        body,
-        RateLimitInfo::new(Some(decision), false),
-        fields,
-    )
+/// What [`decide_at_once`] found.
+enum AtOnce<B> {
+    /// Answer this (refused, or no key where the rule requires one).
+    Answer(Response<ResponseBody<B>>),
+    /// Forward the request with this information and these fields.
+    Forward(RateLimitInfo, Option<Fields>),
+    /// Decide in the response future after all: the decision is not made
+    /// at once (a limit in shadow mode), or the store failed (`Some`), and
+    /// what follows a failure is decided there.
+    Later(Option<Box<Error>>),
 }
 
-/// [`call_at_once`] after the store failed: the in-process fallback's
-/// decision, the layer's answer or the request forwarded undecided, per
-/// [`OnStoreError`].
-#[cold]
-#[inline(never)]
-fn after_failure_now<S, ReqBody, ResBody>(
-    inner: &mut S,
-    config: &Arc<Config>,
-    parts: Parts,
-    body: ReqBody,
-    pairs: &[(&Limit, &[u8])],
-    cost: u64,
-    error: &Error,
-) -> ResponseFuture<S::Future, ResBody, S::Error>
-where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: Send + 'static,
-    ResBody: Send + 'static,
-{
-    let decision = match after_failure(config, error) {
-        AfterFailure::Fallback(fallback) => {
-            fallback.decide_pairs_now(pairs, cost).and_then(Result::ok)
-        }
-        AfterFailure::Answer(answer) => return ResponseFuture::ready(Ok(answer)),
-        AfterFailure::Pass => None,
+/// The decision within `call`, over a store that answers at once with
+/// nothing reserved ahead or given back: the steps of [`call_later`]'s
+/// common path, not awaited.
+fn decide_at_once<B>(config: &Config, parts: &Parts) -> AtOnce<B> {
+    let chosen = match choose(config, parts) {
+        Ok(chosen) => chosen,
+        Err(answer) => return AtOnce::Answer(answer),
     };
-    if let Some(decision) = decision.as_ref().filter(|d| !d.is_allowed()) {
-        return ResponseFuture::ready(Ok(refused(config, decision, decision)));
+    if chosen.is_empty() {
+        return AtOnce::Forward(RateLimitInfo::new(None, false), None);
     }
-    let fields = decision
+    let decision = match config
+        .limiter
+        .decide_pairs_now(&pairs_of(&chosen), cost_of(config, parts))
+    {
+        Some(Ok(decision)) => decision,
+        Some(Err(error)) => return AtOnce::Later(Some(Box::new(error))),
+        None => return AtOnce::Later(None),
+    };
+    config.outage.success();
+    if !decision.is_allowed() {
+        return AtOnce::Answer(refused(config, &decision, &decision));
+    }
+    let fields = Fields::of(&decision, &config.headers);
+    AtOnce::Forward(RateLimitInfo::new(Some(decision), false), fields)
+}
+
+/// A request's cost: the layer's function of the request, or its fixed cost.
+fn cost_of(config: &Config, parts: &Parts) -> u64 {
+    config
+        .cost
         .as_ref()
-        .and_then(|decision| Fields::of(decision, &config.headers));
-    forward_now(
-        inner,
-        parts,
-        body,
-        RateLimitInfo::new(decision, true),
-        fields,
-    )
+        .map_or(config.fixed_cost, |cost| cost(parts))
+}
+
+/// The chosen limits and keys as the limiter takes them.
+fn pairs_of<'a>(chosen: &'a Chosen<'_>) -> SmallVec<[(&'a Limit, &'a [u8]); 2]> {
+    chosen
+        .iter()
+        .map(|(limit, key, _)| (*limit, key.as_bytes()))
+        .collect()
 }
 
 /// Forwards a request decided within `call`, with `info` among its
@@ -366,7 +329,9 @@ where
 }
 
 /// Decides inside the response future: the store is awaited, or a grant
-/// may be reserved ahead, given back or decided again.
+/// may be reserved ahead, given back or decided again. `failed`: the store
+/// already failed this request's decision within `call` (see
+/// [`decide_at_once`]); what follows is decided here, once.
 ///
 /// The boxed future holds only the request, its keys and the awaits of the
 /// common path (the decision, the inner service); the rare ones (a store
@@ -375,18 +340,15 @@ where
 fn call_later<S, ReqBody, ResBody>(
     inner: &mut S,
     config: &Arc<Config>,
-    request: Request<ReqBody>,
+    parts: Parts,
+    body: ReqBody,
+    failed: Option<Box<Error>>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error>
 where
     S: Inner<ReqBody, ResBody>,
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
-    let (parts, body) = request.into_parts();
-    if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
-        // exempt: never counted, never refused
-        return forward_now(inner, parts, body, RateLimitInfo::new(None, false), None);
-    }
     let mut inner = inner.clone();
     let config = config.clone();
     ResponseFuture::boxed(async move {
@@ -394,14 +356,8 @@ where
             Ok(chosen) => chosen,
             Err(answer) => return Ok(answer),
         };
-        let cost = config
-            .cost
-            .as_ref()
-            .map_or(config.fixed_cost, |cost| cost(&parts));
-        let pairs: SmallVec<[(&Limit, &[u8]); 2]> = chosen
-            .iter()
-            .map(|(limit, key, _)| (*limit, key.as_bytes()))
-            .collect();
+        let cost = cost_of(&config, &parts);
+        let pairs = pairs_of(&chosen);
         // a place among the requests that may wait, while one is free
         let place = config
             .waiting
@@ -414,11 +370,14 @@ where
         };
         let refundable = config.refundable;
         let mut store_failed = false;
-        let decided = match config
-            .limiter
-            .decide_pairs(&pairs, cost, delay, refundable)
-            .await
-        {
+        let decided = match failed {
+            Some(error) => Some(Err(*error)),
+            None => {
+                let decision = config.limiter.decide_pairs(&pairs, cost, delay, refundable);
+                decision.await
+            }
+        };
+        let decided = match decided {
             None => None,
             Some(Ok(grant)) => {
                 config.outage.success();
