@@ -72,6 +72,18 @@ local function fmod(a, b) -- a mod b in [0, b), exact: a - fdiv(a, b) * b
   return a - (a - r) / b * b
 end
 
+-- A decision's outcome and wait from T, the earliest time at which all its
+-- limits allow it (-1: never, a cost over a capacity), the clock `now` and
+-- the longest wait allowed. The outcomes are `algorithm::Outcome`'s: 0
+-- granted (wait: until T), 1 denied (wait: the retry-after), 2 never (wait
+-- -1); see wire.lua.
+local function verdict(t, now, max_wait)
+  if t < 0 then return 2, -1 end
+  local wait = t - now
+  if wait > max_wait then return 1, wait end
+  return 0, wait
+end
+
 local function max(a, b)
   if a > b then return a end
   return b

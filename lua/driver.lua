@@ -102,12 +102,9 @@ function decide_one(keys, s, real, max_wait, dry, from)
   alg.prepare(st, p, now)
   local t = now
   if cost > 0 then t = alg.earliest(st, p, now, cost) end
-  local outcome, wait, as_of = 0, t - now, now
-  if t < 0 then
-    outcome, wait = 2, -1
-  elseif wait > max_wait then
-    outcome = 1
-  elseif not dry then
+  local outcome, wait = verdict(t, now, max_wait)
+  local as_of = now
+  if outcome == 0 and not dry then
     as_of = t
     if cost > 0 then alg.grant(st, p, t, cost) end
   end
@@ -163,10 +160,46 @@ local function refund(keys, args, opts)
   return ''
 end
 
+-- The earliest time at which every one of the limits allows its cost (or
+-- `cost`, for all): each limit's as `l.t`; returns it, or -1 when a cost
+-- exceeds a capacity.
+local function earliest(limits, now, cost)
+  local at = now
+  for i = 1, #limits do
+    local l = limits[i]
+    local c = cost or l.cost
+    l.t = now
+    if c > 0 then l.t = l.alg.earliest(l.st, l.p, now, c) end
+    if l.t < 0 then
+      at = -1
+    elseif at >= 0 and l.t > at then
+      at = l.t
+    end
+  end
+  return at
+end
+
+-- Grants each limit's cost (or `cost`) at `at` when `grant`, saves every
+-- state and returns the reply: outcome, wait, now, then each limit's wait,
+-- remaining and reset as of `as_of`.
+local function finish(limits, outcome, wait, now, grant, at, cost, as_of, from)
+  local reply = { outcome, wait, now }
+  for i = 1, #limits do
+    local l = limits[i]
+    local c = cost or l.cost
+    if grant and c > 0 then l.alg.grant(l.st, l.p, at, c) end
+    l.alg.save(l.st, l.p, now, from)
+    local remaining, reset = l.alg.status(l.st, l.p, now, as_of)
+    local t = -1
+    if l.t >= 0 then t = l.t - now end
+    reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = t, remaining, reset
+  end
+  return reply
+end
+
 -- Op 2: takes min(N, what every limit has left now).
 local function take(keys, args, opts)
   local real = clock(opts)
-  local from = real - opts[4]
   local n = #args - 1
   local limits, now = load_limits(keys, args, 2, n, real)
   local k = spec(args[2]).cost
@@ -176,37 +209,12 @@ local function take(keys, args, opts)
     k = min(k, (l.alg.status(l.st, l.p, now, now)))
   end
   k = max(0, k)
-  local cost, dry = k, k == 0
-  if dry then cost = 1 end
-
-  local at = now
-  local never = false
-  for i = 1, n do
-    local l = limits[i]
-    l.t = l.alg.earliest(l.st, l.p, now, cost)
-    if l.t < 0 then
-      never = true
-    elseif l.t > at then
-      at = l.t
-    end
-  end
-  local outcome, wait = 0, at - now
-  if never then
-    outcome, wait = 2, -1
-  elseif wait > 0 then
-    outcome = 1
-  end
-
-  local reply = { outcome, wait, now }
-  for i = 1, n do
-    local l = limits[i]
-    if outcome == 0 and not dry then l.alg.grant(l.st, l.p, now, cost) end
-    l.alg.save(l.st, l.p, now, from)
-    local remaining, reset = l.alg.status(l.st, l.p, now, now)
-    local t = -1
-    if l.t >= 0 then t = l.t - now end
-    reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = t, remaining, reset
-  end
+  -- k = 0: a cost of 1 decided, not granted (the denial says when)
+  local cost = max(k, 1)
+  local at = earliest(limits, now, cost)
+  local outcome, wait = verdict(at, now, 0)
+  local reply = finish(limits, outcome, wait, now, outcome == 0 and k > 0, now, cost, now,
+    real - opts[4])
   reply[3 * n + 4] = k
   return struct.pack('<' .. string.rep('d', 4 + 3 * n), unpack(reply))
 end
@@ -240,42 +248,16 @@ local function decide(keys, args)
   end
 
   local limits, now = load_limits(keys, args, first, n, real)
-
-  local at = now
-  local never = false
   for i = 1, n do
     local l = limits[i]
     l.alg.prepare(l.st, l.p, now)
-    l.t = now
-    if l.cost > 0 then l.t = l.alg.earliest(l.st, l.p, now, l.cost) end
-    if l.t < 0 then
-      never = true
-    elseif l.t > at then
-      at = l.t
-    end
   end
-
-  local outcome, wait = 0, at - now
-  if never then
-    outcome, wait = 2, -1
-  elseif wait > max_wait then
-    outcome = 1
-  end
-
-  local reply = { outcome, wait, now }
-  for i = 1, n do
-    local l = limits[i]
-    local as_of = now
-    if outcome == 0 and not dry then
-      as_of = at
-      if l.cost > 0 then l.alg.grant(l.st, l.p, at, l.cost) end
-    end
-    l.alg.save(l.st, l.p, now, from)
-    local remaining, reset = l.alg.status(l.st, l.p, now, as_of)
-    local t = -1
-    if l.t >= 0 then t = l.t - now end
-    reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = t, remaining, reset
-  end
+  local at = earliest(limits, now, nil)
+  local outcome, wait = verdict(at, now, max_wait)
+  local grant = outcome == 0 and not dry
+  local as_of = now
+  if grant then as_of = at end
+  local reply = finish(limits, outcome, wait, now, grant, at, nil, as_of, from)
   local format = formats[n]
   if not format then
     format = '<' .. string.rep('d', 3 + 3 * n)

@@ -155,12 +155,8 @@ local function fw_one(keys, s, real, max_wait, dry, from)
       end
     end
   end
-  local outcome, wait = 0, t - now
-  if t < 0 then
-    outcome, wait = 2, -1
-  elseif wait > max_wait then
-    outcome = 1
-  elseif not dry then
+  local outcome, wait = verdict(t, now, max_wait)
+  if outcome == 0 and not dry then
     if cost > 0 then
       -- grant in the window of t
       local ts = current

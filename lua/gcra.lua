@@ -182,12 +182,9 @@ local function gcra_one(keys, s, real, max_wait, dry, from)
       if t < now then t = now end
     end
   end
-  local outcome, wait, as_of = 0, t - now, now
-  if t < 0 then
-    outcome, wait = 2, -1
-  elseif wait > max_wait then
-    outcome = 1
-  elseif not dry then
+  local outcome, wait = verdict(t, now, max_wait)
+  local as_of = now
+  if outcome == 0 and not dry then
     as_of = t
     if cost > 0 then
       -- grant

@@ -393,14 +393,11 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
     end
   end
   if k > 0 then rcall('ZREMRANGEBYRANK', log, '0', RANK[k - 1]) end
-  local outcome, wait, as_of = 0, t - now, now
-  if t < 0 then
-    outcome, wait = 2, -1
-  elseif wait > max_wait then
-    outcome = 1
-  elseif not dry and cost > 0 then
+  local outcome, wait = verdict(t, now, max_wait)
+  local as_of = now
+  if outcome == 0 and not dry then as_of = t end
+  if outcome == 0 and not dry and cost > 0 then
     -- grant, then save
-    as_of = t
     seq = seq + 1
     local member = spack('<c1ddd', 'E', t, seq, cost)
     local score = t
@@ -414,8 +411,6 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
       'PX', ms)
     rcall('PEXPIRE', log, ms)
     k = 0
-  elseif not dry then
-    as_of = t
   end
   if k > 0 then
     -- a decision that pruned and granted nothing keeps meta in step

@@ -255,12 +255,8 @@ local function sw_one(keys, s, real, max_wait, dry, from)
       if t < from_t then t = from_t end
     end
   end
-  local outcome, wait = 0, t - now
-  if t < 0 then
-    outcome, wait = 2, -1
-  elseif wait > max_wait then
-    outcome = 1
-  elseif not dry then
+  local outcome, wait = verdict(t, now, max_wait)
+  if outcome == 0 and not dry then
     if cost > 0 then
       -- grant in the window of t
       local ts = current

@@ -158,12 +158,8 @@ local function tb_one(keys, s, real, max_wait, dry, from)
       if need > 0 then t = base + cdiv(need, r) end
     end
   end
-  local outcome, wait = 0, t - now
-  if t < 0 then
-    outcome, wait = 2, -1
-  elseif wait > max_wait then
-    outcome = 1
-  elseif not dry then
+  local outcome, wait = verdict(t, now, max_wait)
+  if outcome == 0 and not dry then
     if cost > 0 then
       -- grant at t >= ts: the fill at t, less the cost
       if t > ts then

@@ -4,6 +4,7 @@
 //! is written from these (see [`lua`]); a test fails when it differs.
 
 use crate::quota::Algorithm;
+use super::Outcome;
 
 /// Every algorithm, in the order of their ids (1, 2, ...).
 #[cfg_attr(not(test), allow(dead_code))]
@@ -77,10 +78,16 @@ pub(crate) fn lua() -> String {
             algorithm.key_parts().join(", ")
         );
     }
-    out.push_str(
-        "-- A decision's reply starts with its outcome (`algorithm::Outcome`): 0\n\
-         -- granted, 1 denied, 2 never (a cost over a capacity). The scripts write\n\
-         -- these as literals: a literal is an operand, an upvalue must be loaded.\n",
+    let _ = write!(
+        out,
+        "-- A decision's reply starts with its outcome (`algorithm::Outcome`): {}\n\
+         -- granted, {} denied, {} never (a cost over a capacity). `verdict` in\n\
+         -- common.lua decides it and the fast paths test `outcome == {}`: as\n\
+         -- literals (a literal is an operand, an upvalue must be loaded first).\n",
+        Outcome::Granted as i64,
+        Outcome::Denied as i64,
+        Outcome::Never as i64,
+        Outcome::Granted as i64,
     );
     let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.lua_name()).collect();
     let _ = writeln!(out, "local algorithms = {{ {} }}", names.join(", "));
@@ -120,5 +127,30 @@ mod tests {
             "lua/wire.lua differs from src/algorithm/wire.rs (run the test \
              with WRITE_WIRE=1 to write it):\n{expected}"
         );
+    }
+
+    /// `verdict`, the one place the scripts decide an outcome, writes the
+    /// codes `Outcome` reads.
+    #[test]
+    fn lua_verdict_writes_the_outcome_codes() {
+        let common = include_str!("../../lua/common.lua");
+        for line in [
+            format!("if t < 0 then return {}, -1 end", Outcome::Never as i64),
+            format!("if wait > max_wait then return {}, wait end", Outcome::Denied as i64),
+            format!("return {}, wait", Outcome::Granted as i64),
+        ] {
+            assert!(common.contains(&line), "lua/common.lua lacks `{line}`");
+        }
+        let grant = format!("outcome == {} and not dry", Outcome::Granted as i64);
+        for (name, code) in [
+            ("gcra", include_str!("../../lua/gcra.lua")),
+            ("token_bucket", include_str!("../../lua/token_bucket.lua")),
+            ("fixed_window", include_str!("../../lua/fixed_window.lua")),
+            ("sliding_window", include_str!("../../lua/sliding_window.lua")),
+            ("sliding_log", include_str!("../../lua/sliding_log.lua")),
+            ("driver", include_str!("../../lua/driver.lua")),
+        ] {
+            assert!(code.contains(&grant), "lua/{name}.lua tests a grant otherwise");
+        }
     }
 }
