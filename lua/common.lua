@@ -51,25 +51,12 @@ local function fdiv(a, b) -- floor(a / b) for integers, b > 0
   return (a - r) / b
 end
 
-local function cdiv(a, b) -- ceil(a / b) for integers, b > 0: -fdiv(-a, b)
-  a = -a
-  local r = a % b
-  if r < 0 then
-    r = r + b
-  elseif r >= b then
-    r = r - b
-  end
-  return -((a - r) / b)
+local function cdiv(a, b) -- ceil(a / b) for integers, b > 0
+  return -fdiv(-a, b)
 end
 
-local function fmod(a, b) -- a mod b in [0, b), exact: a - fdiv(a, b) * b
-  local r = a % b
-  if r < 0 then
-    r = r + b
-  elseif r >= b then
-    r = r - b
-  end
-  return a - (a - r) / b * b
+local function fmod(a, b) -- a mod b in [0, b), exact
+  return a - fdiv(a, b) * b
 end
 
 -- A decision's outcome and wait from T, the earliest time at which all its
