@@ -403,7 +403,7 @@ impl Outcome {
 
 /// What a store answers for one decision, in the units of the scripts.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(unreachable_pub)] // named by the sealed store trait, never exported
+#[allow(unreachable_pub)] // named by the store trait `Backend`, never exported
 pub struct Reply {
     pub(crate) outcome: Outcome,
     /// Microseconds until the grant, or until a retry would be granted; -1

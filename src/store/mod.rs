@@ -21,13 +21,16 @@ use crate::Error;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub(crate) use self::sealed::{Answer, Check, Deadline, QuotaRegistry};
+pub(crate) use self::backend::{Answer, Check, Deadline, QuotaRegistry};
 
 /// A place to keep limit state. Implemented by [`MemoryStore`] and
 /// [`RedisStore`]; sealed so that both can evolve together with the algorithms.
-pub trait Store: sealed::Sealed + Send + Sync + 'static {}
+pub trait Store: backend::Backend + Send + Sync + 'static {}
 
-pub(crate) mod sealed {
+/// The operations of a store ([`Backend`](backend::Backend)) and what they
+/// take and answer: public items in a module private to this crate, so that
+/// no other crate can implement [`Store`].
+pub(crate) mod backend {
     use super::{BoxFuture, Error, Reply};
     use crate::{Limit, MemoryStore};
     use std::future::Future;
@@ -188,9 +191,10 @@ pub(crate) mod sealed {
         }
     }
 
-    /// The operations of a store, private to this crate.
+    /// The operations of a store: what the limiter and the layer ask of
+    /// it, private to this crate.
     #[allow(unreachable_pub)]
-    pub trait Sealed {
+    pub trait Backend {
         /// Decides all checks atomically: grants all of them at one time no
         /// later than `max_wait` microseconds from now, or none. A `dry` run
         /// decides the same way but grants and writes nothing. Every

@@ -24,8 +24,8 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use self::table::{Found, Hasher, Key, Shard, Slot, Table};
+use super::backend::Backend;
 use super::keys;
-use super::sealed::Sealed;
 use super::{Answer, Check, Deadline, Store};
 use crate::algorithm::Params;
 use crate::algorithm::{self, Reply, State};
@@ -451,7 +451,7 @@ impl MemoryStore {
         reply
     }
 
-    /// Gives back each check's grant made at `at` (see `Sealed::refund`),
+    /// Gives back each check's grant made at `at` (see `Backend::refund`),
     /// as the driver's refund: each key at its own clock, a state that did
     /// not change left as it was (but for a sliding log's pruning).
     fn refund_now(&self, checks: &[Check<'_>], at: i64) {
@@ -533,7 +533,7 @@ fn bounded_keys<R>(checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R
     f(&bounded)
 }
 
-impl Sealed for MemoryStore {
+impl Backend for MemoryStore {
     fn decide<'a>(
         &'a self,
         checks: &'a [Check<'a>],

@@ -23,7 +23,7 @@ use self::builder::Target;
 use self::conn::Lanes;
 use self::encode::{Encoded, Operation};
 use self::script::DELIVERY;
-use super::sealed::Sealed;
+use super::backend::Backend;
 use super::{Answer, Check, Deadline, MemoryStore, Store};
 use crate::algorithm::Reply;
 use crate::clock::Clock;
@@ -47,7 +47,7 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     /// Microseconds keys outlive their state.
     slack: i64,
-    /// Decides while Redis fails (see `Sealed::fallback`); made on first use.
+    /// Decides while Redis fails (see `Backend::fallback`); made on first use.
     fallback: OnceLock<MemoryStore>,
     quotas: super::QuotaRegistry,
 }
@@ -326,7 +326,7 @@ impl RedisStore {
 
 impl Store for RedisStore {}
 
-impl Sealed for RedisStore {
+impl Backend for RedisStore {
     fn decide<'a>(
         &'a self,
         checks: &'a [Check<'a>],
