@@ -52,12 +52,12 @@ impl FixedWindow {
 
     /// See `State::prepare`: `true` when the state was moved back to `now`
     /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
+    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
         let w = p.window;
         (self.start, self.count) = (-1, 0);
-        let moved = hw > now;
+        let moved = written > now;
         if let Some(raw) = self.raw.as_mut().filter(|_| moved) {
-            raw.0 -= hw - now;
+            raw.0 -= written - now;
         }
         // absent, or its window is over
         let Some((s, len, count)) = self.raw.filter(|raw| raw.0 + raw.1 > now) else {

@@ -17,7 +17,8 @@ pub(crate) struct Params {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Gcra {
-    /// What the store keeps, as of the key's `hw`; nothing when fresh.
+    /// What the store keeps, as of its writer's clock (`written`); nothing
+    /// when fresh.
     raw: Option<Raw>,
     tat: i64,
     frac: i64,
@@ -63,12 +64,12 @@ impl Gcra {
 
     /// See `State::prepare`: `true` when the state was moved back to `now`
     /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
+    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
         (self.tat, self.frac, self.keep) = (now, 0, p.burst);
-        let (mut hw, mut moved) = (hw, false);
-        if let Some(raw) = self.raw.as_mut().filter(|_| hw > now) {
-            raw.exp -= hw - now;
-            (hw, moved) = (now, raw.exp > now);
+        let (mut written, mut moved) = (written, false);
+        if let Some(raw) = self.raw.as_mut().filter(|_| written > now) {
+            raw.exp -= written - now;
+            (written, moved) = (now, raw.exp > now);
         }
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
             self.keep = self.keep.max(raw.bmax);
@@ -78,7 +79,7 @@ impl Gcra {
                 0
             };
             let whole = fdiv(debt, p.rate);
-            (self.tat, self.frac) = (hw + whole, debt - whole * p.rate);
+            (self.tat, self.frac) = (written + whole, debt - whole * p.rate);
             if self.ceil() < now {
                 (self.tat, self.frac) = (now, 0);
             }

@@ -142,14 +142,15 @@ pub(crate) fn horizon(p: &Params) -> i64 {
 }
 
 /// A key's clock as a decision believes it (`believed` in `lua/driver.lua`):
-/// its `hw` when that lies ahead of the store's clock `real` by at most the
-/// limit's [`horizon`], else `real`.
+/// the clock of its writer at its last write, `written` (`hw` in the
+/// scripts), when that lies ahead of the store's clock `store_now` (`real`
+/// there) by at most the limit's [`horizon`], else `store_now`.
 #[inline]
-pub(crate) fn believed(real: i64, hw: i64, p: &Params) -> i64 {
-    if hw > real && hw.saturating_sub(real) <= horizon(p) {
-        hw
+pub(crate) fn believed(store_now: i64, written: i64, p: &Params) -> i64 {
+    if written > store_now && written.saturating_sub(store_now) <= horizon(p) {
+        written
     } else {
-        real
+        store_now
     }
 }
 
@@ -259,20 +260,20 @@ impl State {
         (stored, expires_at)
     }
 
-    /// Reads the stored state (written at the writer's clock `hw`) in this
+    /// Reads the stored state (written at its writer's clock `written`) in this
     /// limit's units as of `now`, as the scripts' `prepare` functions do. A
     /// state dated after `now` is moved back to it whole (see "Clock steps"
     /// in `lua/driver.lua`); returns whether it was and still holds
     /// something, in which case the decision writes it back whatever it
     /// decides.
     #[inline]
-    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
+    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
         match (self, p) {
-            (State::SlidingLog(s), Params::SlidingLog(p)) => s.prepare(p, hw, now),
-            (State::TokenBucket(s), Params::TokenBucket(p)) => s.prepare(p, hw, now),
-            (State::Gcra(s), Params::Gcra(p)) => s.prepare(p, hw, now),
-            (State::FixedWindow(s), Params::FixedWindow(p)) => s.prepare(p, hw, now),
-            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.prepare(p, hw, now),
+            (State::SlidingLog(s), Params::SlidingLog(p)) => s.prepare(p, written, now),
+            (State::TokenBucket(s), Params::TokenBucket(p)) => s.prepare(p, written, now),
+            (State::Gcra(s), Params::Gcra(p)) => s.prepare(p, written, now),
+            (State::FixedWindow(s), Params::FixedWindow(p)) => s.prepare(p, written, now),
+            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.prepare(p, written, now),
             // (never: a state is loaded for its own limit's parameters)
             _ => false,
         }
@@ -333,7 +334,7 @@ impl State {
     }
 
     /// Writes the working state back into its stored form, as of `now` (the
-    /// key's new `hw`), as the scripts' `save` functions do. Returns the time
+    /// key's new `written`), as the scripts' `save` functions do. Returns the time
     /// at which the state becomes equal to a fresh one: the key's expiry.
     #[inline]
     pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
@@ -468,7 +469,7 @@ impl Reply {
 
 /// One atomic decision over several limits: the mirror of `lua/driver.lua`.
 /// `states` are prepared (see [`State::prepare`]) as of `now`, the latest of
-/// the store's clock and every key's `hw`; on a grant (unless `dry`) they are
+/// the store's clock and every key's `written` as believed; on a grant (unless `dry`) they are
 /// updated, and the caller saves them.
 #[inline(always)]
 pub(crate) fn decide(

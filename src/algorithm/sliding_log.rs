@@ -57,17 +57,17 @@ impl SlidingLog {
     }
 
     /// Drops grants no window in use still counts, as the script's
-    /// `prepare`, once a log dated after `now` (its clock `hw`) is moved back
+    /// `prepare`, once a log dated after `now` (its writer's clock `written`) is moved back
     /// to it (see `State::prepare`): `true` when it was and still holds
     /// something.
-    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
-        let moved = hw > now;
+    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
+        let moved = written > now;
         if moved {
             for entry in &mut self.entries {
-                entry.0 -= hw - now;
+                entry.0 -= written - now;
             }
             if let Some((_, wexp)) = &mut self.wmax {
-                *wexp -= hw - now;
+                *wexp -= written - now;
             }
         }
         let w = p.window;

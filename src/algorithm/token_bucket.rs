@@ -60,12 +60,12 @@ impl TokenBucket {
 
     /// See `State::prepare`: `true` when the state was moved back to `now`
     /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &Params, hw: i64, now: i64) -> bool {
+    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
         let full = p.capacity * p.period;
         (self.level, self.ts, self.keep) = (full, now, p.capacity);
         let mut moved = false;
-        if let Some(raw) = self.raw.as_mut().filter(|_| hw > now) {
-            (raw.ts, raw.exp) = (raw.ts - (hw - now), raw.exp - (hw - now));
+        if let Some(raw) = self.raw.as_mut().filter(|_| written > now) {
+            (raw.ts, raw.exp) = (raw.ts - (written - now), raw.exp - (written - now));
             moved = raw.exp > now;
         }
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {

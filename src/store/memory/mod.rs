@@ -81,23 +81,24 @@ impl Inner {
     /// Where `key`'s state is in `table`. An expired state reads as absent;
     /// its slot is overwritten if the decision writes, else removed.
     #[inline]
-    fn locate(&self, table: &Table, hash: u64, key: &[u8], real: i64) -> Found {
+    fn locate(&self, table: &Table, hash: u64, key: &[u8], store_now: i64) -> Found {
         let Some(i) = table.find(hash, key) else {
             return match &table.overflow {
-                Some(shared) if shared.stored.expires_at() > real => Found::Shared,
+                Some(shared) if shared.stored.expires_at() > store_now => Found::Shared,
                 _ => Found::Absent,
             };
         };
         match table.slot(i) {
-            Some(slot) if slot.stored.expires_at() > real => Found::Live(i),
+            Some(slot) if slot.stored.expires_at() > store_now => Found::Live(i),
             _ => Found::Expired(i),
         }
     }
 
     /// Puts a decided state back: saved when granted (`write`) at a cost, or
     /// when `prepare` moved it back to the decision's clock (`moved`), else
-    /// unchanged but for the pruning of a sliding log, as in Redis. Returns
-    /// whether a new key was stored.
+    /// unchanged but for the pruning of a sliding log, as in Redis. Saved as
+    /// of the decision's clock `now`; a state expired by the store's clock
+    /// `store_now` is not kept. Returns whether a new key was stored.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn write_back(
@@ -110,7 +111,7 @@ impl Inner {
         write: bool,
         moved: bool,
         now: i64,
-        real: i64,
+        store_now: i64,
     ) -> bool {
         let p = check.limit.params();
         let write = (write && check.cost > 0) || moved;
@@ -118,8 +119,8 @@ impl Inner {
             Found::Live(i) | Found::Expired(i) if write => {
                 if let Some(slot) = table.slot_mut(i) {
                     let expires_at = state.save_into(p, now, &mut slot.stored);
-                    slot.hw = now;
-                    if expires_at <= real && table.remove(i, &self.hasher).is_some() {
+                    slot.written = now;
+                    if expires_at <= store_now && table.remove(i, &self.hasher).is_some() {
                         self.forget(1);
                     }
                 }
@@ -139,15 +140,15 @@ impl Inner {
             }
             Found::Shared | Found::Absent if write => {
                 let (stored, expires_at) = state.save_new(p, now);
-                if expires_at <= real {
+                if expires_at <= store_now {
                     return false;
                 }
                 let slot = Slot {
                     key: Key::from_slice(check.key),
-                    hw: now,
+                    written: now,
                     stored,
                 };
-                match self.insert(table, hash, slot, real) {
+                match self.insert(table, hash, slot, store_now) {
                     Ok(()) => true,
                     // full: the grant goes to the shared state, which then
                     // holds it (it was live and copied, or equal to fresh)
@@ -172,9 +173,9 @@ impl Inner {
 
     /// Stores a new key's state, within the bound: when the store is full,
     /// first reclaims expired states of this table, else gives it back.
-    fn insert(&self, table: &mut Table, hash: u64, slot: Slot, now: i64) -> Result<(), Slot> {
+    fn insert(&self, table: &mut Table, hash: u64, slot: Slot, store_now: i64) -> Result<(), Slot> {
         if !self.admit() {
-            let (_, removed) = table.sweep(SWEEP_AT_BOUND, now, &self.hasher);
+            let (_, removed) = table.sweep(SWEEP_AT_BOUND, store_now, &self.hasher);
             self.forget(removed);
             if !self.admit() {
                 return Err(slot);
@@ -184,7 +185,7 @@ impl Inner {
             self.forget(1);
             return Err(slot);
         }
-        let (_, removed) = table.sweep(SWEEP_PER_INSERT, now, &self.hasher);
+        let (_, removed) = table.sweep(SWEEP_PER_INSERT, store_now, &self.hasher);
         self.forget(removed);
         Ok(())
     }
@@ -344,7 +345,7 @@ impl MemoryStore {
         decide: impl FnOnce(&mut [State], &[&Params], &[i64], i64) -> (Reply, bool),
     ) -> Reply {
         let inner = &*self.inner;
-        let real = inner.clock.now_micros();
+        let store_now = inner.clock.now_micros();
         let hashes: SmallVec<[u64; 4]> = checks.iter().map(|c| inner.hasher.hash(c.key)).collect();
         let mut order: SmallVec<[usize; 4]> = hashes.iter().map(|&h| Hasher::shard(h)).collect();
         order.sort_unstable();
@@ -360,7 +361,7 @@ impl MemoryStore {
         // As in `lua/driver.lua`: the decision's clock is the latest of the
         // store's and of every key's last write as believed (at most the
         // limit's horizon ahead), so within that time never runs back.
-        let mut now = real;
+        let mut now = store_now;
         for (check, &hash) in checks.iter().zip(&hashes) {
             let g = order
                 .binary_search(&Hasher::shard(hash))
@@ -370,9 +371,13 @@ impl MemoryStore {
             };
             let t = shard.table(check.limit);
             let table = &mut shard.tables[t];
-            let found = inner.locate(table, hash, check.key, real);
+            let found = inner.locate(table, hash, check.key, store_now);
             if let Some(slot) = table.found(found) {
-                now = now.max(algorithm::believed(real, slot.hw, check.limit.params()));
+                now = now.max(algorithm::believed(
+                    store_now,
+                    slot.written,
+                    check.limit.params(),
+                ));
             }
             places.push((g, t, found));
         }
@@ -388,11 +393,11 @@ impl MemoryStore {
         let mut moved: SmallVec<[bool; 4]> = SmallVec::with_capacity(checks.len());
         for (check, &(g, t, found)) in checks.iter().zip(&places) {
             let p = check.limit.params();
-            let (mut state, hw) = match guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
+            let (mut state, written) = match guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
                 Some(table) => table.load(found, p, now),
                 None => (State::load(None, p), now),
             };
-            moved.push(state.prepare(p, hw, now));
+            moved.push(state.prepare(p, written, now));
             states.push(state);
         }
         let params: SmallVec<[&Params; 4]> = checks.iter().map(|c| c.limit.params()).collect();
@@ -408,8 +413,9 @@ impl MemoryStore {
             .zip(&moved)
         {
             if let Some(table) = guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
-                added |=
-                    inner.write_back(table, check, state, found, hash, write, moved, now, real);
+                added |= inner.write_back(
+                    table, check, state, found, hash, write, moved, now, store_now,
+                );
             }
         }
         drop(guards);
@@ -424,16 +430,16 @@ impl MemoryStore {
     #[inline]
     fn decide_one(&self, check: &Check<'_>, max_wait: i64, dry: bool) -> Reply {
         let inner = &*self.inner;
-        let real = inner.clock.now_micros();
+        let store_now = inner.clock.now_micros();
         let hash = inner.hasher.hash(check.key);
         let p = check.limit.params();
         let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
         let t = shard.table(check.limit);
         let table = &mut shard.tables[t];
-        let found = inner.locate(table, hash, check.key, real);
-        let (mut state, hw) = table.load(found, p, real);
-        let now = algorithm::believed(real, hw, p);
-        let moved = state.prepare(p, hw, now);
+        let found = inner.locate(table, hash, check.key, store_now);
+        let (mut state, written) = table.load(found, p, store_now);
+        let now = algorithm::believed(store_now, written, p);
+        let moved = state.prepare(p, written, now);
         let reply = algorithm::decide(
             std::slice::from_mut(&mut state),
             &[p],
@@ -443,7 +449,9 @@ impl MemoryStore {
             dry,
         );
         let write = reply.granted() && !dry;
-        let added = inner.write_back(table, check, state, found, hash, write, moved, now, real);
+        let added = inner.write_back(
+            table, check, state, found, hash, write, moved, now, store_now,
+        );
         drop(shard);
         if added {
             self.ensure_reclaimer();
@@ -456,28 +464,31 @@ impl MemoryStore {
     /// not change left as it was (but for a sliding log's pruning).
     fn refund_now(&self, checks: &[Check<'_>], at: i64) {
         let inner = &*self.inner;
-        let real = inner.clock.now_micros();
+        let store_now = inner.clock.now_micros();
         for check in checks.iter().filter(|c| c.cost > 0) {
             let hash = inner.hasher.hash(check.key);
             let p = check.limit.params();
             let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
             let t = shard.table(check.limit);
             let table = &mut shard.tables[t];
-            let Found::Live(i) = inner.locate(table, hash, check.key, real) else {
+            let Found::Live(i) = inner.locate(table, hash, check.key, store_now) else {
                 continue;
             };
             let Some(slot) = table.slot_mut(i) else {
                 continue;
             };
-            let (hw, now) = (slot.hw, algorithm::believed(real, slot.hw, p));
+            let (written, now) = (
+                slot.written,
+                algorithm::believed(store_now, slot.written, p),
+            );
             let mut state = State::load(Some(&mut slot.stored), p);
-            let moved = state.prepare(p, hw, now);
+            let moved = state.prepare(p, written, now);
             if !state.refund(p, now, at, check.cost) && !moved {
                 state.restore(&mut slot.stored);
                 continue;
             }
             let expires_at = state.save_into(p, now, &mut slot.stored);
-            slot.hw = now;
+            slot.written = now;
             // equal to a fresh state (a sliding log left empty is deleted)
             if expires_at <= now && table.remove(i, &inner.hasher).is_some() {
                 inner.forget(1);

@@ -20,8 +20,9 @@ pub(super) type Key = SmallVec<[u8; 24]>;
 /// One key's state under one limit.
 pub(super) struct Slot {
     pub(super) key: Key,
-    /// The clock of the decision that wrote the state (`hw` in the scripts).
-    pub(super) hw: i64,
+    /// The clock of the decision that last wrote the state (`hw` in the
+    /// scripts).
+    pub(super) written: i64,
     pub(super) stored: Stored,
 }
 
@@ -76,13 +77,13 @@ impl Table {
         match found {
             Found::Live(i) => {
                 if let Some(slot) = self.slot_mut(i) {
-                    return (State::load(Some(&mut slot.stored), p), slot.hw);
+                    return (State::load(Some(&mut slot.stored), p), slot.written);
                 }
             }
             Found::Shared => {
                 if let Some(shared) = &self.overflow {
                     let mut copy = shared.stored.clone();
-                    return (State::load(Some(&mut copy), p), shared.hw);
+                    return (State::load(Some(&mut copy), p), shared.written);
                 }
             }
             Found::Expired(_) | Found::Absent => {}
