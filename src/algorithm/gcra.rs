@@ -22,8 +22,9 @@ pub(crate) struct Gcra {
     raw: Option<Raw>,
     tat: i64,
     frac: i64,
-    /// The largest burst that wrote the state.
-    keep: i64,
+    /// The largest burst that wrote the state (stored as `bmax`; `keep` in
+    /// the script).
+    bmax: i64,
 }
 
 /// The fields of the script's key: `level / den` permits left, and when the
@@ -65,14 +66,14 @@ impl Gcra {
     /// See `State::prepare`: `true` when the state was moved back to `now`
     /// and still holds something.
     pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
-        (self.tat, self.frac, self.keep) = (now, 0, p.burst);
+        (self.tat, self.frac, self.bmax) = (now, 0, p.burst);
         let (mut written, mut moved) = (written, false);
         if let Some(raw) = self.raw.as_mut().filter(|_| written > now) {
             raw.exp -= written - now;
             (written, moved) = (now, raw.exp > now);
         }
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
-            self.keep = self.keep.max(raw.bmax);
+            self.bmax = self.bmax.max(raw.bmax);
             let debt = if fdiv(raw.level, raw.den) < p.burst {
                 p.burst * p.period - rescale(raw.level, raw.den, p.period)
             } else {
@@ -142,14 +143,13 @@ impl Gcra {
     /// when it becomes equal to a fresh one.
     pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
         let debt = (self.tat - now) * p.rate + self.frac;
-        let bmax = self.keep;
-        let extra = (bmax - p.burst).min(fdiv(EXACT - 1, p.period));
+        let extra = (self.bmax - p.burst).min(fdiv(EXACT - 1, p.period));
         let exp = self.ceil() + 1 + cdiv(extra * p.period, p.rate);
         self.raw = Some(Raw {
             level: p.burst * p.period - debt,
             den: p.period,
             exp,
-            bmax,
+            bmax: self.bmax,
         });
         exp
     }

@@ -21,8 +21,9 @@ pub(crate) struct TokenBucket {
     /// The level in units of 1/P token of this limit, set by `prepare`.
     level: i64,
     ts: i64,
-    /// The largest capacity that wrote the state.
-    keep: i64,
+    /// The largest capacity that wrote the state (stored as `cmax`; `keep`
+    /// in the script).
+    cmax: i64,
 }
 
 /// The fields of the script's key: `level / den` tokens at `ts`, and when
@@ -62,14 +63,14 @@ impl TokenBucket {
     /// and still holds something.
     pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
         let full = p.capacity * p.period;
-        (self.level, self.ts, self.keep) = (full, now, p.capacity);
+        (self.level, self.ts, self.cmax) = (full, now, p.capacity);
         let mut moved = false;
         if let Some(raw) = self.raw.as_mut().filter(|_| written > now) {
             (raw.ts, raw.exp) = (raw.ts - (written - now), raw.exp - (written - now));
             moved = raw.exp > now;
         }
         if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
-            self.keep = self.keep.max(raw.cmax);
+            self.cmax = self.cmax.max(raw.cmax);
             self.ts = raw.ts;
             if fdiv(raw.level, raw.den) < p.capacity {
                 self.level = rescale(raw.level, raw.den, p.period);
@@ -136,16 +137,15 @@ impl TokenBucket {
     /// Records the working state as the store keeps it; returns when it
     /// becomes equal to a fresh one.
     pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
-        let cmax = self.keep;
         let t = now.max(self.ts);
-        let top = cmax.min(fdiv(EXACT - 1, p.period)) * p.period;
+        let top = self.cmax.min(fdiv(EXACT - 1, p.period)) * p.period;
         let exp = t + cdiv(top - self.level_at(p, t), p.rate);
         self.raw = Some(Raw {
             level: self.level,
             den: p.period,
             ts: self.ts,
             exp,
-            cmax,
+            cmax: self.cmax,
         });
         exp
     }

@@ -478,14 +478,14 @@ async fn give_back<B>(
         .refund_if
         .as_ref()
         .is_some_and(|refund| refund(&head));
-    let keep = |j: usize| {
+    let refunded = |j: usize| {
         all || charged_rules
             .get(j)
             .and_then(|&rule| config.rules.get(rule)?.refund_if.as_ref())
             .is_some_and(|refund| refund(&head))
     };
-    if (0..refund.charged().len()).any(keep) {
-        if let Err(error) = refund.run_some(keep).await {
+    if (0..refund.charged().len()).any(refunded) {
+        if let Err(error) = refund.run_some(refunded).await {
             config
                 .outage
                 .failure(&error, "a request that should not count was counted");

@@ -137,9 +137,10 @@ impl Refund {
         })
     }
 
-    /// Gives back once, only in the limits `charged[i]` for which `keep(i)`;
-    /// `true` when this call did. (The refund is spent either way.)
-    pub(crate) async fn run_some(&self, keep: impl Fn(usize) -> bool) -> Result<bool, Error> {
+    /// Gives back once, only in the limits `charged[i]` for which
+    /// `refunded(i)`; `true` when this call did. (The refund is spent either
+    /// way.)
+    pub(crate) async fn run_some(&self, refunded: impl Fn(usize) -> bool) -> Result<bool, Error> {
         if self.done.swap(true, Ordering::AcqRel) {
             return Ok(false);
         }
@@ -147,7 +148,7 @@ impl Refund {
             .charged
             .iter()
             .enumerate()
-            .filter(|(i, _)| keep(*i))
+            .filter(|(i, _)| refunded(*i))
             .map(|(_, charged)| charged.clone())
             .collect();
         if some.is_empty() {
