@@ -1,5 +1,7 @@
 //! Mirror of `lua/fixed_window.lua`: a count for the window starting at `start`.
 
+use super::as_of;
+
 /// The integers this algorithm decides with: at most `limit` permits per
 /// window of `window` microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,8 +14,6 @@ pub(crate) struct Params {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
-    /// What the store keeps: (start, window length, count); nothing when fresh.
-    raw: Option<Raw>,
     start: i64,
     count: i64,
 }
@@ -21,51 +21,32 @@ pub(crate) struct FixedWindow {
 /// What the store keeps: (start, window length, count).
 pub(crate) type Raw = (i64, i64, i64);
 
-/// When a stored state becomes equal to a fresh one (what `save` returned).
-pub(crate) fn expires_at(raw: &Raw) -> i64 {
-    raw.0 + raw.1
-}
+impl super::Raw for Raw {
+    fn expires_at(&self) -> i64 {
+        self.0 + self.1
+    }
 
-impl Default for FixedWindow {
-    fn default() -> Self {
-        Self {
-            raw: None,
-            start: -1,
-            count: 0,
-        }
+    fn move_back(&mut self, by: i64) {
+        self.0 -= by;
     }
 }
 
 impl FixedWindow {
-    /// A state to `prepare` from what the store keeps (`None`: fresh).
-    pub(crate) fn from_raw(raw: Option<Raw>) -> Self {
-        Self {
-            raw,
-            ..Self::default()
-        }
-    }
-
-    /// What the store keeps, once loaded or saved.
-    pub(crate) fn raw(&self) -> Option<Raw> {
-        self.raw
-    }
-
-    /// See `State::prepare`: `true` when the state was moved back to `now`
-    /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
+    /// The working state of what the store keeps (`None`: fresh), see
+    /// `State::prepare`; `true` when it was moved back to `now` and still
+    /// holds something.
+    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
         let w = p.window;
-        (self.start, self.count) = (-1, 0);
-        let moved = written > now;
-        if let Some(raw) = self.raw.as_mut().filter(|_| moved) {
-            raw.0 -= written - now;
-        }
+        let fresh = Self {
+            start: -1,
+            count: 0,
+        };
         // absent, or its window is over
-        let Some((s, len, count)) = self.raw.filter(|raw| raw.0 + raw.1 > now) else {
-            return false;
+        let (Some((s, len, count)), moved) = as_of(raw, written, now) else {
+            return (fresh, false);
         };
         if len == w && !moved {
-            (self.start, self.count) = (s, count);
-            return false;
+            return (Self { start: s, count }, false);
         }
         // (a moved window need not start where one of this limit's does)
         let r = if s > now {
@@ -74,10 +55,9 @@ impl FixedWindow {
             now - now.rem_euclid(w)
         };
         if s < r + w && r < s + len {
-            (self.start, self.count) = (r, count);
-            return moved;
+            return (Self { start: r, count }, moved);
         }
-        false
+        (fresh, false)
     }
 
     fn count_in(&self, start: i64) -> i64 {
@@ -128,10 +108,8 @@ impl FixedWindow {
         }
     }
 
-    /// Records the working state as the store keeps it; returns when it
-    /// becomes equal to a fresh one.
-    pub(crate) fn save(&mut self, p: &Params) -> i64 {
-        self.raw = Some((self.start, p.window, self.count));
-        self.start + p.window
+    /// The working state as the store keeps it.
+    pub(crate) fn save(&self, p: &Params) -> Raw {
+        (self.start, p.window, self.count)
     }
 }

@@ -1,7 +1,7 @@
 //! Mirror of `lua/gcra.lua`: `level / den` permits left at the writer's
 //! clock, worked on as the theoretical arrival time `tat + frac/N` us.
 
-use super::{cdiv, fdiv, rescale, EXACT};
+use super::{as_of, cdiv, fdiv, rescale, EXACT};
 
 /// The integers this algorithm decides with: `rate` permits per `period`
 /// microseconds, bursts of `burst`.
@@ -15,11 +15,8 @@ pub(crate) struct Params {
     pub(crate) period: i64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Gcra {
-    /// What the store keeps, as of its writer's clock (`written`); nothing
-    /// when fresh.
-    raw: Option<Raw>,
     tat: i64,
     frac: i64,
     /// The largest burst that wrote the state (stored as `bmax`; `keep` in
@@ -29,7 +26,7 @@ pub(crate) struct Gcra {
 
 /// The fields of the script's key: `level / den` permits left, and when the
 /// bucket has refilled to `bmax`, the largest burst that wrote it (`exp`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Raw {
     level: i64,
     den: i64,
@@ -37,55 +34,48 @@ pub(crate) struct Raw {
     bmax: i64,
 }
 
-impl Raw {
-    /// When the state becomes equal to a fresh one (what `save` returned).
-    pub(crate) fn expires_at(&self) -> i64 {
+impl super::Raw for Raw {
+    fn expires_at(&self) -> i64 {
         self.exp
+    }
+
+    /// The level is counted from the writer's clock: only `exp` is a time.
+    fn move_back(&mut self, by: i64) {
+        self.exp -= by;
     }
 }
 
 impl Gcra {
-    /// A state to `prepare` from what the store keeps (`None`: fresh).
-    pub(crate) fn from_raw(raw: Option<Raw>) -> Self {
-        Self {
-            raw,
-            ..Self::default()
-        }
-    }
-
-    /// What the store keeps, once loaded or saved.
-    pub(crate) fn raw(&self) -> Option<Raw> {
-        self.raw
-    }
-
     /// ceil(tat): an arrival in this tick is on time (see `lua/gcra.lua`).
     fn ceil(&self) -> i64 {
         self.tat + i64::from(self.frac > 0)
     }
 
-    /// See `State::prepare`: `true` when the state was moved back to `now`
-    /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
-        (self.tat, self.frac, self.bmax) = (now, 0, p.burst);
-        let (mut written, mut moved) = (written, false);
-        if let Some(raw) = self.raw.as_mut().filter(|_| written > now) {
-            raw.exp -= written - now;
-            (written, moved) = (now, raw.exp > now);
-        }
-        if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
-            self.bmax = self.bmax.max(raw.bmax);
+    /// The working state of what the store keeps (`None`: fresh), see
+    /// `State::prepare`; `true` when it was moved back to `now` and still
+    /// holds something.
+    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
+        let mut s = Self {
+            tat: now,
+            frac: 0,
+            bmax: p.burst,
+        };
+        let (raw, moved) = as_of(raw, written, now);
+        if let Some(raw) = raw {
+            s.bmax = s.bmax.max(raw.bmax);
             let debt = if fdiv(raw.level, raw.den) < p.burst {
                 p.burst * p.period - rescale(raw.level, raw.den, p.period)
             } else {
                 0
             };
             let whole = fdiv(debt, p.rate);
-            (self.tat, self.frac) = (written + whole, debt - whole * p.rate);
-            if self.ceil() < now {
-                (self.tat, self.frac) = (now, 0);
+            // (a state moved back counts from `now`)
+            (s.tat, s.frac) = (written.min(now) + whole, debt - whole * p.rate);
+            if s.ceil() < now {
+                (s.tat, s.frac) = (now, 0);
             }
         }
-        moved
+        (s, moved)
     }
 
     pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
@@ -139,18 +129,15 @@ impl Gcra {
         (remaining, reset)
     }
 
-    /// Records the working state as the store keeps it (as of `now`); returns
-    /// when it becomes equal to a fresh one.
-    pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
+    /// The working state as the store keeps it, as of `now`.
+    pub(crate) fn save(&self, p: &Params, now: i64) -> Raw {
         let debt = (self.tat - now) * p.rate + self.frac;
         let extra = (self.bmax - p.burst).min(fdiv(EXACT - 1, p.period));
-        let exp = self.ceil() + 1 + cdiv(extra * p.period, p.rate);
-        self.raw = Some(Raw {
+        Raw {
             level: p.burst * p.period - debt,
             den: p.period,
-            exp,
+            exp: self.ceil() + 1 + cdiv(extra * p.period, p.rate),
             bmax: self.bmax,
-        });
-        exp
+        }
     }
 }

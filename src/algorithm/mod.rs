@@ -15,8 +15,8 @@
 //!
 //! Around them, `prepare` reads the stored form (the same fields the script
 //! writes: absolute times and amounts, independent of the quota) into the
-//! reading limit's units, and `save` writes it back and says when the state
-//! becomes equal to a fresh one (the key's expiry).
+//! reading limit's units, and `save` writes it back; the stored form says
+//! when the state becomes equal to a fresh one (the key's expiry).
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
@@ -154,9 +154,35 @@ pub(crate) fn believed(store_now: i64, written: i64, p: &Params) -> i64 {
     }
 }
 
-/// The state of one key under one algorithm: what the store keeps (the
-/// fields the scripts write, independent of the quota) and, once prepared,
-/// the working form in the reading limit's units.
+/// What the store keeps of a bucket's or a window's state (a sliding log
+/// keeps its grants, see [`sliding_log::Log`]): the fields the scripts
+/// write, absolute times and amounts, independent of the quota.
+pub(crate) trait Raw: Copy {
+    /// When the state becomes equal to a fresh one.
+    fn expires_at(&self) -> i64;
+    /// Moves every time it holds back by `by` microseconds.
+    fn move_back(&mut self, by: i64);
+}
+
+/// What the store keeps as a decision at `now` reads it, written at its
+/// writer's clock `written`: moved back whole by how far `written` lies
+/// ahead of `now` (see "Clock steps" in `lua/driver.lua`), `None` once equal
+/// to a fresh state; and whether it was moved back.
+#[inline]
+pub(crate) fn as_of<R: Raw>(raw: Option<R>, written: i64, now: i64) -> (Option<R>, bool) {
+    let mut raw = raw;
+    let moved = written > now;
+    if let Some(raw) = raw.as_mut().filter(|_| moved) {
+        raw.move_back(written - now);
+    }
+    let live = raw.filter(|raw| raw.expires_at() > now);
+    (live, moved && live.is_some())
+}
+
+/// The working state of one key under one algorithm, in the reading
+/// limit's units: made from what the store keeps (the fields the scripts
+/// write, independent of the quota) by [`State::prepare`], written back by
+/// [`State::save_new`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
     SlidingLog(sliding_log::SlidingLog),
@@ -167,38 +193,52 @@ pub(crate) enum State {
 }
 
 impl State {
-    /// The state to [`prepare`](Self::prepare) from a stored form (`None`,
-    /// or a form of another algorithm: fresh). A sliding log's grants are
-    /// moved out of `stored`, which [`restore`](Self::restore) or
-    /// [`save_into`](Self::save_into) gives back.
+    /// The working state of `stored` (`None`, or a form of another
+    /// algorithm: fresh), written at its writer's clock `written`, in this
+    /// limit's units as of `now`, as the scripts' `load` and `prepare` do. A
+    /// state dated after `now` is moved back to it whole (see "Clock steps"
+    /// in `lua/driver.lua`); returns whether it was and still holds
+    /// something, in which case the decision writes it back whatever it
+    /// decides. A sliding log's grants are moved out of `stored`, which
+    /// [`restore`](Self::restore) or [`save_into`](Self::save_into) gives
+    /// back.
     #[inline]
-    pub(crate) fn load(stored: Option<&mut Stored>, p: &Params) -> Self {
-        match (p.algorithm(), stored) {
-            (Algorithm::SlidingLog, Some(Stored::SlidingLog(s))) => {
-                State::SlidingLog(sliding_log::SlidingLog::from_log(std::mem::take(&mut s.0)))
+    pub(crate) fn prepare(
+        stored: Option<&mut Stored>,
+        p: &Params,
+        written: i64,
+        now: i64,
+    ) -> (Self, bool) {
+        // the stored form of its own algorithm (a form of another reads as
+        // fresh: `None`), prepared into the working form
+        macro_rules! prepare {
+            ($module:ident::$alg:ident, $p:expr) => {{
+                let raw = match stored {
+                    Some(Stored::$alg(raw)) => Some(*raw),
+                    _ => None,
+                };
+                let (s, moved) = $module::$alg::prepare($p, raw, written, now);
+                (State::$alg(s), moved)
+            }};
+        }
+        match p {
+            Params::SlidingLog(p) => {
+                let log = match stored {
+                    Some(Stored::SlidingLog(s)) => std::mem::take(&mut s.0),
+                    _ => Default::default(),
+                };
+                let (s, moved) = sliding_log::SlidingLog::prepare(p, log, written, now);
+                (State::SlidingLog(s), moved)
             }
-            (Algorithm::SlidingLog, _) => State::SlidingLog(Default::default()),
-            (Algorithm::TokenBucket, Some(Stored::TokenBucket(raw))) => {
-                State::TokenBucket(token_bucket::TokenBucket::from_raw(Some(*raw)))
-            }
-            (Algorithm::TokenBucket, _) => State::TokenBucket(Default::default()),
-            (Algorithm::Gcra, Some(Stored::Gcra(raw))) => {
-                State::Gcra(gcra::Gcra::from_raw(Some(*raw)))
-            }
-            (Algorithm::Gcra, _) => State::Gcra(Default::default()),
-            (Algorithm::FixedWindow, Some(Stored::FixedWindow(raw))) => {
-                State::FixedWindow(fixed_window::FixedWindow::from_raw(Some(*raw)))
-            }
-            (Algorithm::FixedWindow, _) => State::FixedWindow(Default::default()),
-            (Algorithm::SlidingWindow, Some(Stored::SlidingWindow(raw))) => {
-                State::SlidingWindow(sliding_window::SlidingWindow::from_raw(Some(*raw)))
-            }
-            (Algorithm::SlidingWindow, _) => State::SlidingWindow(Default::default()),
+            Params::TokenBucket(p) => prepare!(token_bucket::TokenBucket, p),
+            Params::Gcra(p) => prepare!(gcra::Gcra, p),
+            Params::FixedWindow(p) => prepare!(fixed_window::FixedWindow, p),
+            Params::SlidingWindow(p) => prepare!(sliding_window::SlidingWindow, p),
         }
     }
 
-    /// Gives a state that was loaded from `stored` and not saved back to it:
-    /// unchanged but for the pruning of a sliding log, as in Redis.
+    /// Gives a state that was prepared from `stored` and not saved back to
+    /// it: unchanged but for the pruning of a sliding log, as in Redis.
     #[inline]
     pub(crate) fn restore(self, stored: &mut Stored) {
         if let (State::SlidingLog(s), Stored::SlidingLog(slot)) = (self, stored) {
@@ -206,7 +246,7 @@ impl State {
         }
     }
 
-    /// [`save`](Self::save)s into `stored`, reusing a sliding log's
+    /// [`save_new`](Self::save_new) into `stored`, reusing a sliding log's
     /// allocation; returns the expiry.
     #[inline(always)]
     pub(crate) fn save_into(self, p: &Params, now: i64, stored: &mut Stored) -> i64 {
@@ -214,27 +254,6 @@ impl State {
             (State::SlidingLog(mut s), Stored::SlidingLog(slot), Params::SlidingLog(p)) => {
                 let expires_at = s.save(p, now);
                 **slot = (s.into_log(), expires_at);
-                expires_at
-            }
-            // the same form: written in place (`save` has just set `raw`)
-            (State::Gcra(mut s), Stored::Gcra(raw), Params::Gcra(p)) => {
-                let expires_at = s.save(p, now);
-                *raw = s.raw().unwrap_or_default();
-                expires_at
-            }
-            (State::TokenBucket(mut s), Stored::TokenBucket(raw), Params::TokenBucket(p)) => {
-                let expires_at = s.save(p, now);
-                *raw = s.raw().unwrap_or_default();
-                expires_at
-            }
-            (State::FixedWindow(mut s), Stored::FixedWindow(raw), Params::FixedWindow(p)) => {
-                let expires_at = s.save(p);
-                *raw = s.raw().unwrap_or_default();
-                expires_at
-            }
-            (State::SlidingWindow(mut s), Stored::SlidingWindow(raw), Params::SlidingWindow(p)) => {
-                let expires_at = s.save(p);
-                *raw = s.raw().unwrap_or_default();
                 expires_at
             }
             (state, stored, _) => {
@@ -245,38 +264,27 @@ impl State {
         }
     }
 
-    /// [`save`](Self::save)s into a new stored form; returns it and the expiry.
+    /// Writes the working state into a new stored form, as of `now` (the
+    /// key's new `written`), as the scripts' `save` functions do. Returns it
+    /// and the time at which the state becomes equal to a fresh one: the
+    /// key's expiry.
     #[inline]
-    pub(crate) fn save_new(mut self, p: &Params, now: i64) -> (Stored, i64) {
-        let expires_at = self.save(p, now);
-        let stored = match self {
-            State::SlidingLog(s) => Stored::SlidingLog(Box::new((s.into_log(), expires_at))),
-            // `save` has just set every `raw`: the defaults are never used.
-            State::TokenBucket(s) => Stored::TokenBucket(s.raw().unwrap_or_default()),
-            State::Gcra(s) => Stored::Gcra(s.raw().unwrap_or_default()),
-            State::FixedWindow(s) => Stored::FixedWindow(s.raw().unwrap_or_default()),
-            State::SlidingWindow(s) => Stored::SlidingWindow(s.raw().unwrap_or_default()),
+    pub(crate) fn save_new(self, p: &Params, now: i64) -> (Stored, i64) {
+        let stored = match (self, p) {
+            (State::SlidingLog(mut s), Params::SlidingLog(p)) => {
+                let expires_at = s.save(p, now);
+                Stored::SlidingLog(Box::new((s.into_log(), expires_at)))
+            }
+            (State::TokenBucket(s), Params::TokenBucket(p)) => Stored::TokenBucket(s.save(p, now)),
+            (State::Gcra(s), Params::Gcra(p)) => Stored::Gcra(s.save(p, now)),
+            (State::FixedWindow(s), Params::FixedWindow(p)) => Stored::FixedWindow(s.save(p)),
+            (State::SlidingWindow(s), Params::SlidingWindow(p)) => Stored::SlidingWindow(s.save(p)),
+            // (never: a state is prepared for its own limit's parameters;
+            // an empty log is a fresh state, expired at `now`)
+            _ => Stored::SlidingLog(Box::new((sliding_log::Log::default(), now))),
         };
+        let expires_at = stored.expires_at();
         (stored, expires_at)
-    }
-
-    /// Reads the stored state (written at its writer's clock `written`) in this
-    /// limit's units as of `now`, as the scripts' `prepare` functions do. A
-    /// state dated after `now` is moved back to it whole (see "Clock steps"
-    /// in `lua/driver.lua`); returns whether it was and still holds
-    /// something, in which case the decision writes it back whatever it
-    /// decides.
-    #[inline]
-    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
-        match (self, p) {
-            (State::SlidingLog(s), Params::SlidingLog(p)) => s.prepare(p, written, now),
-            (State::TokenBucket(s), Params::TokenBucket(p)) => s.prepare(p, written, now),
-            (State::Gcra(s), Params::Gcra(p)) => s.prepare(p, written, now),
-            (State::FixedWindow(s), Params::FixedWindow(p)) => s.prepare(p, written, now),
-            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.prepare(p, written, now),
-            // (never: a state is loaded for its own limit's parameters)
-            _ => false,
-        }
     }
 
     #[inline]
@@ -287,7 +295,7 @@ impl State {
             (State::Gcra(s), Params::Gcra(p)) => s.earliest(p, now, cost),
             (State::FixedWindow(s), Params::FixedWindow(p)) => s.earliest(p, now, cost),
             (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.earliest(p, now, cost),
-            // (never: a state is loaded for its own limit's parameters)
+            // (never: a state is prepared for its own limit's parameters)
             _ => None,
         }
     }
@@ -300,7 +308,7 @@ impl State {
             (State::Gcra(s), Params::Gcra(p)) => s.grant(p, at, cost),
             (State::FixedWindow(s), Params::FixedWindow(p)) => s.grant(p, at, cost),
             (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.grant(p, at, cost),
-            // (never: a state is loaded for its own limit's parameters)
+            // (never: a state is prepared for its own limit's parameters)
             _ => {}
         }
     }
@@ -315,7 +323,7 @@ impl State {
             (State::Gcra(s), Params::Gcra(p)) => s.refund(p, now, cost),
             (State::FixedWindow(s), Params::FixedWindow(p)) => s.refund(p, at, cost),
             (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.refund(p, at, cost),
-            // (never: a state is loaded for its own limit's parameters)
+            // (never: a state is prepared for its own limit's parameters)
             _ => false,
         }
     }
@@ -328,24 +336,8 @@ impl State {
             (State::Gcra(s), Params::Gcra(p)) => s.status(p, now, at),
             (State::FixedWindow(s), Params::FixedWindow(p)) => s.status(p, now, at),
             (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.status(p, now, at),
-            // (never: a state is loaded for its own limit's parameters)
+            // (never: a state is prepared for its own limit's parameters)
             _ => (0, 0),
-        }
-    }
-
-    /// Writes the working state back into its stored form, as of `now` (the
-    /// key's new `written`), as the scripts' `save` functions do. Returns the time
-    /// at which the state becomes equal to a fresh one: the key's expiry.
-    #[inline]
-    pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
-        match (self, p) {
-            (State::SlidingLog(s), Params::SlidingLog(p)) => s.save(p, now),
-            (State::TokenBucket(s), Params::TokenBucket(p)) => s.save(p, now),
-            (State::Gcra(s), Params::Gcra(p)) => s.save(p, now),
-            (State::FixedWindow(s), Params::FixedWindow(p)) => s.save(p),
-            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.save(p),
-            // (never: a state is loaded for its own limit's parameters)
-            _ => now,
         }
     }
 }
@@ -370,8 +362,8 @@ impl Stored {
             Stored::SlidingLog(s) => s.1,
             Stored::TokenBucket(raw) => raw.expires_at(),
             Stored::Gcra(raw) => raw.expires_at(),
-            Stored::FixedWindow(raw) => fixed_window::expires_at(raw),
-            Stored::SlidingWindow(raw) => sliding_window::expires_at(raw),
+            Stored::FixedWindow(raw) => raw.expires_at(),
+            Stored::SlidingWindow(raw) => raw.expires_at(),
         }
     }
 }

@@ -14,7 +14,7 @@ pub(crate) struct Params {
 
 /// Grants, oldest first, the sum of their costs, and the longest window in
 /// use with the time until which it is honoured (`wmax`, `wexp` in Redis).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlidingLog {
     entries: VecDeque<(i64, i64)>,
     sum: i64,
@@ -37,15 +37,65 @@ pub(crate) struct Log {
 }
 
 impl SlidingLog {
-    /// A state to `prepare` from what the store keeps (moved, not copied).
-    pub(crate) fn from_log(log: Log) -> Self {
+    /// The working state of what the store keeps (its grants moved, not
+    /// copied), as the script's `prepare`: drops grants no window in use
+    /// still counts, once a log dated after `now` (its writer's clock
+    /// `written`) is moved back to it (see `State::prepare`); `true` when it
+    /// was and still holds something.
+    pub(crate) fn prepare(p: &Params, log: Log, written: i64, now: i64) -> (Self, bool) {
         let Log { entries, sum, wmax } = log;
-        Self {
+        let mut s = Self {
             entries,
             sum,
             wmax,
-            ..Self::default()
+            keep: 0,
+            win: 0,
+            skip: 0,
+        };
+        let moved = written > now;
+        if moved {
+            for entry in &mut s.entries {
+                entry.0 -= written - now;
+            }
+            if let Some((_, wexp)) = &mut s.wmax {
+                *wexp -= written - now;
+            }
         }
+        let w = p.window;
+        s.keep = match s.wmax {
+            Some((wmax, wexp)) if wmax > w && wexp > now => wmax,
+            _ => w,
+        };
+        let mut cutoff = now - s.keep;
+        if let (Some((wmax, _)), Some(last)) = (s.wmax, s.last()) {
+            // the writer's state is over once its newest grant left its window
+            if last + wmax <= now {
+                cutoff = i64::MAX;
+            }
+        }
+        while let Some(&(t, cost)) = s.entries.front() {
+            if t > cutoff {
+                break;
+            }
+            s.sum -= cost;
+            s.entries.pop_front();
+        }
+        (s.win, s.skip) = (s.sum, 0);
+        if s.keep > w {
+            for &(t, cost) in &s.entries {
+                if t > now - w {
+                    break;
+                }
+                s.win -= cost;
+                s.skip += 1;
+            }
+        }
+        if moved && s.entries.is_empty() {
+            // nothing left: fresh, as the script deletes it
+            s.wmax = None;
+        }
+        let moved = moved && !s.entries.is_empty();
+        (s, moved)
     }
 
     /// What the store keeps, once prepared or saved.
@@ -54,56 +104,6 @@ impl SlidingLog {
             entries, sum, wmax, ..
         } = self;
         Log { entries, sum, wmax }
-    }
-
-    /// Drops grants no window in use still counts, as the script's
-    /// `prepare`, once a log dated after `now` (its writer's clock `written`) is moved back
-    /// to it (see `State::prepare`): `true` when it was and still holds
-    /// something.
-    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
-        let moved = written > now;
-        if moved {
-            for entry in &mut self.entries {
-                entry.0 -= written - now;
-            }
-            if let Some((_, wexp)) = &mut self.wmax {
-                *wexp -= written - now;
-            }
-        }
-        let w = p.window;
-        self.keep = match self.wmax {
-            Some((wmax, wexp)) if wmax > w && wexp > now => wmax,
-            _ => w,
-        };
-        let mut cutoff = now - self.keep;
-        if let (Some((wmax, _)), Some(last)) = (self.wmax, self.last()) {
-            // the writer's state is over once its newest grant left its window
-            if last + wmax <= now {
-                cutoff = i64::MAX;
-            }
-        }
-        while let Some(&(t, cost)) = self.entries.front() {
-            if t > cutoff {
-                break;
-            }
-            self.sum -= cost;
-            self.entries.pop_front();
-        }
-        (self.win, self.skip) = (self.sum, 0);
-        if self.keep > w {
-            for &(t, cost) in &self.entries {
-                if t > now - w {
-                    break;
-                }
-                self.win -= cost;
-                self.skip += 1;
-            }
-        }
-        if moved && self.entries.is_empty() {
-            // nothing left: fresh, as the script deletes it
-            self.wmax = None;
-        }
-        moved && !self.entries.is_empty()
     }
 
     fn last(&self) -> Option<i64> {

@@ -1,6 +1,6 @@
 //! Mirror of `lua/sliding_window.lua`: previous and current window counts.
 
-use super::{cdiv, fdiv};
+use super::{as_of, cdiv, fdiv};
 
 /// The integers this algorithm decides with: about `limit` permits in any
 /// window of `window` microseconds, weighed in steps of `step`.
@@ -17,8 +17,6 @@ pub(crate) struct Params {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
-    /// What the store keeps: (start, window length, previous, current).
-    raw: Option<Raw>,
     start: i64,
     prev: i64,
     cur: i64,
@@ -27,73 +25,55 @@ pub(crate) struct SlidingWindow {
 /// What the store keeps: (start, window length, previous, current).
 pub(crate) type Raw = (i64, i64, i64, i64);
 
-/// When a stored state becomes equal to a fresh one (what `save` returned).
-pub(crate) fn expires_at(raw: &Raw) -> i64 {
-    raw.0 + 2 * raw.1
-}
+impl super::Raw for Raw {
+    fn expires_at(&self) -> i64 {
+        self.0 + 2 * self.1
+    }
 
-impl Default for SlidingWindow {
-    fn default() -> Self {
-        Self {
-            raw: None,
-            start: -1,
-            prev: 0,
-            cur: 0,
-        }
+    fn move_back(&mut self, by: i64) {
+        self.0 -= by;
     }
 }
 
 impl SlidingWindow {
-    /// A state to `prepare` from what the store keeps (`None`: fresh).
-    pub(crate) fn from_raw(raw: Option<Raw>) -> Self {
-        Self {
-            raw,
-            ..Self::default()
-        }
-    }
-
-    /// What the store keeps, once loaded or saved.
-    pub(crate) fn raw(&self) -> Option<Raw> {
-        self.raw
-    }
-
-    /// See `State::prepare`: `true` when the state was moved back to `now`
-    /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
+    /// The working state of what the store keeps (`None`: fresh), see
+    /// `State::prepare`; `true` when it was moved back to `now` and still
+    /// holds something.
+    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
         let w = p.window;
-        (self.start, self.prev, self.cur) = (-1, 0, 0);
-        let moved = written > now;
-        if let Some(raw) = self.raw.as_mut().filter(|_| moved) {
-            raw.0 -= written - now;
-        }
+        let mut s = Self {
+            start: -1,
+            prev: 0,
+            cur: 0,
+        };
         // absent, or both windows over
-        let Some((s, len, prev, cur)) = self.raw.filter(|raw| raw.0 + 2 * raw.1 > now) else {
-            return false;
+        let (Some((start, len, prev, cur)), moved) = as_of(raw, written, now) else {
+            return (s, false);
         };
         if len == w && !moved {
-            (self.start, self.prev, self.cur) = (s, prev, cur);
-            return false;
+            (s.start, s.prev, s.cur) = (start, prev, cur);
+            return (s, false);
         }
         // (a moved window need not start where one of this limit's does)
-        let r = if s > now {
-            s - s.rem_euclid(w)
+        let r = if start > now {
+            start - start.rem_euclid(w)
         } else {
             now - now.rem_euclid(w)
         };
-        for (count, from, to) in [(cur, s, s + len), (prev, s - len, s)] {
+        for (count, from, to) in [(cur, start, start + len), (prev, start - len, start)] {
             if count > 0 {
                 if from < r + w && r < to {
-                    self.cur += count;
+                    s.cur += count;
                 } else if from < r && r - w < to {
-                    self.prev += count;
+                    s.prev += count;
                 }
             }
         }
-        if self.prev + self.cur > 0 {
-            self.start = r;
-            return moved;
+        if s.prev + s.cur > 0 {
+            s.start = r;
+            return (s, moved);
         }
-        false
+        (s, false)
     }
 
     /// (previous, current) counts as seen from the window beginning at `start`.
@@ -175,10 +155,8 @@ impl SlidingWindow {
         ((n - used).max(0), reset)
     }
 
-    /// Records the working state as the store keeps it; returns when it
-    /// becomes equal to a fresh one.
-    pub(crate) fn save(&mut self, p: &Params) -> i64 {
-        self.raw = Some((self.start, p.window, self.prev, self.cur));
-        self.start + 2 * p.window
+    /// The working state as the store keeps it.
+    pub(crate) fn save(&self, p: &Params) -> Raw {
+        (self.start, p.window, self.prev, self.cur)
     }
 }

@@ -1,6 +1,6 @@
 //! Mirror of `lua/token_bucket.lua`: `level / den` tokens at `ts`.
 
-use super::{cdiv, fdiv, rescale, EXACT};
+use super::{as_of, cdiv, fdiv, rescale, EXACT};
 
 /// The integers this algorithm decides with: a bucket of `capacity` tokens,
 /// `rate` back every `period` microseconds.
@@ -14,10 +14,8 @@ pub(crate) struct Params {
     pub(crate) period: i64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TokenBucket {
-    /// What the store keeps, or nothing for a full bucket.
-    raw: Option<Raw>,
     /// The level in units of 1/P token of this limit, set by `prepare`.
     level: i64,
     ts: i64,
@@ -29,7 +27,7 @@ pub(crate) struct TokenBucket {
 /// The fields of the script's key: `level / den` tokens at `ts`, and when
 /// the bucket has refilled to `cmax`, the largest capacity that wrote it
 /// (`exp`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Raw {
     level: i64,
     den: i64,
@@ -38,45 +36,35 @@ pub(crate) struct Raw {
     cmax: i64,
 }
 
-impl Raw {
-    /// When the state becomes equal to a fresh one (what `save` returned).
-    pub(crate) fn expires_at(&self) -> i64 {
+impl super::Raw for Raw {
+    fn expires_at(&self) -> i64 {
         self.exp
+    }
+
+    fn move_back(&mut self, by: i64) {
+        (self.ts, self.exp) = (self.ts - by, self.exp - by);
     }
 }
 
 impl TokenBucket {
-    /// A state to `prepare` from what the store keeps (`None`: fresh).
-    pub(crate) fn from_raw(raw: Option<Raw>) -> Self {
-        Self {
-            raw,
-            ..Self::default()
-        }
-    }
-
-    /// What the store keeps, once loaded or saved.
-    pub(crate) fn raw(&self) -> Option<Raw> {
-        self.raw
-    }
-
-    /// See `State::prepare`: `true` when the state was moved back to `now`
-    /// and still holds something.
-    pub(crate) fn prepare(&mut self, p: &Params, written: i64, now: i64) -> bool {
-        let full = p.capacity * p.period;
-        (self.level, self.ts, self.cmax) = (full, now, p.capacity);
-        let mut moved = false;
-        if let Some(raw) = self.raw.as_mut().filter(|_| written > now) {
-            (raw.ts, raw.exp) = (raw.ts - (written - now), raw.exp - (written - now));
-            moved = raw.exp > now;
-        }
-        if let Some(raw) = self.raw.filter(|raw| raw.exp > now) {
-            self.cmax = self.cmax.max(raw.cmax);
-            self.ts = raw.ts;
+    /// The working state of what the store keeps (`None`: a full bucket),
+    /// see `State::prepare`; `true` when it was moved back to `now` and
+    /// still holds something.
+    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
+        let mut s = Self {
+            level: p.capacity * p.period,
+            ts: now,
+            cmax: p.capacity,
+        };
+        let (raw, moved) = as_of(raw, written, now);
+        if let Some(raw) = raw {
+            s.cmax = s.cmax.max(raw.cmax);
+            s.ts = raw.ts;
             if fdiv(raw.level, raw.den) < p.capacity {
-                self.level = rescale(raw.level, raw.den, p.period);
+                s.level = rescale(raw.level, raw.den, p.period);
             }
         }
-        moved
+        (s, moved)
     }
 
     fn level_at(&self, p: &Params, t: i64) -> i64 {
@@ -134,19 +122,16 @@ impl TokenBucket {
         )
     }
 
-    /// Records the working state as the store keeps it; returns when it
-    /// becomes equal to a fresh one.
-    pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
+    /// The working state as the store keeps it.
+    pub(crate) fn save(&self, p: &Params, now: i64) -> Raw {
         let t = now.max(self.ts);
         let top = self.cmax.min(fdiv(EXACT - 1, p.period)) * p.period;
-        let exp = t + cdiv(top - self.level_at(p, t), p.rate);
-        self.raw = Some(Raw {
+        Raw {
             level: self.level,
             den: p.period,
             ts: self.ts,
-            exp,
+            exp: t + cdiv(top - self.level_at(p, t), p.rate),
             cmax: self.cmax,
-        });
-        exp
+        }
     }
 }

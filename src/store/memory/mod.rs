@@ -393,11 +393,11 @@ impl MemoryStore {
         let mut moved: SmallVec<[bool; 4]> = SmallVec::with_capacity(checks.len());
         for (check, &(g, t, found)) in checks.iter().zip(&places) {
             let p = check.limit.params();
-            let (mut state, written) = match guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
-                Some(table) => table.load(found, p, now),
-                None => (State::load(None, p), now),
+            let (state, was_moved) = match guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
+                Some(table) => table.prepare(found, p, now),
+                None => State::prepare(None, p, now, now),
             };
-            moved.push(state.prepare(p, written, now));
+            moved.push(was_moved);
             states.push(state);
         }
         let params: SmallVec<[&Params; 4]> = checks.iter().map(|c| c.limit.params()).collect();
@@ -437,9 +437,9 @@ impl MemoryStore {
         let t = shard.table(check.limit);
         let table = &mut shard.tables[t];
         let found = inner.locate(table, hash, check.key, store_now);
-        let (mut state, written) = table.load(found, p, store_now);
+        let written = table.found(found).map_or(store_now, |slot| slot.written);
         let now = algorithm::believed(store_now, written, p);
-        let moved = state.prepare(p, written, now);
+        let (mut state, moved) = table.prepare(found, p, now);
         let reply = algorithm::decide(
             std::slice::from_mut(&mut state),
             &[p],
@@ -477,12 +477,8 @@ impl MemoryStore {
             let Some(slot) = table.slot_mut(i) else {
                 continue;
             };
-            let (written, now) = (
-                slot.written,
-                algorithm::believed(store_now, slot.written, p),
-            );
-            let mut state = State::load(Some(&mut slot.stored), p);
-            let moved = state.prepare(p, written, now);
+            let now = algorithm::believed(store_now, slot.written, p);
+            let (mut state, moved) = State::prepare(Some(&mut slot.stored), p, slot.written, now);
             if !state.refund(p, now, at, check.cost) && !moved {
                 state.restore(&mut slot.stored);
                 continue;

@@ -69,26 +69,26 @@ impl Table {
         }
     }
 
-    /// The state `found` points at, loaded for `p`, and the clock it was
-    /// written at (`fresh` for a fresh state). A stored key's state is moved
-    /// out (see [`State::load`]); the shared overflow is copied.
+    /// The state `found` points at, prepared for `p` as of `now` (see
+    /// [`State::prepare`]), and whether it was moved back. A stored key's
+    /// state is moved out; the shared overflow is copied.
     #[inline]
-    pub(super) fn load(&mut self, found: Found, p: &Params, fresh: i64) -> (State, i64) {
+    pub(super) fn prepare(&mut self, found: Found, p: &Params, now: i64) -> (State, bool) {
         match found {
             Found::Live(i) => {
                 if let Some(slot) = self.slot_mut(i) {
-                    return (State::load(Some(&mut slot.stored), p), slot.written);
+                    return State::prepare(Some(&mut slot.stored), p, slot.written, now);
                 }
             }
             Found::Shared => {
                 if let Some(shared) = &self.overflow {
                     let mut copy = shared.stored.clone();
-                    return (State::load(Some(&mut copy), p), shared.written);
+                    return State::prepare(Some(&mut copy), p, shared.written, now);
                 }
             }
             Found::Expired(_) | Found::Absent => {}
         }
-        (State::load(None, p), fresh)
+        State::prepare(None, p, now, now)
     }
 
     #[inline]
