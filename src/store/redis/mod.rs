@@ -21,7 +21,7 @@ use deadpool_redis::Pool;
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::conn::Lanes;
-use self::encode::{Encoded, Operation};
+use self::encode::Operation;
 use self::script::DELIVERY;
 use super::backend::Backend;
 use super::{Answer, Check, Deadline, MemoryStore, Store};
@@ -208,21 +208,15 @@ impl RedisStore {
         DELIVERY.script.get_hash()
     }
 
-    async fn run_decide(
-        &self,
-        checks: &[Check<'_>],
-        max_wait: i64,
-        dry: bool,
-        deadline: Deadline,
-    ) -> Result<Reply, Error> {
-        #[cfg(feature = "cluster")]
-        if self.inner.lanes.is_cluster() {
-            if let Some(groups) = cluster::slot_groups(checks) {
-                // boxed: the common decision's future stays small
-                return Box::pin(self.decide_across_slots(checks, &groups, dry, deadline)).await;
-            }
+    /// The groups of `checks` whose keys share a cluster slot, when they
+    /// are several: each is decided by a call of its own (see `cluster.rs`).
+    /// `None` when one call serves them all.
+    #[cfg(feature = "cluster")]
+    fn slot_groups(&self, checks: &[Check<'_>]) -> Option<Vec<smallvec::SmallVec<[usize; 2]>>> {
+        if !self.inner.lanes.is_cluster() {
+            return None;
         }
-        self.decide_group(checks, max_wait, dry, deadline).await
+        cluster::slot_groups(checks)
     }
 
     /// One decision over checks whose keys share a slot: one call.
@@ -233,20 +227,34 @@ impl RedisStore {
         dry: bool,
         deadline: Deadline,
     ) -> Result<Reply, Error> {
-        let encoded = self.encode(checks, Operation::Decide { max_wait, dry });
-        let packed = self.invoke(&encoded, deadline).await?;
-        Reply::from_packed(&packed, checks.len()).ok_or_else(|| {
-            Error::UnexpectedReply(format!(
-                "{} bytes for {} limits",
-                packed.len(),
-                checks.len()
-            ))
-        })
+        let operation = Operation::Decide { max_wait, dry };
+        let packed = self.invoke(checks, operation, deadline).await?;
+        read_reply(&packed, checks.len(), Reply::from_packed, "")
     }
 
-    /// Runs the library's function with these keys and arguments over a
-    /// lane's connection: the one way every operation reaches Redis.
-    async fn invoke(&self, encoded: &Encoded, deadline: Deadline) -> Result<Vec<u8>, Error> {
+    /// A refund of checks whose keys share a slot (the library's refund
+    /// operation, op 1 of the options, see `lua/driver.lua`): one call.
+    async fn refund_group(
+        &self,
+        checks: &[Check<'_>],
+        at: i64,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        let operation = Operation::Refund { at };
+        self.invoke(checks, operation, deadline).await?;
+        Ok(())
+    }
+
+    /// Runs the library's function for `operation` on `checks` over a
+    /// lane's connection: the one way every operation but a reset reaches
+    /// Redis.
+    async fn invoke(
+        &self,
+        checks: &[Check<'_>],
+        operation: Operation,
+        deadline: Deadline,
+    ) -> Result<Vec<u8>, Error> {
+        let encoded = &self.encode(checks, operation);
         self.inner
             .lanes
             .run(deadline, |mut conn| async move {
@@ -254,74 +262,20 @@ impl RedisStore {
             })
             .await
     }
-
-    async fn run_reset(&self, checks: &[Check<'_>], deadline: Deadline) -> Result<(), Error> {
-        let mut cmd = redis::cmd("DEL");
-        for key in self.encode_keys(checks).keys() {
-            cmd.arg(key);
-        }
-        let cmd = &cmd;
-        self.inner
-            .lanes
-            .run(deadline, |mut conn| async move {
-                cmd.query_async::<()>(&mut conn).await
-            })
-            .await?;
-        Ok(())
-    }
 }
 
-impl RedisStore {
-    /// Gives back each check's grant made at store time `at`: the library's
-    /// refund operation (op 1 of the options, see `lua/driver.lua`), in one
-    /// call through [`invoke`](Self::invoke).
-    async fn run_refund(
-        &self,
-        checks: &[Check<'_>],
-        at: i64,
-        deadline: Deadline,
-    ) -> Result<(), Error> {
-        #[cfg(feature = "cluster")]
-        if self.inner.lanes.is_cluster() {
-            if let Some(groups) = cluster::slot_groups(checks) {
-                return self
-                    .refund_across_slots(checks, &groups, at, deadline)
-                    .await;
-            }
-        }
-        self.refund_group(checks, at, deadline).await
-    }
-
-    /// A refund of checks whose keys share a slot: one call.
-    async fn refund_group(
-        &self,
-        checks: &[Check<'_>],
-        at: i64,
-        deadline: Deadline,
-    ) -> Result<(), Error> {
-        let encoded = self.encode(checks, Operation::Refund { at });
-        self.invoke(&encoded, deadline).await?;
-        Ok(())
-    }
-
-    /// Takes what is available, at most the checks' cost: the library's
-    /// take operation (op 2, see `lua/driver.lua`), in one call through
-    /// [`invoke`](Self::invoke).
-    async fn run_take(
-        &self,
-        checks: &[Check<'_>],
-        deadline: Deadline,
-    ) -> Result<(Reply, i64), Error> {
-        let encoded = self.encode(checks, Operation::Take);
-        let packed = self.invoke(&encoded, deadline).await?;
-        Reply::from_packed_take(&packed, checks.len()).ok_or_else(|| {
-            Error::UnexpectedReply(format!(
-                "{} bytes for taking from {} limits",
-                packed.len(),
-                checks.len()
-            ))
-        })
-    }
+/// Reads `packed`, the library's reply to a call over `limits` limits, with
+/// `read`; a reply it cannot read is an [`Error::UnexpectedReply`] (`what`:
+/// the operation, as the error names it).
+fn read_reply<T>(
+    packed: &[u8],
+    limits: usize,
+    read: fn(&[u8], usize) -> Option<T>,
+    what: &str,
+) -> Result<T, Error> {
+    read(packed, limits).ok_or_else(|| {
+        Error::UnexpectedReply(format!("{} bytes for {what}{limits} limits", packed.len()))
+    })
 }
 
 impl Store for RedisStore {}
@@ -334,7 +288,14 @@ impl Backend for RedisStore {
         dry: bool,
         deadline: Deadline,
     ) -> Answer<'a, Result<Reply, Error>> {
-        Answer::Later(Box::pin(self.run_decide(checks, max_wait, dry, deadline)))
+        Answer::Later(Box::pin(async move {
+            #[cfg(feature = "cluster")]
+            if let Some(groups) = self.slot_groups(checks) {
+                // boxed: the common decision's future stays small
+                return Box::pin(self.decide_across_slots(checks, &groups, dry, deadline)).await;
+            }
+            self.decide_group(checks, max_wait, dry, deadline).await
+        }))
     }
 
     fn reset<'a>(
@@ -342,7 +303,19 @@ impl Backend for RedisStore {
         checks: &'a [Check<'a>],
         deadline: Deadline,
     ) -> Answer<'a, Result<(), Error>> {
-        Answer::Later(Box::pin(self.run_reset(checks, deadline)))
+        Answer::Later(Box::pin(async move {
+            let mut cmd = redis::cmd("DEL");
+            for key in self.encode_keys(checks).keys() {
+                cmd.arg(key);
+            }
+            let cmd = &cmd;
+            self.inner
+                .lanes
+                .run(deadline, |mut conn| async move {
+                    cmd.query_async::<()>(&mut conn).await
+                })
+                .await
+        }))
     }
 
     fn refund<'a>(
@@ -351,15 +324,33 @@ impl Backend for RedisStore {
         at: i64,
         deadline: Deadline,
     ) -> Answer<'a, Result<(), Error>> {
-        Answer::Later(Box::pin(self.run_refund(checks, at, deadline)))
+        Answer::Later(Box::pin(async move {
+            #[cfg(feature = "cluster")]
+            if let Some(groups) = self.slot_groups(checks) {
+                return self
+                    .refund_across_slots(checks, &groups, at, deadline)
+                    .await;
+            }
+            self.refund_group(checks, at, deadline).await
+        }))
     }
 
+    /// The library's take operation (op 2, see `lua/driver.lua`): one call
+    /// through [`invoke`](RedisStore::invoke).
     fn take<'a>(
         &'a self,
         checks: &'a [Check<'a>],
         deadline: Deadline,
     ) -> Answer<'a, Result<(Reply, i64), Error>> {
-        Answer::Later(Box::pin(self.run_take(checks, deadline)))
+        Answer::Later(Box::pin(async move {
+            let packed = self.invoke(checks, Operation::Take, deadline).await?;
+            read_reply(
+                &packed,
+                checks.len(),
+                Reply::from_packed_take,
+                "taking from ",
+            )
+        }))
     }
 
     fn clock(&self) -> Option<Arc<dyn Clock>> {
