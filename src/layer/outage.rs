@@ -124,30 +124,48 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_outage_is_one_line_then_a_count_per_interval_then_the_recovery() {
+    type Line = (tracing::Level, String);
+
+    impl Lines {
+        fn count(&self) -> usize {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+        }
+    }
+
+    /// Runs `steps` on an outage log (10 s interval) with a timeout error,
+    /// every event recorded (`steps` can count them as it goes); returns
+    /// the events and their levels.
+    fn logged(steps: impl FnOnce(&OutageLog, &Error, &Lines)) -> (Vec<Line>, Vec<tracing::Level>) {
         let lines = Lines::default();
         let _guard =
             tracing::subscriber::set_default(tracing_subscriber::registry().with(lines.clone()));
         let log = OutageLog::new(Duration::from_secs(10));
         let error = Error::Timeout(Duration::from_millis(100));
-        let t0 = Instant::now();
-        log.success();
-        for i in 0..40 {
-            // 40 failures within the first 9.75 s: only the first is logged
-            log.failure_at(
-                &error,
-                "refusing requests",
-                t0 + Duration::from_millis(250) * i,
-            );
-        }
-        assert_eq!(lines.0.lock().unwrap().len(), 1);
-        log.failure_at(&error, "refusing requests", t0 + Duration::from_secs(10));
-        log.failure_at(&error, "refusing requests", t0 + Duration::from_secs(11));
-        log.success();
-        log.success();
+        steps(&log, &error, &lines);
         let lines = lines.0.lock().unwrap().clone();
-        let levels: Vec<_> = lines.iter().map(|(level, _)| *level).collect();
+        let levels = lines.iter().map(|(level, _)| *level).collect();
+        (lines, levels)
+    }
+
+    #[test]
+    fn an_outage_is_one_line_then_a_count_per_interval_then_the_recovery() {
+        let (lines, levels) = logged(|log, error, lines| {
+            let t0 = Instant::now();
+            log.success();
+            for i in 0..40 {
+                // 40 failures within the first 9.75 s: only the first is logged
+                log.failure_at(
+                    error,
+                    "refusing requests",
+                    t0 + Duration::from_millis(250) * i,
+                );
+            }
+            assert_eq!(lines.count(), 1);
+            log.failure_at(error, "refusing requests", t0 + Duration::from_secs(10));
+            log.failure_at(error, "refusing requests", t0 + Duration::from_secs(11));
+            log.success();
+            log.success();
+        });
         assert_eq!(
             levels,
             [
@@ -169,19 +187,14 @@ mod tests {
 
     #[test]
     fn a_new_outage_starts_a_new_count() {
-        let lines = Lines::default();
-        let _guard =
-            tracing::subscriber::set_default(tracing_subscriber::registry().with(lines.clone()));
-        let log = OutageLog::new(Duration::from_secs(10));
-        let error = Error::Timeout(Duration::from_millis(100));
-        for _ in 0..3 {
-            log.failure(&error, "letting requests through");
-        }
-        log.success();
-        log.failure(&error, "letting requests through");
-        log.success();
-        let lines = lines.0.lock().unwrap().clone();
-        let levels: Vec<_> = lines.iter().map(|(level, _)| *level).collect();
+        let (lines, levels) = logged(|log, error, _| {
+            for _ in 0..3 {
+                log.failure(error, "letting requests through");
+            }
+            log.success();
+            log.failure(error, "letting requests through");
+            log.success();
+        });
         assert_eq!(
             levels,
             [
