@@ -402,7 +402,8 @@ pub struct Reply {
     /// Microseconds until the grant, or until a retry would be granted; -1
     /// for [`Outcome::Never`].
     pub(crate) wait: i64,
-    /// The store's clock.
+    /// The decision's clock: the store's, or a key's clock ahead of it as
+    /// believed (see [`believed`]).
     pub(crate) now: i64,
     /// Per limit: (wait or -1, remaining, reset_after).
     pub(crate) limits: Statuses,
@@ -461,8 +462,8 @@ impl Reply {
 
 /// One atomic decision over several limits: the mirror of `lua/driver.lua`.
 /// `states` are prepared (see [`State::prepare`]) as of `now`, the latest of
-/// the store's clock and every key's `written` as believed; on a grant (unless `dry`) they are
-/// updated, and the caller saves them.
+/// the store's clock and every key's `written` as believed; on a grant
+/// (unless `dry`) they are updated, and the caller saves them.
 #[inline(always)]
 pub(crate) fn decide(
     states: &mut [State],
