@@ -6,7 +6,7 @@
 -- only operation that can round, so `fdiv` corrects the quotient exactly.
 --
 -- Stored state is independent of the quota that wrote it: absolute times and
--- amounts, each amount with the denominator of its unit, and `hw`, the
+-- amounts, each amount with the denominator of its unit, and `written`, the
 -- writer's clock. A limiter with other parameters (a rolling deploy) converts
 -- what it reads into its own units, rounding towards "less is left". Each
 -- state also says when it becomes equal to a fresh one for its writer (`exp`,

@@ -27,7 +27,7 @@
 -- take the cost back, never above their capacity; a fixed window uncounts it
 -- if `at` lies in the counted window, a sliding window from the current or
 -- previous window, whichever holds `at`. Never below empty. Each key is read
--- at its own clock (the latest of the store's and its `hw` as believed, see
+-- at its own clock (the latest of the store's and its `written` as believed, see
 -- "Clock steps"). Reply: "".
 --
 -- Take (op 2): the cost is an upper bound N (the same for every limit):
@@ -36,7 +36,7 @@
 -- denial says when one will be there). Reply: a decision's reply for cost
 -- k (or 1), then k.
 --
--- Clock steps: every key records the clock of its last write (`hw`). A key's
+-- Clock steps: every key records the clock of its last write (`written`). A key's
 -- clock is believed at most the limit's horizon H ahead of the store's clock,
 -- and the decision's clock is the latest of the store's clock and the
 -- believed ones. H is the longest wait the limit asks by itself: a full
@@ -84,21 +84,21 @@ end
 local NO_OPTIONS = { 0, 0, 0, 0 }
 local formats = {}
 
--- A key's clock as the decision believes it (see "Clock steps"): its `hw`
--- when that lies ahead of the store's clock `real` by at most the limit's
--- horizon `h`, else `real`.
-local function believed(real, hw, h)
-  if hw > real and hw - real <= h then return hw end
-  return real
+-- A key's clock as the decision believes it (see "Clock steps"): its `written`
+-- when that lies ahead of the store's clock `store_now` by at most the limit's
+-- horizon `h`, else `store_now`.
+local function believed(store_now, written, h)
+  if written > store_now and written - store_now <= h then return written end
+  return store_now
 end
 
 -- The decision of one limit by its algorithm's steps, without the tables
 -- that collect several: what each algorithm's `one` does on locals (the
 -- production path), and does itself for the states `one` leaves to it.
-function decide_one(keys, s, real, max_wait, dry, from)
+function decide_one(keys, s, store_now, max_wait, dry, from)
   local alg, p, cost = s.alg, s.p, s.cost
   local st = alg.load(keys, 1, p)
-  local now = believed(real, st.hw, s.h)
+  local now = believed(store_now, st.written, s.h)
   alg.prepare(st, p, now)
   local t = now
   if cost > 0 then t = alg.earliest(st, p, now, cost) end
@@ -116,27 +116,27 @@ end
 
 -- The decision's clock: the `now` option, or Redis TIME (the production path).
 local function clock(opts)
-  local real = opts[1]
-  if real == 0 then
+  local store_now = opts[1]
+  if store_now == 0 then
     local t = redis.call('TIME')
-    real = t[1] * 1000000 + t[2]
+    store_now = t[1] * 1000000 + t[2]
   end
-  return real
+  return store_now
 end
 
 -- Loads the state of the n limits whose arguments start at args[first], in
--- key order; returns them and the latest of the store's clock `real` and
+-- key order; returns them and the latest of the store's clock `store_now` and
 -- their clocks as believed.
-local function load_limits(keys, args, first, n, real)
+local function load_limits(keys, args, first, n, store_now)
   local limits = {}
   local next_key = 1
-  local now = real
+  local now = store_now
   for i = 1, n do
     local s = spec(args[first + i - 1])
     local alg = s.alg
     local st = alg.load(keys, next_key, s.p)
     next_key = next_key + alg.nkeys
-    now = max(now, believed(real, st.hw, s.h))
+    now = max(now, believed(store_now, st.written, s.h))
     limits[i] = { alg = alg, p = s.p, cost = s.cost, st = st, t = 0 }
   end
   return limits, now
@@ -144,15 +144,15 @@ end
 
 -- Op 1: gives back the grants of each limit's cost made at `at`.
 local function refund(keys, args, opts)
-  local real = clock(opts)
-  local from, at = real - opts[4], opts[6]
+  local store_now = clock(opts)
+  local from, at = store_now - opts[4], opts[6]
   local next_key = 1
   for i = 2, #args do
     local s = spec(args[i])
     local alg = s.alg
     local st = alg.load(keys, next_key, s.p)
     next_key = next_key + alg.nkeys
-    local now = believed(real, st.hw, s.h)
+    local now = believed(store_now, st.written, s.h)
     alg.prepare(st, s.p, now)
     if s.cost > 0 then alg.refund(st, s.p, now, at, s.cost) end
     alg.save(st, s.p, now, from)
@@ -199,9 +199,9 @@ end
 
 -- Op 2: takes min(N, what every limit has left now).
 local function take(keys, args, opts)
-  local real = clock(opts)
+  local store_now = clock(opts)
   local n = #args - 1
-  local limits, now = load_limits(keys, args, 2, n, real)
+  local limits, now = load_limits(keys, args, 2, n, store_now)
   local k = spec(args[2]).cost
   for i = 1, n do
     local l = limits[i]
@@ -214,7 +214,7 @@ local function take(keys, args, opts)
   local at = earliest(limits, now, cost)
   local outcome, wait = verdict(at, now, 0)
   local reply = finish(limits, outcome, wait, now, outcome == 0 and k > 0, now, cost, now,
-    real - opts[4])
+    store_now - opts[4])
   reply[3 * n + 4] = k
   return struct.pack('<' .. string.rep('d', 4 + 3 * n), unpack(reply))
 end
@@ -226,8 +226,8 @@ local function decide(keys, args)
     local s = specs[args[1]] or spec(args[1])
     if s then
       local t = rcall('TIME')
-      local real = t[1] * 1000000 + t[2]
-      return s[1](keys, s, real, 0, false, real, t)
+      local store_now = t[1] * 1000000 + t[2]
+      return s[1](keys, s, store_now, 0, false, store_now, t)
     end
   end
   local first, opts = 1, NO_OPTIONS
@@ -237,17 +237,17 @@ local function decide(keys, args)
     if opts[5] == 2 then return take(keys, args, opts) end
     first = 2
   end
-  local real = clock(opts)
+  local store_now = clock(opts)
   local max_wait, dry = opts[2], opts[3] == 1
   -- expiries count from here: the store's clock, less the slack
-  local from = real - opts[4]
+  local from = store_now - opts[4]
   local n = #args - first + 1
   if n == 1 then
     local s = spec(args[first])
-    return s[1](keys, s, real, max_wait, dry, from)
+    return s[1](keys, s, store_now, max_wait, dry, from)
   end
 
-  local limits, now = load_limits(keys, args, first, n, real)
+  local limits, now = load_limits(keys, args, first, n, store_now)
   for i = 1, n do
     local l = limits[i]
     l.alg.prepare(l.st, l.p, now)

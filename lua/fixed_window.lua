@@ -1,7 +1,7 @@
 -- fixed_window.lua: N permits per window aligned to the epoch (floor(t/W)*W).
 --
--- KEYS: counter (STRING 'F' start len count hw): the count of the window of
---       `len` us beginning at `start` (us); a start ahead of `hw` holds
+-- KEYS: counter (STRING 'F' start len count written): the count of the window of
+--       `len` us beginning at `start` (us); a start ahead of `written` holds
 --       reservations, and later grants queue behind it.
 -- Params: p[1] = N (limit), p[2] = W (window, us)
 -- The window start and length are stored with the count, so a late expiry
@@ -9,13 +9,13 @@
 -- the stored grants in its own window whenever the two windows overlap (the
 -- grants may lie anywhere in the stored window: counting them is the safe side).
 local function fw_load(keys, i, p)
-  local st = { key = keys[i], hw = 0, raw = false, r_start = 0, r_len = 1, r_count = 0,
+  local st = { key = keys[i], written = 0, raw = false, r_start = 0, r_len = 1, r_count = 0,
     start = -1, count = 0, dirty = false }
   local v = get_packed(st.key, 70, 4) -- 'F'
   if v then
-    local start, len, count, hw = struct.unpack('<dddd', v, 2)
-    if int(start) and int(len) and len > 0 and int(count) and int(hw) then
-      st.raw, st.hw, st.r_start, st.r_len, st.r_count = true, hw, start, len, count
+    local start, len, count, written = struct.unpack('<dddd', v, 2)
+    if int(start) and int(len) and len > 0 and int(count) and int(written) then
+      st.raw, st.written, st.r_start, st.r_len, st.r_count = true, written, start, len, count
     end
   end
   return st
@@ -26,8 +26,8 @@ local function fw_prepare(st, p, now)
   st.start, st.count = -1, 0
   -- dated after the decision's clock: moved back to it (see "Clock steps"
   -- in driver.lua), and written back if it still holds something
-  local moved = st.hw > now
-  if moved then st.r_start, st.hw = st.r_start - (st.hw - now), now end
+  local moved = st.written > now
+  if moved then st.r_start, st.written = st.r_start - (st.written - now), now end
   -- absent, or its window is over
   if not st.raw or st.r_start + st.r_len <= now then return end
   local s, len, count = st.r_start, st.r_len, st.r_count
@@ -87,32 +87,32 @@ end
 
 -- The decision of one limit (see `decide_one` in driver.lua): the steps
 -- above on locals, for the production path. s[2], s[3] = p, s[6] = cost.
-local function fw_one(keys, s, real, max_wait, dry, from)
+local function fw_one(keys, s, store_now, max_wait, dry, from)
   local n, w, cost = s[2], s[3], s[6]
   local key = keys[1]
-  local now, start, count, len = real, -1, 0, 0
+  local now, start, count, len = store_now, -1, 0, 0
   -- load and prepare
   local v = rpcall('GET', key)
   if v and #v == 33 then -- (an error reply is a table: #v == 0)
-    local tag, s0, c0, hw
-    tag, s0, len, c0, hw = sunpack('<c1dddd', v)
+    local tag, s0, c0, written
+    tag, s0, len, c0, written = sunpack('<c1dddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
     -- 2^53 written out: a literal is an operand of the comparison, an upvalue
     -- must be loaded first)
     if tag == 'F' and s0 % 1 == 0 and s0 < 9007199254740992 and s0 > -9007199254740992
         and len % 1 == 0 and len > 0 and len < 9007199254740992
         and c0 % 1 == 0 and c0 < 9007199254740992 and c0 > -9007199254740992
-        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992 then
-      if hw > now then
+        and written % 1 == 0 and written < 9007199254740992 and written > -9007199254740992 then
+      if written > now then
         -- beyond the limit's horizon, the steps above move the state back
-        if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
-        now = hw
+        if written - now > s.h then return decide_one(keys, s, store_now, max_wait, dry, from) end
+        now = written
       end
       if s0 + len > now then
         if len == w then
           start, count = s0, c0
         else
-          local st = { raw = true, hw = now, r_start = s0, r_len = len, r_count = c0 }
+          local st = { raw = true, written = now, r_start = s0, r_len = len, r_count = c0 }
           fw_prepare(st, s.p, now)
           start, count = st.start, st.count
         end

@@ -1,29 +1,29 @@
 -- gcra.lua: generic cell rate algorithm (leaky bucket as a meter).
 --
--- KEYS: gcra (STRING 'G' level den hw exp bmax): `level / den` permits left
---       at the writer's clock `hw` (us), negative while reservations are
+-- KEYS: gcra (STRING 'G' level den written exp bmax): `level / den` permits left
+--       at the writer's clock `written` (us), negative while reservations are
 --       pending; `bmax` the largest burst that wrote the state; `exp` when the
 --       bucket has refilled to `bmax`. The theoretical arrival time
---       (TAT) lies (B - level) emission intervals after `hw`. An amount, not a
+--       (TAT) lies (B - level) emission intervals after `written`. An amount, not a
 --       time, so another rate or burst reads what is left (converted, rounded
 --       down, clamped to its burst).
 -- Params: p[1] = B (burst), p[2] = N, p[3] = W (rate N per W us, reduced by gcd)
 -- Internally the TAT is tat + frac/N us exactly (0 <= frac < N), so a rate
 -- like 3 per second (333333.33.. us apart) never drifts; the level is kept in
--- units of 1/W permit, so tat = hw + (B * W - level) / N.
+-- units of 1/W permit, so tat = written + (B * W - level) / N.
 -- Emission interval T = W/N. A cost c fits at t when tat - t <= (B - c) * T,
 -- i.e. (tat_us - t) * N + frac <= (B - c) * W: all integers.
 -- A missing key (or a tat in the past) is a full bucket. Arrivals are timed to
 -- the microsecond: one in the tick that holds the TAT (t <= ceil(tat)) counts
 -- as on time, so the fraction is kept and the long-run rate is exactly N/W.
 local function gcra_load(keys, i, p)
-  local st = { key = keys[i], hw = 0, raw = false, r_level = 0, r_den = 1, r_exp = 0, r_bmax = 0,
-    tat = 0, frac = 0, keep = 0, dirty = false }
+  local st = { key = keys[i], written = 0, raw = false, r_level = 0, r_den = 1, r_exp = 0, r_bmax = 0,
+    tat = 0, frac = 0, bmax = 0, dirty = false }
   local v = get_packed(st.key, 71, 5) -- 'G'
   if v then
-    local level, den, hw, exp, bmax = struct.unpack('<ddddd', v, 2)
-    if int(level) and int(den) and den > 0 and int(hw) and int(exp) and int(bmax) then
-      st.raw, st.hw = true, hw
+    local level, den, written, exp, bmax = struct.unpack('<ddddd', v, 2)
+    if int(level) and int(den) and den > 0 and int(written) and int(exp) and int(bmax) then
+      st.raw, st.written = true, written
       st.r_level, st.r_den, st.r_exp, st.r_bmax = level, den, exp, bmax
     end
   end
@@ -36,21 +36,21 @@ local function gcra_ceil(st, p) -- ceil(tat), the tick that holds the TAT
 end
 
 local function gcra_prepare(st, p, now)
-  st.tat, st.frac, st.keep = now, 0, p[1]
-  if st.hw > now then
+  st.tat, st.frac, st.bmax = now, 0, p[1]
+  if st.written > now then
     -- dated after the decision's clock: moved back to it (see "Clock steps"
     -- in driver.lua), and written back if it still holds something
-    st.r_exp, st.hw = st.r_exp - (st.hw - now), now
+    st.r_exp, st.written = st.r_exp - (st.written - now), now
     st.dirty = st.r_exp > now
   end
   if st.raw and st.r_exp > now then
-    st.keep = max(st.keep, st.r_bmax)
+    st.bmax = max(st.bmax, st.r_bmax)
     local debt = 0
     if fdiv(st.r_level, st.r_den) < p[1] then
       debt = p[1] * p[3] - rescale(st.r_level, st.r_den, p[3])
     end
     local whole = fdiv(debt, p[2])
-    st.tat = st.hw + whole
+    st.tat = st.written + whole
     st.frac = debt - whole * p[2]
     if gcra_ceil(st, p) < now then
       st.tat, st.frac = now, 0
@@ -104,7 +104,7 @@ end
 local function gcra_save(st, p, now, from)
   if not st.dirty then return end
   local level = p[1] * p[3] - ((st.tat - now) * p[2] + st.frac)
-  local bmax = st.keep
+  local bmax = st.bmax
   -- the state matters through tick ceil(tat), and for a larger burst until
   -- its extra permits are back too
   local extra = min(bmax - p[1], fdiv(EXACT - 1, p[3]))
@@ -117,30 +117,30 @@ end
 -- above on locals, the common cases inline, for the production path. `s` is
 -- the limit's spec: s[2..4] = p, s[6] = cost, s[7] = B * W,
 -- s[8] = (B - cost) * W, s[9] = cost * W.
-local function gcra_one(keys, s, real, max_wait, dry, from)
+local function gcra_one(keys, s, store_now, max_wait, dry, from)
   local b, n, w, cost = s[2], s[3], s[4], s[6]
   local key = keys[1]
-  local now, tat, frac, keep = real, real, 0, b
+  local now, tat, frac, bmax = store_now, store_now, 0, b
   -- load and prepare
   local v = rpcall('GET', key)
   if v and #v == 41 then -- (an error reply is a table: #v == 0)
-    local tag, level, den, hw, exp, bmax = sunpack('<c1ddddd', v)
+    local tag, level, den, written, exp, r_bmax = sunpack('<c1ddddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
     -- 2^53 written out: a literal is an operand of the comparison, an upvalue
     -- must be loaded first)
     if tag == 'G' and level % 1 == 0 and level < 9007199254740992 and level > -9007199254740992
         and den % 1 == 0 and den > 0 and den < 9007199254740992
-        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992
+        and written % 1 == 0 and written < 9007199254740992 and written > -9007199254740992
         and exp % 1 == 0 and exp < 9007199254740992 and exp > -9007199254740992
-        and bmax % 1 == 0 and bmax < 9007199254740992 and bmax > -9007199254740992 then
-      if hw > now then
+        and r_bmax % 1 == 0 and r_bmax < 9007199254740992 and r_bmax > -9007199254740992 then
+      if written > now then
         -- beyond the limit's horizon, the steps above move the state back
-        if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
-        now = hw
+        if written - now > s.h then return decide_one(keys, s, store_now, max_wait, dry, from) end
+        now = written
       end
       tat = now
       if exp > now then
-        if bmax > b then keep = bmax end
+        if r_bmax > b then bmax = r_bmax end
         local debt = 0
         if den == w then -- fdiv(level, w) < b, exactly: B * W < 2^53
           if level < s[7] then debt = s[7] - level end
@@ -150,7 +150,7 @@ local function gcra_one(keys, s, real, max_wait, dry, from)
         local r = debt % n -- whole = fdiv(debt, n)
         if r < 0 then r = r + n elseif r >= n then r = r - n end
         local whole = (debt - r) / n
-        tat, frac = hw + whole, debt - whole * n
+        tat, frac = written + whole, debt - whole * n
         if frac > 0 then
           if tat + 1 < now then tat, frac = now, 0 end
         elseif tat < now then
@@ -159,7 +159,7 @@ local function gcra_one(keys, s, real, max_wait, dry, from)
       end
     end
   end
-  if tat == now and frac == 0 and keep == b and s[16] and now < s[17] and max_wait >= 0
+  if tat == now and frac == 0 and bmax == b and s[16] and now < s[17] and max_wait >= 0
       and not dry then
     -- a full bucket (the common case: a key that rested) grants 1 <= cost
     -- <= B at once, to the same state and status every time (spec[10..15]:
@@ -201,12 +201,12 @@ local function gcra_one(keys, s, real, max_wait, dry, from)
       -- save
       local exp = tat + 1
       if frac > 0 then exp = tat + 2 end
-      if keep > b then
-        local extra = min(keep - b, fdiv(EXACT - 1, w))
+      if bmax > b then
+        local extra = min(bmax - b, fdiv(EXACT - 1, w))
         exp = exp + cdiv(extra * w, n)
       end
       local ms = px(exp, from)
-      rcall('SET', key, spack('<c1ddddd', 'G', s[7] - ((tat - now) * n + frac), w, now, exp, keep),
+      rcall('SET', key, spack('<c1ddddd', 'G', s[7] - ((tat - now) * n + frac), w, now, exp, bmax),
         'PX', ms)
     end
   end

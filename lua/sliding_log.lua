@@ -2,9 +2,9 @@
 --
 -- KEYS: log  (ZSET: one member per grant, score = grant time in us, member =
 --             'E' time seq cost packed, unique even for equal times)
---       meta (STRING 'M' sum cnt seq hw wmax wexp uni, then the log's last
+--       meta (STRING 'M' sum cnt seq written wmax wexp uni, then the log's last
 --             member: a cache of the log. sum = total cost in the log, cnt =
---             its members, seq = member sequence, hw = writer's clock,
+--             its members, seq = member sequence, written = writer's clock,
 --             wmax / wexp = the longest window in use and until when,
 --             uni = 1 when every member costs 1)
 -- Params: p[1] = N (limit), p[2] = W (window, us)
@@ -26,7 +26,7 @@ local function slog_entry(member) -- (cost, seq)
 end
 
 local function slog_load(keys, i, p)
-  local st = { log = keys[i], meta = keys[i + 1], hw = 0, clocked = false, seq = 0, n = 0,
+  local st = { log = keys[i], meta = keys[i + 1], written = 0, clocked = false, seq = 0, n = 0,
     top = false, last = false, sum = false, uni = false, wmax = false, wexp = 0, keep = 0,
     win = 0, skip = 0, pruned = false, dirty = false }
   local n = redis.pcall('ZCARD', st.log)
@@ -55,9 +55,9 @@ local function slog_load(keys, i, p)
   st.n = n
   local m = redis.pcall('GET', st.meta)
   if type(m) == 'string' and #m >= 57 and string.byte(m, 1) == 77 then -- 'M'
-    local sum, cnt, seq, hw, wmax, wexp, uni = struct.unpack('<ddddddd', m, 2)
-    if int(sum) and int(cnt) and int(seq) and int(hw) and int(wmax) and int(wexp) and int(uni) then
-      st.hw, st.clocked, st.seq = hw, true, seq
+    local sum, cnt, seq, written, wmax, wexp, uni = struct.unpack('<ddddddd', m, 2)
+    if int(sum) and int(cnt) and int(seq) and int(written) and int(wmax) and int(wexp) and int(uni) then
+      st.written, st.clocked, st.seq = written, true, seq
       if wmax > 0 then st.wmax, st.wexp = wmax, wexp end
       if cnt == n and (n == 0 or string.sub(m, 58) == st.top) then
         st.sum, st.uni = sum, uni == 1
@@ -84,7 +84,7 @@ end
 -- in driver.lua): every score, and the time in each of this code's members
 -- (slog_one reads it), so the entries keep their order and their costs.
 local function slog_move(st, d, now)
-  st.hw = now
+  st.written = now
   if st.wmax then st.wexp = st.wexp - d end
   if st.n == 0 then return end
   local all = redis.call('ZRANGE', st.log, 0, -1, 'WITHSCORES')
@@ -108,8 +108,8 @@ end
 local function slog_prepare(st, p, now)
   local w = p[2]
   -- dated after the decision's clock: moved back to it (see below)
-  local moved = st.hw > now
-  if moved then slog_move(st, st.hw - now, now) end
+  local moved = st.written > now
+  if moved then slog_move(st, st.written - now, now) end
   local keep = w
   if st.wmax and st.wmax > w and st.wexp > now then keep = st.wmax end
   st.keep = keep
@@ -254,10 +254,10 @@ local function slog_refund(st, p, now, at, cost)
   end
 end
 
-local function slog_meta(st, hw, wmax, wexp)
+local function slog_meta(st, written, wmax, wexp)
   local uni = 0
   if st.uni then uni = 1 end
-  return struct.pack('<c1ddddddd', 'M', st.sum, st.n, st.seq, hw, wmax or 0, wexp or 0, uni)
+  return struct.pack('<c1ddddddd', 'M', st.sum, st.n, st.seq, written, wmax or 0, wexp or 0, uni)
     .. (st.top or '')
 end
 
@@ -265,7 +265,7 @@ local function slog_save(st, p, now, from)
   if not st.dirty then
     -- a denial that pruned keeps meta in step with the log
     if st.pruned then
-      redis.call('SET', st.meta, slog_meta(st, st.hw, st.wmax, st.wexp), 'KEEPTTL')
+      redis.call('SET', st.meta, slog_meta(st, st.written, st.wmax, st.wexp), 'KEEPTTL')
     end
     return
   end
@@ -297,7 +297,7 @@ end
 -- entries: the steps above, with the whole log in one ZRANGE that also
 -- checks meta's count and last member, and each member's time read from
 -- the member (it is its score). Any other state takes decide_one, before
--- anything is written. `clock`, the TIME reply `real` was read from (nil
+-- anything is written. `clock`, the TIME reply `store_now` was read from (nil
 -- for a given clock), spells a grant's score without formatting a number.
 local SLOG_SMALL = 8
 -- ranks as arguments (a number argument is formatted), and the zeros that
@@ -305,42 +305,42 @@ local SLOG_SMALL = 8
 local RANK = { [0] = '0', '1', '2', '3', '4', '5', '6', '7', '8' }
 local PAD = { '00000', '0000', '000', '00', '0', '' }
 
-local function slog_one(keys, s, real, max_wait, dry, from, clock)
+local function slog_one(keys, s, store_now, max_wait, dry, from, clock)
   local n, w, cost = s[2], s[3], s[6]
   local log, meta = keys[1], keys[2]
   -- load: meta (valid, or absent for an empty log), then the whole log
-  local sum, cnt, seq, hw, wmax, wexp, uni = 0, 0, 0, 0, 0, 0, 1
+  local sum, cnt, seq, written, wmax, wexp, uni = 0, 0, 0, 0, 0, 0, 1
   local m = rpcall('GET', meta)
   if m then
-    if #m < 57 then return decide_one(keys, s, real, max_wait, dry, from) end
+    if #m < 57 then return decide_one(keys, s, store_now, max_wait, dry, from) end
     local tag
-    tag, sum, cnt, seq, hw, wmax, wexp, uni = sunpack('<c1ddddddd', m)
+    tag, sum, cnt, seq, written, wmax, wexp, uni = sunpack('<c1ddddddd', m)
     -- (int() of every field; 2^53 written out: a literal is an operand of the
     -- comparison, an upvalue must be loaded first)
     if not (tag == 'M' and cnt >= 0 and cnt <= SLOG_SMALL and cnt % 1 == 0
         and sum % 1 == 0 and sum < 9007199254740992 and sum > -9007199254740992
         and seq % 1 == 0 and seq < 9007199254740992 and seq > -9007199254740992
-        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992
+        and written % 1 == 0 and written < 9007199254740992 and written > -9007199254740992
         and wmax % 1 == 0 and wmax < 9007199254740992 and wmax > -9007199254740992
         and wexp % 1 == 0 and wexp < 9007199254740992 and wexp > -9007199254740992
         and uni % 1 == 0 and uni < 9007199254740992 and uni > -9007199254740992) then
-      return decide_one(keys, s, real, max_wait, dry, from)
+      return decide_one(keys, s, store_now, max_wait, dry, from)
     end
     if wmax <= 0 then wmax, wexp = 0, 0 end
     if uni ~= 1 then uni = 0 end
   end
-  local now = real
-  if hw > now then
+  local now = store_now
+  if written > now then
     -- beyond the limit's horizon, the steps above move the log back
-    if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
-    now = hw
+    if written - now > s.h then return decide_one(keys, s, store_now, max_wait, dry, from) end
+    now = written
   end
   -- a longer window in use keeps entries outside this one
-  if wmax > w and wexp > now then return decide_one(keys, s, real, max_wait, dry, from) end
+  if wmax > w and wexp > now then return decide_one(keys, s, store_now, max_wait, dry, from) end
   -- ranks 0 .. cnt: exactly cnt members when meta's count is the log's
   local r = rpcall('ZRANGE', log, '0', RANK[cnt])
   if r.err or #r ~= cnt or (cnt > 0 and r[cnt] ~= ssub(m, 58)) then
-    return decide_one(keys, s, real, max_wait, dry, from)
+    return decide_one(keys, s, store_now, max_wait, dry, from)
   end
   -- prepare: the first k members left the window (all of them once the
   -- writer's newest grant left the writer's window); an empty log is empty
@@ -352,14 +352,14 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
     top = r[cnt]
     local top_cost
     last, top_cost = slog_member(top)
-    if not last then return decide_one(keys, s, real, max_wait, dry, from) end
+    if not last then return decide_one(keys, s, store_now, max_wait, dry, from) end
     local cutoff = now - w
     if wmax > 0 and last + wmax <= now then cutoff = last end
     while k < cnt do
       local at, c = last, top_cost
       if k + 1 < cnt then
         at, c = slog_member(r[k + 1])
-        if not at then return decide_one(keys, s, real, max_wait, dry, from) end
+        if not at then return decide_one(keys, s, store_now, max_wait, dry, from) end
       end
       if at > cutoff then break end
       k = k + 1
@@ -384,7 +384,7 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
         while i < cnt and dropped < excess do
           i = i + 1
           at, c = slog_member(r[i])
-          if not at then return decide_one(keys, s, real, max_wait, dry, from) end
+          if not at then return decide_one(keys, s, store_now, max_wait, dry, from) end
           dropped = dropped + c
         end
         at = at + w -- (when too few: the last's time, which is the log's last)
@@ -401,7 +401,7 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
     seq = seq + 1
     local member = spack('<c1ddd', 'E', t, seq, cost)
     local score = t
-    if clock and t == real then score = clock[1] .. PAD[#clock[2]] .. clock[2] end
+    if clock and t == store_now then score = clock[1] .. PAD[#clock[2]] .. clock[2] end
     rcall('ZADD', log, score, member)
     if not last or t > last or member > top then top = member end
     sum, win, count, last = sum + cost, win + cost, count + 1, t
@@ -414,7 +414,7 @@ local function slog_one(keys, s, real, max_wait, dry, from, clock)
   end
   if k > 0 then
     -- a decision that pruned and granted nothing keeps meta in step
-    rcall('SET', meta, spack('<c1dddddddc0', 'M', sum, count, seq, hw, wmax, wexp, uni, top or ''),
+    rcall('SET', meta, spack('<c1dddddddc0', 'M', sum, count, seq, written, wmax, wexp, uni, top or ''),
       'KEEPTTL')
   end
   -- status

@@ -1,6 +1,6 @@
 -- sliding_window.lua: sliding window counter, two counters per key (O(1) memory).
 --
--- KEYS: counters (STRING 'S' start len prev cur hw): the counts of the window
+-- KEYS: counters (STRING 'S' start len prev cur written): the counts of the window
 --       of `len` us beginning at `start` (us) and of the one before it
 -- Params: p[1] = N (limit), p[2] = W (window, us), p[3] = U (weight step, us:
 --         ceil(W / 2^20), so weights have 2^20 steps and N * 2^20 < 2^53)
@@ -10,13 +10,13 @@
 -- windows (current, else previous) that overlaps the count's window: the
 -- grants may lie anywhere in that window, and newer counts weigh more.
 local function sw_load(keys, i, p)
-  local st = { key = keys[i], hw = 0, raw = false, r_start = 0, r_len = 1, r_prev = 0, r_cur = 0,
+  local st = { key = keys[i], written = 0, raw = false, r_start = 0, r_len = 1, r_prev = 0, r_cur = 0,
     start = -1, prev = 0, cur = 0, dirty = false }
   local v = get_packed(st.key, 83, 5) -- 'S'
   if v then
-    local start, len, prev, cur, hw = struct.unpack('<ddddd', v, 2)
-    if int(start) and int(len) and len > 0 and int(prev) and int(cur) and int(hw) then
-      st.raw, st.hw = true, hw
+    local start, len, prev, cur, written = struct.unpack('<ddddd', v, 2)
+    if int(start) and int(len) and len > 0 and int(prev) and int(cur) and int(written) then
+      st.raw, st.written = true, written
       st.r_start, st.r_len, st.r_prev, st.r_cur = start, len, prev, cur
     end
   end
@@ -28,8 +28,8 @@ local function sw_prepare(st, p, now)
   st.start, st.prev, st.cur = -1, 0, 0
   -- dated after the decision's clock: moved back to it (see "Clock steps"
   -- in driver.lua), and written back if it still holds something
-  local moved = st.hw > now
-  if moved then st.r_start, st.hw = st.r_start - (st.hw - now), now end
+  local moved = st.written > now
+  if moved then st.r_start, st.written = st.r_start - (st.written - now), now end
   -- absent, or both windows over
   if not st.raw or st.r_start + 2 * st.r_len <= now then return end
   local s, len, prev, cur = st.r_start, st.r_len, st.r_prev, st.r_cur
@@ -134,15 +134,15 @@ end
 -- The decision of one limit (see `decide_one` in driver.lua): the steps
 -- above on locals, for the production path. s[2..4] = p, s[6] = cost,
 -- s[7] = ceil(W / U).
-local function sw_one(keys, s, real, max_wait, dry, from)
+local function sw_one(keys, s, store_now, max_wait, dry, from)
   local n, w, u, cost, wu = s[2], s[3], s[4], s[6], s[7]
   local key = keys[1]
-  local now, start, prev, cur, len = real, -1, 0, 0, 0
+  local now, start, prev, cur, len = store_now, -1, 0, 0, 0
   -- load and prepare
   local v = rpcall('GET', key)
   if v and #v == 41 then -- (an error reply is a table: #v == 0)
-    local tag, s0, p0, c0, hw
-    tag, s0, len, p0, c0, hw = sunpack('<c1ddddd', v)
+    local tag, s0, p0, c0, written
+    tag, s0, len, p0, c0, written = sunpack('<c1ddddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
     -- 2^53 written out: a literal is an operand of the comparison, an upvalue
     -- must be loaded first)
@@ -150,17 +150,17 @@ local function sw_one(keys, s, real, max_wait, dry, from)
         and len % 1 == 0 and len > 0 and len < 9007199254740992
         and p0 % 1 == 0 and p0 < 9007199254740992 and p0 > -9007199254740992
         and c0 % 1 == 0 and c0 < 9007199254740992 and c0 > -9007199254740992
-        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992 then
-      if hw > now then
+        and written % 1 == 0 and written < 9007199254740992 and written > -9007199254740992 then
+      if written > now then
         -- beyond the limit's horizon, the steps above move the state back
-        if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
-        now = hw
+        if written - now > s.h then return decide_one(keys, s, store_now, max_wait, dry, from) end
+        now = written
       end
       if s0 + 2 * len > now then
         if len == w then
           start, prev, cur = s0, p0, c0
         else
-          local st = { raw = true, hw = now, r_start = s0, r_len = len, r_prev = p0, r_cur = c0 }
+          local st = { raw = true, written = now, r_start = s0, r_len = len, r_prev = p0, r_cur = c0 }
           sw_prepare(st, s.p, now)
           start, prev, cur = st.start, st.prev, st.cur
         end

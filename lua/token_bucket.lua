@@ -1,12 +1,12 @@
 -- token_bucket.lua: token bucket with lazy refill, never negative.
 --
--- KEYS: bucket (STRING 'T' level den ts hw exp cmax): `level / den` tokens
---       at time `ts` (us); `hw` is the writer's clock; `cmax` the largest
+-- KEYS: bucket (STRING 'T' level den ts written exp cmax): `level / den` tokens
+--       at time `ts` (us); `written` is the writer's clock; `cmax` the largest
 --       capacity that wrote the state; `exp` when the bucket has refilled to
 --       `cmax`, so a larger bucket never reads a key that expired at a smaller
 --       one's fill as full. (A capacity cut keeps keys alive as long as the
 --       larger bucket would need, until a key once goes quiet.) `ts` lies
---       ahead of `hw` only for a reservation: nothing refills before it, so
+--       ahead of `written` only for a reservation: nothing refills before it, so
 --       later grants queue behind.
 -- Params: p[1] = C (capacity), p[2] = R, p[3] = P (refill R tokens per P us,
 --         reduced by their gcd on the Rust side). Internally the level is kept
@@ -14,13 +14,13 @@
 --         and clamped to C: what is left stays what is left.
 -- A missing key is a full bucket. A denied request writes nothing.
 local function tb_load(keys, i, p)
-  local st = { key = keys[i], hw = 0, raw = false, r_level = 0, r_den = 1, r_ts = 0, r_exp = 0,
-    r_cmax = 0, level = 0, ts = 0, keep = 0, dirty = false }
+  local st = { key = keys[i], written = 0, raw = false, r_level = 0, r_den = 1, r_ts = 0, r_exp = 0,
+    r_cmax = 0, level = 0, ts = 0, cmax = 0, dirty = false }
   local v = get_packed(st.key, 84, 6) -- 'T'
   if v then
-    local level, den, ts, hw, exp, cmax = struct.unpack('<dddddd', v, 2)
-    if int(level) and int(den) and den > 0 and int(ts) and int(hw) and int(exp) and int(cmax) then
-      st.raw, st.hw = true, hw
+    local level, den, ts, written, exp, cmax = struct.unpack('<dddddd', v, 2)
+    if int(level) and int(den) and den > 0 and int(ts) and int(written) and int(exp) and int(cmax) then
+      st.raw, st.written = true, written
       st.r_level, st.r_den, st.r_ts, st.r_exp, st.r_cmax = level, den, ts, exp, cmax
     end
   end
@@ -29,16 +29,16 @@ end
 
 local function tb_prepare(st, p, now)
   local full = p[1] * p[3]
-  st.level, st.ts, st.keep = full, now, p[1]
-  if st.hw > now then
+  st.level, st.ts, st.cmax = full, now, p[1]
+  if st.written > now then
     -- dated after the decision's clock: moved back to it (see "Clock steps"
     -- in driver.lua), and written back if it still holds something
-    local d = st.hw - now
-    st.r_ts, st.r_exp, st.hw = st.r_ts - d, st.r_exp - d, now
+    local d = st.written - now
+    st.r_ts, st.r_exp, st.written = st.r_ts - d, st.r_exp - d, now
     st.dirty = st.r_exp > now
   end
   if st.raw and st.r_exp > now then
-    st.keep = max(st.keep, st.r_cmax)
+    st.cmax = max(st.cmax, st.r_cmax)
     st.ts = st.r_ts
     if fdiv(st.r_level, st.r_den) < p[1] then
       st.level = rescale(st.r_level, st.r_den, p[3])
@@ -89,7 +89,7 @@ end
 
 local function tb_save(st, p, now, from)
   if not st.dirty then return end
-  local cmax = st.keep
+  local cmax = st.cmax
   local t = max(now, st.ts)
   local exp = t + cdiv(min(cmax, fdiv(EXACT - 1, p[3])) * p[3] - tb_level_at(st, p, t), p[2])
   redis.call('SET', st.key, struct.pack('<c1dddddd', 'T', st.level, p[3], st.ts, now, exp, cmax),
@@ -99,31 +99,31 @@ end
 -- The decision of one limit (see `decide_one` in driver.lua): the steps
 -- above on locals, for the production path. s[2..4] = p, s[6] = cost,
 -- s[7] = C * P, s[8] = cost * P.
-local function tb_one(keys, s, real, max_wait, dry, from)
+local function tb_one(keys, s, store_now, max_wait, dry, from)
   local c, r, p, cost, full = s[2], s[3], s[4], s[6], s[7]
   local key = keys[1]
-  local now, level, ts, keep = real, full, real, c
+  local now, level, ts, cmax = store_now, full, store_now, c
   -- load and prepare
   local v = rpcall('GET', key)
   if v and #v == 49 then -- (an error reply is a table: #v == 0)
-    local tag, l, den, t0, hw, exp, cmax = sunpack('<c1dddddd', v)
+    local tag, l, den, t0, written, exp, r_cmax = sunpack('<c1dddddd', v)
     -- (each field an integer below 2^53 in magnitude, as int() checks;
     -- 2^53 written out: a literal is an operand of the comparison, an upvalue
     -- must be loaded first)
     if tag == 'T' and l % 1 == 0 and l < 9007199254740992 and l > -9007199254740992
         and den % 1 == 0 and den > 0 and den < 9007199254740992
         and t0 % 1 == 0 and t0 < 9007199254740992 and t0 > -9007199254740992
-        and hw % 1 == 0 and hw < 9007199254740992 and hw > -9007199254740992
+        and written % 1 == 0 and written < 9007199254740992 and written > -9007199254740992
         and exp % 1 == 0 and exp < 9007199254740992 and exp > -9007199254740992
-        and cmax % 1 == 0 and cmax < 9007199254740992 and cmax > -9007199254740992 then
-      if hw > now then
+        and r_cmax % 1 == 0 and r_cmax < 9007199254740992 and r_cmax > -9007199254740992 then
+      if written > now then
         -- beyond the limit's horizon, the steps above move the state back
-        if hw - now > s.h then return decide_one(keys, s, real, max_wait, dry, from) end
-        now = hw
+        if written - now > s.h then return decide_one(keys, s, store_now, max_wait, dry, from) end
+        now = written
       end
       ts = now
       if exp > now then
-        if cmax > c then keep = cmax end
+        if r_cmax > c then cmax = r_cmax end
         ts = t0
         if den == p then -- fdiv(l, p) < c, exactly: C * P < 2^53
           if l < full then level = l end
@@ -133,7 +133,7 @@ local function tb_one(keys, s, real, max_wait, dry, from)
       end
     end
   end
-  if level == full and ts == now and keep == c and s[12] and max_wait >= 0 and not dry then
+  if level == full and ts == now and cmax == c and s[12] and max_wait >= 0 and not dry then
     -- a full bucket (the common case: a key that rested) grants 1 <= cost
     -- <= C at once, to the same state and status every time (spec[9..11])
     local ms = px(now + s[9], from)
@@ -173,9 +173,9 @@ local function tb_one(keys, s, real, max_wait, dry, from)
       if m < 0 then m = m + r elseif m >= r then m = m - r end
       local refill = -((x - m) / r)
       local exp = ts + refill
-      if keep > c then exp = ts + cdiv(min(keep, fdiv(EXACT - 1, p)) * p - level, r) end
+      if cmax > c then exp = ts + cdiv(min(cmax, fdiv(EXACT - 1, p)) * p - level, r) end
       local ms = px(exp, from)
-      rcall('SET', key, spack('<c1dddddd', 'T', level, p, ts, now, exp, keep), 'PX', ms)
+      rcall('SET', key, spack('<c1dddddd', 'T', level, p, ts, now, exp, cmax), 'PX', ms)
       -- status as of t: this fill, full again `refill` later
       x = level -- remaining = fdiv(level, p)
       m = x % p

@@ -19,8 +19,7 @@ pub(crate) struct Params {
 pub(crate) struct Gcra {
     tat: i64,
     frac: i64,
-    /// The largest burst that wrote the state (stored as `bmax`; `keep` in
-    /// the script).
+    /// The largest burst that wrote the state (stored as `bmax`).
     bmax: i64,
 }
 

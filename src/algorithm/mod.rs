@@ -142,9 +142,8 @@ pub(crate) fn horizon(p: &Params) -> i64 {
 }
 
 /// A key's clock as a decision believes it (`believed` in `lua/driver.lua`):
-/// the clock of its writer at its last write, `written` (`hw` in the
-/// scripts), when that lies ahead of the store's clock `store_now` (`real`
-/// there) by at most the limit's [`horizon`], else `store_now`.
+/// the clock of its writer at its last write, `written`, when that lies
+/// ahead of the store's clock `store_now` by at most the limit's [`horizon`], else `store_now`.
 #[inline]
 pub(crate) fn believed(store_now: i64, written: i64, p: &Params) -> i64 {
     if written > store_now && written.saturating_sub(store_now) <= horizon(p) {

@@ -19,8 +19,7 @@ pub(crate) struct TokenBucket {
     /// The level in units of 1/P token of this limit, set by `prepare`.
     level: i64,
     ts: i64,
-    /// The largest capacity that wrote the state (stored as `cmax`; `keep`
-    /// in the script).
+    /// The largest capacity that wrote the state (stored as `cmax`).
     cmax: i64,
 }
 

@@ -3,8 +3,9 @@
 //! implements it and the suffixes of the keys it stores under. `lua/wire.lua`
 //! is written from these (see [`lua`]); a test fails when it differs.
 
-use crate::quota::Algorithm;
+#[cfg(test)]
 use super::Outcome;
+use crate::quota::Algorithm;
 
 /// Every algorithm, in the order of their ids (1, 2, ...).
 #[cfg_attr(not(test), allow(dead_code))]
@@ -136,7 +137,10 @@ mod tests {
         let common = include_str!("../../lua/common.lua");
         for line in [
             format!("if t < 0 then return {}, -1 end", Outcome::Never as i64),
-            format!("if wait > max_wait then return {}, wait end", Outcome::Denied as i64),
+            format!(
+                "if wait > max_wait then return {}, wait end",
+                Outcome::Denied as i64
+            ),
             format!("return {}, wait", Outcome::Granted as i64),
         ] {
             assert!(common.contains(&line), "lua/common.lua lacks `{line}`");
@@ -146,11 +150,17 @@ mod tests {
             ("gcra", include_str!("../../lua/gcra.lua")),
             ("token_bucket", include_str!("../../lua/token_bucket.lua")),
             ("fixed_window", include_str!("../../lua/fixed_window.lua")),
-            ("sliding_window", include_str!("../../lua/sliding_window.lua")),
+            (
+                "sliding_window",
+                include_str!("../../lua/sliding_window.lua"),
+            ),
             ("sliding_log", include_str!("../../lua/sliding_log.lua")),
             ("driver", include_str!("../../lua/driver.lua")),
         ] {
-            assert!(code.contains(&grant), "lua/{name}.lua tests a grant otherwise");
+            assert!(
+                code.contains(&grant),
+                "lua/{name}.lua tests a grant otherwise"
+            );
         }
     }
 }

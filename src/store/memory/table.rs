@@ -20,8 +20,8 @@ pub(super) type Key = SmallVec<[u8; 24]>;
 /// One key's state under one limit.
 pub(super) struct Slot {
     pub(super) key: Key,
-    /// The clock of the decision that last wrote the state (`hw` in the
-    /// scripts).
+    /// The clock of the decision that last wrote the state (`written`, as
+    /// in the scripts).
     pub(super) written: i64,
     pub(super) stored: Stored,
 }
