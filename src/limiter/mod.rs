@@ -226,7 +226,12 @@ impl Limiter {
                     key: key.as_ref(),
                     cost: Self::cost(cost),
                 }];
-                return self.decision(&check, 0, false, true).get().await;
+                // (matched here rather than through `Answer::get`: one
+                // future less around a decision made at once)
+                return match self.decision(&check, 0, false, true) {
+                    Answer::Now(result) => result,
+                    Answer::Later(decision) => decision.await,
+                };
             }
         }
         self.decide(&[key], cost, Duration::ZERO).await

@@ -68,23 +68,36 @@ pub(crate) mod backend {
     // (only a store that waits reads it: the Redis store)
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub struct Deadline {
-        at: tokio::time::Instant,
+        /// When the deadline falls, once a store that waits has started it
+        /// (a store that answers at once never reads the clock for it).
+        at: Option<tokio::time::Instant>,
         timeout: std::time::Duration,
     }
 
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     impl Deadline {
-        /// `timeout` from now (or, for a timeout beyond any clock, in 30 years).
+        /// `timeout` from when the store starts the call (see
+        /// [`start`](Self::start)).
         pub(crate) fn after(timeout: std::time::Duration) -> Self {
-            let now = tokio::time::Instant::now();
-            let at = now
-                .checked_add(timeout)
-                .unwrap_or_else(|| now + std::time::Duration::from_secs(30 * 365 * 86_400));
-            Self { at, timeout }
+            Self { at: None, timeout }
+        }
+
+        /// The deadline fixed: `timeout` from now unless already fixed (or,
+        /// for a timeout beyond any clock, in 30 years). A store that waits
+        /// starts it as it takes the call, before it builds the future.
+        pub(crate) fn start(self) -> Self {
+            Self {
+                at: Some(self.at()),
+                timeout: self.timeout,
+            }
         }
 
         pub(crate) fn at(self) -> tokio::time::Instant {
-            self.at
+            self.at.unwrap_or_else(|| {
+                let now = tokio::time::Instant::now();
+                now.checked_add(self.timeout)
+                    .unwrap_or_else(|| now + std::time::Duration::from_secs(30 * 365 * 86_400))
+            })
         }
 
         /// The error of a call that met its deadline.
@@ -98,7 +111,7 @@ pub(crate) mod backend {
             self,
             call: impl Future<Output = Result<T, Error>>,
         ) -> Result<T, Error> {
-            tokio::time::timeout_at(self.at, call)
+            tokio::time::timeout_at(self.at(), call)
                 .await
                 .unwrap_or(Err(self.error()))
         }

@@ -288,6 +288,7 @@ impl Backend for RedisStore {
         dry: bool,
         deadline: Deadline,
     ) -> Answer<'a, Result<Reply, Error>> {
+        let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
             #[cfg(feature = "cluster")]
             if let Some(groups) = self.slot_groups(checks) {
@@ -303,6 +304,7 @@ impl Backend for RedisStore {
         checks: &'a [Check<'a>],
         deadline: Deadline,
     ) -> Answer<'a, Result<(), Error>> {
+        let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
             let mut cmd = redis::cmd("DEL");
             for key in self.encode_keys(checks).keys() {
@@ -324,6 +326,7 @@ impl Backend for RedisStore {
         at: i64,
         deadline: Deadline,
     ) -> Answer<'a, Result<(), Error>> {
+        let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
             #[cfg(feature = "cluster")]
             if let Some(groups) = self.slot_groups(checks) {
@@ -342,6 +345,7 @@ impl Backend for RedisStore {
         checks: &'a [Check<'a>],
         deadline: Deadline,
     ) -> Answer<'a, Result<(Reply, i64), Error>> {
+        let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
             let packed = self.invoke(checks, Operation::Take, deadline).await?;
             read_reply(
