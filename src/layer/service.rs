@@ -205,27 +205,32 @@ where
     }
 }
 
-/// Declares `trait $name<..>` as another name for `$bounds`: the trait with
-/// them as supertraits, implemented for every type that meets them (the
-/// bounds written once).
-macro_rules! trait_alias {
-    ($(#[$doc:meta])* $name:ident<$($param:ident),*> = $($bounds:tt)+) => {
-        $(#[$doc])*
-        trait $name<$($param),*>: $($bounds)+ {}
-        impl<T, $($param),*> $name<$($param),*> for T where T: $($bounds)+ {}
-    };
-}
-
-trait_alias! {
-    /// The inner service as the functions below need it: the bounds of the
-    /// `Service` impl above, named once (the associated types' bounds are
-    /// implied wherever `Inner` is).
-    Inner<ReqBody, ResBody> = Service<
+/// The inner service as the functions below need it: the bounds of the
+/// `Service` impl above, named once (the associated types' bounds are
+/// implied wherever `Inner` is).
+trait Inner<ReqBody, ResBody>:
+    Service<
         Request<ReqBody>,
         Response = Response<ResBody>,
         Future: Send + 'static,
         Error: Send + 'static,
-    > + Clone + Send + 'static
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+// (every service that meets the bounds: `Inner` names them, nothing more)
+impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
+    S: Service<
+            Request<ReqBody>,
+            Response = Response<ResBody>,
+            Future: Send + 'static,
+            Error: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
 }
 
 /// What [`decide_at_once`] found.
