@@ -92,28 +92,6 @@ local function believed(store_now, written, h)
   return store_now
 end
 
--- The decision of one limit by its algorithm's steps, without the tables
--- that collect several: what each algorithm's `one` does on locals (the
--- production path), and does itself for the states `one` leaves to it.
-function decide_one(keys, s, store_now, max_wait, dry, from)
-  local alg, p, cost = s.alg, s.p, s.cost
-  local st = alg.load(keys, 1, p)
-  local now = believed(store_now, st.written, s.h)
-  alg.prepare(st, p, now)
-  local t = now
-  if cost > 0 then t = alg.earliest(st, p, now, cost) end
-  local outcome, wait = verdict(t, now, max_wait)
-  local as_of = now
-  if outcome == 0 and not dry then
-    as_of = t
-    if cost > 0 then alg.grant(st, p, t, cost) end
-  end
-  alg.save(st, p, now, from)
-  local remaining, reset = alg.status(st, p, now, as_of)
-  if t >= 0 then t = t - now end
-  return struct.pack('<dddddd', outcome, wait, now, t, remaining, reset)
-end
-
 -- The decision's clock: the `now` option, or Redis TIME (the production path).
 local function clock(opts)
   local store_now = opts[1]
@@ -219,6 +197,38 @@ local function take(keys, args, opts)
   return struct.pack('<' .. string.rep('d', 4 + 3 * n), unpack(reply))
 end
 
+-- The decision over loaded limits at the decision's clock `now`: each
+-- prepared, T the earliest time all allow their cost, all granted at T or
+-- none; the packed reply.
+local function decide_limits(limits, now, max_wait, dry, from)
+  for i = 1, #limits do
+    local l = limits[i]
+    l.alg.prepare(l.st, l.p, now)
+  end
+  local at = earliest(limits, now, nil)
+  local outcome, wait = verdict(at, now, max_wait)
+  local grant = outcome == 0 and not dry
+  local as_of = now
+  if grant then as_of = at end
+  local reply = finish(limits, outcome, wait, now, grant, at, nil, as_of, from)
+  local n = #limits
+  local format = formats[n]
+  if not format then
+    format = '<' .. string.rep('d', 3 + 3 * n)
+    formats[n] = format
+  end
+  return struct.pack(format, unpack(reply))
+end
+
+-- The decision of one limit by its algorithm's steps, for the states each
+-- algorithm's `one` (the production path, on locals) leaves to them.
+function decide_one(keys, s, store_now, max_wait, dry, from)
+  local st = s.alg.load(keys, 1, s.p)
+  local now = believed(store_now, st.written, s.h)
+  local limits = { { alg = s.alg, p = s.p, cost = s.cost, st = st, t = 0 } }
+  return decide_limits(limits, now, max_wait, dry, from)
+end
+
 local function decide(keys, args)
   if #args == 1 then
     -- the production path: one limit, no options (each `one` takes the
@@ -248,20 +258,5 @@ local function decide(keys, args)
   end
 
   local limits, now = load_limits(keys, args, first, n, store_now)
-  for i = 1, n do
-    local l = limits[i]
-    l.alg.prepare(l.st, l.p, now)
-  end
-  local at = earliest(limits, now, nil)
-  local outcome, wait = verdict(at, now, max_wait)
-  local grant = outcome == 0 and not dry
-  local as_of = now
-  if grant then as_of = at end
-  local reply = finish(limits, outcome, wait, now, grant, at, nil, as_of, from)
-  local format = formats[n]
-  if not format then
-    format = '<' .. string.rep('d', 3 + 3 * n)
-    formats[n] = format
-  end
-  return struct.pack(format, unpack(reply))
+  return decide_limits(limits, now, max_wait, dry, from)
 end
