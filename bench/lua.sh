@@ -9,9 +9,9 @@
 #   CALLGRIND=1 N=20000 bench/lua.sh # instructions per call instead of time
 #
 # One private redis-server (pinned to REDIS_CPU, no persistence) gets the
-# library of each version exactly as RedisStore loads it (the lua/ files
-# concatenated as `CODE` in src/store/redis/mod.rs, as Function
-# `tower_ratelimit_<sha16>` with flag allow-oom), only one at a time (the
+# library of each version exactly as RedisStore loads it (what
+# `cargo run --example lua_library` prints: lua/ assembled by build.rs, as
+# Function `tower_ratelimit_<sha16>` with flag allow-oom), only one at a time (the
 # Lua garbage collector's work grows with the code loaded), the peer's
 # script (SCRIPT LOAD), and, as floors, an empty Function and an empty
 # script.
@@ -83,22 +83,34 @@ rc() { redis-cli -p "$PORT" "$@"; }
 for _ in $(seq 300); do rc PING >/dev/null 2>&1 && break; sleep 0.1; done
 rc PING >/dev/null
 
-# The library of a version ("work": the work tree; else a git revision), as
-# RedisStore loads it, in $OUT/<version>.lib; prints the function's name.
+# The library of a version ("work": the work tree; a git revision; or a
+# folder: a checkout, or one holding the lua/ files), as RedisStore loads it
+# (`cargo run --example lua_library` prints it), in $OUT/<version>.lib;
+# prints the function's name. Revisions from before build.rs assembled the
+# library are the lua/ files concatenated, as RedisStore did then.
 make_library() {
-  local rev=$1 code name
-  code=$OUT/$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' _).code
-  for f in $FILES; do
-    if [ "$rev" = work ]; then cat "$ROOT/lua/$f.lua"
+  local rev=$1 lib tree
+  lib=$OUT/$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' _).lib
+  if [ "$rev" = work ]; then tree=$ROOT
+  elif [ -d "$rev" ]; then tree=$rev
+  else
+    tree=$OUT/tree-$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' _)
+    mkdir -p "$tree"
+    git -C "$ROOT" archive "$rev" | tar -x -C "$tree"
+  fi
+  if [ -f "$tree/build.rs" ]; then
+    (cd "$tree" && CARGO_TARGET_DIR=$ROOT/target cargo run -q --example lua_library) >"$lib"
+  else
+    local code=${lib%.lib}.code name dir=$tree
+    [ -d "$tree/lua" ] && dir=$tree/lua
     # (revisions before lua/wire.lua have no such file)
-    elif [ -d "$rev" ]; then cat "$rev/$f.lua" 2>/dev/null || true
-    else git -C "$ROOT" show "$rev:lua/$f.lua" 2>/dev/null || true; fi
-  done >"$code"
-  name=tower_ratelimit_$(sha1sum "$code" | cut -c1-16)
-  { printf '#!lua name=%s\n' "$name"; cat "$code"; printf '\n'
-    printf "redis.register_function{function_name = '%s', callback = decide, flags = { 'allow-oom' }}\n" "$name"
-  } >"${code%.code}.lib"
-  echo "$name"
+    for f in $FILES; do cat "$dir/$f.lua" 2>/dev/null || true; done >"$code"
+    name=tower_ratelimit_$(sha1sum "$code" | cut -c1-16)
+    { printf '#!lua name=%s\n' "$name"; cat "$code"; printf '\n'
+      printf "redis.register_function{function_name = '%s', callback = decide, flags = { 'allow-oom' }}\n" "$name"
+    } >"$lib"
+  fi
+  sed -n '1s/^#!lua name=//p' "$lib"
 }
 
 VERSIONS=(work "$@")

@@ -35,10 +35,6 @@ local function bind()
   ssub = string.sub
 end
 
--- The decision of one limit by the algorithm's general steps (driver.lua),
--- for the states a faster path leaves to them.
-local decide_one
-
 local function fdiv(a, b) -- floor(a / b) for integers, b > 0
   -- `%` is a - floor(a / b) * b in doubles, off by one b when a / b rounds
   -- across an integer; the corrected remainder makes the division exact.
@@ -69,6 +65,14 @@ local function verdict(t, now, max_wait)
   local wait = t - now
   if wait > max_wait then return 1, wait end
   return 0, wait
+end
+
+-- A key's clock as the decision believes it (see "Clock steps" in
+-- driver.lua): its `written` when that lies ahead of the store's clock
+-- `store_now` by at most the limit's horizon `h`, else `store_now`.
+local function believed(store_now, written, h)
+  if written > store_now and written - store_now <= h then return written end
+  return store_now
 end
 
 local function max(a, b)

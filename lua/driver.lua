@@ -59,9 +59,10 @@
 -- reads as absent anyway.
 -- (`algorithms`, by id, and each one's `nkeys` come from wire.lua)
 
--- A limit's string, parsed once: its algorithm, parameters and cost; for
--- the decision of one limit also as an array: [1] the algorithm's `one`,
--- [2..5] the parameters, [6] the cost, then what `derive` adds.
+-- A limit's string, parsed once: an array, [1] the algorithm's `one`,
+-- [2..5] its parameters, [6] the cost, then constants its algorithm's
+-- `derive` adds, and by name its algorithm `alg`, the cost and the horizon
+-- `h` (see "Clock steps").
 local specs, n_specs = {}, 0
 local function spec(s)
   local v = specs[s]
@@ -71,9 +72,8 @@ local function spec(s)
   if string.byte(s, 1) == 111 then return nil end -- 'o': options, no limit
   local f = ints(s)
   local alg = algorithms[f[1]]
-  v = { alg.one, f[2], f[3], f[4], f[5], f[6],
-    alg = alg, p = { f[2], f[3], f[4], f[5] }, cost = f[6] }
-  v.h = alg.horizon(v.p)
+  v = { alg.one, f[2], f[3], f[4], f[5], f[6], alg = alg, cost = f[6] }
+  v.h = alg.horizon(v)
   if alg.derive then alg.derive(v) end
   if n_specs >= 1024 then specs, n_specs = {}, 0 end
   specs[s] = v
@@ -83,14 +83,6 @@ end
 
 local NO_OPTIONS = { 0, 0, 0, 0 }
 local formats = {}
-
--- A key's clock as the decision believes it (see "Clock steps"): its `written`
--- when that lies ahead of the store's clock `store_now` by at most the limit's
--- horizon `h`, else `store_now`.
-local function believed(store_now, written, h)
-  if written > store_now and written - store_now <= h then return written end
-  return store_now
-end
 
 -- The decision's clock: the `now` option, or Redis TIME (the production path).
 local function clock(opts)
@@ -112,10 +104,11 @@ local function load_limits(keys, args, first, n, store_now)
   for i = 1, n do
     local s = spec(args[first + i - 1])
     local alg = s.alg
-    local st = alg.load(keys, next_key, s.p)
+    local st = {}
+    alg.load(st, s, keys, next_key)
     next_key = next_key + alg.nkeys
     now = max(now, believed(store_now, st.written, s.h))
-    limits[i] = { alg = alg, p = s.p, cost = s.cost, st = st, t = 0 }
+    limits[i] = { alg = alg, s = s, cost = s.cost, st = st, t = 0 }
   end
   return limits, now
 end
@@ -128,12 +121,13 @@ local function refund(keys, args, opts)
   for i = 2, #args do
     local s = spec(args[i])
     local alg = s.alg
-    local st = alg.load(keys, next_key, s.p)
+    local st = {}
+    alg.load(st, s, keys, next_key)
     next_key = next_key + alg.nkeys
     local now = believed(store_now, st.written, s.h)
-    alg.prepare(st, s.p, now)
-    if s.cost > 0 then alg.refund(st, s.p, now, at, s.cost) end
-    alg.save(st, s.p, now, from)
+    alg.prepare(st, s, now)
+    if s.cost > 0 then alg.refund(st, s, now, at, s.cost) end
+    alg.save(st, s, now, from)
   end
   return ''
 end
@@ -147,7 +141,7 @@ local function earliest(limits, now, cost)
     local l = limits[i]
     local c = cost or l.cost
     l.t = now
-    if c > 0 then l.t = l.alg.earliest(l.st, l.p, now, c) end
+    if c > 0 then l.t = l.alg.earliest(l.st, l.s, now, c) end
     if l.t < 0 then
       at = -1
     elseif at >= 0 and l.t > at then
@@ -165,9 +159,9 @@ local function finish(limits, outcome, wait, now, grant, at, cost, as_of, from)
   for i = 1, #limits do
     local l = limits[i]
     local c = cost or l.cost
-    if grant and c > 0 then l.alg.grant(l.st, l.p, at, c) end
-    l.alg.save(l.st, l.p, now, from)
-    local remaining, reset = l.alg.status(l.st, l.p, now, as_of)
+    if grant and c > 0 then l.alg.grant(l.st, l.s, at, c) end
+    l.alg.save(l.st, l.s, now, from)
+    local remaining, reset = l.alg.status(l.st, l.s, now, as_of)
     local t = -1
     if l.t >= 0 then t = l.t - now end
     reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = t, remaining, reset
@@ -183,8 +177,8 @@ local function take(keys, args, opts)
   local k = spec(args[2]).cost
   for i = 1, n do
     local l = limits[i]
-    l.alg.prepare(l.st, l.p, now)
-    k = min(k, (l.alg.status(l.st, l.p, now, now)))
+    l.alg.prepare(l.st, l.s, now)
+    k = min(k, (l.alg.status(l.st, l.s, now, now)))
   end
   k = max(0, k)
   -- k = 0: a cost of 1 decided, not granted (the denial says when)
@@ -203,7 +197,7 @@ end
 local function decide_limits(limits, now, max_wait, dry, from)
   for i = 1, #limits do
     local l = limits[i]
-    l.alg.prepare(l.st, l.p, now)
+    l.alg.prepare(l.st, l.s, now)
   end
   local at = earliest(limits, now, nil)
   local outcome, wait = verdict(at, now, max_wait)
@@ -220,24 +214,46 @@ local function decide_limits(limits, now, max_wait, dry, from)
   return struct.pack(format, unpack(reply))
 end
 
--- The decision of one limit by its algorithm's steps, for the states each
--- algorithm's `one` (the production path, on locals) leaves to them.
-function decide_one(keys, s, store_now, max_wait, dry, from)
-  local st = s.alg.load(keys, 1, s.p)
-  local now = believed(store_now, st.written, s.h)
-  local limits = { { alg = s.alg, p = s.p, cost = s.cost, st = st, t = 0 } }
-  return decide_limits(limits, now, max_wait, dry, from)
+-- The decision of one limit: the steps of the loop above, for one limit,
+-- on locals (build.rs pastes each step in; `--: one` in each algorithm's
+-- file is where), the production path. Each writes the same state and
+-- reply as `decide_limits` over that one limit.
+--: template one
+local function ALG_one(keys, s, store_now, max_wait, dry, from)
+  --: locals
+  local cost, i = s[6], 1
+  --: inline load(keys, i)
+  local now = store_now
+  if written > now and written - now <= s.h then now = written end
+  --: inline prepare(now)
+  local t = now
+  if cost > 0 then
+    --: inline earliest(now, cost) -> t
+  end
+  local outcome, wait = verdict(t, now, max_wait)
+  local at = now
+  if outcome == 0 and not dry then
+    at = t
+    if cost > 0 then
+      --: inline grant(at, cost)
+    end
+  end
+  --: inline save(now, from)
+  local remaining, reset
+  --: inline status(now, at) -> remaining, reset
+  if t >= 0 then t = t - now end
+  return spack('<dddddd', outcome, wait, now, t, remaining, reset)
 end
+--: end
 
 local function decide(keys, args)
   if #args == 1 then
-    -- the production path: one limit, no options (each `one` takes the
-    -- TIME reply too, as text for a sliding log's score)
+    -- the production path: one limit, no options
     local s = specs[args[1]] or spec(args[1])
     if s then
       local t = rcall('TIME')
       local store_now = t[1] * 1000000 + t[2]
-      return s[1](keys, s, store_now, 0, false, store_now, t)
+      return s[1](keys, s, store_now, 0, false, store_now)
     end
   end
   local first, opts = 1, NO_OPTIONS

@@ -7,7 +7,7 @@
 --             its members, seq = member sequence, written = writer's clock,
 --             wmax / wexp = the longest window in use and until when,
 --             uni = 1 when every member costs 1)
--- Params: p[1] = N (limit), p[2] = W (window, us)
+-- Params: n = N (limit), w = W (window, us)
 -- A grant at time t counts against every window (t' - W, t'] containing t.
 -- Grants are queued first-in-first-out: a new grant is never placed before the
 -- latest one, which keeps the invariant true for reservations in the future.
@@ -16,264 +16,31 @@
 -- counts as one grant). A limiter with a shorter window keeps the entries a
 -- longer one (written within its window) needs.
 -- Rejected attempts write nothing but the pruning of expired entries.
+--
+-- The steps, on locals (see build.rs): the log's `cnt` members, `top` the
+-- last of them (the highest score, then the greatest bytes) and `last` its
+-- time (false: an empty log), `sum` their total cost (false while unknown:
+-- meta missing, foreign or stale), `uni` 1 when each costs 1, `seq` the
+-- member sequence; `written`, `wmax` (false: none) and `wexp` as meta says
+-- (`clocked`: it was read); `keep` how far back entries are kept, `win` the
+-- cost inside this limit's window and `skip` the entries before it (kept
+-- for a longer window).
+-- A log of at most SLOG_SMALL members that meta describes (its count and
+-- last member), or an empty one, is read whole by load: `members`, oldest
+-- first, each of this code's members' time read from the member (it is its
+-- score), the first `left` of them gone from the window once prepared;
+-- `members` is false for any other log, and from a step that cannot use it
+-- on (a log moved or kept for a longer window, a foreign member met, a
+-- grant), and the steps read the log through Redis.
+--: state slog: log meta written clocked seq cnt top last sum uni wmax wexp keep win skip members left pruned dirty
+--: params slog: n w
 
 local function slog_entry(member) -- (cost, seq)
-  if #member == 25 and string.sub(member, 1, 1) == 'E' then
-    local _, seq, cost = struct.unpack('<ddd', member, 2)
+  if #member == 25 and ssub(member, 1, 1) == 'E' then
+    local _, seq, cost = sunpack('<ddd', member, 2)
     if int(cost) and cost >= 1 and int(seq) then return cost, seq end
   end
   return 1, 0
-end
-
-local function slog_load(keys, i, p)
-  local st = { log = keys[i], meta = keys[i + 1], written = 0, clocked = false, seq = 0, n = 0,
-    top = false, last = false, sum = false, uni = false, wmax = false, wexp = 0, keep = 0,
-    win = 0, skip = 0, pruned = false, dirty = false }
-  local n = redis.pcall('ZCARD', st.log)
-  if type(n) ~= 'number' then
-    redis.call('DEL', st.log)
-    n = 0
-  end
-  -- the last entry; first, entries whose score is no grant time (an integer
-  -- below 2^53 in magnitude: not inf, 1e300 or 0.5) are foreign and go,
-  -- those beyond the range at once (the lower ones go with the expired)
-  while n > 0 do
-    local top = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
-    local last = tonumber(top[2])
-    if last and int(last) then
-      st.top, st.last = top[1], last
-      break
-    elseif last and last >= EXACT then
-      redis.call('ZREMRANGEBYSCORE', st.log, '9007199254740992', '+inf')
-    elseif last and last <= -EXACT then
-      redis.call('ZREMRANGEBYSCORE', st.log, '-inf', '-9007199254740992')
-    else
-      redis.call('ZREM', st.log, top[1])
-    end
-    n = redis.call('ZCARD', st.log)
-  end
-  st.n = n
-  local m = redis.pcall('GET', st.meta)
-  if type(m) == 'string' and #m >= 57 and string.byte(m, 1) == 77 then -- 'M'
-    local sum, cnt, seq, written, wmax, wexp, uni = struct.unpack('<ddddddd', m, 2)
-    if int(sum) and int(cnt) and int(seq) and int(written) and int(wmax) and int(wexp) and int(uni) then
-      st.written, st.clocked, st.seq = written, true, seq
-      if wmax > 0 then st.wmax, st.wexp = wmax, wexp end
-      if cnt == n and (n == 0 or string.sub(m, 58) == st.top) then
-        st.sum, st.uni = sum, uni == 1
-      end
-    end
-  elseif m ~= false and type(m) ~= 'string' then
-    redis.call('DEL', st.meta) -- another type
-  end
-  return st
-end
-
-local function slog_sum(members) -- total cost of members, their highest seq, all cost 1
-  local sum, seq, uni = 0, 0, true
-  for i = 1, #members do
-    local c, s = slog_entry(members[i])
-    sum = sum + c
-    seq = max(seq, s)
-    uni = uni and c == 1
-  end
-  return sum, seq, uni
-end
-
--- Moves the log `d` back, to the decision's clock `now` (see "Clock steps"
--- in driver.lua): every score, and the time in each of this code's members
--- (slog_one reads it), so the entries keep their order and their costs.
-local function slog_move(st, d, now)
-  st.written = now
-  if st.wmax then st.wexp = st.wexp - d end
-  if st.n == 0 then return end
-  local all = redis.call('ZRANGE', st.log, 0, -1, 'WITHSCORES')
-  redis.call('DEL', st.log)
-  local args, k = {}, 0
-  for i = 1, #all, 2 do
-    local member = all[i]
-    if #member == 25 and string.byte(member, 1) == 69 then -- 'E'
-      local at, seq, cost = struct.unpack('<ddd', member, 2)
-      if int(at) then member = struct.pack('<c1ddd', 'E', at - d, seq, cost) end
-    end
-    args[k + 1], args[k + 2], k = tonumber(all[i + 1]) - d, member, k + 2
-    if k == 512 or i + 1 == #all then
-      redis.call('ZADD', st.log, unpack(args, 1, k))
-      k = 0
-    end
-  end
-  st.top, st.last = redis.call('ZRANGE', st.log, -1, -1)[1], st.last - d
-end
-
-local function slog_prepare(st, p, now)
-  local w = p[2]
-  -- dated after the decision's clock: moved back to it (see below)
-  local moved = st.written > now
-  if moved then slog_move(st, st.written - now, now) end
-  local keep = w
-  if st.wmax and st.wmax > w and st.wexp > now then keep = st.wmax end
-  st.keep = keep
-  -- the writer's state is over once its newest grant left its window
-  local cutoff = now - keep
-  if st.wmax and st.last and st.last + st.wmax <= now then cutoff = '+inf' end
-  if st.n == 0 then
-    st.sum, st.uni = 0, true
-  elseif st.sum and st.uni then
-    local gone = redis.call('ZREMRANGEBYSCORE', st.log, '-inf', cutoff)
-    st.sum, st.n = st.sum - gone, st.n - gone
-    st.pruned = gone > 0
-  elseif st.sum then
-    local expired = redis.call('ZRANGEBYSCORE', st.log, '-inf', cutoff)
-    if #expired > 0 then
-      st.sum = st.sum - slog_sum(expired)
-      st.n = st.n - #expired
-      redis.call('ZREMRANGEBYSCORE', st.log, '-inf', cutoff)
-      st.pruned = true
-    end
-  else
-    -- meta lost, foreign or stale: the log itself is the truth, but for the
-    -- entries whose score is a fraction (foreign, as in slog_load)
-    redis.call('ZREMRANGEBYSCORE', st.log, '-inf', cutoff)
-    local scored = redis.call('ZRANGE', st.log, 0, -1, 'WITHSCORES')
-    local all, oldest = {}, now
-    for i = 1, #scored, 2 do
-      local t = tonumber(scored[i + 1])
-      if t and int(t) then
-        if #all == 0 then oldest = t end
-        all[#all + 1] = scored[i]
-      else
-        redis.call('ZREM', st.log, scored[i])
-      end
-    end
-    -- without meta the writer's clock is unknown: a log whose oldest entry
-    -- lies beyond the limit's horizon is moved back so that entry is now
-    -- (the writer's clock had passed it, unless it was a reservation)
-    if not st.clocked and oldest - now > w then
-      st.n = #all
-      slog_move(st, oldest - now, now)
-      moved = true
-    end
-    local sum, seq, uni = slog_sum(all)
-    st.sum, st.n, st.seq, st.uni = sum, #all, max(st.seq, seq), uni
-  end
-  if st.n == 0 then st.top, st.last, st.uni = false, false, true end
-  -- entries kept only for a longer window are outside this limit's window
-  st.win, st.skip = st.sum, 0
-  if keep > w and st.n > 0 then
-    local old = redis.call('ZRANGEBYSCORE', st.log, '-inf', now - w)
-    st.win = st.sum - slog_sum(old)
-    st.skip = #old
-  end
-  if moved then
-    -- written back if it still holds something, else fresh
-    st.dirty = st.n > 0
-    if st.n == 0 then
-      redis.call('DEL', st.meta)
-      st.wmax, st.pruned = false, false
-    end
-  end
-end
-
-local function slog_earliest(st, p, now, cost)
-  local n, w = p[1], p[2]
-  if cost > n then return -1 end
-  local base = now
-  if st.last then base = max(now, st.last) end
-  local excess = st.win + cost - n
-  if excess <= 0 then return base end
-  -- Wait until enough of the oldest grants have left the window. (Scores
-  -- here are finite and in range, slog_load and the pruning saw to both
-  -- ends; one changed in place to a fraction, which meta cannot tell,
-  -- counts from the next microsecond.)
-  local dropped, offset = 0, st.skip
-  while true do
-    local batch = redis.call('ZRANGE', st.log, offset, offset + 63, 'WITHSCORES')
-    if #batch == 0 then break end
-    for i = 1, #batch, 2 do
-      dropped = dropped + slog_entry(batch[i])
-      if dropped >= excess then
-        return max(base, math.ceil(tonumber(batch[i + 1])) + w)
-      end
-    end
-    offset = offset + 64
-  end
-  return max(base, st.last + w)
-end
-
-local function slog_grant(st, p, at, cost)
-  st.seq = st.seq + 1
-  local member = struct.pack('<c1ddd', 'E', at, st.seq, cost)
-  redis.call('ZADD', st.log, at, member)
-  -- the log's last member: the highest score, then the greatest bytes
-  if not st.last or at > st.last or member > st.top then st.top = member end
-  st.sum = st.sum + cost
-  st.win = st.win + cost
-  st.n = st.n + 1
-  st.uni = st.uni and cost == 1
-  st.last = at
-  st.dirty = true
-end
-
-local function slog_status(st, p, now, at)
-  local n, w = p[1], p[2]
-  if not st.last then return n, 0 end
-  local reset = st.last + w - now
-  if st.last > at then return 0, reset end
-  local sum = st.win
-  if at > now then
-    local gone = redis.call('ZRANGEBYSCORE', st.log, '(' .. string.format('%d', now - w), at - w)
-    sum = sum - slog_sum(gone)
-  end
-  return max(0, n - sum), reset
-end
-
--- Gives back one grant of `cost` made at `at`: one member with that score
--- and cost leaves the log (such members are interchangeable). A log left
--- empty is deleted, as a fresh state.
-local function slog_refund(st, p, now, at, cost)
-  if not st.last then return end
-  local found = redis.call('ZRANGEBYSCORE', st.log, at, at)
-  for i = #found, 1, -1 do
-    local member = found[i]
-    if slog_entry(member) == cost then
-      redis.call('ZREM', st.log, member)
-      st.n = st.n - 1
-      st.sum = st.sum - cost
-      if st.n == 0 then
-        redis.call('DEL', st.log, st.meta)
-        st.top, st.last, st.pruned = false, false, false
-        return
-      end
-      if member == st.top then
-        local top = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
-        st.top, st.last = top[1], tonumber(top[2])
-      end
-      st.dirty = true
-      return
-    end
-  end
-end
-
-local function slog_meta(st, written, wmax, wexp)
-  local uni = 0
-  if st.uni then uni = 1 end
-  return struct.pack('<c1ddddddd', 'M', st.sum, st.n, st.seq, written, wmax or 0, wexp or 0, uni)
-    .. (st.top or '')
-end
-
-local function slog_save(st, p, now, from)
-  if not st.dirty then
-    -- a denial that pruned keeps meta in step with the log
-    if st.pruned then
-      redis.call('SET', st.meta, slog_meta(st, st.written, st.wmax, st.wexp), 'KEEPTTL')
-    end
-    return
-  end
-  local wmax, wexp = p[2], now + p[2]
-  if st.keep > p[2] then wmax, wexp = st.wmax, st.wexp end
-  local ms = px(st.last + st.keep, from)
-  redis.call('SET', st.meta, slog_meta(st, now, wmax, wexp), 'PX', ms)
-  redis.call('PEXPIRE', st.log, ms)
 end
 
 -- A log member's time and cost when it is this code's ('E', integer time,
@@ -291,153 +58,338 @@ local function slog_member(e)
   return nil
 end
 
--- The decision of one limit (see `decide_one` in driver.lua) for a log of
--- at most SLOG_SMALL members whose meta is valid (or absent, the log
--- empty), every member this code's own, and no longer window keeping
--- entries: the steps above, with the whole log in one ZRANGE that also
--- checks meta's count and last member, and each member's time read from
--- the member (it is its score). Any other state takes decide_one, before
--- anything is written. `clock`, the TIME reply `store_now` was read from (nil
--- for a given clock), spells a grant's score without formatting a number.
-local SLOG_SMALL = 8
--- ranks as arguments (a number argument is formatted), and the zeros that
--- pad 1 to 6 digits of microseconds to 6
-local RANK = { [0] = '0', '1', '2', '3', '4', '5', '6', '7', '8' }
-local PAD = { '00000', '0000', '000', '00', '0', '' }
-
-local function slog_one(keys, s, store_now, max_wait, dry, from, clock)
-  local n, w, cost = s[2], s[3], s[6]
-  local log, meta = keys[1], keys[2]
-  -- load: meta (valid, or absent for an empty log), then the whole log
-  local sum, cnt, seq, written, wmax, wexp, uni = 0, 0, 0, 0, 0, 0, 1
-  local m = rpcall('GET', meta)
-  if m then
-    if #m < 57 then return decide_one(keys, s, store_now, max_wait, dry, from) end
-    local tag
-    tag, sum, cnt, seq, written, wmax, wexp, uni = sunpack('<c1ddddddd', m)
-    -- (int() of every field; 2^53 written out: a literal is an operand of the
-    -- comparison, an upvalue must be loaded first)
-    if not (tag == 'M' and cnt >= 0 and cnt <= SLOG_SMALL and cnt % 1 == 0
-        and sum % 1 == 0 and sum < 9007199254740992 and sum > -9007199254740992
-        and seq % 1 == 0 and seq < 9007199254740992 and seq > -9007199254740992
-        and written % 1 == 0 and written < 9007199254740992 and written > -9007199254740992
-        and wmax % 1 == 0 and wmax < 9007199254740992 and wmax > -9007199254740992
-        and wexp % 1 == 0 and wexp < 9007199254740992 and wexp > -9007199254740992
-        and uni % 1 == 0 and uni < 9007199254740992 and uni > -9007199254740992) then
-      return decide_one(keys, s, store_now, max_wait, dry, from)
-    end
-    if wmax <= 0 then wmax, wexp = 0, 0 end
-    if uni ~= 1 then uni = 0 end
+local function slog_sum(members) -- total cost of members, their highest seq, 1 if all cost 1
+  local sum, seq, uni = 0, 0, 1
+  for i = 1, #members do
+    local c, s = slog_entry(members[i])
+    sum = sum + c
+    seq = max(seq, s)
+    if c ~= 1 then uni = 0 end
   end
-  local now = store_now
-  if written > now then
-    -- beyond the limit's horizon, the steps above move the log back
-    if written - now > s.h then return decide_one(keys, s, store_now, max_wait, dry, from) end
-    now = written
-  end
-  -- a longer window in use keeps entries outside this one
-  if wmax > w and wexp > now then return decide_one(keys, s, store_now, max_wait, dry, from) end
-  -- ranks 0 .. cnt: exactly cnt members when meta's count is the log's
-  local r = rpcall('ZRANGE', log, '0', RANK[cnt])
-  if r.err or #r ~= cnt or (cnt > 0 and r[cnt] ~= ssub(m, 58)) then
-    return decide_one(keys, s, store_now, max_wait, dry, from)
-  end
-  -- prepare: the first k members left the window (all of them once the
-  -- writer's newest grant left the writer's window); an empty log is empty
-  -- whatever meta's sum says
-  local top, last, k, gone = false, false, 0, 0
-  if cnt == 0 then
-    sum, uni = 0, 1
-  else
-    top = r[cnt]
-    local top_cost
-    last, top_cost = slog_member(top)
-    if not last then return decide_one(keys, s, store_now, max_wait, dry, from) end
-    local cutoff = now - w
-    if wmax > 0 and last + wmax <= now then cutoff = last end
-    while k < cnt do
-      local at, c = last, top_cost
-      if k + 1 < cnt then
-        at, c = slog_member(r[k + 1])
-        if not at then return decide_one(keys, s, store_now, max_wait, dry, from) end
-      end
-      if at > cutoff then break end
-      k = k + 1
-      if uni == 1 then gone = gone + 1 else gone = gone + c end
-    end
-  end
-  local count = cnt - k
-  sum = sum - gone
-  if count == 0 then top, last, uni = false, false, 1 end
-  local win = sum
-  -- earliest
-  local t = now
-  if cost > 0 then
-    if cost > n then
-      t = -1
-    else
-      if last and last > now then t = last end
-      local excess = win + cost - n
-      if excess > 0 then
-        -- wait until enough of the oldest grants have left the window
-        local dropped, i, at, c = 0, k, last, 0
-        while i < cnt and dropped < excess do
-          i = i + 1
-          at, c = slog_member(r[i])
-          if not at then return decide_one(keys, s, store_now, max_wait, dry, from) end
-          dropped = dropped + c
-        end
-        at = at + w -- (when too few: the last's time, which is the log's last)
-        if at > t then t = at end
-      end
-    end
-  end
-  if k > 0 then rcall('ZREMRANGEBYRANK', log, '0', RANK[k - 1]) end
-  local outcome, wait = verdict(t, now, max_wait)
-  local as_of = now
-  if outcome == 0 and not dry then as_of = t end
-  if outcome == 0 and not dry and cost > 0 then
-    -- grant, then save
-    seq = seq + 1
-    local member = spack('<c1ddd', 'E', t, seq, cost)
-    local score = t
-    if clock and t == store_now then score = clock[1] .. PAD[#clock[2]] .. clock[2] end
-    rcall('ZADD', log, score, member)
-    if not last or t > last or member > top then top = member end
-    sum, win, count, last = sum + cost, win + cost, count + 1, t
-    if cost ~= 1 then uni = 0 end
-    local ms = px(t + w, from)
-    rcall('SET', meta, spack('<c1dddddddc0', 'M', sum, count, seq, now, w, now + w, uni, top),
-      'PX', ms)
-    rcall('PEXPIRE', log, ms)
-    k = 0
-  end
-  if k > 0 then
-    -- a decision that pruned and granted nothing keeps meta in step
-    rcall('SET', meta, spack('<c1dddddddc0', 'M', sum, count, seq, written, wmax, wexp, uni, top or ''),
-      'KEEPTTL')
-  end
-  -- status
-  local remaining, reset = n, 0
-  if last then
-    reset = last + w - now
-    if last > as_of then
-      remaining = 0
-    else
-      if as_of > now then
-        local grants = rcall('ZRANGEBYSCORE', log, '(' .. string.format('%d', now - w), as_of - w)
-        win = win - slog_sum(grants)
-      end
-      remaining = max(0, n - win)
-    end
-  end
-  if t >= 0 then t = t - now end
-  return spack('<dddddd', outcome, wait, now, t, remaining, reset)
+  return sum, seq, uni
 end
 
-local sliding_log = {
-  load = slog_load, prepare = slog_prepare, earliest = slog_earliest,
-  grant = slog_grant, status = slog_status, save = slog_save,
-  refund = slog_refund, one = slog_one,
-  horizon = function(p) return p[2] end, -- the longest wait: one window
-}
+-- The size of the log at `log`, its last entry and that one's score. First,
+-- entries whose score is no grant time (an integer below 2^53 in magnitude:
+-- not inf, 1e300 or 0.5) are foreign and go, those beyond the range at once
+-- (the lower ones go with the expired); a key of another type goes.
+local function slog_tail(log)
+  local n = rpcall('ZCARD', log)
+  if type(n) ~= 'number' then
+    rcall('DEL', log)
+    n = 0
+  end
+  while n > 0 do
+    local top = rcall('ZRANGE', log, -1, -1, 'WITHSCORES')
+    local last = tonumber(top[2])
+    if last and int(last) then return n, top[1], last end
+    if last and last >= EXACT then
+      rcall('ZREMRANGEBYSCORE', log, '9007199254740992', '+inf')
+    elseif last and last <= -EXACT then
+      rcall('ZREMRANGEBYSCORE', log, '-inf', '-9007199254740992')
+    else
+      rcall('ZREM', log, top[1])
+    end
+    n = rcall('ZCARD', log)
+  end
+  return 0, false, false
+end
+
+-- Moves the log at `log` `d` back (see "Clock steps" in driver.lua): every
+-- score, and the time in each of this code's members (the steps read a
+-- small log's times from its members), so the entries keep their order and
+-- their costs. Returns its last member.
+local function slog_move(log, d)
+  local all = rcall('ZRANGE', log, 0, -1, 'WITHSCORES')
+  rcall('DEL', log)
+  local args, k = {}, 0
+  for i = 1, #all, 2 do
+    local member = all[i]
+    if #member == 25 and string.byte(member, 1) == 69 then -- 'E'
+      local at, seq, cost = sunpack('<ddd', member, 2)
+      if int(at) then member = spack('<c1ddd', 'E', at - d, seq, cost) end
+    end
+    args[k + 1], args[k + 2], k = tonumber(all[i + 1]) - d, member, k + 2
+    if k == 512 or i + 1 == #all then
+      rcall('ZADD', log, unpack(args, 1, k))
+      k = 0
+    end
+  end
+  return rcall('ZRANGE', log, -1, -1)[1]
+end
+
+-- The longest log load reads whole (see above), and ranks as arguments (a
+-- number argument is formatted).
+local SLOG_SMALL = 8
+local RANK = { [0] = '0', '1', '2', '3', '4', '5', '6', '7', '8' }
+-- string.format, for a grant's score as text: Lua formats an integer for
+-- less than Redis a number argument (see `px` in common.lua). (Bound by the
+-- first grant: there is no `string` while Redis 7 loads the library.)
+local sformat
+
+--: step slog load(keys, i)
+  -- (one assignment a statement: a multiple one moves each value twice)
+  log = keys[i]; meta = keys[i + 1]; written = 0; clocked = false; seq = 0
+  cnt = 0; top = false; last = false; sum = false; uni = 0; wmax = false; wexp = 0
+  members = false; pruned = false; dirty = false
+  -- meta's count `mcnt` (-1: none to trust; a missing meta is an empty log's),
+  -- sum and uni
+  local m, mcnt, msum, muni = rpcall('GET', meta), 0, 0, 1
+  if m then
+    mcnt = -1
+    if #m >= 57 then -- (a string: an error reply is a table, #m == 0)
+      local tag, a, c, q, wr, wm, we, u = sunpack('<c1ddddddd', m)
+      -- (int() of every field; 2^53 written out: a literal is an operand of
+      -- the comparison, an upvalue must be loaded first)
+      if tag == 'M' and a % 1 == 0 and a < 9007199254740992 and a > -9007199254740992
+          and c % 1 == 0 and c < 9007199254740992 and c > -9007199254740992
+          and q % 1 == 0 and q < 9007199254740992 and q > -9007199254740992
+          and wr % 1 == 0 and wr < 9007199254740992 and wr > -9007199254740992
+          and wm % 1 == 0 and wm < 9007199254740992 and wm > -9007199254740992
+          and we % 1 == 0 and we < 9007199254740992 and we > -9007199254740992
+          and u % 1 == 0 and u < 9007199254740992 and u > -9007199254740992 then
+        written, clocked, seq, mcnt, msum, muni = wr, true, q, c, a, u
+        if u ~= 1 then muni = 0 end
+        if wm > 0 then wmax, wexp = wm, we end
+      end
+    elseif type(m) ~= 'string' then
+      rcall('DEL', meta) -- another type
+    end
+  end
+  if mcnt >= 0 and mcnt <= SLOG_SMALL then
+    -- ranks 0 .. mcnt: exactly mcnt members when meta's count is the log's
+    local r = rpcall('ZRANGE', log, '0', RANK[mcnt])
+    if not r.err and #r == mcnt then
+      if mcnt == 0 then
+        members = r
+      elseif r[mcnt] == ssub(m, 58) then
+        last = slog_member(r[mcnt])
+        if last then members, cnt, top, sum, uni = r, mcnt, r[mcnt], msum, muni end
+      end
+    end
+  end
+  if not members then
+    cnt, top, last = slog_tail(log)
+    if clocked and mcnt == cnt and (cnt == 0 or ssub(m, 58) == top) then
+      sum, uni = msum, muni
+    end
+  end
+--: end
+
+--: step slog prepare(now)
+  -- dated after the decision's clock: moved back to it (see below)
+  local moved = written > now
+  if moved then
+    local d = written - now
+    written, members = now, false
+    if wmax then wexp = wexp - d end
+    if cnt > 0 then top, last = slog_move(log, d), last - d end
+  end
+  keep = w
+  if wmax and wmax > w and wexp > now then keep = wmax end
+  -- the writer's state is over once its newest grant left its window (no
+  -- score lies above `last`'s)
+  local cutoff = now - keep
+  if wmax and last and last + wmax <= now then cutoff = last end
+  if keep > w then members = false end
+  -- the log in hand: its first `left` members lie at or before the cutoff
+  -- (the last's time is `last`), of total cost `gone`
+  local gone = 0
+  left = 0
+  if members then
+    while left < cnt do
+      local at, c = last, nil
+      if left + 1 < cnt then
+        at, c = slog_member(members[left + 1])
+        if not at then members, left, gone = false, 0, 0 break end
+      end
+      if at > cutoff then break end
+      left = left + 1
+      if uni == 1 then gone = gone + 1 else gone = gone + (c or slog_entry(top)) end
+    end
+  end
+  if cnt == 0 then
+    sum = 0; uni = 1
+  elseif members then
+    if left > 0 then
+      rcall('ZREMRANGEBYRANK', log, '0', RANK[left - 1])
+      sum, cnt, pruned = sum - gone, cnt - left, true
+    end
+  elseif sum and uni == 1 then
+    gone = rcall('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+    sum, cnt = sum - gone, cnt - gone
+    pruned = gone > 0
+  elseif sum then
+    local expired = rcall('ZRANGEBYSCORE', log, '-inf', cutoff)
+    if #expired > 0 then
+      sum = sum - slog_sum(expired)
+      cnt = cnt - #expired
+      rcall('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+      pruned = true
+    end
+  else
+    -- meta lost, foreign or stale: the log itself is the truth, but for the
+    -- entries whose score is a fraction (foreign, as in load)
+    rcall('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+    local scored = rcall('ZRANGE', log, 0, -1, 'WITHSCORES')
+    local all, oldest = {}, now
+    for i = 1, #scored, 2 do
+      local t = tonumber(scored[i + 1])
+      if t and int(t) then
+        if #all == 0 then oldest = t end
+        all[#all + 1] = scored[i]
+      else
+        rcall('ZREM', log, scored[i])
+      end
+    end
+    -- without meta the writer's clock is unknown: a log whose oldest entry
+    -- lies beyond the limit's horizon is moved back so that entry is now
+    -- (the writer's clock had passed it, unless it was a reservation)
+    if not clocked and oldest - now > w then
+      written, moved = now, true
+      top, last = slog_move(log, oldest - now), last - (oldest - now)
+    end
+    local s_sum, s_seq, s_uni = slog_sum(all)
+    sum, cnt, seq, uni = s_sum, #all, max(seq, s_seq), s_uni
+  end
+  if cnt == 0 then top = false; last = false; uni = 1 end
+  -- entries kept only for a longer window are outside this limit's window
+  win = sum; skip = 0
+  if keep > w and cnt > 0 then
+    local old = rcall('ZRANGEBYSCORE', log, '-inf', now - w)
+    win = sum - slog_sum(old)
+    skip = #old
+  end
+  if moved then
+    -- written back if it still holds something, else fresh
+    dirty = cnt > 0
+    if cnt == 0 then
+      rcall('DEL', meta)
+      wmax, pruned = false, false
+    end
+  end
+--: end
+
+-- The earliest time the cost (1 <= cost) fits: once enough of the oldest
+-- grants have left the window, never before the last grant (first in,
+-- first out); never (-1) for a cost over N.
+--: step slog earliest(now, cost) -> t
+  if cost > n then
+    t = -1
+  else
+    t = now
+    if last and last > now then t = last end
+    local excess = win + cost - n
+    if excess > 0 then
+      -- the time of the grant whose leaving makes room (the last's when
+      -- too few would): from the log in hand while its members are this
+      -- code's, else from the scores
+      local at
+      if members then
+        local dropped, i, c = 0, left, 0
+        at = last
+        while i < left + cnt and dropped < excess do
+          i = i + 1
+          at, c = slog_member(members[i])
+          if not at then break end
+          dropped = dropped + c
+        end
+      end
+      if not at then
+        -- (Scores here are finite and in range, load and the pruning saw to
+        -- both ends; one changed in place to a fraction, which meta cannot
+        -- tell, counts from the next microsecond.)
+        local dropped, offset, batch = 0, skip, nil
+        repeat
+          batch = rcall('ZRANGE', log, offset, offset + 63, 'WITHSCORES')
+          for i = 1, #batch, 2 do
+            dropped = dropped + slog_entry(batch[i])
+            if dropped >= excess then
+              at = math.ceil(tonumber(batch[i + 1]))
+              break
+            end
+          end
+          offset = offset + 64
+        until at or #batch < 128
+        if not at then at = last end
+      end
+      if at and at + w > t then t = at + w end
+    end
+  end
+--: end
+
+--: step slog grant(at, cost)
+  seq = seq + 1
+  local member = spack('<c1ddd', 'E', at, seq, cost)
+  if not sformat then sformat = string.format end
+  rcall('ZADD', log, sformat('%d', at), member)
+  -- the log's last member: the highest score, then the greatest bytes
+  if not last or at > last or member > top then top = member end
+  sum = sum + cost; win = win + cost; cnt = cnt + 1; last = at
+  if cost ~= 1 then uni = 0 end
+  members = false; dirty = true
+--: end
+
+-- Permits left as of `at` and microseconds until the last grant leaves the
+-- window.
+--: step slog status(now, at) -> remaining, reset
+  remaining = n; reset = 0
+  if last then
+    reset = last + w - now
+    if last > at then
+      remaining = 0
+    else
+      local used = win
+      if at > now then
+        local gone = rcall('ZRANGEBYSCORE', log, '(' .. string.format('%d', now - w), at - w)
+        used = used - slog_sum(gone)
+      end
+      remaining = max(0, n - used)
+    end
+  end
+--: end
+
+-- Gives back one grant of `cost` made at `at`: one member with that score
+-- and cost leaves the log (such members are interchangeable). A log left
+-- empty is deleted, as a fresh state.
+--: step slog refund(now, at, cost)
+  if last then
+    local found = rcall('ZRANGEBYSCORE', log, at, at)
+    for i = #found, 1, -1 do
+      local member = found[i]
+      if slog_entry(member) == cost then
+        rcall('ZREM', log, member)
+        cnt, sum, members = cnt - 1, sum - cost, false
+        if cnt == 0 then
+          rcall('DEL', log, meta)
+          top, last, pruned, dirty = false, false, false, false
+        else
+          if member == top then
+            local tail = rcall('ZRANGE', log, -1, -1, 'WITHSCORES')
+            top, last = tail[1], tonumber(tail[2])
+          end
+          dirty = true
+        end
+        break
+      end
+    end
+  end
+--: end
+
+--: step slog save(now, from)
+  if dirty then
+    local mw, me = w, now + w
+    if keep > w then mw, me = wmax or 0, wexp end -- (a moved log left empty has none)
+    local ms = px(last + keep, from)
+    -- (dirty: the log holds something, `top` is its last member)
+    rcall('SET', meta, spack('<c1dddddddc0', 'M', sum, cnt, seq, now, mw, me, uni, top), 'PX', ms)
+    rcall('PEXPIRE', log, ms)
+  elseif pruned then
+    -- a denial that pruned keeps meta in step with the log
+    rcall('SET', meta, spack('<c1dddddddc0', 'M', sum, cnt, seq, written, wmax or 0, wexp, uni,
+      top or ''), 'KEEPTTL')
+  end
+--: end
+
+--: one slog sliding_log
+sliding_log.horizon = function(s) return s[3] end -- the longest wait: one window

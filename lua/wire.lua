@@ -11,7 +11,7 @@
 --   5 sliding_window: sw
 -- A decision's reply starts with its outcome (`algorithm::Outcome`): 0
 -- granted, 1 denied, 2 never (a cost over a capacity). `verdict` in
--- common.lua decides it and the fast paths test `outcome == 0`: as
+-- common.lua decides it and the driver tests `outcome == 0`: as
 -- literals (a literal is an operand, an upvalue must be loaded first).
 local algorithms = { sliding_log, token_bucket, gcra, fixed_window, sliding_window }
 sliding_log.nkeys = 2

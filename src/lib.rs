@@ -36,8 +36,8 @@
 //! # Algorithms
 //!
 //! Each algorithm lives in two files with the same name: its Lua script in
-//! `lua/` (its steps, and a one-limit fast path written out from them, which
-//! the conformance and property tests hold to the same answers) and its Rust
+//! `lua/` (its steps, each written once; `build.rs` assembles the library
+//! and pastes the steps into the driver's one-limit decision) and its Rust
 //! mirror in `src/algorithm/`. Both use integer
 //! microseconds and exact integer arithmetic, so a fresh 10-per-second limit
 //! reports 9 remaining after one hit, in any year. Several limits are decided

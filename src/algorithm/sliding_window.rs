@@ -40,6 +40,20 @@ impl SlidingWindow {
     /// `State::prepare`; `true` when it was moved back to `now` and still
     /// holds something.
     pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
+        let (mut s, moved) = Self::read(p, raw, written, now);
+        // rolled forward to the window of now: from here `start` is at or
+        // after it (a past window's count is previous, if it was the window
+        // before, else gone; this changes no decision)
+        let current = now - now.rem_euclid(p.window);
+        if s.start < current {
+            (s.prev, s.cur) = s.counts(p, current);
+            s.start = current;
+        }
+        (s, moved)
+    }
+
+    /// What the store keeps, as counts of this limit's windows.
+    fn read(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
         let w = p.window;
         let mut s = Self {
             start: -1,

@@ -62,6 +62,11 @@ impl TokenBucket {
             if fdiv(raw.level, raw.den) < p.capacity {
                 s.level = rescale(raw.level, raw.den, p.period);
             }
+            // refilled to now: from here `ts >= now` (the fill is linear
+            // up to the capacity, so this changes no decision)
+            if s.ts < now {
+                (s.level, s.ts) = (s.level_at(p, now), now);
+            }
         }
         (s, moved)
     }

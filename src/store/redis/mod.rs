@@ -202,6 +202,14 @@ impl RedisStore {
         &DELIVERY.function
     }
 
+    /// The source of the Function library this crate loads (`FUNCTION LOAD`
+    /// takes it as it is), for a deployment that loads it ahead of time or
+    /// reviews what runs on its Redis. A store loads it by itself where it
+    /// is missing.
+    pub fn library() -> &'static str {
+        &DELIVERY.library
+    }
+
     /// The SHA1 of the same code as a script (what `EVALSHA` sends where
     /// Redis has no Functions).
     pub fn script_hash() -> &'static str {

@@ -14,17 +14,9 @@ use super::RedisStore;
 
 /// The decision code: the helpers, the algorithms, the wire (their ids and
 /// key counts, written from `algorithm::wire`), then the driver, which
-/// defines `decide(keys, args)`.
-const CODE: &str = concat!(
-    include_str!("../../../lua/common.lua"),
-    include_str!("../../../lua/sliding_log.lua"),
-    include_str!("../../../lua/token_bucket.lua"),
-    include_str!("../../../lua/gcra.lua"),
-    include_str!("../../../lua/fixed_window.lua"),
-    include_str!("../../../lua/sliding_window.lua"),
-    include_str!("../../../lua/wire.lua"),
-    include_str!("../../../lua/driver.lua"),
-);
+/// defines `decide(keys, args)`; assembled from `lua/` by `build.rs`, which
+/// writes each algorithm's one-limit decision from its steps.
+const CODE: &str = include_str!(concat!(env!("OUT_DIR"), "/library.lua"));
 
 /// How the decision code reaches Redis: as a Function library loaded once
 /// per server (`FCALL`, Redis 7 and later), or as a script (`EVALSHA`).
@@ -39,7 +31,7 @@ pub(super) struct Delivery {
     /// `FUNCTION LOAD` source. Library and function are named after the
     /// code's SHA1, so instances running different versions of this crate
     /// on one Redis (a rolling deploy) each call their own.
-    library: String,
+    pub(super) library: String,
     pub(super) function: String,
     /// The same code as a script, for servers without Functions.
     pub(super) script: Script,

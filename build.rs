@@ -1,0 +1,363 @@
+//! Assembles the Redis decision library from `lua/` into `$OUT_DIR/library.lua`
+//! (see `src/store/redis/script.rs`), expanding its step blocks.
+//!
+//! Each algorithm's steps are written once, in its Lua file, on local
+//! variables, between directive lines (comments to Lua):
+//!
+//! ```text
+//! --: state gcra: key written tat frac     the algorithm's state, by name
+//! --: params gcra: b n w                   s[2], s[3], ... of its spec
+//! --: stored gcra G: r_level r_den+ written the STRING it keeps: a tag byte,
+//!                                          then doubles (`+`: positive)
+//! --: step gcra earliest(now, cost) -> t   a step: its arguments, its results
+//!   ...                                    (no `return`: it assigns results)
+//! --: end
+//! --: one gcra                             the algorithm's table goes here
+//! ```
+//!
+//! A step becomes a function over a state table, `gcra_earliest(st, s, now,
+//! cost)`, which the driver's loop over several limits calls. `--: stored`
+//! writes the `load(keys, i)` step: it reads the key, and sets `raw` when
+//! the value has the tag, the length and fields that are integers below
+//! 2^53 in magnitude, else `written` to 0. `--: one gcra` becomes
+//! `gcra_one`, an instance of the driver's `--: template one` with the steps
+//! pasted in where it says `--: inline earliest(now, cost) -> t`, each in a
+//! `do ... end` block, on locals: the same code without a call or a table
+//! access per step, for the decision of one limit, the common case; then
+//! `local gcra = { load = gcra_load, ..., one = gcra_one }` (`--: one tb
+//! token_bucket` names the table). Arguments and results are bound by name,
+//! so a template and a step that disagree fail the build.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+/// The library's files, in the order Redis reads them.
+const FILES: [&str; 8] = [
+    "common",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+    "fixed_window",
+    "sliding_window",
+    "wire",
+    "driver",
+];
+
+struct Step {
+    args: Vec<String>,
+    outs: Vec<String>,
+    body: Vec<String>,
+}
+
+#[derive(Default)]
+struct Algorithm {
+    state: Vec<String>,
+    params: Vec<String>,
+    steps: HashMap<String, Step>,
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=lua");
+    let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let mut source = String::new();
+    for file in FILES {
+        println!("cargo:rerun-if-changed=lua/{file}.lua");
+        let path = format!("{dir}/lua/{file}.lua");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        source.push_str(&text);
+    }
+    let library = expand(&source).unwrap_or_else(|e| panic!("lua/: {e}"));
+    let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    std::fs::write(format!("{out}/library.lua"), library).expect("write library.lua");
+}
+
+/// `name(a, b) -> x, y` as ("name", [a, b], [x, y]).
+fn signature(text: &str) -> Result<(String, Vec<String>, Vec<String>), String> {
+    let (call, outs) = match text.split_once("->") {
+        Some((call, outs)) => (call, names(outs)),
+        None => (text, Vec::new()),
+    };
+    let (name, args) = call
+        .trim()
+        .strip_suffix(')')
+        .and_then(|c| c.split_once('('))
+        .ok_or_else(|| format!("`{text}`: expected name(arguments)"))?;
+    Ok((name.trim().to_owned(), names(args), outs))
+}
+
+fn names(list: &str) -> Vec<String> {
+    list.split([',', ' '])
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The directive of a line (its text after `--:`), if it is one.
+fn directive(line: &str) -> Option<&str> {
+    line.trim_start().strip_prefix("--:").map(str::trim)
+}
+
+/// The lines up to `--: end` after line `i`, and the index of that line.
+fn block(lines: &[&str], i: usize) -> Result<(Vec<String>, usize), String> {
+    let mut body = Vec::new();
+    for (j, line) in lines.iter().enumerate().skip(i + 1) {
+        match directive(line) {
+            Some("end") => return Ok((body, j)),
+            Some(other) if !other.starts_with("inline") && other != "locals" => {
+                return Err(format!("line {}: `--: {other}` inside a block", j + 1))
+            }
+            _ => body.push((*line).to_owned()),
+        }
+    }
+    Err(format!("line {}: block without `--: end`", i + 1))
+}
+
+fn expand(source: &str) -> Result<String, String> {
+    let lines: Vec<&str> = source.lines().collect();
+    // First pass: every algorithm's state, parameters and steps, and the
+    // templates, wherever they are.
+    let mut algorithms: HashMap<String, Algorithm> = HashMap::new();
+    let mut templates: HashMap<String, Vec<String>> = HashMap::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let Some(d) = directive(lines[i]) else {
+            i += 1;
+            continue;
+        };
+        let (word, rest) = d.split_once(' ').unwrap_or((d, ""));
+        match word {
+            "stored" => {
+                let (head, list) = rest
+                    .split_once(':')
+                    .ok_or_else(|| format!("line {}: `--: stored alg T: fields`", i + 1))?;
+                let (alg, tag) = head
+                    .trim()
+                    .split_once(' ')
+                    .ok_or_else(|| format!("line {}: `--: stored alg T: fields`", i + 1))?;
+                let a = algorithms.entry(alg.to_owned()).or_default();
+                a.steps
+                    .insert("load".to_owned(), load(tag.trim(), &names(list))?);
+            }
+            "state" | "params" => {
+                let (alg, list) = rest
+                    .split_once(':')
+                    .ok_or_else(|| format!("line {}: `--: {word} alg: names`", i + 1))?;
+                let a = algorithms.entry(alg.trim().to_owned()).or_default();
+                let target = if word == "state" {
+                    &mut a.state
+                } else {
+                    &mut a.params
+                };
+                *target = names(list);
+            }
+            "step" => {
+                let (alg, sig) = rest
+                    .split_once(' ')
+                    .ok_or_else(|| format!("line {}: `--: step alg name(...)`", i + 1))?;
+                let (name, args, outs) = signature(sig)?;
+                let (body, end) = block(&lines, i)?;
+                if let Some(line) = body.iter().find(|l| l.trim_start().starts_with("return")) {
+                    return Err(format!(
+                        "step {alg} {name}: `{}`: a step assigns its results",
+                        line.trim()
+                    ));
+                }
+                let a = algorithms.entry(alg.to_owned()).or_default();
+                a.steps.insert(name, Step { args, outs, body });
+                i = end;
+            }
+            "template" => {
+                let (body, end) = block(&lines, i)?;
+                templates.insert(rest.to_owned(), body);
+                i = end;
+            }
+            "one" | "end" | "locals" | "inline" => {}
+            _ => return Err(format!("line {}: unknown directive `--: {d}`", i + 1)),
+        }
+        i += 1;
+    }
+
+    // Second pass: steps become functions over a state table, `--: one`
+    // the template's instance, the other directives go.
+    let mut out = String::with_capacity(source.len() * 2);
+    let mut i = 0;
+    while i < lines.len() {
+        let Some(d) = directive(lines[i]) else {
+            out.push_str(lines[i]);
+            out.push('\n');
+            i += 1;
+            continue;
+        };
+        let (word, rest) = d.split_once(' ').unwrap_or((d, ""));
+        match word {
+            "step" => {
+                let (alg, sig) = rest.split_once(' ').unwrap_or((rest, ""));
+                let (name, _, _) = signature(sig)?;
+                let a = &algorithms[alg];
+                function(&mut out, alg, &name, a)?;
+                i = block(&lines, i)?.1;
+            }
+            "template" => i = block(&lines, i)?.1,
+            "stored" => {
+                let alg = rest.split(' ').next().unwrap_or_default();
+                function(&mut out, alg, "load", &algorithms[alg])?;
+            }
+            "one" => {
+                let (alg, table) = rest.split_once(' ').unwrap_or((rest, rest));
+                let a = algorithms
+                    .get(alg)
+                    .ok_or_else(|| format!("`--: one {alg}`: no such algorithm"))?;
+                let template = templates
+                    .get("one")
+                    .ok_or("`--: one` without `--: template one`")?;
+                instance(&mut out, alg, a, template)?;
+                let mut steps: Vec<&String> = a.steps.keys().collect();
+                steps.sort();
+                let _ = writeln!(out, "local {table} = {{");
+                for step in steps {
+                    let _ = writeln!(out, "  {step} = {alg}_{step},");
+                }
+                let _ = writeln!(out, "  one = {alg}_one,\n}}");
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(out)
+}
+
+/// `local p1, p2 = s[2], s[3]` for the algorithm's parameters.
+fn params(out: &mut String, indent: &str, a: &Algorithm) {
+    if a.params.is_empty() {
+        return;
+    }
+    let slots: Vec<String> = (0..a.params.len())
+        .map(|k| format!("s[{}]", k + 2))
+        .collect();
+    let _ = writeln!(
+        out,
+        "{indent}local {} = {}",
+        a.params.join(", "),
+        slots.join(", ")
+    );
+}
+
+/// A step as a function over the state table `st` and the spec `s`.
+fn function(out: &mut String, alg: &str, name: &str, a: &Algorithm) -> Result<(), String> {
+    let step = &a.steps[name];
+    let mut args = vec!["st".to_owned(), "s".to_owned()];
+    args.extend(step.args.iter().cloned());
+    let _ = writeln!(out, "local function {alg}_{name}({})", args.join(", "));
+    params(out, "  ", a);
+    let fields: Vec<String> = a.state.iter().map(|f| format!("st.{f}")).collect();
+    let _ = writeln!(
+        out,
+        "  local {} = {}",
+        a.state.join(", "),
+        fields.join(", ")
+    );
+    if !step.outs.is_empty() {
+        let _ = writeln!(out, "  local {}", step.outs.join(", "));
+    }
+    for line in &step.body {
+        out.push_str(line);
+        out.push('\n');
+    }
+    let _ = writeln!(out, "  {} = {}", fields.join(", "), a.state.join(", "));
+    if !step.outs.is_empty() {
+        let _ = writeln!(out, "  return {}", step.outs.join(", "));
+    }
+    out.push_str("end\n");
+    Ok(())
+}
+
+/// The template with `ALG_` named for the algorithm, `--: locals` its
+/// parameters and state as locals, and each `--: inline` the step's body.
+fn instance(out: &mut String, alg: &str, a: &Algorithm, template: &[String]) -> Result<(), String> {
+    for line in template {
+        let indent: String = line.chars().take_while(|c| c.is_whitespace()).collect();
+        match directive(line) {
+            None => {
+                out.push_str(&line.replace("ALG_", &format!("{alg}_")));
+                out.push('\n');
+            }
+            Some("locals") => {
+                params(out, &indent, a);
+                let _ = writeln!(out, "{indent}local {}", a.state.join(", "));
+            }
+            Some(d) => {
+                let sig = d
+                    .strip_prefix("inline")
+                    .ok_or_else(|| format!("`--: {d}` in a template"))?;
+                let (name, args, outs) = signature(sig)?;
+                let step = a
+                    .steps
+                    .get(&name)
+                    .ok_or_else(|| format!("{alg} has no step `{name}`"))?;
+                if args != step.args || outs != step.outs {
+                    return Err(format!(
+                        "{alg} {name}: the template passes ({}) -> {}, the step takes ({}) -> {}",
+                        args.join(", "),
+                        outs.join(", "),
+                        step.args.join(", "),
+                        step.outs.join(", ")
+                    ));
+                }
+                let _ = writeln!(out, "{indent}do -- {name}");
+                for line in &step.body {
+                    out.push_str(&indent);
+                    out.push_str(line);
+                    out.push('\n');
+                }
+                let _ = writeln!(out, "{indent}end");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `load(keys, i)` step of a state kept as a STRING: the tag byte `tag`,
+/// then `fields` as little-endian doubles (a `+` after a name: positive).
+fn load(tag: &str, fields: &[String]) -> Result<Step, String> {
+    if tag.len() != 1 || !fields.iter().any(|f| f == "written") {
+        return Err(format!(
+            "`--: stored`: tag `{tag}`, fields {fields:?} (one byte; `written` among them)"
+        ));
+    }
+    let names: Vec<&str> = fields.iter().map(|f| f.trim_end_matches('+')).collect();
+    let mut checks = vec![format!("tag == '{tag}'")];
+    for (field, name) in fields.iter().zip(&names) {
+        let low = if field.ends_with('+') {
+            "0".to_owned()
+        } else {
+            format!("-{EXACT}")
+        };
+        checks.push(format!(
+            "{name} % 1 == 0 and {name} > {low} and {name} < {EXACT}"
+        ));
+    }
+    let body = format!(
+        "  key, written, raw, dirty = keys[i], 0, false, false\n\
+         \x20 local v = rpcall('GET', key)\n\
+         \x20 if v and #v == {len} then -- (an error reply is a table: #v == 0)\n\
+         \x20   local tag\n\
+         \x20   tag, {list} = sunpack('<c1{doubles}', v)\n\
+         \x20   -- (2^53 as a literal: an operand of the comparison, where an\n\
+         \x20   -- upvalue must be loaded first)\n\
+         \x20   raw = {checks}\n\
+         \x20   if not raw then written = 0 end\n\
+         \x20 end",
+        len = 1 + 8 * fields.len(),
+        list = names.join(", "),
+        doubles = "d".repeat(fields.len()),
+        checks = checks.join("\n      and "),
+    );
+    Ok(Step {
+        args: vec!["keys".to_owned(), "i".to_owned()],
+        outs: Vec::new(),
+        body: body.lines().map(str::to_owned).collect(),
+    })
+}
+
+/// 2^53: Lua's numbers are doubles, exact below it.
+const EXACT: u64 = 1 << 53;
