@@ -60,7 +60,8 @@
 -- (`algorithms`, by id, and each one's `nkeys` come from wire.lua)
 
 -- A limit's string, parsed once: an array, [1] the algorithm's `one`,
--- [2..5] its parameters, [6] the cost, then constants its algorithm's
+-- [2..5] its parameters ([2] its capacity: no larger cost ever fits; see
+-- `Params::wire`), [6] the cost, then constants its algorithm's
 -- `derive` adds, and by name its algorithm `alg`, the cost and the horizon
 -- `h` (see "Clock steps").
 local specs, n_specs = {}, 0
@@ -226,11 +227,15 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from)
   local now = store_now
   if written > now and written - now <= s.h then now = written end
   --: inline prepare(now)
-  local t = now
-  if cost > 0 then
-    --: inline earliest(now, cost) -> t
+  -- a fresh state (one that allows any cost up to the capacity now, as
+  -- prepare says) grants such a cost now: earliest would find now
+  local t, outcome, wait = now, 0, 0
+  if not fresh or cost > s[2] or max_wait < 0 then
+    if cost > 0 then
+      --: inline earliest(now, cost) -> t
+    end
+    outcome, wait = verdict(t, now, max_wait)
   end
-  local outcome, wait = verdict(t, now, max_wait)
   local at = now
   if outcome == 0 and not dry then
     at = t

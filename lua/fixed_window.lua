@@ -13,7 +13,7 @@
 -- r_* its fields; `start` and `count` the counted window (start -1: none),
 -- `kept` whether it is the stored one, unmoved, with this limit's length
 -- (its key already expires at the window's end).
---: state fw: key written raw r_start r_len r_count start count kept dirty
+--: state fw: key written raw r_start r_len r_count start count kept dirty fresh
 --: params fw: n w
 
 --: stored fw F: r_start r_len+ r_count written
@@ -39,6 +39,8 @@
       end
     end
   end
+  -- nothing counted: any cost up to N fits now
+  fresh = start < 0
 --: end
 
 -- In the counted window if it is not over, else in the current one.

@@ -19,7 +19,7 @@
 --
 -- The steps, on locals (see build.rs): `raw` says the key held a state,
 -- r_* its fields; tat, frac, bmax the state as of the decision's clock.
---: state gcra: key written raw r_level r_den r_exp r_bmax tat frac bmax dirty
+--: state gcra: key written raw r_level r_den r_exp r_bmax tat frac bmax dirty fresh
 --: params gcra: b n w
 
 --: stored gcra G: r_level r_den+ written r_exp r_bmax
@@ -51,6 +51,8 @@
       tat = now
     end
   end
+  -- a full bucket: any cost up to B fits now
+  fresh = tat == now and frac == 0
 --: end
 
 -- The earliest time the cost (1 <= cost) fits: max(now, tat - fdiv((B -

@@ -32,7 +32,7 @@
 -- `members` is false for any other log, and from a step that cannot use it
 -- on (a log moved or kept for a longer window, a foreign member met, a
 -- grant), and the steps read the log through Redis.
---: state slog: log meta written clocked seq cnt top last sum uni wmax wexp keep win skip members left pruned dirty
+--: state slog: log meta written clocked seq cnt top last sum uni wmax wexp keep win skip members left pruned dirty fresh
 --: params slog: n w
 
 local function slog_entry(member) -- (cost, seq)
@@ -268,6 +268,8 @@ local sformat
       wmax, pruned = false, false
     end
   end
+  -- an empty log: any cost up to N fits now
+  fresh = cnt == 0
 --: end
 
 -- The earliest time the cost (1 <= cost) fits: once enough of the oldest

@@ -17,7 +17,7 @@
 -- `cur` the counts of the one before it and of it; `kept` whether it is the
 -- stored one, unmoved, with this limit's length (its key already expires
 -- after the next window's end).
---: state sw: key written raw r_start r_len r_prev r_cur start prev cur kept dirty
+--: state sw: key written raw r_start r_len r_prev r_cur start prev cur kept dirty fresh
 --: params sw: n w u
 
 -- (prev, cur) as the window at `at` sees counts `prev`, `cur` of the window
@@ -71,6 +71,8 @@ end
     if start ~= now - m - w then cur = 0 end
     start, prev, cur, kept = now - m, cur, 0, false
   end
+  -- nothing counted: any cost up to N fits now
+  fresh = prev == 0 and cur == 0 and start <= now
 --: end
 
 -- The first of three windows (the counted one and the two after it) whose

@@ -16,7 +16,7 @@
 --
 -- The steps, on locals (see build.rs): `raw` says the key held a state,
 -- r_* its fields; level, ts, cmax the state as of the decision's clock.
---: state tb: key written raw r_level r_den r_ts r_exp r_cmax level ts cmax dirty
+--: state tb: key written raw r_level r_den r_ts r_exp r_cmax level ts cmax dirty fresh
 --: params tb: c r p
 
 -- The fill at time t of a bucket filled `level` at `ts`, full at `full`:
@@ -53,6 +53,8 @@ end
     ts = r_ts
     if ts < now then level, ts = tb_fill(level, ts, now, c * p, r), now end
   end
+  -- a full bucket: any cost up to C fits now
+  fresh = ts == now and level == c * p
 --: end
 
 --: step tb earliest(now, cost) -> t

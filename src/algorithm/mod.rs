@@ -66,7 +66,8 @@ impl Params {
 
     /// The parameters as a limit's string sends them to the scripts, after
     /// the algorithm's id (see `lua/driver.lua`): the one place their order
-    /// is written. The fourth is unused.
+    /// is written. The first is the capacity (the driver reads it as such),
+    /// the fourth is unused.
     pub(crate) fn wire(&self) -> [i64; 4] {
         match *self {
             Params::SlidingLog(p) => [p.limit, p.window, 0, 0],
@@ -531,8 +532,42 @@ pub(crate) fn take(states: &mut [State], params: &[&Params], most: i64, now: i64
 
 #[cfg(test)]
 mod tests {
-    use super::{cdiv, fdiv};
+    use super::{cdiv, fdiv, Params};
     use proptest::prelude::*;
+
+    /// The driver's one-limit decision grants a cost up to the capacity at
+    /// once from a fresh state, reading the capacity as the first parameter.
+    #[test]
+    fn the_first_parameter_on_the_wire_is_the_capacity() {
+        let all = [
+            Params::SlidingLog(super::sliding_log::Params {
+                limit: 3,
+                window: 7,
+            }),
+            Params::TokenBucket(super::token_bucket::Params {
+                capacity: 3,
+                rate: 5,
+                period: 7,
+            }),
+            Params::Gcra(super::gcra::Params {
+                burst: 3,
+                rate: 5,
+                period: 7,
+            }),
+            Params::FixedWindow(super::fixed_window::Params {
+                limit: 3,
+                window: 7,
+            }),
+            Params::SlidingWindow(super::sliding_window::Params {
+                limit: 3,
+                window: 7,
+                step: 1,
+            }),
+        ];
+        for p in all {
+            assert_eq!(p.wire()[0], p.capacity(), "{p:?}");
+        }
+    }
 
     #[test]
     fn divisions_equal_the_euclidean_ones_at_the_edges() {
