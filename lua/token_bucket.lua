@@ -83,9 +83,14 @@ end
   if at >= ts then
     t = at
     if at > ts then fill = tb_fill(level, ts, at, c * p, r) end
-    remaining = fdiv(fill, p)
+    local m = fill % p -- remaining = fdiv(fill, p)
+    if m < 0 then m = m + p elseif m >= p then m = m - p end
+    remaining = (fill - m) / p
   end
-  reset = t - now + cdiv(c * p - fill, r)
+  local x = fill - c * p -- reset = t - now + cdiv(c * p - fill, r)
+  local m = x % r
+  if m < 0 then m = m + r elseif m >= r then m = m - r end
+  reset = t - now - (x - m) / r
 --: end
 
 -- The bucket is full again, at its largest capacity, at `exp`.
@@ -93,7 +98,10 @@ end
   if dirty then
     local top = c * p
     if cmax > c then top = min(cmax, fdiv(EXACT - 1, p)) * p end
-    local exp = ts + cdiv(top - level, r)
+    local x = level - top -- exp = ts + cdiv(top - level, r)
+    local m = x % r
+    if m < 0 then m = m + r elseif m >= r then m = m - r end
+    local exp = ts - (x - m) / r
     rcall('SET', key, spack('<c1dddddd', 'T', level, p, ts, now, exp, cmax), 'PX', px(exp, from))
   end
 --: end
