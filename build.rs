@@ -28,7 +28,7 @@
 //! token_bucket` names the table). Arguments and results are bound by name,
 //! so a template and a step that disagree fail the build.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 /// The library's files, in the order Redis reads them.
@@ -226,36 +226,54 @@ fn expand(source: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// `local p1, p2 = s[2], s[3]` for the algorithm's parameters.
-fn params(out: &mut String, indent: &str, a: &Algorithm) {
-    if a.params.is_empty() {
-        return;
+/// `local p1, p2 = s[2], s[3]` for the algorithm's parameters that `used`
+/// admits.
+fn params(out: &mut String, indent: &str, a: &Algorithm, used: impl Fn(&str) -> bool) {
+    let (names, slots): (Vec<&str>, Vec<String>) = a
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| used(p))
+        .map(|(k, p)| (p.as_str(), format!("s[{}]", k + 2)))
+        .unzip();
+    if !names.is_empty() {
+        let _ = writeln!(
+            out,
+            "{indent}local {} = {}",
+            names.join(", "),
+            slots.join(", ")
+        );
     }
-    let slots: Vec<String> = (0..a.params.len())
-        .map(|k| format!("s[{}]", k + 2))
-        .collect();
-    let _ = writeln!(
-        out,
-        "{indent}local {} = {}",
-        a.params.join(", "),
-        slots.join(", ")
-    );
 }
 
-/// A step as a function over the state table `st` and the spec `s`.
+/// The identifiers in `lines`.
+fn words(lines: &[String]) -> HashSet<&str> {
+    lines
+        .iter()
+        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// A step as a function over the state table `st` and the spec `s`: the
+/// fields and parameters its body names, as locals, and the fields back.
 fn function(out: &mut String, alg: &str, name: &str, a: &Algorithm) -> Result<(), String> {
     let step = &a.steps[name];
+    let named = words(&step.body);
     let mut args = vec!["st".to_owned(), "s".to_owned()];
     args.extend(step.args.iter().cloned());
     let _ = writeln!(out, "local function {alg}_{name}({})", args.join(", "));
-    params(out, "  ", a);
-    let fields: Vec<String> = a.state.iter().map(|f| format!("st.{f}")).collect();
-    let _ = writeln!(
-        out,
-        "  local {} = {}",
-        a.state.join(", "),
-        fields.join(", ")
-    );
+    params(out, "  ", a, |p| named.contains(p));
+    let state: Vec<&str> = a
+        .state
+        .iter()
+        .map(String::as_str)
+        .filter(|f| named.contains(f))
+        .collect();
+    let fields: Vec<String> = state.iter().map(|f| format!("st.{f}")).collect();
+    if !state.is_empty() {
+        let _ = writeln!(out, "  local {} = {}", state.join(", "), fields.join(", "));
+    }
     if !step.outs.is_empty() {
         let _ = writeln!(out, "  local {}", step.outs.join(", "));
     }
@@ -263,7 +281,9 @@ fn function(out: &mut String, alg: &str, name: &str, a: &Algorithm) -> Result<()
         out.push_str(line);
         out.push('\n');
     }
-    let _ = writeln!(out, "  {} = {}", fields.join(", "), a.state.join(", "));
+    if !state.is_empty() {
+        let _ = writeln!(out, "  {} = {}", fields.join(", "), state.join(", "));
+    }
     if !step.outs.is_empty() {
         let _ = writeln!(out, "  return {}", step.outs.join(", "));
     }
@@ -282,7 +302,7 @@ fn instance(out: &mut String, alg: &str, a: &Algorithm, template: &[String]) -> 
                 out.push('\n');
             }
             Some("locals") => {
-                params(out, &indent, a);
+                params(out, &indent, a, |_| true);
                 let _ = writeln!(out, "{indent}local {}", a.state.join(", "));
             }
             Some(d) => {
