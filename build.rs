@@ -60,13 +60,25 @@ fn main() {
     println!("cargo:rerun-if-changed=lua");
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let mut source = String::new();
+    // where each file starts in `source`, in lines
+    let mut starts = Vec::new();
     for file in FILES {
         println!("cargo:rerun-if-changed=lua/{file}.lua");
         let path = format!("{dir}/lua/{file}.lua");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        starts.push((source.lines().count(), file));
         source.push_str(&text);
     }
-    let library = expand(&source).unwrap_or_else(|e| panic!("lua/: {e}"));
+    let library = expand(&source).unwrap_or_else(|(line, e)| {
+        // the file that holds the line (0-based in `source`)
+        let (start, file) = starts
+            .iter()
+            .rev()
+            .find(|(start, _)| *start <= line)
+            .copied()
+            .unwrap_or((0, "?"));
+        panic!("lua/{file}.lua:{}: {e}", line - start + 1)
+    });
     let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
     std::fs::write(format!("{out}/library.lua"), library).expect("write library.lua");
 }
@@ -98,21 +110,23 @@ fn directive(line: &str) -> Option<&str> {
 }
 
 /// The lines up to `--: end` after line `i`, and the index of that line.
-fn block(lines: &[&str], i: usize) -> Result<(Vec<String>, usize), String> {
+fn block(lines: &[&str], i: usize) -> Result<(Vec<String>, usize), (usize, String)> {
     let mut body = Vec::new();
     for (j, line) in lines.iter().enumerate().skip(i + 1) {
         match directive(line) {
             Some("end") => return Ok((body, j)),
             Some(other) if !other.starts_with("inline") && other != "locals" => {
-                return Err(format!("line {}: `--: {other}` inside a block", j + 1))
+                return Err((j, format!("`--: {other}` inside a block")))
             }
             _ => body.push((*line).to_owned()),
         }
     }
-    Err(format!("line {}: block without `--: end`", i + 1))
+    Err((i, "a block without `--: end`".to_owned()))
 }
 
-fn expand(source: &str) -> Result<String, String> {
+/// The library: `source` with its directives expanded; an error names the
+/// line (0-based) of the directive it concerns.
+fn expand(source: &str) -> Result<String, (usize, String)> {
     let lines: Vec<&str> = source.lines().collect();
     // First pass: every algorithm's state, parameters and steps, and the
     // templates, wherever they are.
@@ -129,19 +143,21 @@ fn expand(source: &str) -> Result<String, String> {
             "stored" => {
                 let (head, list) = rest
                     .split_once(':')
-                    .ok_or_else(|| format!("line {}: `--: stored alg T: fields`", i + 1))?;
+                    .ok_or_else(|| (i, format!("`--: stored alg T: fields`")))?;
                 let (alg, tag) = head
                     .trim()
                     .split_once(' ')
-                    .ok_or_else(|| format!("line {}: `--: stored alg T: fields`", i + 1))?;
+                    .ok_or_else(|| (i, format!("`--: stored alg T: fields`")))?;
                 let a = algorithms.entry(alg.to_owned()).or_default();
-                a.steps
-                    .insert("load".to_owned(), load(tag.trim(), &names(list))?);
+                a.steps.insert(
+                    "load".to_owned(),
+                    load(tag.trim(), &names(list)).map_err(|e| (i, e))?,
+                );
             }
             "state" | "params" => {
                 let (alg, list) = rest
                     .split_once(':')
-                    .ok_or_else(|| format!("line {}: `--: {word} alg: names`", i + 1))?;
+                    .ok_or_else(|| (i, format!("`--: {word} alg: names`")))?;
                 let a = algorithms.entry(alg.trim().to_owned()).or_default();
                 let target = if word == "state" {
                     &mut a.state
@@ -153,13 +169,16 @@ fn expand(source: &str) -> Result<String, String> {
             "step" => {
                 let (alg, sig) = rest
                     .split_once(' ')
-                    .ok_or_else(|| format!("line {}: `--: step alg name(...)`", i + 1))?;
-                let (name, args, outs) = signature(sig)?;
+                    .ok_or_else(|| (i, format!("`--: step alg name(...)`")))?;
+                let (name, args, outs) = signature(sig).map_err(|e| (i, e))?;
                 let (body, end) = block(&lines, i)?;
                 if let Some(line) = body.iter().find(|l| l.trim_start().starts_with("return")) {
-                    return Err(format!(
-                        "step {alg} {name}: `{}`: a step assigns its results",
-                        line.trim()
+                    return Err((
+                        i,
+                        format!(
+                            "step {alg} {name}: `{}`: a step assigns its results",
+                            line.trim()
+                        ),
                     ));
                 }
                 let a = algorithms.entry(alg.to_owned()).or_default();
@@ -172,7 +191,7 @@ fn expand(source: &str) -> Result<String, String> {
                 i = end;
             }
             "one" | "end" | "locals" | "inline" => {}
-            _ => return Err(format!("line {}: unknown directive `--: {d}`", i + 1)),
+            _ => return Err((i, format!("unknown directive `--: {d}`"))),
         }
         i += 1;
     }
@@ -192,25 +211,25 @@ fn expand(source: &str) -> Result<String, String> {
         match word {
             "step" => {
                 let (alg, sig) = rest.split_once(' ').unwrap_or((rest, ""));
-                let (name, _, _) = signature(sig)?;
+                let (name, _, _) = signature(sig).map_err(|e| (i, e))?;
                 let a = &algorithms[alg];
-                function(&mut out, alg, &name, a)?;
+                function(&mut out, alg, &name, a).map_err(|e| (i, e))?;
                 i = block(&lines, i)?.1;
             }
             "template" => i = block(&lines, i)?.1,
             "stored" => {
                 let alg = rest.split(' ').next().unwrap_or_default();
-                function(&mut out, alg, "load", &algorithms[alg])?;
+                function(&mut out, alg, "load", &algorithms[alg]).map_err(|e| (i, e))?;
             }
             "one" => {
                 let (alg, table) = rest.split_once(' ').unwrap_or((rest, rest));
                 let a = algorithms
                     .get(alg)
-                    .ok_or_else(|| format!("`--: one {alg}`: no such algorithm"))?;
+                    .ok_or_else(|| (i, format!("`--: one {alg}`: no such algorithm")))?;
                 let template = templates
                     .get("one")
-                    .ok_or("`--: one` without `--: template one`")?;
-                instance(&mut out, alg, a, template)?;
+                    .ok_or_else(|| (i, "`--: one` without `--: template one`".to_owned()))?;
+                instance(&mut out, alg, a, template).map_err(|e| (i, e))?;
                 let mut steps: Vec<&String> = a.steps.keys().collect();
                 steps.sort();
                 let _ = writeln!(out, "local {table} = {{");
