@@ -143,11 +143,11 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
             "stored" => {
                 let (head, list) = rest
                     .split_once(':')
-                    .ok_or_else(|| (i, format!("`--: stored alg T: fields`")))?;
+                    .ok_or_else(|| (i, "`--: stored alg T: fields`".to_owned()))?;
                 let (alg, tag) = head
                     .trim()
                     .split_once(' ')
-                    .ok_or_else(|| (i, format!("`--: stored alg T: fields`")))?;
+                    .ok_or_else(|| (i, "`--: stored alg T: fields`".to_owned()))?;
                 let a = algorithms.entry(alg.to_owned()).or_default();
                 a.steps.insert(
                     "load".to_owned(),
@@ -169,7 +169,7 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
             "step" => {
                 let (alg, sig) = rest
                     .split_once(' ')
-                    .ok_or_else(|| (i, format!("`--: step alg name(...)`")))?;
+                    .ok_or_else(|| (i, "`--: step alg name(...)`".to_owned()))?;
                 let (name, args, outs) = signature(sig).map_err(|e| (i, e))?;
                 let (body, end) = block(&lines, i)?;
                 if let Some(line) = body.iter().find(|l| l.trim_start().starts_with("return")) {
