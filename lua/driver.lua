@@ -224,7 +224,7 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from)
   --: locals
   local cost, i = s[6], 1
   --: inline load(keys, i)
-  local now = store_now
+  local now = store_now -- believed(store_now, written, s.h), written out
   if written > now and written - now <= s.h then now = written end
   --: inline prepare(now)
   -- a fresh state (one that allows any cost up to the capacity now, as
