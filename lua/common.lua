@@ -47,15 +47,8 @@ local function fdiv(a, b) -- floor(a / b) for integers, b > 0
   return (a - r) / b
 end
 
-local function cdiv(a, b) -- ceil(a / b) = -fdiv(-a, b) for integers, b > 0
-  -- (fdiv's body, not a call to it: a Lua call costs more than these lines)
-  local r = -a % b
-  if r < 0 then
-    r = r + b
-  elseif r >= b then
-    r = r - b
-  end
-  return (a + r) / b
+local function cdiv(a, b) -- ceil(a / b) for integers, b > 0
+  return -fdiv(-a, b)
 end
 
 local function fmod(a, b) -- a mod b in [0, b), exact
