@@ -68,8 +68,8 @@ end
   local m = now % w -- the window of now: now - fmod(now, w)
   if m < 0 then m = m + w elseif m >= w then m = m - w end
   if start < now - m then
-    if start ~= now - m - w then cur = 0 end
-    start, prev, cur, kept = now - m, cur, 0, false
+    if start >= 0 then prev, cur = sw_counts(start, prev, cur, now - m, w) end
+    start, kept = now - m, false
   end
   -- nothing counted: any cost up to N fits now
   fresh = prev == 0 and cur == 0 and start <= now
