@@ -213,13 +213,13 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                 let (alg, sig) = rest.split_once(' ').unwrap_or((rest, ""));
                 let (name, _, _) = signature(sig).map_err(|e| (i, e))?;
                 let a = &algorithms[alg];
-                function(&mut out, alg, &name, a).map_err(|e| (i, e))?;
+                function(&mut out, alg, &name, a);
                 i = block(&lines, i)?.1;
             }
             "template" => i = block(&lines, i)?.1,
             "stored" => {
                 let alg = rest.split(' ').next().unwrap_or_default();
-                function(&mut out, alg, "load", &algorithms[alg]).map_err(|e| (i, e))?;
+                function(&mut out, alg, "load", &algorithms[alg]);
             }
             "one" => {
                 let (alg, table) = rest.split_once(' ').unwrap_or((rest, rest));
@@ -276,7 +276,7 @@ fn words(lines: &[String]) -> HashSet<&str> {
 
 /// A step as a function over the state table `st` and the spec `s`: the
 /// fields and parameters its body names, as locals, and the fields back.
-fn function(out: &mut String, alg: &str, name: &str, a: &Algorithm) -> Result<(), String> {
+fn function(out: &mut String, alg: &str, name: &str, a: &Algorithm) {
     let step = &a.steps[name];
     let named = words(&step.body);
     let mut args = vec!["st".to_owned(), "s".to_owned()];
@@ -307,7 +307,6 @@ fn function(out: &mut String, alg: &str, name: &str, a: &Algorithm) -> Result<()
         let _ = writeln!(out, "  return {}", step.outs.join(", "));
     }
     out.push_str("end\n");
-    Ok(())
 }
 
 /// The template with `ALG_` named for the algorithm, `--: locals` its
