@@ -206,6 +206,15 @@ impl RedisStore {
     /// takes it as it is), for a deployment that loads it ahead of time or
     /// reviews what runs on its Redis. A store loads it by itself where it
     /// is missing.
+    ///
+    /// ```
+    /// use tower_ratelimit::RedisStore;
+    ///
+    /// let library = RedisStore::library();
+    /// let name = RedisStore::function_name();
+    /// assert!(library.starts_with(&format!("#!lua name={name}\n")));
+    /// assert!(library.contains(&format!("function_name = '{name}'")));
+    /// ```
     pub fn library() -> &'static str {
         &DELIVERY.library
     }
