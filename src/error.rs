@@ -57,6 +57,11 @@ pub enum ConfigError {
     /// way to choose them or the reverse.
     #[error("invalid tiers: {0}")]
     Tiers(String),
+    /// A [`LiveLimit`](crate::LiveLimit) or [`LiveLimits`](crate::LiveLimits)
+    /// refused a new value: another name, or a set that misses a limit or
+    /// has one too many. The current values stay.
+    #[error("live limits unchanged: {0}")]
+    Live(String),
     /// A limit read from a configuration file has a missing, misplaced or
     /// invalid field.
     #[error("limit {limit:?}: `{field}` {problem}")]

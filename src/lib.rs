@@ -101,6 +101,7 @@ pub mod key;
 pub mod layer;
 mod limit;
 mod limiter;
+mod live;
 pub mod metrics;
 mod quota;
 pub mod store;
@@ -123,6 +124,7 @@ pub use error::{ConfigError, Error};
 
 pub use limit::Limit;
 pub use limiter::{Grant, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
+pub use live::{LimitSource, LiveLimit, LiveLimits};
 pub use quota::{Algorithm, Burst, Quota, Rate};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]

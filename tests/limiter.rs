@@ -224,7 +224,7 @@ async fn acquire_on_redis_waits_for_its_reservation() {
     );
     assert_keys_expire(
         &prefix,
-        state_lifetime(limiter.limits(), Duration::from_secs(2)),
+        state_lifetime(&limiter.limits(), Duration::from_secs(2)),
     );
 }
 
@@ -418,7 +418,7 @@ async fn huge_and_crafted_keys_stay_bounded_and_apart() {
             .all(|k| k.matches('{').count() == 1 && k.matches('}').count() == 1),
         "{keys:?}"
     );
-    assert_keys_expire(&prefix, state_lifetime(limiter.limits(), Duration::ZERO));
+    assert_keys_expire(&prefix, state_lifetime(&limiter.limits(), Duration::ZERO));
 }
 
 #[tokio::test]

@@ -103,7 +103,9 @@ use self::response::HeaderSet;
 use self::rule::{CompiledRule, RequestPredicate, ResponsePredicate};
 use crate::key::KeyExtractor;
 use crate::store::Store;
-use crate::{ConfigError, Decision, Error, Limit, Limiter, MemoryStore, DEFAULT_TIMEOUT};
+use crate::{
+    ConfigError, Decision, Error, Limit, LimitSource, Limiter, MemoryStore, DEFAULT_TIMEOUT,
+};
 
 /// The default of [`RateLimitLayerBuilder::max_waiting`]: requests that may
 /// wait in delay mode at once, per layer.
@@ -223,8 +225,9 @@ impl std::fmt::Debug for RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// One limit per `key`, in memory, with the defaults.
-    pub fn new(limit: Limit, key: impl KeyExtractor) -> Self {
+    /// One limit (fixed or [live](crate::LiveLimit)) per `key`, in memory,
+    /// with the defaults.
+    pub fn new(limit: impl Into<LimitSource>, key: impl KeyExtractor) -> Self {
         let layer = Self::builder().limit(limit, key).build();
         // One validated limit with cost 1 and no other setting cannot fail.
         layer.unwrap_or_else(|e| unreachable!("a single limit is always valid: {e}"))
@@ -299,9 +302,10 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Adds a limit counted per `key`. All limits are decided together in one
-    /// store round trip: a request passes only if every limit grants it.
-    pub fn limit(self, limit: Limit, key: impl KeyExtractor) -> Self {
+    /// Adds a limit (fixed or [live](crate::LiveLimit)) counted per `key`.
+    /// All limits are decided together in one store round trip: a request
+    /// passes only if every limit grants it.
+    pub fn limit(self, limit: impl Into<LimitSource>, key: impl KeyExtractor) -> Self {
         self.rule(Rule::new(limit, key))
     }
 
@@ -500,10 +504,11 @@ impl RateLimitLayerBuilder {
                 )));
             }
         }
+        let fixed_cost = self.cost.is_none().then_some(self.fixed_cost);
         let rules = self
             .rules
             .into_iter()
-            .map(|rule| rule.compile(&self.on_missing))
+            .map(|rule| rule.compile(&self.on_missing, fixed_cost))
             .collect::<Result<Vec<CompiledRule>, ConfigError>>()?;
         if self.cost.is_none() {
             let every = rules.iter().flat_map(CompiledRule::limits);
@@ -517,7 +522,7 @@ impl RateLimitLayerBuilder {
                 }
             }
         }
-        let limits: Vec<Limit> = rules.iter().map(|r| r.limit().clone()).collect();
+        let limits: Vec<LimitSource> = rules.iter().map(|r| r.limit().clone()).collect();
         let with_limits = |builder: crate::LimiterBuilder| {
             limits
                 .iter()
@@ -528,7 +533,7 @@ impl RateLimitLayerBuilder {
         let limiter = with_limits(Limiter::builder_shared(store.clone()))?;
         if let Some(registry) = store.quotas() {
             for rule in &rules {
-                registry.register_key(rule.limit(), &rule.key_kind);
+                registry.register_key(rule.limit().name(), &rule.key_kind);
             }
         }
         let fallback = match self.on_error {
@@ -542,7 +547,8 @@ impl RateLimitLayerBuilder {
         };
         // The same `RateLimit-Policy` for every response that lists every
         // enforced limit, unless a request's quota or name can vary.
-        let shown: Vec<&Limit> = limits.iter().filter(|l| !l.is_shadow()).collect();
+        let current: Vec<Limit> = limits.iter().map(|l| Limit::clone(&l.load())).collect();
+        let shown: Vec<&Limit> = current.iter().filter(|l| !l.is_shadow()).collect();
         let policy = if rules.iter().any(CompiledRule::varies) {
             None
         } else {
@@ -561,7 +567,7 @@ impl RateLimitLayerBuilder {
             && !rules
                 .iter()
                 .flat_map(CompiledRule::limits)
-                .any(Limit::is_shadow);
+                .any(|l| l.is_shadow());
         Ok(RateLimitLayer {
             config: Arc::new(Config {
                 limiter,

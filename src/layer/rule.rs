@@ -7,7 +7,8 @@ use http::response::Parts as ResponseParts;
 
 use super::MissingKey;
 use crate::key::{KeyExtractor, KeyKind};
-use crate::{ConfigError, Limit, Quota};
+use crate::live::Current;
+use crate::{ConfigError, Limit, LimitSource, Quota};
 
 pub(crate) type RequestPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 pub(crate) type ResponsePredicate = Arc<dyn Fn(&ResponseParts) -> bool + Send + Sync>;
@@ -50,7 +51,7 @@ type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync
 /// ```
 #[must_use]
 pub struct Rule {
-    pub(crate) limit: Limit,
+    pub(crate) limit: LimitSource,
     pub(crate) key: Arc<dyn KeyExtractor>,
     /// What kind of key `key` makes, registered on the store when the layer
     /// is built.
@@ -74,14 +75,16 @@ impl std::fmt::Debug for Rule {
 }
 
 impl Rule {
-    /// `limit`, counted per `key`, with the layer's policies.
+    /// `limit` (fixed, or [live](crate::LiveLimit): every request is decided
+    /// with its value at the time), counted per `key`, with the layer's
+    /// policies.
     ///
     /// Reads the kind of key `key` makes ([`KeyExtractor::key_kind`]) once,
     /// here: a layer built with this rule warns if another layer on the same
     /// store keys the same limit name another way.
-    pub fn new(limit: Limit, key: impl KeyExtractor) -> Self {
+    pub fn new(limit: impl Into<LimitSource>, key: impl KeyExtractor) -> Self {
         Self {
-            limit,
+            limit: limit.into(),
             key_kind: KeyKind::of(&key),
             key: Arc::new(key),
             skip: None,
@@ -131,7 +134,9 @@ impl Rule {
     /// limit is the default tier). Every tier counts in the same limit, under
     /// the same keys: a client moving to another plan keeps what it used.
     /// A tier must use the same algorithm as the limit
-    /// ([`ConfigError::Tiers`] when the layer is built otherwise).
+    /// ([`ConfigError::Tiers`] when the layer is built otherwise, or when a
+    /// [live](crate::LiveLimit) limit is set to another). A tier's quota is
+    /// fixed; its shadow mode is the limit's when the layer is built.
     pub fn tier(mut self, tier: impl Into<String>, quota: Quota) -> Self {
         self.tiers.push((tier.into(), quota));
         self
@@ -167,9 +172,16 @@ impl Rule {
         self
     }
 
-    /// Validates the rule and resolves its policies against the layer's.
-    pub(crate) fn compile(self, layer_missing: &MissingKey) -> Result<CompiledRule, ConfigError> {
+    /// Validates the rule and resolves its policies against the layer's;
+    /// a live limit is told what the layer needs of its values: a fixed
+    /// `cost` it holds, the algorithm of its tiers.
+    pub(crate) fn compile(
+        self,
+        layer_missing: &MissingKey,
+        cost: Option<u64>,
+    ) -> Result<CompiledRule, ConfigError> {
         let name = self.limit.name().to_owned();
+        let current = Limit::clone(&self.limit.load());
         let on_missing = self.on_missing.unwrap_or_else(|| layer_missing.clone());
         if let MissingKey::Reject(status) = &on_missing {
             if status.is_success() || status.is_informational() {
@@ -192,15 +204,14 @@ impl Rule {
             _ => {}
         }
         let keyless = matches!(on_missing, MissingKey::Shared(_));
-        let default = Tier::new(None, self.limit.clone(), keyless);
         let mut tiers: Vec<Tier> = Vec::new();
         for (tier, quota) in self.tiers {
-            if quota.algorithm() != self.limit.quota().algorithm() {
+            if quota.algorithm() != current.quota().algorithm() {
                 return Err(ConfigError::Tiers(format!(
                     "tier {tier:?} of limit {name:?} uses the {} algorithm, the limit the {}: \
                      the tiers of a limit share its state, so they share its algorithm",
                     quota.algorithm(),
-                    self.limit.quota().algorithm()
+                    current.quota().algorithm()
                 )));
             }
             if tiers
@@ -212,11 +223,16 @@ impl Rule {
                 )));
             }
             let mut limit = Limit::new(name.clone(), quota)?;
-            if self.limit.is_shadow() {
+            if current.is_shadow() {
                 limit = limit.shadow();
             }
-            tiers.push(Tier::new(Some(tier), limit, keyless));
+            tiers.push(Tier::new(Some(tier), limit.into(), keyless));
         }
+        if let Some(live) = self.limit.live() {
+            let algorithm = (!tiers.is_empty()).then(|| current.quota().algorithm());
+            live.require(cost, algorithm)?;
+        }
+        let default = Tier::new(None, self.limit, keyless);
         Ok(CompiledRule {
             default,
             tiers,
@@ -233,19 +249,40 @@ impl Rule {
 /// One quota of a rule, with the limit keyless requests count under.
 pub(crate) struct Tier {
     name: Option<String>,
-    pub(crate) limit: Limit,
+    limit: LimitSource,
     /// For [`MissingKey::Shared`]: the same quota under a name no user limit
-    /// can have (`name#keyless`), so its key never meets a real one.
-    pub(crate) keyless: Option<Limit>,
+    /// can have (`name#keyless`), so its key never meets a real one (made
+    /// once for a fixed limit; a live limit's value carries its own).
+    keyless: Option<Option<Limit>>,
 }
 
 impl Tier {
-    fn new(name: Option<String>, limit: Limit, keyless: bool) -> Self {
-        let keyless = keyless.then(|| limit.renamed(format!("{}#keyless", limit.name())));
+    fn new(name: Option<String>, limit: LimitSource, keyless: bool) -> Self {
+        let keyless = keyless.then(|| match limit.live() {
+            Some(_) => None,
+            None => {
+                let limit = limit.load();
+                Some(limit.renamed(format!("{}#keyless", limit.name())))
+            }
+        });
         Self {
             name,
             limit,
             keyless,
+        }
+    }
+
+    /// The limit a request with its key is decided with now.
+    pub(crate) fn limit(&self) -> Current<'_> {
+        self.limit.load()
+    }
+
+    /// The limit a request without its key is counted under now, for
+    /// [`MissingKey::Shared`].
+    pub(crate) fn keyless(&self) -> Current<'_> {
+        match &self.keyless {
+            Some(Some(fixed)) => Current::Fixed(fixed),
+            _ => self.limit.load().keyless(),
         }
     }
 }
@@ -264,22 +301,24 @@ pub(crate) struct CompiledRule {
 }
 
 impl CompiledRule {
-    /// Every limit of the rule: its tiers.
-    pub(crate) fn limits(&self) -> impl Iterator<Item = &Limit> {
+    /// Every limit of the rule as it is now: its tiers.
+    pub(crate) fn limits(&self) -> impl Iterator<Item = Current<'_>> {
         std::iter::once(&self.default)
             .chain(&self.tiers)
-            .map(|t| &t.limit)
+            .map(Tier::limit)
     }
 
     /// The default tier's limit.
-    pub(crate) fn limit(&self) -> &Limit {
+    pub(crate) fn limit(&self) -> &LimitSource {
         &self.default.limit
     }
 
-    /// Whether a request's quota can differ from the default's, or a
-    /// keyless request be counted under another name.
+    /// Whether a request's quota can differ from the default's (tiers, a
+    /// live limit), or a keyless request be counted under another name.
     pub(crate) fn varies(&self) -> bool {
-        !self.tiers.is_empty() || self.default.keyless.is_some()
+        !self.tiers.is_empty()
+            || self.default.keyless.is_some()
+            || self.default.limit.live().is_some()
     }
 
     /// The tier of this request.

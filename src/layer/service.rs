@@ -18,6 +18,7 @@ use smallvec::SmallVec;
 use super::future::ResponseFuture;
 use super::{Config, MissingKey, OnStoreError, RateLimitInfo, Rejection, ResponseBody};
 use crate::limiter::{Refund, RefundOnDrop};
+use crate::live::Current;
 use crate::{Decision, Error, Grant, Limit, Limiter};
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
@@ -88,7 +89,7 @@ fn refused<B>(config: &Config, decision: &Decision, shown: &Decision) -> Respons
 
 /// The limits that apply to a request: (limit, key, rule) each, or the
 /// answer to a request without a key that its rule refuses.
-type Chosen<'a> = SmallVec<[(&'a Limit, KeyBuf, usize); 2]>;
+type Chosen<'a> = SmallVec<[(Current<'a>, KeyBuf, usize); 2]>;
 
 // (the answer is returned once per refused request: not worth a box)
 #[allow(clippy::result_large_err)]
@@ -105,11 +106,10 @@ fn choose<'a, B>(
         let mut key = KeyBuf::new();
         let found = rule.key.extract_into(parts, &mut key);
         match (found, &rule.on_missing) {
-            (true, _) => chosen.push((&tier.limit, key, i)),
+            (true, _) => chosen.push((tier.limit(), key, i)),
             (false, MissingKey::Skip) => {}
             (false, MissingKey::Shared(key)) => {
-                let limit = tier.keyless.as_ref().unwrap_or(&tier.limit);
-                chosen.push((limit, KeyBuf::from(key.as_bytes()), i));
+                chosen.push((tier.keyless(), KeyBuf::from(key.as_bytes()), i));
             }
             (false, MissingKey::Reject(status)) => {
                 let name = rule.limit().name();
@@ -284,7 +284,7 @@ fn cost_of(config: &Config, parts: &Parts) -> u64 {
 fn pairs_of<'a>(chosen: &'a Chosen<'_>) -> SmallVec<[(&'a Limit, &'a [u8]); 2]> {
     chosen
         .iter()
-        .map(|(limit, key, _)| (*limit, key.as_bytes()))
+        .map(|(limit, key, _)| (&**limit, key.as_bytes()))
         .collect()
 }
 

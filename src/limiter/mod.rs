@@ -22,12 +22,16 @@ use self::deny_cache::DenyCache;
 pub use self::grant::Grant;
 pub(crate) use self::grant::{Refund, RefundOnDrop};
 use crate::decision::Decision;
+use crate::live::Current;
 use crate::metrics::StoreTimer;
 use crate::store::{Answer, Check, Store};
-use crate::{ConfigError, Error, Limit};
+use crate::{ConfigError, Error, Limit, LimitSource};
 
 /// The checks of one decision: inline for the usual few limits.
 type Checks<'a> = SmallVec<[Check<'a>; 2]>;
+
+/// The limits of one decision as read when it began (see [`LimitSource`]).
+type Limits<'a> = SmallVec<[Current<'a>; 2]>;
 
 /// A cache of denials for a store shared over a network, on the clock the
 /// store decides on (its own when it has one).
@@ -52,7 +56,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 
 struct Inner {
     store: Arc<dyn Store>,
-    limits: Vec<Limit>,
+    limits: Vec<LimitSource>,
     timeout: Duration,
     /// Denials known to hold, for a remote store (see [`DenyCache`]).
     denials: Option<DenyCache>,
@@ -97,7 +101,7 @@ impl std::fmt::Debug for Limiter {
 #[must_use]
 pub struct LimiterBuilder {
     store: Arc<dyn Store>,
-    limits: Vec<Limit>,
+    limits: Vec<LimitSource>,
     timeout: Duration,
     cache_denials: bool,
 }
@@ -111,9 +115,10 @@ impl std::fmt::Debug for LimiterBuilder {
 }
 
 impl LimiterBuilder {
-    /// Adds a limit. All limits are decided together.
-    pub fn limit(mut self, limit: Limit) -> Self {
-        self.limits.push(limit);
+    /// Adds a limit, fixed or [live](crate::LiveLimit). All limits are
+    /// decided together.
+    pub fn limit(mut self, limit: impl Into<LimitSource>) -> Self {
+        self.limits.push(limit.into());
         self
     }
 
@@ -153,9 +158,7 @@ impl LimiterBuilder {
                 return Err(ConfigError::DuplicateName(limit.name().to_owned()));
             }
         }
-        if let Some(quotas) = self.store.quotas() {
-            quotas.register(&self.limits);
-        }
+        register(&*self.store, &self.limits);
         Ok(Limiter {
             inner: Arc::new(Inner {
                 denials: denials_for(&*self.store).filter(|_| self.cache_denials),
@@ -168,11 +171,10 @@ impl LimiterBuilder {
 }
 
 impl Limiter {
-    /// A limiter with one limit.
-    pub fn new(store: impl Store, limit: Limit) -> Self {
-        if let Some(quotas) = store.quotas() {
-            quotas.register(std::slice::from_ref(&limit));
-        }
+    /// A limiter with one limit, fixed or [live](crate::LiveLimit).
+    pub fn new(store: impl Store, limit: impl Into<LimitSource>) -> Self {
+        let limit = limit.into();
+        register(&store, std::slice::from_ref(&limit));
         Self {
             inner: Arc::new(Inner {
                 denials: denials_for(&store),
@@ -203,9 +205,15 @@ impl Limiter {
         }
     }
 
-    /// The limits, in order.
-    pub fn limits(&self) -> &[Limit] {
-        &self.inner.limits
+    /// The limits, in order, as they are now (a [live](crate::LiveLimit)
+    /// one's current value).
+    pub fn limits(&self) -> Vec<Limit> {
+        self.current().iter().map(|l| Limit::clone(l)).collect()
+    }
+
+    /// The limits as a decision beginning now reads them.
+    fn current(&self) -> Limits<'_> {
+        self.inner.limits.iter().map(LimitSource::load).collect()
     }
 
     /// The store call timeout.
@@ -220,9 +228,10 @@ impl Limiter {
     pub async fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         // One limit over a store that answers at once: straight through.
         if let [limit] = &self.inner.limits[..] {
+            let limit = limit.load();
             if !limit.is_shadow() {
                 let check = [Check {
-                    limit,
+                    limit: &limit,
                     key: key.as_ref(),
                     cost: Self::cost(cost),
                 }];
@@ -262,7 +271,8 @@ impl Limiter {
 
     /// Like [`peek`](Self::peek), for a request of `cost`.
     pub async fn peek_cost(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
-        let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), cost);
+        let limits = self.current();
+        let checks = Self::checks(limits.iter().map(|l| (&**l, key.as_ref())), cost);
         self.run(&checks, Duration::ZERO, true).await
     }
 
@@ -304,7 +314,8 @@ impl Limiter {
         max_wait: Duration,
     ) -> Result<Grant, Error> {
         Self::within_max_wait(max_wait)?;
-        let checks = self.keyed_checks(keys, cost)?;
+        let limits = self.current();
+        let checks = Self::keyed_checks(&limits, keys, cost)?;
         let decision = self.run(&checks, max_wait, false).await?;
         let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
         Ok(Grant::new(decision, refund))
@@ -336,7 +347,8 @@ impl Limiter {
             return self.check_refundable(key, 0).await;
         }
         let keys = [key];
-        let mut checks = self.keyed_checks(&keys, most)?;
+        let limits = self.current();
+        let mut checks = Self::keyed_checks(&limits, &keys, most)?;
         // limits in shadow mode never refuse, so they take no part
         checks.retain(|c| !c.limit.is_shadow());
         if checks.is_empty() {
@@ -388,10 +400,12 @@ impl Limiter {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        let decision = self.decide(&[key.as_ref()], cost, max_wait).await?;
+        Self::within_max_wait(max_wait)?;
+        let limits = self.current();
+        let key = key.as_ref();
+        let checks = Self::checks(limits.iter().map(|l| (&**l, key)), cost);
+        let decision = self.run(&checks, max_wait, false).await?;
         if decision.is_allowed() && !decision.wait().is_zero() {
-            let key = key.as_ref();
-            let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key)), cost);
             let charged = Self::charged(&checks, &decision);
             let guard = RefundOnDrop::new(Refund::of(self, &decision, charged));
             tokio::time::sleep(decision.wait()).await;
@@ -412,7 +426,8 @@ impl Limiter {
         max_wait: Duration,
     ) -> Result<Decision, Error> {
         Self::within_max_wait(max_wait)?;
-        let checks = self.keyed_checks(keys, cost)?;
+        let limits = self.current();
+        let checks = Self::keyed_checks(&limits, keys, cost)?;
         self.run(&checks, max_wait, false).await
     }
 
@@ -426,11 +441,10 @@ impl Limiter {
 
     /// One check per limit: `keys[i]` for limit `i`, or one key for all.
     fn keyed_checks<'a, K: AsRef<[u8]>>(
-        &'a self,
+        limits: &'a [Current<'_>],
         keys: &'a [K],
         cost: u64,
     ) -> Result<Checks<'a>, Error> {
-        let limits = &self.inner.limits;
         if keys.len() != 1 && keys.len() != limits.len() {
             return Err(Error::KeyCount {
                 expected: limits.len(),
@@ -440,7 +454,7 @@ impl Limiter {
         let pairs = limits
             .iter()
             .enumerate()
-            .map(|(i, l)| (l, keys[i.min(keys.len() - 1)].as_ref()));
+            .map(|(i, l)| (&**l, keys[i.min(keys.len() - 1)].as_ref()));
         Ok(Self::checks(pairs, cost))
     }
 
@@ -499,7 +513,8 @@ impl Limiter {
 
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
-        let checks = Self::checks(self.inner.limits.iter().map(|l| (l, key.as_ref())), 0);
+        let limits = self.current();
+        let checks = Self::checks(limits.iter().map(|l| (&**l, key.as_ref())), 0);
         if let (Some(denials), Some(check)) = (&self.inner.denials, checks.first()) {
             denials.forget(check.key);
         }
@@ -530,5 +545,18 @@ impl Limiter {
             return Box::pin(self.run_shadow_ahead(checks, max_wait, dry)).await;
         }
         self.run_once(checks, max_wait, dry, true).await
+    }
+}
+
+/// Registers the fixed limits among `limits` on the store, which warns about
+/// a name used with two quotas (a live limit changes its quota by design).
+fn register(store: &dyn Store, limits: &[LimitSource]) {
+    if let Some(quotas) = store.quotas() {
+        let fixed: Vec<Limit> = limits
+            .iter()
+            .filter(|l| l.live().is_none())
+            .map(|l| Limit::clone(&l.load()))
+            .collect();
+        quotas.register(&fixed);
     }
 }

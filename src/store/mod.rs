@@ -172,14 +172,12 @@ pub(crate) mod backend {
 
         /// Records that a layer keys `limit` by `kind`, warning about a name
         /// already keyed by another kind.
-        pub(crate) fn register_key(&self, limit: &crate::Limit, kind: &crate::key::KeyKind) {
+        pub(crate) fn register_key(&self, name: &'static str, kind: &crate::key::KeyKind) {
             let mut keyed = self
                 .keyed
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let (first, warned) = keyed
-                .entry(limit.shared_name())
-                .or_insert_with(|| (kind.clone(), false));
+            let (first, warned) = keyed.entry(name).or_insert_with(|| (kind.clone(), false));
             if first != kind && !*warned {
                 *warned = true;
                 let (first_text, text) = (first.to_string(), kind.to_string());
@@ -190,12 +188,12 @@ pub(crate) mod backend {
                 };
                 tracing::warn!(
                     target: "tower_ratelimit",
-                    limit = limit.name(),
+                    limit = name,
                     "limit {:?} is keyed two ways on one store, by {} and by {}{}: both count \
                      in the same buckets wherever their key texts meet, so a client can spend \
                      another's (an API key written as an IP address drains that address). Give \
                      each its own limit name, or key both layers with one extractor.",
-                    limit.name(),
+                    name,
                     first_text,
                     text,
                     alike

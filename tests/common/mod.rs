@@ -184,7 +184,7 @@ pub const PATIENT: Duration = Duration::from_secs(10);
 /// One limit over `store`, patient with the store, asking it every time.
 pub fn patient_limiter(
     store: impl tower_ratelimit::Store,
-    limit: tower_ratelimit::Limit,
+    limit: impl Into<tower_ratelimit::LimitSource>,
 ) -> tower_ratelimit::Limiter {
     tower_ratelimit::Limiter::builder(store)
         .limit(limit)
