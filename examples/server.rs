@@ -20,7 +20,9 @@
 //! answers 503; `open` lets requests through unlimited; `memory` enforces the
 //! limits in this process until Redis is back), `LIMITS_FILE` (a TOML file
 //! with the limits `per-ip`, `hello` and `sms`, such as
-//! `examples/limits.toml`; default: the built-in limits below),
+//! `examples/limits.toml`; default: the built-in limits below; read again
+//! when it changes and on `SIGHUP`, a file with a mistake logged and the
+//! limits in force kept),
 //! `INTERNAL_TOKEN` (when set, a request whose `X-Internal-Token` equals it
 //! is exempt from every limit; compared in constant time), `API_KEYS`
 //! (comma-separated `key=plan` pairs, the plan `free` or `pro`: the API keys
@@ -69,60 +71,117 @@ use tower_ratelimit::key::{ClientIp, ClientIpResolver, KeyExtractor, RequestExte
 use tower_ratelimit::layer::{
     OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
 };
-use tower_ratelimit::{Limit, MemoryStore, Quota, RedisStore, RedisStoreBuilder, Store};
+use tower_ratelimit::{
+    Limit, LiveLimit, LiveLimits, MemoryStore, Quota, RedisStore, RedisStoreBuilder, Store,
+};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// The limits the routes use.
+/// The limits the routes use, live: a new reading of `LIMITS_FILE` takes
+/// effect on the next request of every route, with no restart.
 struct Limits {
-    per_ip: Limit,
-    hello: Limit,
-    sms: Limit,
+    all: LiveLimits,
 }
 
 impl Limits {
     /// The built-in limits (the same as `examples/limits.toml`).
-    fn built_in() -> Result<Limits, Error> {
-        Ok(Limits {
-            per_ip: Limit::new(
+    fn built_in() -> Result<Vec<Limit>, Error> {
+        Ok(vec![
+            Limit::new(
                 "per-ip",
                 Quota::per_second(100).allow_burst(100).token_bucket(),
             )?,
-            hello: Limit::new("hello", Quota::per_second(10).allow_burst(10).gcra())?,
-            sms: Limit::new("sms", Quota::per_minute(3).sliding_log())?,
-        })
+            Limit::new("hello", Quota::per_second(10).allow_burst(10).gcra())?,
+            Limit::new("sms", Quota::per_minute(3).sliding_log())?,
+        ])
     }
 
     /// The limits of a TOML file: `[[limits]]` tables named `per-ip`,
     /// `hello` and `sms`.
-    fn from_file(path: &str) -> Result<Limits, Error> {
+    fn read(path: &std::path::Path) -> Result<Vec<Limit>, Error> {
         #[derive(Deserialize)]
         struct File {
             limits: Vec<Limit>,
         }
-        let text = std::fs::read_to_string(path).map_err(|e| format!("LIMITS_FILE {path}: {e}"))?;
-        let file: File = toml::from_str(&text).map_err(|e| format!("LIMITS_FILE {path}: {e}"))?;
-        let mut limits = Limits::built_in()?;
-        let mut missing = vec!["per-ip", "hello", "sms"];
-        for limit in file.limits {
-            let slot = match limit.name() {
-                "per-ip" => &mut limits.per_ip,
-                "hello" => &mut limits.hello,
-                "sms" => &mut limits.sms,
-                other => {
-                    return Err(format!(
-                        "LIMITS_FILE {path}: unknown limit {other:?} (this server has per-ip, hello and sms)"
-                    )
-                    .into())
+        let text = std::fs::read_to_string(path)?;
+        let file: File = toml::from_str(&text)?;
+        Ok(file.limits)
+    }
+
+    /// The built-in limits, or those of the file at `path`.
+    fn new(path: Option<&std::path::Path>) -> Result<Limits, Error> {
+        let all = LiveLimits::new(Self::built_in()?)?;
+        if let Some(path) = path {
+            let read = Self::read(path).and_then(|limits| Ok(all.update(limits)?));
+            read.map_err(|e| format!("LIMITS_FILE {}: {e}", path.display()))?;
+        }
+        Ok(Limits { all })
+    }
+
+    fn get(&self, name: &str) -> Result<LiveLimit, Error> {
+        Ok(self.all.get(name).ok_or("no such limit")?)
+    }
+
+    /// Reads the file at `path` again: the new limits take effect at once,
+    /// or, when the file is wrong, the current ones stay and the log says
+    /// why (the limit and the field).
+    fn reload(&self, path: &std::path::Path) {
+        match Self::read(path).and_then(|limits| Ok(self.all.update(limits)?)) {
+            Ok(changed) if changed.is_empty() => {
+                tracing::info!("LIMITS_FILE {}: read again, no change", path.display())
+            }
+            Ok(changed) => tracing::info!(
+                "LIMITS_FILE {}: in force now for {}",
+                path.display(),
+                changed.join(", ")
+            ),
+            Err(e) => tracing::error!(
+                "LIMITS_FILE {}: not applied, the limits stay as they were: {e}",
+                path.display()
+            ),
+        }
+    }
+
+    /// Reloads the file at `path` whenever it changes (written in place, or
+    /// replaced as editors and config managers do: the folder is watched)
+    /// and on `SIGHUP`, for as long as the server runs.
+    fn watch(self: Arc<Self>, path: std::path::PathBuf) -> Result<(), Error> {
+        use notify::Watcher;
+        let (changed, mut changes) = tokio::sync::mpsc::channel::<()>(1);
+        let name = path.file_name().map(ToOwned::to_owned);
+        let on_event = changed.clone();
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                let ours = event.is_ok_and(|event| {
+                    !event.kind.is_access()
+                        && event.paths.iter().any(|p| p.file_name() == name.as_deref())
+                });
+                if ours {
+                    // a reload already pending reads this change too
+                    let _ = on_event.try_send(());
                 }
-            };
-            missing.retain(|name| *name != limit.name());
-            *slot = limit;
-        }
-        if !missing.is_empty() {
-            return Err(format!("LIMITS_FILE {path}: no limit named {missing:?}").into());
-        }
-        Ok(limits)
+            })?;
+        let folder = match path.parent() {
+            Some(folder) if !folder.as_os_str().is_empty() => folder.to_owned(),
+            _ => std::path::PathBuf::from("."),
+        };
+        watcher.watch(&folder, notify::RecursiveMode::NonRecursive)?;
+        let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let _ = changed.send(()).await;
+            }
+        });
+        tokio::spawn(async move {
+            let _watching = watcher;
+            while changes.recv().await.is_some() {
+                // an editor's save is several events: read once they settle
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = changes.try_recv();
+                self.reload(&path);
+            }
+        });
+        Ok(())
     }
 }
 
@@ -147,8 +206,8 @@ impl<S: Store + Clone> Setup<S> {
     }
 
     /// A layer over the shared store with the per-IP limit.
-    fn layer(&self, per_ip: &Limit) -> RateLimitLayerBuilder {
-        self.bare().limit(per_ip.clone(), self.client_ip.clone())
+    fn layer(&self, per_ip: &LiveLimit) -> RateLimitLayerBuilder {
+        self.bare().limit(per_ip, self.client_ip.clone())
     }
 }
 
@@ -179,11 +238,15 @@ fn internal(request: &Parts, token: Option<&[u8]>) -> bool {
 
 fn app<S: Store + Clone>(
     setup: Setup<S>,
-    limits: Limits,
+    limits: &Limits,
     api_keys: Arc<ApiKeys>,
     metrics: PrometheusHandle,
 ) -> Result<Router, Error> {
-    let Limits { per_ip, hello, sms } = limits;
+    let (per_ip, hello, sms) = (
+        limits.get("per-ip")?,
+        limits.get("hello")?,
+        limits.get("sms")?,
+    );
     let client_ip = setup.client_ip.clone();
 
     // Each route's layer holds the shared per-IP limit and the route's own:
@@ -618,13 +681,12 @@ async fn main() -> Result<(), Error> {
         Err(_) => ClientIpResolver::new(),
     };
     let client_ip = ClientIp::with_resolver(resolver);
-    let limits = match std::env::var("LIMITS_FILE") {
-        Ok(path) => {
-            tracing::info!("limits: from {path}");
-            Limits::from_file(&path)?
-        }
-        Err(_) => Limits::built_in()?,
-    };
+    let limits_file = std::env::var_os("LIMITS_FILE").map(std::path::PathBuf::from);
+    let limits = Arc::new(Limits::new(limits_file.as_deref())?);
+    if let Some(path) = limits_file {
+        tracing::info!("limits: from {} (reloaded when it changes)", path.display());
+        limits.clone().watch(path)?;
+    }
     // The limiter reports through the `metrics` facade; this exporter
     // renders what it records for `GET /metrics`.
     let metrics = PrometheusBuilder::new().install_recorder()?;
@@ -653,7 +715,7 @@ async fn main() -> Result<(), Error> {
                 on_store_error,
                 internal_token,
             };
-            app(setup, limits, api_keys, metrics)?
+            app(setup, &limits, api_keys, metrics)?
         }
         None => {
             tracing::info!(
@@ -666,7 +728,7 @@ async fn main() -> Result<(), Error> {
                 on_store_error,
                 internal_token,
             };
-            app(setup, limits, api_keys, metrics)?
+            app(setup, &limits, api_keys, metrics)?
         }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;

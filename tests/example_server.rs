@@ -6,6 +6,7 @@ mod common;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::TestRedis;
@@ -639,6 +640,123 @@ fn limits_come_from_the_file_in_limits_file() {
         stderr.contains("sms") && stderr.contains("`window`"),
         "the error names the limit and the field: {stderr}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The status of a text to one number, and the `sms` limit's entry in its
+/// `RateLimit-Policy`.
+fn sms_policy(port: u16) -> (u16, String) {
+    let (code, response) = send_with(port, "POST", "/sms/+15550100", &[], "");
+    let policy = response
+        .lines()
+        .find_map(|line| line.strip_prefix("ratelimit-policy: "))
+        .and_then(|value| value.split(", ").find(|item| item.starts_with("\"sms\"")))
+        .unwrap_or_default()
+        .to_owned();
+    (code, policy)
+}
+
+/// Waits (at most 20 s) until `done` holds; whether it did.
+fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+#[test]
+fn a_changed_limits_file_takes_effect_without_a_restart() {
+    use std::io::{BufRead, BufReader};
+    let dir = std::env::temp_dir().join(format!("rl-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("limits.toml");
+    let text = std::fs::read_to_string(limits_toml()).expect("examples/limits.toml");
+    let sms = |n: u32| text.replacen("limit = 3\n", &format!("limit = {n}\n"), 1);
+    std::fs::write(&path, sms(1)).expect("write the limits file");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut command = Server::command(port, &[("LIMITS_FILE", path.to_str().expect("utf-8 path"))]);
+    // (the server logs to standard output)
+    command.env("RUST_LOG", "info").stdout(Stdio::piped());
+    let mut child = command.spawn().expect("start the example server");
+    let log = Arc::new(Mutex::new(String::new()));
+    let pipe = child.stdout.take().expect("piped stdout");
+    let lines = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut log = lines.lock().expect("log");
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    let server = Server { child, port };
+    let logged = |text: &str| log.lock().expect("log").contains(text);
+    let eventually = |what: &str, done: &mut dyn FnMut() -> bool| {
+        let log = log.clone();
+        assert!(
+            eventually(done),
+            "never: {what}; the log:\n{}",
+            log.lock().expect("log")
+        );
+    };
+    eventually("the server listens", &mut || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+
+    assert_eq!(sms_policy(port), (202, "\"sms\";q=1;w=60".into()));
+    assert_eq!(sms_policy(port).0, 429);
+
+    // raised to 3 a minute: the text sent still counts, 2 are left
+    std::fs::write(&path, sms(3)).expect("write the limits file");
+    eventually("the new file is in force", &mut || {
+        logged("in force now for sms")
+    });
+    let codes: Vec<u16> = (0..3).map(|_| sms_policy(server.port).0).collect();
+    assert_eq!(codes, [202, 202, 429]);
+    assert_eq!(sms_policy(port).1, "\"sms\";q=3;w=60");
+
+    // a mistake keeps the limits in force and says which limit and field
+    std::fs::write(
+        &path,
+        sms(9).replacen("window = \"1m\"", "window = \"1 fortnight\"", 1),
+    )
+    .expect("write the limits file");
+    eventually("the mistake is logged", &mut || {
+        logged("not applied, the limits stay as they were") && logged("`window`")
+    });
+    assert!(logged("\"sms\""), "the log names the limit");
+    assert_eq!(sms_policy(port), (429, "\"sms\";q=3;w=60".into()));
+
+    // SIGHUP reads the file again (the watcher saw this write already)
+    std::fs::write(&path, sms(3)).expect("write the limits file");
+    eventually("the fixed file is read", &mut || {
+        logged("read again, no change")
+    });
+    let before = log
+        .lock()
+        .expect("log")
+        .matches("read again, no change")
+        .count();
+    let hup = Command::new("kill")
+        .args(["-HUP", &server.child.id().to_string()])
+        .status()
+        .expect("kill -HUP");
+    assert!(hup.success());
+    eventually("SIGHUP reloads", &mut || {
+        log.lock()
+            .expect("log")
+            .matches("read again, no change")
+            .count()
+            > before
+    });
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
