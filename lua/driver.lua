@@ -13,13 +13,17 @@
 --            its reply)
 --        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
 --            sliding log, 2 token bucket, 3 gcra, 4 fixed window, 5 sliding
---            window; cost 0 changes nothing)
+--            window; cost 0 changes nothing), with "c" first for a limit
+--            whose quota may be kept in the store: two more keys follow
+--            its own, its key's override and its stored quota (see
+--            `configured`)
 -- Reply: little-endian doubles, all integers: outcome (0 granted, 1 denied,
 --          2 a cost exceeds a capacity), wait (us until the grant for 0;
 --          retry-after for 1; -1 for 2), now (us, the decision's clock),
 --          then per limit: wait_i (us until it alone allows, -1 never),
 --          remaining, reset_after (us). (One string costs Redis less than an
---          array of integers.)
+--          array of integers.) Then "i=<quota>;" for each limit i (from 1)
+--          that a quota kept in the store decided.
 -- All limits are granted together at one time T = max wait_i, or none is.
 --
 -- Refund (op 1): gives back, in every limit, a grant of its cost made at
@@ -65,21 +69,59 @@
 -- `derive` adds, and by name its algorithm `alg`, the cost and the horizon
 -- `h` (see "Clock steps").
 local specs, n_specs = {}, 0
+local configured_one
 local function spec(s)
   local v = specs[s]
   if v then return v end
   -- every algorithm's decision has a spec: Redis' functions are bound by then
   if not rcall then bind() end
-  if string.byte(s, 1) == 111 then return nil end -- 'o': options, no limit
+  local first = string.byte(s, 1)
+  if first == 111 then return nil end -- 'o': options, no limit
+  if first == 99 then -- 'c': its quota may be kept in the store
+    local own = spec(string.sub(s, 2))
+    v = { configured_one, own = own, cfg = true, alg = own.alg, cost = own.cost, h = own.h,
+      cost_text = string.match(s, '%d+$') }
+    specs[s] = v
+    return v
+  end
   local f = ints(s)
   local alg = algorithms[f[1]]
-  v = { alg.one, f[2], f[3], f[4], f[5], f[6], alg = alg, cost = f[6] }
+  v = { alg.one, f[2], f[3], f[4], f[5], f[6], alg = alg, cost = f[6], id = first }
   v.h = alg.horizon(v)
   if alg.derive then alg.derive(v) end
   if n_specs >= 1024 then specs, n_specs = {}, 0 end
   specs[s] = v
   n_specs = n_specs + 1
   return v
+end
+
+-- A limit whose quota may be kept in the store (`s`, with `s.own` its spec
+-- less the "c"; see `Limit::quota_from_store`): keys[k] is its key's override,
+-- keys[k + 1] its stored quota, each a limit's string less its cost
+-- (`Limit::stored_form`, "algorithm:p1:p2:p3:p4:"). The first that holds one
+-- of the limit's algorithm decides in its place. Returns the spec that
+-- decides, and the reply's note of it for limit `i` ('' for its own).
+local function configured(s, keys, k, i)
+  local v = rcall('MGET', keys[k], keys[k + 1])
+  local own = s.own
+  for j = 1, 2 do
+    local q = v[j]
+    if q and string.byte(q, 1) == own.id and string.find(q, '^%d:%d+:%d+:%d+:%d+:$') then
+      return spec(q .. s.cost_text), i .. '=' .. q .. ';'
+    end
+  end
+  return own, ''
+end
+
+-- The spec of the limit whose string is `arg` and whose keys start at
+-- keys[k] (limit `i` of the call): the one that decides (see `configured`),
+-- the reply's note of it, and the key after the limit's.
+local function resolve(arg, keys, k, i)
+  local s = spec(arg)
+  local n = s.alg.nkeys
+  if not s.cfg then return s, '', k + n end
+  local decides, note = configured(s, keys, k + n, i)
+  return decides, note, k + n + 2
 end
 
 local NO_OPTIONS = { 0, 0, 0, 0 }
@@ -96,22 +138,23 @@ local function clock(opts)
 end
 
 -- Loads the state of the n limits whose arguments start at args[first], in
--- key order; returns them and the latest of the store's clock `store_now` and
--- their clocks as believed.
+-- key order; returns them, the latest of the store's clock `store_now` and
+-- their clocks as believed, and the notes of the stored quotas that decide.
 local function load_limits(keys, args, first, n, store_now)
   local limits = {}
-  local next_key = 1
+  local next_key, notes = 1, ''
   local now = store_now
   for i = 1, n do
-    local s = spec(args[first + i - 1])
+    local s, note, after = resolve(args[first + i - 1], keys, next_key, i)
     local alg = s.alg
     local st = {}
     alg.load(st, s, keys, next_key)
-    next_key = next_key + alg.nkeys
+    next_key = after
+    if note ~= '' then notes = notes .. note end
     now = max(now, believed(store_now, st.written, s.h))
     limits[i] = { alg = alg, s = s, cost = s.cost, st = st, t = 0 }
   end
-  return limits, now
+  return limits, now, notes
 end
 
 -- Op 1: gives back the grants of each limit's cost made at `at`.
@@ -120,11 +163,11 @@ local function refund(keys, args, opts)
   local from, at = store_now - opts[4], opts[6]
   local next_key = 1
   for i = 2, #args do
-    local s = spec(args[i])
+    local s, _, after = resolve(args[i], keys, next_key, i - 1)
     local alg = s.alg
     local st = {}
     alg.load(st, s, keys, next_key)
-    next_key = next_key + alg.nkeys
+    next_key = after
     local now = believed(store_now, st.written, s.h)
     alg.prepare(st, s, now)
     if s.cost > 0 then alg.refund(st, s, now, at, s.cost) end
@@ -174,8 +217,8 @@ end
 local function take(keys, args, opts)
   local store_now = clock(opts)
   local n = #args - 1
-  local limits, now = load_limits(keys, args, 2, n, store_now)
-  local k = spec(args[2]).cost
+  local limits, now, notes = load_limits(keys, args, 2, n, store_now)
+  local k = limits[1].cost
   for i = 1, n do
     local l = limits[i]
     l.alg.prepare(l.st, l.s, now)
@@ -189,13 +232,13 @@ local function take(keys, args, opts)
   local reply = finish(limits, outcome, wait, now, outcome == 0 and k > 0, now, cost, now,
     store_now - opts[4])
   reply[3 * n + 4] = k
-  return struct.pack('<' .. string.rep('d', 4 + 3 * n), unpack(reply))
+  return struct.pack('<' .. string.rep('d', 4 + 3 * n), unpack(reply)) .. notes
 end
 
 -- The decision over loaded limits at the decision's clock `now`: each
 -- prepared, T the earliest time all allow their cost, all granted at T or
 -- none; the packed reply.
-local function decide_limits(limits, now, max_wait, dry, from)
+local function decide_limits(limits, now, max_wait, dry, from, notes)
   for i = 1, #limits do
     local l = limits[i]
     l.alg.prepare(l.st, l.s, now)
@@ -212,7 +255,9 @@ local function decide_limits(limits, now, max_wait, dry, from)
     format = '<' .. string.rep('d', 3 + 3 * n)
     formats[n] = format
   end
-  return struct.pack(format, unpack(reply))
+  local packed = struct.pack(format, unpack(reply))
+  if notes ~= '' then packed = packed .. notes end
+  return packed
 end
 
 -- The decision of one limit: the steps of the loop above, for one limit,
@@ -251,6 +296,14 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from)
 end
 --: end
 
+-- The decision of one limit whose quota may be kept in the store.
+function configured_one(keys, s, store_now, max_wait, dry, from)
+  local decides, note = configured(s, keys, s.alg.nkeys + 1, 1)
+  local packed = decides[1](keys, decides, store_now, max_wait, dry, from)
+  if note ~= '' then packed = packed .. note end
+  return packed
+end
+
 local function decide(keys, args)
   if #args == 1 then
     -- the production path: one limit, no options
@@ -278,6 +331,6 @@ local function decide(keys, args)
     return s[1](keys, s, store_now, max_wait, dry, from)
   end
 
-  local limits, now = load_limits(keys, args, first, n, store_now)
-  return decide_limits(limits, now, max_wait, dry, from)
+  local limits, now, notes = load_limits(keys, args, first, n, store_now)
+  return decide_limits(limits, now, max_wait, dry, from, notes)
 end

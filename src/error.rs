@@ -62,6 +62,12 @@ pub enum ConfigError {
     /// has one too many. The current values stay.
     #[error("live limits unchanged: {0}")]
     Live(String),
+    /// A quota kept in the store was asked of a limit the limiter does not
+    /// have, or whose quota is not taken from the store
+    /// ([`Limit::quota_from_store`](crate::Limit::quota_from_store)), or
+    /// is of another algorithm than the limit.
+    #[error("stored quota: {0}")]
+    Stored(String),
     /// A limit read from a configuration file has a missing, misplaced or
     /// invalid field.
     #[error("limit {limit:?}: `{field}` {problem}")]
@@ -102,6 +108,11 @@ pub enum Error {
     /// decided.
     #[error("max_wait {0:?} is longer than a grant may be reserved ahead (1 hour)")]
     WaitTooLong(Duration),
+    /// The operation was given an invalid configuration (see
+    /// [`Limiter::set_stored_quota`](crate::Limiter::set_stored_quota)):
+    /// nothing was changed.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
     /// The number of keys does not match the number of limits.
     #[error("expected {expected} keys (one per limit) or 1, got {got}")]
     KeyCount {

@@ -45,6 +45,9 @@ pub struct Limit {
     wire: Arc<str>,
     /// Shadow mode: decides and records, never refuses.
     shadow: bool,
+    /// Whether a quota kept in the store (or a key's override) decides in
+    /// place of `quota` (see [`Limit::quota_from_store`]).
+    from_store: bool,
     /// Its `tower_ratelimit_decisions_total` keys, made once.
     #[cfg(feature = "metrics")]
     metric_keys: Arc<crate::metrics::LimitKeys>,
@@ -83,6 +86,7 @@ impl Limit {
             policy_window_us: u64::try_from(policy_window.as_micros()).unwrap_or(u64::MAX),
             wire,
             shadow: false,
+            from_store: false,
         })
     }
 
@@ -116,6 +120,49 @@ impl Limit {
     pub fn shadow(mut self) -> Self {
         self.shadow = true;
         self
+    }
+
+    /// This limit takes its quota from the store when one is kept there for
+    /// it, shared by every instance: set with
+    /// [`Limiter::set_stored_quota`](crate::Limiter::set_stored_quota), and
+    /// per key with [`Limiter::set_override`](crate::Limiter::set_override).
+    /// Both are read in the round trip of each decision (no call of their
+    /// own), so a change is in force for every instance's next decision. The
+    /// limit's own quota decides when none is stored, and a stored quota of
+    /// another algorithm is ignored. Such a limit's denials are not cached
+    /// (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)):
+    /// a raised quota must not wait for a cached refusal to run out.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let reports = Limit::new("reports", Quota::per_hour(2).fixed_window())?.quota_from_store();
+    /// let store = MemoryStore::new();
+    /// let (a, b) = (Limiter::new(store.clone(), reports.clone()), Limiter::new(store, reports));
+    /// a.set_stored_quota("reports", Quota::per_hour(10).fixed_window()).await?;
+    /// assert_eq!(b.check("acme", 1).await?.limit(), 10); // b reads what a stored
+    /// b.set_override("reports", "bigcorp", Quota::per_hour(1000).fixed_window(), None).await?;
+    /// assert_eq!(a.check("bigcorp", 1).await?.limit(), 1000);
+    /// assert_eq!(a.check("acme", 1).await?.limit(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn quota_from_store(mut self) -> Self {
+        if !self.from_store {
+            self.from_store = true;
+            #[cfg(feature = "redis")]
+            {
+                self.wire = format!("c{}", self.wire).into();
+            }
+        }
+        self
+    }
+
+    /// Whether the limit takes its quota from the store when one is kept
+    /// there (see [`quota_from_store`](Self::quota_from_store)).
+    pub fn is_quota_from_store(&self) -> bool {
+        self.from_store
     }
 
     /// Whether the limit is in [shadow mode](Self::shadow).
@@ -176,10 +223,20 @@ impl Limit {
         &self.params
     }
 
-    /// The limit's argument to the Redis decision function, less the cost.
+    /// The limit's argument to the Redis decision function, less the cost:
+    /// `c` first for a limit whose quota may be kept in the store.
     #[cfg(feature = "redis")]
     pub(crate) fn wire(&self) -> &str {
         &self.wire
+    }
+
+    /// How the store keeps this limit's quota (for another limit of the
+    /// same name to decide with): its wire string, less the cost and the
+    /// `c`: `algorithm:p1:p2:p3:p4:`, which the scripts complete with a
+    /// cost (see `lua/driver.lua`) and [`Params::from_stored`] reads back.
+    #[cfg(feature = "redis")]
+    pub(crate) fn stored_form(&self) -> &str {
+        self.wire.strip_prefix('c').unwrap_or(&self.wire)
     }
 }
 

@@ -398,3 +398,72 @@ async fn a_primary_without_the_library_gets_it_loaded_again() {
         assert_eq!(libraries.len(), 1, "{primary:?} has the library again");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
+    let cluster = common::cluster::shared();
+    let prefix = unique_prefix("stored");
+    let limit = Limit::new("reports", Quota::fixed_window(2, Duration::from_secs(3600)))
+        .expect("limit")
+        .quota_from_store();
+    let instance = || {
+        Limiter::builder(store(cluster, &prefix))
+            .limit(limit.clone())
+            .timeout(PATIENT)
+            .build()
+            .expect("limiter")
+    };
+    let (a, b) = (instance(), instance());
+    a.set_stored_quota("reports", Quota::fixed_window(5, Duration::from_secs(3600)))
+        .await
+        .expect("copied to every slot");
+    // keys spread over every primary, each read in its own slot
+    let mut slots = std::collections::BTreeSet::new();
+    for i in 0..200 {
+        let key = format!("tenant-{i}");
+        slots.insert(key_slot(format!("{{{key}}}")));
+        let d = b.check(&key, 1).await.expect("decides");
+        assert_eq!((d.limit(), d.remaining()), (5, 4), "{key}");
+    }
+    assert!(slots.len() > 150, "keys in {} slots", slots.len());
+    // a decision over two slots reads each slot's copy
+    let (x, y) = keys_in_two_slots("pair");
+    let both = Limiter::builder(store(cluster, &prefix))
+        .limit(limit.clone())
+        .limit(
+            Limit::new(
+                "reports-b",
+                Quota::fixed_window(3, Duration::from_secs(3600)),
+            )
+            .expect("limit")
+            .quota_from_store(),
+        )
+        .timeout(PATIENT)
+        .build()
+        .expect("limiter");
+    let d = both
+        .decide(&[&x, &y], 1, Duration::ZERO)
+        .await
+        .expect("decides");
+    let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
+    assert_eq!(caps, [5, 3]);
+
+    b.set_override(
+        "reports",
+        "tenant-7",
+        Quota::fixed_window(50, Duration::from_secs(3600)),
+        None,
+    )
+    .await
+    .expect("override");
+    assert_eq!(a.check("tenant-7", 1).await.expect("decides").limit(), 50);
+    assert_eq!(a.check("tenant-8", 1).await.expect("decides").limit(), 5);
+    assert!(a
+        .remove_stored_quota("reports")
+        .await
+        .expect("removed everywhere"));
+    for i in 0..50 {
+        let d = b.check(format!("tenant-{i}"), 0).await.expect("decides");
+        assert_eq!(d.limit(), if i == 7 { 50 } else { 2 }, "tenant-{i}");
+    }
+}

@@ -79,6 +79,81 @@ impl Params {
     }
 }
 
+impl Params {
+    /// Reads what [`Limit::stored_form`](crate::Limit) writes,
+    /// `algorithm:p1:p2:p3:p4:` (a trailing cost, if any, is ignored):
+    /// `None` for anything else or parameters out of range.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn from_stored(text: &[u8]) -> Option<Params> {
+        let mut fields = text.split(|&b| b == b':').map(|field| {
+            let field = std::str::from_utf8(field).ok()?;
+            field
+                .parse::<i64>()
+                .ok()
+                .filter(|&x| (0..EXACT).contains(&x))
+        });
+        let mut next = || fields.next().flatten();
+        let (id, a, b, c) = (next()?, next()?, next()?, next()?);
+        let positive = |x: i64| (x > 0).then_some(x);
+        let params = match id {
+            1 => Params::SlidingLog(sliding_log::Params {
+                limit: positive(a)?,
+                window: positive(b)?,
+            }),
+            2 => Params::TokenBucket(token_bucket::Params {
+                capacity: positive(a)?,
+                rate: positive(b)?,
+                period: positive(c)?,
+            }),
+            3 => Params::Gcra(gcra::Params {
+                burst: positive(a)?,
+                rate: positive(b)?,
+                period: positive(c)?,
+            }),
+            4 => Params::FixedWindow(fixed_window::Params {
+                limit: positive(a)?,
+                window: positive(b)?,
+            }),
+            5 => Params::SlidingWindow(sliding_window::Params {
+                limit: positive(a)?,
+                window: positive(b)?,
+                step: positive(c)?,
+            }),
+            _ => return None,
+        };
+        Some(params)
+    }
+
+    /// The time in which a spent capacity comes back in full, in
+    /// microseconds: the `w` of `RateLimit-Policy` (see
+    /// [`Limit::policy_window`](crate::Limit::policy_window)).
+    pub(crate) fn policy_window_us(&self) -> u64 {
+        let us = match *self {
+            Params::Gcra(p) => cdiv(p.burst * p.period, p.rate),
+            Params::TokenBucket(p) => cdiv(p.capacity * p.period, p.rate),
+            Params::FixedWindow(p) => p.window,
+            Params::SlidingLog(p) => p.window,
+            Params::SlidingWindow(p) => p.window,
+        };
+        u64::try_from(us).unwrap_or(0)
+    }
+
+    /// A quota that derives these parameters (the rate and period of a
+    /// bucket in lowest terms).
+    pub(crate) fn quota(&self) -> crate::Quota {
+        use crate::Quota;
+        let us = |x: i64| std::time::Duration::from_micros(u64::try_from(x).unwrap_or(0));
+        let n = |x: i64| u64::try_from(x).unwrap_or(0);
+        match *self {
+            Params::SlidingLog(p) => Quota::sliding_log(n(p.limit), us(p.window)),
+            Params::TokenBucket(p) => Quota::token_bucket(n(p.capacity), n(p.rate), us(p.period)),
+            Params::Gcra(p) => Quota::gcra(n(p.rate), us(p.period), n(p.burst)),
+            Params::FixedWindow(p) => Quota::fixed_window(n(p.limit), us(p.window)),
+            Params::SlidingWindow(p) => Quota::sliding_window(n(p.limit), us(p.window)),
+        }
+    }
+}
+
 /// floor(a / b) for b > 0.
 ///
 /// Exactly `a.div_euclid(b)`. A 64-bit division costs several times a
@@ -407,6 +482,11 @@ pub struct Reply {
     pub(crate) now: i64,
     /// Per limit: (wait or -1, remaining, reset_after).
     pub(crate) limits: Statuses,
+    /// Per limit, the parameters of the quota kept in the store that
+    /// decided in place of the limit's own (see
+    /// [`Limit::quota_from_store`](crate::Limit::quota_from_store)); `None`
+    /// when every limit decided with its own.
+    pub(crate) stored: Option<Box<[Option<Params>]>>,
 }
 
 impl Reply {
@@ -421,24 +501,33 @@ impl Reply {
         self.now + self.wait.max(0)
     }
 
+    /// The parameters limit `i` decided with, when a quota kept in the
+    /// store decided in place of its own.
+    pub(crate) fn stored(&self, i: usize) -> Option<&Params> {
+        self.stored.as_ref()?.get(i)?.as_ref()
+    }
+
     /// Parses the reply of a take (op 2): a decision's reply, then the amount
-    /// taken.
+    /// taken, then the stored quotas used (see [`from_packed`](Self::from_packed)).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_packed_take(bytes: &[u8], limits: usize) -> Option<(Self, i64)> {
-        let split = bytes.len().checked_sub(8)?;
-        let reply = Self::from_packed(&bytes[..split], limits)?;
-        let x = f64::from_le_bytes(bytes[split..].try_into().ok()?);
+        let split = 8 * (3 + 3 * limits);
+        let (decision, rest) = bytes.split_at_checked(split)?;
+        let (taken, tail) = rest.split_at_checked(8)?;
+        let mut reply = Self::from_packed(decision, limits)?;
+        reply.stored = stored_quotas(tail, limits)?;
+        let x = f64::from_le_bytes(taken.try_into().ok()?);
         let exact = x.fract() == 0.0 && x.abs() < EXACT as f64;
         exact.then_some((reply, x as i64))
     }
 
     /// Parses the driver's reply: `3 + 3 * limits` little-endian doubles, each
-    /// an integer below 2^53 in magnitude.
+    /// an integer below 2^53 in magnitude, then `i=<stored form>;` for each
+    /// limit `i` (from 1) a quota kept in the store decided.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_packed(bytes: &[u8], limits: usize) -> Option<Self> {
-        if bytes.len() != 8 * (3 + 3 * limits) {
-            return None;
-        }
+        let (bytes, tail) = bytes.split_at_checked(8 * (3 + 3 * limits))?;
+        let stored = stored_quotas(tail, limits)?;
         let mut values = bytes.chunks_exact(8).map(|chunk| {
             let x = f64::from_le_bytes(chunk.try_into().ok()?);
             // an integer below 2^53 in magnitude (NaN is not): the casts lose nothing
@@ -456,8 +545,25 @@ impl Reply {
             wait,
             now,
             limits: per,
+            stored,
         })
     }
+}
+
+/// The stored quotas of a reply's tail (`i=<stored form>;` each, see
+/// [`Reply::from_packed`]): `Some(None)` for none, `None` when unreadable.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+fn stored_quotas(tail: &[u8], limits: usize) -> Option<Option<Box<[Option<Params>]>>> {
+    if tail.is_empty() {
+        return Some(None);
+    }
+    let mut stored = vec![None; limits].into_boxed_slice();
+    for entry in tail.strip_suffix(b";")?.split(|&b| b == b';') {
+        let at = entry.iter().position(|&b| b == b'=')?;
+        let i: usize = std::str::from_utf8(&entry[..at]).ok()?.parse().ok()?;
+        *stored.get_mut(i.checked_sub(1)?)? = Some(Params::from_stored(&entry[at + 1..])?);
+    }
+    Some(Some(stored))
 }
 
 /// One atomic decision over several limits: the mirror of `lua/driver.lua`.
@@ -512,6 +618,7 @@ pub(crate) fn decide(
         wait,
         now,
         limits,
+        stored: None,
     }
 }
 

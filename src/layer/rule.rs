@@ -314,11 +314,13 @@ impl CompiledRule {
     }
 
     /// Whether a request's quota can differ from the default's (tiers, a
-    /// live limit), or a keyless request be counted under another name.
+    /// live limit, a quota kept in the store), or a keyless request be
+    /// counted under another name.
     pub(crate) fn varies(&self) -> bool {
         !self.tiers.is_empty()
             || self.default.keyless.is_some()
             || self.default.limit.live().is_some()
+            || self.default.limit.load().is_quota_from_store()
     }
 
     /// The tier of this request.

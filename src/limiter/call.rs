@@ -56,9 +56,14 @@ impl Limiter {
     ) -> Answer<'a, Result<Decision, Error>> {
         // A denial known to hold needs no round trip (not for a look, which
         // must see what the store says now; a cost over a capacity is
-        // answered "never" by the store).
+        // answered "never" by the store; a quota kept in the store may be
+        // raised by another instance at any time).
         let cost = checks.first().map_or(0, |c| c.cost);
-        let fits = || checks.iter().all(|c| c.cost <= c.limit.params().capacity());
+        let fits = || {
+            checks
+                .iter()
+                .all(|c| c.cost <= c.limit.params().capacity() && !c.limit.is_quota_from_store())
+        };
         let denials = self
             .inner
             .denials
@@ -168,13 +173,22 @@ impl Limiter {
         let us = |us: i64| u64::try_from(us).unwrap_or(0);
         let micros = |x: i64| Duration::from_micros(us(x));
         let mut statuses = Statuses::new();
-        for (check, &[wait, remaining, reset]) in checks.iter().zip(&reply.limits) {
+        for (i, (check, &[wait, remaining, reset])) in checks.iter().zip(&reply.limits).enumerate()
+        {
             let limit = check.limit;
+            // a quota kept in the store, when one decided
+            let (capacity, window_us) = match reply.stored(i) {
+                Some(params) => (
+                    u64::try_from(params.capacity()).unwrap_or(0),
+                    params.policy_window_us(),
+                ),
+                None => (limit.capacity(), limit.policy_window_us()),
+            };
             statuses.push(LimitStatus {
                 name: limit.shared_name(),
                 algorithm: limit.quota().algorithm(),
-                limit: limit.capacity(),
-                window_us: limit.policy_window_us(),
+                limit: capacity,
+                window_us,
                 remaining: us(remaining),
                 wait_us: if wait >= 0 { us(wait) } else { u64::MAX },
                 reset_us: us(reset),

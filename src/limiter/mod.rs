@@ -12,6 +12,7 @@ mod count;
 mod deny_cache;
 mod grant;
 mod shadow;
+mod stored;
 
 use std::sync::Arc;
 use std::time::Duration;

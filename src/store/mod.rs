@@ -21,7 +21,7 @@ use crate::Error;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub(crate) use self::backend::{Answer, Check, Deadline, QuotaRegistry};
+pub(crate) use self::backend::{Answer, Check, Deadline, QuotaChange, QuotaRegistry};
 
 /// A place to keep limit state. Implemented by [`MemoryStore`] and
 /// [`RedisStore`]; sealed so that both can evolve together with the algorithms.
@@ -127,6 +127,22 @@ pub(crate) mod backend {
         pub(crate) key: &'a [u8],
         /// Cost; 0 looks without consuming.
         pub(crate) cost: i64,
+    }
+
+    /// A change of a quota kept in the store (see
+    /// [`Limit::quota_from_store`](crate::Limit::quota_from_store)).
+    #[derive(Debug, Clone, Copy)]
+    #[allow(unreachable_pub)]
+    pub enum QuotaChange<'a> {
+        /// Keep `limit`'s quota (for `ttl`, when given; only if none is kept
+        /// yet, when `if_absent`).
+        Keep {
+            limit: &'a Limit,
+            ttl: Option<std::time::Duration>,
+            if_absent: bool,
+        },
+        /// Keep none.
+        Remove,
     }
 
     /// The quota each limit name was first used with on one store, to warn
@@ -248,6 +264,25 @@ pub(crate) mod backend {
             checks: &'a [Check<'a>],
             deadline: Deadline,
         ) -> Answer<'a, Result<(Reply, i64), Error>>;
+
+        /// The quota kept in the store for `check`'s limit: its key's
+        /// override when `keyed`, else the limit's (see
+        /// [`Limit::quota_from_store`](crate::Limit::quota_from_store)).
+        fn read_quota<'a>(
+            &'a self,
+            check: &'a Check<'a>,
+            keyed: bool,
+            deadline: Deadline,
+        ) -> Answer<'a, Result<Option<crate::Quota>, Error>>;
+        /// Changes the quota [`read_quota`](Self::read_quota) reads; whether
+        /// anything changed.
+        fn write_quota<'a>(
+            &'a self,
+            check: &'a Check<'a>,
+            keyed: bool,
+            change: QuotaChange<'a>,
+            deadline: Deadline,
+        ) -> Answer<'a, Result<bool, Error>>;
 
         /// The application clock the store decides on, if it has one.
         fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {

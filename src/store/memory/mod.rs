@@ -12,6 +12,7 @@
 //! the decisions that add keys, and in the background (`reclaim.rs`).
 
 mod builder;
+mod kept;
 mod reclaim;
 mod table;
 mod write;
@@ -27,7 +28,7 @@ use smallvec::SmallVec;
 use self::table::{Found, Hasher, Shard, Table};
 use super::backend::Backend;
 use super::keys;
-use super::{Answer, Check, Deadline, Store};
+use super::{Answer, Check, Deadline, QuotaChange, Store};
 use crate::algorithm::Params;
 use crate::algorithm::{self, Reply, State};
 use crate::clock::{Clock, SystemClock};
@@ -49,6 +50,8 @@ struct Inner {
     #[cfg(feature = "metrics")]
     size_gauge: crate::metrics::SizeGauge,
     quotas: super::QuotaRegistry,
+    /// Quotas kept in the store (see `Limit::quota_from_store`).
+    kept: kept::Kept,
     max_keys: usize,
     /// Stored states in all shards.
     count: AtomicUsize,
@@ -170,6 +173,7 @@ impl MemoryStore {
                 #[cfg(feature = "metrics")]
                 size_gauge: Default::default(),
                 quotas: Default::default(),
+                kept: Default::default(),
                 max_keys: builder.max_keys,
                 count: AtomicUsize::new(0),
                 sweep_interval: builder.sweep_interval,
@@ -449,9 +453,13 @@ impl Backend for MemoryStore {
         dry: bool,
         _: Deadline,
     ) -> Answer<'a, Result<Reply, Error>> {
-        Answer::Now(Ok(bounded_keys(checks, |checks| match checks {
-            [check] => self.decide_one(check, max_wait, dry),
-            _ => self.decide_now(checks, max_wait, dry),
+        Answer::Now(Ok(bounded_keys(checks, |checks| {
+            let (mut reply, stored) = self.with_kept(checks, |checks| match checks {
+                [check] => self.decide_one(check, max_wait, dry),
+                _ => self.decide_now(checks, max_wait, dry),
+            });
+            reply.stored = stored;
+            reply
         })))
     }
 
@@ -466,7 +474,9 @@ impl Backend for MemoryStore {
         at: i64,
         _: Deadline,
     ) -> Answer<'a, Result<(), Error>> {
-        bounded_keys(checks, |checks| self.refund_now(checks, at));
+        bounded_keys(checks, |checks| {
+            self.with_kept(checks, |checks| self.refund_now(checks, at))
+        });
         Answer::Now(Ok(()))
     }
 
@@ -477,8 +487,42 @@ impl Backend for MemoryStore {
     ) -> Answer<'a, Result<(Reply, i64), Error>> {
         let most = checks.first().map_or(0, |c| c.cost);
         Answer::Now(Ok(bounded_keys(checks, |checks| {
-            self.take_now(checks, most)
+            let ((mut reply, taken), stored) =
+                self.with_kept(checks, |checks| self.take_now(checks, most));
+            reply.stored = stored;
+            (reply, taken)
         })))
+    }
+
+    fn read_quota<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        keyed: bool,
+        _: Deadline,
+    ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
+        let checks = std::slice::from_ref(check);
+        let read = bounded_keys(checks, |checks| {
+            checks
+                .first()
+                .and_then(|check| self.read_quota_now(check, keyed))
+        });
+        Answer::Now(Ok(read))
+    }
+
+    fn write_quota<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        keyed: bool,
+        change: QuotaChange<'a>,
+        _: Deadline,
+    ) -> Answer<'a, Result<bool, Error>> {
+        let checks = std::slice::from_ref(check);
+        let written = bounded_keys(checks, |checks| {
+            checks
+                .first()
+                .is_some_and(|check| self.write_quota_now(check, keyed, change))
+        });
+        Answer::Now(Ok(written))
     }
 
     fn kind(&self) -> &'static str {

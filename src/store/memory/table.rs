@@ -211,6 +211,8 @@ pub(super) fn rehash(chunks: &[Vec<Slot>], j: u32, hasher: &Hasher) -> u64 {
 #[derive(Default)]
 pub(super) struct Shard {
     pub(super) tables: Vec<Table>,
+    /// The overrides of this shard's keys (see `kept.rs`).
+    pub(super) overrides: super::kept::Overrides,
 }
 
 impl Shard {

@@ -25,7 +25,7 @@
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use crate::algorithm::{Outcome, Reply};
+use crate::algorithm::{Outcome, Params, Reply};
 use crate::store::{keys, Check, Deadline};
 use crate::Error;
 
@@ -59,12 +59,43 @@ fn subsets<'c>(
 
 /// The slot of a key whose hash tag is `tag` (`{...}`): CRC16 (XMODEM) of
 /// what the braces enclose, modulo 16384, as Redis Cluster computes it.
-fn slot(tag: &str) -> u16 {
+pub(super) fn slot(tag: &str) -> u16 {
+    slot_of_tag(tag.as_bytes())
+}
+
+/// [`slot`] of a tag's bytes.
+pub(super) fn slot_of_tag(tag: &[u8]) -> u16 {
     let inner = tag
-        .strip_prefix('{')
-        .and_then(|t| t.strip_suffix('}'))
+        .strip_prefix(b"{")
+        .and_then(|t| t.strip_suffix(b"}"))
         .unwrap_or(tag);
-    crc16::State::<crc16::XMODEM>::calculate(inner.as_bytes()) % 16384
+    crc16::State::<crc16::XMODEM>::calculate(inner) % 16384
+}
+
+/// Slots of a cluster.
+pub(super) const SLOTS: u16 = 16384;
+
+/// A hash tag for each slot (`{n}` for the smallest number n that lands
+/// there): where a quota kept in the store is copied, once per slot, so
+/// that a decision finds it in its own slot (see `Limit::quota_from_store`).
+pub(super) fn slot_tag(of: u16) -> &'static str {
+    static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![String::new(); usize::from(SLOTS)];
+        let mut missing = tags.len();
+        let mut n = 0u32;
+        while missing > 0 {
+            let tag = format!("{{{n}}}");
+            let at = usize::from(slot(&tag));
+            if tags[at].is_empty() {
+                tags[at] = tag;
+                missing -= 1;
+            }
+            n += 1;
+        }
+        tags
+    });
+    tags.get(usize::from(of)).map_or("{0}", String::as_str)
 }
 
 impl RedisStore {
@@ -103,12 +134,19 @@ impl RedisStore {
         .await;
         let mut failure = None;
         let mut limits: crate::algorithm::Statuses = smallvec::smallvec![[0i64; 3]; checks.len()];
+        let mut stored: Option<Box<[Option<Params>]>> = None;
         let (mut never, mut wait, mut now) = (false, 0i64, 0i64);
         for (group, reply) in groups.iter().zip(&replies) {
             match reply {
                 Ok(reply) => {
                     now = now.max(reply.now);
-                    for (&index, status) in group.iter().zip(&reply.limits) {
+                    for (j, (&index, status)) in group.iter().zip(&reply.limits).enumerate() {
+                        if let Some(params) = reply.stored(j) {
+                            let all = stored.get_or_insert_with(|| vec![None; checks.len()].into());
+                            if let Some(slot) = all.get_mut(index) {
+                                *slot = Some(*params);
+                            }
+                        }
                         limits[index] = *status;
                         never |= status[0] < 0;
                         wait = wait.max(status[0]);
@@ -127,9 +165,9 @@ impl RedisStore {
                 }
                 match self.refund_group(subset, reply.at(), deadline).await {
                     Ok(()) => {
-                        for (&index, check) in group.iter().zip(subset) {
+                        for (j, (&index, check)) in group.iter().zip(subset).enumerate() {
                             let capacity =
-                                i64::try_from(check.limit.capacity()).unwrap_or(i64::MAX);
+                                reply.stored(j).unwrap_or(check.limit.params()).capacity();
                             let remaining = &mut limits[index][1];
                             *remaining = remaining.saturating_add(check.cost).min(capacity);
                         }
@@ -161,6 +199,17 @@ impl RedisStore {
             wait,
             now,
             limits,
+            stored,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_slot_has_a_tag_that_lands_in_it() {
+        for slot in 0..super::SLOTS {
+            assert_eq!(super::slot(super::slot_tag(slot)), slot);
+        }
     }
 }

@@ -9,6 +9,9 @@ use smallvec::SmallVec;
 use super::RedisStore;
 use crate::store::{keys, Check};
 
+/// The suffix of a key's override of a limit's quota.
+const OVERRIDE: &str = "ovr";
+
 /// What one call of the library does (op 0, 1 or 2 of its options).
 #[derive(Clone, Copy)]
 pub(super) enum Operation {
@@ -66,8 +69,11 @@ impl Encoded {
 impl RedisStore {
     /// Every key of every check (`<prefix>:{<escaped key>}:<limit>:<part>`,
     /// see [`keys`]), written into a new buffer: the one place Redis key
-    /// names are made.
-    pub(super) fn encode_keys(&self, checks: &[Check<'_>]) -> Encoded {
+    /// names are made. With `configured`, a limit whose quota may be kept in
+    /// the store has two more after its own: its key's override
+    /// (`<prefix>:{<escaped key>}:<limit>:ovr`) and its stored quota (see
+    /// [`quota_key`](Self::quota_key)).
+    pub(super) fn encode_keys(&self, checks: &[Check<'_>], configured: bool) -> Encoded {
         let prefix = self.inner.prefix.as_bytes();
         let mut out = Encoded {
             buf: Vec::with_capacity(checks.iter().map(|c| 2 * c.key.len() + 96).sum()),
@@ -82,7 +88,10 @@ impl RedisStore {
                 _ => None,
             };
             let name = check.limit.name().as_bytes();
-            for part in check.limit.params().algorithm().key_parts() {
+            let stored = configured && check.limit.is_quota_from_store();
+            let parts = check.limit.params().algorithm().key_parts();
+            let overrides: &[&str] = if stored { &[OVERRIDE] } else { &[] };
+            for part in parts.iter().chain(overrides) {
                 let start = out.buf.len();
                 out.buf.extend_from_slice(prefix);
                 out.buf.push(b':');
@@ -96,8 +105,42 @@ impl RedisStore {
                 out.buf.extend_from_slice(part.as_bytes());
                 out.keys.push(start..out.buf.len());
             }
+            if stored {
+                let tag = out.keys.last().map(|k| out.tag_of(k.clone(), prefix.len()));
+                let tag = tag
+                    .and_then(|t| out.buf.get(t))
+                    .unwrap_or_default()
+                    .to_vec();
+                let start = out.buf.len();
+                self.write_quota_key(&mut out.buf, check.limit.name(), &tag);
+                out.keys.push(start..out.buf.len());
+            }
         }
         out
+    }
+
+    /// The key of the quota kept in the store for the limit `name`, as a
+    /// decision in the slot of the hash tag `tag` reads it: one key,
+    /// `<prefix>:q:<name>`, or on a cluster a copy per slot,
+    /// `<prefix>:q:{<slot's tag>}:<name>` (see `cluster::slot_tag`).
+    pub(super) fn quota_key(&self, name: &str, tag: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_quota_key(&mut out, name, tag);
+        out
+    }
+
+    /// Appends [`quota_key`](Self::quota_key)`(name, tag)` to `out`.
+    fn write_quota_key(&self, out: &mut Vec<u8>, name: &str, tag: &[u8]) {
+        out.extend_from_slice(self.inner.prefix.as_bytes());
+        out.extend_from_slice(b":q:");
+        #[cfg(feature = "cluster")]
+        if self.inner.lanes.is_cluster() {
+            let slot = super::cluster::slot_of_tag(tag);
+            out.extend_from_slice(super::cluster::slot_tag(slot).as_bytes());
+            out.push(b':');
+        }
+        let _ = tag;
+        out.extend_from_slice(name.as_bytes());
     }
 
     /// The keys and arguments of one call of the library (see the header of
@@ -105,7 +148,7 @@ impl RedisStore {
     /// differ from a plain decision's, then each limit with its cost, written
     /// into one buffer.
     pub(super) fn encode(&self, checks: &[Check<'_>], operation: Operation) -> Encoded {
-        let mut out = self.encode_keys(checks);
+        let mut out = self.encode_keys(checks, true);
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
         let slack = self.inner.slack;
         let start = out.buf.len();
@@ -192,7 +235,7 @@ mod tests {
             b"p:{x}:g:gcra",
         ];
         assert_eq!(got, expected);
-        let reset = store.encode_keys(&checks);
+        let reset = store.encode_keys(&checks, false);
         assert!(reset.keys().eq(expected.iter().copied()));
         assert_eq!(reset.args().count(), 0);
         let args: Vec<&[u8]> = encoded.args().collect();

@@ -12,6 +12,7 @@ mod cluster;
 mod conn;
 mod encode;
 mod script;
+mod stored;
 
 use std::sync::atomic::{AtomicBool, AtomicU8};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -24,7 +25,7 @@ use self::conn::Lanes;
 use self::encode::Operation;
 use self::script::DELIVERY;
 use super::backend::Backend;
-use super::{Answer, Check, Deadline, MemoryStore, Store};
+use super::{Answer, Check, Deadline, MemoryStore, QuotaChange, Store};
 use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::{ConfigError, Error};
@@ -324,7 +325,7 @@ impl Backend for RedisStore {
         let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
             let mut cmd = redis::cmd("DEL");
-            for key in self.encode_keys(checks).keys() {
+            for key in self.encode_keys(checks, false).keys() {
                 cmd.arg(key);
             }
             let cmd = &cmd;
@@ -372,6 +373,29 @@ impl Backend for RedisStore {
                 "taking from ",
             )
         }))
+    }
+
+    fn read_quota<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        keyed: bool,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
+        let deadline = deadline.start();
+        Answer::Later(Box::pin(self.read_quota_now(check, keyed, deadline)))
+    }
+
+    fn write_quota<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        keyed: bool,
+        change: QuotaChange<'a>,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<bool, Error>> {
+        let deadline = deadline.start();
+        Answer::Later(Box::pin(
+            self.write_quota_now(check, keyed, change, deadline),
+        ))
     }
 
     fn clock(&self) -> Option<Arc<dyn Clock>> {

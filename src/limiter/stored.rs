@@ -1,0 +1,171 @@
+//! Quotas kept in the store, shared by every instance (see
+//! [`Limit::quota_from_store`]): a limit's, and per key, an override.
+
+use std::time::Duration;
+
+use super::Limiter;
+use crate::store::{Check, Deadline, QuotaChange};
+use crate::{ConfigError, Error, Limit, Quota};
+
+/// The least time a change of a stored quota is given: on a cluster a
+/// limit's quota is copied to every slot (16384 writes).
+const STORED_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Limiter {
+    /// This limiter's limit named `name`, if it takes its quota from the
+    /// store; with `quota`, also that quota as the limit (validated, of the
+    /// limit's algorithm).
+    fn kept(&self, name: &str, quota: Option<Quota>) -> Result<(Limit, Option<Limit>), Error> {
+        let Some(own) = self
+            .limits()
+            .into_iter()
+            .find(|l| l.name() == name && l.is_quota_from_store())
+        else {
+            return Err(ConfigError::Stored(format!(
+                "the limiter has no limit {name:?} that takes its quota from the store \
+                 (see Limit::quota_from_store)"
+            ))
+            .into());
+        };
+        let Some(quota) = quota else {
+            return Ok((own, None));
+        };
+        if quota.algorithm() != own.quota().algorithm() {
+            return Err(ConfigError::Stored(format!(
+                "limit {name:?} uses the {} algorithm, the quota the {}: a stored quota \
+                 keeps the limit's algorithm (its state)",
+                own.quota().algorithm(),
+                quota.algorithm()
+            ))
+            .into());
+        }
+        let mut kept = Limit::new(name, quota)?.quota_from_store();
+        if own.is_shadow() {
+            kept = kept.shadow();
+        }
+        Ok((own, Some(kept)))
+    }
+
+    fn stored_deadline(&self) -> Deadline {
+        Deadline::after(self.inner.timeout.max(STORED_TIMEOUT))
+    }
+
+    async fn read(&self, name: &str, key: Option<&[u8]>) -> Result<Option<Quota>, Error> {
+        let (own, _) = self.kept(name, None)?;
+        let check = Check {
+            limit: &own,
+            key: key.unwrap_or_default(),
+            cost: 0,
+        };
+        let deadline = self.stored_deadline();
+        let store = &self.inner.store;
+        store
+            .read_quota(&check, key.is_some(), deadline)
+            .get()
+            .await
+    }
+
+    async fn write(
+        &self,
+        name: &str,
+        key: Option<&[u8]>,
+        quota: Option<Quota>,
+        ttl: Option<Duration>,
+        if_absent: bool,
+    ) -> Result<bool, Error> {
+        let (own, kept) = self.kept(name, quota)?;
+        let change = match &kept {
+            Some(limit) => QuotaChange::Keep {
+                limit,
+                ttl,
+                if_absent,
+            },
+            None => QuotaChange::Remove,
+        };
+        let check = Check {
+            limit: &own,
+            key: key.unwrap_or_default(),
+            cost: 0,
+        };
+        let deadline = self.stored_deadline();
+        let store = &self.inner.store;
+        store
+            .write_quota(&check, key.is_some(), change, deadline)
+            .get()
+            .await
+    }
+
+    /// The quota kept in the store for the limit `limit` (Redisson's
+    /// `getConfig`), if any: an equal one (a bucket's rate and period in
+    /// lowest terms). See [`Limit::quota_from_store`].
+    pub async fn stored_quota(&self, limit: &str) -> Result<Option<Quota>, Error> {
+        self.read(limit, None).await
+    }
+
+    /// Keeps `quota` in the store for the limit `limit` (Redisson's
+    /// `setRate`): every instance's next decision of that limit uses it,
+    /// for every key without an override. The limit must take its quota from
+    /// the store ([`Limit::quota_from_store`]) and `quota` must be valid and
+    /// of the limit's algorithm ([`Error::Config`] otherwise). State carries
+    /// over as in a rolling deploy.
+    ///
+    /// On a cluster the quota is copied to every slot, one write per slot,
+    /// so that each decision reads it in its own slot; a change that fails
+    /// part way (an error) may leave slots with the old quota: set it
+    /// again.
+    pub async fn set_stored_quota(&self, limit: &str, quota: Quota) -> Result<(), Error> {
+        self.write(limit, None, Some(quota), None, false).await?;
+        Ok(())
+    }
+
+    /// [`set_stored_quota`](Self::set_stored_quota) unless a quota is kept
+    /// already (Redisson's `trySetRate`); whether it was set.
+    pub async fn set_stored_quota_if_absent(
+        &self,
+        limit: &str,
+        quota: Quota,
+    ) -> Result<bool, Error> {
+        self.write(limit, None, Some(quota), None, true).await
+    }
+
+    /// Removes the quota kept for the limit `limit`: its own quota decides
+    /// again, state carried over. Whether one was kept.
+    pub async fn remove_stored_quota(&self, limit: &str) -> Result<bool, Error> {
+        self.write(limit, None, None, None, false).await
+    }
+
+    /// Gives `key` its own quota in the limit `limit` (one customer, one
+    /// phone number), for `ttl` when given: it takes precedence over the
+    /// limit's stored and own quotas for that key only, in every instance's
+    /// next decision. Same conditions as
+    /// [`set_stored_quota`](Self::set_stored_quota). Kept beside the key's
+    /// state (one slot on a cluster); [`reset`](Self::reset) leaves it.
+    pub async fn set_override(
+        &self,
+        limit: &str,
+        key: impl AsRef<[u8]>,
+        quota: Quota,
+        ttl: Option<Duration>,
+    ) -> Result<(), Error> {
+        let key = key.as_ref();
+        self.write(limit, Some(key), Some(quota), ttl, false)
+            .await?;
+        Ok(())
+    }
+
+    /// `key`'s override in the limit `limit`, if one is in force.
+    pub async fn stored_override(
+        &self,
+        limit: &str,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<Quota>, Error> {
+        self.read(limit, Some(key.as_ref())).await
+    }
+
+    /// Removes `key`'s override in the limit `limit`: the key returns to the
+    /// limit's quota, its state carried over. Whether one was in force.
+    pub async fn remove_override(&self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+        let key = key.as_ref();
+        self.write(limit, Some(key), None, None, false).await
+    }
+}

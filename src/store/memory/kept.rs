@@ -1,0 +1,197 @@
+//! Quotas kept in the store (see `Limit::quota_from_store`): a limit's, in
+//! a map swapped whole on a change (read without a lock), and a key's
+//! override, in the shard of the key beside its state.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
+use smallvec::SmallVec;
+
+use super::table::{Hasher, Key};
+use super::{lock, Inner, MemoryStore};
+use crate::algorithm::Params;
+use crate::store::{Check, QuotaChange};
+use crate::Limit;
+
+/// The quotas kept by limit name, and how many overrides all shards hold.
+#[derive(Default)]
+pub(super) struct Kept {
+    limits: ArcSwap<HashMap<&'static str, Limit>>,
+    /// Held while `limits` is replaced.
+    writing: Mutex<()>,
+    pub(super) overrides: std::sync::atomic::AtomicUsize,
+}
+
+/// A key's override of a limit's quota.
+pub(super) struct Override {
+    limit: Limit,
+    /// Store time (us) it ends, if it does.
+    until: Option<i64>,
+}
+
+/// The overrides of one shard, by limit name and key.
+pub(super) type Overrides = HashMap<(&'static str, Key), Override>;
+
+impl Inner {
+    /// `check`'s override, while it lasts (one that has ended is dropped).
+    fn override_of(&self, check: &Check<'_>, now: i64) -> Option<Limit> {
+        if self.kept.overrides.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let hash = self.hasher.hash(check.key);
+        let mut shard = lock(&self.shards[Hasher::shard(hash)]);
+        let id = (check.limit.shared_name(), Key::from_slice(check.key));
+        match shard.overrides.get(&id) {
+            Some(o) if o.until.is_none_or(|until| until > now) => Some(o.limit.clone()),
+            Some(_) => {
+                shard.overrides.remove(&id);
+                self.kept.overrides.fetch_sub(1, Ordering::AcqRel);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// The quota kept for `check`: its key's override, else its limit's;
+    /// one of another algorithm than the limit's does not count.
+    fn kept_for(&self, check: &Check<'_>, now: i64) -> Option<Limit> {
+        let algorithm = check.limit.params().algorithm();
+        let same = |limit: &Limit| limit.params().algorithm() == algorithm;
+        if let Some(limit) = self.override_of(check, now).filter(same) {
+            return Some(limit);
+        }
+        let limits = self.kept.limits.load();
+        limits
+            .get(check.limit.shared_name())
+            .filter(|l| same(l))
+            .cloned()
+    }
+}
+
+impl MemoryStore {
+    /// Runs `f` on `checks`, each limit whose quota may be kept in the store
+    /// replaced by the one kept, if any; also returns, per limit, the
+    /// parameters of a kept one that decided (`None` when none did).
+    pub(super) fn with_kept<R>(
+        &self,
+        checks: &[Check<'_>],
+        f: impl FnOnce(&[Check<'_>]) -> R,
+    ) -> (R, Option<Box<[Option<Params>]>>) {
+        if !checks.iter().any(|c| c.limit.is_quota_from_store()) {
+            return (f(checks), None);
+        }
+        let now = self.inner.clock.now_micros();
+        let kept: SmallVec<[Option<Limit>; 2]> = checks
+            .iter()
+            .map(|c| {
+                c.limit
+                    .is_quota_from_store()
+                    .then(|| self.inner.kept_for(c, now))
+                    .flatten()
+            })
+            .collect();
+        if kept.iter().all(Option::is_none) {
+            return (f(checks), None);
+        }
+        let resolved: SmallVec<[Check<'_>; 2]> = checks
+            .iter()
+            .zip(&kept)
+            .map(|(c, k)| Check {
+                limit: k.as_ref().unwrap_or(c.limit),
+                ..*c
+            })
+            .collect();
+        let stored = kept
+            .iter()
+            .map(|k| k.as_ref().map(|l| *l.params()))
+            .collect();
+        (f(&resolved), Some(stored))
+    }
+
+    pub(super) fn read_quota_now(&self, check: &Check<'_>, keyed: bool) -> Option<crate::Quota> {
+        let inner = &*self.inner;
+        let limit = if keyed {
+            inner.override_of(check, inner.clock.now_micros())
+        } else {
+            inner
+                .kept
+                .limits
+                .load()
+                .get(check.limit.shared_name())
+                .cloned()
+        };
+        limit.map(|l| *l.quota())
+    }
+
+    pub(super) fn write_quota_now(
+        &self,
+        check: &Check<'_>,
+        keyed: bool,
+        change: QuotaChange<'_>,
+    ) -> bool {
+        let inner = &*self.inner;
+        let name = check.limit.shared_name();
+        if !keyed {
+            let _writing = inner
+                .kept
+                .writing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let current = inner.kept.limits.load_full();
+            let mut next = HashMap::clone(&current);
+            let changed = match change {
+                QuotaChange::Keep {
+                    if_absent: true, ..
+                } if next.contains_key(name) => false,
+                QuotaChange::Keep { limit, .. } => {
+                    next.insert(name, limit.clone());
+                    true
+                }
+                QuotaChange::Remove => next.remove(name).is_some(),
+            };
+            inner.kept.limits.store(Arc::new(next));
+            return changed;
+        }
+        let now = inner.clock.now_micros();
+        let hash = inner.hasher.hash(check.key);
+        let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
+        let id = (name, Key::from_slice(check.key));
+        let lasting = match shard.overrides.get(&id) {
+            Some(o) if o.until.is_some_and(|until| until <= now) => {
+                shard.overrides.remove(&id);
+                inner.kept.overrides.fetch_sub(1, Ordering::AcqRel);
+                false
+            }
+            found => found.is_some(),
+        };
+        match change {
+            QuotaChange::Keep {
+                if_absent: true, ..
+            } if lasting => false,
+            QuotaChange::Keep { limit, ttl, .. } => {
+                let until = ttl.map(|ttl| {
+                    let us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
+                    now.saturating_add(us.max(1))
+                });
+                let limit = limit.clone();
+                if shard
+                    .overrides
+                    .insert(id, Override { limit, until })
+                    .is_none()
+                {
+                    inner.kept.overrides.fetch_add(1, Ordering::AcqRel);
+                }
+                true
+            }
+            QuotaChange::Remove => {
+                let removed = shard.overrides.remove(&id).is_some();
+                if removed {
+                    inner.kept.overrides.fetch_sub(1, Ordering::AcqRel);
+                }
+                removed && lasting
+            }
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Quotas kept in the store (`Limit::quota_from_store`): set through one
+//! limiter, in force for every other's next decision; per-key overrides;
+//! removal falls back to the limit's own quota with the state carried over.
+//! On both stores (the Redis one as two instances on one Redis).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{unique_prefix, PATIENT};
+use tower_ratelimit::{Error, Limit, Limiter, MemoryStore, Quota, RedisStore, Store};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn reports(n: u64) -> Quota {
+    Quota::fixed_window(n, HOUR)
+}
+
+fn limit(name: &str, n: u64) -> Limit {
+    Limit::new(name, reports(n))
+        .expect("valid limit")
+        .quota_from_store()
+}
+
+fn limiter(store: impl Store, limits: &[Limit]) -> Limiter {
+    limits
+        .iter()
+        .cloned()
+        .fold(Limiter::builder(store), |b, l| b.limit(l))
+        .timeout(PATIENT)
+        .build()
+        .expect("limiter")
+}
+
+/// Two instances of one service: two limiters over the memory store (one
+/// process), and two Redis stores on one Redis and prefix (two processes).
+fn instances(test: &str, limits: &[Limit]) -> Vec<(&'static str, Limiter, Limiter)> {
+    let memory = MemoryStore::new();
+    let prefix = unique_prefix(test);
+    vec![
+        (
+            "memory",
+            limiter(memory.clone(), limits),
+            limiter(memory, limits),
+        ),
+        (
+            "redis",
+            limiter(common::redis_store(&prefix), limits),
+            limiter(common::redis_store(&prefix), limits),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn a_stored_quota_set_in_one_instance_decides_in_the_other() {
+    for (store, a, b) in instances("stored-set", &[limit("reports", 2)]) {
+        assert_eq!(
+            a.stored_quota("reports").await.expect("read"),
+            None,
+            "{store}"
+        );
+        let d = b.check("acme", 1).await.expect("decides");
+        assert_eq!((d.limit(), d.remaining()), (2, 1), "{store}: its own quota");
+
+        a.set_stored_quota("reports", reports(5))
+            .await
+            .expect("set");
+        assert_eq!(
+            b.stored_quota("reports").await.expect("read"),
+            Some(reports(5))
+        );
+        let d = b.check("acme", 1).await.expect("decides");
+        assert_eq!(
+            (d.limit(), d.remaining()),
+            (5, 3),
+            "{store}: the stored quota, 1 used"
+        );
+        for _ in 0..3 {
+            assert!(b.check("acme", 1).await.expect("decides").is_allowed());
+        }
+        assert!(
+            !a.check("acme", 1).await.expect("decides").is_allowed(),
+            "{store}"
+        );
+
+        // removed: the own quota again, what was used still counts
+        assert!(b.remove_stored_quota("reports").await.expect("remove"));
+        assert!(!b.remove_stored_quota("reports").await.expect("remove"));
+        let d = a.check("other", 1).await.expect("decides");
+        assert_eq!((d.limit(), d.remaining()), (2, 1), "{store}");
+        assert!(
+            !a.check("acme", 1).await.expect("decides").is_allowed(),
+            "{store}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn set_if_absent_keeps_the_first() {
+    for (store, a, b) in instances("stored-nx", &[limit("reports", 2)]) {
+        assert!(a
+            .set_stored_quota_if_absent("reports", reports(7))
+            .await
+            .expect("set"));
+        assert!(!b
+            .set_stored_quota_if_absent("reports", reports(9))
+            .await
+            .expect("set"));
+        assert_eq!(
+            b.stored_quota("reports").await.expect("read"),
+            Some(reports(7)),
+            "{store}"
+        );
+        assert_eq!(
+            b.check("k", 1).await.expect("decides").limit(),
+            7,
+            "{store}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_override_applies_to_its_key_only_and_its_removal_carries_state() {
+    for (store, a, b) in instances("stored-override", &[limit("sms", 3)]) {
+        a.set_stored_quota("sms", reports(4)).await.expect("set");
+        a.set_override("sms", "+15550100", reports(10), None)
+            .await
+            .expect("override");
+        assert_eq!(
+            b.stored_override("sms", "+15550100").await.expect("read"),
+            Some(reports(10))
+        );
+        assert_eq!(
+            b.stored_override("sms", "+15550199").await.expect("read"),
+            None
+        );
+        let d = b.check("+15550100", 6).await.expect("decides");
+        assert!(d.is_allowed() && d.limit() == 10, "{store}: {d:?}");
+        let d = b.check("+15550199", 1).await.expect("decides");
+        assert_eq!(
+            (d.limit(), d.remaining()),
+            (4, 3),
+            "{store}: others keep the limit's"
+        );
+
+        assert!(a.remove_override("sms", "+15550100").await.expect("remove"));
+        assert!(!a.remove_override("sms", "+15550100").await.expect("remove"));
+        // back to 4, with 6 used: refused
+        let d = b.check("+15550100", 1).await.expect("decides");
+        assert!(!d.is_allowed() && d.limit() == 4, "{store}: {d:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_override_with_a_ttl_ends_by_itself() {
+    for (store, a, b) in instances("stored-ttl", &[limit("sms", 1)]) {
+        a.set_override("sms", "vip", reports(100), Some(Duration::from_millis(200)))
+            .await
+            .expect("override");
+        assert_eq!(
+            b.check("vip", 1).await.expect("decides").limit(),
+            100,
+            "{store}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let d = b.check("vip", 0).await.expect("decides");
+            if d.limit() == 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{store}: the override never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            b.stored_override("sms", "vip").await.expect("read"),
+            None,
+            "{store}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn several_limits_each_read_their_own_stored_quota() {
+    let plain = Limit::new("plain", Quota::fixed_window(50, HOUR)).expect("limit");
+    let limits = [limit("first", 2), plain, limit("third", 3)];
+    for (store, a, b) in instances("stored-many", &limits) {
+        a.set_stored_quota("third", reports(30)).await.expect("set");
+        let d = b.check("k", 1).await.expect("decides");
+        let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
+        assert_eq!(caps, [2, 50, 30], "{store}");
+        a.set_override("first", "k", reports(20), None)
+            .await
+            .expect("override");
+        let d = b.check("k", 1).await.expect("decides");
+        let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
+        assert_eq!(caps, [20, 50, 30], "{store}");
+        let remaining: Vec<u64> = d.statuses().iter().map(|s| s.remaining()).collect();
+        assert_eq!(remaining, [18, 48, 28], "{store}");
+        // take and refund decide with the same quotas
+        let taken = b.take_up_to("k", 100).await.expect("takes");
+        assert_eq!(taken.granted(), 18, "{store}");
+        assert!(taken.refund().await.expect("refunds"), "{store}");
+        assert_eq!(b.peek("k").await.expect("looks").remaining(), 18, "{store}");
+    }
+}
+
+#[tokio::test]
+async fn a_stored_quota_of_another_algorithm_does_not_decide() {
+    let prefix = unique_prefix("stored-other-algorithm");
+    let window = limit("mixed", 2);
+    let gcra = Limit::new("mixed", Quota::gcra(100, HOUR, 100))
+        .expect("limit")
+        .quota_from_store();
+    let windows = limiter(common::redis_store(&prefix), &[window]);
+    let buckets = limiter(common::redis_store(&prefix), &[gcra]);
+    buckets
+        .set_stored_quota("mixed", Quota::gcra(500, HOUR, 500))
+        .await
+        .expect("set");
+    assert_eq!(buckets.check("k", 1).await.expect("decides").limit(), 500);
+    assert_eq!(windows.check("k", 1).await.expect("decides").limit(), 2);
+}
+
+#[tokio::test]
+async fn bad_requests_change_nothing() {
+    for (store, a, _) in instances("stored-bad", &[limit("reports", 2)]) {
+        let other = a
+            .set_stored_quota("reports", Quota::sliding_log(5, HOUR))
+            .await;
+        assert!(matches!(other, Err(Error::Config(_))), "{store}: {other:?}");
+        let unknown = a.set_stored_quota("nope", reports(5)).await;
+        assert!(matches!(unknown, Err(Error::Config(_))), "{store}");
+        let zero = a.set_override("reports", "k", reports(0), None).await;
+        assert!(matches!(zero, Err(Error::Config(_))), "{store}");
+        assert_eq!(
+            a.stored_quota("reports").await.expect("read"),
+            None,
+            "{store}"
+        );
+        assert_eq!(
+            a.check("k", 1).await.expect("decides").limit(),
+            2,
+            "{store}"
+        );
+    }
+    // a limit that does not take its quota from the store has none to set
+    let fixed = Limit::new("fixed", reports(2)).expect("limit");
+    let plain = limiter(MemoryStore::new(), &[fixed]);
+    assert!(matches!(
+        plain.set_stored_quota("fixed", reports(3)).await,
+        Err(Error::Config(_))
+    ));
+}
+
+#[tokio::test]
+async fn the_headers_of_a_layer_follow_the_stored_quota() {
+    use axum::body::Body;
+    use axum::http::Request;
+    use axum::routing::get;
+    use axum::Router;
+    use tower::ServiceExt;
+    use tower_ratelimit::key::Global;
+    use tower_ratelimit::layer::RateLimitLayer;
+
+    let prefix = unique_prefix("stored-layer");
+    let store: RedisStore = common::redis_store(&prefix);
+    let api = limit("api", 2);
+    let app = Router::new().route(
+        "/",
+        get(|| async { "ok" }).layer(
+            RateLimitLayer::builder()
+                .store(store.clone())
+                .limit(api.clone(), Global)
+                .build()
+                .expect("layer"),
+        ),
+    );
+    let policy = |app: Router| async move {
+        let response = app
+            .oneshot(Request::get("/").body(Body::empty()).expect("request"))
+            .await
+            .expect("infallible");
+        let policy = response.headers().get("ratelimit-policy").cloned();
+        (
+            response.status().as_u16(),
+            policy.map(|v| v.to_str().expect("ascii").to_owned()),
+        )
+    };
+    assert_eq!(
+        policy(app.clone()).await,
+        (200, Some("\"api\";q=2;w=3600".into()))
+    );
+    limiter(store, &[api])
+        .set_stored_quota("api", reports(9))
+        .await
+        .expect("set");
+    assert_eq!(
+        policy(app.clone()).await,
+        (200, Some("\"api\";q=9;w=3600".into()))
+    );
+}
