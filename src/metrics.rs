@@ -8,6 +8,7 @@
 //! | [`DECISIONS`] | counter | `limit`, `outcome` | decisions, per limit and [`Outcome`] |
 //! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`, `refund`, `take`) | seconds per store call, failures and timeouts included |
 //! | [`MEMORY_STORE_KEYS`] | gauge | | key states held by this process's memory stores (the stores, a layer's memory fallback), refreshed at most once a second per store |
+//! | [`PLAN_LOOKUPS`] | counter | `result` (`found`, `unknown`, `failed`, `timed_out`, `oversized`) | lookups of plan resolvers (feature `resolver`), cache hits not counted; `oversized`: a lookup key too long, refused without a lookup |
 //!
 //! A decision counts once under each limit it involved: under every limit
 //! when it is allowed or the store failed, under the limits that refused it
@@ -44,6 +45,8 @@ pub const DECISIONS: &str = "tower_ratelimit_decisions_total";
 pub const STORE_DURATION: &str = "tower_ratelimit_store_duration_seconds";
 /// Gauge of the key states held in memory stores.
 pub const MEMORY_STORE_KEYS: &str = "tower_ratelimit_memory_store_keys";
+/// Counter of plan lookups (feature `resolver`), labelled `result`.
+pub const PLAN_LOOKUPS: &str = "tower_ratelimit_plan_lookups_total";
 
 /// The `outcome` label of [`DECISIONS`]: every value it can take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

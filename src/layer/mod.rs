@@ -60,6 +60,7 @@
 //! | delay mode, grant within `max_delay` | forwarded after the wait; nothing is answered early |
 //! | delay mode, [`max_waiting`](RateLimitLayerBuilder::max_waiting) requests already waiting | decided without waiting: forwarded if granted now, else 429 with the wait as `Retry-After` |
 //! | no key for a limit | per [`MissingKey`] (the layer's, or the limit's own [`Rule::on_missing_key`]): 400 by default; when every limit is skipped, forwarded without a decision |
+//! | a resolved limit's plan (feature `resolver`, `Rule::resolved`) is not found: unknown lookup key, lookup failed or timed out, lookup key too long | as no key for that limit, per [`MissingKey`]; the failures logged at `warn` at most once per interval |
 //! | exempt ([`RateLimitLayerBuilder::skip_if`]; one limit: [`Rule::skip_if`]) | forwarded without a decision (that limit left out), nothing counted |
 //! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned |
 //! | a limit in [shadow mode](crate::Limit::shadow) would refuse | forwarded; counted `shadow_denied`; shadow limits are left out of the headers |
@@ -76,6 +77,8 @@ mod body;
 mod future;
 mod info;
 mod outage;
+#[cfg(feature = "resolver")]
+mod plan;
 mod response;
 mod rule;
 mod service;
@@ -90,6 +93,9 @@ use http::{Response, StatusCode};
 pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
+#[cfg(feature = "resolver")]
+#[cfg_attr(docsrs, doc(cfg(feature = "resolver")))]
+pub use self::plan::{Plan, PlanResolver, PlanResolverBuilder};
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
@@ -562,8 +568,10 @@ impl RateLimitLayerBuilder {
         let refundable = self.refund_if.is_some()
             || rules.iter().any(|r| r.refund_if.is_some())
             || !self.max_delay.is_zero();
+        // (a resolved rule's plan is awaited: never within `call`)
         let at_once = limiter.answers_at_once()
             && !refundable
+            && !rules.iter().any(CompiledRule::is_resolved)
             && !rules
                 .iter()
                 .flat_map(CompiledRule::limits)

@@ -61,6 +61,9 @@ pub struct Rule {
     pub(crate) refund_if: Option<ResponsePredicate>,
     pub(crate) tiers: Vec<(String, Quota)>,
     pub(crate) choose: Option<TierChoice>,
+    /// Where the key and tier come from instead ([`Rule::resolved`]).
+    #[cfg(feature = "resolver")]
+    pub(crate) plan: Option<super::plan::PlanResolver>,
 }
 
 impl std::fmt::Debug for Rule {
@@ -92,6 +95,8 @@ impl Rule {
             refund_if: None,
             tiers: Vec::new(),
             choose: None,
+            #[cfg(feature = "resolver")]
+            plan: None,
         }
     }
 
@@ -176,10 +181,12 @@ impl Rule {
     /// a live limit is told what the layer needs of its values: a fixed
     /// `cost` it holds, the algorithm of its tiers.
     pub(crate) fn compile(
-        self,
+        #[allow(unused_mut)] mut self,
         layer_missing: &MissingKey,
         cost: Option<u64>,
     ) -> Result<CompiledRule, ConfigError> {
+        #[cfg(feature = "resolver")]
+        super::plan::choose_plan_tiers(&mut self)?;
         let name = self.limit.name().to_owned();
         let current = Limit::clone(&self.limit.load());
         let on_missing = self.on_missing.unwrap_or_else(|| layer_missing.clone());
@@ -242,6 +249,8 @@ impl Rule {
             on_missing,
             refund_if: self.refund_if,
             choose: self.choose,
+            #[cfg(feature = "resolver")]
+            plan: self.plan,
         })
     }
 }
@@ -298,6 +307,8 @@ pub(crate) struct CompiledRule {
     pub(crate) on_missing: MissingKey,
     pub(crate) refund_if: Option<ResponsePredicate>,
     choose: Option<TierChoice>,
+    #[cfg(feature = "resolver")]
+    pub(crate) plan: Option<super::plan::PlanResolver>,
 }
 
 impl CompiledRule {
@@ -321,6 +332,15 @@ impl CompiledRule {
             || self.default.keyless.is_some()
             || self.default.limit.live().is_some()
             || self.default.limit.load().is_quota_from_store()
+    }
+
+    /// Whether the key and tier come from a plan resolver, awaited before
+    /// the rule is applied ([`Rule::resolved`]).
+    pub(crate) fn is_resolved(&self) -> bool {
+        #[cfg(feature = "resolver")]
+        return self.plan.is_some();
+        #[cfg(not(feature = "resolver"))]
+        false
     }
 
     /// The tier of this request.

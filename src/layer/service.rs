@@ -353,10 +353,19 @@ where
     let mut inner = inner.clone();
     let config = config.clone();
     ResponseFuture::boxed(async move {
+        // the plans of resolved rules, read while choosing (boxed: rare)
+        #[cfg(feature = "resolver")]
+        let mut parts = parts;
+        #[cfg(feature = "resolver")]
+        if config.rules.iter().any(|rule| rule.is_resolved()) {
+            Box::pin(super::plan::resolve(&config, &mut parts)).await;
+        }
         let chosen = match choose(&config, &parts) {
             Ok(chosen) => chosen,
             Err(answer) => return Ok(answer),
         };
+        #[cfg(feature = "resolver")]
+        super::plan::forget(&mut parts);
         let cost = cost_of(&config, &parts);
         let pairs = pairs_of(&chosen);
         // a place among the requests that may wait, while one is free
