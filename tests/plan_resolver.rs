@@ -1,0 +1,460 @@
+//! Rules whose key and tier come from an async lookup (`PlanResolver`):
+//! through the layer on an axum router, over the memory store and a real
+//! Redis. The lookup is the test's own directory of API keys, counting its
+//! calls; failures and slow lookups are made by the directory itself.
+
+mod common;
+mod events;
+
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use common::{redis_store, unique_prefix};
+use events::Events;
+use http::{HeaderName, Request, StatusCode};
+use tower::ServiceExt;
+use tower_ratelimit::key::Header;
+use tower_ratelimit::layer::{
+    MissingKey, Plan, PlanResolver, PlanResolverBuilder, RateLimitLayer, Rule,
+};
+use tower_ratelimit::{ConfigError, Limit, Quota};
+
+/// `n` requests per minute, all at once.
+fn per_minute(n: u64) -> Quota {
+    Quota::gcra(n, Duration::from_secs(60), n)
+}
+
+fn limit(name: &str, quota: Quota) -> Limit {
+    Limit::new(name, quota).expect("valid limit")
+}
+
+fn api_key() -> Header {
+    Header::new(HeaderName::from_static("x-api-key"))
+}
+
+/// The test's directory: API key -> plan. `a1` and `a2` belong to acme
+/// (default tier), `b` to globex (pro), `g` to initech (a tier no rule
+/// has), `slow` answers after 5 s, `broken` fails; anything else is
+/// unknown.
+async fn directory(api_key: Vec<u8>) -> Result<Option<Plan>, io::Error> {
+    match api_key.as_slice() {
+        b"a1" | b"a2" => Ok(Some(Plan::new("acme"))),
+        b"b" => Ok(Some(Plan::new("globex").with_tier("pro"))),
+        b"g" => Ok(Some(Plan::new("initech").with_tier("gold"))),
+        b"slow" => {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(Some(Plan::new("slowpoke")))
+        }
+        b"broken" => Err(io::Error::other("directory unavailable")),
+        _ => Ok(None),
+    }
+}
+
+/// A resolver over [`directory`] that counts its lookups in `calls`.
+fn counted(calls: &Arc<AtomicUsize>) -> PlanResolverBuilder {
+    let calls = calls.clone();
+    PlanResolver::builder(api_key(), move |key: Vec<u8>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        directory(key)
+    })
+}
+
+fn app(rules: impl IntoIterator<Item = Rule>) -> Router {
+    let layer = rules
+        .into_iter()
+        .fold(RateLimitLayer::builder(), |layer, rule| layer.rule(rule))
+        .build()
+        .expect("layer");
+    Router::new()
+        .route("/", get(|| async { "hi" }))
+        .layer(layer)
+}
+
+/// The status of a request with `x-api-key: key` (none for `None`), and
+/// whether it was rate-limited (has a `RateLimit` header).
+async fn send(app: &Router, key: Option<&str>) -> (StatusCode, bool) {
+    let mut request = Request::get("/");
+    if let Some(key) = key {
+        request = request.header("x-api-key", key);
+    }
+    let request = request.body(Body::empty()).expect("request");
+    // (a bound on a hung request, not a measurement)
+    let response = tokio::time::timeout(Duration::from_secs(30), app.clone().oneshot(request))
+        .await
+        .expect("the request is answered")
+        .expect("infallible");
+    (
+        response.status(),
+        response.headers().contains_key("ratelimit"),
+    )
+}
+
+fn calls_of(calls: &Arc<AtomicUsize>) -> usize {
+    calls.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn the_plan_decides_the_key_and_the_tier() {
+    let events = Events::capture();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).build().expect("resolver");
+    let app =
+        app([Rule::resolved(limit("reports", per_minute(2)), plans).tier("pro", per_minute(5))]);
+    // a1 and a2 are acme's: one limit of 2
+    assert_eq!(send(&app, Some("a1")).await, (StatusCode::OK, true));
+    assert_eq!(send(&app, Some("a2")).await, (StatusCode::OK, true));
+    assert_eq!(
+        send(&app, Some("a1")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, Some("a2")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // globex is on pro: 5
+    for _ in 0..5 {
+        assert_eq!(send(&app, Some("b")).await.0, StatusCode::OK);
+    }
+    assert_eq!(send(&app, Some("b")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // initech's tier "gold" is not one of the rule's: the default (2)
+    assert_eq!(send(&app, Some("g")).await.0, StatusCode::OK);
+    assert_eq!(send(&app, Some("g")).await.0, StatusCode::OK);
+    assert_eq!(send(&app, Some("g")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // each API key looked up once
+    assert_eq!(calls_of(&calls), 4);
+    // the unknown tier is logged, once
+    let unknown_tier: Vec<String> = events
+        .warnings()
+        .into_iter()
+        .filter(|line| line.contains("gold"))
+        .collect();
+    assert_eq!(unknown_tier.len(), 1, "{unknown_tier:?}");
+}
+
+#[tokio::test]
+async fn a_cached_plan_is_looked_up_again_only_after_its_ttl() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls)
+        .ttl(Duration::from_millis(500))
+        .build()
+        .expect("resolver");
+    let app = app([Rule::resolved(limit("api", per_minute(100)), plans.clone())]);
+    assert_eq!(send(&app, Some("a1")).await.0, StatusCode::OK);
+    assert_eq!(send(&app, Some("a1")).await.0, StatusCode::OK);
+    assert_eq!(
+        calls_of(&calls),
+        1,
+        "the second request is answered from the cache"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(send(&app, Some("a1")).await.0, StatusCode::OK);
+    assert_eq!(
+        calls_of(&calls),
+        2,
+        "after the TTL the key is looked up again"
+    );
+    // invalidated: looked up again at once
+    plans.invalidate(b"a1").await;
+    assert_eq!(send(&app, Some("a1")).await.0, StatusCode::OK);
+    assert_eq!(calls_of(&calls), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_for_an_uncached_key_make_one_lookup() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow_calls = calls.clone();
+    // a lookup that takes a while, so that every request arrives during it
+    let plans = PlanResolver::builder(api_key(), move |key: Vec<u8>| {
+        slow_calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            directory(key).await
+        }
+    })
+    .timeout(Duration::from_secs(20))
+    .build()
+    .expect("resolver");
+    let app = app([Rule::resolved(limit("api", per_minute(100)), plans)]);
+    let requests: Vec<_> = (0..32)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, Some("a1")).await })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.expect("task").0, StatusCode::OK);
+    }
+    assert_eq!(calls_of(&calls), 1);
+}
+
+#[tokio::test]
+async fn an_unknown_key_is_cached_as_unknown_and_has_no_key() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls)
+        .unknown_ttl(Duration::from_millis(500))
+        .build()
+        .expect("resolver");
+    let rejecting = app([Rule::resolved(limit("api", per_minute(100)), plans.clone())]);
+    for _ in 0..5 {
+        assert_eq!(
+            send(&rejecting, Some("made-up")).await,
+            (StatusCode::BAD_REQUEST, false)
+        );
+    }
+    assert_eq!(
+        calls_of(&calls),
+        1,
+        "a flood of one unknown key costs one lookup"
+    );
+    // the rule's own policy applies, as to a request without a key
+    let skipping =
+        app(
+            [
+                Rule::resolved(limit("api", per_minute(100)), plans)
+                    .on_missing_key(MissingKey::Skip),
+            ],
+        );
+    assert_eq!(
+        send(&skipping, Some("made-up")).await,
+        (StatusCode::OK, false)
+    );
+    assert_eq!(send(&skipping, None).await, (StatusCode::OK, false));
+    assert_eq!(calls_of(&calls), 1);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(send(&skipping, Some("made-up")).await.0, StatusCode::OK);
+    assert_eq!(calls_of(&calls), 2, "unknown keys expire too");
+}
+
+#[tokio::test]
+async fn a_failed_lookup_is_not_cached_and_has_no_key() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).build().expect("resolver");
+    let rejecting = app([Rule::resolved(limit("api", per_minute(100)), plans.clone())]);
+    assert_eq!(
+        send(&rejecting, Some("broken")).await,
+        (StatusCode::BAD_REQUEST, false)
+    );
+    assert_eq!(
+        send(&rejecting, Some("broken")).await,
+        (StatusCode::BAD_REQUEST, false)
+    );
+    assert_eq!(calls_of(&calls), 2, "a failure is not cached");
+    // a shared keyless limit counts them together
+    let shared = app([Rule::resolved(limit("api", per_minute(1)), plans)
+        .on_missing_key(MissingKey::Shared("anonymous".into()))]);
+    assert_eq!(send(&shared, Some("broken")).await, (StatusCode::OK, true));
+    assert_eq!(
+        send(&shared, Some("broken")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // a known client is not in the keyless limit
+    assert_eq!(send(&shared, Some("a1")).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_lookup_slower_than_the_timeout_has_no_key() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls)
+        .timeout(Duration::from_millis(100))
+        .build()
+        .expect("resolver");
+    let rejecting = app([Rule::resolved(limit("api", per_minute(100)), plans.clone())]);
+    assert_eq!(
+        send(&rejecting, Some("slow")).await,
+        (StatusCode::BAD_REQUEST, false)
+    );
+    let skipping =
+        app(
+            [
+                Rule::resolved(limit("api", per_minute(100)), plans)
+                    .on_missing_key(MissingKey::Skip),
+            ],
+        );
+    assert_eq!(send(&skipping, Some("slow")).await, (StatusCode::OK, false));
+    assert_eq!(calls_of(&calls), 2, "a timed-out lookup is not cached");
+}
+
+#[tokio::test]
+async fn invented_keys_cannot_grow_the_cache_beyond_its_bound() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).max_entries(100).build().expect("resolver");
+    let app = app([Rule::resolved(limit("api", per_minute(100)), plans.clone())]);
+    for i in 0..3_000 {
+        let key = format!("invented-{i}");
+        assert_eq!(send(&app, Some(&key)).await.0, StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(calls_of(&calls), 3_000);
+    let cached = plans.cached().await;
+    assert!(cached <= 100, "{cached} entries cached");
+    // a real client still gets its plan
+    assert_eq!(send(&app, Some("a1")).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn an_oversized_lookup_key_is_not_looked_up() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).build().expect("resolver");
+    let app = app([Rule::resolved(limit("api", per_minute(100)), plans.clone())]);
+    let longest = "k".repeat(256);
+    assert_eq!(send(&app, Some(&longest)).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(calls_of(&calls), 1, "256 bytes are looked up");
+    let oversized = "k".repeat(257);
+    for _ in 0..3 {
+        assert_eq!(
+            send(&app, Some(&oversized)).await.0,
+            StatusCode::BAD_REQUEST
+        );
+    }
+    assert_eq!(calls_of(&calls), 1, "257 bytes are not");
+    assert_eq!(plans.cached().await, 1, "nor cached");
+    // an empty key is no key either
+    assert_eq!(send(&app, Some("")).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(calls_of(&calls), 1);
+}
+
+#[tokio::test]
+async fn failed_lookups_are_logged_once_per_interval_without_their_keys() {
+    let events = Events::capture();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls)
+        .error_log_interval(Duration::from_secs(3600))
+        .build()
+        .expect("resolver");
+    let app = app([Rule::resolved(limit("api", per_minute(100)), plans)]);
+    for _ in 0..20 {
+        assert_eq!(send(&app, Some("broken")).await.0, StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(calls_of(&calls), 20);
+    let warnings: Vec<String> = events
+        .warnings()
+        .into_iter()
+        .filter(|line| line.contains("plan lookup"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("directory unavailable"),
+        "{warnings:?}"
+    );
+    assert!(
+        !warnings[0].contains("broken"),
+        "the key is not logged: {warnings:?}"
+    );
+}
+
+#[tokio::test]
+async fn rules_sharing_a_resolver_look_each_key_up_once() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).build().expect("resolver");
+    let shared = app([
+        Rule::resolved(limit("larger", per_minute(3)), plans.clone()),
+        Rule::resolved(limit("smaller", per_minute(2)), plans.clone()),
+    ]);
+    assert_eq!(send(&shared, Some("a1")).await.0, StatusCode::OK);
+    assert_eq!(send(&shared, Some("a2")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&shared, Some("a1")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(calls_of(&calls), 2);
+    // a rule a request is exempt from does not look its key up
+    let exempt_calls = Arc::new(AtomicUsize::new(0));
+    let exempt = app([Rule::resolved(
+        limit("api", per_minute(3)),
+        counted(&exempt_calls).build().expect("resolver"),
+    )
+    .skip_if(|request| request.uri.query() == Some("free"))]);
+    let request = Request::get("/?free")
+        .header("x-api-key", "a1")
+        .body(Body::empty())
+        .expect("request");
+    let response = exempt.oneshot(request).await.expect("infallible");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(calls_of(&exempt_calls), 0);
+}
+
+#[test]
+fn misconfigurations_are_build_errors() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = || counted(&calls).build().expect("resolver");
+    // the tier comes from the plan: choose_tier cannot choose it too
+    let err = RateLimitLayer::builder()
+        .rule(
+            Rule::resolved(limit("api", per_minute(2)), plans())
+                .tier("pro", per_minute(5))
+                .choose_tier(|_| Some("pro")),
+        )
+        .build()
+        .expect_err("two ways to choose a tier");
+    assert!(matches!(err, ConfigError::Tiers(_)), "{err}");
+    // tiers without choose_tier are the plans' to choose; no tiers are fine
+    for rule in [
+        Rule::resolved(limit("api", per_minute(2)), plans()).tier("pro", per_minute(5)),
+        Rule::resolved(limit("api", per_minute(2)), plans()),
+    ] {
+        RateLimitLayer::builder().rule(rule).build().expect("valid");
+    }
+    // a tier of another algorithm is still refused
+    let err = RateLimitLayer::builder()
+        .rule(
+            Rule::resolved(limit("api", per_minute(2)), plans())
+                .tier("pro", Quota::per_minute(5).fixed_window()),
+        )
+        .build()
+        .expect_err("another algorithm");
+    assert!(matches!(err, ConfigError::Tiers(_)), "{err}");
+    for builder in [
+        counted(&calls).timeout(Duration::ZERO),
+        counted(&calls).timeout(Duration::from_secs(2 * 3600)),
+        counted(&calls).max_entries(0),
+        counted(&calls).max_key_len(0),
+    ] {
+        let err = builder.build().expect_err("invalid resolver");
+        assert!(matches!(err, ConfigError::Layer(_)), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn two_instances_over_redis_share_a_tenant_limit() {
+    let prefix = unique_prefix("plan-resolver");
+    let calls = Arc::new(AtomicUsize::new(0));
+    // two instances, each with its own resolver (and cache), one Redis
+    let instance = || {
+        let layer = RateLimitLayer::builder()
+            .store(redis_store(&prefix))
+            .rule(
+                Rule::resolved(
+                    limit("reports", per_minute(2)),
+                    counted(&calls).build().expect("resolver"),
+                )
+                .tier("pro", per_minute(4)),
+            )
+            .build()
+            .expect("layer");
+        Router::new()
+            .route("/", get(|| async { "hi" }))
+            .layer(layer)
+    };
+    let (one, two) = (instance(), instance());
+    assert_eq!(send(&one, Some("a1")).await, (StatusCode::OK, true));
+    assert_eq!(send(&two, Some("a2")).await, (StatusCode::OK, true));
+    assert_eq!(
+        send(&one, Some("a2")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&two, Some("a1")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    for app in [&one, &two, &one, &two] {
+        assert_eq!(send(app, Some("b")).await.0, StatusCode::OK);
+    }
+    assert_eq!(send(&one, Some("b")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(send(&two, Some("unknown")).await.0, StatusCode::BAD_REQUEST);
+    // per instance: a1, a2, b (and the unknown key on the second)
+    assert_eq!(calls_of(&calls), 7);
+}
