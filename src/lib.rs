@@ -114,7 +114,8 @@ mod text;
     feature = "axum",
     feature = "cluster",
     feature = "sentinel",
-    feature = "tls"
+    feature = "tls",
+    feature = "resolver"
 ))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
