@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 use super::rule::Rule;
 use super::Config;
 use crate::key::{KeyBuf, KeyExtractor};
-use crate::{ConfigError, Limit};
+use crate::ConfigError;
 
 const DEFAULT_MAX_ENTRIES: u64 = 10_000;
 const DEFAULT_TTL: Duration = Duration::from_secs(60);
