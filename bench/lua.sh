@@ -25,6 +25,9 @@
 #   fw:    ... :fw   4:65535:1000000:0:0:1        (65535 per s)
 #   sw:    ... :sw   5:65535:1000000:1:0:1        (65535 per s)
 #   log:   FCALL <fn> 2 ...:log ...:meta 1:1000:1000000:0:0:1 (1000 per s)
+#   gcra-stored: FCALL <fn> 2 ...:gcra bench:q:hello c3:65535:1:1000:0:1
+#          (the GCRA limit with `Limit::quota_from_store`, nothing kept)
+#   gcra-kept: the same with its quota kept in the hash bench:q:hello
 #
 # the quotas of bench/peers (`ours-redis*` modes), the arguments as
 # `Limit::wire()` and `RedisStore::encode` write them for one check of cost
@@ -41,7 +44,7 @@
 # machine.
 #
 # Environment: ROUNDS (3), N (200000), C (50), KEYS (10000), ALGS (gcra tb fw
-# sw log), FLOOR (1: also the empty Function and script), REDIS_CPU (0),
+# sw log; gcra-stored and gcra-kept on request), FLOOR (1: also the empty Function and script), REDIS_CPU (0),
 # LOAD_CPU (1), OUT (raw outputs; default a new temporary folder). Needs
 # redis-server, redis-cli, python3, taskset, and valgrind for CALLGRIND.
 set -euo pipefail
@@ -148,6 +151,7 @@ command_of() {
     fw) echo "FCALL $fn 1 bench:{k{k}}:hello:fw 4:65535:1000000:0:0:1" ;;
     sw) echo "FCALL $fn 1 bench:{k{k}}:hello:sw 5:65535:1000000:1:0:1" ;;
     log) echo "FCALL $fn 2 bench:{k{k}}:hello:log bench:{k{k}}:hello:meta 1:1000:1000000:0:0:1" ;;
+    gcra-stored | gcra-kept) echo "FCALL $fn 2 bench:{k{k}}:hello:gcra bench:q:hello c3:65535:1:1000:0:1" ;;
     *) echo "unknown algorithm $alg" >&2; exit 1 ;;
   esac
 }
@@ -177,6 +181,8 @@ run() {
     *) load_only "${LIB[${mode%/*}]}" ;;
   esac
   rc FLUSHALL >/dev/null
+  # the quota a `gcra-kept` limit finds kept (its own, as `stored_form` writes it)
+  case $mode in */gcra-kept) rc HSET bench:q:hello '' 3:65535:1:1000:0: >/dev/null ;; esac
   # shellcheck disable=SC2086
   taskset -c "$LOAD_CPU" python3 "$ROOT/bench/lua_load.py" "$PORT" $((N / 10)) "$C" "$KEYS" $cmd >/dev/null
   rc CONFIG RESETSTAT >/dev/null

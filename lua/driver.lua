@@ -14,9 +14,8 @@
 --        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
 --            sliding log, 2 token bucket, 3 gcra, 4 fixed window, 5 sliding
 --            window; cost 0 changes nothing), with "c" first for a limit
---            whose quota may be kept in the store: two more keys follow
---            its own, its key's override and its stored quota (see
---            `configured`)
+--            whose quota may be kept in the store: one more key follows
+--            its own, the hash of its kept quotas (see `configured`)
 -- Reply: little-endian doubles, all integers: outcome (0 granted, 1 denied,
 --          2 a cost exceeds a capacity), wait (us until the grant for 0;
 --          retry-after for 1; -1 for 2), now (us, the decision's clock),
@@ -95,33 +94,65 @@ local function spec(s)
   return v
 end
 
+-- A quota kept in the store, `q` (see `configured`): false when it is not
+-- a limit's string less its cost, with maybe '@' and when it ends, else
+-- its algorithm's id (the string's first byte), when it ends (us, store
+-- time), its note as limit 1 of a reply, and by cost text the spec that
+-- decides with it. Checked once per distinct string.
+local kept, n_kept = {}, 0
+local function kept_quota(q)
+  local k = kept[q]
+  if k ~= nil then return k end
+  k = false
+  local params, ends = string.match(q, '^(%d:%d+:%d+:%d+:%d+:)@?(%d*)$')
+  if params then
+    k = { id = string.byte(q, 1), params = params, note = '1=' .. params .. ';',
+      ends = tonumber(ends) }
+  end
+  if n_kept >= 1024 then kept, n_kept = {}, 0 end
+  kept[q] = k
+  n_kept = n_kept + 1
+  return k
+end
+
 -- A limit whose quota may be kept in the store (`s`, with `s.own` its spec
--- less the "c"; see `Limit::quota_from_store`): keys[k] is its key's override,
--- keys[k + 1] its stored quota, each a limit's string less its cost
--- (`Limit::stored_form`, "algorithm:p1:p2:p3:p4:"). The first that holds one
--- of the limit's algorithm decides in its place. Returns the spec that
--- decides, and the reply's note of it for limit `i` ('' for its own).
-local function configured(s, keys, k, i)
-  local v = rcall('MGET', keys[k], keys[k + 1])
+-- less the "c"; see `Limit::quota_from_store`): keys[k] is a hash of the
+-- quotas kept for the limit: field '' the limit's, field <its first state
+-- key> that key's override, each a limit's string less its cost
+-- (`Limit::stored_form`, "algorithm:p1:p2:p3:p4:"), an override with '@'
+-- and the store time it ends (us) when it does. The override while it
+-- lasts, else the limit's, decides in place of `s.own` when it is of the
+-- same algorithm. Returns the spec that decides, and the reply's note of
+-- it for limit `i` ('' for its own).
+local function configured(s, keys, k, i, now)
   local own = s.own
+  local v = rcall('HMGET', keys[k], keys[k - own.alg.nkeys], '')
   for j = 1, 2 do
     local q = v[j]
-    if q and string.byte(q, 1) == own.id and string.find(q, '^%d:%d+:%d+:%d+:%d+:$') then
-      return spec(q .. s.cost_text), i .. '=' .. q .. ';'
+    local quota = q and kept_quota(q)
+    if quota and quota.id == own.id and not (quota.ends and quota.ends <= now) then
+      local decides = quota[s.cost_text]
+      if not decides then
+        decides = spec(quota.params .. s.cost_text)
+        quota[s.cost_text] = decides
+      end
+      if i == 1 then return decides, quota.note end
+      return decides, i .. '=' .. quota.params .. ';'
     end
   end
   return own, ''
 end
 
 -- The spec of the limit whose string is `arg` and whose keys start at
--- keys[k] (limit `i` of the call): the one that decides (see `configured`),
--- the reply's note of it, and the key after the limit's.
-local function resolve(arg, keys, k, i)
+-- keys[k] (limit `i` of the call, decided at store time `now`): the one
+-- that decides (see `configured`), the reply's note of it, and the key
+-- after the limit's.
+local function resolve(arg, keys, k, i, now)
   local s = spec(arg)
   local n = s.alg.nkeys
   if not s.cfg then return s, '', k + n end
-  local decides, note = configured(s, keys, k + n, i)
-  return decides, note, k + n + 2
+  local decides, note = configured(s, keys, k + n, i, now)
+  return decides, note, k + n + 1
 end
 
 local NO_OPTIONS = { 0, 0, 0, 0 }
@@ -145,7 +176,7 @@ local function load_limits(keys, args, first, n, store_now)
   local next_key, notes = 1, ''
   local now = store_now
   for i = 1, n do
-    local s, note, after = resolve(args[first + i - 1], keys, next_key, i)
+    local s, note, after = resolve(args[first + i - 1], keys, next_key, i, store_now)
     local alg = s.alg
     local st = {}
     alg.load(st, s, keys, next_key)
@@ -163,7 +194,7 @@ local function refund(keys, args, opts)
   local from, at = store_now - opts[4], opts[6]
   local next_key = 1
   for i = 2, #args do
-    local s, _, after = resolve(args[i], keys, next_key, i - 1)
+    local s, _, after = resolve(args[i], keys, next_key, i - 1, store_now)
     local alg = s.alg
     local st = {}
     alg.load(st, s, keys, next_key)
@@ -298,7 +329,7 @@ end
 
 -- The decision of one limit whose quota may be kept in the store.
 function configured_one(keys, s, store_now, max_wait, dry, from)
-  local decides, note = configured(s, keys, s.alg.nkeys + 1, 1)
+  local decides, note = configured(s, keys, s.alg.nkeys + 1, 1, store_now)
   local packed = decides[1](keys, decides, store_now, max_wait, dry, from)
   if note ~= '' then packed = packed .. note end
   return packed

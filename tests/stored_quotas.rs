@@ -302,3 +302,76 @@ async fn the_headers_of_a_layer_follow_the_stored_quota() {
         (200, Some("\"api\";q=9;w=3600".into()))
     );
 }
+
+#[tokio::test]
+async fn a_reset_forgets_the_state_and_keeps_the_override() {
+    for (store, a, b) in instances("stored-reset", &[limit("sms", 1)]) {
+        a.set_override("sms", "vip", reports(3), None)
+            .await
+            .expect("override");
+        assert!(
+            b.check("vip", 3).await.expect("decides").is_allowed(),
+            "{store}"
+        );
+        b.reset("vip").await.expect("reset");
+        let d = a.check("vip", 3).await.expect("decides");
+        assert!(d.is_allowed() && d.limit() == 3, "{store}: {d:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_the_stored_quota_under_load_admits_at_most_the_larger() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    for (store, a, b) in instances("stored-load", &[limit("swap", 30)]) {
+        let granted = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let changer = {
+            let (a, stop) = (a.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Acquire) && n < 200 {
+                    let quota = reports(if n.is_multiple_of(2) { 50 } else { 30 });
+                    a.set_stored_quota("swap", quota).await.expect("set");
+                    n += 1;
+                    tokio::time::sleep(Duration::from_micros(500)).await;
+                }
+            })
+        };
+        let mut tasks = Vec::new();
+        for limiter in [a.clone(), b.clone()] {
+            for _ in 0..4 {
+                let (limiter, granted) = (limiter.clone(), granted.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut seen = std::collections::BTreeSet::new();
+                    for _ in 0..40 {
+                        let d = limiter.check("k", 1).await.expect("decides");
+                        if d.is_allowed() {
+                            granted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        seen.insert(d.limit());
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                    }
+                    seen
+                }));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for task in tasks {
+            seen.extend(task.await.expect("task"));
+        }
+        stop.store(true, Ordering::Release);
+        changer.await.expect("changer");
+        let granted = granted.load(Ordering::Relaxed);
+        assert!(
+            granted <= 50,
+            "{store}: {granted} granted between quotas of 30 and 50"
+        );
+        assert!(granted >= 30, "{store}: {granted} granted");
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            [30, 50],
+            "{store}: both quotas decided"
+        );
+    }
+}

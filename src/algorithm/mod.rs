@@ -140,6 +140,7 @@ impl Params {
 
     /// A quota that derives these parameters (the rate and period of a
     /// bucket in lowest terms).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn quota(&self) -> crate::Quota {
         use crate::Quota;
         let us = |x: i64| std::time::Duration::from_micros(u64::try_from(x).unwrap_or(0));

@@ -9,9 +9,6 @@ use smallvec::SmallVec;
 use super::RedisStore;
 use crate::store::{keys, Check};
 
-/// The suffix of a key's override of a limit's quota.
-const OVERRIDE: &str = "ovr";
-
 /// What one call of the library does (op 0, 1 or 2 of its options).
 #[derive(Clone, Copy)]
 pub(super) enum Operation {
@@ -70,9 +67,8 @@ impl RedisStore {
     /// Every key of every check (`<prefix>:{<escaped key>}:<limit>:<part>`,
     /// see [`keys`]), written into a new buffer: the one place Redis key
     /// names are made. With `configured`, a limit whose quota may be kept in
-    /// the store has two more after its own: its key's override
-    /// (`<prefix>:{<escaped key>}:<limit>:ovr`) and its stored quota (see
-    /// [`quota_key`](Self::quota_key)).
+    /// the store has one more after its own: the hash of its kept quotas
+    /// (see [`quota_key`](Self::quota_key)).
     pub(super) fn encode_keys(&self, checks: &[Check<'_>], configured: bool) -> Encoded {
         let prefix = self.inner.prefix.as_bytes();
         let mut out = Encoded {
@@ -89,9 +85,7 @@ impl RedisStore {
             };
             let name = check.limit.name().as_bytes();
             let stored = configured && check.limit.is_quota_from_store();
-            let parts = check.limit.params().algorithm().key_parts();
-            let overrides: &[&str] = if stored { &[OVERRIDE] } else { &[] };
-            for part in parts.iter().chain(overrides) {
+            for part in check.limit.params().algorithm().key_parts() {
                 let start = out.buf.len();
                 out.buf.extend_from_slice(prefix);
                 out.buf.push(b':');
@@ -119,10 +113,14 @@ impl RedisStore {
         out
     }
 
-    /// The key of the quota kept in the store for the limit `name`, as a
-    /// decision in the slot of the hash tag `tag` reads it: one key,
-    /// `<prefix>:q:<name>`, or on a cluster a copy per slot,
-    /// `<prefix>:q:{<slot's tag>}:<name>` (see `cluster::slot_tag`).
+    /// The hash of the quotas kept in the store for the limit `name`, as a
+    /// decision in the slot of the hash tag `tag` reads it: field `""` the
+    /// limit's, and per key an override under the key's first state key
+    /// (see `lua/driver.lua`). One hash, `<prefix>:q:<name>`, or on a
+    /// cluster one per slot, `<prefix>:q:{<slot's tag>}:<name>` (see
+    /// `cluster::slot_tag`), each with the limit's quota and the overrides
+    /// of the keys in that slot.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(super) fn quota_key(&self, name: &str, tag: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         self.write_quota_key(&mut out, name, tag);

@@ -1,43 +1,84 @@
-//! Quotas kept in Redis (see `Limit::quota_from_store`): a key's override
-//! beside its state (`<prefix>:{<escaped key>}:<limit>:ovr`), and a limit's
-//! quota, `<prefix>:q:<limit>`, or on a cluster one copy per slot (a
-//! decision reads only keys of its own slot), each holding the limit's
-//! stored form (`Limit::stored_form`).
+//! Quotas kept in Redis (see `Limit::quota_from_store`): one hash per limit,
+//! `<prefix>:q:<limit>` (on a cluster, one per slot, see
+//! `RedisStore::quota_key`), field `""` the limit's quota (on a cluster,
+//! copied to every slot's hash), and per key an override, under the key's
+//! first state key, in the hash of that key's slot. Each value is the
+//! limit's stored form (`Limit::stored_form`), an override's followed by
+//! `@` and the store time (us) it ends, when it does: a decision reads both
+//! with one `HMGET` (see `lua/driver.lua`). An ended override is ignored,
+//! and its field dropped when the key's override is next set or removed.
 
 use super::RedisStore;
 use crate::algorithm::Params;
 use crate::store::{Check, Deadline, QuotaChange};
-use crate::Error;
+use crate::{Error, Quota};
 
-/// Keys written at once while a limit's quota is copied to every slot.
+/// Hashes written at once while a limit's quota is copied to every slot.
 #[cfg(feature = "cluster")]
 const COPIES_AT_ONCE: usize = 512;
 
+/// Where a kept quota is: the hashes (the first in the slot of the check's
+/// key; the others, every other slot's, for a limit's quota on a cluster)
+/// and the field.
+struct Place {
+    hashes: Vec<Vec<u8>>,
+    field: Vec<u8>,
+}
+
 impl RedisStore {
-    /// The keys of `check`'s stored quota: its key's override when `keyed`;
-    /// else the limit's quota key, or on a cluster its copy in every slot
-    /// (the first: the copy in the slot of `check`'s key).
-    fn quota_keys(&self, check: &Check<'_>, keyed: bool) -> Vec<Vec<u8>> {
-        // the last two keys of a configured limit: its override, its quota
+    /// Where `check`'s kept quota is: its key's override when `keyed`, else
+    /// its limit's.
+    fn place(&self, check: &Check<'_>, keyed: bool) -> Place {
+        // a configured limit's keys: its state keys, then its quotas' hash
         let encoded = self.encode_keys(std::slice::from_ref(check), true);
         let keys: Vec<&[u8]> = encoded.keys().collect();
-        let [.., over, quota] = keys.as_slice() else {
-            return Vec::new();
+        let (first, hash) = match keys.as_slice() {
+            [first, .., hash] => (first.to_vec(), hash.to_vec()),
+            _ => (Vec::new(), Vec::new()),
         };
-        if keyed {
-            return vec![over.to_vec()];
-        }
         #[allow(unused_mut)]
-        let mut all = vec![quota.to_vec()];
+        let mut hashes = vec![hash];
+        if keyed {
+            return Place {
+                hashes,
+                field: first,
+            };
+        }
         #[cfg(feature = "cluster")]
         if self.inner.lanes.is_cluster() {
             let name = check.limit.name();
-            all.extend((0..super::cluster::SLOTS).filter_map(|slot| {
+            let own = hashes[0].clone();
+            hashes.extend((0..super::cluster::SLOTS).filter_map(|slot| {
                 let key = self.quota_key(name, super::cluster::slot_tag(slot).as_bytes());
-                (key != *quota).then_some(key)
+                (key != own).then_some(key)
             }));
         }
-        all
+        Place {
+            hashes,
+            field: Vec::new(),
+        }
+    }
+
+    /// Runs one command on a lane's connection.
+    async fn command<T: redis::FromRedisValue>(
+        &self,
+        cmd: redis::Cmd,
+        deadline: Deadline,
+    ) -> Result<T, Error> {
+        let cmd = &cmd;
+        self.inner
+            .lanes
+            .run(deadline, |mut conn| async move { conn.query(cmd).await })
+            .await
+    }
+
+    /// The store's time (us): its clock's, or the server's `TIME`.
+    async fn store_now(&self, deadline: Deadline) -> Result<i64, Error> {
+        if let Some(clock) = &self.inner.clock {
+            return Ok(clock.now_micros());
+        }
+        let (secs, micros): (i64, i64) = self.command(redis::cmd("TIME"), deadline).await?;
+        Ok(secs * 1_000_000 + micros)
     }
 
     pub(super) async fn read_quota_now(
@@ -45,20 +86,23 @@ impl RedisStore {
         check: &Check<'_>,
         keyed: bool,
         deadline: Deadline,
-    ) -> Result<Option<crate::Quota>, Error> {
-        let Some(key) = self.quota_keys(check, keyed).into_iter().next() else {
+    ) -> Result<Option<Quota>, Error> {
+        let place = self.place(check, keyed);
+        let Some(hash) = place.hashes.first() else {
             return Ok(None);
         };
-        let cmd = &redis::cmd("GET").arg(key).clone();
-        let value: Option<Vec<u8>> = self
-            .inner
-            .lanes
-            .run(deadline, |mut conn| async move { conn.query(cmd).await })
-            .await?;
-        Ok(value
-            .as_deref()
-            .and_then(Params::from_stored)
-            .map(|p| p.quota()))
+        let get = redis::cmd("HGET").arg(hash).arg(&place.field).clone();
+        let value: Option<Vec<u8>> = self.command(get, deadline).await?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let (params, ends) = split_ends(&value);
+        if let Some(ends) = ends {
+            if ends <= self.store_now(deadline).await? {
+                return Ok(None);
+            }
+        }
+        Ok(Params::from_stored(params).map(|p| p.quota()))
     }
 
     pub(super) async fn write_quota_now(
@@ -68,18 +112,16 @@ impl RedisStore {
         change: QuotaChange<'_>,
         deadline: Deadline,
     ) -> Result<bool, Error> {
-        let keys = self.quota_keys(check, keyed);
-        let Some((first, copies)) = keys.split_first() else {
+        let place = self.place(check, keyed);
+        let Some((first, copies)) = place.hashes.split_first() else {
             return Ok(false);
         };
-        let run = |cmd: redis::Cmd| async move {
-            let cmd = &cmd;
-            self.inner
-                .lanes
-                .run(deadline, |mut conn| async move {
-                    conn.query::<redis::Value>(cmd).await
-                })
-                .await
+        let field = &place.field;
+        // whether an override lasts (an ended one is replaced or dropped)
+        let lasting = if keyed {
+            self.read_quota_now(check, true, deadline).await?.is_some()
+        } else {
+            false
         };
         let changed = match change {
             QuotaChange::Keep {
@@ -87,34 +129,44 @@ impl RedisStore {
                 ttl,
                 if_absent,
             } => {
-                let value = limit.stored_form();
-                let mut set = redis::cmd("SET");
-                set.arg(first).arg(value);
+                if keyed && if_absent && lasting {
+                    return Ok(false);
+                }
+                let mut value = limit.stored_form().to_owned();
                 if let Some(ttl) = ttl {
-                    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-                    set.arg("PX").arg(ms);
+                    let us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX).max(1);
+                    let ends = self.store_now(deadline).await?.saturating_add(us);
+                    value.push('@');
+                    value.push_str(&ends.to_string());
                 }
-                if if_absent {
-                    set.arg("NX");
-                }
-                // nil: NX found one kept already
-                let written = !matches!(run(set).await?, redis::Value::Nil);
+                // (a limit's quota: only if none is kept; HSETNX answers 0 then)
+                let nx = if_absent && !keyed;
+                let set = if nx { "HSETNX" } else { "HSET" };
+                let set = redis::cmd(set).arg(first).arg(field).arg(&value).clone();
+                let added: i64 = self.command(set, deadline).await?;
+                let written = !nx || added == 1;
                 if written {
-                    self.copy_everywhere(copies, Some(value), deadline).await?;
+                    self.copy_everywhere(copies, Some(&value), deadline).await?;
                 }
                 written
             }
             QuotaChange::Remove => {
-                let deleted = run(redis::cmd("DEL").arg(first).clone()).await?;
+                let delete = redis::cmd("HDEL").arg(first).arg(field).clone();
+                let deleted: i64 = self.command(delete, deadline).await?;
                 self.copy_everywhere(copies, None, deadline).await?;
-                matches!(deleted, redis::Value::Int(n) if n > 0)
+                let deleted = deleted > 0;
+                if keyed {
+                    lasting
+                } else {
+                    deleted
+                }
             }
         };
         Ok(changed)
     }
 
-    /// Sets (`Some`) or deletes (`None`) every key of `copies`: a limit's
-    /// quota in every slot of a cluster but the first.
+    /// Sets (`Some`) or deletes (`None`) the limit's own quota in every hash
+    /// of `copies`: every other slot's, on a cluster.
     #[cfg_attr(not(feature = "cluster"), allow(clippy::unused_async))]
     async fn copy_everywhere(
         &self,
@@ -126,9 +178,9 @@ impl RedisStore {
         for chunk in copies.chunks(COPIES_AT_ONCE) {
             let cmds: Vec<redis::Cmd> = chunk
                 .iter()
-                .map(|key| match value {
-                    Some(value) => redis::cmd("SET").arg(key).arg(value).clone(),
-                    None => redis::cmd("DEL").arg(key).clone(),
+                .map(|hash| match value {
+                    Some(value) => redis::cmd("HSET").arg(hash).arg("").arg(value).clone(),
+                    None => redis::cmd("HDEL").arg(hash).arg("").clone(),
                 })
                 .collect();
             let cmds = &cmds;
@@ -146,5 +198,18 @@ impl RedisStore {
         #[cfg(not(feature = "cluster"))]
         let _ = (copies, value, deadline);
         Ok(())
+    }
+}
+
+/// A kept value's stored form, and when it ends (`@<us>` after it).
+fn split_ends(value: &[u8]) -> (&[u8], Option<i64>) {
+    match value.iter().position(|&b| b == b'@') {
+        Some(at) => {
+            let ends = std::str::from_utf8(&value[at + 1..])
+                .ok()
+                .and_then(|t| t.parse().ok());
+            (&value[..at], ends)
+        }
+        None => (value, None),
     }
 }
