@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use super::table::{Hasher, Key};
 use super::{lock, Inner, MemoryStore};
-use crate::algorithm::Params;
+use crate::algorithm::{Params, Reply};
 use crate::store::{Check, QuotaChange};
 use crate::Limit;
 
@@ -70,18 +70,50 @@ impl Inner {
     }
 }
 
+/// What an operation answers, told which kept quotas decided (see
+/// [`MemoryStore::with_kept`]).
+pub(super) trait Decided {
+    fn decided_by(&mut self, stored: Box<[Option<Params>]>);
+}
+
+impl Decided for Reply {
+    fn decided_by(&mut self, stored: Box<[Option<Params>]>) {
+        self.stored = Some(stored);
+    }
+}
+
+impl Decided for (Reply, i64) {
+    fn decided_by(&mut self, stored: Box<[Option<Params>]>) {
+        self.0.stored = Some(stored);
+    }
+}
+
+impl Decided for () {
+    fn decided_by(&mut self, _: Box<[Option<Params>]>) {}
+}
+
 impl MemoryStore {
     /// Runs `f` on `checks`, each limit whose quota may be kept in the store
-    /// replaced by the one kept, if any; also returns, per limit, the
-    /// parameters of a kept one that decided (`None` when none did).
-    pub(super) fn with_kept<R>(
+    /// replaced by the one kept, if any; its answer is told, per limit, the
+    /// parameters of a kept one that decided.
+    #[inline(always)]
+    pub(super) fn with_kept<R: Decided>(
         &self,
         checks: &[Check<'_>],
         f: impl FnOnce(&[Check<'_>]) -> R,
-    ) -> (R, Option<Box<[Option<Params>]>>) {
+    ) -> R {
         if !checks.iter().any(|c| c.limit.is_quota_from_store()) {
-            return (f(checks), None);
+            return f(checks);
         }
+        self.with_kept_slow(checks, f)
+    }
+
+    #[inline(never)]
+    fn with_kept_slow<R: Decided>(
+        &self,
+        checks: &[Check<'_>],
+        f: impl FnOnce(&[Check<'_>]) -> R,
+    ) -> R {
         let now = self.inner.clock.now_micros();
         let kept: SmallVec<[Option<Limit>; 2]> = checks
             .iter()
@@ -93,7 +125,7 @@ impl MemoryStore {
             })
             .collect();
         if kept.iter().all(Option::is_none) {
-            return (f(checks), None);
+            return f(checks);
         }
         let resolved: SmallVec<[Check<'_>; 2]> = checks
             .iter()
@@ -107,7 +139,9 @@ impl MemoryStore {
             .iter()
             .map(|k| k.as_ref().map(|l| *l.params()))
             .collect();
-        (f(&resolved), Some(stored))
+        let mut answer = f(&resolved);
+        answer.decided_by(stored);
+        answer
     }
 
     pub(super) fn read_quota_now(&self, check: &Check<'_>, keyed: bool) -> Option<crate::Quota> {

@@ -454,12 +454,10 @@ impl Backend for MemoryStore {
         _: Deadline,
     ) -> Answer<'a, Result<Reply, Error>> {
         Answer::Now(Ok(bounded_keys(checks, |checks| {
-            let (mut reply, stored) = self.with_kept(checks, |checks| match checks {
+            self.with_kept(checks, |checks| match checks {
                 [check] => self.decide_one(check, max_wait, dry),
                 _ => self.decide_now(checks, max_wait, dry),
-            });
-            reply.stored = stored;
-            reply
+            })
         })))
     }
 
@@ -487,10 +485,7 @@ impl Backend for MemoryStore {
     ) -> Answer<'a, Result<(Reply, i64), Error>> {
         let most = checks.first().map_or(0, |c| c.cost);
         Answer::Now(Ok(bounded_keys(checks, |checks| {
-            let ((mut reply, taken), stored) =
-                self.with_kept(checks, |checks| self.take_now(checks, most));
-            reply.stored = stored;
-            (reply, taken)
+            self.with_kept(checks, |checks| self.take_now(checks, most))
         })))
     }
 
