@@ -8,7 +8,7 @@
 --            path), max_wait (us: a grant may be reserved this far ahead),
 --            dry (1 = decide, grant nothing: a peek), slack (us keys outlive
 --            their state), op (absent or 0: decide; 1: refund; 2: take
---            what is available; see below),
+--            what is available; 3: change a kept quota; see below),
 --            at (us, for a refund: the time of the grant, `now + wait` of
 --            its reply)
 --        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
@@ -16,6 +16,13 @@
 --            window; cost 0 changes nothing), with "c" first for a limit
 --            whose quota may be kept in the store: one more key follows
 --            its own, the hash of its kept quotas (see `configured`)
+-- Kept quotas are read through a mirror in this Lua VM (see `mirror`): a
+-- change made through the library (op 3) is in force for the next decision
+-- on the same server; one made behind its back (a hand edit, the hash
+-- evicted or flushed, another version of the library, a failover) within
+-- one second of store time (the decision's clock). A hash's mirror costs a
+-- decision no Redis call; its read, once a second per hash and server, is
+-- one HGETALL.
 -- Reply: little-endian doubles, all integers: outcome (0 granted, 1 denied,
 --          2 a cost exceeds a capacity), wait (us until the grant for 0;
 --          retry-after for 1; -1 for 2), now (us, the decision's clock),
@@ -38,6 +45,10 @@
 -- ignored), or, when k = 0, decides a cost of 1 without granting it (the
 -- denial says when one will be there). Reply: a decision's reply for cost
 -- k (or 1), then k.
+--
+-- Change (op 3): KEYS the hash of a limit's kept quotas, ARGV the options,
+-- then HSET, HSETNX or HDEL, the field and, for a set, the value: runs that
+-- command and drops the hash's mirror. Reply: the command's, as text.
 --
 -- Clock steps: every key records the clock of its last write (`written`). A key's
 -- clock is believed at most the limit's horizon H ahead of the store's clock,
@@ -97,7 +108,7 @@ end
 -- A quota kept in the store, `q` (see `configured`): false when it is not
 -- a limit's string less its cost, with maybe '@' and when it ends, else
 -- its algorithm's id (the string's first byte), when it ends (us, store
--- time), its note as limit 1 of a reply, and by cost text the spec that
+-- time; infinity when it does not), its note as limit 1 of a reply, and by cost text the spec that
 -- decides with it. Checked once per distinct string.
 local kept, n_kept = {}, 0
 local function kept_quota(q)
@@ -107,7 +118,7 @@ local function kept_quota(q)
   local params, ends = string.match(q, '^(%d:%d+:%d+:%d+:%d+:)@?(%d*)$')
   if params then
     k = { id = string.byte(q, 1), params = params, note = '1=' .. params .. ';',
-      ends = tonumber(ends) }
+      ends = tonumber(ends) or 1 / 0 }
   end
   if n_kept >= 1024 then kept, n_kept = {}, 0 end
   kept[q] = k
@@ -115,42 +126,86 @@ local function kept_quota(q)
   return k
 end
 
+-- The quotas kept in each hash as this VM last read them: by the hash's
+-- name, a table of its fields' quotas (`kept_quota` of each value, valid
+-- ones only; no field means none kept), with at [1] the store time of the
+-- read. `configured` reads a hash again (HGETALL) when its mirror is
+-- missing, a second old or more, or dated after the decision (a clock
+-- stepped back), so a change made behind the library's back is in force
+-- within a second of store time; a change made through it (op 3) drops the
+-- hash's mirror, so this VM reads it again at its next decision. Emptied
+-- when it holds more than MIRRORS hashes (one per limit, on a cluster one
+-- per limit and slot); each holds its limit's quota and the overrides of
+-- its keys, which only an administrator's calls create.
+local mirrors, n_mirrors, MIRRORS = {}, 0, 16384
+
+-- Reads the hash `hash` into its mirror, at store time `now`; returns it.
+local function mirror(hash, now)
+  if not mirrors[hash] then
+    if n_mirrors >= MIRRORS then mirrors, n_mirrors = {}, 0 end
+    n_mirrors = n_mirrors + 1
+  end
+  local m = { now }
+  -- (another type of key, an error reply, reads as an empty hash)
+  local all = rpcall('HGETALL', hash)
+  for j = 1, #all - 1, 2 do
+    local quota = kept_quota(all[j + 1])
+    if quota then m[all[j]] = quota end
+  end
+  mirrors[hash] = m
+  return m
+end
+
 -- A limit whose quota may be kept in the store (`s`, with `s.own` its spec
 -- less the "c"; see `Limit::quota_from_store`): keys[k] is a hash of the
 -- quotas kept for the limit: field '' the limit's, field <its first state
 -- key> that key's override, each a limit's string less its cost
 -- (`Limit::stored_form`, "algorithm:p1:p2:p3:p4:"), an override with '@'
--- and the store time it ends (us) when it does. The override while it
--- lasts, else the limit's, decides in place of `s.own` when it is of the
--- same algorithm. Returns the spec that decides, and the reply's note of
--- it for limit `i` ('' for its own).
+-- and the store time it ends (us) when it does; read through its mirror
+-- (see `mirror`). The override while it lasts, else the limit's, decides in
+-- place of `s.own` when it is of the same algorithm. Returns the spec that
+-- decides, and the reply's note of it for limit `i` (nil for its own).
 local function configured(s, keys, k, i, now)
-  local own = s.own
-  local v = rcall('HMGET', keys[k], keys[k - own.alg.nkeys], '')
-  for j = 1, 2 do
-    local q = v[j]
-    local quota = q and kept_quota(q)
-    if quota and quota.id == own.id and not (quota.ends and quota.ends <= now) then
-      local decides = quota[s.cost_text]
-      if not decides then
-        decides = spec(quota.params .. s.cost_text)
-        quota[s.cost_text] = decides
-      end
-      if i == 1 then return decides, quota.note end
-      return decides, i .. '=' .. quota.params .. ';'
-    end
+  local own, hash = s.own, keys[k]
+  local m = mirrors[hash]
+  -- (the second as a literal: an operand, where an upvalue is loaded first)
+  if not m or m[1] > now or now - m[1] >= 1000000 then m = mirror(hash, now) end
+  -- the key's override, else the limit's (written out: no loop, no call)
+  local quota = m[keys[k - own.alg.nkeys]]
+  if not (quota and quota.id == own.id and quota.ends > now) then
+    quota = m['']
+    if not (quota and quota.id == own.id and quota.ends > now) then return own, nil end
   end
-  return own, ''
+  local decides = quota[s.cost_text]
+  if not decides then
+    decides = spec(quota.params .. s.cost_text)
+    quota[s.cost_text] = decides
+  end
+  if i == 1 then return decides, quota.note end
+  return decides, i .. '=' .. quota.params .. ';'
+end
+
+-- Op 3: changes a kept quota: keys[1] its hash, args[2] the command (HSET,
+-- HSETNX or HDEL), then its field and, for a set, the value. Drops the
+-- hash's mirror. Reply: the command's, as text.
+local CHANGES = { HSET = true, HSETNX = true, HDEL = true }
+local function change(keys, args)
+  local hash = keys[1]
+  if not rcall then bind() end
+  if not CHANGES[args[2]] then return redis.error_reply('not a change of a kept quota') end
+  local done = rcall(args[2], hash, unpack(args, 3))
+  if mirrors[hash] then mirrors[hash], n_mirrors = nil, n_mirrors - 1 end
+  return tostring(done)
 end
 
 -- The spec of the limit whose string is `arg` and whose keys start at
 -- keys[k] (limit `i` of the call, decided at store time `now`): the one
--- that decides (see `configured`), the reply's note of it, and the key
--- after the limit's.
+-- that decides (see `configured`), the reply's note of it (nil for its
+-- own), and the key after the limit's.
 local function resolve(arg, keys, k, i, now)
   local s = spec(arg)
   local n = s.alg.nkeys
-  if not s.cfg then return s, '', k + n end
+  if not s.cfg then return s, nil, k + n end
   local decides, note = configured(s, keys, k + n, i, now)
   return decides, note, k + n + 1
 end
@@ -181,7 +236,7 @@ local function load_limits(keys, args, first, n, store_now)
     local st = {}
     alg.load(st, s, keys, next_key)
     next_key = after
-    if note ~= '' then notes = notes .. note end
+    if note then notes = notes .. note end
     now = max(now, believed(store_now, st.written, s.h))
     limits[i] = { alg = alg, s = s, cost = s.cost, st = st, t = 0 }
   end
@@ -294,9 +349,10 @@ end
 -- The decision of one limit: the steps of the loop above, for one limit,
 -- on locals (build.rs pastes each step in; `--: one` in each algorithm's
 -- file is where), the production path. Each writes the same state and
--- reply as `decide_limits` over that one limit.
+-- reply as `decide_limits` over that one limit; `note`, when a quota kept
+-- in the store decides, is the reply's note of it (see `configured_one`).
 --: template one
-local function ALG_one(keys, s, store_now, max_wait, dry, from)
+local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
   --: locals
   local cost, i = s[6], 1
   --: inline load(keys, i)
@@ -323,16 +379,18 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from)
   local remaining, reset
   --: inline status(now, at) -> remaining, reset
   if t >= 0 then t = t - now end
+  -- a quota kept in the store decided: its note follows (packed with the
+  -- rest: a concatenation would make a second string)
+  if note then return spack('<ddddddc0', outcome, wait, now, t, remaining, reset, note) end
   return spack('<dddddd', outcome, wait, now, t, remaining, reset)
 end
 --: end
 
--- The decision of one limit whose quota may be kept in the store.
+-- The decision of one limit whose quota may be kept in the store, by the
+-- spec that `configured` finds.
 function configured_one(keys, s, store_now, max_wait, dry, from)
   local decides, note = configured(s, keys, s.alg.nkeys + 1, 1, store_now)
-  local packed = decides[1](keys, decides, store_now, max_wait, dry, from)
-  if note ~= '' then packed = packed .. note end
-  return packed
+  return decides[1](keys, decides, store_now, max_wait, dry, from, note)
 end
 
 local function decide(keys, args)
@@ -350,6 +408,7 @@ local function decide(keys, args)
     opts = ints(string.sub(args[1], 3))
     if opts[5] == 1 then return refund(keys, args, opts) end
     if opts[5] == 2 then return take(keys, args, opts) end
+    if opts[5] == 3 then return change(keys, args) end
     first = 2
   end
   local store_now = clock(opts)

@@ -49,6 +49,34 @@ impl Encoded {
         self.args.iter().filter_map(|r| self.buf.get(r.clone()))
     }
 
+    /// A change of a kept quota (op 3 of the library's options, see
+    /// `lua/driver.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
+    /// or `HDEL`) and its arguments after the key.
+    pub(super) fn change(hash: &[u8], command: &str, args: &[&[u8]]) -> Encoded {
+        let mut out = Encoded {
+            buf: Vec::with_capacity(hash.len() + 32 + args.iter().map(|a| a.len()).sum::<usize>()),
+            keys: SmallVec::new(),
+            args: SmallVec::new(),
+        };
+        let push = |out: &mut Encoded, bytes: &[u8], key: bool| {
+            let start = out.buf.len();
+            out.buf.extend_from_slice(bytes);
+            let range = start..out.buf.len();
+            if key {
+                out.keys.push(range);
+            } else {
+                out.args.push(range);
+            }
+        };
+        push(&mut out, hash, true);
+        push(&mut out, b"o:0:0:0:0:3", false);
+        push(&mut out, command.as_bytes(), false);
+        for arg in args {
+            push(&mut out, arg, false);
+        }
+        out
+    }
+
     /// Where the hash tag lies in the key written at `key`: after the
     /// prefix and its colon, up to and including the first `}` (escaped
     /// tags hold no other).

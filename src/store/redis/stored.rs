@@ -5,9 +5,14 @@
 //! first state key, in the hash of that key's slot. Each value is the
 //! limit's stored form (`Limit::stored_form`), an override's followed by
 //! `@` and the store time (us) it ends, when it does: a decision reads both
-//! with one `HMGET` (see `lua/driver.lua`). An ended override is ignored,
-//! and its field dropped when the key's override is next set or removed.
+//! through a mirror of the hash in the Lua VM (see `lua/driver.lua`). Every
+//! write here goes through the library (op 3 of its options), which drops
+//! that mirror, so a change is in force for the next decision on each
+//! server it wrote; reads here are plain `HGET`s. An ended override is
+//! ignored, and its field dropped when the key's override is next set or
+//! removed.
 
+use super::encode::Encoded;
 use super::RedisStore;
 use crate::algorithm::Params;
 use crate::store::{Check, Deadline, QuotaChange};
@@ -142,8 +147,9 @@ impl RedisStore {
                 // (a limit's quota: only if none is kept; HSETNX answers 0 then)
                 let nx = if_absent && !keyed;
                 let set = if nx { "HSETNX" } else { "HSET" };
-                let set = redis::cmd(set).arg(first).arg(field).arg(&value).clone();
-                let added: i64 = self.command(set, deadline).await?;
+                let added = self
+                    .change(first, set, &[field, value.as_bytes()], deadline)
+                    .await?;
                 let written = !nx || added == 1;
                 if written {
                     self.copy_everywhere(copies, Some(&value), deadline).await?;
@@ -151,8 +157,7 @@ impl RedisStore {
                 written
             }
             QuotaChange::Remove => {
-                let delete = redis::cmd("HDEL").arg(first).arg(field).clone();
-                let deleted: i64 = self.command(delete, deadline).await?;
+                let deleted = self.change(first, "HDEL", &[field], deadline).await?;
                 self.copy_everywhere(copies, None, deadline).await?;
                 let deleted = deleted > 0;
                 if keyed {
@@ -165,8 +170,30 @@ impl RedisStore {
         Ok(changed)
     }
 
+    /// Runs `command` (`HSET`, `HSETNX` or `HDEL`) with `args` on the hash
+    /// `hash` through the library (op 3, see `lua/driver.lua`), which drops
+    /// its mirror of the hash: the command's answer.
+    async fn change(
+        &self,
+        hash: &[u8],
+        command: &str,
+        args: &[&[u8]],
+        deadline: Deadline,
+    ) -> Result<i64, Error> {
+        let encoded = &Encoded::change(hash, command, args);
+        let reply = self
+            .inner
+            .lanes
+            .run(deadline, |mut conn| async move {
+                self.call(&mut conn, encoded).await
+            })
+            .await?;
+        read_count(&reply)
+    }
+
     /// Sets (`Some`) or deletes (`None`) the limit's own quota in every hash
-    /// of `copies`: every other slot's, on a cluster.
+    /// of `copies` (every other slot's, on a cluster), each through the
+    /// library (see [`change`](Self::change)).
     #[cfg_attr(not(feature = "cluster"), allow(clippy::unused_async))]
     async fn copy_everywhere(
         &self,
@@ -176,20 +203,20 @@ impl RedisStore {
     ) -> Result<(), Error> {
         #[cfg(feature = "cluster")]
         for chunk in copies.chunks(COPIES_AT_ONCE) {
-            let cmds: Vec<redis::Cmd> = chunk
+            let calls: Vec<Encoded> = chunk
                 .iter()
                 .map(|hash| match value {
-                    Some(value) => redis::cmd("HSET").arg(hash).arg("").arg(value).clone(),
-                    None => redis::cmd("HDEL").arg(hash).arg("").clone(),
+                    Some(value) => Encoded::change(hash, "HSET", &[b"", value.as_bytes()]),
+                    None => Encoded::change(hash, "HDEL", &[b""]),
                 })
                 .collect();
-            let cmds = &cmds;
+            let calls = &calls;
             self.inner
                 .lanes
                 .run(deadline, |conn| async move {
-                    let sent = cmds.iter().map(|cmd| {
+                    let sent = calls.iter().map(|encoded| {
                         let mut conn = conn.clone();
-                        async move { conn.query::<redis::Value>(cmd).await }
+                        async move { self.call(&mut conn, encoded).await }
                     });
                     futures_util::future::try_join_all(sent).await
                 })
@@ -199,6 +226,20 @@ impl RedisStore {
         let _ = (copies, value, deadline);
         Ok(())
     }
+}
+
+/// The library's answer to a change (see [`RedisStore::change`]): the
+/// command's integer, as text.
+fn read_count(reply: &[u8]) -> Result<i64, Error> {
+    std::str::from_utf8(reply)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| {
+            Error::UnexpectedReply(format!(
+                "{} bytes for a change of a kept quota",
+                reply.len()
+            ))
+        })
 }
 
 /// A kept value's stored form, and when it ends (`@<us>` after it).
