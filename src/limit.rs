@@ -129,7 +129,17 @@ impl Limit {
     /// Both are read in the round trip of each decision (no call of their
     /// own), so a change is in force for every instance's next decision. The
     /// limit's own quota decides when none is stored, and a stored quota of
-    /// another algorithm is ignored. Such a limit's denials are not cached
+    /// another algorithm is ignored.
+    ///
+    /// On Redis, each server keeps what it last read of them in its Lua
+    /// VM and reads them again (one `HGETALL` of the limit's hash, its
+    /// quota and overrides) at most once a second: a change made through
+    /// these methods drops that copy on every server it writes, so it is in
+    /// force for the next decision there; a change made behind their back
+    /// (the hash edited by hand, evicted or flushed, set by another version
+    /// of this crate, a failover to a replica) is in force within one
+    /// second of the store's clock (Redis `TIME`, or the store's
+    /// [`clock`](crate::RedisStoreBuilder::clock) when it has one). Such a limit's denials are not cached
     /// (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)):
     /// a raised quota must not wait for a cached refusal to run out.
     ///
