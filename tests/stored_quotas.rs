@@ -375,3 +375,168 @@ async fn changing_the_stored_quota_under_load_admits_at_most_the_larger() {
         );
     }
 }
+
+/// Decides `key` (cost 0) with `limiter` until its limit reads `want`,
+/// for at most ten seconds: a change made behind the library's back is
+/// in force within a second of the store's clock (see
+/// `Limit::quota_from_store`), which a loaded machine may stretch in real
+/// time; nothing here times it.
+async fn poll_limit(limiter: &Limiter, key: &str, want: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = limiter.check(key, 0).await.expect("decides");
+        if d.limit() == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still {} after 10 s, not {want}",
+            d.limit()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The hash of the quotas kept for `name` under `prefix` (one Redis).
+fn quota_hash(prefix: &str, name: &str) -> String {
+    format!("{prefix}:q:{name}")
+}
+
+#[tokio::test]
+async fn a_hash_deleted_behind_the_library_gives_way_to_the_own_quota() {
+    let prefix = unique_prefix("stored-deleted");
+    let limits = [limit("reports", 2)];
+    let a = limiter(common::redis_store(&prefix), &limits);
+    let b = limiter(common::redis_store(&prefix), &limits);
+    a.set_stored_quota("reports", reports(5))
+        .await
+        .expect("set");
+    a.set_override("reports", "vip", reports(40), None)
+        .await
+        .expect("override");
+    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 5);
+    assert_eq!(b.check("vip", 1).await.expect("decides").limit(), 40);
+
+    // evicted, flushed: gone without the library's knowing
+    let mut conn = common::connection();
+    let _: i64 = redis::cmd("DEL")
+        .arg(quota_hash(&prefix, "reports"))
+        .query(&mut conn)
+        .expect("DEL");
+    poll_limit(&b, "acme", 2, "the limit's quota").await;
+    poll_limit(&b, "vip", 2, "the override").await;
+    assert_eq!(a.stored_quota("reports").await.expect("read"), None);
+    assert_eq!(a.check("other", 1).await.expect("decides").limit(), 2);
+
+    // and through the library again: at once
+    a.set_stored_quota("reports", reports(6))
+        .await
+        .expect("set");
+    assert_eq!(b.check("acme", 0).await.expect("decides").limit(), 6);
+}
+
+#[tokio::test]
+async fn a_hash_edited_by_hand_is_picked_up() {
+    let prefix = unique_prefix("stored-by-hand");
+    let limits = [limit("reports", 2)];
+    let a = limiter(common::redis_store(&prefix), &limits);
+    let b = limiter(common::redis_store(&prefix), &limits);
+    let hash = quota_hash(&prefix, "reports");
+    let mut conn = common::connection();
+    // the stored forms of two quotas, as the library writes them
+    let form = |conn: &mut redis::Connection, field: &str| -> String {
+        redis::cmd("HGET")
+            .arg(&hash)
+            .arg(field)
+            .query(conn)
+            .expect("HGET")
+    };
+    a.set_stored_quota("reports", reports(9))
+        .await
+        .expect("set");
+    let nine = form(&mut conn, "");
+    a.set_stored_quota("reports", reports(5))
+        .await
+        .expect("set");
+    a.set_override("reports", "vip", reports(30), None)
+        .await
+        .expect("override");
+    let vip = format!("{prefix}:{{vip}}:reports:fw");
+    let thirty = form(&mut conn, &vip);
+    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 5);
+    assert_eq!(b.check("vip", 1).await.expect("decides").limit(), 30);
+
+    // the limit's quota, set by hand
+    let _: i64 = redis::cmd("HSET")
+        .arg(&hash)
+        .arg("")
+        .arg(&nine)
+        .query(&mut conn)
+        .expect("HSET");
+    poll_limit(&b, "acme", 9, "the limit's quota set by hand").await;
+    // an override, by hand: one for another key, one removed
+    let other = format!("{prefix}:{{acme}}:reports:fw");
+    let _: i64 = redis::cmd("HSET")
+        .arg(&hash)
+        .arg(&other)
+        .arg(&thirty)
+        .query(&mut conn)
+        .expect("HSET");
+    let _: i64 = redis::cmd("HDEL")
+        .arg(&hash)
+        .arg(&vip)
+        .query(&mut conn)
+        .expect("HDEL");
+    poll_limit(&b, "acme", 30, "an override set by hand").await;
+    poll_limit(&b, "vip", 9, "an override removed by hand").await;
+    assert_eq!(
+        a.stored_override("reports", "acme").await.expect("read"),
+        Some(reports(30))
+    );
+}
+
+#[tokio::test]
+async fn a_fresh_library_reads_the_kept_quotas() {
+    // a server of its own: FUNCTION FLUSH drops every library on it
+    let server = common::TestRedis::spawn();
+    let prefix = unique_prefix("stored-fresh-vm");
+    let store = || {
+        RedisStore::builder(server.url.as_str())
+            .prefix(&prefix)
+            .build()
+            .expect("store")
+    };
+    let limits = [limit("reports", 2)];
+    let (a, b) = (limiter(store(), &limits), limiter(store(), &limits));
+    a.set_stored_quota("reports", reports(5))
+        .await
+        .expect("set");
+    a.set_override("reports", "vip", reports(40), None)
+        .await
+        .expect("override");
+    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 5);
+
+    let mut conn = redis::Client::open(server.url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    let flush = |conn: &mut redis::Connection| {
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query(conn)
+            .expect("FUNCTION FLUSH");
+    };
+    // a decision first: it loads the library again, whose VM has read nothing
+    flush(&mut conn);
+    let d = b.check("acme", 1).await.expect("decides");
+    assert_eq!((d.limit(), d.remaining()), (5, 3));
+    assert_eq!(b.check("vip", 1).await.expect("decides").limit(), 40);
+    // a change first: it loads the library, the next decision reads it
+    flush(&mut conn);
+    a.set_stored_quota("reports", reports(7))
+        .await
+        .expect("set");
+    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 7);
+    assert!(a.remove_override("reports", "vip").await.expect("remove"));
+    assert_eq!(b.check("vip", 0).await.expect("decides").limit(), 7);
+}
