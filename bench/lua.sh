@@ -28,6 +28,9 @@
 #   gcra-stored: FCALL <fn> 2 ...:gcra bench:q:hello c3:65535:1:1000:0:1
 #          (the GCRA limit with `Limit::quota_from_store`, nothing kept)
 #   gcra-kept: the same with its quota kept in the hash bench:q:hello
+#   gcra-override: the same with overrides kept for 100 keys (a hash the
+#          Lua VM mirrors whole), gcra-override-all: for every key (a hash
+#          too large to mirror: each decision reads its key's override)
 #
 # the quotas of bench/peers (`ours-redis*` modes), the arguments as
 # `Limit::wire()` and `RedisStore::encode` write them for one check of cost
@@ -44,7 +47,9 @@
 # machine.
 #
 # Environment: ROUNDS (3), N (200000), C (50), KEYS (10000), ALGS (gcra tb fw
-# sw log; gcra-stored and gcra-kept on request), FLOOR (1: also the empty Function and script), REDIS_CPU (0),
+# sw log; gcra-stored, gcra-kept, gcra-override and gcra-override-all on
+# request), FLOOR (1:
+# also the empty Function and script), REDIS_CPU (0),
 # LOAD_CPU (1), OUT (raw outputs; default a new temporary folder). Needs
 # redis-server, redis-cli, python3, taskset, and valgrind for CALLGRIND.
 set -euo pipefail
@@ -102,7 +107,11 @@ make_library() {
     git -C "$ROOT" archive "$rev" | tar -x -C "$tree"
   fi
   if [ -f "$tree/build.rs" ]; then
-    (cd "$tree" && CARGO_TARGET_DIR=$ROOT/target cargo run -q --example lua_library) >"$lib"
+    # each tree builds in a target folder of its own: one shared with the
+    # work tree can give every tree the work tree's library
+    local target=$ROOT/target
+    [ "$tree" = "$ROOT" ] || target=$ROOT/target/lua-bench/$(basename "$lib" .lib)
+    (cd "$tree" && CARGO_TARGET_DIR=$target cargo run -q --example lua_library) >"$lib"
   else
     local code=${lib%.lib}.code name dir=$tree
     [ -d "$tree/lua" ] && dir=$tree/lua
@@ -151,7 +160,7 @@ command_of() {
     fw) echo "FCALL $fn 1 bench:{k{k}}:hello:fw 4:65535:1000000:0:0:1" ;;
     sw) echo "FCALL $fn 1 bench:{k{k}}:hello:sw 5:65535:1000000:1:0:1" ;;
     log) echo "FCALL $fn 2 bench:{k{k}}:hello:log bench:{k{k}}:hello:meta 1:1000:1000000:0:0:1" ;;
-    gcra-stored | gcra-kept) echo "FCALL $fn 2 bench:{k{k}}:hello:gcra bench:q:hello c3:65535:1:1000:0:1" ;;
+    gcra-stored | gcra-kept | gcra-override | gcra-override-all) echo "FCALL $fn 2 bench:{k{k}}:hello:gcra bench:q:hello c3:65535:1:1000:0:1" ;;
     *) echo "unknown algorithm $alg" >&2; exit 1 ;;
   esac
 }
@@ -182,7 +191,15 @@ run() {
   esac
   rc FLUSHALL >/dev/null
   # the quota a `gcra-kept` limit finds kept (its own, as `stored_form` writes it)
-  case $mode in */gcra-kept) rc HSET bench:q:hello '' 3:65535:1:1000:0: >/dev/null ;; esac
+  case $mode in
+    */gcra-kept) rc HSET bench:q:hello '' 3:65535:1:1000:0: >/dev/null ;;
+    */gcra-override | */gcra-override-all)
+      local n=100
+      [ "${mode##*/}" = gcra-override-all ] && n=$KEYS
+      for i in $(seq 0 $((n - 1))); do
+        echo "HSET bench:q:hello bench:{k$i}:hello:gcra 3:65535:1:1000:0:"
+      done | rc >/dev/null ;;
+  esac
   # shellcheck disable=SC2086
   taskset -c "$LOAD_CPU" python3 "$ROOT/bench/lua_load.py" "$PORT" $((N / 10)) "$C" "$KEYS" $cmd >/dev/null
   rc CONFIG RESETSTAT >/dev/null

@@ -16,13 +16,15 @@
 --            window; cost 0 changes nothing), with "c" first for a limit
 --            whose quota may be kept in the store: one more key follows
 --            its own, the hash of its kept quotas (see `configured`)
--- Kept quotas are read through a mirror in this Lua VM (see `mirror`): a
--- change made through the library (op 3) is in force for the next decision
--- on the same server; one made behind its back (a hand edit, the hash
--- evicted or flushed, another version of the library, a failover) within
--- one second of store time (the decision's clock). A hash's mirror costs a
--- decision no Redis call; its read, once a second per hash and server, is
--- one HGETALL.
+-- A limit's kept quota is read through a mirror in this Lua VM (see
+-- `mirror`): a change made through the library (op 3) is in force for the
+-- next decision on the same server; one made behind its back (a hand edit,
+-- the hash evicted or flushed, another version of the library, a failover)
+-- within one second of store time (the decision's clock). A hash's mirror
+-- costs a decision no Redis call; its read, once a second per hash and
+-- server, is an HLEN and an HGETALL (an HGET of the limit's quota alone
+-- when the hash holds more than FIELDS_MIRRORED fields). The overrides of
+-- a hash with more than that are read by each decision (one HGET).
 -- Reply: little-endian doubles, all integers: outcome (0 granted, 1 denied,
 --          2 a cost exceeds a capacity), wait (us until the grant for 0;
 --          retry-after for 1; -1 for 2), now (us, the decision's clock),
@@ -126,18 +128,26 @@ local function kept_quota(q)
   return k
 end
 
--- The quotas kept in each hash as this VM last read them: by the hash's
--- name, a table of its fields' quotas (`kept_quota` of each value, valid
--- ones only; no field means none kept), with at [1] the store time of the
--- read. `configured` reads a hash again (HGETALL) when its mirror is
--- missing, a second old or more, or dated after the decision (a clock
--- stepped back), so a change made behind the library's back is in force
--- within a second of store time; a change made through it (op 3) drops the
--- hash's mirror, so this VM reads it again at its next decision. Emptied
--- when it holds more than MIRRORS hashes (one per limit, on a cluster one
--- per limit and slot); each holds its limit's quota and the overrides of
--- its keys, which only an administrator's calls create.
-local mirrors, n_mirrors, MIRRORS = {}, 0, 16384
+-- Each hash as this VM last read it: by the hash's name, [1] the store
+-- time of the read, `quota` the limit's kept quota (`kept_quota` of field
+-- '', false for none), and either `keys`, every key's override by field
+-- (a hash of at most FIELDS_MIRRORED fields), or `more` = true (a larger
+-- one, whose overrides each decision reads).
+-- `configured` reads a hash again when its mirror is missing, a second old
+-- or more, or dated after the decision (a clock stepped back), so a change
+-- made behind the library's back is in force within a second of store
+-- time; a change made through it (op 3) drops the hash's mirror, so this
+-- VM reads it again at its next decision. Emptied when it holds more than
+-- MIRRORS hashes (one per limit, on a cluster one per limit and slot). The
+-- overrides stay in Redis: a limit may have any number.
+local mirrors, n_mirrors, MIRRORS, FIELDS_MIRRORED = {}, 0, 16384, 256
+
+-- A kept value as a string, or nil (absent, or an error reply: another
+-- type of key reads as an empty hash).
+local function text(v)
+  if type(v) == 'string' then return v end
+  return nil
+end
 
 -- Reads the hash `hash` into its mirror, at store time `now`; returns it.
 local function mirror(hash, now)
@@ -145,12 +155,19 @@ local function mirror(hash, now)
     if n_mirrors >= MIRRORS then mirrors, n_mirrors = {}, 0 end
     n_mirrors = n_mirrors + 1
   end
-  local m = { now }
-  -- (another type of key, an error reply, reads as an empty hash)
-  local all = rpcall('HGETALL', hash)
-  for j = 1, #all - 1, 2 do
-    local quota = kept_quota(all[j + 1])
-    if quota then m[all[j]] = quota end
+  local fields = rpcall('HLEN', hash)
+  if type(fields) ~= 'number' then fields = 0 end
+  local m = { now, quota = false }
+  if fields > FIELDS_MIRRORED then
+    local own = text(rpcall('HGET', hash, ''))
+    m.quota, m.more = own and kept_quota(own), true
+  else
+    local keys, all = {}, fields > 0 and rpcall('HGETALL', hash) or {}
+    for j = 1, #all - 1, 2 do
+      local quota = kept_quota(all[j + 1])
+      if quota then keys[all[j]] = quota end
+    end
+    m.quota, m.keys = keys[''] or false, keys
   end
   mirrors[hash] = m
   return m
@@ -170,10 +187,16 @@ local function configured(s, keys, k, i, now)
   local m = mirrors[hash]
   -- (the second as a literal: an operand, where an upvalue is loaded first)
   if not m or m[1] > now or now - m[1] >= 1000000 then m = mirror(hash, now) end
-  -- the key's override, else the limit's (written out: no loop, no call)
-  local quota = m[keys[k - own.alg.nkeys]]
+  -- the key's override, else the limit's (written out: no loop)
+  local field, quota = keys[k - own.alg.nkeys], nil
+  if m.more then
+    local q = text(rpcall('HGET', hash, field))
+    quota = q and kept_quota(q)
+  else
+    quota = m.keys[field]
+  end
   if not (quota and quota.id == own.id and quota.ends > now) then
-    quota = m['']
+    quota = m.quota
     if not (quota and quota.id == own.id and quota.ends > now) then return own, nil end
   end
   local decides = quota[s.cost_text]

@@ -131,15 +131,19 @@ impl Limit {
     /// limit's own quota decides when none is stored, and a stored quota of
     /// another algorithm is ignored.
     ///
-    /// On Redis, each server keeps what it last read of them in its Lua
-    /// VM and reads them again (one `HGETALL` of the limit's hash, its
-    /// quota and overrides) at most once a second: a change made through
-    /// these methods drops that copy on every server it writes, so it is in
-    /// force for the next decision there; a change made behind their back
-    /// (the hash edited by hand, evicted or flushed, set by another version
-    /// of this crate, a failover to a replica) is in force within one
-    /// second of the store's clock (Redis `TIME`, or the store's
-    /// [`clock`](crate::RedisStoreBuilder::clock) when it has one). Such a limit's denials are not cached
+    /// On Redis, each server keeps what it last read of the limit's quota
+    /// in its Lua VM and reads it again at most once a second (with whether
+    /// any key has an override; a key's override is read by its decision,
+    /// one more command, only while the limit has some): a change made
+    /// through these methods drops that copy on every server it writes, so
+    /// it is in force for the next decision there; a change made behind
+    /// their back (the hash edited by hand, evicted or flushed, set by
+    /// another version of this crate, a failover to a replica) is in force
+    /// within one second of the store's clock (Redis `TIME`, or the store's
+    /// [`clock`](crate::RedisStoreBuilder::clock) when it has one). During
+    /// a Redis outage, a layer's
+    /// [`FallbackToMemory`](crate::layer::OnStoreError::FallbackToMemory)
+    /// decides with the limit's own quota. Such a limit's denials are not cached
     /// (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)):
     /// a raised quota must not wait for a cached refusal to run out.
     ///
