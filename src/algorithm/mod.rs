@@ -278,7 +278,7 @@ impl State {
     /// decides. A sliding log's grants are moved out of `stored`, which
     /// [`restore`](Self::restore) or [`save_into`](Self::save_into) gives
     /// back.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn prepare(
         stored: Option<&mut Stored>,
         p: &Params,
@@ -344,7 +344,7 @@ impl State {
     /// key's new `written`), as the scripts' `save` functions do. Returns it
     /// and the time at which the state becomes equal to a fresh one: the
     /// key's expiry.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn save_new(self, p: &Params, now: i64) -> (Stored, i64) {
         let stored = match (self, p) {
             (State::SlidingLog(mut s), Params::SlidingLog(p)) => {

@@ -72,7 +72,7 @@ impl Table {
     /// The state `found` points at, prepared for `p` as of `now` (see
     /// [`State::prepare`]), and whether it was moved back. A stored key's
     /// state is moved out; the shared overflow is copied.
-    #[inline]
+    #[inline(always)]
     pub(super) fn prepare(&mut self, found: Found, p: &Params, now: i64) -> (State, bool) {
         match found {
             Found::Live(i) => {
