@@ -7,6 +7,16 @@ use super::Limiter;
 use crate::store::{Check, Deadline, QuotaChange};
 use crate::{ConfigError, Error, Limit, Quota};
 
+/// The check that names where `own`'s kept quota is: `key`'s override, or
+/// (no key) the limit's.
+fn kept_check<'a>(own: &'a Limit, key: Option<&'a [u8]>) -> Check<'a> {
+    Check {
+        limit: own,
+        key: key.unwrap_or_default(),
+        cost: 0,
+    }
+}
+
 /// The least time a change of a stored quota is given: on a cluster a
 /// limit's quota is copied to every slot (16384 writes).
 const STORED_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,13 +62,9 @@ impl Limiter {
 
     async fn read(&self, name: &str, key: Option<&[u8]>) -> Result<Option<Quota>, Error> {
         let (own, _) = self.kept(name, None)?;
-        let check = Check {
-            limit: &own,
-            key: key.unwrap_or_default(),
-            cost: 0,
-        };
-        let deadline = self.stored_deadline();
+        let check = kept_check(&own, key);
         let store = &self.inner.store;
+        let deadline = self.stored_deadline();
         store
             .read_quota(&check, key.is_some(), deadline)
             .get()
@@ -82,17 +88,11 @@ impl Limiter {
             },
             None => QuotaChange::Remove,
         };
-        let check = Check {
-            limit: &own,
-            key: key.unwrap_or_default(),
-            cost: 0,
-        };
-        let deadline = self.stored_deadline();
+        let check = kept_check(&own, key);
         let store = &self.inner.store;
-        store
-            .write_quota(&check, key.is_some(), change, deadline)
-            .get()
-            .await
+        let deadline = self.stored_deadline();
+        let written = store.write_quota(&check, key.is_some(), change, deadline);
+        written.get().await
     }
 
     /// The quota kept in the store for the limit `limit` (Redisson's
