@@ -424,3 +424,46 @@ async fn a_limiter_on_redis_follows_its_live_limit() {
     let d = limiter.check("k", 1).await.expect("decides");
     assert!(d.is_allowed() && d.limit() == 3 && d.remaining() == 1);
 }
+
+#[tokio::test]
+async fn the_memory_fallback_of_a_layer_follows_its_live_limit() {
+    use tower_ratelimit::layer::OnStoreError;
+    let mut server = common::TestRedis::spawn();
+    let store = RedisStore::builder(&server.url)
+        .prefix("live-fallback")
+        .build()
+        .expect("store");
+    let live = LiveLimit::new(per_hour("api", 1));
+    let app = Router::new().route(
+        "/",
+        get(|| async { "ok" }).layer(
+            RateLimitLayer::builder()
+                .store(store)
+                .limit(&live, Global)
+                .on_store_error(OnStoreError::FallbackToMemory)
+                .timeout(Duration::from_millis(200))
+                .build()
+                .expect("layer"),
+        ),
+    );
+    server.stop();
+    // Redis is down: the fallback decides, with the value in force
+    assert_eq!(
+        get_status(&app, "/", &[]).await,
+        (StatusCode::OK, "\"api\";q=1;w=3600".into())
+    );
+    assert_eq!(
+        get_status(&app, "/", &[]).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    live.set(per_hour("api", 3)).expect("same name");
+    assert_eq!(
+        get_status(&app, "/", &[]).await,
+        (StatusCode::OK, "\"api\";q=3;w=3600".into())
+    );
+    assert_eq!(get_status(&app, "/", &[]).await.0, StatusCode::OK);
+    assert_eq!(
+        get_status(&app, "/", &[]).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
