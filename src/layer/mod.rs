@@ -75,6 +75,8 @@
 
 mod body;
 mod future;
+#[cfg(feature = "grpc")]
+mod grpc;
 mod info;
 mod outage;
 #[cfg(feature = "resolver")]

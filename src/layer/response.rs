@@ -225,7 +225,18 @@ pub(crate) fn problem(
 /// violated limits.
 pub(crate) fn too_many_requests(decision: &Decision) -> Response {
     let violated: Vec<&str> = decision.violated().map(|s| s.name()).collect();
-    let detail = match decision.verdict() {
+    problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        QUOTA_EXCEEDED,
+        refusal_detail(decision, &violated),
+        Some(("violated-policies", serde_json::json!(violated))),
+    )
+}
+
+/// What a refusal says: the violated limits, and the wait unless the cost
+/// can never fit.
+fn refusal_detail(decision: &Decision, violated: &[&str]) -> String {
+    match decision.verdict() {
         Verdict::Denied { retry_after } => {
             format!(
                 "Rate limit {} exceeded; retry in {} s.",
@@ -237,13 +248,7 @@ pub(crate) fn too_many_requests(decision: &Decision) -> Response {
             "The request costs more than rate limit {} can ever grant.",
             violated.join(", ")
         ),
-    };
-    problem(
-        StatusCode::TOO_MANY_REQUESTS,
-        QUOTA_EXCEEDED,
-        detail,
-        Some(("violated-policies", serde_json::json!(violated))),
-    )
+    }
 }
 
 /// Adds `Retry-After` for a denial, unless already present.
@@ -262,7 +267,7 @@ pub(crate) fn store_unavailable(retry_after: Duration) -> Response {
     let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
         "about:blank",
-        "The rate limiter is temporarily unavailable; retry later.".to_owned(),
+        UNAVAILABLE_DETAIL.to_owned(),
         None,
     );
     response.headers_mut().insert(
@@ -272,14 +277,91 @@ pub(crate) fn store_unavailable(retry_after: Duration) -> Response {
     response
 }
 
+const UNAVAILABLE_DETAIL: &str = "The rate limiter is temporarily unavailable; retry later.";
+
 /// The default answer to a request without a key for a limit.
 pub(crate) fn missing_key(status: StatusCode, limit: &str) -> Response {
-    problem(
-        status,
-        "about:blank",
-        format!("The request has no key for rate limit {limit}."),
-        None,
-    )
+    problem(status, "about:blank", missing_key_detail(limit), None)
+}
+
+fn missing_key_detail(limit: &str) -> String {
+    format!("The request has no key for rate limit {limit}.")
+}
+
+/// The layer's own answers to one request, in its protocol: HTTP (problem
+/// details), or with the `grpc` feature gRPC statuses for a gRPC call.
+/// Told from the request head only when the layer answers, so granted
+/// requests never pay for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answers {
+    Http,
+    /// A gRPC call: trailers-only responses with a gRPC status.
+    #[cfg(feature = "grpc")]
+    Grpc,
+}
+
+impl Answers {
+    /// The answers a request with this head gets.
+    pub(crate) fn to(parts: &http::request::Parts) -> Answers {
+        #[cfg(feature = "grpc")]
+        if super::grpc::is_call(&parts.headers) {
+            return Answers::Grpc;
+        }
+        let _ = parts;
+        Answers::Http
+    }
+
+    /// A refused decision: 429, or `RESOURCE_EXHAUSTED` with the wait as
+    /// `google.rpc.RetryInfo` (none when the cost can never fit).
+    pub(crate) fn refused(self, decision: &Decision) -> Response {
+        match self {
+            Answers::Http => too_many_requests(decision),
+            #[cfg(feature = "grpc")]
+            Answers::Grpc => {
+                let violated: Vec<&str> = decision.violated().map(|s| s.name()).collect();
+                super::grpc::answer(
+                    tonic::Code::ResourceExhausted,
+                    refusal_detail(decision, &violated),
+                    decision.retry_after(),
+                )
+            }
+        }
+    }
+
+    /// The store failed, closed: 503, or `UNAVAILABLE` with `retry_after`
+    /// as `google.rpc.RetryInfo`; `Retry-After` either way.
+    pub(crate) fn store_unavailable(self, retry_after: Duration) -> Response {
+        match self {
+            Answers::Http => store_unavailable(retry_after),
+            #[cfg(feature = "grpc")]
+            Answers::Grpc => {
+                let mut response = super::grpc::answer(
+                    tonic::Code::Unavailable,
+                    UNAVAILABLE_DETAIL.to_owned(),
+                    Some(retry_after),
+                );
+                response.headers_mut().insert(
+                    RETRY_AFTER,
+                    HeaderValue::from(ceil_secs(retry_after).max(1)),
+                );
+                response
+            }
+        }
+    }
+
+    /// No key for `limit`, refused with `status`: that status, or the gRPC
+    /// code corresponding to it (`INVALID_ARGUMENT` for the default 400).
+    pub(crate) fn missing_key(self, status: StatusCode, limit: &str) -> Response {
+        match self {
+            Answers::Http => missing_key(status, limit),
+            #[cfg(feature = "grpc")]
+            Answers::Grpc => super::grpc::answer(
+                super::grpc::missing_key_code(status),
+                missing_key_detail(limit),
+                None,
+            ),
+        }
+    }
 }
 
 #[cfg(test)]

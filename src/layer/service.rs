@@ -10,9 +10,7 @@ use tower_service::Service;
 use crate::key::KeyBuf;
 use http::request::Parts;
 
-use super::response::{
-    insert_headers, insert_retry_after, missing_key, store_unavailable, too_many_requests, Fields,
-};
+use super::response::{insert_headers, insert_retry_after, Answers, Fields};
 use smallvec::SmallVec;
 
 use super::future::ResponseFuture;
@@ -74,13 +72,18 @@ fn rejection<B>(
     response.map(ResponseBody::rejection)
 }
 
-/// The 429 for a refused decision (`shown`: the decision without its shadow
-/// limits).
-fn refused<B>(config: &Config, decision: &Decision, shown: &Decision) -> Response<ResponseBody<B>> {
+/// The 429 (or gRPC status) for a refused decision of the request with head
+/// `parts` (`shown`: the decision without its shadow limits).
+fn refused<B>(
+    config: &Config,
+    parts: &Parts,
+    decision: &Decision,
+    shown: &Decision,
+) -> Response<ResponseBody<B>> {
     let violated: SmallVec<[&str; 2]> = decision.violated().map(|s| s.name()).collect();
     tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
     let mut response = rejection(config, Rejection::Limited(decision), || {
-        too_many_requests(decision)
+        Answers::to(parts).refused(decision)
     });
     insert_retry_after(response.headers_mut(), decision);
     insert_headers(response.headers_mut(), shown, &config.headers);
@@ -115,7 +118,8 @@ fn choose<'a, B>(
                 let name = rule.limit().name();
                 tracing::debug!(target: "tower_ratelimit", limit = name, "request without a rate-limit key");
                 let why = Rejection::MissingKey(name);
-                return Err(rejection(config, why, || missing_key(*status, name)));
+                let answer = || Answers::to(parts).missing_key(*status, name);
+                return Err(rejection(config, why, answer));
             }
         }
     }
@@ -132,7 +136,7 @@ enum AfterFailure<'a, B> {
     Pass,
 }
 
-fn after_failure<'a, B>(config: &'a Config, error: &Error) -> AfterFailure<'a, B> {
+fn after_failure<'a, B>(config: &'a Config, parts: &Parts, error: &Error) -> AfterFailure<'a, B> {
     match (config.on_error, &config.fallback) {
         (OnStoreError::FallbackToMemory, Some(fallback)) => {
             config.outage.failure(error, "deciding in memory");
@@ -141,7 +145,8 @@ fn after_failure<'a, B>(config: &'a Config, error: &Error) -> AfterFailure<'a, B
         (OnStoreError::FailClosed { retry_after }, _) => {
             config.outage.failure(error, "refusing requests");
             let why = Rejection::StoreFailed(error);
-            AfterFailure::Answer(rejection(config, why, || store_unavailable(retry_after)))
+            let answer = || Answers::to(parts).store_unavailable(retry_after);
+            AfterFailure::Answer(rejection(config, why, answer))
         }
         _ => {
             config.outage.failure(error, "letting requests through");
@@ -266,7 +271,7 @@ fn decide_at_once<B>(config: &Config, parts: &Parts) -> AtOnce<B> {
     };
     config.outage.success();
     if !decision.is_allowed() {
-        return AtOnce::Answer(refused(config, &decision, &decision));
+        return AtOnce::Answer(refused(config, parts, &decision, &decision));
     }
     let fields = Fields::of(&decision, &config.headers);
     AtOnce::Forward(RateLimitInfo::new(Some(decision), false), fields)
@@ -395,7 +400,7 @@ where
             }
             Some(Err(error)) => {
                 store_failed = true;
-                match after_failure(&config, &error) {
+                match after_failure(&config, &parts, &error) {
                     AfterFailure::Fallback(fallback) => {
                         let fallback = fallback.decide_pairs(&pairs, cost, delay, refundable);
                         match Box::pin(fallback).await {
@@ -414,7 +419,12 @@ where
             return Box::pin(pass(inner, request, store_failed)).await;
         };
         if !decision.is_allowed() {
-            return Ok(refused(&config, &decision, &decision.without_shadow()));
+            return Ok(refused(
+                &config,
+                &parts,
+                &decision,
+                &decision.without_shadow(),
+            ));
         }
         let refund = if decision.wait().is_zero() {
             refund
