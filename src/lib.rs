@@ -11,8 +11,11 @@
 //! - A [`Limit`] names a validated quota; invalid ones are a [`ConfigError`].
 //! - A [`Limiter`] decides one or more limits per key over a store:
 //!   [`MemoryStore`] in-process (the default), or [`RedisStore`] shared by every
-//!   instance (feature `redis`): one `EVALSHA` per decision, clock read from
-//!   Redis `TIME`.
+//!   instance (feature `redis`): one `FCALL` of a Redis Function per
+//!   decision, clock read from Redis `TIME`.
+//! - Limits can change while the fleet runs: a [`LiveLimit`] is swapped in
+//!   the process, a limit marked [`Limit::quota_from_store`] takes the quota
+//!   (and per-key overrides) every instance reads from the store.
 //! - A [`Decision`] says allowed or not, remaining, the exact `retry_after`,
 //!   `reset_after`, and tells apart a cost that can never fit.
 //!
