@@ -1,6 +1,7 @@
 //! Quotas kept in the store (see `Limit::quota_from_store`): a limit's, in
 //! a map swapped whole on a change (read without a lock), and a key's
-//! override, in the shard of the key beside its state.
+//! override, in the shard of the key beside its state (an ended one is
+//! dropped when looked up, or by the background sweep, `reclaim.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -33,6 +34,15 @@ pub(super) struct Override {
 
 /// The overrides of one shard, by limit name and key.
 pub(super) type Overrides = HashMap<(&'static str, Key), Override>;
+
+/// Drops the overrides of `overrides` that ended by store time `now` (one a
+/// decision looked up is dropped then; this reclaims those of keys that
+/// came no more); returns how many.
+pub(super) fn sweep_overrides(overrides: &mut Overrides, now: i64) -> usize {
+    let before = overrides.len();
+    overrides.retain(|_, o| o.until.is_none_or(|until| until > now));
+    before - overrides.len()
+}
 
 impl Inner {
     /// `check`'s override, while it lasts (one that has ended is dropped).
@@ -227,5 +237,26 @@ impl MemoryStore {
                 removed && lasting
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    #[test]
+    fn a_sweep_drops_ended_overrides_only() {
+        let limit = Limit::new("l", Quota::per_minute(1).fixed_window()).expect("limit");
+        let mut overrides = Overrides::new();
+        for (key, until) in [(&b"a"[..], Some(10)), (b"b", Some(20)), (b"c", None)] {
+            let id = (limit.shared_name(), Key::from_slice(key));
+            let limit = limit.clone();
+            overrides.insert(id, Override { limit, until });
+        }
+        assert_eq!(sweep_overrides(&mut overrides, 10), 1);
+        assert_eq!(sweep_overrides(&mut overrides, 15), 0);
+        assert_eq!(sweep_overrides(&mut overrides, i64::MAX), 1);
+        assert_eq!(overrides.len(), 1, "the lasting one stays");
     }
 }

@@ -11,13 +11,21 @@ const SWEEP_SLICE: usize = 1024;
 
 impl Inner {
     /// One background step in shard `s`: sweeps a slice of table `*t`, with
-    /// `*budget` slots left to examine in it. Returns whether the shard has more.
+    /// `*budget` slots left to examine in it (first, the shard's overrides
+    /// that ended). Returns whether the shard has more.
     fn sweep_step(&self, s: usize, t: &mut usize, budget: &mut Option<usize>) -> bool {
         let Some(shard) = self.shards.get(s) else {
             return false;
         };
         let now = self.clock.now_micros();
         let mut shard = lock(shard);
+        if *t == 0 && budget.is_none() {
+            // once per sweep of the shard: the overrides that ended
+            let ended = super::kept::sweep_overrides(&mut shard.overrides, now);
+            if ended > 0 {
+                self.kept.overrides.fetch_sub(ended, Ordering::AcqRel);
+            }
+        }
         let Some(table) = shard.tables.get_mut(*t) else {
             return false;
         };
