@@ -314,10 +314,8 @@ fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
         return Err(ConfigError::ZeroAmount { what: amount_name });
     }
     let amount = u128::from(q.amount);
-    let policy_window_micros: u128;
     let params = match q.algorithm {
         Algorithm::SlidingLog | Algorithm::FixedWindow => {
-            policy_window_micros = window;
             let limit = exact(amount, "the limit")?;
             let window = exact(window, "the window in microseconds")?;
             if q.algorithm == Algorithm::SlidingLog {
@@ -329,7 +327,6 @@ fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
         Algorithm::SlidingWindow => {
             let steps = u128::from(WEIGHT_STEPS);
             exact(amount * steps, "the limit times 2^20")?;
-            policy_window_micros = window;
             Params::SlidingWindow(algorithm::sliding_window::Params {
                 limit: exact(amount, "the limit")?,
                 window: exact(window, "the window in microseconds")?,
@@ -352,7 +349,6 @@ fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
             let reduced = exact(period, "the reduced period in microseconds")?;
             // The largest products the scripts form: capacity * period (+ rate).
             exact(amount * period + per, "capacity times reduced period")?;
-            policy_window_micros = (amount * period).div_ceil(per);
             if q.algorithm == Algorithm::Gcra {
                 Params::Gcra(algorithm::gcra::Params {
                     burst: capacity,
@@ -368,6 +364,5 @@ fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
             }
         }
     };
-    let micros = u64::try_from(policy_window_micros).unwrap_or(u64::MAX);
-    Ok((params, Duration::from_micros(micros)))
+    Ok((params, Duration::from_micros(params.policy_window_us())))
 }

@@ -127,13 +127,12 @@ impl Params {
     /// The time in which a spent capacity comes back in full, in
     /// microseconds: the `w` of `RateLimit-Policy` (see
     /// [`Limit::policy_window`](crate::Limit::policy_window)).
+    /// It is the limit's [`horizon`] but for a sliding window, whose
+    /// horizon spans two windows.
     pub(crate) fn policy_window_us(&self) -> u64 {
         let us = match *self {
-            Params::Gcra(p) => cdiv(p.burst * p.period, p.rate),
-            Params::TokenBucket(p) => cdiv(p.capacity * p.period, p.rate),
-            Params::FixedWindow(p) => p.window,
-            Params::SlidingLog(p) => p.window,
             Params::SlidingWindow(p) => p.window,
+            _ => horizon(self),
         };
         u64::try_from(us).unwrap_or(0)
     }
