@@ -8,9 +8,9 @@
 --            path), max_wait (us: a grant may be reserved this far ahead),
 --            dry (1 = decide, grant nothing: a peek), slack (us keys outlive
 --            their state), op (absent or 0: decide; 1: refund; 2: take
---            what is available; 3: change a kept quota; see below),
---            at (us, for a refund: the time of the grant, `now + wait` of
---            its reply)
+--            what is available; 3: change a kept quota; 4: charge; 5:
+--            renew; see below), at (us, for a refund or a renewal: the
+--            time of the grant, `now + wait` of its reply)
 --        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
 --            sliding log, 2 token bucket, 3 gcra, 4 fixed window, 5 sliding
 --            window; cost 0 changes nothing), with "c" first for a limit
@@ -41,6 +41,21 @@
 -- previous window, whichever holds `at`. Never below empty. Each key is read
 -- at its own clock (the latest of the store's and its `written` as believed, see
 -- "Clock steps"). Reply: "".
+--
+-- Charge (op 4): each limit's cost is granted whatever is left, so a limit
+-- may end in debt (over its capacity) and refuses its key until the debt is
+-- paid back: the cost of a request known only from its response. Granted
+-- where a cost of 1 would be (now, unless the limit is spent: then at the
+-- earliest time it allows one), behind every grant already made, so a
+-- reservation ahead is never overwritten. The limits are read at one
+-- clock, as a decision's. Reply: "".
+--
+-- Renew (op 5): moves a grant of each limit's cost made at `at` to the
+-- store's clock, when the limit still holds it (a sliding log drops one
+-- entry of that time and cost and adds one now: a lease renewed; the
+-- scripts' `refund` of a sliding log says whether it found one). Reply:
+-- little-endian doubles, the store's clock (the grant's new time), then
+-- per limit 1 when it held the grant, else 0.
 --
 -- Take (op 2): the cost is an upper bound N (the same for every limit):
 -- grants k = min(N, what every limit has left now), at once (max_wait is
@@ -266,11 +281,14 @@ local function load_limits(keys, args, first, n, store_now)
   return limits, now, notes
 end
 
--- Op 1: gives back the grants of each limit's cost made at `at`.
-local function refund(keys, args, opts)
+-- Ops 1 and 5, on each limit at its own clock: op 1 gives back a grant of
+-- its cost made at `at`; op 5 moves a grant of its cost made at `at` to the
+-- store's clock, if the limit still holds it (see "Renew" above).
+local function settle(keys, args, opts, op)
   local store_now = clock(opts)
   local from, at = store_now - opts[4], opts[6]
   local next_key = 1
+  local held = { store_now }
   for i = 2, #args do
     local s, _, after = resolve(args[i], keys, next_key, i - 1, store_now)
     local alg = s.alg
@@ -279,10 +297,19 @@ local function refund(keys, args, opts)
     next_key = after
     local now = believed(store_now, st.written, s.h)
     alg.prepare(st, s, now)
-    if s.cost > 0 then alg.refund(st, s, now, at, s.cost) end
+    held[i] = 0
+    if s.cost > 0 then
+      if op == 1 then
+        alg.refund(st, s, now, at, s.cost)
+      elseif alg == sliding_log and alg.refund(st, s, now, at, s.cost) then
+        alg.grant(st, s, store_now, s.cost)
+        held[i] = 1
+      end
+    end
     alg.save(st, s, now, from)
   end
-  return ''
+  if op == 1 then return '' end
+  return struct.pack('<' .. string.rep('d', #args), unpack(held))
 end
 
 -- The earliest time at which every one of the limits allows its cost (or
@@ -342,6 +369,20 @@ local function take(keys, args, opts)
     store_now - opts[4])
   reply[3 * n + 4] = k
   return struct.pack('<' .. string.rep('d', 4 + 3 * n), unpack(reply)) .. notes
+end
+
+-- Op 4: charges each limit's cost where a cost of 1 would be granted,
+-- whatever is left (see "Charge" above).
+local function charge(keys, args, opts)
+  local store_now = clock(opts)
+  local limits, now = load_limits(keys, args, 2, #args - 1, store_now)
+  for i = 1, #limits do
+    local l = limits[i]
+    l.alg.prepare(l.st, l.s, now)
+    if l.cost > 0 then l.alg.grant(l.st, l.s, l.alg.earliest(l.st, l.s, now, 1), l.cost) end
+    l.alg.save(l.st, l.s, now, store_now - opts[4])
+  end
+  return ''
 end
 
 -- The decision over loaded limits at the decision's clock `now`: each
@@ -429,9 +470,11 @@ local function decide(keys, args)
   local first, opts = 1, NO_OPTIONS
   if string.byte(args[1], 1) == 111 then -- 'o'
     opts = ints(string.sub(args[1], 3))
-    if opts[5] == 1 then return refund(keys, args, opts) end
-    if opts[5] == 2 then return take(keys, args, opts) end
-    if opts[5] == 3 then return change(keys, args) end
+    local op = opts[5]
+    if op == 2 then return take(keys, args, opts) end
+    if op == 3 then return change(keys, args) end
+    if op == 4 then return charge(keys, args, opts) end
+    if op == 1 or op == 5 then return settle(keys, args, opts, op) end
     first = 2
   end
   local store_now = clock(opts)

@@ -325,9 +325,10 @@ local sformat
   local member = spack('<c1ddd', 'E', at, seq, cost)
   if not sformat then sformat = string.format end
   rcall('ZADD', log, sformat('%d', at), member)
-  -- the log's last member: the highest score, then the greatest bytes
-  if not last or at > last or member > top then top = member end
-  sum = sum + cost; win = win + cost; cnt = cnt + 1; last = at
+  -- the log's last member: the highest score, then the greatest bytes (a
+  -- renewal, op 5 in driver.lua, may grant before a reservation)
+  if not last or at > last or (at == last and member > top) then top = member; last = at end
+  sum = sum + cost; win = win + cost; cnt = cnt + 1
   if cost ~= 1 then uni = 0 end
   members = false; dirty = true
 --: end
@@ -352,16 +353,17 @@ local sformat
 --: end
 
 -- Gives back one grant of `cost` made at `at`: one member with that score
--- and cost leaves the log (such members are interchangeable). A log left
--- empty is deleted, as a fresh state.
---: step slog refund(now, at, cost)
+-- and cost leaves the log (such members are interchangeable), `gone` when
+-- one did. A log left empty is deleted, as a fresh state.
+--: step slog refund(now, at, cost) -> gone
+  gone = false
   if last then
     local found = rcall('ZRANGEBYSCORE', log, at, at)
     for i = #found, 1, -1 do
       local member = found[i]
       if slog_entry(member) == cost then
         rcall('ZREM', log, member)
-        cnt, sum, members = cnt - 1, sum - cost, false
+        cnt, sum, members, gone = cnt - 1, sum - cost, false, true
         if cnt == 0 then
           rcall('DEL', log, meta)
           top, last, pruned, dirty = false, false, false, false

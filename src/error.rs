@@ -68,6 +68,10 @@ pub enum ConfigError {
     /// is of another algorithm than the limit.
     #[error("stored quota: {0}")]
     Stored(String),
+    /// [`Limiter::acquire_lease`](crate::Limiter::acquire_lease) on a
+    /// limiter without a [concurrency limit](crate::Limit::concurrency).
+    #[error("no concurrency limit to lease a permit of")]
+    NoConcurrencyLimit,
     /// A limit read from a configuration file has a missing, misplaced or
     /// invalid field.
     #[error("limit {limit:?}: `{field}` {problem}")]

@@ -128,7 +128,7 @@ pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 
 pub use limit::Limit;
-pub use limiter::{Grant, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
+pub use limiter::{Grant, Lease, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
 pub use live::{LimitSource, LiveLimit, LiveLimits};
 pub use quota::{Algorithm, Burst, Quota, Rate};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};

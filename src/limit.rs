@@ -48,6 +48,9 @@ pub struct Limit {
     /// Whether a quota kept in the store (or a key's override) decides in
     /// place of `quota` (see [`Limit::quota_from_store`]).
     from_store: bool,
+    /// A concurrency limit: its grants are leases, given back when the
+    /// work ends (see [`Limit::concurrency`]).
+    leases: bool,
     /// Its `tower_ratelimit_decisions_total` keys, made once.
     #[cfg(feature = "metrics")]
     metric_keys: Arc<crate::metrics::LimitKeys>,
@@ -87,7 +90,56 @@ impl Limit {
             wire,
             shadow: false,
             from_store: false,
+            leases: false,
         })
+    }
+
+    /// A concurrency limit: at most `max` permits held at once per key
+    /// ("at most 2 exports running per tenant"). A permit is a lease, held
+    /// while the work runs and given back when it ends: by a
+    /// [`Lease`](crate::Lease) from
+    /// [`Limiter::acquire_lease`](crate::Limiter::acquire_lease), or, in a
+    /// layer, from the request until its response body is finished or
+    /// dropped. A lease lasts `lease` unless renewed: its holder renews it
+    /// while it runs, so the permits of a holder that died (a crashed
+    /// instance, a killed task) come back within `lease` at most.
+    ///
+    /// It is a sliding log of `max` per `lease` whose grants are given back
+    /// at the end: exact under concurrency on both stores and a cluster, and
+    /// decided with other limits in one atomic decision. A refused request
+    /// is told to retry when the oldest lease would expire (a bound: a
+    /// release frees a permit sooner).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Limit, Limiter, MemoryStore};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let exports = Limit::concurrency("exports", 2, Duration::from_secs(30))?;
+    /// let limiter = Limiter::new(MemoryStore::new(), exports);
+    /// let first = limiter.acquire_lease("acme").await?;
+    /// let second = limiter.acquire_lease("acme").await?;
+    /// assert!(first.is_held() && second.is_held());
+    /// assert!(!limiter.acquire_lease("acme").await?.is_held()); // two running
+    /// drop(first); // the export ended
+    /// assert!(limiter.acquire_lease("acme").await?.is_held());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn concurrency(
+        name: impl Into<String>,
+        max: u64,
+        lease: Duration,
+    ) -> Result<Self, ConfigError> {
+        let mut limit = Self::new(name, Quota::sliding_log(max, lease))?;
+        limit.leases = true;
+        Ok(limit)
+    }
+
+    /// Whether this is a [concurrency limit](Self::concurrency), whose
+    /// grants are leases given back when the work ends.
+    pub fn is_concurrency(&self) -> bool {
+        self.leases
     }
 
     /// This limit in shadow mode: it decides and records as if enforced

@@ -109,7 +109,9 @@ impl LiveLimit {
     /// Replaces the value: the next decision of every user decides with
     /// `limit`. Refused, keeping the current value, when `limit` has another
     /// name ([`ConfigError::Live`]: the name is the identity of the state),
-    /// when a layer using this limit has a fixed cost over its capacity
+    /// or turns a [concurrency limit](Limit::concurrency) into a rate limit
+    /// or back ([`ConfigError::Live`]), when a layer using this limit has a
+    /// fixed cost over its capacity
     /// ([`ConfigError::CostExceedsCapacity`]), or when a rule gives it tiers
     /// of another algorithm ([`ConfigError::Tiers`]).
     pub fn set(&self, limit: Limit) -> Result<(), ConfigError> {
@@ -134,6 +136,12 @@ impl LiveLimit {
                 "limit {name:?} cannot become {:?}: a live limit keeps its name, which names \
                  its state",
                 limit.name()
+            )));
+        }
+        if limit.is_concurrency() != self.shared.current.load().limit.is_concurrency() {
+            return Err(ConfigError::Live(format!(
+                "limit {name:?} cannot change between a concurrency limit and a rate limit: \
+                 the grants of one are leases given back, the other's are kept"
             )));
         }
         if limit.capacity() < needs.cost {

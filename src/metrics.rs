@@ -6,8 +6,9 @@
 //! | name | kind | labels | what |
 //! |---|---|---|---|
 //! | [`DECISIONS`] | counter | `limit`, `outcome` | decisions, per limit and [`Outcome`] |
-//! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`, `refund`, `take`) | seconds per store call, failures and timeouts included |
+//! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`, `refund`, `take`, `charge`, `renew`) | seconds per store call, failures and timeouts included |
 //! | [`MEMORY_STORE_KEYS`] | gauge | | key states held by this process's memory stores (the stores, a layer's memory fallback), refreshed at most once a second per store |
+//! | [`CHARGES`] | counter | `result` (`charged`, `retried`, `failed`) | costs charged after the fact ([`Limiter::charge`](crate::Limiter::charge), a rule's cost from its response): `retried` charged after a failed try, `failed` not charged |
 //! | [`PLAN_LOOKUPS`] | counter | `result` (`found`, `unknown`, `failed`, `timed_out`, `oversized`) | lookups of plan resolvers (feature `resolver`), cache hits not counted; `oversized`: a lookup key too long, refused without a lookup |
 //!
 //! A decision counts once under each limit it involved: under every limit
@@ -45,6 +46,8 @@ pub const DECISIONS: &str = "tower_ratelimit_decisions_total";
 pub const STORE_DURATION: &str = "tower_ratelimit_store_duration_seconds";
 /// Gauge of the key states held in memory stores.
 pub const MEMORY_STORE_KEYS: &str = "tower_ratelimit_memory_store_keys";
+/// Counter of costs charged after the fact, labelled `result`.
+pub const CHARGES: &str = "tower_ratelimit_charges_total";
 /// Counter of plan lookups (feature `resolver`), labelled `result`.
 pub const PLAN_LOOKUPS: &str = "tower_ratelimit_plan_lookups_total";
 
@@ -190,10 +193,21 @@ fn duration_key(store: &'static str, operation: &'static str) -> Option<&'static
         };
     }
     keys!(
-        "memory" => ["decide", "reset", "refund", "take"],
-        "redis" => ["decide", "reset", "refund", "take"]
+        "memory" => ["decide", "reset", "refund", "take", "charge", "renew"],
+        "redis" => ["decide", "reset", "refund", "take", "charge", "renew"]
     )
 }
+
+/// Counts one charge after the fact under [`CHARGES`] with `result`.
+#[cfg(feature = "metrics")]
+pub(crate) fn charged(result: &'static str) {
+    ::metrics::counter!(CHARGES, "result" => result).increment(1);
+}
+
+/// Without metrics: nothing.
+#[cfg(not(feature = "metrics"))]
+#[inline(always)]
+pub(crate) fn charged(_: &'static str) {}
 
 /// One memory store's share of [`MEMORY_STORE_KEYS`]: the store adds the
 /// change since its last report, and takes its share back when dropped, so

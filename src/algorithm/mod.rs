@@ -403,6 +403,20 @@ impl State {
         }
     }
 
+    /// Moves a grant of `cost` made at `at` to `to`, when the state still
+    /// holds it: a sliding log's lease renewed (op 5 of `lua/driver.lua`);
+    /// whether it did. Other algorithms hold no leases: `false`.
+    pub(crate) fn renew(&mut self, at: i64, to: i64, cost: i64) -> bool {
+        let State::SlidingLog(s) = self else {
+            return false;
+        };
+        let held = s.refund(at, cost);
+        if held {
+            s.grant(to, cost);
+        }
+        held
+    }
+
     #[inline]
     fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         match (self, p) {
@@ -490,6 +504,18 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// A grant of nothing at `now`: the answer of an operation that decides
+    /// nothing (a charge).
+    pub(crate) fn at_rest(now: i64) -> Self {
+        Self {
+            outcome: Outcome::Granted,
+            wait: 0,
+            now,
+            limits: Statuses::new(),
+            stored: None,
+        }
+    }
+
     /// Whether the decision was granted (now or as a reservation).
     pub(crate) fn granted(&self) -> bool {
         self.outcome == Outcome::Granted
@@ -619,6 +645,19 @@ pub(crate) fn decide(
         now,
         limits,
         stored: None,
+    }
+}
+
+/// Charges each limit its cost whatever is left, where a cost of 1 would be
+/// granted (now, or the earliest time a spent limit allows one): the mirror
+/// of `charge` (op 4) in `lua/driver.lua`. A limit may end in debt, and
+/// refuses until it is paid back.
+pub(crate) fn charge(states: &mut [State], params: &[&Params], costs: &[i64], now: i64) {
+    for ((state, p), &cost) in states.iter_mut().zip(params).zip(costs) {
+        if cost > 0 {
+            let at = state.earliest(p, now, 1).unwrap_or(now);
+            state.grant(p, at, cost);
+        }
     }
 }
 

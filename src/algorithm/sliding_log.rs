@@ -134,8 +134,16 @@ impl SlidingLog {
         Some(base.max(self.last().unwrap_or(now) + w))
     }
 
+    /// Records a grant at `at`, in time order: after the last one, or
+    /// before a reservation when a lease is renewed (see `State::renew`).
     pub(crate) fn grant(&mut self, at: i64, cost: i64) {
-        self.entries.push_back((at, cost));
+        match self.last() {
+            Some(last) if at < last => {
+                let i = self.entries.partition_point(|&(t, _)| t <= at);
+                self.entries.insert(i, (at, cost));
+            }
+            _ => self.entries.push_back((at, cost)),
+        }
         self.sum += cost;
         self.win += cost;
     }

@@ -9,6 +9,8 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use pin_project_lite::pin_project;
 
+use super::after::After;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body of a rejection: the layer's own problem details, or whatever a
@@ -62,6 +64,8 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
+        // What to settle when the body ends or is dropped.
+        after: Option<Box<After>>,
     }
 }
 
@@ -77,12 +81,22 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
+            after: None,
+        }
+    }
+
+    /// The inner service's body, with what to settle when it ends.
+    pub(crate) fn settled_after(body: B, after: Option<Box<After>>) -> Self {
+        Self {
+            kind: Kind::Inner { body },
+            after,
         }
     }
 
     pub(crate) fn rejection(body: RejectionBody) -> Self {
         Self {
             kind: Kind::Rejection { body },
+            after: None,
         }
     }
 }
@@ -99,10 +113,22 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.project().kind.project() {
+        let this = self.project();
+        let frame = match this.kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Rejection { body } => body.poll_frame(cx).map_err(Into::into),
+        };
+        match &frame {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(after), Some(data)) = (this.after.as_mut(), frame.data_ref()) {
+                    after.count(data);
+                }
+            }
+            // ended: settled now, not when the body is dropped
+            Poll::Ready(_) => *this.after = None,
+            Poll::Pending => {}
         }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {

@@ -74,6 +74,7 @@
 //! one, and the recovery at `info` with the total
 //! ([`RateLimitLayerBuilder::store_error_log_interval`]).
 
+mod after;
 mod body;
 mod future;
 #[cfg(feature = "grpc")]
@@ -203,8 +204,12 @@ pub(crate) struct Config {
     pub(crate) skip: Option<RequestPredicate>,
     /// Responses whose requests do not count, in any limit.
     pub(crate) refund_if: Option<ResponsePredicate>,
-    /// Whether any grant may be given back (a refund predicate, delay mode).
+    /// Whether any grant may be given back (a refund predicate, delay mode,
+    /// a lease, a cost charged after the response).
     pub(crate) refundable: bool,
+    /// Whether a rule holds a lease until the response body ends, or
+    /// charges a cost after the response (see `after.rs`).
+    pub(crate) settles_after: bool,
     pub(crate) cost: Option<CostFn>,
     pub(crate) fixed_cost: u64,
     pub(crate) max_delay: Duration,
@@ -568,8 +573,10 @@ impl RateLimitLayerBuilder {
             )
             .map(|value| (shown.len(), self::response::shared_value(&value)))
         };
+        let settles_after = rules.iter().any(CompiledRule::settles_after);
         let refundable = self.refund_if.is_some()
             || rules.iter().any(|r| r.refund_if.is_some())
+            || settles_after
             || !self.max_delay.is_zero();
         // (a resolved rule's plan is awaited: never within `call`)
         let at_once = limiter.answers_at_once()
@@ -588,6 +595,7 @@ impl RateLimitLayerBuilder {
                 skip: self.skip,
                 refund_if: self.refund_if,
                 refundable,
+                settles_after,
                 cost: self.cost,
                 fixed_cost: self.fixed_cost,
                 max_delay: self.max_delay,

@@ -14,6 +14,24 @@ pub(crate) type RequestPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 pub(crate) type ResponsePredicate = Arc<dyn Fn(&ResponseParts) -> bool + Send + Sync>;
 type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync>;
 
+/// How a rule's cost after the response is read (see
+/// [`Rule::cost_from_response`], [`Rule::cost_from_body`]).
+#[derive(Clone, Default)]
+pub(crate) struct CostAfter {
+    pub(crate) head: Option<HeadCost>,
+    pub(crate) body: Option<BodyCost>,
+}
+
+pub(crate) type HeadCost = Arc<dyn Fn(&ResponseParts) -> Option<u64> + Send + Sync>;
+pub(crate) type BodyCost = Arc<dyn Fn(&bytes::Bytes) -> u64 + Send + Sync>;
+
+impl CostAfter {
+    /// Whether the rule charges anything after the response.
+    pub(crate) fn any(&self) -> bool {
+        self.head.is_some() || self.body.is_some()
+    }
+}
+
 /// One limit of a [`RateLimitLayer`](super::RateLimitLayer): the limit, the
 /// key it counts per, and policies of its own. Added with
 /// [`RateLimitLayerBuilder::rule`](super::RateLimitLayerBuilder::rule);
@@ -26,6 +44,10 @@ type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync
 ///   key gets, for this limit only;
 /// - [`refund_if`](Self::refund_if): responses whose requests do not count
 ///   (the permit, taken when the request arrived, is given back);
+/// - [`cost_from_response`](Self::cost_from_response),
+///   [`cost_from_header`](Self::cost_from_header) and
+///   [`cost_from_body`](Self::cost_from_body): a cost known only from the
+///   response, charged after it;
 /// - [`tier`](Self::tier) and [`choose_tier`](Self::choose_tier): the quota
 ///   chosen per request (a plan), in the same limit.
 ///
@@ -59,6 +81,7 @@ pub struct Rule {
     pub(crate) skip: Option<RequestPredicate>,
     pub(crate) on_missing: Option<MissingKey>,
     pub(crate) refund_if: Option<ResponsePredicate>,
+    pub(crate) cost_after: CostAfter,
     pub(crate) tiers: Vec<(String, Quota)>,
     pub(crate) choose: Option<TierChoice>,
     /// Where the key and tier come from instead ([`Rule::resolved`]).
@@ -93,6 +116,7 @@ impl Rule {
             skip: None,
             on_missing: None,
             refund_if: None,
+            cost_after: CostAfter::default(),
             tiers: Vec::new(),
             choose: None,
             #[cfg(feature = "resolver")]
@@ -131,6 +155,51 @@ impl Rule {
         refund: impl Fn(&ResponseParts) -> bool + Send + Sync + 'static,
     ) -> Self {
         self.refund_if = Some(Arc::new(refund));
+        self
+    }
+
+    /// Charges this limit, after the response, the cost `cost` reads from
+    /// its head (`None`: nothing more), such as the tokens an LLM reports:
+    /// see [`cost_from_header`](Self::cost_from_header) for the common case
+    /// and the module docs for the bound.
+    ///
+    /// The request's own cost (the layer's
+    /// [`cost`](super::RateLimitLayerBuilder::cost), 1 by default) is
+    /// taken when it arrives, so a key already in debt is refused; once the
+    /// response is known, what its cost exceeds that by is charged (see
+    /// [`Limiter::charge`](crate::Limiter::charge)), whatever is left, on a
+    /// task of its own: the response is not held up. With
+    /// [`cost_from_body`](Self::cost_from_body) too, both are added, and the
+    /// charge is made when the body ends.
+    pub fn cost_from_response(
+        mut self,
+        cost: impl Fn(&ResponseParts) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.cost_after.head = Some(Arc::new(cost));
+        self
+    }
+
+    /// [`cost_from_response`](Self::cost_from_response) read from the
+    /// response header `name`, a decimal integer (absent or unreadable:
+    /// nothing more).
+    pub fn cost_from_header(self, name: http::HeaderName) -> Self {
+        self.cost_from_response(move |response| {
+            let value = response.headers.get(&name)?.to_str().ok()?;
+            value.trim().parse().ok()
+        })
+    }
+
+    /// Charges this limit, after the response, the cost `cost` counts in
+    /// each chunk of its body as it streams (the bytes served:
+    /// `|chunk| chunk.len() as u64`), when the body ends or is dropped (a
+    /// client gone mid-stream pays for what it was sent). As with
+    /// [`cost_from_response`](Self::cost_from_response), the request's own
+    /// cost is taken when it arrives and only the excess is charged.
+    pub fn cost_from_body(
+        mut self,
+        cost: impl Fn(&bytes::Bytes) -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        self.cost_after.body = Some(Arc::new(cost));
         self
     }
 
@@ -229,7 +298,18 @@ impl Rule {
                     "limit {name:?} has two tiers named {tier:?}"
                 )));
             }
-            let mut limit = Limit::new(name.clone(), quota)?;
+            let mut limit = if current.is_concurrency() {
+                // a concurrency limit's tiers are concurrency limits too
+                if quota.algorithm() != crate::Algorithm::SlidingLog {
+                    return Err(ConfigError::Tiers(format!(
+                        "limit {name:?} is a concurrency limit: its tier {tier:?} must be one \
+                         too (a sliding log, as Limit::concurrency makes)"
+                    )));
+                }
+                Limit::concurrency(name.clone(), quota.capacity(), quota.window())?
+            } else {
+                Limit::new(name.clone(), quota)?
+            };
             if current.is_shadow() {
                 limit = limit.shadow();
             }
@@ -248,6 +328,7 @@ impl Rule {
             skip: self.skip,
             on_missing,
             refund_if: self.refund_if,
+            cost_after: self.cost_after,
             choose: self.choose,
             #[cfg(feature = "resolver")]
             plan: self.plan,
@@ -306,6 +387,8 @@ pub(crate) struct CompiledRule {
     pub(crate) skip: Option<RequestPredicate>,
     pub(crate) on_missing: MissingKey,
     pub(crate) refund_if: Option<ResponsePredicate>,
+    /// The cost charged after the response, if any.
+    pub(crate) cost_after: CostAfter,
     choose: Option<TierChoice>,
     #[cfg(feature = "resolver")]
     pub(crate) plan: Option<super::plan::PlanResolver>,
@@ -332,6 +415,12 @@ impl CompiledRule {
             || self.default.keyless.is_some()
             || self.default.limit.live().is_some()
             || self.default.limit.load().is_quota_from_store()
+    }
+
+    /// Whether the rule holds its grants until the response body ends (a
+    /// [concurrency limit](Limit::concurrency)) or charges after it.
+    pub(crate) fn settles_after(&self) -> bool {
+        self.cost_after.any() || self.limits().any(|l| l.is_concurrency())
     }
 
     /// Whether the key and tier come from a plan resolver, awaited before

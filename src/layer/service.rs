@@ -13,6 +13,7 @@ use http::request::Parts;
 use super::response::{insert_headers, insert_retry_after, Answers, Fields};
 use smallvec::SmallVec;
 
+use super::after::After;
 use super::future::ResponseFuture;
 use super::{Config, MissingKey, OnStoreError, RateLimitInfo, Rejection, ResponseBody};
 use crate::limiter::{Refund, RefundOnDrop};
@@ -449,13 +450,19 @@ where
         std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
         // (the response is large: moved as few times as the types allow)
         let mut response = inner.call(request).await?;
+        let mut after = None;
         if let Some(refund) = refund {
             response = Box::pin(give_back(&config, &refund, &charged_rules, response)).await;
+            if config.settles_after {
+                let (head, body) = response.into_parts();
+                after = After::of(&config, &refund, &charged_rules, &head, cost);
+                response = Response::from_parts(head, body);
+            }
         }
         if let Some(fields) = fields {
             fields.apply(response.headers_mut());
         }
-        Ok(response.map(ResponseBody::inner))
+        Ok(response.map(|body| ResponseBody::settled_after(body, after)))
     })
 }
 
@@ -498,11 +505,20 @@ async fn give_back<B>(
         .refund_if
         .as_ref()
         .is_some_and(|refund| refund(&head));
-    let refunded = |j: usize| {
-        all || charged_rules
+    // (a lease is given back when the body ends, not here)
+    let leased = |j: usize| {
+        refund
+            .charged()
             .get(j)
-            .and_then(|&rule| config.rules.get(rule)?.refund_if.as_ref())
-            .is_some_and(|refund| refund(&head))
+            .is_some_and(|(l, _)| l.is_concurrency())
+    };
+    let refunded = |j: usize| {
+        !leased(j)
+            && (all
+                || charged_rules
+                    .get(j)
+                    .and_then(|&rule| config.rules.get(rule)?.refund_if.as_ref())
+                    .is_some_and(|refund| refund(&head)))
     };
     if (0..refund.charged().len()).any(refunded) {
         if let Err(error) = refund.run_some(refunded).await {

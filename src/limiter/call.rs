@@ -57,12 +57,15 @@ impl Limiter {
         // A denial known to hold needs no round trip (not for a look, which
         // must see what the store says now; a cost over a capacity is
         // answered "never" by the store; a quota kept in the store may be
-        // raised by another instance at any time).
+        // raised, and a lease of a concurrency limit released, by another
+        // instance at any time).
         let cost = checks.first().map_or(0, |c| c.cost);
         let fits = || {
-            checks
-                .iter()
-                .all(|c| c.cost <= c.limit.params().capacity() && !c.limit.is_quota_from_store())
+            checks.iter().all(|c| {
+                c.cost <= c.limit.params().capacity()
+                    && !c.limit.is_quota_from_store()
+                    && !c.limit.is_concurrency()
+            })
         };
         let denials = self
             .inner

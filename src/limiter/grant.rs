@@ -7,7 +7,7 @@ use std::task::{Context, Waker};
 use super::Checks;
 use crate::decision::Decision;
 use crate::metrics::StoreTimer;
-use crate::store::Check;
+use crate::store::{Check, Settle, Settled};
 use crate::{Error, Limit, Limiter};
 
 /// The limits and keys a grant was charged to, owned.
@@ -165,6 +165,16 @@ impl Refund {
         &self.charged
     }
 
+    /// The limiter that granted it.
+    pub(crate) fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    /// The cost granted, and the store time of the grant.
+    pub(crate) fn grant(&self) -> (i64, i64) {
+        (self.cost, self.at)
+    }
+
     /// Gives back once; `true` when this call did.
     pub(crate) async fn run(&self) -> Result<bool, Error> {
         if self.done.swap(true, Ordering::AcqRel) {
@@ -256,17 +266,48 @@ impl Limiter {
         cost: i64,
         at: i64,
     ) -> Result<(), Error> {
+        self.settle_charged(charged, cost, Settle::Refund { at })
+            .await
+            .map(drop)
+    }
+
+    /// Settles a grant of `cost` in `charged` after the fact (see
+    /// [`Settle`]).
+    pub(crate) async fn settle_charged(
+        &self,
+        charged: &[(Limit, Vec<u8>)],
+        cost: i64,
+        how: Settle,
+    ) -> Result<Settled, Error> {
         let checks = Self::owned_checks(charged, cost);
-        // cached denials of these keys may no longer hold
-        if let Some(denials) = &self.inner.denials {
-            for check in &checks {
+        self.settle_checks(&checks, how, self.timeout()).await
+    }
+
+    /// Settles `checks` after the fact (see [`Settle`]): one store call
+    /// bounded by `within`, timed under the operation's name.
+    pub(crate) async fn settle_checks(
+        &self,
+        checks: &[Check<'_>],
+        how: Settle,
+        within: std::time::Duration,
+    ) -> Result<Settled, Error> {
+        // cached denials of these keys may no longer hold once given back (a
+        // charge or a renewal only makes them hold longer)
+        if let (Settle::Refund { .. }, Some(denials)) = (how, &self.inner.denials) {
+            for check in checks {
                 denials.forget(check.key);
             }
         }
         let store = &self.inner.store;
         let timer = StoreTimer::start();
-        let result = store.refund(&checks, at, self.deadline()).get().await;
-        timer.finish(|| store.kind(), "refund");
+        let deadline = crate::store::Deadline::after(within);
+        let result = store.settle(checks, how, deadline).get().await;
+        let operation = match how {
+            Settle::Refund { .. } => "refund",
+            Settle::Charge => "charge",
+            Settle::Renew { .. } => "renew",
+        };
+        timer.finish(|| store.kind(), operation);
         result
     }
 

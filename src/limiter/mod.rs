@@ -8,9 +8,11 @@
 //! (`grant.rs`).
 
 mod call;
+mod charge;
 mod count;
 mod deny_cache;
 mod grant;
+mod lease;
 mod shadow;
 mod stored;
 
@@ -22,6 +24,8 @@ use smallvec::SmallVec;
 use self::deny_cache::DenyCache;
 pub use self::grant::Grant;
 pub(crate) use self::grant::{Refund, RefundOnDrop};
+pub use self::lease::Lease;
+pub(crate) use self::lease::LeaseGuard;
 use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;

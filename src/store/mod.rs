@@ -21,7 +21,9 @@ use crate::Error;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub(crate) use self::backend::{Answer, Check, Deadline, QuotaChange, QuotaRegistry};
+pub(crate) use self::backend::{
+    Answer, Check, Deadline, QuotaChange, QuotaRegistry, Settle, Settled,
+};
 
 /// A place to keep limit state. Implemented by [`MemoryStore`] and
 /// [`RedisStore`]; sealed so that both can evolve together with the algorithms.
@@ -127,6 +129,67 @@ pub(crate) mod backend {
         pub(crate) key: &'a [u8],
         /// Cost; 0 looks without consuming.
         pub(crate) cost: i64,
+    }
+
+    /// What [`Backend::settle`] does, after the fact, to each check's limit
+    /// and key.
+    #[derive(Debug, Clone, Copy)]
+    #[allow(unreachable_pub)]
+    pub enum Settle {
+        /// Gives back the grant of each check's `cost` that the store made
+        /// at store time `at` (microseconds; for a granted [`Reply`] that is
+        /// `reply.now + reply.wait`), exactly: a sliding log drops one entry
+        /// of that time and cost (entries with equal time and cost are
+        /// interchangeable); token bucket and GCRA take the cost back, never
+        /// above their capacity; a fixed window uncounts it only if `at`
+        /// lies in its current window; a sliding window counter from the
+        /// current or previous window `at` fell in, nothing if older. Never
+        /// below empty. Not idempotent: each call gives back once more, so
+        /// callers make sure a grant is refunded at most once.
+        Refund { at: i64 },
+        /// Charges each check's cost whatever is left (a cost known only
+        /// after the fact): where a cost of 1 would be granted, so a limit
+        /// may end in debt, refusing until it is paid back. Not idempotent.
+        Charge,
+        /// Moves the grant of each check's cost made at `at` to the store's
+        /// clock, where the limit still holds it: a sliding log's lease
+        /// renewed (a concurrency limit); other algorithms hold none.
+        Renew { at: i64 },
+    }
+
+    /// What [`Backend::settle`] answers: for [`Settle::Renew`], per check,
+    /// the grant's new store time, `None` where it was no longer held;
+    /// empty for the others.
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    #[allow(unreachable_pub)]
+    pub struct Settled {
+        pub(crate) renewed: smallvec::SmallVec<[Option<i64>; 2]>,
+    }
+
+    impl Settled {
+        /// Reads the reply of a renewal (op 5 of `lua/driver.lua`): the
+        /// store's clock, then per limit 1 when it held its grant, else 0,
+        /// as little-endian doubles.
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        pub(crate) fn from_packed(bytes: &[u8], limits: usize) -> Option<Self> {
+            if bytes.len() != 8 * (1 + limits) {
+                return None;
+            }
+            let mut values = bytes.chunks_exact(8).map(|chunk| {
+                let x = f64::from_le_bytes(chunk.try_into().ok()?);
+                let exact = x.abs() < crate::algorithm::EXACT as f64 && (x as i64) as f64 == x;
+                exact.then_some(x as i64)
+            });
+            let now = values.next().flatten()?;
+            let renewed = values
+                .map(|held| match held? {
+                    1 => Some(Some(now)),
+                    0 => Some(None),
+                    _ => None,
+                })
+                .collect::<Option<_>>()?;
+            Some(Self { renewed })
+        }
     }
 
     /// A change of a quota kept in the store (see
@@ -239,22 +302,14 @@ pub(crate) mod backend {
             checks: &'a [Check<'a>],
             deadline: Deadline,
         ) -> Answer<'a, Result<(), Error>>;
-        /// Gives back the grant of each check's `cost` that the store made at
-        /// store time `at` (microseconds; for a granted [`Reply`] that is
-        /// `reply.now + reply.wait`), exactly: a sliding log drops one entry
-        /// of that time and cost (entries with equal time and cost are
-        /// interchangeable); token bucket and GCRA take the cost back, never
-        /// above their capacity; a fixed window uncounts it only if `at` lies
-        /// in its current window; a sliding window counter from the current
-        /// or previous window `at` fell in, nothing if older. Never below
-        /// empty. Not idempotent: each call gives back once more, so callers
-        /// make sure a grant is refunded at most once.
-        fn refund<'a>(
+        /// Settles a grant after the fact (see [`Settle`]): gives it back,
+        /// charges a cost known only now, or renews a lease.
+        fn settle<'a>(
             &'a self,
             checks: &'a [Check<'a>],
-            at: i64,
+            how: Settle,
             deadline: Deadline,
-        ) -> Answer<'a, Result<(), Error>>;
+        ) -> Answer<'a, Result<Settled, Error>>;
         /// Takes what is available: grants k = min(N, what every check's
         /// limit has left now) at once, N being the checks' cost, or, when
         /// k = 0, decides a cost of 1 without granting it. Returns the reply

@@ -295,3 +295,20 @@ pub async fn decides(limiter: &tower_ratelimit::Limiter, key: &str, within: Dura
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A lease of `key` once one is free: a dropped lease goes back on a task
+/// of its own, so a test waits for it (at most `PATIENT`).
+pub async fn wait_until_held(
+    limiter: &tower_ratelimit::Limiter,
+    key: &str,
+) -> tower_ratelimit::Lease {
+    let until = Instant::now() + PATIENT;
+    loop {
+        let lease = limiter.acquire_lease(key).await.expect("acquire a lease");
+        if lease.is_held() || Instant::now() > until {
+            assert!(lease.is_held(), "no permit of {key:?} came back");
+            return lease;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -102,6 +102,10 @@ impl Decided for () {
     fn decided_by(&mut self, _: Box<[Option<Params>]>) {}
 }
 
+impl Decided for crate::store::Settled {
+    fn decided_by(&mut self, _: Box<[Option<Params>]>) {}
+}
+
 impl MemoryStore {
     /// Runs `f` on `checks`, each limit whose quota may be kept in the store
     /// replaced by the one kept, if any; its answer is told, per limit, the

@@ -28,7 +28,7 @@ use smallvec::SmallVec;
 use self::table::{Found, Hasher, Shard, Table};
 use super::backend::Backend;
 use super::keys;
-use super::{Answer, Check, Deadline, QuotaChange, Store};
+use super::{Answer, Check, Deadline, QuotaChange, Settle, Settled, Store};
 use crate::algorithm::Params;
 use crate::algorithm::{self, Reply, State};
 use crate::clock::{Clock, SystemClock};
@@ -364,13 +364,38 @@ impl MemoryStore {
         reply
     }
 
-    /// Gives back each check's grant made at `at` (see `Backend::refund`),
-    /// as the driver's refund: each key at its own clock, a state that did
-    /// not change left as it was (but for a sliding log's pruning).
-    fn refund_now(&self, checks: &[Check<'_>], at: i64) {
+    /// Settles each check's grant after the fact (see [`Settle`]), as the
+    /// driver's ops 1, 4 and 5.
+    fn settle_now(&self, checks: &[Check<'_>], how: Settle) -> Settled {
+        match how {
+            Settle::Charge => {
+                // one clock for all, as a decision (`charge` in the driver)
+                self.decide_with(checks, |states, params, costs, now| {
+                    algorithm::charge(states, params, costs, now);
+                    (Reply::at_rest(now), true)
+                });
+                Settled::default()
+            }
+            Settle::Refund { at } => {
+                self.move_grants(checks, at, None);
+                Settled::default()
+            }
+            Settle::Renew { at } => {
+                let mut renewed = smallvec::smallvec![None; checks.len()];
+                self.move_grants(checks, at, Some(&mut renewed));
+                Settled { renewed }
+            }
+        }
+    }
+
+    /// Gives back each check's grant made at `at`, or with `renewed`, moves
+    /// it to the store's clock where still held, noting the new time (the
+    /// driver's `settle`): each key at its own clock, a state that did not
+    /// change left as it was (but for a sliding log's pruning).
+    fn move_grants(&self, checks: &[Check<'_>], at: i64, mut renewed: Option<&mut [Option<i64>]>) {
         let inner = &*self.inner;
         let store_now = inner.clock.now_micros();
-        for check in checks.iter().filter(|c| c.cost > 0) {
+        for (j, check) in checks.iter().enumerate().filter(|(_, c)| c.cost > 0) {
             let hash = inner.hasher.hash(check.key);
             let p = check.limit.params();
             let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
@@ -384,7 +409,17 @@ impl MemoryStore {
             };
             let now = algorithm::believed(store_now, slot.written, p);
             let (mut state, moved) = State::prepare(Some(&mut slot.stored), p, slot.written, now);
-            if !state.refund(p, now, at, check.cost) && !moved {
+            let changed = match renewed.as_deref_mut() {
+                None => state.refund(p, now, at, check.cost),
+                Some(renewed) => {
+                    let held = state.renew(at, store_now, check.cost);
+                    if let (true, Some(slot)) = (held, renewed.get_mut(j)) {
+                        *slot = Some(store_now);
+                    }
+                    held
+                }
+            };
+            if !changed && !moved {
                 state.restore(&mut slot.stored);
                 continue;
             }
@@ -466,16 +501,15 @@ impl Backend for MemoryStore {
         Answer::Now(Ok(()))
     }
 
-    fn refund<'a>(
+    fn settle<'a>(
         &'a self,
         checks: &'a [Check<'a>],
-        at: i64,
+        how: Settle,
         _: Deadline,
-    ) -> Answer<'a, Result<(), Error>> {
-        bounded_keys(checks, |checks| {
-            self.with_kept(checks, |checks| self.refund_now(checks, at))
-        });
-        Answer::Now(Ok(()))
+    ) -> Answer<'a, Result<Settled, Error>> {
+        Answer::Now(Ok(bounded_keys(checks, |checks| {
+            self.with_kept(checks, |checks| self.settle_now(checks, how))
+        })))
     }
 
     fn take<'a>(

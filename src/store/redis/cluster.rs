@@ -26,7 +26,7 @@ use smallvec::SmallVec;
 
 use super::RedisStore;
 use crate::algorithm::{Outcome, Params, Reply};
-use crate::store::{keys, Check, Deadline};
+use crate::store::{keys, Check, Deadline, Settle, Settled};
 use crate::Error;
 
 /// The indices of a decision's checks, grouped by the cluster slot of their
@@ -99,23 +99,34 @@ pub(super) fn slot_tag(of: u16) -> &'static str {
 }
 
 impl RedisStore {
-    /// Refunds a grant across slots: each slot's group in parallel; the
+    /// Settles a grant across slots: each slot's group in parallel; the
     /// first error, if any, after all were tried.
-    pub(super) async fn refund_across_slots(
+    pub(super) async fn settle_across_slots(
         &self,
         checks: &[Check<'_>],
         groups: &[SmallVec<[usize; 2]>],
-        at: i64,
+        how: Settle,
         deadline: Deadline,
-    ) -> Result<(), Error> {
+    ) -> Result<Settled, Error> {
         let subsets = subsets(checks, groups);
         let results = futures_util::future::join_all(
             subsets
                 .iter()
-                .map(|subset| self.refund_group(subset, at, deadline)),
+                .map(|subset| self.settle_group(subset, how, deadline)),
         )
         .await;
-        results.into_iter().collect()
+        let mut settled = Settled::default();
+        if let Settle::Renew { .. } = how {
+            settled.renewed = smallvec::smallvec![None; checks.len()];
+        }
+        for (group, result) in groups.iter().zip(results) {
+            for (&index, renewed) in group.iter().zip(result?.renewed) {
+                if let Some(slot) = settled.renewed.get_mut(index) {
+                    *slot = renewed;
+                }
+            }
+        }
+        Ok(settled)
     }
 
     pub(super) async fn decide_across_slots(
@@ -163,8 +174,11 @@ impl RedisStore {
                 if !reply.granted() {
                     continue;
                 }
-                match self.refund_group(subset, reply.at(), deadline).await {
-                    Ok(()) => {
+                match self
+                    .settle_group(subset, Settle::Refund { at: reply.at() }, deadline)
+                    .await
+                {
+                    Ok(_) => {
                         for (j, (&index, check)) in group.iter().zip(subset).enumerate() {
                             let capacity =
                                 reply.stored(j).unwrap_or(check.limit.params()).capacity();

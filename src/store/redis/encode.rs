@@ -9,15 +9,22 @@ use smallvec::SmallVec;
 use super::RedisStore;
 use crate::store::{keys, Check};
 
-/// What one call of the library does (op 0, 1 or 2 of its options).
+/// What one call of the library does (the op of its options, see
+/// `lua/driver.lua`; op 3 is [`Encoded::change`]).
 #[derive(Clone, Copy)]
 pub(super) enum Operation {
-    /// Decide, reserving up to `max_wait` us ahead; a `dry` run grants nothing.
+    /// Decide, reserving up to `max_wait` us ahead; a `dry` run grants
+    /// nothing (op 0).
     Decide { max_wait: i64, dry: bool },
-    /// Give back the grants made at store time `at`.
+    /// Give back the grants made at store time `at` (op 1).
     Refund { at: i64 },
-    /// Take what is available, at most each check's cost.
+    /// Take what is available, at most each check's cost (op 2).
     Take,
+    /// Charge each check's cost, whatever is left (op 4).
+    Charge,
+    /// Move the grants made at store time `at` to now, where still held
+    /// (op 5).
+    Renew { at: i64 },
 }
 
 /// One call's keys and arguments, written into one buffer.
@@ -196,6 +203,8 @@ impl RedisStore {
             }
             Operation::Refund { at } => options(&mut out, &[now, 0, 0, slack, 1, at]),
             Operation::Take => options(&mut out, &[now, 0, 0, slack, 2, 0]),
+            Operation::Charge => options(&mut out, &[now, 0, 0, slack, 4, 0]),
+            Operation::Renew { at } => options(&mut out, &[now, 0, 0, slack, 5, at]),
         }
         let mut digits = itoa::Buffer::new();
         for check in checks {

@@ -25,7 +25,7 @@ use self::conn::Lanes;
 use self::encode::Operation;
 use self::script::DELIVERY;
 use super::backend::Backend;
-use super::{Answer, Check, Deadline, MemoryStore, QuotaChange, Store};
+use super::{Answer, Check, Deadline, MemoryStore, QuotaChange, Settle, Settled, Store};
 use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::{ConfigError, Error};
@@ -250,17 +250,26 @@ impl RedisStore {
         read_reply(&packed, checks.len(), Reply::from_packed, "")
     }
 
-    /// A refund of checks whose keys share a slot (the library's refund
-    /// operation, op 1 of the options, see `lua/driver.lua`): one call.
-    async fn refund_group(
+    /// A settlement of checks whose keys share a slot (the library's ops 1,
+    /// 4 and 5, see `lua/driver.lua`): one call.
+    async fn settle_group(
         &self,
         checks: &[Check<'_>],
-        at: i64,
+        how: Settle,
         deadline: Deadline,
-    ) -> Result<(), Error> {
-        let operation = Operation::Refund { at };
-        self.invoke(checks, operation, deadline).await?;
-        Ok(())
+    ) -> Result<Settled, Error> {
+        let operation = match how {
+            Settle::Refund { at } => Operation::Refund { at },
+            Settle::Charge => Operation::Charge,
+            Settle::Renew { at } => Operation::Renew { at },
+        };
+        let packed = self.invoke(checks, operation, deadline).await?;
+        match how {
+            Settle::Renew { .. } => {
+                read_reply(&packed, checks.len(), Settled::from_packed, "renewing ")
+            }
+            _ => Ok(Settled::default()),
+        }
     }
 
     /// Runs the library's function for `operation` on `checks` over a
@@ -338,21 +347,21 @@ impl Backend for RedisStore {
         }))
     }
 
-    fn refund<'a>(
+    fn settle<'a>(
         &'a self,
         checks: &'a [Check<'a>],
-        at: i64,
+        how: Settle,
         deadline: Deadline,
-    ) -> Answer<'a, Result<(), Error>> {
+    ) -> Answer<'a, Result<Settled, Error>> {
         let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
             #[cfg(feature = "cluster")]
             if let Some(groups) = self.slot_groups(checks) {
                 return self
-                    .refund_across_slots(checks, &groups, at, deadline)
+                    .settle_across_slots(checks, &groups, how, deadline)
                     .await;
             }
-            self.refund_group(checks, at, deadline).await
+            self.settle_group(checks, how, deadline).await
         }))
     }
 

@@ -1,0 +1,144 @@
+//! What a layer settles once a response is known: the leases of
+//! concurrency limits, held until its body ends, and the costs charged
+//! after it ([`Rule::cost_from_response`](super::Rule::cost_from_response),
+//! [`Rule::cost_from_body`](super::Rule::cost_from_body)).
+
+use std::future::Future;
+use std::task::{Context, Waker};
+
+use bytes::Bytes;
+use http::response::Parts as ResponseParts;
+use smallvec::SmallVec;
+
+use super::rule::BodyCost;
+use super::Config;
+use crate::limiter::{LeaseGuard, Refund};
+use crate::Limiter;
+
+/// Held by a response body until it ends or is dropped; then charges what
+/// the response cost beyond what its request paid, and gives the leases
+/// back.
+pub(crate) struct After {
+    limiter: Limiter,
+    /// What the request paid when it arrived.
+    paid: u64,
+    charges: SmallVec<[Charge; 1]>,
+    /// Dropped last: a lease is held until the charges are on their way.
+    lease: Option<LeaseGuard>,
+}
+
+/// One rule's charge: its limits and keys, the cost read from the
+/// response's head, and the body's count so far.
+struct Charge {
+    charged: Vec<(crate::Limit, Vec<u8>)>,
+    head: u64,
+    body: Option<(BodyCost, u64)>,
+}
+
+impl After {
+    /// What the grant `refund` (charged to the rules `charged_rules`, in
+    /// order) leaves to settle once `head` is known, for a request that
+    /// paid `paid`: `None` when nothing.
+    pub(crate) fn of(
+        config: &Config,
+        refund: &Refund,
+        charged_rules: &[usize],
+        head: &ResponseParts,
+        paid: u64,
+    ) -> Option<Box<Self>> {
+        let (cost, at) = refund.grant();
+        let lease = LeaseGuard::hold(refund.limiter(), &refund.charged().to_vec(), cost, at);
+        let mut charges: SmallVec<[Charge; 1]> = SmallVec::new();
+        for (j, &r) in charged_rules.iter().enumerate() {
+            let (Some(rule), Some(pair)) = (config.rules.get(r), refund.charged().get(j)) else {
+                continue;
+            };
+            let after = &rule.cost_after;
+            if !after.any() {
+                continue;
+            }
+            let head_cost = after.head.as_ref().and_then(|cost| cost(head)).unwrap_or(0);
+            match charges
+                .iter_mut()
+                .find(|c| c.same_rule_as(after.body.as_ref(), head_cost))
+            {
+                Some(charge) => charge.charged.push(pair.clone()),
+                None => charges.push(Charge {
+                    charged: vec![pair.clone()],
+                    head: head_cost,
+                    body: after.body.clone().map(|count| (count, 0)),
+                }),
+            }
+        }
+        (lease.is_some() || !charges.is_empty()).then(|| {
+            Box::new(Self {
+                limiter: refund.limiter().clone(),
+                paid,
+                charges,
+                lease,
+            })
+        })
+    }
+
+    /// Counts a chunk of the body.
+    pub(crate) fn count(&mut self, data: &Bytes) {
+        for charge in &mut self.charges {
+            if let Some((count, sum)) = &mut charge.body {
+                *sum = sum.saturating_add(count(data));
+            }
+        }
+    }
+}
+
+impl Charge {
+    /// Whether a rule with `body` and `head` charges as this one (one
+    /// store call for both).
+    fn same_rule_as(&self, body: Option<&BodyCost>, head: u64) -> bool {
+        body.is_none() && self.body.is_none() && self.head == head
+    }
+}
+
+impl Drop for After {
+    fn drop(&mut self) {
+        for charge in std::mem::take(&mut self.charges) {
+            let body = charge.body.map_or(0, |(_, sum)| sum);
+            let extra = charge.head.saturating_add(body).saturating_sub(self.paid);
+            if extra == 0 {
+                continue;
+            }
+            let limiter = self.limiter.clone();
+            run_detached(
+                async move {
+                    // (a failure is logged and counted by the limiter)
+                    let _ = limiter.charge_charged(&charge.charged, extra).await;
+                },
+                self.limiter.answers_at_once(),
+            );
+        }
+        // the leases go back once the charges are on their way
+        drop(self.lease.take());
+    }
+}
+
+/// Runs `work` in place when it is ready at once (`at_once`: the store
+/// answers in memory), else on a task of the current runtime.
+fn run_detached(work: impl Future<Output = ()> + Send + 'static, at_once: bool) {
+    let mut work = Box::pin(work);
+    if at_once
+        && work
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_ready()
+    {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(work);
+        }
+        Err(_) => {
+            crate::metrics::charged("failed");
+            tracing::warn!(target: "tower_ratelimit", "no runtime to charge a response's cost on: it is not counted");
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! [`Lease`]: the permits of concurrency limits, held while work runs.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+use tokio::sync::{watch, Mutex};
+
+use super::grant::Charged;
+use crate::decision::Decision;
+use crate::store::Settle;
+use crate::{Error, Limit, Limiter};
+
+/// A decision of [`Limiter::acquire_lease`] that holds the permits of the
+/// limiter's [concurrency limits](Limit::concurrency) while it lives, and
+/// gives them back when dropped or [released](Self::release).
+///
+/// While held, it renews itself every third of the shortest lease time (on
+/// a task of the current Tokio runtime), so a long job keeps its permit and
+/// a holder that dies loses it within the lease time. A lease that could
+/// not be renewed in time (the store unreachable for a lease time, or the
+/// permit gone from the store: evicted, reset) is lost: [`is_lost`](Self::is_lost)
+/// says so and [`lost`](Self::lost) resolves, and the work it guarded is no
+/// longer counted. The grants of the limiter's other limits (rate limits
+/// decided with it) are kept, as a [`Grant`](crate::Grant)'s are.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// // at most 1 export running per tenant, and at most 10 started per hour
+/// let running = Limit::concurrency("exports", 1, Duration::from_secs(30))?;
+/// let started = Limit::new("exports-per-hour", Quota::per_hour(10).sliding_window())?;
+/// let limiter = Limiter::builder(MemoryStore::new()).limit(running).limit(started).build()?;
+/// let lease = limiter.acquire_lease("acme").await?;
+/// assert!(lease.is_held());
+/// assert!(!limiter.acquire_lease("acme").await?.is_held()); // one running
+/// assert!(lease.release().await?);
+/// let next = limiter.acquire_lease("acme").await?;
+/// assert!(next.is_held());
+/// assert_eq!(next.decision().statuses()[1].remaining(), 8); // two started
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+#[must_use = "a lease is given back when dropped"]
+pub struct Lease {
+    decision: Decision,
+    guard: Option<LeaseGuard>,
+}
+
+/// What a lease holds, given back when dropped: what a [`Lease`] holds
+/// apart from its decision, and what a layer holds until a response body
+/// ends.
+#[derive(Debug)]
+pub(crate) struct LeaseGuard(Option<Arc<Held>>);
+
+/// What a held lease holds, shared with its renewal task.
+struct Held {
+    limiter: Limiter,
+    cost: i64,
+    /// A third of the shortest lease time: how often it is renewed.
+    every: Duration,
+    /// The shortest lease time: how long it lasts without a renewal.
+    lasts: Duration,
+    grants: Mutex<Grants>,
+    lost: watch::Sender<bool>,
+    /// Given back (or being given back): renewals stop.
+    released: AtomicBool,
+}
+
+/// Each concurrency limit and key held, with the store time of its grant
+/// (`None`: lost), and when the lease was last known held.
+struct Grants {
+    held: Vec<(Limit, Vec<u8>, Option<i64>)>,
+    renewed: tokio::time::Instant,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("cost", &self.cost)
+            .field("every", &self.every)
+            .field("lost", &*self.lost.borrow())
+            .field("released", &self.released)
+            .finish()
+    }
+}
+
+impl LeaseGuard {
+    /// Holds the grants of `cost` in `charged` that are of concurrency
+    /// limits, made at store time `at` through `limiter`, renewing them on
+    /// a task of the current runtime; `None` when there are none.
+    pub(crate) fn hold(limiter: &Limiter, charged: &Charged, cost: i64, at: i64) -> Option<Self> {
+        let held: Vec<_> = charged
+            .iter()
+            .filter(|(limit, _)| limit.is_concurrency())
+            .map(|(limit, key)| (limit.clone(), key.clone(), Some(at)))
+            .collect();
+        if cost <= 0 || held.is_empty() {
+            return None;
+        }
+        let lasts = held
+            .iter()
+            .map(|(limit, _, _)| limit.quota().window())
+            .min()
+            .unwrap_or(Duration::from_secs(1));
+        let held = Arc::new(Held {
+            limiter: limiter.clone(),
+            cost,
+            every: (lasts / 3).max(Duration::from_millis(1)),
+            lasts,
+            grants: Mutex::new(Grants {
+                held,
+                renewed: tokio::time::Instant::now(),
+            }),
+            lost: watch::channel(false).0,
+            released: AtomicBool::new(false),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(renewals(Arc::downgrade(&held)));
+        }
+        Some(Self(Some(held)))
+    }
+
+    /// Whether the lease was lost.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.0.as_ref().is_some_and(|held| *held.lost.borrow())
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        let Some(held) = self.0.take() else {
+            return;
+        };
+        if held.limiter.answers_at_once() {
+            // in memory: given back in place, unless a renewal holds the lock
+            let release = held.release();
+            let mut cx = Context::from_waker(Waker::noop());
+            if std::pin::pin!(release).poll(&mut cx).is_ready() {
+                return;
+            }
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(error) = held.release().await {
+                        tracing::warn!(target: "tower_ratelimit", %error, "could not give a lease back: its permit comes back when the lease time ends");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::warn!(target: "tower_ratelimit", "no runtime to give a lease back on: its permit comes back when the lease time ends");
+            }
+        }
+    }
+}
+
+impl Lease {
+    /// The lease of `decision`'s grants in `charged` (those of concurrency
+    /// limits) through `limiter`: holds nothing for a denial.
+    pub(crate) fn of(limiter: &Limiter, decision: Decision, charged: &Charged) -> Self {
+        let cost = i64::try_from(decision.granted).unwrap_or(0);
+        let guard = decision
+            .is_allowed()
+            .then(|| LeaseGuard::hold(limiter, charged, cost, decision.at))
+            .flatten();
+        Self { decision, guard }
+    }
+
+    fn held(&self) -> Option<&Arc<Held>> {
+        self.guard.as_ref()?.0.as_ref()
+    }
+
+    /// The decision.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// Whether the lease was granted and holds its permits: granted, not
+    /// lost, not released.
+    pub fn is_held(&self) -> bool {
+        self.held()
+            .is_some_and(|held| !*held.lost.borrow() && !held.released.load(Ordering::Acquire))
+    }
+
+    /// Whether the lease was lost: not renewed within the lease time, or
+    /// its permit gone from the store.
+    pub fn is_lost(&self) -> bool {
+        self.guard.as_ref().is_some_and(LeaseGuard::is_lost)
+    }
+
+    /// Resolves when the lease is lost (never, for a lease that holds
+    /// nothing): the work it guards may stop, since others may now run.
+    pub async fn lost(&self) {
+        match self.held() {
+            Some(held) => {
+                let mut lost = held.lost.subscribe();
+                let _ = lost.wait_for(|lost| *lost).await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Gives the permits back now: `Ok(true)` when this call did, `Ok(false)`
+    /// when there was nothing to give back (a denial, or released already).
+    /// Dropping the lease does the same without waiting.
+    pub async fn release(mut self) -> Result<bool, Error> {
+        match self.guard.as_mut().and_then(|guard| guard.0.take()) {
+            Some(held) => held.release().await,
+            None => Ok(false),
+        }
+    }
+}
+
+impl Held {
+    /// Gives back every grant still held, once.
+    async fn release(&self) -> Result<bool, Error> {
+        let mut grants = self.grants.lock().await;
+        if self.released.swap(true, Ordering::AcqRel) {
+            return Ok(false);
+        }
+        let mut result = Ok(false);
+        for (at, charged) in by_time(&grants.held) {
+            let done = self
+                .limiter
+                .refund_charged(&charged, self.cost, at)
+                .await
+                .map(|()| true);
+            result = result.and(done);
+        }
+        grants.held.clear();
+        result
+    }
+
+    /// Renews every grant still held; marks the lease lost when one is gone
+    /// from the store, or none could be renewed for a lease time.
+    async fn renew(&self) {
+        let mut grants = self.grants.lock().await;
+        if self.released.load(Ordering::Acquire) {
+            return;
+        }
+        let mut failed = false;
+        for (at, charged) in by_time(&grants.held) {
+            let renewal = Settle::Renew { at };
+            match self
+                .limiter
+                .settle_charged(&charged, self.cost, renewal)
+                .await
+            {
+                Ok(settled) => {
+                    for ((limit, key), renewed) in charged.iter().zip(settled.renewed) {
+                        let grant = grants.held.iter_mut().find(|(l, k, t)| {
+                            *t == Some(at) && l.name() == limit.name() && k == key
+                        });
+                        if let Some((_, _, t)) = grant {
+                            *t = renewed;
+                        }
+                    }
+                }
+                Err(error) => {
+                    failed = true;
+                    tracing::debug!(target: "tower_ratelimit", %error, "could not renew a lease");
+                }
+            }
+        }
+        if !failed {
+            grants.renewed = tokio::time::Instant::now();
+        }
+        let gone = grants.held.iter().any(|(_, _, t)| t.is_none());
+        if gone || grants.renewed.elapsed() >= self.lasts {
+            self.lost.send_replace(true);
+        }
+    }
+}
+
+/// The held grants grouped by their store time: one store call each.
+fn by_time(held: &[(Limit, Vec<u8>, Option<i64>)]) -> Vec<(i64, Charged)> {
+    let mut groups: Vec<(i64, Charged)> = Vec::new();
+    for (limit, key, at) in held {
+        let Some(at) = *at else { continue };
+        match groups.iter_mut().find(|(t, _)| *t == at) {
+            Some((_, charged)) => charged.push((limit.clone(), key.clone())),
+            None => groups.push((at, vec![(limit.clone(), key.clone())])),
+        }
+    }
+    groups
+}
+
+/// Renews the lease every [`Held::every`] until it is released, lost or
+/// dropped.
+async fn renewals(held: Weak<Held>) {
+    let every = match held.upgrade() {
+        Some(held) => held.every,
+        None => return,
+    };
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(held) = held.upgrade() else { return };
+        if held.released.load(Ordering::Acquire) || *held.lost.borrow() {
+            return;
+        }
+        held.renew().await;
+    }
+}
+
+impl Limiter {
+    /// Takes a permit of each of the limiter's
+    /// [concurrency limits](Limit::concurrency) for `key`, with the
+    /// limiter's other limits in the same atomic decision (each charged
+    /// 1), and returns a [`Lease`] that holds the permits until it is
+    /// dropped or released. When any limit refuses, the lease holds nothing
+    /// ([`Lease::is_held`] is `false`) and its decision says when to retry.
+    /// A limiter without a concurrency limit is an [`Error::Config`].
+    pub async fn acquire_lease(&self, key: impl AsRef<[u8]>) -> Result<Lease, Error> {
+        if !self.current().iter().any(|l| l.is_concurrency()) {
+            return Err(Error::Config(crate::ConfigError::NoConcurrencyLimit));
+        }
+        let keys = [key];
+        let limits = self.current();
+        let checks = Self::keyed_checks(&limits, &keys, 1)?;
+        let decision = self.run(&checks, Duration::ZERO, false).await?;
+        let charged = Self::charged(&checks, &decision);
+        Ok(Lease::of(self, decision, &charged))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use smallvec::SmallVec;
+
+    use super::*;
+
+    #[test]
+    fn grants_are_grouped_by_their_time() {
+        let minute = Duration::from_secs(60);
+        let a = Limit::concurrency("a", 1, minute).expect("limit");
+        let b = Limit::concurrency("b", 1, minute).expect("limit");
+        let held = vec![
+            (a.clone(), b"k".to_vec(), Some(5)),
+            (b.clone(), b"k".to_vec(), Some(5)),
+            (a, b"j".to_vec(), Some(7)),
+            (b, b"j".to_vec(), None),
+        ];
+        let groups: SmallVec<[(i64, usize); 2]> = by_time(&held)
+            .into_iter()
+            .map(|(at, charged)| (at, charged.len()))
+            .collect();
+        assert_eq!(groups.as_slice(), &[(5, 2), (7, 1)]);
+    }
+}
