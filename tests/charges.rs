@@ -88,7 +88,8 @@ async fn a_gcra_limit_in_debt_refuses_until_it_is_paid_back() {
 /// A token bucket of 10, one back per second: the same figures as GCRA.
 #[tokio::test]
 async fn a_token_bucket_in_debt_refuses_until_it_is_paid_back() {
-    let limit = Limit::new("tb", Quota::token_bucket(10, 10, Duration::from_secs(10))).expect("limit");
+    let limit =
+        Limit::new("tb", Quota::token_bucket(10, 10, Duration::from_secs(10))).expect("limit");
     run(
         &limit,
         &[
@@ -149,7 +150,8 @@ async fn a_sliding_log_in_debt_refuses_until_its_entries_leave() {
 /// once 16 * (1 - x) + 1 <= 10, x >= 7/16: 4.375 s into the next window.
 #[tokio::test]
 async fn a_sliding_window_in_debt_refuses_until_the_estimate_allows() {
-    let limit = Limit::new("sw", Quota::sliding_window(10, Duration::from_secs(10))).expect("limit");
+    let limit =
+        Limit::new("sw", Quota::sliding_window(10, Duration::from_secs(10))).expect("limit");
     run(
         &limit,
         &[
@@ -168,15 +170,25 @@ async fn a_sliding_window_in_debt_refuses_until_the_estimate_allows() {
 /// changes nothing.
 #[tokio::test]
 async fn a_charge_of_a_fresh_key_counts_and_a_charge_of_nothing_is_nothing() {
-    let limit = Limit::new("fresh", Quota::fixed_window(10, Duration::from_secs(10))).expect("limit");
-    run(&limit, &[(0, Charge(0), 10), (0, Charge(4), 6), (S, Check(true, 0), 5)]).await;
+    let limit =
+        Limit::new("fresh", Quota::fixed_window(10, Duration::from_secs(10))).expect("limit");
+    run(
+        &limit,
+        &[
+            (0, Charge(0), 10),
+            (0, Charge(4), 6),
+            (S, Check(true, 0), 5),
+        ],
+    )
+    .await;
 }
 
 /// 100 tasks on two instances each charge 3: exactly 300 counted, on both
 /// stores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn charges_are_exact_under_100_concurrent_tasks_across_two_instances() {
-    let limit = Limit::new("bulk", Quota::fixed_window(1000, Duration::from_secs(3600))).expect("limit");
+    let limit =
+        Limit::new("bulk", Quota::fixed_window(1000, Duration::from_secs(3600))).expect("limit");
     let memory = MemoryStore::new();
     let prefix = unique_prefix("charges-load");
     let pairs = [
@@ -201,7 +213,11 @@ async fn charges_are_exact_under_100_concurrent_tasks_across_two_instances() {
         for task in tasks {
             task.await.expect("task").expect("charge");
         }
-        assert_eq!(a.peek("tenant").await.expect("peek").remaining(), 700, "{store}");
+        assert_eq!(
+            a.peek("tenant").await.expect("peek").remaining(),
+            700,
+            "{store}"
+        );
     }
 }
 
@@ -211,7 +227,8 @@ async fn charges_are_exact_under_100_concurrent_tasks_across_two_instances() {
 #[tokio::test]
 async fn a_charge_while_redis_is_down_is_retried_within_the_timeout_then_fails() {
     let mut server = common::TestRedis::spawn();
-    let limit = Limit::new("down", Quota::fixed_window(100, Duration::from_secs(3600))).expect("limit");
+    let limit =
+        Limit::new("down", Quota::fixed_window(100, Duration::from_secs(3600))).expect("limit");
     let store = tower_ratelimit::RedisStore::builder(server.url.clone())
         .prefix(unique_prefix("charge-down"))
         .build()

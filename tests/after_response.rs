@@ -1,0 +1,276 @@
+//! What the layer settles once a response is known: a concurrency limit's
+//! permit held from the request until its response body ends (streamed, or
+//! dropped by a client gone), and costs read from the response (a header,
+//! the body's bytes) charged after it. On the memory store and on Redis.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use common::{patient_limiter, unique_prefix, PATIENT};
+use futures::channel::mpsc;
+use http::{HeaderName, Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_ratelimit::key::Global;
+use tower_ratelimit::layer::{RateLimitLayer, Rule};
+use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, RedisStore, Store};
+
+type Chunks = mpsc::UnboundedSender<Result<Bytes, Infallible>>;
+
+/// The stores each test runs on, with a name for messages.
+fn stores(test: &str) -> Vec<(&'static str, Arc<dyn Fn() -> StoreKind + Send + Sync>)> {
+    let memory = MemoryStore::new();
+    let prefix = unique_prefix(test);
+    vec![
+        (
+            "memory",
+            Arc::new(move || StoreKind::Memory(memory.clone())),
+        ),
+        (
+            "redis",
+            Arc::new(move || StoreKind::Redis(common::redis_store(&prefix))),
+        ),
+    ]
+}
+
+#[derive(Clone)]
+enum StoreKind {
+    Memory(MemoryStore),
+    Redis(RedisStore),
+}
+
+fn layer(store: StoreKind, rule: Rule) -> RateLimitLayer {
+    let builder = RateLimitLayer::builder().rule(rule).timeout(PATIENT);
+    match store {
+        StoreKind::Memory(store) => builder.store(store),
+        StoreKind::Redis(store) => builder.store(store),
+    }
+    .build()
+    .expect("layer")
+}
+
+fn limiter(store: StoreKind, limit: Limit) -> Limiter {
+    match store {
+        StoreKind::Memory(store) => looker(store, limit),
+        StoreKind::Redis(store) => looker(store, limit),
+    }
+}
+
+fn looker(store: impl Store, limit: Limit) -> Limiter {
+    patient_limiter(store, limit)
+}
+
+fn get_request(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).expect("request")
+}
+
+/// Waits (at most `PATIENT`) until `limit` has `remaining` left for the
+/// global key: a charge or a release over Redis lands on a task of its own.
+async fn settles_to(limiter: &Limiter, remaining: u64) {
+    let until = tokio::time::Instant::now() + PATIENT;
+    loop {
+        let now = limiter.peek("global").await.expect("peek").remaining();
+        if now == remaining {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{now} left, not {remaining}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// One stream at a time: a second request is refused while the first's
+/// body streams; the permit comes back when that body ends, and when a
+/// client drops a body it stopped reading.
+#[tokio::test]
+async fn a_concurrency_limit_holds_its_permit_until_the_response_body_ends() {
+    let streams = Limit::concurrency("streams", 1, Duration::from_secs(60)).expect("limit");
+    for (store, make) in stores("after-lease") {
+        let senders: Arc<Mutex<Vec<Chunks>>> = Arc::default();
+        let handler_senders = senders.clone();
+        let app = Router::new()
+            .route(
+                "/stream",
+                get(move || {
+                    let senders = handler_senders.clone();
+                    async move {
+                        let (tx, rx) = mpsc::unbounded();
+                        senders.lock().expect("lock").push(tx);
+                        Body::from_stream(rx)
+                    }
+                }),
+            )
+            .layer(layer(make(), Rule::new(streams.clone(), Global)));
+        let looker = limiter(make(), streams.clone());
+
+        let first = app
+            .clone()
+            .oneshot(get_request("/stream"))
+            .await
+            .expect("infallible");
+        assert_eq!(first.status(), StatusCode::OK, "{store}");
+        let second = app
+            .clone()
+            .oneshot(get_request("/stream"))
+            .await
+            .expect("infallible");
+        assert_eq!(
+            second.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{store}: the first body still streams"
+        );
+        let tx = senders
+            .lock()
+            .expect("lock")
+            .pop()
+            .expect("the first's body");
+        tx.unbounded_send(Ok(Bytes::from_static(b"part")))
+            .expect("send");
+        drop(tx); // the stream ends
+        let body = first.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"part");
+        settles_to(&looker, 1).await;
+
+        // a client that stops reading and goes away gives the permit back
+        let third = app
+            .clone()
+            .oneshot(get_request("/stream"))
+            .await
+            .expect("infallible");
+        assert_eq!(third.status(), StatusCode::OK, "{store}");
+        assert_eq!(
+            looker.peek("global").await.expect("peek").remaining(),
+            0,
+            "{store}"
+        );
+        drop(third);
+        settles_to(&looker, 1).await;
+        let fourth = app
+            .clone()
+            .oneshot(get_request("/stream"))
+            .await
+            .expect("infallible");
+        assert_eq!(fourth.status(), StatusCode::OK, "{store}");
+    }
+}
+
+/// "x-tokens-used: 4" on every response, 10 per hour: each request pays 1
+/// on arrival and 3 more after; the third finds 2 left, is let in, and
+/// leaves the key in debt (12 of 10), so the fourth is refused.
+#[tokio::test]
+async fn a_cost_read_from_a_response_header_is_charged_after_the_response() {
+    let tokens =
+        Limit::new("tokens", Quota::fixed_window(10, Duration::from_secs(3600))).expect("limit");
+    let used = HeaderName::from_static("x-tokens-used");
+    for (store, make) in stores("after-header") {
+        let app = Router::new()
+            .route(
+                "/complete",
+                get(|| async { ([("x-tokens-used", "4")], "done") }),
+            )
+            .layer(layer(
+                make(),
+                Rule::new(tokens.clone(), Global).cost_from_header(used.clone()),
+            ));
+        let looker = limiter(make(), tokens.clone());
+        for (i, left) in [(1, 6), (2, 2), (3, 0)] {
+            let response = app
+                .clone()
+                .oneshot(get_request("/complete"))
+                .await
+                .expect("infallible");
+            assert_eq!(response.status(), StatusCode::OK, "{store}: request {i}");
+            response.into_body().collect().await.expect("body");
+            settles_to(&looker, left).await;
+        }
+        let refused = app
+            .clone()
+            .oneshot(get_request("/complete"))
+            .await
+            .expect("infallible");
+        assert_eq!(
+            refused.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{store}: in debt"
+        );
+    }
+}
+
+/// The bytes a body streams, charged when it ends: 3 chunks of 100 bytes
+/// cost 300 of 1000.
+#[tokio::test]
+async fn a_cost_counted_in_the_body_is_charged_when_it_ends() {
+    let bytes = Limit::new(
+        "bytes",
+        Quota::fixed_window(1000, Duration::from_secs(3600)),
+    )
+    .expect("limit");
+    for (store, make) in stores("after-body") {
+        let app = Router::new()
+            .route(
+                "/download",
+                get(|| async {
+                    let chunks = (0..3).map(|_| Ok::<_, Infallible>(Bytes::from(vec![b'x'; 100])));
+                    Body::from_stream(futures::stream::iter(chunks))
+                }),
+            )
+            .layer(layer(
+                make(),
+                Rule::new(bytes.clone(), Global).cost_from_body(|chunk| chunk.len() as u64),
+            ));
+        let looker = limiter(make(), bytes.clone());
+        let response = app
+            .clone()
+            .oneshot(get_request("/download"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK, "{store}");
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        assert_eq!(body.len(), 300, "{store}");
+        settles_to(&looker, 700).await;
+    }
+}
+
+/// A cost that is not a number, or smaller than what the request paid,
+/// charges nothing more.
+#[tokio::test]
+async fn an_unreadable_or_small_cost_charges_nothing_more() {
+    let tokens =
+        Limit::new("tokens", Quota::fixed_window(10, Duration::from_secs(3600))).expect("limit");
+    let used = HeaderName::from_static("x-tokens-used");
+    let store = MemoryStore::new();
+    for value in ["lots", "-3", "0", "1", "99999999999999999999999"] {
+        let app = Router::new()
+            .route(
+                "/complete",
+                get(move || async move { ([("x-tokens-used", value)], "done") }),
+            )
+            .layer(layer(
+                StoreKind::Memory(store.clone()),
+                Rule::new(tokens.clone(), Global).cost_from_header(used.clone()),
+            ));
+        let looker = limiter(StoreKind::Memory(store.clone()), tokens.clone());
+        let before = looker.peek("global").await.expect("peek").remaining();
+        let response = app
+            .oneshot(get_request("/complete"))
+            .await
+            .expect("infallible");
+        response.into_body().collect().await.expect("body");
+        let after = looker.peek("global").await.expect("peek").remaining();
+        assert_eq!(after, before - 1, "{value:?}: only the request's own cost");
+    }
+}
