@@ -467,3 +467,111 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
         assert_eq!(d.limit(), if i == 7 { 50 } else { 2 }, "tenant-{i}");
     }
 }
+
+/// A concurrency limit keyed by user and a token budget keyed by tenant,
+/// in different slots: leases exact and renewed on every primary, the
+/// permit held until the response ends and given back in its own slot, the
+/// tokens of the response charged in theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_charges_across_slots() {
+    let cluster = common::cluster::shared();
+    let prefix = unique_prefix("leases");
+    let running = Limit::concurrency("running", 2, Duration::from_millis(600)).expect("limit");
+    let tokens =
+        Limit::new("tokens", Quota::fixed_window(10, Duration::from_secs(3600))).expect("limit");
+    let instance = || {
+        Limiter::builder(store(cluster, &prefix))
+            .limit(running.clone())
+            .timeout(PATIENT)
+            .build()
+            .expect("limiter")
+    };
+    let (a, b) = (instance(), instance());
+    let mut slots = std::collections::BTreeSet::new();
+    let mut held = Vec::new();
+    for i in 0..30 {
+        let key = format!("user-{i}");
+        slots.insert(key_slot(format!("{{{key}}}")));
+        held.push(a.acquire_lease(&key).await.expect("acquire"));
+        held.push(b.acquire_lease(&key).await.expect("acquire"));
+        assert!(
+            !a.acquire_lease(&key).await.expect("acquire").is_held(),
+            "{key}"
+        );
+    }
+    assert!(slots.len() > 20, "keys in {} slots", slots.len());
+    assert!(held.iter().all(|l| l.is_held()));
+    // held past two lease times: renewed on every primary
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    for i in 0..30 {
+        let key = format!("user-{i}");
+        assert!(
+            !b.acquire_lease(&key).await.expect("acquire").is_held(),
+            "{key}"
+        );
+    }
+    assert!(held.iter().all(|l| l.is_held() && !l.is_lost()));
+    for lease in held {
+        assert!(lease.release().await.expect("release"));
+    }
+    assert!(a.acquire_lease("user-3").await.expect("acquire").is_held());
+
+    // the layer: two rules in two slots
+    let (user, tenant) = keys_in_two_slots("user-x");
+    let layer = RateLimitLayer::builder()
+        .store(store(cluster, &prefix))
+        .rule(tower_ratelimit::layer::Rule::new(
+            running.clone(),
+            Header::new(HeaderName::from_static("x-user")),
+        ))
+        .rule(
+            tower_ratelimit::layer::Rule::new(
+                tokens.clone(),
+                Header::new(HeaderName::from_static("x-tenant")),
+            )
+            .cost_from_header(HeaderName::from_static("x-tokens-used")),
+        )
+        .timeout(PATIENT)
+        .build()
+        .expect("layer");
+    let app = Router::new()
+        .route(
+            "/complete",
+            post(|| async { ([("x-tokens-used", "4")], "done") }),
+        )
+        .layer(layer);
+    let send = |user: &str, tenant: &str| {
+        let request = Request::post("/complete")
+            .header("x-user", user)
+            .header("x-tenant", tenant)
+            .body(Body::empty())
+            .expect("request");
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request).await.expect("response");
+            let status = response.status();
+            drop(response); // the body ends: the permit goes back, the tokens are charged
+            status
+        }
+    };
+    let budget = Limiter::builder(store(cluster, &prefix))
+        .limit(tokens.clone())
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .expect("limiter");
+    for left in [6, 2] {
+        assert_eq!(send(&user, &tenant).await, StatusCode::OK);
+        let until = Instant::now() + PATIENT;
+        while budget.peek(&tenant).await.expect("peek").remaining() != left {
+            assert!(Instant::now() < until, "the tokens were not charged");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    // the user's permits came back each time (each on a task of its own):
+    // two fit at once, not three
+    let x = common::wait_until_held(&a, &user).await;
+    let y = common::wait_until_held(&b, &user).await;
+    assert!(x.is_held() && y.is_held());
+    assert!(!a.acquire_lease(&user).await.expect("acquire").is_held());
+}
