@@ -48,6 +48,17 @@
 //!   the verified API key to a `Plan` request extension, which the limit
 //!   reads. Never a header the client sets, such as `X-Plan: pro`: anyone
 //!   can send it.
+//! - `GET /api/export`: at most 2 exports running at once per client IP (a
+//!   concurrency limit, leases of 30 s renewed while an export streams);
+//!   each streams 10 CSV rows, 100 ms apart, and holds its permit until its
+//!   last row is sent or the client goes away; a third concurrent export
+//!   gets 429
+//! - `POST /api/complete`: a stand-in for an LLM completion whose cost is
+//!   known from its response: 2000 tokens per client IP per hour, each
+//!   request taking 1 on arrival and, after its response, the rest of what
+//!   its `x-tokens-used` header says (100 plus one per byte of the prompt
+//!   in the request body); a client in debt gets 429 until the hour has
+//!   paid it back
 //! - `GET /healthz`: not limited
 //! - `GET /metrics`: not limited; the limiter's metrics in the Prometheus text format
 //!
@@ -334,6 +345,30 @@ fn app<S: Store + Clone>(
         Some(Plan::Free) | None => None,
     });
     let report_layer = setup.layer(&per_ip).rule(report).build()?;
+    // A concurrency limit: the permit is held from the request until the
+    // streamed body ends (or the client goes away), renewed meanwhile, and
+    // comes back within 30 s of an instance that dies holding it.
+    let export_layer = setup
+        .layer(&per_ip)
+        .limit(
+            Limit::concurrency("exports", 2, Duration::from_secs(30))?,
+            setup.client_ip.clone(),
+        )
+        .build()?;
+    // A budget charged after the fact: a request takes 1 token when it
+    // arrives (so a client in debt is refused), the rest of what its
+    // response reports once it is known. The budget is exceeded by at most
+    // the responses in flight when it ran out, each at most one budget.
+    let completion_layer = setup
+        .layer(&per_ip)
+        .rule(
+            Rule::new(
+                Limit::new("tokens", Quota::per_hour(2000).sliding_window())?,
+                setup.client_ip.clone(),
+            )
+            .cost_from_header(header::HeaderName::from_static("x-tokens-used")),
+        )
+        .build()?;
 
     Ok(Router::new()
         .route("/api/hello", get(say_hello).route_layer(hello_layer))
@@ -354,6 +389,11 @@ fn app<S: Store + Clone>(
                 .route_layer(login_per_ip),
         )
         .route("/api/report", get(report_handler).route_layer(report_layer))
+        .route("/api/export", get(export).route_layer(export_layer))
+        .route(
+            "/api/complete",
+            post(complete).route_layer(completion_layer),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
@@ -660,6 +700,37 @@ async fn report_handler(info: RateLimitInfo) -> String {
         Some(decision) => format!("report ready; {} more this minute\n", decision.remaining()),
         None => "report ready\n".to_owned(),
     }
+}
+
+/// 10 CSV rows, 100 ms apart: a slow export, whose permit is held until
+/// its last row is sent.
+async fn export() -> Response {
+    let rows = futures::stream::unfold(0u32, |row| async move {
+        if row == 10 {
+            return None;
+        }
+        if row > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let line = format!("{row},row {row}\n");
+        Some((Ok::<_, std::convert::Infallible>(line), row + 1))
+    });
+    (
+        [(header::CONTENT_TYPE, "text/csv")],
+        Body::from_stream(rows),
+    )
+        .into_response()
+}
+
+/// A stand-in for a completion: 100 tokens plus one per byte of the
+/// prompt, reported in `x-tokens-used` for the limit to charge.
+async fn complete(prompt: axum::body::Bytes) -> Response {
+    let tokens = 100 + prompt.len();
+    (
+        [("x-tokens-used", tokens.to_string())],
+        format!("completed with {tokens} tokens\n"),
+    )
+        .into_response()
 }
 
 #[tokio::main]

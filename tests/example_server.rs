@@ -783,3 +783,64 @@ fn metrics_are_served_in_the_prometheus_format() {
     );
     assert!(body.contains("tower_ratelimit_memory_store_keys"), "{body}");
 }
+
+/// Two exports at once per client, across two servers on one Redis: a third
+/// is refused while both stream; the permits come back when they end.
+#[test]
+fn exports_run_at_most_two_at_once_per_client_across_servers() {
+    let redis = TestRedis::spawn();
+    let a = Server::start(Some(&redis.url));
+    let b = Server::start(Some(&redis.url));
+    let (port_a, port_b) = (a.port, b.port);
+    let running: Vec<_> = [port_a, port_b]
+        .into_iter()
+        .map(|port| std::thread::spawn(move || send(port, "GET", "/api/export")))
+        .collect();
+    // both stream for about a second: a third is refused meanwhile
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(status(port_a, "GET", "/api/export"), 429);
+    for export in running {
+        let (code, body) = export.join().expect("export");
+        assert_eq!(code, 200);
+        assert!(body.contains("9,row 9"), "the whole export: {body:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let code = status(port_b, "GET", "/api/export");
+        if code == 200 {
+            break;
+        }
+        assert_eq!(code, 429);
+        assert!(Instant::now() < deadline, "the permits never came back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A completion is charged the tokens its response reports: two prompts
+/// of 900 bytes cost 1000 tokens each, the budget of 2000 per hour; the
+/// third is refused.
+#[test]
+fn a_completion_is_charged_the_tokens_its_response_reports() {
+    let redis = TestRedis::spawn();
+    let a = Server::start(Some(&redis.url));
+    let b = Server::start(Some(&redis.url));
+    let prompt = "p".repeat(900);
+    for port in [a.port, b.port] {
+        let (code, response) = send_with(port, "POST", "/api/complete", &[], &prompt);
+        assert_eq!(code, 200, "{response}");
+        assert!(
+            response
+                .to_ascii_lowercase()
+                .contains("x-tokens-used: 1000"),
+            "{response}"
+        );
+        // the charge lands on a task of its own, after the response
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (code, response) = send_with(a.port, "POST", "/api/complete", &[], "hi");
+    assert_eq!(code, 429, "{response}");
+    assert!(
+        response.to_ascii_lowercase().contains("retry-after"),
+        "{response}"
+    );
+}
