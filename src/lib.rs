@@ -16,6 +16,10 @@
 //! - Limits can change while the fleet runs: a [`LiveLimit`] is swapped in
 //!   the process, a limit marked [`Limit::quota_from_store`] takes the quota
 //!   (and per-key overrides) every instance reads from the store.
+//! - Beyond rates: a [`Limit::concurrency`] counts work in progress with
+//!   [leases](Lease) that expire unless renewed, and [`Limiter::charge`]
+//!   (or a layer rule's `cost_from_response`) charges a cost known only
+//!   after the fact, leaving a key in debt until it is paid back.
 //! - A [`Decision`] says allowed or not, remaining, the exact `retry_after`,
 //!   `reset_after`, and tells apart a cost that can never fit.
 //!

@@ -24,8 +24,11 @@ use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, RedisStore, Store};
 
 type Chunks = mpsc::UnboundedSender<Result<Bytes, Infallible>>;
 
+/// Makes a handle on one test's store.
+type MakeStore = Arc<dyn Fn() -> StoreKind + Send + Sync>;
+
 /// The stores each test runs on, with a name for messages.
-fn stores(test: &str) -> Vec<(&'static str, Arc<dyn Fn() -> StoreKind + Send + Sync>)> {
+fn stores(test: &str) -> Vec<(&'static str, MakeStore)> {
     let memory = MemoryStore::new();
     let prefix = unique_prefix(test);
     vec![
