@@ -10,40 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{unique_prefix, PATIENT};
-use tower_ratelimit::{Error, Limit, Limiter, MemoryStore, Quota, Store};
+use tower_ratelimit::{Error, Limit, Limiter, MemoryStore, Quota};
 
 fn exports(max: u64, lease: Duration) -> Limit {
     Limit::concurrency("exports", max, lease).expect("valid limit")
 }
 
-fn limiter(store: impl Store, limits: &[Limit]) -> Limiter {
-    limits
-        .iter()
-        .cloned()
-        .fold(Limiter::builder(store), |b, l| b.limit(l))
-        .timeout(PATIENT)
-        .build()
-        .expect("limiter")
-}
-
-/// Two instances of one service per store: two limiters over one memory
-/// store, and two Redis stores on one Redis and prefix.
-fn instances(test: &str, limits: &[Limit]) -> Vec<(&'static str, Limiter, Limiter)> {
-    let memory = MemoryStore::new();
-    let prefix = unique_prefix(test);
-    vec![
-        (
-            "memory",
-            limiter(memory.clone(), limits),
-            limiter(memory, limits),
-        ),
-        (
-            "redis",
-            limiter(common::redis_store(&prefix), limits),
-            limiter(common::redis_store(&prefix), limits),
-        ),
-    ]
-}
+use common::{limiter_of as limiter, two_instances as instances};
 
 #[tokio::test]
 async fn at_most_max_leases_are_held_and_each_comes_back_when_released_or_dropped() {

@@ -7,8 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{unique_prefix, PATIENT};
-use tower_ratelimit::{Error, Limit, Limiter, MemoryStore, Quota, RedisStore, Store};
+use common::unique_prefix;
+use tower_ratelimit::{Error, Limit, Limiter, MemoryStore, Quota, RedisStore};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -22,34 +22,7 @@ fn limit(name: &str, n: u64) -> Limit {
         .quota_from_store()
 }
 
-fn limiter(store: impl Store, limits: &[Limit]) -> Limiter {
-    limits
-        .iter()
-        .cloned()
-        .fold(Limiter::builder(store), |b, l| b.limit(l))
-        .timeout(PATIENT)
-        .build()
-        .expect("limiter")
-}
-
-/// Two instances of one service: two limiters over the memory store (one
-/// process), and two Redis stores on one Redis and prefix (two processes).
-fn instances(test: &str, limits: &[Limit]) -> Vec<(&'static str, Limiter, Limiter)> {
-    let memory = MemoryStore::new();
-    let prefix = unique_prefix(test);
-    vec![
-        (
-            "memory",
-            limiter(memory.clone(), limits),
-            limiter(memory, limits),
-        ),
-        (
-            "redis",
-            limiter(common::redis_store(&prefix), limits),
-            limiter(common::redis_store(&prefix), limits),
-        ),
-    ]
-}
+use common::{limiter_of as limiter, two_instances as instances};
 
 #[tokio::test]
 async fn a_stored_quota_set_in_one_instance_decides_in_the_other() {

@@ -3,16 +3,13 @@
 //! after it ([`Rule::cost_from_response`](super::Rule::cost_from_response),
 //! [`Rule::cost_from_body`](super::Rule::cost_from_body)).
 
-use std::future::Future;
-use std::task::{Context, Waker};
-
 use bytes::Bytes;
 use http::response::Parts as ResponseParts;
 use smallvec::SmallVec;
 
 use super::rule::BodyCost;
 use super::Config;
-use crate::limiter::{LeaseGuard, Refund};
+use crate::limiter::{run_detached, LeaseGuard, Refund};
 use crate::Limiter;
 
 /// Held by a response body until it ends or is dropped; then charges what
@@ -107,38 +104,16 @@ impl Drop for After {
                 continue;
             }
             let limiter = self.limiter.clone();
-            run_detached(
-                async move {
-                    // (a failure is logged and counted by the limiter)
-                    let _ = limiter.charge_charged(&charge.charged, extra).await;
-                },
-                self.limiter.answers_at_once(),
-            );
+            let work = async move {
+                // (a failure is logged and counted by the limiter)
+                let _ = limiter.charge_charged(&charge.charged, extra).await;
+            };
+            run_detached(work, self.limiter.answers_at_once(), || {
+                crate::metrics::charged("failed");
+                tracing::warn!(target: "tower_ratelimit", "no runtime to charge a response's cost on: it is not counted");
+            });
         }
         // the leases go back once the charges are on their way
         drop(self.lease.take());
-    }
-}
-
-/// Runs `work` in place when it is ready at once (`at_once`: the store
-/// answers in memory), else on a task of the current runtime.
-fn run_detached(work: impl Future<Output = ()> + Send + 'static, at_once: bool) {
-    let mut work = Box::pin(work);
-    if at_once
-        && work
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-            .is_ready()
-    {
-        return;
-    }
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(work);
-        }
-        Err(_) => {
-            crate::metrics::charged("failed");
-            tracing::warn!(target: "tower_ratelimit", "no runtime to charge a response's cost on: it is not counted");
-        }
     }
 }

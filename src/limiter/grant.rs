@@ -1,8 +1,6 @@
 //! [`Grant`]: a decision whose grant can be given back, once.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Waker};
 
 use super::Checks;
 use crate::decision::Decision;
@@ -192,31 +190,19 @@ impl Refund {
         if self.done.swap(true, Ordering::AcqRel) {
             return;
         }
-        if self.limiter.answers_at_once() {
-            let refund = self
+        let at_once = self.limiter.answers_at_once();
+        let refund = async move {
+            let result = self
                 .limiter
-                .refund_charged(&self.charged, self.cost, self.at);
-            let mut cx = Context::from_waker(Waker::noop());
-            if std::pin::pin!(refund).poll(&mut cx).is_ready() {
-                return;
+                .refund_charged(&self.charged, self.cost, self.at)
+                .await;
+            if let Err(error) = result {
+                tracing::debug!(target: "tower_ratelimit", %error, "could not give back a cancelled reservation");
             }
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    let result = self
-                        .limiter
-                        .refund_charged(&self.charged, self.cost, self.at)
-                        .await;
-                    if let Err(error) = result {
-                        tracing::debug!(target: "tower_ratelimit", %error, "could not give back a cancelled reservation");
-                    }
-                });
-            }
-            Err(_) => {
-                tracing::debug!(target: "tower_ratelimit", "no runtime to give back a cancelled reservation on");
-            }
-        }
+        };
+        super::run_detached(refund, at_once, || {
+            tracing::debug!(target: "tower_ratelimit", "no runtime to give back a cancelled reservation on");
+        });
     }
 }
 

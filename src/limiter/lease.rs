@@ -1,9 +1,7 @@
 //! [`Lease`]: the permits of concurrency limits, held while work runs.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::sync::{watch, Mutex};
@@ -70,6 +68,9 @@ struct Held {
     lost: watch::Sender<bool>,
     /// Given back (or being given back): renewals stop.
     released: AtomicBool,
+    /// The renewal task, stopped when the lease is given back (rather than
+    /// left to notice at its next tick).
+    renewer: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
 
 /// Each concurrency limit and key held, with the store time of its grant
@@ -119,9 +120,11 @@ impl LeaseGuard {
             }),
             lost: watch::channel(false).0,
             released: AtomicBool::new(false),
+            renewer: std::sync::OnceLock::new(),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(renewals(Arc::downgrade(&held)));
+            let task = runtime.spawn(renewals(Arc::downgrade(&held)));
+            let _ = held.renewer.set(task.abort_handle());
         }
         Some(Self(Some(held)))
     }
@@ -137,26 +140,15 @@ impl Drop for LeaseGuard {
         let Some(held) = self.0.take() else {
             return;
         };
-        if held.limiter.answers_at_once() {
-            // in memory: given back in place, unless a renewal holds the lock
-            let release = held.release();
-            let mut cx = Context::from_waker(Waker::noop());
-            if std::pin::pin!(release).poll(&mut cx).is_ready() {
-                return;
+        let at_once = held.limiter.answers_at_once();
+        let release = async move {
+            if let Err(error) = held.release().await {
+                tracing::warn!(target: "tower_ratelimit", %error, "could not give a lease back: its permit comes back when the lease time ends");
             }
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if let Err(error) = held.release().await {
-                        tracing::warn!(target: "tower_ratelimit", %error, "could not give a lease back: its permit comes back when the lease time ends");
-                    }
-                });
-            }
-            Err(_) => {
-                tracing::warn!(target: "tower_ratelimit", "no runtime to give a lease back on: its permit comes back when the lease time ends");
-            }
-        }
+        };
+        super::run_detached(release, at_once, || {
+            tracing::warn!(target: "tower_ratelimit", "no runtime to give a lease back on: its permit comes back when the lease time ends");
+        });
     }
 }
 
@@ -223,6 +215,9 @@ impl Held {
         let mut grants = self.grants.lock().await;
         if self.released.swap(true, Ordering::AcqRel) {
             return Ok(false);
+        }
+        if let Some(renewer) = self.renewer.get() {
+            renewer.abort();
         }
         let mut result = Ok(false);
         for (at, charged) in by_time(&grants.held) {

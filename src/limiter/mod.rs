@@ -32,6 +32,26 @@ use crate::metrics::StoreTimer;
 use crate::store::{Answer, Check, Store};
 use crate::{ConfigError, Error, Limit, LimitSource};
 
+/// Runs `work` without awaiting it (from `Drop`): in place when it is done
+/// on its first poll (`at_once`: a store that answers at once), else on a
+/// task of the current runtime; without a runtime, `lost` says what is not
+/// done.
+pub(crate) fn run_detached(
+    work: impl std::future::Future<Output = ()> + Send + 'static,
+    at_once: bool,
+    lost: fn(),
+) {
+    let mut work = Box::pin(work);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if at_once && work.as_mut().poll(&mut cx).is_ready() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(work)),
+        Err(_) => lost(),
+    }
+}
+
 /// The checks of one decision: inline for the usual few limits.
 type Checks<'a> = SmallVec<[Check<'a>; 2]>;
 

@@ -312,3 +312,44 @@ pub async fn wait_until_held(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A limiter of `limits` over `store`, patient with it.
+pub fn limiter_of(
+    store: impl tower_ratelimit::Store,
+    limits: &[tower_ratelimit::Limit],
+) -> tower_ratelimit::Limiter {
+    limits
+        .iter()
+        .cloned()
+        .fold(tower_ratelimit::Limiter::builder(store), |b, l| b.limit(l))
+        .timeout(PATIENT)
+        .build()
+        .expect("limiter")
+}
+
+/// Two instances of one service per store, with the store's name: two
+/// limiters over one memory store (one process), and two Redis stores on
+/// one Redis and prefix (two processes).
+pub fn two_instances(
+    test: &str,
+    limits: &[tower_ratelimit::Limit],
+) -> Vec<(
+    &'static str,
+    tower_ratelimit::Limiter,
+    tower_ratelimit::Limiter,
+)> {
+    let memory = tower_ratelimit::MemoryStore::new();
+    let prefix = unique_prefix(test);
+    vec![
+        (
+            "memory",
+            limiter_of(memory.clone(), limits),
+            limiter_of(memory, limits),
+        ),
+        (
+            "redis",
+            limiter_of(redis_store(&prefix), limits),
+            limiter_of(redis_store(&prefix), limits),
+        ),
+    ]
+}
