@@ -1,5 +1,6 @@
 //! Costs charged after the fact (`Limiter::charge`), run unchanged against
-//! the memory store and a real Redis driven by one explicit clock: charged
+//! the memory store, a real Redis and (with the `cluster` feature) a Redis
+//! Cluster, driven by one explicit clock: charged
 //! whatever is left, capped at the capacity, a key in debt refused until it
 //! is paid back. Every expected figure was worked out by hand (see the
 //! comments); a store that fails gets its charge tried again while the
@@ -33,7 +34,23 @@ async fn run(limit: &Limit, table: &[Row]) {
     let prefix = unique_prefix("charges");
     let memory = patient_limiter(MemoryStore::with_clock(clock.clone()), limit.clone());
     let redis = patient_limiter(redis_store_with_clock(&prefix, &clock), limit.clone());
-    for (store, limiter) in [("memory", &memory), ("redis", &redis)] {
+    #[allow(unused_mut)]
+    let mut stores = vec![("memory", memory), ("redis", redis)];
+    // the same table on a Redis Cluster of three primaries and three replicas
+    #[cfg(feature = "cluster")]
+    stores.push((
+        "cluster",
+        patient_limiter(
+            tower_ratelimit::RedisStore::cluster_builder(common::cluster::shared().seed_urls())
+                .prefix(&prefix)
+                .expiry_slack(common::TEST_CLOCK_SLACK)
+                .clock(clock.clone())
+                .build()
+                .expect("a cluster store"),
+            limit.clone(),
+        ),
+    ));
+    for (store, limiter) in &stores {
         for (i, &(at, op, remaining)) in table.iter().enumerate() {
             clock.set(T0 + at);
             let ctx = format!("{} on {store}, row {i} (t={at}us, {op:?})", limit.name());

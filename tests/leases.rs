@@ -1,7 +1,7 @@
 //! Concurrency limits (`Limit::concurrency`): leases held while work runs,
 //! given back when it ends, renewed while held, and lost within the lease
 //! time when their holder dies. On both stores, the Redis one as two
-//! instances on one Redis.
+//! instances on one Redis, and on a Redis Cluster.
 
 mod common;
 
@@ -18,10 +18,33 @@ fn exports(max: u64, lease: Duration) -> Limit {
 
 use common::{limiter_of as limiter, two_instances as instances};
 
+/// [`instances`], and (with the `cluster` feature) two instances on a Redis
+/// Cluster of three primaries and three replicas.
+fn everywhere(test: &str, limits: &[Limit]) -> Vec<(&'static str, Limiter, Limiter)> {
+    #[allow(unused_mut)]
+    let mut all = instances(test, limits);
+    #[cfg(feature = "cluster")]
+    {
+        let prefix = unique_prefix(test);
+        let store = || {
+            tower_ratelimit::RedisStore::cluster_builder(common::cluster::shared().seed_urls())
+                .prefix(&prefix)
+                .build()
+                .expect("a cluster store")
+        };
+        all.push((
+            "cluster",
+            limiter(store(), limits),
+            limiter(store(), limits),
+        ));
+    }
+    all
+}
+
 #[tokio::test]
 async fn at_most_max_leases_are_held_and_each_comes_back_when_released_or_dropped() {
     let minute = Duration::from_secs(60);
-    for (store, a, b) in instances("lease-table", &[exports(2, minute)]) {
+    for (store, a, b) in everywhere("lease-table", &[exports(2, minute)]) {
         let first = a.acquire_lease("acme").await.expect("acquire");
         let second = b.acquire_lease("acme").await.expect("acquire");
         assert!(first.is_held() && second.is_held(), "{store}");
@@ -95,7 +118,7 @@ async fn a_limiter_without_a_concurrency_limit_cannot_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_are_exact_under_100_concurrent_tasks_across_two_instances() {
     let lease = Duration::from_secs(60);
-    for (store, a, b) in instances("lease-load", &[exports(5, lease)]) {
+    for (store, a, b) in everywhere("lease-load", &[exports(5, lease)]) {
         let running = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
         let jobs = Arc::new(AtomicUsize::new(0));
