@@ -108,7 +108,11 @@ impl Limit {
     /// at the end: exact under concurrency on both stores and a cluster, and
     /// decided with other limits in one atomic decision. A refused request
     /// is told to retry when the oldest lease would expire (a bound: a
-    /// release frees a permit sooner).
+    /// release frees a permit sooner). A decision that may wait (a layer's
+    /// delay mode, [`Limiter::acquire`](crate::Limiter::acquire)) reserves
+    /// no permit ahead, since a lease renewed meanwhile would run beside the
+    /// reserved one: it is decided again, at pauses of 10 ms doubling up to
+    /// 200 ms, until a permit is free or the wait is over.
     ///
     /// ```
     /// use std::time::Duration;

@@ -277,3 +277,64 @@ async fn an_unreadable_or_small_cost_charges_nothing_more() {
         assert_eq!(after, before - 1, "{value:?}: only the request's own cost");
     }
 }
+
+/// In delay mode a request waits for a permit instead of being refused:
+/// it is let in once the stream holding the only one ends.
+#[tokio::test]
+async fn in_delay_mode_a_request_waits_for_a_free_permit() {
+    let streams = Limit::concurrency("waited", 1, Duration::from_secs(60)).expect("limit");
+    for (store, make) in stores("after-delay") {
+        let senders: Arc<Mutex<Vec<Chunks>>> = Arc::default();
+        let handler_senders = senders.clone();
+        let layer = {
+            let builder = RateLimitLayer::builder()
+                .rule(Rule::new(streams.clone(), Global))
+                .delay(Duration::from_secs(5))
+                .timeout(PATIENT);
+            match make() {
+                StoreKind::Memory(store) => builder.store(store),
+                StoreKind::Redis(store) => builder.store(store),
+            }
+            .build()
+            .expect("layer")
+        };
+        let app = Router::new()
+            .route(
+                "/stream",
+                get(move || {
+                    let senders = handler_senders.clone();
+                    async move {
+                        let (tx, rx) = mpsc::unbounded();
+                        senders.lock().expect("lock").push(tx);
+                        Body::from_stream(rx)
+                    }
+                }),
+            )
+            .layer(layer);
+        let first = app
+            .clone()
+            .oneshot(get_request("/stream"))
+            .await
+            .expect("infallible");
+        assert_eq!(first.status(), StatusCode::OK, "{store}");
+        let waiting = tokio::spawn(app.clone().oneshot(get_request("/stream")));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !waiting.is_finished(),
+            "{store}: the second waits for the permit"
+        );
+        let tx = senders
+            .lock()
+            .expect("lock")
+            .pop()
+            .expect("the first's body");
+        drop(tx);
+        first.into_body().collect().await.expect("body");
+        let second = waiting.await.expect("task").expect("infallible");
+        assert_eq!(
+            second.status(),
+            StatusCode::OK,
+            "{store}: let in once the first ended"
+        );
+    }
+}

@@ -562,6 +562,44 @@ impl Limiter {
         max_wait: Duration,
         dry: bool,
     ) -> Result<Decision, Error> {
+        if !max_wait.is_zero() && checks.iter().any(|c| c.limit.is_concurrency()) {
+            // boxed: rare
+            return Box::pin(self.wait_for_permit(checks, max_wait, dry)).await;
+        }
+        self.run_now_or_ahead(checks, max_wait, dry).await
+    }
+
+    /// A decision with a [concurrency limit](Limit::concurrency) that may
+    /// wait `max_wait`: no reservation ahead (a lease renewed meanwhile
+    /// would run beside the reserved one), but the decision made again, at
+    /// pauses of 10 ms doubling up to 200 ms, until it is granted, refused
+    /// for good, or `max_wait` has passed (the last refusal is the answer).
+    async fn wait_for_permit(
+        &self,
+        checks: &[Check<'_>],
+        max_wait: Duration,
+        dry: bool,
+    ) -> Result<Decision, Error> {
+        let until = tokio::time::Instant::now() + max_wait;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let decision = self.run_now_or_ahead(checks, Duration::ZERO, dry).await?;
+            let waited = tokio::time::Instant::now() + pause;
+            if decision.is_allowed() || decision.retry_after().is_none() || waited > until {
+                return Ok(decision);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// The decision of `checks`, reserved up to `max_wait` ahead.
+    async fn run_now_or_ahead(
+        &self,
+        checks: &[Check<'_>],
+        max_wait: Duration,
+        dry: bool,
+    ) -> Result<Decision, Error> {
         if checks.iter().any(|c| c.limit.is_shadow()) {
             // boxed: its future is nearly twice the plain one's
             if max_wait.is_zero() {
