@@ -338,3 +338,14 @@ async fn in_delay_mode_a_request_waits_for_a_free_permit() {
         );
     }
 }
+
+/// A cost after the response cannot be charged to a concurrency limit: a
+/// build error, not a permit that never comes back.
+#[test]
+fn a_concurrency_limit_charges_no_cost_after_the_response() {
+    let streams = Limit::concurrency("streams", 1, Duration::from_secs(60)).expect("limit");
+    let built = RateLimitLayer::builder()
+        .rule(Rule::new(streams, Global).cost_from_header(HeaderName::from_static("x-cost")))
+        .build();
+    assert!(matches!(built, Err(tower_ratelimit::ConfigError::Layer(_))));
+}

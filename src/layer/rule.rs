@@ -258,6 +258,12 @@ impl Rule {
         super::plan::choose_plan_tiers(&mut self)?;
         let name = self.limit.name().to_owned();
         let current = Limit::clone(&self.limit.load());
+        if current.is_concurrency() && self.cost_after.any() {
+            return Err(ConfigError::Layer(format!(
+                "limit {name:?} is a concurrency limit: its permits are held while the work \
+                 runs, so no cost can be charged to it after the response"
+            )));
+        }
         let on_missing = self.on_missing.unwrap_or_else(|| layer_missing.clone());
         if let MissingKey::Reject(status) = &on_missing {
             if status.is_success() || status.is_informational() {

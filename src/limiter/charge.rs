@@ -11,8 +11,8 @@ use crate::{Error, Limiter};
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 
 impl Limiter {
-    /// Charges `cost` to every limit of the limiter for `key`, after the
-    /// fact: the cost of work known only once it is done (the tokens of a
+    /// Charges `cost` to every limit of the limiter for `key` (but its
+    /// [concurrency limits](crate::Limit::concurrency)), after the fact: the cost of work known only once it is done (the tokens of a
     /// completion, the bytes served, the rows exported). The charge is
     /// granted whatever is left, so a limit may end in debt: it refuses the
     /// key until the debt is paid back by time, as its algorithm returns
@@ -42,9 +42,11 @@ impl Limiter {
     /// ```
     pub async fn charge(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<(), Error> {
         let key = key.as_ref();
+        // (a concurrency limit counts work in progress: nothing to charge)
         let charged: Charged = self
             .current()
             .iter()
+            .filter(|limit| !limit.is_concurrency())
             .map(|limit| ((**limit).clone(), key.to_vec()))
             .collect();
         self.charge_charged(&charged, cost).await
