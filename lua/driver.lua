@@ -9,7 +9,7 @@
 --            dry (1 = decide, grant nothing: a peek), slack (us keys outlive
 --            their state), op (absent or 0: decide; 1: refund; 2: take
 --            what is available; 3: change a kept quota; 4: charge; 5:
---            renew; see below), at (us, for a refund or a renewal: the
+--            renew; 7: several decisions; see below), at (us, for a refund or a renewal: the
 --            time of the grant, `now + wait` of its reply)
 --        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
 --            sliding log, 2 token bucket, 3 gcra, 4 fixed window, 5 sliding
@@ -457,6 +457,8 @@ function configured_one(keys, s, store_now, max_wait, dry, from)
   return decides[1](keys, decides, store_now, max_wait, dry, from, note)
 end
 
+local batch -- op 7, below
+
 local function decide(keys, args)
   if #args == 1 then
     -- the production path: one limit, no options
@@ -475,6 +477,7 @@ local function decide(keys, args)
     if op == 3 then return change(keys, args) end
     if op == 4 then return charge(keys, args, opts) end
     if op == 1 or op == 5 then return settle(keys, args, opts, op) end
+    if op == 7 then return batch(keys, args) end
     first = 2
   end
   local store_now = clock(opts)
@@ -489,4 +492,34 @@ local function decide(keys, args)
 
   local limits, now, notes = load_limits(keys, args, first, n, store_now)
   return decide_limits(limits, now, max_wait, dry, from, notes)
+end
+
+-- Op 7: several decisions in one call, each decided on its own, as its own
+-- call would decide it (none depends on another's outcome). After the
+-- options, each decision's arguments follow "#<keys>:<args>", the number of
+-- its keys (taken in order from KEYS) and of its arguments (its own
+-- options, if any, then its limits); a decision's options may not name an
+-- operation. Reply: each decision's reply after its length (a little-endian
+-- double).
+local NOT_BATCHED = 'a batch holds decisions only'
+function batch(keys, args)
+  local out, k, a = {}, 0, 2
+  while a <= #args do
+    local nk, na = string.match(args[a], '^#(%d+):(%d+)$')
+    nk, na = tonumber(nk), tonumber(na)
+    if not nk or na < 1 or a + na > #args or k + nk > #keys then
+      return redis.error_reply('malformed batch')
+    end
+    local ks, as = {}, {}
+    for i = 1, nk do ks[i] = keys[k + i] end
+    for i = 1, na do as[i] = args[a + i] end
+    if string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[5] then
+      return redis.error_reply(NOT_BATCHED)
+    end
+    local r = decide(ks, as)
+    if type(r) ~= 'string' then return r end -- an error reply
+    out[#out + 1] = struct.pack('<d', #r) .. r
+    k, a = k + nk, a + na + 1
+  end
+  return table.concat(out)
 end

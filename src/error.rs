@@ -86,7 +86,7 @@ pub enum ConfigError {
 }
 
 /// A decision could not be made; the request's fate is the caller's policy.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Redis answered with an error or the connection failed.

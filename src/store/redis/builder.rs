@@ -79,6 +79,7 @@ pub struct RedisStoreBuilder {
     lanes: usize,
     clock: Option<Arc<dyn Clock>>,
     slack: Duration,
+    coalesce: bool,
     #[cfg(feature = "tls")]
     root_certificate: Option<Vec<u8>>,
 }
@@ -101,6 +102,7 @@ impl RedisStoreBuilder {
             lanes: 2,
             clock: None,
             slack: Duration::ZERO,
+            coalesce: true,
             #[cfg(feature = "tls")]
             root_certificate: None,
         }
@@ -121,6 +123,19 @@ impl RedisStoreBuilder {
     /// one connection per node.
     pub fn lanes(mut self, lanes: usize) -> Self {
         self.lanes = lanes;
+        self
+    }
+
+    /// Whether decisions that arrive while one is in flight go out together
+    /// as one call when it lands (default `true`; not on a cluster): each is
+    /// still decided on its own, and Redis pays a call's fixed cost once per
+    /// batch. A decision that finds none in flight goes out at once, so a
+    /// lone decision waits no longer; under load one may wait for the call
+    /// in flight to land before its batch goes out. `false` sends each
+    /// decision at once on the shared connection (pipelined), for the lowest
+    /// latency at the cost of more Redis time per decision.
+    pub fn coalesce_decisions(mut self, coalesce: bool) -> Self {
+        self.coalesce = coalesce;
         self
     }
 
@@ -200,6 +215,8 @@ impl RedisStoreBuilder {
                 slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
                 fallback: OnceLock::new(),
                 quotas: Default::default(),
+                batcher: Default::default(),
+                coalesce: self.coalesce,
             }),
         })
     }

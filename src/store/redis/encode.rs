@@ -84,6 +84,41 @@ impl Encoded {
         out
     }
 
+    /// Several decisions' calls as one (op 7 of the library's options, see
+    /// `lua/driver.lua`): every key in order; the options, then each
+    /// decision's arguments after `#<its keys>:<its arguments>`.
+    pub(super) fn batch(parts: &[&Encoded]) -> Encoded {
+        let mut out = Encoded {
+            buf: Vec::with_capacity(parts.iter().map(|p| p.buf.len() + 12).sum::<usize>() + 16),
+            keys: SmallVec::new(),
+            args: SmallVec::new(),
+        };
+        let push = |out: &mut Encoded, bytes: &[u8], key: bool| {
+            let start = out.buf.len();
+            out.buf.extend_from_slice(bytes);
+            let range = start..out.buf.len();
+            if key {
+                out.keys.push(range);
+            } else {
+                out.args.push(range);
+            }
+        };
+        for part in parts {
+            for key in part.keys() {
+                push(&mut out, key, true);
+            }
+        }
+        push(&mut out, b"o:0:0:0:0:7", false);
+        for part in parts {
+            let count = format!("#{}:{}", part.key_count(), part.arg_count());
+            push(&mut out, count.as_bytes(), false);
+            for arg in part.args() {
+                push(&mut out, arg, false);
+            }
+        }
+        out
+    }
+
     /// Where the hash tag lies in the key written at `key`: after the
     /// prefix and its colon, up to and including the first `}` (escaped
     /// tags hold no other).

@@ -1,11 +1,14 @@
 //! The Redis store: one `FCALL` of the `lua/` library per decision over a
-//! pooled connection (`EVALSHA` of the same code where Functions are missing).
+//! pooled connection (`EVALSHA` of the same code where Functions are missing),
+//! or per batch of the decisions that arrived while one was in flight.
 //!
 //! `builder.rs` configures it, `encode.rs` writes each call's keys and
-//! arguments, `script.rs` runs the library (loading it where missing),
+//! arguments, `batch.rs` coalesces decisions under load, `script.rs` runs
+//! the library (loading it where missing),
 //! `conn.rs` keeps the connections healthy, `cluster.rs` splits a decision
 //! whose keys live in several slots.
 
+mod batch;
 mod builder;
 #[cfg(feature = "cluster")]
 mod cluster;
@@ -51,13 +54,19 @@ struct Inner {
     /// Decides while Redis fails (see `Backend::fallback`); made on first use.
     fallback: OnceLock<MemoryStore>,
     quotas: super::QuotaRegistry,
+    /// Decisions waiting to go out together (see `batch.rs`).
+    batcher: batch::Batcher,
+    /// Whether decisions are coalesced (never on a cluster).
+    coalesce: bool,
 }
 
 /// Limit state in Redis, shared by every instance that uses the same Redis
 /// and prefix. Each decision is one `FCALL` of a Redis Function library
 /// (loaded again automatically when a server lacks it; on Redis before 7.0,
 /// one `EVALSHA` of the same code); the code reads the clock with `TIME`, so
-/// instances with skewed clocks agree.
+/// instances with skewed clocks agree. Decisions that arrive while one is in
+/// flight go out together, as one call, when it lands (see
+/// [`RedisStoreBuilder::coalesce_decisions`]).
 ///
 /// Under `maxmemory`, the loaded function keeps deciding (it is flagged
 /// `allow-oom`; its keys are small, expire, and follow the eviction policy).
@@ -246,7 +255,12 @@ impl RedisStore {
         deadline: Deadline,
     ) -> Result<Reply, Error> {
         let operation = Operation::Decide { max_wait, dry };
-        let packed = self.invoke(checks, operation, deadline).await?;
+        let packed = if !self.inner.coalesce || self.inner.lanes.is_cluster() {
+            self.invoke(checks, operation, deadline).await?
+        } else {
+            let encoded = self.encode(checks, operation);
+            self.decide_coalesced(encoded, deadline).await?
+        };
         read_reply(&packed, checks.len(), Reply::from_packed, "")
     }
 
@@ -281,12 +295,7 @@ impl RedisStore {
         operation: Operation,
         deadline: Deadline,
     ) -> Result<Vec<u8>, Error> {
-        let encoded = &self.encode(checks, operation);
-        self.inner
-            .lanes
-            .run(deadline, |mut conn| async move {
-                self.call(&mut conn, encoded).await
-            })
+        self.run_call(&self.encode(checks, operation), deadline)
             .await
     }
 }

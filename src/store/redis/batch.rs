@@ -1,0 +1,269 @@
+//! Coalesced decisions. While a decision's call is in flight, the decisions
+//! that arrive meanwhile wait, and go out together as one call of the
+//! library (op 7 of `lua/driver.lua`) when it lands: each decided on its own,
+//! as its own call would decide it, and each caller given its own reply.
+//! No timer and no added wait at low load: a decision that finds nothing in
+//! flight goes out at once. Under load, one call carries what arrived during
+//! the last one's round trip, and Redis pays the call's fixed cost once per
+//! batch rather than once per decision.
+//!
+//! A decision whose caller went away (its deadline passed, or its future was
+//! dropped) before its batch is sent is left out of it: it counts nowhere.
+//! A batch that fails fails each of its decisions with its error. On a
+//! cluster, decisions are not coalesced (a call's keys must share a slot).
+
+use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::oneshot;
+
+use super::encode::Encoded;
+use super::RedisStore;
+use crate::store::Deadline;
+use crate::Error;
+
+/// The most decisions one call carries: one call runs its decisions one
+/// after the other, and Redis serves nothing else meanwhile (64 GCRA
+/// decisions take about 0.2 ms of its time).
+const MAX_BATCH: usize = 64;
+
+/// The decisions waiting for the call in flight.
+#[derive(Default)]
+pub(super) struct Batcher {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// A call of the coalesced kind is in flight.
+    busy: bool,
+    waiting: Vec<Waiter>,
+}
+
+/// A decision waiting for the next batch.
+struct Waiter {
+    encoded: Encoded,
+    deadline: Deadline,
+    reply: oneshot::Sender<Result<Vec<u8>, Error>>,
+}
+
+impl Batcher {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Marks the end of a flight when dropped, landed or abandoned: the
+/// decisions that arrived meanwhile go out then.
+struct InFlight<'a>(&'a RedisStore);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.landed();
+    }
+}
+
+impl RedisStore {
+    /// The reply to a decision's call `encoded`: sent at once when nothing
+    /// is in flight, else in the next batch.
+    pub(super) async fn decide_coalesced(
+        &self,
+        encoded: Encoded,
+        deadline: Deadline,
+    ) -> Result<Vec<u8>, Error> {
+        // queued behind the call in flight, or sent now (`Err`: nothing is)
+        let queued = {
+            let mut state = self.inner.batcher.state();
+            if state.busy {
+                let (reply, receiver) = oneshot::channel();
+                state.waiting.push(Waiter {
+                    encoded,
+                    deadline,
+                    reply,
+                });
+                Ok(receiver)
+            } else {
+                state.busy = true;
+                Err(encoded)
+            }
+        };
+        match queued {
+            Ok(receiver) => {
+                let reply = async { receiver.await.unwrap_or(Err(Error::Unavailable)) };
+                deadline.bound(reply).await
+            }
+            Err(encoded) => {
+                let _flight = InFlight(self);
+                self.run_call(&encoded, deadline).await
+            }
+        }
+    }
+
+    /// A flight landed: the decisions that arrived meanwhile go out as one
+    /// batch, on a task of their own (the caller whose call landed is not
+    /// held up), which sends the next batch when it lands, and so on until
+    /// none is waiting.
+    fn landed(&self) {
+        let waiting = {
+            let mut state = self.inner.batcher.state();
+            if state.waiting.is_empty() {
+                state.busy = false;
+                return;
+            }
+            std::mem::take(&mut state.waiting)
+        };
+        // (a runtime gone before the task ran drops it, and the driver
+        // with it, which frees the batcher)
+        let driver = Driver {
+            store: self.clone(),
+            done: false,
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(driver.send_batches(waiting))),
+            Err(_) => drop((driver, waiting)),
+        }
+    }
+}
+
+/// Sends the batches while decisions keep arriving. Dropped before it is
+/// done (its task cancelled, its runtime shut down), it frees the batcher:
+/// the decisions still waiting fail (their replies are dropped), and the
+/// next decision goes out at once.
+struct Driver {
+    store: RedisStore,
+    /// Nothing was left waiting when it stopped: the batcher is free.
+    done: bool,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut state = self.store.inner.batcher.state();
+            state.busy = false;
+            state.waiting.clear();
+        }
+    }
+}
+
+impl Driver {
+    /// Sends `waiting` (as calls of at most [`MAX_BATCH`] decisions, side by
+    /// side), then what gathered meanwhile, until nothing has.
+    async fn send_batches(mut self, mut waiting: Vec<Waiter>) {
+        let store = self.store.clone();
+        loop {
+            // callers gone: left out, counted nowhere
+            waiting.retain(|waiter| !waiter.reply.is_closed());
+            let mut calls = Vec::new();
+            while waiting.len() > MAX_BATCH {
+                let rest = waiting.split_off(MAX_BATCH);
+                let batch = std::mem::replace(&mut waiting, rest);
+                let store = store.clone();
+                calls.push(tokio::spawn(async move { store.send_batch(batch).await }));
+            }
+            if !waiting.is_empty() {
+                store.send_batch(std::mem::take(&mut waiting)).await;
+            }
+            for call in calls {
+                let _ = call.await;
+            }
+            let mut state = store.inner.batcher.state();
+            if state.waiting.is_empty() {
+                state.busy = false;
+                self.done = true;
+                return;
+            }
+            waiting = std::mem::take(&mut state.waiting);
+        }
+    }
+}
+
+impl RedisStore {
+    async fn send_batch(&self, mut waiting: Vec<Waiter>) {
+        // the batch may take as long as its most patient decision
+        let deadline = waiting
+            .iter()
+            .map(|w| w.deadline)
+            .max_by_key(|d| d.at())
+            .unwrap_or_else(|| Deadline::after(std::time::Duration::ZERO).start());
+        if let [waiter] = waiting.as_mut_slice() {
+            let result = self.run_call(&waiter.encoded, deadline).await;
+            if let Some(waiter) = waiting.pop() {
+                let _ = waiter.reply.send(result);
+            }
+            return;
+        }
+        let parts: Vec<&Encoded> = waiting.iter().map(|w| &w.encoded).collect();
+        let batch = Encoded::batch(&parts);
+        let replies = self
+            .run_call(&batch, deadline)
+            .await
+            .and_then(|packed| split(&packed, waiting.len()));
+        match replies {
+            Ok(replies) => {
+                for (waiter, reply) in waiting.into_iter().zip(replies) {
+                    let _ = waiter.reply.send(Ok(reply));
+                }
+            }
+            Err(error) => {
+                for waiter in waiting {
+                    let _ = waiter.reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+
+    /// Runs the library's function for `encoded` over a lane's connection.
+    pub(super) async fn run_call(
+        &self,
+        encoded: &Encoded,
+        deadline: Deadline,
+    ) -> Result<Vec<u8>, Error> {
+        self.inner
+            .lanes
+            .run(deadline, |mut conn| async move {
+                self.call(&mut conn, encoded).await
+            })
+            .await
+    }
+}
+
+/// The replies of a batch of `n` decisions: each after its length, a
+/// little-endian double (see op 7 in `lua/driver.lua`).
+fn split(packed: &[u8], n: usize) -> Result<Vec<Vec<u8>>, Error> {
+    let unexpected =
+        || Error::UnexpectedReply(format!("{} bytes for a batch of {n}", packed.len()));
+    let mut replies = Vec::with_capacity(n);
+    let mut rest = packed;
+    while !rest.is_empty() {
+        let (len, tail) = rest.split_at_checked(8).ok_or_else(unexpected)?;
+        let len = f64::from_le_bytes(len.try_into().map_err(|_| unexpected())?);
+        if !(0.0..=tail.len() as f64).contains(&len) || len.fract() != 0.0 {
+            return Err(unexpected());
+        }
+        let (reply, tail) = tail.split_at(len as usize);
+        replies.push(reply.to_vec());
+        rest = tail;
+    }
+    if replies.len() != n {
+        return Err(unexpected());
+    }
+    Ok(replies)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn a_batch_reply_splits_into_its_decisions_replies() {
+        let mut packed = Vec::new();
+        for reply in [&b"abc"[..], b"", b"de"] {
+            packed.extend_from_slice(&(reply.len() as f64).to_le_bytes());
+            packed.extend_from_slice(reply);
+        }
+        let replies = split(&packed, 3).expect("three replies");
+        assert_eq!(replies, [b"abc".to_vec(), Vec::new(), b"de".to_vec()]);
+        assert!(split(&packed, 2).is_err());
+        assert!(split(&packed[..packed.len() - 1], 3).is_err());
+        assert!(split(&[0xff; 8], 1).is_err());
+    }
+}

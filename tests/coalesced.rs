@@ -1,0 +1,165 @@
+//! Coalesced decisions on a Redis of the test's own (so that its command
+//! counts are this test's): decisions that arrive while one is in flight go
+//! out together, fewer calls than decisions, each decided on its own and
+//! answered with its own reply; a lone decision goes out at once.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{command_calls, unique_prefix, TestRedis, PATIENT};
+use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
+
+fn limiter(server: &TestRedis, limit: Limit, coalesce: bool) -> Limiter {
+    let store = RedisStore::builder(server.url.clone())
+        .prefix(unique_prefix("coalesced"))
+        .coalesce_decisions(coalesce)
+        .build()
+        .expect("store");
+    Limiter::builder(store)
+        .limit(limit)
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .expect("limiter")
+}
+
+fn fcalls(server: &TestRedis) -> u64 {
+    let mut conn = redis::Client::open(server.url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    command_calls(&mut conn, "fcall")
+}
+
+/// 1000 decisions at once on a quota of 300: exactly 300 granted, in fewer
+/// calls than decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_go_out_together_and_stay_exact() {
+    let server = TestRedis::spawn();
+    let quota = Quota::fixed_window(300, Duration::from_secs(3600));
+    let limiter = limiter(&server, Limit::new("burst", quota).expect("limit"), true);
+    limiter.peek("warm").await.expect("the library is loaded");
+    let before = fcalls(&server);
+    let tasks: Vec<_> = (0..1000)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check("hot", 1).await })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        granted += u32::from(task.await.expect("task").expect("decided").is_allowed());
+    }
+    assert_eq!(granted, 300, "exact");
+    let calls = fcalls(&server) - before;
+    assert!(
+        calls < 1000,
+        "{calls} calls for 1000 decisions: none coalesced"
+    );
+    println!("1000 concurrent decisions in {calls} calls");
+}
+
+/// Each caller gets its own reply: keys used 0 to 49 times each, looked at
+/// all at once, each sees its own remaining.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_coalesced_decision_gets_its_own_reply() {
+    let server = TestRedis::spawn();
+    let quota = Quota::fixed_window(100, Duration::from_secs(3600));
+    let limiter = limiter(&server, Limit::new("own", quota).expect("limit"), true);
+    let setup: Vec<_> = (0..50)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check(format!("key-{i}"), i).await })
+        })
+        .collect();
+    for task in setup {
+        assert!(task.await.expect("task").expect("decided").is_allowed());
+    }
+    let before = fcalls(&server);
+    let looks: Vec<_> = (0..50)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { (i, limiter.peek(format!("key-{i}")).await) })
+        })
+        .collect();
+    for look in looks {
+        let (i, decision) = look.await.expect("task");
+        assert_eq!(decision.expect("decided").remaining(), 100 - i, "key-{i}");
+    }
+    assert!(fcalls(&server) - before < 50, "the looks were coalesced");
+}
+
+/// A lone decision goes out at once, on its own: one call each.
+#[tokio::test]
+async fn a_lone_decision_is_its_own_call() {
+    let server = TestRedis::spawn();
+    let quota = Quota::fixed_window(100, Duration::from_secs(3600));
+    let limiter = limiter(&server, Limit::new("lone", quota).expect("limit"), true);
+    limiter.peek("warm").await.expect("the library is loaded");
+    let before = fcalls(&server);
+    for _ in 0..20 {
+        assert!(limiter.check("k", 1).await.expect("decided").is_allowed());
+    }
+    assert_eq!(fcalls(&server) - before, 20);
+}
+
+/// Without coalescing, each of many concurrent decisions is its own call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_coalescing_each_decision_is_its_own_call() {
+    let server = TestRedis::spawn();
+    let quota = Quota::fixed_window(100, Duration::from_secs(3600));
+    let limiter = limiter(&server, Limit::new("apart", quota).expect("limit"), false);
+    limiter.peek("warm").await.expect("the library is loaded");
+    let before = fcalls(&server);
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check("hot", 1).await })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        granted += u32::from(task.await.expect("task").expect("decided").is_allowed());
+    }
+    assert_eq!(granted, 100);
+    assert_eq!(fcalls(&server) - before, 200);
+}
+
+/// The server stops with decisions waiting: each of them fails with an
+/// error by its deadline, none hangs; once it is back, decisions resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_waiting_for_a_server_that_stopped_fail_by_their_deadline() {
+    let mut server = TestRedis::spawn();
+    let store = RedisStore::builder(server.url.clone())
+        .prefix(unique_prefix("coalesced-down"))
+        .build()
+        .expect("store");
+    let limiter = Limiter::builder(store)
+        .limit(
+            Limit::new("down", Quota::fixed_window(1000, Duration::from_secs(3600)))
+                .expect("limit"),
+        )
+        .timeout(Duration::from_millis(300))
+        .cache_denials(false)
+        .build()
+        .expect("limiter");
+    limiter.peek("warm").await.expect("the library is loaded");
+    server.stop();
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { tokio::time::timeout(PATIENT, limiter.check("k", 1)).await })
+        })
+        .collect();
+    for task in tasks {
+        let answered = task.await.expect("task").expect("answered by its deadline");
+        assert!(answered.is_err(), "the store is down");
+    }
+    server.restart();
+    let until = tokio::time::Instant::now() + PATIENT;
+    while limiter.check("k", 1).await.is_err() {
+        assert!(tokio::time::Instant::now() < until, "never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
