@@ -246,6 +246,16 @@ impl RedisStore {
         cluster::slot_groups(checks)
     }
 
+    /// Whether decisions are coalesced (see `batch.rs`): as built, never on
+    /// a cluster.
+    fn coalesces(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if self.inner.lanes.is_cluster() {
+            return false;
+        }
+        self.inner.coalesce
+    }
+
     /// One decision over checks whose keys share a slot: one call.
     async fn decide_group(
         &self,
@@ -255,11 +265,11 @@ impl RedisStore {
         deadline: Deadline,
     ) -> Result<Reply, Error> {
         let operation = Operation::Decide { max_wait, dry };
-        let packed = if !self.inner.coalesce || self.inner.lanes.is_cluster() {
-            self.invoke(checks, operation, deadline).await?
-        } else {
+        let packed = if self.coalesces() {
             let encoded = self.encode(checks, operation);
             self.decide_coalesced(encoded, deadline).await?
+        } else {
+            self.invoke(checks, operation, deadline).await?
         };
         read_reply(&packed, checks.len(), Reply::from_packed, "")
     }
