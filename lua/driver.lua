@@ -502,23 +502,36 @@ end
 -- operation. Reply: each decision's reply after its length (a little-endian
 -- double).
 local NOT_BATCHED = 'a batch holds decisions only'
+local ks, as, nks, nas = {}, {}, 0, 0 -- reused for each decision of a batch
 function batch(keys, args)
-  local out, k, a = {}, 0, 2
+  local out, n, k, a = {}, 0, 0, 2
+  -- one clock for the batch: a plain decision's (no options) reads it here
+  local t = rcall('TIME')
+  local store_now = t[1] * 1000000 + t[2]
   while a <= #args do
-    local nk, na = string.match(args[a], '^#(%d+):(%d+)$')
-    nk, na = tonumber(nk), tonumber(na)
-    if not nk or na < 1 or a + na > #args or k + nk > #keys then
+    local c = args[a]
+    local colon = string.find(c, ':', 2, true)
+    local nk, na = tonumber(string.sub(c, 2, colon and colon - 1)), colon and tonumber(string.sub(c, colon + 1))
+    if string.byte(c, 1) ~= 35 or not nk or not na or na < 1 or a + na > #args or k + nk > #keys then
       return redis.error_reply('malformed batch')
     end
-    local ks, as = {}, {}
     for i = 1, nk do ks[i] = keys[k + i] end
+    for i = nk + 1, nks do ks[i] = nil end
     for i = 1, na do as[i] = args[a + i] end
-    if string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[5] then
-      return redis.error_reply(NOT_BATCHED)
+    for i = na + 1, nas do as[i] = nil end
+    nks, nas = nk, na
+    local r
+    local s = na == 1 and (specs[as[1]] or spec(as[1]))
+    if s then
+      r = s[1](ks, s, store_now, 0, false, store_now)
+    else
+      if string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[5] then
+        return redis.error_reply(NOT_BATCHED)
+      end
+      r = decide(ks, as)
+      if type(r) ~= 'string' then return r end -- an error reply
     end
-    local r = decide(ks, as)
-    if type(r) ~= 'string' then return r end -- an error reply
-    out[#out + 1] = struct.pack('<d', #r) .. r
+    out[n + 1], out[n + 2], n = struct.pack('<d', #r), r, n + 2
     k, a = k + nk, a + na + 1
   end
   return table.concat(out)
