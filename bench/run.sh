@@ -8,7 +8,8 @@
 # HTTP: `wrk -t1 -c50` against bench/peers in each mode (see its main.rs),
 # the modes of a round interleaved, Redis pinned to REDIS_CPU and the server
 # and wrk to LOAD_CPU; per mode, req/s and the Redis time per decision
-# (usec_per_call of FCALL/EVALSHA in INFO commandstats). API: Limiter::check
+# (the usec of FCALL/EVALSHA in INFO commandstats over the decisions made:
+# a call of ours may carry a batch of decisions). API: Limiter::check
 # over RedisStore and rate-limiter-flexible (Node) on the same Redis, 50 in
 # flight. Prints every figure, then medians and ratios.
 #
@@ -68,9 +69,11 @@ rc() { redis-cli -p "$REDIS_PORT" "$@"; }
 for _ in $(seq 50); do rc PING >/dev/null 2>&1 && break; sleep 0.1; done
 log "Redis on port $REDIS_PORT (CPU $REDIS_CPU); load on CPU $LOAD_CPU; results in $OUT"
 
-# usec_per_call of the decision commands since the last RESETSTAT
+# Redis time (us) of the decision commands since the last RESETSTAT, per
+# decision: divided by $1, the decisions made (a call of ours may carry a
+# batch of them, see coalesce_decisions), else per call
 decision_usec() {
-  rc INFO commandstats | tr -d '\r' | awk -F'[:,=]' '/^cmdstat_(fcall|evalsha):/ {calls+=$3; usec+=$5} END {if (calls) printf "%.2f", usec/calls; else printf "-"}'
+  rc INFO commandstats | tr -d '\r' | awk -F'[:,=]' -v d="${1:-0}" '/^cmdstat_(fcall|evalsha):/ {calls+=$3; usec+=$5} END {if (d > 0) printf "%.2f", usec/d; else if (calls) printf "%.2f", usec/calls; else printf "-"}'
 }
 decision_calls() {
   rc INFO commandstats | tr -d '\r' | awk -F'[:,=]' '/^cmdstat_(fcall|evalsha):/ {calls+=$3} END {print calls+0}'
@@ -87,8 +90,9 @@ http_round() {
     rc CONFIG RESETSTAT >/dev/null
     taskset -c "$LOAD_CPU" wrk -t1 -c50 -d"${DUR}s" "http://127.0.0.1:$port/" >"$OUT/wrk-$mode-$round.txt" 2>&1
     rps=$(awk '/^Requests\/sec/ {print $2}' "$OUT/wrk-$mode-$round.txt")
+    requests=$(awk '/requests in/ {print $1}' "$OUT/wrk-$mode-$round.txt")
     non2xx=$(awk '/Non-2xx/ {print $NF}' "$OUT/wrk-$mode-$round.txt")
-    echo "http $mode round=$round rps=$rps redis_usec=$(decision_usec) redis_calls=$(decision_calls) non2xx=${non2xx:-0}" | tee -a "$OUT/results.txt"
+    echo "http $mode round=$round rps=$rps redis_usec=$(decision_usec "$requests") redis_calls=$(decision_calls) non2xx=${non2xx:-0}" | tee -a "$OUT/results.txt"
     kill "$pid"; wait "$pid" 2>/dev/null || true
   done
 }
@@ -97,7 +101,7 @@ api_round() {
   local round=$1 ours theirs
   rc CONFIG RESETSTAT >/dev/null
   ours=$(taskset -c "$LOAD_CPU" "$API" "$URL" "$DUR" 50 | awk '{print $2}')
-  local usec; usec=$(decision_usec)
+  local usec; usec=$(decision_usec "$(awk -v r="$ours" -v d="$DUR" 'BEGIN {printf "%d", r * d}')")
   theirs=$(cd "$PEERS/node" && taskset -c "$LOAD_CPU" node bench.js "$URL" "$DUR" 50 | awk '{print $2}')
   echo "api ours round=$round dps=$ours redis_usec=$usec" | tee -a "$OUT/results.txt"
   echo "api rate-limiter-flexible round=$round dps=$theirs" | tee -a "$OUT/results.txt"
@@ -131,9 +135,11 @@ slices_pair() {
   done
   # req/s, then the Redis time per decision during the slice ("-" without Redis)
   slice() {
+    local out
     rc CONFIG RESETSTAT >/dev/null
-    taskset -c "$LOAD_CPU" wrk -t1 -c50 -d1s "http://127.0.0.1:$1/" 2>&1 | awk '/^Requests\/sec/ {printf "%s ", $2}'
-    decision_usec
+    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c50 -d1s "http://127.0.0.1:$1/" 2>&1)
+    awk '/^Requests\/sec/ {printf "%s ", $2}' <<<"$out"
+    decision_usec "$(awk '/requests in/ {print $1}' <<<"$out")"
   }
   for i in $(seq "$SLICES"); do
     if (( i % 2 )); then sa=$(slice "$pa"); sb=$(slice "$pb"); else sb=$(slice "$pb"); sa=$(slice "$pa"); fi
