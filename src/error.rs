@@ -68,6 +68,12 @@ pub enum ConfigError {
     /// is of another algorithm than the limit.
     #[error("stored quota: {0}")]
     Stored(String),
+    /// A [`Penalty`](crate::Penalty) is invalid (no refusals, no blocks, a
+    /// zero or too long duration), or a penalty operation
+    /// ([`Limiter::block`](crate::Limiter::block), ...) names a limit
+    /// without one.
+    #[error("penalty: {0}")]
+    Penalty(String),
     /// A limit read from a configuration file has a missing, misplaced or
     /// invalid field.
     #[error("limit {limit:?}: `{field}` {problem}")]

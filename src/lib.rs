@@ -107,6 +107,7 @@ mod limit;
 mod limiter;
 mod live;
 pub mod metrics;
+mod penalty;
 mod quota;
 pub mod store;
 mod text;
@@ -128,8 +129,9 @@ pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 
 pub use limit::Limit;
-pub use limiter::{Grant, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
+pub use limiter::{Grant, Inspection, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
 pub use live::{LimitSource, LiveLimit, LiveLimits};
+pub use penalty::{Penalty, DEFAULT_FORGET_AFTER};
 pub use quota::{Algorithm, Burst, Quota, Rate};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]

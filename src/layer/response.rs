@@ -388,6 +388,7 @@ mod tests {
             violated: false,
             shadow: false,
             would_refuse: false,
+            blocked: false,
         }
     }
 

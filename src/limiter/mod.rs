@@ -11,6 +11,7 @@ mod call;
 mod count;
 mod deny_cache;
 mod grant;
+mod penalties;
 mod shadow;
 mod stored;
 
@@ -22,6 +23,7 @@ use smallvec::SmallVec;
 use self::deny_cache::DenyCache;
 pub use self::grant::Grant;
 pub(crate) use self::grant::{Refund, RefundOnDrop};
+pub use self::penalties::Inspection;
 use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;

@@ -21,7 +21,9 @@ use crate::Error;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub(crate) use self::backend::{Answer, Check, Deadline, QuotaChange, QuotaRegistry};
+pub(crate) use self::backend::{
+    Answer, Check, Deadline, PenaltyChange, QuotaChange, QuotaRegistry,
+};
 
 /// A place to keep limit state. Implemented by [`MemoryStore`] and
 /// [`RedisStore`]; sealed so that both can evolve together with the algorithms.
@@ -143,6 +145,20 @@ pub(crate) mod backend {
         },
         /// Keep none.
         Remove,
+    }
+
+    /// An operation on a key's penalty state (see
+    /// [`Limit::penalty`](crate::Limit::penalty)).
+    #[derive(Debug, Clone, Copy)]
+    #[allow(unreachable_pub)]
+    pub enum PenaltyChange {
+        /// Read it.
+        Read,
+        /// Block the key for this many microseconds from now (no offence;
+        /// the refusals counted are dropped).
+        Block(i64),
+        /// Forget it all: block, refusals and offences.
+        Unblock,
     }
 
     /// The quota each limit name was first used with on one store, to warn
@@ -283,6 +299,17 @@ pub(crate) mod backend {
             change: QuotaChange<'a>,
             deadline: Deadline,
         ) -> Answer<'a, Result<bool, Error>>;
+
+        /// Applies `change` to the penalty state of `check`'s key in its
+        /// limit; the state after it (before it, for an unblock) and the
+        /// store time.
+        /// `None` for a limit without a penalty.
+        fn penalty<'a>(
+            &'a self,
+            check: &'a Check<'a>,
+            change: PenaltyChange,
+            deadline: Deadline,
+        ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>>;
 
         /// The application clock the store decides on, if it has one.
         fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {

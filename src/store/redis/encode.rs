@@ -7,6 +7,7 @@ use std::ops::Range;
 use smallvec::SmallVec;
 
 use super::RedisStore;
+use crate::algorithm::wire::PENALTY_KEY;
 use crate::store::{keys, Check};
 
 /// What one call of the library does (op 0, 1 or 2 of its options).
@@ -77,6 +78,32 @@ impl Encoded {
         out
     }
 
+    /// An operation on a key's penalty state (op 6 of the library's
+    /// options, see `lua/driver.lua`): the key `key`, the options with
+    /// `what` (0 read, 1 block for `us`, 2 forget) and the limit's string.
+    pub(super) fn penalty(key: &[u8], options: &[u8], wire: &str) -> Encoded {
+        let mut out = Encoded {
+            buf: Vec::with_capacity(key.len() + options.len() + wire.len() + 1),
+            keys: SmallVec::new(),
+            args: SmallVec::new(),
+        };
+        for (bytes, is_key) in [(key, true), (options, false), (wire.as_bytes(), false)] {
+            let start = out.buf.len();
+            out.buf.extend_from_slice(bytes);
+            let range = start..out.buf.len();
+            if is_key {
+                out.keys.push(range);
+            } else {
+                out.args.push(range);
+            }
+        }
+        out.buf.push(b'0');
+        if let Some(last) = out.args.last_mut() {
+            last.end += 1;
+        }
+        out
+    }
+
     /// Where the hash tag lies in the key written at `key`: after the
     /// prefix and its colon, up to and including the first `}` (escaped
     /// tags hold no other).
@@ -96,7 +123,9 @@ impl RedisStore {
     /// see [`keys`]), written into a new buffer: the one place Redis key
     /// names are made. With `configured`, a limit whose quota may be kept in
     /// the store has one more after its own: the hash of its kept quotas
-    /// (see [`quota_key`](Self::quota_key)).
+    /// (see [`quota_key`](Self::quota_key)), and a limit with a penalty one
+    /// more after all of its own, its penalty key,
+    /// `<prefix>:{<escaped key>}:<limit>:pen` (in the same slot).
     pub(super) fn encode_keys(&self, checks: &[Check<'_>], configured: bool) -> Encoded {
         let prefix = self.inner.prefix.as_bytes();
         let mut out = Encoded {
@@ -113,6 +142,7 @@ impl RedisStore {
             };
             let name = check.limit.name().as_bytes();
             let stored = configured && check.limit.is_quota_from_store();
+            let own = out.keys.len();
             for part in check.limit.params().algorithm().key_parts() {
                 let start = out.buf.len();
                 out.buf.extend_from_slice(prefix);
@@ -135,6 +165,20 @@ impl RedisStore {
                     .to_vec();
                 let start = out.buf.len();
                 self.write_quota_key(&mut out.buf, check.limit.name(), &tag);
+                out.keys.push(start..out.buf.len());
+            }
+            if configured && check.limit.pen_params().is_some() {
+                let start = out.buf.len();
+                out.buf.extend_from_slice(prefix);
+                out.buf.push(b':');
+                if let Some(first) = out.keys.get(own) {
+                    let tag = out.tag_of(first.clone(), prefix.len());
+                    out.buf.extend_from_within(tag);
+                }
+                out.buf.push(b':');
+                out.buf.extend_from_slice(name);
+                out.buf.push(b':');
+                out.buf.extend_from_slice(PENALTY_KEY.as_bytes());
                 out.keys.push(start..out.buf.len());
             }
         }
