@@ -69,17 +69,22 @@ pub enum Outcome {
     /// Refused from the limiter's local cache of denials without asking
     /// the store (see [`crate::LimiterBuilder::cache_denials`]).
     LocalCache,
+    /// Refused by a layer's deny-list without asking the store (see
+    /// [`RateLimitLayerBuilder::deny_if`](crate::layer::RateLimitLayerBuilder::deny_if)):
+    /// counted under every limit of the layer.
+    DenyListed,
 }
 
 impl Outcome {
     /// Every outcome, for dashboards and exporters that declare label values.
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Allowed,
         Outcome::Denied,
         Outcome::ShadowDenied,
         Outcome::CostExceedsCapacity,
         Outcome::StoreError,
         Outcome::LocalCache,
+        Outcome::DenyListed,
     ];
 
     /// The label value.
@@ -91,6 +96,7 @@ impl Outcome {
             Outcome::CostExceedsCapacity => "cost_exceeds_capacity",
             Outcome::StoreError => "store_error",
             Outcome::LocalCache => "local_cache",
+            Outcome::DenyListed => "deny_listed",
         }
     }
 }

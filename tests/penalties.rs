@@ -261,3 +261,140 @@ async fn penalty_operations_need_a_penalty() {
         );
     }
 }
+
+/// 100 tasks over two instances (two limiters on one memory store; two
+/// Redis stores on one Redis) refused at once on one key: each round
+/// counts exactly N refusals into one offence, and refuses the rest by the
+/// block, uncounted; no refusal is lost, no block doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_refusals_make_exactly_one_offence_per_n() {
+    const N: u32 = 7;
+    const TASKS: usize = 100;
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("penalties-concurrent");
+    let limit = Limit::new("burst", Quota::sliding_log(1, secs(3600)))
+        .expect("limit")
+        .penalty(Penalty::new(N, secs(3600), [secs(10), secs(20), secs(30)]).expect("penalty"));
+    let memory = MemoryStore::with_clock(clock.clone());
+    let build = |store: MemoryStore| {
+        Limiter::builder(store)
+            .limit(limit.clone())
+            .timeout(PATIENT)
+            .build()
+            .expect("limiter")
+    };
+    let build_redis = || {
+        Limiter::builder(redis_store_with_clock(&prefix, &clock))
+            .limit(limit.clone())
+            .timeout(PATIENT)
+            .build()
+            .expect("limiter")
+    };
+    let pairs = [
+        ("memory", build(memory.clone()), build(memory)),
+        ("redis", build_redis(), build_redis()),
+    ];
+    for (store, a, b) in pairs {
+        clock.set(T0);
+        for round in 1..=3u32 {
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|i| {
+                    let limiter = if i % 2 == 0 { a.clone() } else { b.clone() };
+                    tokio::spawn(async move { limiter.check("hot", 1).await })
+                })
+                .collect();
+            let (mut granted, mut counted, mut blocked) = (0, 0, 0);
+            for task in tasks {
+                let d = task.await.expect("task").expect("decision");
+                if d.is_allowed() {
+                    granted += 1;
+                } else if d.statuses()[0].is_blocked() {
+                    blocked += 1;
+                } else {
+                    counted += 1;
+                }
+            }
+            let expected_granted = usize::from(round == 1);
+            assert_eq!(granted, expected_granted, "{store}, round {round}");
+            // N - 1 refusals counted, the N-th blocks with the rest
+            assert_eq!(counted, N as usize - 1, "{store}, round {round}");
+            assert_eq!(blocked, TASKS - expected_granted - counted);
+            let seen = a.inspect("burst", "hot").await.expect("inspect");
+            assert_eq!((seen.offences, seen.refusals), (round, 0), "{store}");
+            assert_eq!(
+                seen.blocked_for,
+                Some(secs(10 * u64::from(round))),
+                "{store}, round {round}: escalated once"
+            );
+            clock.advance(secs(31));
+        }
+    }
+}
+
+/// A penalty key deleted, evicted or overwritten behind the library's back
+/// reads as a fresh state: no script error, and the next refusal writes a
+/// good one.
+#[tokio::test]
+async fn a_penalty_key_deleted_or_garbled_reads_as_fresh() {
+    use redis::Commands;
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("penalties-faults");
+    let limiter = limiter(redis_store_with_clock(&prefix, &clock), &[login()]);
+    let key = format!("{prefix}:{{mallory}}:login:pen");
+    let mut conn = common::connection();
+    assert!(limiter
+        .check("mallory", 2)
+        .await
+        .expect("check")
+        .is_allowed());
+    for _ in 0..3 {
+        limiter.check("mallory", 1).await.expect("check");
+    }
+    assert!(limiter
+        .inspect("login", "mallory")
+        .await
+        .expect("inspect")
+        .blocked_for
+        .is_some());
+    let garbage: [&dyn Fn(&mut redis::Connection); 5] = [
+        &|c| {
+            let _: () = c.del(&key).expect("del");
+        },
+        &|c| {
+            let _: () = c.set(&key, "not a penalty").expect("set");
+        },
+        // the right length and tag, fields that are no integers
+        &|c| {
+            let mut v = vec![b'P'];
+            for x in [0.5f64, f64::NAN, -1.0, 1e300] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            let _: () = c.set(&key, v).expect("set");
+        },
+        &|c| {
+            let _: () = c.del(&key).expect("del");
+            let _: () = c.hset(&key, "f", "v").expect("hset");
+        },
+        &|c| {
+            let _: () = c.del(&key).expect("del");
+            let _: () = c.rpush(&key, "x").expect("rpush");
+        },
+    ];
+    for (i, spoil) in garbage.iter().enumerate() {
+        spoil(&mut conn);
+        let seen = limiter
+            .inspect("login", "mallory")
+            .await
+            .expect("no script error");
+        assert_eq!(
+            (seen.blocked_for, seen.offences, seen.refusals),
+            (None, 0, 0),
+            "case {i}"
+        );
+        let d = limiter.check("mallory", 1).await.expect("no script error");
+        assert!(!d.is_allowed() && !d.statuses()[0].is_blocked(), "case {i}");
+        let seen = limiter.inspect("login", "mallory").await.expect("inspect");
+        assert_eq!(seen.refusals, 1, "case {i}: a good state written over it");
+    }
+    let _: () = conn.del(&key).expect("del");
+}

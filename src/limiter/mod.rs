@@ -8,7 +8,7 @@
 //! (`grant.rs`).
 
 mod call;
-mod count;
+pub(crate) mod count;
 mod deny_cache;
 mod grant;
 mod penalties;
