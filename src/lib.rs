@@ -16,6 +16,10 @@
 //! - Limits can change while the fleet runs: a [`LiveLimit`] is swapped in
 //!   the process, a limit marked [`Limit::quota_from_store`] takes the quota
 //!   (and per-key overrides) every instance reads from the store.
+//! - A limit may carry a [`Penalty`] ([`Limit::penalty`]): after N refusals
+//!   within a time the key is blocked, longer on each repeat offence,
+//!   counted in the decision's own round trip; [`Limiter::block`],
+//!   [`Limiter::unblock`] and [`Limiter::inspect`] manage bans by hand.
 //! - A [`Decision`] says allowed or not, remaining, the exact `retry_after`,
 //!   `reset_after`, and tells apart a cost that can never fit.
 //!
