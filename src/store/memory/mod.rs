@@ -451,6 +451,11 @@ fn bounded_keys<R>(checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R
     f(&bounded)
 }
 
+/// Runs `f` on `check` with its key bounded (see [`bounded_keys`]).
+fn bounded_one<R>(check: &Check<'_>, f: impl FnOnce(&Check<'_>) -> R) -> Option<R> {
+    bounded_keys(std::slice::from_ref(check), |checks| checks.first().map(f))
+}
+
 impl Backend for MemoryStore {
     fn decide<'a>(
         &'a self,
@@ -514,13 +519,8 @@ impl Backend for MemoryStore {
         change: PenaltyChange,
         _: Deadline,
     ) -> Answer<'a, Result<Option<(PenState, i64)>, Error>> {
-        let checks = std::slice::from_ref(check);
-        let changed = bounded_keys(checks, |checks| {
-            checks
-                .first()
-                .and_then(|check| self.change_pen_now(check, change))
-        });
-        Answer::Now(Ok(changed))
+        let changed = bounded_one(check, |check| self.change_pen_now(check, change));
+        Answer::Now(Ok(changed.flatten()))
     }
 
     fn read_quota<'a>(
@@ -529,13 +529,8 @@ impl Backend for MemoryStore {
         keyed: bool,
         _: Deadline,
     ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
-        let checks = std::slice::from_ref(check);
-        let read = bounded_keys(checks, |checks| {
-            checks
-                .first()
-                .and_then(|check| self.read_quota_now(check, keyed))
-        });
-        Answer::Now(Ok(read))
+        let read = bounded_one(check, |check| self.read_quota_now(check, keyed));
+        Answer::Now(Ok(read.flatten()))
     }
 
     fn write_quota<'a>(
@@ -545,13 +540,8 @@ impl Backend for MemoryStore {
         change: QuotaChange<'a>,
         _: Deadline,
     ) -> Answer<'a, Result<bool, Error>> {
-        let checks = std::slice::from_ref(check);
-        let written = bounded_keys(checks, |checks| {
-            checks
-                .first()
-                .is_some_and(|check| self.write_quota_now(check, keyed, change))
-        });
-        Answer::Now(Ok(written))
+        let written = bounded_one(check, |check| self.write_quota_now(check, keyed, change));
+        Answer::Now(Ok(written.unwrap_or(false)))
     }
 
     fn kind(&self) -> &'static str {

@@ -50,44 +50,20 @@ impl Encoded {
         self.args.iter().filter_map(|r| self.buf.get(r.clone()))
     }
 
-    /// A change of a kept quota (op 3 of the library's options, see
-    /// `lua/driver.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
-    /// or `HDEL`) and its arguments after the key.
-    pub(super) fn change(hash: &[u8], command: &str, args: &[&[u8]]) -> Encoded {
+    /// One call of the library with the keys `keys` and the arguments
+    /// `args`, each taken whole.
+    fn of(keys: &[&[u8]], args: &[&[u8]]) -> Encoded {
+        let size = keys.iter().chain(args).map(|a| a.len()).sum();
         let mut out = Encoded {
-            buf: Vec::with_capacity(hash.len() + 32 + args.iter().map(|a| a.len()).sum::<usize>()),
+            buf: Vec::with_capacity(size),
             keys: SmallVec::new(),
             args: SmallVec::new(),
         };
-        let push = |out: &mut Encoded, bytes: &[u8], key: bool| {
-            let start = out.buf.len();
-            out.buf.extend_from_slice(bytes);
-            let range = start..out.buf.len();
-            if key {
-                out.keys.push(range);
-            } else {
-                out.args.push(range);
-            }
-        };
-        push(&mut out, hash, true);
-        push(&mut out, b"o:0:0:0:0:3", false);
-        push(&mut out, command.as_bytes(), false);
-        for arg in args {
-            push(&mut out, arg, false);
-        }
-        out
-    }
-
-    /// An operation on a key's penalty state (op 6 of the library's
-    /// options, see `lua/driver.lua`): the key `key`, the options with
-    /// `what` (0 read, 1 block for `us`, 2 forget) and the limit's string.
-    pub(super) fn penalty(key: &[u8], options: &[u8], wire: &str) -> Encoded {
-        let mut out = Encoded {
-            buf: Vec::with_capacity(key.len() + options.len() + wire.len() + 1),
-            keys: SmallVec::new(),
-            args: SmallVec::new(),
-        };
-        for (bytes, is_key) in [(key, true), (options, false), (wire.as_bytes(), false)] {
+        for (bytes, is_key) in keys
+            .iter()
+            .map(|k| (k, true))
+            .chain(args.iter().map(|a| (a, false)))
+        {
             let start = out.buf.len();
             out.buf.extend_from_slice(bytes);
             let range = start..out.buf.len();
@@ -97,11 +73,25 @@ impl Encoded {
                 out.args.push(range);
             }
         }
-        out.buf.push(b'0');
-        if let Some(last) = out.args.last_mut() {
-            last.end += 1;
-        }
         out
+    }
+
+    /// A change of a kept quota (op 3 of the library's options, see
+    /// `lua/driver.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
+    /// or `HDEL`) and its arguments after the key.
+    pub(super) fn change(hash: &[u8], command: &str, args: &[&[u8]]) -> Encoded {
+        let mut all: SmallVec<[&[u8]; 4]> =
+            smallvec::smallvec![&b"o:0:0:0:0:3"[..], command.as_bytes()];
+        all.extend_from_slice(args);
+        Encoded::of(&[hash], &all)
+    }
+
+    /// An operation on a key's penalty state (op 6 of the library's
+    /// options, see `lua/driver.lua`): the key `key`, the options (with
+    /// what to do) and the limit's string with a cost of 0.
+    pub(super) fn penalty(key: &[u8], options: &[u8], wire: &str) -> Encoded {
+        let limit = format!("{wire}0");
+        Encoded::of(&[key], &[options, limit.as_bytes()])
     }
 
     /// Where the hash tag lies in the key written at `key`: after the

@@ -183,15 +183,20 @@ impl RedisStore {
         args: &[&[u8]],
         deadline: Deadline,
     ) -> Result<i64, Error> {
-        let encoded = &Encoded::change(hash, command, args);
         let reply = self
-            .inner
+            .run_encoded(&Encoded::change(hash, command, args), deadline)
+            .await?;
+        read_count(&reply)
+    }
+
+    /// Runs one encoded call of the library on a lane's connection.
+    async fn run_encoded(&self, encoded: &Encoded, deadline: Deadline) -> Result<Vec<u8>, Error> {
+        self.inner
             .lanes
             .run(deadline, |mut conn| async move {
                 self.call(&mut conn, encoded).await
             })
-            .await?;
-        read_count(&reply)
+            .await
     }
 
     /// Sets (`Some`) or deletes (`None`) the limit's own quota in every hash
@@ -255,14 +260,8 @@ impl RedisStore {
         };
         let slack = self.inner.slack;
         let options = format!("o:{now}:0:0:{slack}:6:{what}:{us}");
-        let encoded = &Encoded::penalty(key, options.as_bytes(), check.limit.wire());
-        let reply = self
-            .inner
-            .lanes
-            .run(deadline, |mut conn| async move {
-                self.call(&mut conn, encoded).await
-            })
-            .await?;
+        let encoded = Encoded::penalty(key, options.as_bytes(), check.limit.wire());
+        let reply = self.run_encoded(&encoded, deadline).await?;
         let values: Vec<i64> = reply
             .chunks_exact(8)
             .filter_map(|c| c.try_into().ok().map(f64::from_le_bytes))
