@@ -70,7 +70,8 @@
 -- offence's, the last for every one beyond) and the count starts again.
 -- Offences are forgotten `forget` after the end of the last block. A
 -- blocked limit's status is: wait and reset the time left, remaining
--- BLOCKED (see wire.lua). The key expires when its state equals a fresh
+-- BLOCKED (see wire.lua); a decision refused by a block waits the longest
+-- of its limits' waits, the blocked ones' being those times left. The key expires when its state equals a fresh
 -- one.
 --
 -- Penalty (op 6): KEYS a penalty key, ARGV the options, with opts[6] 0
@@ -469,20 +470,25 @@ end
 
 -- Counts a refusal in each penalized limit of `limits` that refused by
 -- itself (see "Penalties") at store time `store_now`; one that made an
--- offence is blocked in `reply` (its status, and the wait at least its
--- block's).
+-- offence is blocked in `reply` (its status: its own quota's wait no longer
+-- counts), and the wait is the longest of the statuses' then.
 local function count_refusals(limits, reply, now, max_wait, store_now, from)
+  local blocked = false
   for i = 1, #limits do
     local l = limits[i]
     if l.pen and l.t - now > max_wait then
       if pen_refuse(l.ps, l.pen, store_now) then
         local left = l.ps[1] - store_now
         reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = left, BLOCKED, left
-        reply[2] = max(reply[2], left)
+        blocked = true
       end
       pen_save(l.pk, l.ps, l.pen, store_now, from)
     end
   end
+  if not blocked then return end
+  local wait = 0
+  for i = 1, #limits do wait = max(wait, reply[3 * i + 1]) end
+  reply[2] = wait
 end
 
 -- The decision over loaded limits at the decision's clock `now`: each

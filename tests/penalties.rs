@@ -398,3 +398,53 @@ async fn a_penalty_key_deleted_or_garbled_reads_as_fresh() {
     }
     let _: () = conn.del(&key).expect("del");
 }
+
+/// A penalty on a limit whose quota is kept in the store: the kept quota
+/// decides, the penalty counts its refusals; alone and beside another
+/// limit (the driver's loop), on both stores.
+#[tokio::test]
+async fn a_penalty_works_with_a_quota_kept_in_the_store() {
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("penalties-kept");
+    let kept = Limit::new("kept", Quota::sliding_log(5, secs(60)))
+        .expect("limit")
+        .quota_from_store()
+        .penalty(Penalty::new(2, secs(60), [secs(40)]).expect("penalty"));
+    let other = Limit::new("other", Quota::sliding_log(100, secs(60))).expect("limit");
+    for limits in [vec![kept.clone()], vec![other, kept]] {
+        for (store, limiter) in [
+            (
+                "memory",
+                limiter(MemoryStore::with_clock(clock.clone()), &limits),
+            ),
+            (
+                "redis",
+                limiter(redis_store_with_clock(&prefix, &clock), &limits),
+            ),
+        ] {
+            clock.set(T0);
+            let n = limits.len();
+            let ctx = format!("{store}, {n} limits");
+            limiter
+                .set_stored_quota("kept", Quota::sliding_log(1, secs(60)))
+                .await
+                .expect("set");
+            let key = format!("k{n}");
+            let d = limiter.check(&key, 1).await.expect("check");
+            assert!(d.is_allowed(), "{ctx}: {d:?}");
+            assert_eq!(d.statuses()[n - 1].limit(), 1, "{ctx}: the kept quota");
+            let d = limiter.check(&key, 1).await.expect("check");
+            assert_eq!(d.retry_after(), Some(secs(60)), "{ctx}: refusal 1");
+            let d = limiter.check(&key, 1).await.expect("check");
+            assert_eq!(d.retry_after(), Some(secs(40)), "{ctx}: refusal 2 blocks");
+            assert!(d.statuses()[n - 1].is_blocked(), "{ctx}");
+            let seen = limiter.inspect("kept", &key).await.expect("inspect");
+            assert_eq!(
+                (seen.offences, seen.blocked_for),
+                (1, Some(secs(40))),
+                "{ctx}"
+            );
+            limiter.remove_stored_quota("kept").await.expect("remove");
+        }
+    }
+}

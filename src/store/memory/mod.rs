@@ -191,8 +191,10 @@ impl MemoryStore {
         store
     }
 
-    /// Number of stored key states (one per key and limit), including
-    /// expired ones not yet swept.
+    /// Number of stored key states (one per key and limit, and one per key
+    /// and limit with a [penalty](crate::Limit::penalty) while it holds
+    /// refusals, offences or a block), including expired ones not yet
+    /// swept.
     pub fn len(&self) -> usize {
         self.inner.count.load(Ordering::Acquire)
     }
