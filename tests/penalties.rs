@@ -448,3 +448,37 @@ async fn a_penalty_works_with_a_quota_kept_in_the_store() {
         }
     }
 }
+
+/// The cache of denials of a limiter over Redis: a block's refusal is
+/// answered locally until the block ends, an `unblock` through the same
+/// limiter drops it; a penalized limit's other refusals always reach the
+/// store (each must be counted).
+#[tokio::test]
+async fn blocks_are_cached_until_an_unblock_and_counted_refusals_never_are() {
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("penalties-cache");
+    let limiter = Limiter::builder(redis_store_with_clock(&prefix, &clock))
+        .limit(login())
+        .timeout(PATIENT)
+        .build()
+        .expect("limiter");
+    assert!(limiter.check("eve", 2).await.expect("check").is_allowed());
+    for i in 0..2 {
+        let d = limiter.check("eve", 1).await.expect("check");
+        assert!(!d.from_local_cache(), "refusal {i} is counted by the store");
+    }
+    let d = limiter.check("eve", 1).await.expect("check");
+    assert!(d.statuses()[0].is_blocked() && !d.from_local_cache());
+    let d = limiter.check("eve", 1).await.expect("check");
+    assert!(
+        d.from_local_cache() && d.statuses()[0].is_blocked(),
+        "{d:?}"
+    );
+    assert_eq!(d.retry_after(), Some(secs(10)));
+    assert!(limiter.unblock("login", "eve").await.expect("unblock"));
+    let d = limiter.check("eve", 1).await.expect("check");
+    assert!(
+        !d.from_local_cache() && !d.statuses()[0].is_blocked(),
+        "{d:?}"
+    );
+}

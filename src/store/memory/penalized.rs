@@ -149,7 +149,7 @@ impl MemoryStore {
         if lefts.iter().any(Option::is_some) {
             if let ([_], Run::Decide { .. }) = (checks, how) {
                 // one limit, blocked: its quota is not consulted
-                let left = lefts[0].unwrap_or(0);
+                let left = lefts.first().copied().flatten().unwrap_or(0);
                 let reply = Reply {
                     outcome: Outcome::Denied,
                     wait: left,
@@ -245,5 +245,59 @@ fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
     } else {
         let wait = reply.limits.iter().map(|l| l[0]).max().unwrap_or(0);
         (reply.outcome, reply.wait) = (Outcome::Denied, wait);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::backend::Backend;
+    use crate::store::Deadline;
+    use crate::{Clock, Limit, ManualClock, Penalty, Quota};
+
+    /// A penalty state counts among the store's keys while it matters, and
+    /// the sweep drops it (and uncounts it) once it equals a fresh one.
+    #[test]
+    fn ended_penalty_states_are_swept_and_uncounted() {
+        let minute = Duration::from_secs(60);
+        let clock = ManualClock::new(1_800_000_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let limit = Limit::new("l", Quota::fixed_window(1, minute))
+            .expect("limit")
+            .penalty(
+                Penalty::new(1, minute, [minute])
+                    .expect("penalty")
+                    .forget_after(minute),
+            );
+        let check = [Check {
+            limit: &limit,
+            key: b"k",
+            cost: 1,
+        }];
+        for _ in 0..2 {
+            let decided = store.decide(&check, 0, false, Deadline::after(minute));
+            assert!(matches!(decided, crate::store::Answer::Now(Ok(_))));
+        }
+        assert_eq!(store.len(), 2, "the window's state and the penalty's");
+        let sweep = |now: i64| -> usize {
+            store
+                .inner
+                .pens
+                .iter()
+                .map(|pens| {
+                    let removed = sweep_pens(pens, now);
+                    store.inner.forget(removed);
+                    removed
+                })
+                .sum()
+        };
+        // blocked a minute, remembered a minute after: not before then
+        clock.advance(minute);
+        assert_eq!(sweep(clock.now_micros()), 0);
+        clock.advance(minute);
+        assert_eq!(sweep(clock.now_micros()), 1);
+        assert_eq!(store.len(), 1);
     }
 }
