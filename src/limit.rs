@@ -193,7 +193,11 @@ impl Limit {
     /// waited out by a reservation); refusals during a block do not count.
     /// [`Limiter::block`](crate::Limiter::block),
     /// [`unblock`](crate::Limiter::unblock) and
-    /// [`inspect`](crate::Limiter::inspect) manage a key's penalty.
+    /// [`inspect`](crate::Limiter::inspect) manage a key's penalty. Refunds
+    /// are unaffected by a block, and [`reset`](crate::Limiter::reset)
+    /// leaves the penalty (an unblock forgives it). On a limit in
+    /// [shadow mode](Self::shadow), would-be refusals count, and a block is a
+    /// would-be refusal too.
     ///
     /// ```
     /// use std::time::Duration;

@@ -482,3 +482,41 @@ async fn blocks_are_cached_until_an_unblock_and_counted_refusals_never_are() {
         "{d:?}"
     );
 }
+
+/// A block leaves refunds alone: a grant made before it is given back in
+/// full, and the block stays; a reset leaves the penalty too.
+#[tokio::test]
+async fn a_refund_is_unaffected_by_a_block() {
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("penalties-refund");
+    let limits = [login()];
+    for (store, limiter) in [
+        (
+            "memory",
+            limiter(MemoryStore::with_clock(clock.clone()), &limits),
+        ),
+        (
+            "redis",
+            limiter(redis_store_with_clock(&prefix, &clock), &limits),
+        ),
+    ] {
+        clock.set(T0);
+        let grant = limiter.check_refundable("zoe", 2).await.expect("check");
+        assert!(grant.is_allowed(), "{store}");
+        limiter
+            .block("login", "zoe", secs(30))
+            .await
+            .expect("block");
+        assert!(grant.refund().await.expect("refund"), "{store}");
+        let seen = limiter.inspect("login", "zoe").await.expect("inspect");
+        assert_eq!(seen.blocked_for, Some(secs(30)), "{store}: the block stays");
+        assert!(seen.decision.statuses()[0].is_blocked(), "{store}");
+        // a reset forgets the quota's state, not the penalty
+        limiter.reset("zoe").await.expect("reset");
+        let d = limiter.check("zoe", 1).await.expect("check");
+        assert!(d.statuses()[0].is_blocked(), "{store}: still blocked");
+        assert!(limiter.unblock("login", "zoe").await.expect("unblock"));
+        let d = limiter.peek("zoe").await.expect("peek");
+        assert_eq!(d.remaining(), 2, "{store}: the grant came back whole");
+    }
+}
