@@ -27,7 +27,8 @@
 //! is exempt from every limit; compared in constant time), `API_KEYS`
 //! (comma-separated `key=plan` pairs, the plan `free` or `pro`: the API keys
 //! a client sends as `Authorization: Bearer <key>`; default: none, every
-//! request is on the free plan).
+//! request is on the free plan), `LOGIN_BANS` (comma-separated durations
+//! such as `1m,10m,1h`, the default: the escalating bans of `/login`).
 //!
 //! - every limited route: 100 requests per second per client IP (burst 100)
 //! - `GET /api/hello`: also 10 per second per client IP, burst 10 (GCRA)
@@ -41,7 +42,16 @@
 //!   username from one client IP, 20 per username from all of them (both in
 //!   15 minutes), or 30 per client IP across usernames in an hour (sliding
 //!   logs; see `app` for what each one stops); 400 for a body that is not
-//!   credentials or a username that is empty or longer than 64 characters
+//!   credentials or a username that is empty or longer than 64 characters.
+//!   Escalating bans: each attempt refused by the per-(username, IP) limit
+//!   is an offence that bans that address from that username, for 1 minute,
+//!   then 10 minutes, then an hour for every offence after (`LOGIN_BANS`);
+//!   refused with `Retry-After` the time left of the ban, whatever the
+//!   password; offences forgotten a day after the last ban ended
+//!   (`Limit::penalty`)
+//! - every route refuses a client whose `User-Agent` is on the deny-list
+//!   (`BadBot`, for the demonstration) with 403, without asking the store
+//!   (`RateLimitLayerBuilder::deny_if`)
 //! - `GET /api/report`: 2 per minute per client IP on the free plan, 20 on
 //!   the pro plan, in the same limit. The plan is the authenticated one: the
 //!   `authenticate` layer (a stand-in for a real authentication layer) maps
@@ -83,7 +93,7 @@ use tower_ratelimit::layer::{
     OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
 };
 use tower_ratelimit::{
-    Limit, LiveLimit, LiveLimits, MemoryStore, Quota, RedisStore, RedisStoreBuilder, Store,
+    Limit, LiveLimit, LiveLimits, MemoryStore, Penalty, Quota, RedisStore, RedisStoreBuilder, Store,
 };
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -203,6 +213,8 @@ struct Setup<S> {
     on_store_error: OnStoreError,
     /// `INTERNAL_TOKEN`, when set.
     internal_token: Option<Arc<[u8]>>,
+    /// `LOGIN_BANS`: the bans of the 1st, 2nd, ... offence at `/login`.
+    login_bans: Vec<Duration>,
 }
 
 impl<S: Store + Clone> Setup<S> {
@@ -213,6 +225,7 @@ impl<S: Store + Clone> Setup<S> {
         RateLimitLayer::builder()
             .store(self.store.clone())
             .on_store_error(self.on_store_error)
+            .deny_if(deny_listed)
             .skip_if(move |request: &Parts| internal(request, token.as_deref()))
     }
 
@@ -224,15 +237,28 @@ impl<S: Store + Clone> Setup<S> {
 
 /// A limit of `amount` failed logins per `window` and `key`: the permit is
 /// taken when the attempt arrives and given back unless the answer is 401,
-/// so 50 concurrent guesses try exactly `amount`.
+/// so 50 concurrent guesses try exactly `amount`. With a `penalty`, its
+/// refusals ban the key.
 fn failed_logins(
     name: &str,
     amount: u64,
     window: Duration,
     key: impl KeyExtractor,
+    penalty: Option<Penalty>,
 ) -> Result<Rule, Error> {
-    let limit = Limit::new(name, Quota::rate(amount, window).sliding_log())?;
+    let mut limit = Limit::new(name, Quota::rate(amount, window).sliding_log())?;
+    if let Some(penalty) = penalty {
+        limit = limit.penalty(penalty);
+    }
     Ok(Rule::new(limit, key).refund_if(|response| response.status != StatusCode::UNAUTHORIZED))
+}
+
+/// The deny-list: clients refused on every route, without a decision.
+fn deny_listed(request: &Parts) -> bool {
+    request
+        .headers
+        .get(header::USER_AGENT)
+        .is_some_and(|agent| agent == "BadBot")
 }
 
 /// Whether the request carries the internal token, compared in constant
@@ -301,6 +327,12 @@ fn app<S: Store + Clone>(
     //   one address trying a few common passwords on many users (password
     //   spraying, credential stuffing), which no per-username limit sees.
     //
+    // `login-user-ip` also bans: each attempt it refuses is an offence (one
+    // refusal makes it), which blocks that address from that username for
+    // the next of `login_bans` (1 minute, 10 minutes, then an hour each
+    // time), counted in the same round trip. A client that waits out a ban
+    // and guesses again meets a longer one.
+    //
     // All three are decided together, in one round trip. The username is the
     // canonical one `read_credentials` makes, so `Ann` and ` ann` get no
     // guesses of their own.
@@ -313,18 +345,21 @@ fn app<S: Store + Clone>(
             5,
             fifteen_minutes,
             (username(), client_ip.clone()),
+            Some(Penalty::new(1, fifteen_minutes, setup.login_bans.clone())?),
         )?)
         .rule(failed_logins(
             "login-user",
             20,
             fifteen_minutes,
             username(),
+            None,
         )?)
         .rule(failed_logins(
             "login-ip",
             30,
             Duration::from_secs(60 * 60),
             client_ip.clone(),
+            None,
         )?)
         .build()?;
     // The per-IP limit of /login is decided before its body is read (a
@@ -778,6 +813,14 @@ async fn main() -> Result<(), Error> {
         .ok()
         .filter(|token| !token.is_empty())
         .map(|token| token.into_bytes().into());
+    let login_bans = match std::env::var("LOGIN_BANS") {
+        Ok(text) => text
+            .split(',')
+            .map(|d| humantime::parse_duration(d.trim()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("LOGIN_BANS={text}: {e}; write them like 1m,10m,1h"))?,
+        Err(_) => [1, 10, 60].map(|m| Duration::from_secs(60 * m)).to_vec(),
+    };
     let app = match redis_store()? {
         Some(store) => {
             let setup = Setup {
@@ -785,6 +828,7 @@ async fn main() -> Result<(), Error> {
                 client_ip,
                 on_store_error,
                 internal_token,
+                login_bans,
             };
             app(setup, &limits, api_keys, metrics)?
         }
@@ -798,6 +842,7 @@ async fn main() -> Result<(), Error> {
                 client_ip,
                 on_store_error,
                 internal_token,
+                login_bans,
             };
             app(setup, &limits, api_keys, metrics)?
         }

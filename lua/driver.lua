@@ -9,13 +9,17 @@
 --            dry (1 = decide, grant nothing: a peek), slack (us keys outlive
 --            their state), op (absent or 0: decide; 1: refund; 2: take
 --            what is available; 3: change a kept quota; 4: charge; 5:
---            renew; 7: several decisions; see below), at (us, for a refund or a renewal: the
---            time of the grant, `now + wait` of its reply)
+--            renew; 6: a key's penalty state; 7: several decisions; see
+--            below), at (us, for a refund or a renewal: the time of the
+--            grant, `now + wait` of its reply)
 --        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
 --            sliding log, 2 token bucket, 3 gcra, 4 fixed window, 5 sliding
 --            window; cost 0 changes nothing), with "c" first for a limit
 --            whose quota may be kept in the store: one more key follows
---            its own, the hash of its kept quotas (see `configured`)
+--            its own, the hash of its kept quotas (see `configured`),
+--            and before that "p<refusals>:<within>:<forget>:<block>...;"
+--            for a limit with a penalty: one more key follows all of its
+--            own, its penalty key (see "Penalties")
 -- A limit's kept quota is read through a mirror in this Lua VM (see
 -- `mirror`): a change made through the library (op 3) is in force for the
 -- next decision on the same server; one made behind its back (a hand edit,
@@ -67,6 +71,30 @@
 -- then HSET, HSETNX or HDEL, the field and, for a set, the value: runs that
 -- command and drops the hash's mirror. Reply: the command's, as text.
 --
+-- Penalties (`Limit::penalty`; src/penalty.rs has the same arithmetic):
+-- a penalized limit's key holds, in store time (us), when its block ends,
+-- its offences, the refusals counted towards the next offence and the
+-- time of the first of them (`pen_load`). While blocked (the store's clock
+-- before its end) the limit refuses: one limit at once, with wait the
+-- time left of the block, without its state being read; among several,
+-- its time is the block's end (the others decide as usual, nothing is
+-- granted). A decision refused (not a peek, not a take) counts a refusal
+-- in each penalized limit that refused by itself (wait_i > max_wait), when
+-- none is blocked; the N-th within `within` of the first makes an
+-- offence: the key is blocked from now for the offence's block (the n-th
+-- offence's, the last for every one beyond) and the count starts again.
+-- Offences are forgotten `forget` after the end of the last block. A
+-- blocked limit's status is: wait and reset the time left, remaining
+-- BLOCKED (see wire.lua); a decision refused by a block waits the longest
+-- of its limits' waits, the blocked ones' being those times left. The key expires when its state equals a fresh
+-- one.
+--
+-- Penalty (op 6): KEYS a penalty key, ARGV the options, with opts[6] 0
+-- read, 1 block for opts[7] us (no offence; the refusals counted go), 2
+-- forget (delete), and for a block the limit's string. Reply: until,
+-- offences, refusals, since (after a block, before a forget) and the
+-- store's clock, little-endian doubles.
+--
 -- Clock steps: every key records the clock of its last write (`written`). A key's
 -- clock is believed at most the limit's horizon H ahead of the store's clock,
 -- and the decision's clock is the latest of the store's clock and the
@@ -96,7 +124,7 @@
 -- `derive` adds, and by name its algorithm `alg`, the cost and the horizon
 -- `h` (see "Clock steps").
 local specs, n_specs = {}, 0
-local configured_one
+local configured_one, penalized_one
 local function spec(s)
   local v = specs[s]
   if v then return v end
@@ -104,6 +132,16 @@ local function spec(s)
   if not rcall then bind() end
   local first = string.byte(s, 1)
   if first == 111 then return nil end -- 'o': options, no limit
+  if first == 112 then -- 'p': its penalty, then its own string
+    local semi = string.find(s, ';', 2, true)
+    local own = spec(string.sub(s, semi + 1))
+    local pk = own.alg.nkeys + 1
+    if own.cfg then pk = pk + 1 end
+    v = { penalized_one, own = own, pen = ints(string.sub(s, 2, semi - 1)), alg = own.alg,
+      cost = own.cost, h = own.h, pk = pk }
+    specs[s] = v
+    return v
+  end
   if first == 99 then -- 'c': its quota may be kept in the store
     local own = spec(string.sub(s, 2))
     v = { configured_one, own = own, cfg = true, alg = own.alg, cost = own.cost, h = own.h,
@@ -239,13 +277,66 @@ end
 -- The spec of the limit whose string is `arg` and whose keys start at
 -- keys[k] (limit `i` of the call, decided at store time `now`): the one
 -- that decides (see `configured`), the reply's note of it (nil for its
--- own), and the key after the limit's.
+-- own), and the key after the limit's; for a limit with a penalty, then
+-- its spec (with `pen`) and the index of its penalty key.
 local function resolve(arg, keys, k, i, now)
   local s = spec(arg)
+  local p
+  if s.pen then p, s = s, s.own end
   local n = s.alg.nkeys
-  if not s.cfg then return s, nil, k + n end
-  local decides, note = configured(s, keys, k + n, i, now)
-  return decides, note, k + n + 1
+  local decides, note, after = s, nil, k + n
+  if s.cfg then
+    decides, note = configured(s, keys, k + n, i, now)
+    after = after + 1
+  end
+  if p then return decides, note, after + 1, p, after end
+  return decides, note, after
+end
+
+-- A key's penalty state (see "Penalties"): [1] when its block ends, [2]
+-- its offences, [3] the refusals counted, [4] the time of the first; kept
+-- as 'P' and four doubles. Anything else (missing, another type, length or
+-- tag, a field not an integer in [0, 2^53)) reads as a fresh state.
+local function pen_load(key)
+  local v = rpcall('GET', key)
+  if type(v) == 'string' and #v == 33 then
+    local tag, u, o, c, f = sunpack('<c1dddd', v)
+    if tag == 'P' and int(u) and u >= 0 and int(o) and o >= 0 and int(c) and c >= 0
+      and int(f) and f >= 0 then
+      return { u, o, c, f }
+    end
+  end
+  return { 0, 0, 0, 0 }
+end
+
+-- Counts a refusal in the state `ps` of a penalty `pen` ([1] refusals,
+-- [2] within, [3] forget, [4..] the blocks) at store time `now`; whether
+-- it made an offence (the key is then blocked until ps[1]).
+local function pen_refuse(ps, pen, now)
+  if ps[2] > 0 and ps[1] + pen[3] <= now then ps[2] = 0 end
+  if ps[3] == 0 or now - ps[4] >= pen[2] then
+    ps[3], ps[4] = 1, now
+  else
+    ps[3] = ps[3] + 1
+  end
+  if ps[3] < pen[1] then return false end
+  ps[2] = ps[2] + 1
+  ps[1] = now + pen[3 + min(ps[2], #pen - 3)]
+  ps[3], ps[4] = 0, 0
+  return true
+end
+
+-- Writes `ps` to `key`, to expire when it equals a fresh state (deleted
+-- if it does by `now`); expiries count from `from`.
+local function pen_save(key, ps, pen, now, from)
+  local exp = ps[1]
+  if ps[2] > 0 then exp = max(exp, ps[1] + pen[3]) end
+  if ps[3] > 0 then exp = max(exp, ps[4] + pen[2]) end
+  if exp <= now then
+    rcall('DEL', key)
+    return
+  end
+  rcall('SET', key, spack('<c1dddd', 'P', ps[1], ps[2], ps[3], ps[4]), 'PX', px(exp, from))
 end
 
 local NO_OPTIONS = { 0, 0, 0, 0 }
@@ -261,24 +352,50 @@ local function clock(opts)
   return store_now
 end
 
+-- Op 6: reads, sets (a block) or deletes a penalty state.
+local function penalty(keys, args, opts)
+  if not rcall then bind() end
+  local store_now = clock(opts)
+  local key, what = keys[1], opts[6]
+  local ps = pen_load(key)
+  if what == 2 then
+    rcall('DEL', key)
+  elseif what == 1 then
+    local s = spec(args[2])
+    if not (s and s.pen) then return redis.error_reply('not a limit with a penalty') end
+    ps[1], ps[3], ps[4] = store_now + opts[7], 0, 0
+    pen_save(key, ps, s.pen, store_now, store_now - opts[4])
+  end
+  return spack('<ddddd', ps[1], ps[2], ps[3], ps[4], store_now)
+end
+
 -- Loads the state of the n limits whose arguments start at args[first], in
 -- key order; returns them, the latest of the store's clock `store_now` and
--- their clocks as believed, and the notes of the stored quotas that decide.
+-- their clocks as believed, the notes of the stored quotas that decide,
+-- and whether a limit is blocked (see "Penalties": a penalized limit has
+-- `pen`, its key `pk` and state `ps`, and while blocked `left`, the time
+-- left of its block).
 local function load_limits(keys, args, first, n, store_now)
   local limits = {}
   local next_key, notes = 1, ''
-  local now = store_now
+  local now, blocked = store_now, false
   for i = 1, n do
-    local s, note, after = resolve(args[first + i - 1], keys, next_key, i, store_now)
+    local s, note, after, p, pk = resolve(args[first + i - 1], keys, next_key, i, store_now)
     local alg = s.alg
     local st = {}
     alg.load(st, s, keys, next_key)
     next_key = after
     if note then notes = notes .. note end
     now = max(now, believed(store_now, st.written, s.h))
-    limits[i] = { alg = alg, s = s, cost = s.cost, st = st, t = 0 }
+    local l = { alg = alg, s = s, cost = s.cost, st = st, t = 0 }
+    if p then
+      l.pen, l.pk = p.pen, keys[pk]
+      l.ps = pen_load(l.pk)
+      if l.ps[1] > store_now then l.left, blocked = l.ps[1] - store_now, true end
+    end
+    limits[i] = l
   end
-  return limits, now, notes
+  return limits, now, notes, blocked
 end
 
 -- Ops 1 and 5, on each limit at its own clock: op 1 gives back a grant of
@@ -321,7 +438,11 @@ local function earliest(limits, now, cost)
     local l = limits[i]
     local c = cost or l.cost
     l.t = now
-    if c > 0 then l.t = l.alg.earliest(l.st, l.s, now, c) end
+    if l.left then
+      l.t = now + l.left -- blocked: its quota is not asked
+    elseif c > 0 then
+      l.t = l.alg.earliest(l.st, l.s, now, c)
+    end
     if l.t < 0 then
       at = -1
     elseif at >= 0 and l.t > at then
@@ -342,6 +463,7 @@ local function finish(limits, outcome, wait, now, grant, at, cost, as_of, from)
     if grant and c > 0 then l.alg.grant(l.st, l.s, at, c) end
     l.alg.save(l.st, l.s, now, from)
     local remaining, reset = l.alg.status(l.st, l.s, now, as_of)
+    if l.left then remaining, reset = BLOCKED, l.left end
     local t = -1
     if l.t >= 0 then t = l.t - now end
     reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = t, remaining, reset
@@ -353,7 +475,7 @@ end
 local function take(keys, args, opts)
   local store_now = clock(opts)
   local n = #args - 1
-  local limits, now, notes = load_limits(keys, args, 2, n, store_now)
+  local limits, now, notes, blocked = load_limits(keys, args, 2, n, store_now)
   local k = limits[1].cost
   for i = 1, n do
     local l = limits[i]
@@ -361,10 +483,12 @@ local function take(keys, args, opts)
     k = min(k, (l.alg.status(l.st, l.s, now, now)))
   end
   k = max(0, k)
+  if blocked then k = 0 end
   -- k = 0: a cost of 1 decided, not granted (the denial says when)
   local cost = max(k, 1)
   local at = earliest(limits, now, cost)
   local outcome, wait = verdict(at, now, 0)
+  if blocked and outcome == 0 then outcome, wait = 1, at - now end
   local reply = finish(limits, outcome, wait, now, outcome == 0 and k > 0, now, cost, now,
     store_now - opts[4])
   reply[3 * n + 4] = k
@@ -385,20 +509,47 @@ local function charge(keys, args, opts)
   return ''
 end
 
+-- Counts a refusal in each penalized limit of `limits` that refused by
+-- itself (see "Penalties") at store time `store_now`; one that made an
+-- offence is blocked in `reply` (its status: its own quota's wait no longer
+-- counts), and the wait is the longest of the statuses' then.
+local function count_refusals(limits, reply, now, max_wait, store_now, from)
+  local blocked = false
+  for i = 1, #limits do
+    local l = limits[i]
+    if l.pen and l.t - now > max_wait then
+      if pen_refuse(l.ps, l.pen, store_now) then
+        local left = l.ps[1] - store_now
+        reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = left, BLOCKED, left
+        blocked = true
+      end
+      pen_save(l.pk, l.ps, l.pen, store_now, from)
+    end
+  end
+  if not blocked then return end
+  local wait = 0
+  for i = 1, #limits do wait = max(wait, reply[3 * i + 1]) end
+  reply[2] = wait
+end
+
 -- The decision over loaded limits at the decision's clock `now`: each
 -- prepared, T the earliest time all allow their cost, all granted at T or
--- none; the packed reply.
-local function decide_limits(limits, now, max_wait, dry, from, notes)
+-- none (none while a limit is blocked); the packed reply.
+local function decide_limits(limits, now, max_wait, dry, from, notes, blocked, store_now)
   for i = 1, #limits do
     local l = limits[i]
     l.alg.prepare(l.st, l.s, now)
   end
   local at = earliest(limits, now, nil)
   local outcome, wait = verdict(at, now, max_wait)
+  if blocked and outcome == 0 then outcome, wait = 1, at - now end
   local grant = outcome == 0 and not dry
   local as_of = now
   if grant then as_of = at end
   local reply = finish(limits, outcome, wait, now, grant, at, nil, as_of, from)
+  if outcome == 1 and not dry and not blocked then
+    count_refusals(limits, reply, now, max_wait, store_now, from)
+  end
   local n = #limits
   local format = formats[n]
   if not format then
@@ -450,6 +601,27 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
 end
 --: end
 
+-- The decision of one limit with a penalty (see "Penalties"): refused at
+-- once while blocked, else its own decision, and when that refuses (not a
+-- peek) one more refusal counted.
+function penalized_one(keys, s, store_now, max_wait, dry, from)
+  local own, pen, key = s.own, s.pen, keys[s.pk]
+  local ps = pen_load(key)
+  if ps[1] > store_now then
+    local left = ps[1] - store_now
+    return spack('<dddddd', 1, left, store_now, left, BLOCKED, left)
+  end
+  local r = own[1](keys, own, store_now, max_wait, dry, from)
+  -- the outcome is the first double: 1 (denied) ends in the byte 0x3f
+  if dry or string.byte(r, 8) ~= 63 then return r end
+  local offence = pen_refuse(ps, pen, store_now)
+  pen_save(key, ps, pen, store_now, from)
+  if not offence then return r end
+  local left = ps[1] - store_now
+  local _, _, now = sunpack('<ddd', r)
+  return spack('<dddddd', 1, left, now, left, BLOCKED, left) .. ssub(r, 49)
+end
+
 -- The decision of one limit whose quota may be kept in the store, by the
 -- spec that `configured` finds.
 function configured_one(keys, s, store_now, max_wait, dry, from)
@@ -477,6 +649,7 @@ local function decide(keys, args)
     if op == 3 then return change(keys, args) end
     if op == 4 then return charge(keys, args, opts) end
     if op == 1 or op == 5 then return settle(keys, args, opts, op) end
+    if op == 6 then return penalty(keys, args, opts) end
     if op == 7 then return batch(keys, args) end
     first = 2
   end
@@ -490,8 +663,8 @@ local function decide(keys, args)
     return s[1](keys, s, store_now, max_wait, dry, from)
   end
 
-  local limits, now, notes = load_limits(keys, args, first, n, store_now)
-  return decide_limits(limits, now, max_wait, dry, from, notes)
+  local limits, now, notes, blocked = load_limits(keys, args, first, n, store_now)
+  return decide_limits(limits, now, max_wait, dry, from, notes, blocked, store_now)
 end
 
 -- Op 7: several decisions in one call, each decided on its own, as its own

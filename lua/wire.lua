@@ -13,6 +13,10 @@
 -- granted, 1 denied, 2 never (a cost over a capacity). `verdict` in
 -- common.lua decides it and the driver tests `outcome == 0`: as
 -- literals (a literal is an operand, an upvalue must be loaded first).
+-- A penalized limit's penalty key ends in `:pen` (made on the
+-- Rust side). A blocked limit's status says -1 for its remaining
+-- count (`algorithm::wire::BLOCKED`).
+local BLOCKED = -1
 local algorithms = { sliding_log, token_bucket, gcra, fixed_window, sliding_window }
 sliding_log.nkeys = 2
 token_bucket.nkeys = 1

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::{Algorithm, ConfigError, Limit, Quota};
+use crate::{Algorithm, ConfigError, Limit, Penalty, Quota};
 
 /// A limit as written in a configuration file. Every field but `name` and
 /// `algorithm` is optional here so that a missing or misplaced one is
@@ -23,6 +23,36 @@ struct LimitConfig {
     /// Shadow mode (see [`Limit::shadow`]).
     #[serde(default)]
     shadow: bool,
+    /// A penalty (see [`Limit::penalty`]).
+    penalty: Option<PenaltyConfig>,
+}
+
+/// A limit's penalty as written in a configuration file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PenaltyConfig {
+    refusals: u32,
+    within: HumanDuration,
+    blocks: Vec<HumanDuration>,
+    forget_after: Option<HumanDuration>,
+}
+
+impl PenaltyConfig {
+    fn build(&self) -> Result<Penalty, String> {
+        let within = self.within.parse().map_err(|e| format!("`within` {e}"))?;
+        let blocks = self
+            .blocks
+            .iter()
+            .map(HumanDuration::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("a block {e}"))?;
+        let mut penalty = Penalty::new(self.refusals, within, blocks).map_err(|e| e.to_string())?;
+        if let Some(quiet) = &self.forget_after {
+            let quiet = quiet.parse().map_err(|e| format!("`forget_after` {e}"))?;
+            penalty = penalty.forget_after(quiet);
+        }
+        Ok(penalty)
+    }
 }
 
 /// A duration with its unit (`"15m"`, `"1h 30m"`, `"250ms"`); a bare number
@@ -133,7 +163,14 @@ impl LimitConfig {
             }
             other => self.field(amount_field, other.to_string()),
         })?;
-        Ok(if shadow { limit.shadow() } else { limit })
+        let limit = if shadow { limit.shadow() } else { limit };
+        match &self.penalty {
+            Some(penalty) => {
+                let penalty = penalty.build().map_err(|e| self.field("penalty", e))?;
+                Ok(limit.penalty(penalty))
+            }
+            None => Ok(limit),
+        }
     }
 }
 
@@ -141,7 +178,9 @@ impl LimitConfig {
 /// (`sliding-log`, `fixed-window`, `sliding-window`, `token-bucket` or
 /// `gcra`), and its amounts. Window algorithms take `limit` and `window`;
 /// the bucket algorithms take `rate` per `per`, and `burst`; `shadow = true`
-/// puts it in [shadow mode](Limit::shadow). Durations have
+/// puts it in [shadow mode](Limit::shadow); `penalty` gives it a
+/// [penalty](Limit::penalty): `refusals`, `within`, `blocks` and, if not the
+/// default, `forget_after`. Durations have
 /// units: `"500ms"`, `"1s"`, `"15m"`, `"1h 30m"`, `"1day"`.
 ///
 /// ```toml
@@ -157,6 +196,13 @@ impl LimitConfig {
 /// algorithm = "sliding-log"
 /// limit = 3
 /// window = "1m"
+///
+/// [[limits]]
+/// name = "login"
+/// algorithm = "sliding-log"
+/// limit = 5
+/// window = "15m"
+/// penalty = { refusals = 1, within = "15m", blocks = ["1m", "10m", "1h"] }
 /// ```
 ///
 /// The same validation as [`Limit::new`] applies; errors name the limit and

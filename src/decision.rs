@@ -40,6 +40,8 @@ pub struct LimitStatus {
     pub(crate) violated: bool,
     pub(crate) shadow: bool,
     pub(crate) would_refuse: bool,
+    /// Whether the key is blocked by the limit's penalty.
+    pub(crate) blocked: bool,
 }
 
 impl LimitStatus {
@@ -94,6 +96,13 @@ impl LimitStatus {
     /// request had it been enforced (it then took nothing).
     pub fn would_refuse(&self) -> bool {
         self.would_refuse
+    }
+
+    /// Whether the key is blocked by this limit's
+    /// [penalty](crate::Limit::penalty): refused until the block ends
+    /// ([`wait`](Self::wait)), its [`remaining`](Self::remaining) 0.
+    pub fn is_blocked(&self) -> bool {
+        self.blocked
     }
 }
 

@@ -72,6 +72,12 @@ pub enum ConfigError {
     /// limiter without a [concurrency limit](crate::Limit::concurrency).
     #[error("no concurrency limit to lease a permit of")]
     NoConcurrencyLimit,
+    /// A [`Penalty`](crate::Penalty) is invalid (no refusals, no blocks, a
+    /// zero or too long duration), or a penalty operation
+    /// ([`Limiter::block`](crate::Limiter::block), ...) names a limit
+    /// without one.
+    #[error("penalty: {0}")]
+    Penalty(String),
     /// A limit read from a configuration file has a missing, misplaced or
     /// invalid field.
     #[error("limit {limit:?}: `{field}` {problem}")]

@@ -20,6 +20,10 @@
 //!   [leases](Lease) that expire unless renewed, and [`Limiter::charge`]
 //!   (or a layer rule's `cost_from_response`) charges a cost known only
 //!   after the fact, leaving a key in debt until it is paid back.
+//! - A limit may carry a [`Penalty`] ([`Limit::penalty`]): after N refusals
+//!   within a time the key is blocked, longer on each repeat offence,
+//!   counted in the decision's own round trip; [`Limiter::block`],
+//!   [`Limiter::unblock`] and [`Limiter::inspect`] manage bans by hand.
 //! - A [`Decision`] says allowed or not, remaining, the exact `retry_after`,
 //!   `reset_after`, and tells apart a cost that can never fit.
 //!
@@ -111,6 +115,7 @@ mod limit;
 mod limiter;
 mod live;
 pub mod metrics;
+mod penalty;
 mod quota;
 pub mod store;
 mod text;
@@ -132,8 +137,9 @@ pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 
 pub use limit::Limit;
-pub use limiter::{Grant, Lease, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
+pub use limiter::{Grant, Inspection, Lease, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
 pub use live::{LimitSource, LiveLimit, LiveLimits};
+pub use penalty::{Penalty, DEFAULT_FORGET_AFTER};
 pub use quota::{Algorithm, Burst, Quota, Rate};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]

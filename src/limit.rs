@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{self, Params};
+use crate::penalty::{PenParams, Penalty};
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
 
@@ -43,6 +44,12 @@ pub struct Limit {
     /// the cost (see `lua/driver.lua`): the same on every call, so made once.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     wire: Arc<str>,
+    /// `algorithm:p1:p2:p3:p4:`, the wire string less its prefixes (see
+    /// [`stored_form`](Self::stored_form)).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    stored: Arc<str>,
+    /// The penalty, if any (see [`Limit::penalty`]), with its integers.
+    penalty: Option<Arc<(Penalty, PenParams)>>,
     /// Shadow mode: decides and records, never refuses.
     shadow: bool,
     /// Whether a quota kept in the store (or a key's override) decides in
@@ -77,7 +84,7 @@ impl Limit {
         }
         let (params, policy_window) = derive(&quota)?;
         let [a, b, c, d] = params.wire();
-        let wire = format!("{}:{a}:{b}:{c}:{d}:", params.algorithm().id()).into();
+        let wire: Arc<str> = format!("{}:{a}:{b}:{c}:{d}:", params.algorithm().id()).into();
         let name = intern(&name);
         Ok(Self {
             #[cfg(feature = "metrics")]
@@ -87,7 +94,9 @@ impl Limit {
             params,
             policy_window,
             policy_window_us: u64::try_from(policy_window.as_micros()).unwrap_or(u64::MAX),
+            stored: wire.clone(),
             wire,
+            penalty: None,
             shadow: false,
             from_store: false,
             leases: false,
@@ -219,14 +228,82 @@ impl Limit {
     /// # }).unwrap();
     /// ```
     pub fn quota_from_store(mut self) -> Self {
-        if !self.from_store {
-            self.from_store = true;
-            #[cfg(feature = "redis")]
-            {
-                self.wire = format!("c{}", self.wire).into();
-            }
-        }
+        self.from_store = true;
+        self.rewire();
         self
+    }
+
+    /// This limit with a [`Penalty`]: after the penalty's number of
+    /// refusals by this limit within its time, the key is blocked, longer
+    /// on each repeat offence. Counted and decided in the same store call
+    /// as the limit's decision (on Redis, one more key in the key's hash
+    /// tag); limits without a penalty pay nothing for it.
+    ///
+    /// A refusal counts when this limit itself refuses a decision that
+    /// would have taken something (not a [`peek`](crate::Limiter::peek), a
+    /// [`take_up_to`](crate::Limiter::take_up_to) that finds nothing or a
+    /// decision refused by another limit only). While the key is blocked the
+    /// limit refuses it with `retry_after` the time left of the block
+    /// ([`LimitStatus::is_blocked`](crate::LimitStatus::is_blocked)), without
+    /// consulting or charging its quota, whatever `max_wait` (a block is not
+    /// waited out by a reservation); refusals during a block do not count.
+    /// [`Limiter::block`](crate::Limiter::block),
+    /// [`unblock`](crate::Limiter::unblock) and
+    /// [`inspect`](crate::Limiter::inspect) manage a key's penalty. Refunds
+    /// are unaffected by a block, and [`reset`](crate::Limiter::reset)
+    /// leaves the penalty (an unblock forgives it). On a limit in
+    /// [shadow mode](Self::shadow), would-be refusals count, and a block is a
+    /// would-be refusal too.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Penalty, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let min = Duration::from_secs(60);
+    /// let logins = Limit::new("login", Quota::per_minute(1).fixed_window())?
+    ///     .penalty(Penalty::new(2, 10 * min, [5 * min, 60 * min])?);
+    /// let clock = ManualClock::new(1_800_000_000_000_000);
+    /// let limiter = Limiter::new(MemoryStore::with_clock(clock.clone()), logins);
+    /// assert!(limiter.check("mallory", 1).await?.is_allowed());
+    /// assert!(!limiter.check("mallory", 1).await?.is_allowed()); // refusal 1
+    /// let banned = limiter.check("mallory", 1).await?; // refusal 2: an offence
+    /// assert_eq!(banned.retry_after(), Some(5 * min));
+    /// clock.advance(2 * min); // the quota is back, the block is not
+    /// assert_eq!(limiter.check("mallory", 1).await?.retry_after(), Some(3 * min));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn penalty(mut self, penalty: Penalty) -> Self {
+        let params = penalty.params();
+        self.penalty = Some(Arc::new((penalty, params)));
+        self.rewire();
+        self
+    }
+
+    /// The wire string from its parts: `p...;` for a penalty, then `c`
+    /// for a quota kept in the store, then the stored form.
+    fn rewire(&mut self) {
+        #[cfg(feature = "redis")]
+        {
+            let pen = self
+                .penalty
+                .as_ref()
+                .map(|p| p.1.wire())
+                .unwrap_or_default();
+            let c = if self.from_store { "c" } else { "" };
+            self.wire = format!("{pen}{c}{}", self.stored).into();
+        }
+    }
+
+    /// The limit's penalty, if it has one (see [`penalty`](Self::penalty)).
+    pub fn penalty_of(&self) -> Option<&Penalty> {
+        self.penalty.as_ref().map(|p| &p.0)
+    }
+
+    /// The penalty's integers.
+    pub(crate) fn pen_params(&self) -> Option<&PenParams> {
+        self.penalty.as_ref().map(|p| &p.1)
     }
 
     /// Whether the limit takes its quota from the store when one is kept
@@ -294,7 +371,8 @@ impl Limit {
     }
 
     /// The limit's argument to the Redis decision function, less the cost:
-    /// `c` first for a limit whose quota may be kept in the store.
+    /// `c` first for a limit whose quota may be kept in the store, and
+    /// before that its penalty's `p...;` when it has one.
     #[cfg(feature = "redis")]
     pub(crate) fn wire(&self) -> &str {
         &self.wire
@@ -306,7 +384,7 @@ impl Limit {
     /// cost (see `lua/driver.lua`) and [`Params::from_stored`] reads back.
     #[cfg(feature = "redis")]
     pub(crate) fn stored_form(&self) -> &str {
-        self.wire.strip_prefix('c').unwrap_or(&self.wire)
+        &self.stored
     }
 }
 

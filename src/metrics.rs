@@ -19,7 +19,10 @@
 //! counted here. Under the layer's
 //! [`OnStoreError::FallbackToMemory`](crate::layer::OnStoreError::FallbackToMemory),
 //! a request the store failed counts twice: `store_error`, then the outcome
-//! of the in-memory fallback's decision.
+//! of the in-memory fallback's decision. A request a layer's deny-list
+//! refuses counts `deny_listed` under every limit of the layer (no decision
+//! is made); a key blocked by a [penalty](crate::Limit::penalty) counts
+//! `denied` (or `local_cache`) like any refusal.
 //!
 //! Adding an outcome where it happens is one call with its [`Outcome`]; the
 //! label set is fixed here, so dashboards can be built before a limiter
@@ -72,17 +75,22 @@ pub enum Outcome {
     /// Refused from the limiter's local cache of denials without asking
     /// the store (see [`crate::LimiterBuilder::cache_denials`]).
     LocalCache,
+    /// Refused by a layer's deny-list without asking the store (see
+    /// [`RateLimitLayerBuilder::deny_if`](crate::layer::RateLimitLayerBuilder::deny_if)):
+    /// counted under every limit of the layer.
+    DenyListed,
 }
 
 impl Outcome {
     /// Every outcome, for dashboards and exporters that declare label values.
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Allowed,
         Outcome::Denied,
         Outcome::ShadowDenied,
         Outcome::CostExceedsCapacity,
         Outcome::StoreError,
         Outcome::LocalCache,
+        Outcome::DenyListed,
     ];
 
     /// The label value.
@@ -94,6 +102,7 @@ impl Outcome {
             Outcome::CostExceedsCapacity => "cost_exceeds_capacity",
             Outcome::StoreError => "store_error",
             Outcome::LocalCache => "local_cache",
+            Outcome::DenyListed => "deny_listed",
         }
     }
 }

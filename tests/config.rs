@@ -169,3 +169,42 @@ fn errors_name_the_limit_and_the_offending_field() {
         "{name:?}"
     );
 }
+
+/// A penalty reads from its table; a mistake in it names the field.
+#[test]
+fn a_penalty_reads_from_its_table() {
+    let limits = parse(
+        r#"
+        [[limits]]
+        name = "login"
+        algorithm = "sliding-log"
+        limit = 5
+        window = "15m"
+        penalty = { refusals = 2, within = "15m", blocks = ["1m", "1h"], forget_after = "2days" }
+        "#,
+    )
+    .expect("valid");
+    let penalty = limits[0].penalty_of().expect("a penalty");
+    assert_eq!(penalty.refusals(), 2);
+    assert_eq!(penalty.within(), Duration::from_secs(15 * 60));
+    assert_eq!(
+        penalty.blocks(),
+        [Duration::from_secs(60), Duration::from_secs(3600)]
+    );
+    assert_eq!(penalty.quiet_period(), Duration::from_secs(2 * 86_400));
+    for wrong in [
+        r#"{ refusals = 0, within = "1m", blocks = ["1m"] }"#,
+        r#"{ refusals = 1, within = "1m", blocks = [] }"#,
+        r#"{ refusals = 1, within = "1m", blocks = ["soon"] }"#,
+    ] {
+        let text = format!(
+            "[[limits]]\nname = \"login\"\nalgorithm = \"sliding-log\"\nlimit = 5\n\
+             window = \"15m\"\npenalty = {wrong}\n"
+        );
+        let error = parse(&text).expect_err(wrong);
+        assert!(
+            error.contains("login") && error.contains("penalty"),
+            "{wrong}: {error}"
+        );
+    }
+}

@@ -277,6 +277,68 @@ fn behind_a_proxy() -> Server {
     Server::start_env(&[("TRUSTED_PROXIES", "127.0.0.1/32")])
 }
 
+/// The `Retry-After` of a response, in seconds.
+fn retry_after(response: &str) -> Option<u64> {
+    response.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("retry-after")
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    })
+}
+
+/// Each attempt the per-(username, IP) limit refuses bans that address
+/// from that username, longer each time (`LOGIN_BANS`, short here); other
+/// addresses and usernames are untouched.
+#[test]
+fn refused_logins_ban_the_address_longer_each_time() {
+    let server = Server::start_env(&[
+        ("TRUSTED_PROXIES", "127.0.0.1/32"),
+        ("LOGIN_BANS", "1s,3s,1h"),
+    ]);
+    let port = server.port;
+    let attempt = |ip: &str, user: &str| {
+        let body = format!(r#"{{"username": "{user}", "password": "guess"}}"#);
+        let xff = format!("X-Forwarded-For: {ip}");
+        let headers = ["Content-Type: application/json", xff.as_str()];
+        send_with(port, "POST", "/login", &headers, &body)
+    };
+    let attacker = "203.0.113.77";
+    for _ in 0..5 {
+        assert_eq!(attempt(attacker, "cy").0, 401);
+    }
+    // the first offence: banned for 1 s
+    let (code, response) = attempt(attacker, "cy");
+    assert_eq!((code, retry_after(&response)), (429, Some(1)), "{response}");
+    // banned: refused whatever the password, not counted again
+    let (code, response) = attempt(attacker, "cy");
+    assert_eq!(code, 429, "{response}");
+    std::thread::sleep(Duration::from_millis(1100));
+    // the ban is over, the 5 failures still count: a second offence, 3 s
+    let (code, response) = attempt(attacker, "cy");
+    assert_eq!((code, retry_after(&response)), (429, Some(3)), "{response}");
+    // elsewhere, nothing changed
+    assert_eq!(attempt("198.51.100.9", "cy").0, 401);
+    assert_eq!(attempt(attacker, "dee").0, 401);
+}
+
+/// The deny-list: 403 on every route, without a decision.
+#[test]
+fn deny_listed_clients_are_forbidden_everywhere() {
+    let server = Server::start(None);
+    for (method, path) in [("GET", "/api/hello"), ("POST", "/sms/+15550100")] {
+        let (code, response) = send_with(server.port, method, path, &["User-Agent: BadBot"], "");
+        assert_eq!(code, 403, "{response}");
+        assert!(response.contains("application/problem+json"), "{response}");
+        assert!(
+            !response.to_ascii_lowercase().contains("retry-after"),
+            "{response}"
+        );
+    }
+    let (code, _) = send_with(server.port, "GET", "/api/hello", &["User-Agent: curl"], "");
+    assert_eq!(code, 200);
+}
+
 #[test]
 fn an_attacker_on_one_address_does_not_lock_the_user_out_elsewhere() {
     let server = behind_a_proxy();

@@ -178,6 +178,29 @@ async fn a_call_without_its_key_is_invalid_argument() {
     assert_eq!(http_get(addr).await.0, StatusCode::BAD_REQUEST);
 }
 
+/// A deny-listed call is `PERMISSION_DENIED`, without a retry delay; the
+/// same request over plain HTTP is a 403.
+#[tokio::test]
+async fn a_deny_listed_call_is_permission_denied() {
+    let layer = RateLimitLayer::builder()
+        .limit(per_window(2), Global)
+        .deny_if(|request| request.headers.contains_key("x-banned"))
+        .build()
+        .expect("layer");
+    let addr = serve(layer).await;
+    let mut client = client(addr).await;
+    let mut request = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    request
+        .metadata_mut()
+        .insert("x-banned", "1".parse().expect("metadata"));
+    let status = client.check(request).await.expect_err("refused");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.get_details_retry_info().is_none(), "{status:?}");
+    assert!(check(&mut client).await.is_ok(), "not listed: granted");
+}
+
 #[tokio::test]
 async fn a_custom_rejection_handler_still_answers_grpc_calls() {
     let layer = RateLimitLayer::builder()

@@ -150,6 +150,103 @@ async fn a_denied_request_gets_a_standard_429() {
     assert!(problem["title"].is_string() && problem["detail"].is_string());
 }
 
+/// The deny-list answers 403 with a problem body and asks no store; a key
+/// blocked by a limit's penalty (here by hand, through a limiter on the
+/// same store) gets 429 with `Retry-After` the time left of the block and
+/// `RateLimit` remaining 0; unblocked, it passes again. In memory and on
+/// Redis (decided in the response future).
+#[tokio::test]
+async fn deny_listed_requests_get_403_and_blocked_keys_429_until_unblocked() {
+    let prefix = unique_prefix("layer-bans");
+    let hour = Duration::from_secs(3600);
+    let banned = limit("api", per_minute(100))
+        .penalty(tower_ratelimit::Penalty::new(10, hour, [hour]).expect("penalty"));
+    let memory = MemoryStore::new();
+    let redis = redis_store(&prefix);
+    let (m, r) = (memory.clone(), redis.clone());
+    let (lm, lr) = (banned.clone(), banned.clone());
+    let memory_layer: LayerMaker = Box::new(move || layer_over(m.clone(), lm.clone()));
+    let redis_layer: LayerMaker = Box::new(move || layer_over(r.clone(), lr.clone()));
+    let stores = [
+        (
+            "memory",
+            memory_layer,
+            tower_ratelimit::Limiter::new(memory, banned.clone()),
+        ),
+        (
+            "redis",
+            redis_layer,
+            tower_ratelimit::Limiter::new(redis, banned.clone()),
+        ),
+    ];
+    for (store, layer, admin) in stores {
+        let app = hello_app(layer());
+        let as_client = |client: &str, agent: &str| {
+            Request::get("/")
+                .header("x-client", client)
+                .header("user-agent", agent)
+                .body(Body::empty())
+                .expect("request")
+        };
+        let (status, headers, body) = send(&app, as_client("bot", "BadBot")).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{store}");
+        assert_eq!(headers["content-type"], "application/problem+json");
+        assert!(!headers.contains_key("retry-after"), "{store}");
+        let problem: serde_json::Value = serde_json::from_str(&body).expect("json body");
+        assert_eq!(problem["status"], 403);
+        assert_eq!(problem["detail"], "The request is not allowed.");
+        // nothing was asked of the store
+        let seen = admin.inspect("api", "bot").await.expect("inspect");
+        assert_eq!(seen.decision.remaining(), 100, "{store}");
+
+        assert_eq!(send(&app, as_client("eve", "curl")).await.0, StatusCode::OK);
+        admin
+            .block("api", "eve", Duration::from_secs(90))
+            .await
+            .expect("block");
+        for _ in 0..2 {
+            let (status, headers, _) = send(&app, as_client("eve", "curl")).await;
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{store}");
+            let retry: u64 = headers["retry-after"]
+                .to_str()
+                .expect("ascii")
+                .parse()
+                .expect("secs");
+            assert!((89..=90).contains(&retry), "{store}: {retry}");
+            let state = sf_list(&headers, "ratelimit");
+            assert_eq!(param(&state[0], "r"), 0, "{store}");
+        }
+        // another client is not blocked
+        assert_eq!(send(&app, as_client("ann", "curl")).await.0, StatusCode::OK);
+        assert!(admin.unblock("api", "eve").await.expect("unblock"));
+        // (a layer over a remote store answers the block from its cache
+        // of denials until it ends: a fresh layer asks the store)
+        let app = hello_app(layer());
+        assert_eq!(
+            send(&app, as_client("eve", "curl")).await.0,
+            StatusCode::OK,
+            "{store}"
+        );
+    }
+}
+
+/// Builds a layer anew (a fresh cache of denials).
+type LayerMaker = Box<dyn Fn() -> RateLimitLayer>;
+
+fn layer_over(store: impl tower_ratelimit::Store, limit: Limit) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .store(store)
+        .limit(limit, Header::new(HeaderName::from_static("x-client")))
+        .deny_if(|request| {
+            request
+                .headers
+                .get("user-agent")
+                .is_some_and(|ua| ua == "BadBot")
+        })
+        .build()
+        .expect("layer")
+}
+
 #[tokio::test]
 async fn sub_second_waits_are_never_retry_after_zero() {
     let app = hello_app(RateLimitLayer::new(

@@ -7,6 +7,15 @@
 use super::Outcome;
 use crate::quota::Algorithm;
 
+/// What a blocked limit's status says for `remaining` in a reply (never a
+/// count: counts are not negative); see `Limit::penalty`.
+pub(crate) const BLOCKED: i64 = -1;
+
+/// The suffix of a penalized limit's penalty key, after its name (see
+/// `lua/driver.lua`).
+#[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
+pub(crate) const PENALTY_KEY: &str = "pen";
+
 /// Every algorithm, in the order of their ids (1, 2, ...).
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) const ALGORITHMS: [Algorithm; 5] = [
@@ -89,6 +98,13 @@ pub(crate) fn lua() -> String {
         Outcome::Denied as i64,
         Outcome::Never as i64,
         Outcome::Granted as i64,
+    );
+    let _ = write!(
+        out,
+        "-- A penalized limit's penalty key ends in `:{PENALTY_KEY}` (made on the\n\
+         -- Rust side). A blocked limit's status says {BLOCKED} for its remaining\n\
+         -- count (`algorithm::wire::BLOCKED`).\n\
+         local BLOCKED = {BLOCKED}\n",
     );
     let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.lua_name()).collect();
     let _ = writeln!(out, "local algorithms = {{ {} }}", names.join(", "));

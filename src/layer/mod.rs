@@ -62,12 +62,14 @@
 //! | no key for a limit | per [`MissingKey`] (the layer's, or the limit's own [`Rule::on_missing_key`]): 400 by default; when every limit is skipped, forwarded without a decision |
 //! | a resolved limit's plan (feature `resolver`, `Rule::resolved`) is not found: unknown lookup key, lookup failed or timed out, lookup key too long | as no key for that limit, per [`MissingKey`]; the failures logged at `warn` at most once per interval |
 //! | exempt ([`RateLimitLayerBuilder::skip_if`]; one limit: [`Rule::skip_if`]) | forwarded without a decision (that limit left out), nothing counted |
+//! | deny-listed ([`RateLimitLayerBuilder::deny_if`]) | 403 Forbidden with a generic problem body, without asking the store; counted `deny_listed` under every limit of the layer; before exemptions (a request both deny-listed and exempt is refused) |
+//! | a key blocked by a limit's [penalty](crate::Limit::penalty) | 429 like any refusal: `Retry-After` the time left of the block, `RateLimit` remaining 0; answered from the cache of denials while the block lasts (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)) |
 //! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned |
 //! | a [concurrency limit](crate::Limit::concurrency) grants | its permit (a lease, renewed meanwhile) is held until the response body has been sent or is dropped, then given back; a request it refuses gets 429 with `Retry-After` until the oldest lease would expire (an upper bound); in delay mode it waits instead, decided again at pauses of 10 ms to 200 ms, until a permit is free or `max_delay` is over |
 //! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_header`], [`Rule::cost_from_body`]) | the request's own cost is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own; a key in debt gets 429 until paid back. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs of the responses admitted before it ran out and still unsettled |
 //! | a limit in [shadow mode](crate::Limit::shadow) would refuse | forwarded; counted `shadow_denied`; shadow limits are left out of the headers |
 //! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state |
-//! | any of the layer's own answers above to a gRPC call (`content-type: application/grpc...`), feature `grpc` | a trailers-only gRPC response (HTTP 200, `grpc-status`, `grpc-message`) instead: refused, `RESOURCE_EXHAUSTED` with the wait as `google.rpc.RetryInfo` (none when the cost can never fit); store failure, `UNAVAILABLE` with the fail-closed `retry_after` as `RetryInfo`; no key, `INVALID_ARGUMENT` (a configured 401, 403, 404: `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`). The rate-limit headers and `Retry-After` are kept, as metadata; a custom [`on_rejection`](RateLimitLayerBuilder::on_rejection) handler is not overridden |
+//! | any of the layer's own answers above to a gRPC call (`content-type: application/grpc...`), feature `grpc` | a trailers-only gRPC response (HTTP 200, `grpc-status`, `grpc-message`) instead: refused, `RESOURCE_EXHAUSTED` with the wait as `google.rpc.RetryInfo` (none when the cost can never fit); deny-listed, `PERMISSION_DENIED`; store failure, `UNAVAILABLE` with the fail-closed `retry_after` as `RetryInfo`; no key, `INVALID_ARGUMENT` (a configured 401, 403, 404: `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`). The rate-limit headers and `Retry-After` are kept, as metadata; a custom [`on_rejection`](RateLimitLayerBuilder::on_rejection) handler is not overridden |
 //!
 //! Tracing (target `tower_ratelimit`): denials at `debug` (a flood of them
 //! must not flood the logs). Store failures are logged per outage, not per
@@ -192,6 +194,9 @@ pub enum Rejection<'a> {
     StoreFailed(&'a Error),
     /// The request has no key for this limit and the policy is [`MissingKey::Reject`].
     MissingKey(&'a str),
+    /// The layer's deny-list refused the request
+    /// ([`RateLimitLayerBuilder::deny_if`]).
+    DenyListed,
 }
 
 type Rejector = Arc<dyn Fn(&Rejection<'_>) -> RejectionResponse + Send + Sync>;
@@ -204,6 +209,8 @@ pub(crate) struct Config {
     pub(crate) on_error: OnStoreError,
     /// Requests exempt from every limit of the layer.
     pub(crate) skip: Option<RequestPredicate>,
+    /// Requests refused by the layer without a decision (403).
+    pub(crate) deny: Option<RequestPredicate>,
     /// Responses whose requests do not count, in any limit.
     pub(crate) refund_if: Option<ResponsePredicate>,
     /// Whether any grant may be given back (a refund predicate, delay mode,
@@ -256,6 +263,7 @@ impl RateLimitLayer {
             store: None,
             rules: Vec::new(),
             skip: None,
+            deny: None,
             refund_if: None,
             timeout: DEFAULT_TIMEOUT,
             on_error: OnStoreError::default(),
@@ -289,6 +297,7 @@ pub struct RateLimitLayerBuilder {
     store: Option<Arc<dyn Store>>,
     rules: Vec<Rule>,
     skip: Option<RequestPredicate>,
+    deny: Option<RequestPredicate>,
     refund_if: Option<ResponsePredicate>,
     timeout: Duration,
     on_error: OnStoreError,
@@ -351,6 +360,40 @@ impl RateLimitLayerBuilder {
     /// ```
     pub fn skip_if(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
         self.skip = Some(Arc::new(skip));
+        self
+    }
+
+    /// Requests for which `deny` answers `true` are refused by the layer
+    /// at once, without asking the store: 403 Forbidden with the layer's
+    /// problem-details body (`PERMISSION_DENIED` for a gRPC call with the
+    /// `grpc` feature; a custom
+    /// [`on_rejection`](Self::on_rejection) handler gets
+    /// [`Rejection::DenyListed`]). The deny-list beside the exemptions of
+    /// [`skip_if`](Self::skip_if), and checked before them: known abusers,
+    /// banned address ranges. Counted `deny_listed` under every limit of
+    /// the layer (see [`crate::metrics`]). For bans that come and go, see
+    /// [`Limit::penalty`](crate::Limit::penalty) and
+    /// [`Limiter::block`](crate::Limiter::block).
+    ///
+    /// ```
+    /// use axum::{routing::get, Router};
+    /// use http::{Request, StatusCode};
+    /// use tower::ServiceExt;
+    /// use tower_ratelimit::{key::Global, layer::RateLimitLayer, Limit, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let layer = RateLimitLayer::builder()
+    ///     .limit(Limit::new("api", Quota::per_second(10).gcra())?, Global)
+    ///     .deny_if(|request| request.headers.get("user-agent").is_some_and(|ua| ua == "BadBot"))
+    ///     .build()?;
+    /// let app = Router::new().route("/", get(|| async { "hi" })).layer(layer);
+    /// let bot = Request::get("/").header("user-agent", "BadBot").body(axum::body::Body::empty())?;
+    /// assert_eq!(app.oneshot(bot).await?.status(), StatusCode::FORBIDDEN);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn deny_if(mut self, deny: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.deny = Some(Arc::new(deny));
         self
     }
 
@@ -595,6 +638,7 @@ impl RateLimitLayerBuilder {
                 fallback,
                 on_error: self.on_error,
                 skip: self.skip,
+                deny: self.deny,
                 refund_if: self.refund_if,
                 refundable,
                 settles_after,

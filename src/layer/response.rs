@@ -279,6 +279,19 @@ pub(crate) fn store_unavailable(retry_after: Duration) -> Response {
 
 const UNAVAILABLE_DETAIL: &str = "The rate limiter is temporarily unavailable; retry later.";
 
+const FORBIDDEN_DETAIL: &str = "The request is not allowed.";
+
+/// The default answer to a request of the deny-list: 403 with a generic
+/// detail.
+pub(crate) fn forbidden() -> Response {
+    problem(
+        StatusCode::FORBIDDEN,
+        "about:blank",
+        FORBIDDEN_DETAIL.to_owned(),
+        None,
+    )
+}
+
 /// The default answer to a request without a key for a limit.
 pub(crate) fn missing_key(status: StatusCode, limit: &str) -> Response {
     problem(status, "about:blank", missing_key_detail(limit), None)
@@ -349,6 +362,19 @@ impl Answers {
         }
     }
 
+    /// A request of the deny-list: 403, or `PERMISSION_DENIED`.
+    pub(crate) fn forbidden(self) -> Response {
+        match self {
+            Answers::Http => forbidden(),
+            #[cfg(feature = "grpc")]
+            Answers::Grpc => super::grpc::answer(
+                tonic::Code::PermissionDenied,
+                FORBIDDEN_DETAIL.to_owned(),
+                None,
+            ),
+        }
+    }
+
     /// No key for `limit`, refused with `status`: that status, or the gRPC
     /// code corresponding to it (`INVALID_ARGUMENT` for the default 400).
     pub(crate) fn missing_key(self, status: StatusCode, limit: &str) -> Response {
@@ -388,6 +414,7 @@ mod tests {
             violated: false,
             shadow: false,
             would_refuse: false,
+            blocked: false,
         }
     }
 

@@ -319,6 +319,10 @@ impl Rule {
             if current.is_shadow() {
                 limit = limit.shadow();
             }
+            // one key, one penalty state, whatever the tier
+            if let Some(penalty) = current.penalty_of() {
+                limit = limit.penalty(penalty.clone());
+            }
             tiers.push(Tier::new(Some(tier), limit.into(), keyless));
         }
         if let Some(live) = self.limit.live() {

@@ -91,6 +91,19 @@ fn refused<B>(
     response
 }
 
+/// The 403 (or `PERMISSION_DENIED`) for a request of the deny-list, counted
+/// under every limit of the layer.
+#[cold]
+fn deny_listed<B>(config: &Config, parts: &Parts) -> Response<ResponseBody<B>> {
+    tracing::debug!(target: "tower_ratelimit", "request refused by the deny-list");
+    for rule in &config.rules {
+        crate::limiter::count::count_one(&rule.limit().load(), crate::metrics::Outcome::DenyListed);
+    }
+    rejection(config, Rejection::DenyListed, || {
+        Answers::to(parts).forbidden()
+    })
+}
+
 /// The limits that apply to a request: (limit, key, rule) each, or the
 /// answer to a request without a key that its rule refuses.
 type Chosen<'a> = SmallVec<[(Current<'a>, KeyBuf, usize); 2]>;
@@ -196,6 +209,9 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let RateLimit { inner, config } = self;
         let (parts, body) = request.into_parts();
+        if config.deny.as_ref().is_some_and(|deny| deny(&parts)) {
+            return ResponseFuture::ready(Ok(deny_listed(config, &parts)));
+        }
         if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
             // exempt: never counted, never refused
             return forward_now(inner, parts, body, RateLimitInfo::new(None, false), None);

@@ -111,7 +111,13 @@ impl Limiter {
                 super::count::count(checks, &result, outcome);
             }
             if let (Some(denials), Ok(decision)) = (denials, &result) {
-                if !decision.is_allowed() {
+                // a penalized limit's refusals are counted by the store: its
+                // denials are cached only while it blocks (until the block
+                // ends: exact, but for an unblock by another process)
+                let counted = |(c, s): (&Check<'_>, &LimitStatus)| {
+                    c.limit.pen_params().is_none() || s.is_blocked()
+                };
+                if !decision.is_allowed() && checks.iter().zip(decision.statuses()).all(counted) {
                     let key = cache_key.unwrap_or_else(|| DenyCache::key(checks));
                     denials.insert(key, checks, cost, sent, decision);
                 }
@@ -187,12 +193,13 @@ impl Limiter {
                 ),
                 None => (limit.capacity(), limit.policy_window_us()),
             };
+            let blocked = remaining == algorithm::wire::BLOCKED;
             statuses.push(LimitStatus {
                 name: limit.shared_name(),
                 algorithm: limit.quota().algorithm(),
                 limit: capacity,
                 window_us,
-                remaining: us(remaining),
+                remaining: if blocked { 0 } else { us(remaining) },
                 wait_us: if wait >= 0 { us(wait) } else { u64::MAX },
                 reset_us: us(reset),
                 violated: match reply.outcome {
@@ -202,6 +209,7 @@ impl Limiter {
                 },
                 shadow: false,
                 would_refuse: false,
+                blocked,
             });
             if limit.is_shadow() {
                 // a limit in shadow mode never refuses

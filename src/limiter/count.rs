@@ -38,9 +38,9 @@ pub(super) fn count(_: &[Check<'_>], _: &Result<Decision, Error>, _: Outcome) {}
 
 /// Counts one outcome under one limit.
 #[cfg(feature = "metrics")]
-pub(super) fn count_one(limit: &Limit, outcome: Outcome) {
+pub(crate) fn count_one(limit: &Limit, outcome: Outcome) {
     limit.metric_keys().increment(outcome);
 }
 
 #[cfg(not(feature = "metrics"))]
-pub(super) fn count_one(_: &Limit, _: Outcome) {}
+pub(crate) fn count_one(_: &Limit, _: Outcome) {}

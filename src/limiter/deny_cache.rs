@@ -12,10 +12,17 @@
 //! application clock), else from this process's monotonic clock, which runs
 //! at the rate of Redis' (an offset between them does not matter).
 //!
-//! Exactness has two exceptions, both outside this process: a `reset` of the
-//! key, and a quota raised, by another process. A `reset` or refund through
-//! this limiter forgets the key's entries, and a denial decided on a request
-//! sent before such a forget is not cached.
+//! Exactness has three exceptions, all outside this process: a `reset` of
+//! the key, a quota raised, and an `unblock` of a key blocked by a penalty,
+//! by another process. A `reset`, refund or `unblock` through this limiter
+//! forgets the key's entries, and a denial decided on a request sent before
+//! such a forget is not cached.
+//!
+//! A limit with a penalty (`Limit::penalty`) counts its refusals in the
+//! store, so its denials are cached only while it blocks the key: then the
+//! denial holds until the block ends (its `retry_after` is at least that),
+//! and refusals during a block are not counted anyway. Another denial of it
+//! must reach the store to be counted, and is not cached.
 //!
 //! Bounds, whatever clients send: at most [`CAPACITY`] entries, each holding
 //! its limits' names (at most 64 bytes each) and parameters and, per key,

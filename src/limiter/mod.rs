@@ -9,10 +9,11 @@
 
 mod call;
 mod charge;
-mod count;
+pub(crate) mod count;
 mod deny_cache;
 mod grant;
 mod lease;
+mod penalties;
 mod shadow;
 mod stored;
 
@@ -26,6 +27,7 @@ pub use self::grant::Grant;
 pub(crate) use self::grant::{Refund, RefundOnDrop};
 pub use self::lease::Lease;
 pub(crate) use self::lease::LeaseGuard;
+pub use self::penalties::Inspection;
 use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;
@@ -165,9 +167,13 @@ impl LimiterBuilder {
     /// answer, aged: its waits count down, its `remaining` is the one the
     /// store reported (see [`Decision::from_local_cache`]); for a larger
     /// cost its `retry_after` is a lower bound. It never refuses what the
-    /// store would grant, unless another process resets the key or raises
-    /// the quota meanwhile (a [`reset`](Limiter::reset) through this limiter
-    /// clears the key's entries). At most 10 000 entries are kept.
+    /// store would grant, unless another process resets the key, raises
+    /// the quota or lifts a key's block meanwhile (a
+    /// [`reset`](Limiter::reset) or [`unblock`](Limiter::unblock) through
+    /// this limiter clears the key's entries). A limit with a
+    /// [penalty](crate::Limit::penalty) has its denials cached only while
+    /// it blocks the key (its other refusals are counted by the store). At
+    /// most 10 000 entries are kept.
     pub fn cache_denials(mut self, cache: bool) -> Self {
         self.cache_denials = cache;
         self

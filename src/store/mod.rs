@@ -22,7 +22,7 @@ use crate::Error;
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 pub(crate) use self::backend::{
-    Answer, Check, Deadline, QuotaChange, QuotaRegistry, Settle, Settled,
+    Answer, Check, Deadline, PenaltyChange, QuotaChange, QuotaRegistry, Settle, Settled,
 };
 
 /// A place to keep limit state. Implemented by [`MemoryStore`] and
@@ -208,6 +208,20 @@ pub(crate) mod backend {
         Remove,
     }
 
+    /// An operation on a key's penalty state (see
+    /// [`Limit::penalty`](crate::Limit::penalty)).
+    #[derive(Debug, Clone, Copy)]
+    #[allow(unreachable_pub)]
+    pub enum PenaltyChange {
+        /// Read it.
+        Read,
+        /// Block the key for this many microseconds from now (no offence;
+        /// the refusals counted are dropped).
+        Block(i64),
+        /// Forget it all: block, refusals and offences.
+        Unblock,
+    }
+
     /// The quota each limit name was first used with on one store, to warn
     /// (once per name) when a name comes back with another quota: both would
     /// read and write the same keys, each misreading the other's state. And
@@ -338,6 +352,17 @@ pub(crate) mod backend {
             change: QuotaChange<'a>,
             deadline: Deadline,
         ) -> Answer<'a, Result<bool, Error>>;
+
+        /// Applies `change` to the penalty state of `check`'s key in its
+        /// limit; the state after it (before it, for an unblock) and the
+        /// store time.
+        /// `None` for a limit without a penalty.
+        fn penalty<'a>(
+            &'a self,
+            check: &'a Check<'a>,
+            change: PenaltyChange,
+            deadline: Deadline,
+        ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>>;
 
         /// The application clock the store decides on, if it has one.
         fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {

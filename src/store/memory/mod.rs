@@ -13,6 +13,7 @@
 
 mod builder;
 mod kept;
+mod penalized;
 mod reclaim;
 mod table;
 mod write;
@@ -25,13 +26,15 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use self::penalized::Run;
 use self::table::{Found, Hasher, Shard, Table};
 use super::backend::Backend;
 use super::keys;
-use super::{Answer, Check, Deadline, QuotaChange, Settle, Settled, Store};
+use super::{Answer, Check, Deadline, PenaltyChange, QuotaChange, Settle, Settled, Store};
 use crate::algorithm::Params;
 use crate::algorithm::{self, Reply, State};
 use crate::clock::{Clock, SystemClock};
+use crate::penalty::PenState;
 use crate::Error;
 
 /// Number of independently locked shards.
@@ -52,6 +55,8 @@ struct Inner {
     quotas: super::QuotaRegistry,
     /// Quotas kept in the store (see `Limit::quota_from_store`).
     kept: kept::Kept,
+    /// Penalty states, by the shard of their key (see `penalized.rs`).
+    pens: Box<[Mutex<penalized::Pens>]>,
     max_keys: usize,
     /// Stored states in all shards.
     count: AtomicUsize,
@@ -174,6 +179,7 @@ impl MemoryStore {
                 size_gauge: Default::default(),
                 quotas: Default::default(),
                 kept: Default::default(),
+                pens: penalized::pens(),
                 max_keys: builder.max_keys,
                 count: AtomicUsize::new(0),
                 sweep_interval: builder.sweep_interval,
@@ -185,8 +191,10 @@ impl MemoryStore {
         store
     }
 
-    /// Number of stored key states (one per key and limit), including
-    /// expired ones not yet swept.
+    /// Number of stored key states (one per key and limit, and one per key
+    /// and limit with a [penalty](crate::Limit::penalty) while it holds
+    /// refusals, offences or a block), including expired ones not yet
+    /// swept.
     pub fn len(&self) -> usize {
         self.inner.count.load(Ordering::Acquire)
     }
@@ -480,6 +488,11 @@ fn bounded_keys<R>(checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R
     f(&bounded)
 }
 
+/// Runs `f` on `check` with its key bounded (see [`bounded_keys`]).
+fn bounded_one<R>(check: &Check<'_>, f: impl FnOnce(&Check<'_>) -> R) -> Option<R> {
+    bounded_keys(std::slice::from_ref(check), |checks| checks.first().map(f))
+}
+
 impl Backend for MemoryStore {
     fn decide<'a>(
         &'a self,
@@ -488,11 +501,16 @@ impl Backend for MemoryStore {
         dry: bool,
         _: Deadline,
     ) -> Answer<'a, Result<Reply, Error>> {
+        let how = Run::Decide { max_wait, dry };
         Answer::Now(Ok(bounded_keys(checks, |checks| {
-            self.with_kept(checks, |checks| match checks {
-                [check] => self.decide_one(check, max_wait, dry),
-                _ => self.decide_now(checks, max_wait, dry),
-            })
+            let decided = self.with_penalties(checks, how, |checks, blocked| {
+                let reply = self.with_kept(checks, |checks| match checks {
+                    [check] if !blocked => self.decide_one(check, max_wait, dry),
+                    _ => self.decide_now(checks, max_wait, dry || blocked),
+                });
+                (reply, 0)
+            });
+            decided.0
         })))
     }
 
@@ -519,8 +537,26 @@ impl Backend for MemoryStore {
     ) -> Answer<'a, Result<(Reply, i64), Error>> {
         let most = checks.first().map_or(0, |c| c.cost);
         Answer::Now(Ok(bounded_keys(checks, |checks| {
-            self.with_kept(checks, |checks| self.take_now(checks, most))
+            self.with_penalties(checks, Run::Take, |checks, blocked| {
+                if !blocked {
+                    return self.with_kept(checks, |checks| self.take_now(checks, most));
+                }
+                // blocked: a cost of 1 decided, not granted (as k = 0 is)
+                let ones: SmallVec<[Check<'_>; 2]> =
+                    checks.iter().map(|c| Check { cost: 1, ..*c }).collect();
+                (self.with_kept(&ones, |c| self.decide_now(c, 0, true)), 0)
+            })
         })))
+    }
+
+    fn penalty<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        change: PenaltyChange,
+        _: Deadline,
+    ) -> Answer<'a, Result<Option<(PenState, i64)>, Error>> {
+        let changed = bounded_one(check, |check| self.change_pen_now(check, change));
+        Answer::Now(Ok(changed.flatten()))
     }
 
     fn read_quota<'a>(
@@ -529,13 +565,8 @@ impl Backend for MemoryStore {
         keyed: bool,
         _: Deadline,
     ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
-        let checks = std::slice::from_ref(check);
-        let read = bounded_keys(checks, |checks| {
-            checks
-                .first()
-                .and_then(|check| self.read_quota_now(check, keyed))
-        });
-        Answer::Now(Ok(read))
+        let read = bounded_one(check, |check| self.read_quota_now(check, keyed));
+        Answer::Now(Ok(read.flatten()))
     }
 
     fn write_quota<'a>(
@@ -545,13 +576,8 @@ impl Backend for MemoryStore {
         change: QuotaChange<'a>,
         _: Deadline,
     ) -> Answer<'a, Result<bool, Error>> {
-        let checks = std::slice::from_ref(check);
-        let written = bounded_keys(checks, |checks| {
-            checks
-                .first()
-                .is_some_and(|check| self.write_quota_now(check, keyed, change))
-        });
-        Answer::Now(Ok(written))
+        let written = bounded_one(check, |check| self.write_quota_now(check, keyed, change));
+        Answer::Now(Ok(written.unwrap_or(false)))
     }
 
     fn kind(&self) -> &'static str {

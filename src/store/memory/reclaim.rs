@@ -18,6 +18,12 @@ impl Inner {
             return false;
         };
         let now = self.clock.now_micros();
+        if *t == 0 && budget.is_none() {
+            // (before the shard's lock: a decision takes this one first)
+            if let Some(pens) = self.pens.get(s) {
+                self.forget(super::penalized::sweep_pens(pens, now));
+            }
+        }
         let mut shard = lock(shard);
         if *t == 0 && budget.is_none() {
             // once per sweep of the shard: the overrides that ended

@@ -7,6 +7,7 @@ use std::ops::Range;
 use smallvec::SmallVec;
 
 use super::RedisStore;
+use crate::algorithm::wire::PENALTY_KEY;
 use crate::store::{keys, Check};
 
 /// What one call of the library does (the op of its options, see
@@ -56,30 +57,28 @@ impl Encoded {
         self.args.iter().filter_map(|r| self.buf.get(r.clone()))
     }
 
-    /// A change of a kept quota (op 3 of the library's options, see
-    /// `lua/driver.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
-    /// or `HDEL`) and its arguments after the key.
-    pub(super) fn change(hash: &[u8], command: &str, args: &[&[u8]]) -> Encoded {
+    /// One call of the library with the keys `keys` and the arguments
+    /// `args`, each taken whole.
+    fn of(keys: &[&[u8]], args: &[&[u8]]) -> Encoded {
+        let size = keys.iter().chain(args).map(|a| a.len()).sum();
         let mut out = Encoded {
-            buf: Vec::with_capacity(hash.len() + 32 + args.iter().map(|a| a.len()).sum::<usize>()),
+            buf: Vec::with_capacity(size),
             keys: SmallVec::new(),
             args: SmallVec::new(),
         };
-        let push = |out: &mut Encoded, bytes: &[u8], key: bool| {
+        for (bytes, is_key) in keys
+            .iter()
+            .map(|k| (k, true))
+            .chain(args.iter().map(|a| (a, false)))
+        {
             let start = out.buf.len();
             out.buf.extend_from_slice(bytes);
             let range = start..out.buf.len();
-            if key {
+            if is_key {
                 out.keys.push(range);
             } else {
                 out.args.push(range);
             }
-        };
-        push(&mut out, hash, true);
-        push(&mut out, b"o:0:0:0:0:3", false);
-        push(&mut out, command.as_bytes(), false);
-        for arg in args {
-            push(&mut out, arg, false);
         }
         out
     }
@@ -88,35 +87,35 @@ impl Encoded {
     /// `lua/driver.lua`): every key in order; the options, then each
     /// decision's arguments after `#<its keys>:<its arguments>`.
     pub(super) fn batch(parts: &[&Encoded]) -> Encoded {
-        let mut out = Encoded {
-            buf: Vec::with_capacity(parts.iter().map(|p| p.buf.len() + 12).sum::<usize>() + 16),
-            keys: SmallVec::new(),
-            args: SmallVec::new(),
-        };
-        let push = |out: &mut Encoded, bytes: &[u8], key: bool| {
-            let start = out.buf.len();
-            out.buf.extend_from_slice(bytes);
-            let range = start..out.buf.len();
-            if key {
-                out.keys.push(range);
-            } else {
-                out.args.push(range);
-            }
-        };
-        for part in parts {
-            for key in part.keys() {
-                push(&mut out, key, true);
-            }
+        let counts: Vec<String> = parts
+            .iter()
+            .map(|part| format!("#{}:{}", part.key_count(), part.arg_count()))
+            .collect();
+        let keys: Vec<&[u8]> = parts.iter().flat_map(|part| part.keys()).collect();
+        let mut args: Vec<&[u8]> = vec![b"o:0:0:0:0:7"];
+        for (part, count) in parts.iter().zip(&counts) {
+            args.push(count.as_bytes());
+            args.extend(part.args());
         }
-        push(&mut out, b"o:0:0:0:0:7", false);
-        for part in parts {
-            let count = format!("#{}:{}", part.key_count(), part.arg_count());
-            push(&mut out, count.as_bytes(), false);
-            for arg in part.args() {
-                push(&mut out, arg, false);
-            }
-        }
-        out
+        Encoded::of(&keys, &args)
+    }
+
+    /// A change of a kept quota (op 3 of the library's options, see
+    /// `lua/driver.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
+    /// or `HDEL`) and its arguments after the key.
+    pub(super) fn change(hash: &[u8], command: &str, args: &[&[u8]]) -> Encoded {
+        let mut all: SmallVec<[&[u8]; 4]> =
+            smallvec::smallvec![&b"o:0:0:0:0:3"[..], command.as_bytes()];
+        all.extend_from_slice(args);
+        Encoded::of(&[hash], &all)
+    }
+
+    /// An operation on a key's penalty state (op 6 of the library's
+    /// options, see `lua/driver.lua`): the key `key`, the options (with
+    /// what to do) and the limit's string with a cost of 0.
+    pub(super) fn penalty(key: &[u8], options: &[u8], wire: &str) -> Encoded {
+        let limit = format!("{wire}0");
+        Encoded::of(&[key], &[options, limit.as_bytes()])
     }
 
     /// Where the hash tag lies in the key written at `key`: after the
@@ -138,7 +137,9 @@ impl RedisStore {
     /// see [`keys`]), written into a new buffer: the one place Redis key
     /// names are made. With `configured`, a limit whose quota may be kept in
     /// the store has one more after its own: the hash of its kept quotas
-    /// (see [`quota_key`](Self::quota_key)).
+    /// (see [`quota_key`](Self::quota_key)), and a limit with a penalty one
+    /// more after all of its own, its penalty key,
+    /// `<prefix>:{<escaped key>}:<limit>:pen` (in the same slot).
     pub(super) fn encode_keys(&self, checks: &[Check<'_>], configured: bool) -> Encoded {
         let prefix = self.inner.prefix.as_bytes();
         let mut out = Encoded {
@@ -155,6 +156,7 @@ impl RedisStore {
             };
             let name = check.limit.name().as_bytes();
             let stored = configured && check.limit.is_quota_from_store();
+            let own = out.keys.len();
             for part in check.limit.params().algorithm().key_parts() {
                 let start = out.buf.len();
                 out.buf.extend_from_slice(prefix);
@@ -177,6 +179,20 @@ impl RedisStore {
                     .to_vec();
                 let start = out.buf.len();
                 self.write_quota_key(&mut out.buf, check.limit.name(), &tag);
+                out.keys.push(start..out.buf.len());
+            }
+            if configured && check.limit.pen_params().is_some() {
+                let start = out.buf.len();
+                out.buf.extend_from_slice(prefix);
+                out.buf.push(b':');
+                if let Some(first) = out.keys.get(own) {
+                    let tag = out.tag_of(first.clone(), prefix.len());
+                    out.buf.extend_from_within(tag);
+                }
+                out.buf.push(b':');
+                out.buf.extend_from_slice(name);
+                out.buf.push(b':');
+                out.buf.extend_from_slice(PENALTY_KEY.as_bytes());
                 out.keys.push(start..out.buf.len());
             }
         }

@@ -426,6 +426,16 @@ impl Backend for RedisStore {
         ))
     }
 
+    fn penalty<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        change: crate::store::PenaltyChange,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>> {
+        let deadline = deadline.start();
+        Answer::Later(Box::pin(self.penalty_now(check, change, deadline)))
+    }
+
     fn clock(&self) -> Option<Arc<dyn Clock>> {
         self.inner.clock.clone()
     }

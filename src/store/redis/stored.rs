@@ -15,7 +15,8 @@
 use super::encode::Encoded;
 use super::RedisStore;
 use crate::algorithm::Params;
-use crate::store::{Check, Deadline, QuotaChange};
+use crate::penalty::PenState;
+use crate::store::{Check, Deadline, PenaltyChange, QuotaChange};
 use crate::{Error, Quota};
 
 /// Hashes written at once while a limit's quota is copied to every slot.
@@ -37,8 +38,10 @@ impl RedisStore {
         // a configured limit's keys: its state keys, then its quotas' hash
         let encoded = self.encode_keys(std::slice::from_ref(check), true);
         let keys: Vec<&[u8]> = encoded.keys().collect();
-        let (first, hash) = match keys.as_slice() {
-            [first, .., hash] => (first.to_vec(), hash.to_vec()),
+        // (after the state keys; a penalty key may follow)
+        let n = check.limit.params().algorithm().key_parts().len();
+        let (first, hash) = match (keys.first(), keys.get(n)) {
+            (Some(first), Some(hash)) => (first.to_vec(), hash.to_vec()),
             _ => (Vec::new(), Vec::new()),
         };
         #[allow(unused_mut)]
@@ -180,15 +183,20 @@ impl RedisStore {
         args: &[&[u8]],
         deadline: Deadline,
     ) -> Result<i64, Error> {
-        let encoded = &Encoded::change(hash, command, args);
         let reply = self
-            .inner
+            .run_encoded(&Encoded::change(hash, command, args), deadline)
+            .await?;
+        read_count(&reply)
+    }
+
+    /// Runs one encoded call of the library on a lane's connection.
+    async fn run_encoded(&self, encoded: &Encoded, deadline: Deadline) -> Result<Vec<u8>, Error> {
+        self.inner
             .lanes
             .run(deadline, |mut conn| async move {
                 self.call(&mut conn, encoded).await
             })
-            .await?;
-        read_count(&reply)
+            .await
     }
 
     /// Sets (`Some`) or deletes (`None`) the limit's own quota in every hash
@@ -225,6 +233,56 @@ impl RedisStore {
         #[cfg(not(feature = "cluster"))]
         let _ = (copies, value, deadline);
         Ok(())
+    }
+}
+
+impl RedisStore {
+    /// Applies `change` to `check`'s penalty state through the library
+    /// (op 6, see `lua/driver.lua`).
+    pub(super) async fn penalty_now(
+        &self,
+        check: &Check<'_>,
+        change: PenaltyChange,
+        deadline: Deadline,
+    ) -> Result<Option<(PenState, i64)>, Error> {
+        if check.limit.pen_params().is_none() {
+            return Ok(None);
+        }
+        let encoded = self.encode_keys(std::slice::from_ref(check), true);
+        let Some(key) = encoded.keys().last() else {
+            return Ok(None);
+        };
+        let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
+        let (what, us) = match change {
+            PenaltyChange::Read => (0, 0),
+            PenaltyChange::Block(us) => (1, us),
+            PenaltyChange::Unblock => (2, 0),
+        };
+        let slack = self.inner.slack;
+        let options = format!("o:{now}:0:0:{slack}:6:{what}:{us}");
+        let encoded = Encoded::penalty(key, options.as_bytes(), check.limit.wire());
+        let reply = self.run_encoded(&encoded, deadline).await?;
+        let values: Vec<i64> = reply
+            .chunks_exact(8)
+            .filter_map(|c| c.try_into().ok().map(f64::from_le_bytes))
+            .filter(|x| x.fract() == 0.0 && x.abs() < crate::algorithm::EXACT as f64)
+            .map(|x| x as i64)
+            .collect();
+        match values.as_slice() {
+            &[until, offences, count, since, now] if reply.len() == 40 => Ok(Some((
+                PenState {
+                    until,
+                    offences,
+                    count,
+                    since,
+                },
+                now,
+            ))),
+            _ => Err(Error::UnexpectedReply(format!(
+                "{} bytes for a penalty state",
+                reply.len()
+            ))),
+        }
     }
 }
 

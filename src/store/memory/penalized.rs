@@ -1,0 +1,303 @@
+//! Penalties (see `Limit::penalty`) in the memory store: each key's
+//! [`PenState`] by limit name, in one of [`SHARDS`] maps, each under a lock
+//! of its own, held across the whole decision of a penalized limit, so that
+//! its refusals are counted exactly (the script's atomicity). The steps are
+//! those of `penalized_one` and the loop in `lua/driver.lua`: a blocked key
+//! is refused without its quota being consulted (one limit) or charged
+//! (several), a refusal by the limit itself is counted, the N-th within the
+//! time blocks. Only limits with a penalty take these locks (always before a
+//! shard's), so others pay one test.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use smallvec::SmallVec;
+
+use super::table::{Hasher, Key};
+use super::{Inner, MemoryStore, SHARDS};
+use crate::algorithm::{Outcome, Reply};
+use crate::penalty::{PenParams, PenState};
+use crate::store::backend::PenaltyChange;
+use crate::store::Check;
+
+/// What a blocked limit's status says for `remaining` on the wire (see
+/// `algorithm::wire::BLOCKED`).
+use crate::algorithm::wire::BLOCKED;
+
+/// One shard's penalty states: by limit name and key, the state and when
+/// it becomes fresh (store time, us).
+pub(super) type Pens = HashMap<(&'static str, Key), (PenState, i64)>;
+
+/// The penalty maps of a store, one per shard.
+pub(super) fn pens() -> Box<[Mutex<Pens>]> {
+    (0..SHARDS).map(|_| Mutex::new(Pens::new())).collect()
+}
+
+fn lock(pens: &Mutex<Pens>) -> MutexGuard<'_, Pens> {
+    pens.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Drops the states of `pens` that are fresh at `now`; returns how many.
+pub(super) fn sweep_pens(pens: &Mutex<Pens>, now: i64) -> usize {
+    let mut pens = lock(pens);
+    let before = pens.len();
+    pens.retain(|_, (_, exp)| *exp > now);
+    before - pens.len()
+}
+
+/// How a decision runs under its penalties: a plain decision, or a take.
+#[derive(Clone, Copy)]
+pub(super) enum Run {
+    Decide { max_wait: i64, dry: bool },
+    Take,
+}
+
+impl Inner {
+    /// The shard of `key`'s penalty state.
+    fn pen_shard(&self, key: &[u8]) -> usize {
+        Hasher::shard(self.hasher.hash(key))
+    }
+
+    /// Writes `state` back for `check` (or drops it, fresh at `now`).
+    fn put_pen(
+        &self,
+        pens: &mut Pens,
+        check: &Check<'_>,
+        p: &PenParams,
+        state: PenState,
+        now: i64,
+    ) {
+        let id = (check.limit.shared_name(), Key::from_slice(check.key));
+        let exp = state.expires_at(p);
+        if exp <= now {
+            if pens.remove(&id).is_some() {
+                self.forget(1);
+            }
+            return;
+        }
+        match pens.get_mut(&id) {
+            Some(slot) => *slot = (state, exp),
+            // a new state, unless the store is full (then not counted)
+            None if self.admit() => {
+                pens.insert(id, (state, exp));
+            }
+            None => {}
+        }
+    }
+}
+
+/// A blocked limit's status: its wait and reset the time left of the
+/// block, its `remaining` the wire's mark of a block.
+fn blocked_status(left: i64) -> [i64; 3] {
+    [left, BLOCKED, left]
+}
+
+impl MemoryStore {
+    /// Runs `run` on `checks` under their limits' penalties (see the
+    /// module): `run(checks, blocked)` decides (a take takes), or, when
+    /// `blocked`, decides without granting (a take: a cost of 1). Returns
+    /// its reply with the blocks' statuses and the amount taken.
+    #[inline(always)]
+    pub(super) fn with_penalties(
+        &self,
+        checks: &[Check<'_>],
+        how: Run,
+        run: impl FnOnce(&[Check<'_>], bool) -> (Reply, i64),
+    ) -> (Reply, i64) {
+        if !checks.iter().any(|c| c.limit.pen_params().is_some()) {
+            return run(checks, false);
+        }
+        self.penalized(checks, how, run)
+    }
+
+    #[inline(never)]
+    fn penalized(
+        &self,
+        checks: &[Check<'_>],
+        how: Run,
+        run: impl FnOnce(&[Check<'_>], bool) -> (Reply, i64),
+    ) -> (Reply, i64) {
+        let inner = &*self.inner;
+        let shards: SmallVec<[Option<usize>; 2]> = checks
+            .iter()
+            .map(|c| c.limit.pen_params().map(|_| inner.pen_shard(c.key)))
+            .collect();
+        let mut order: SmallVec<[usize; 2]> = shards.iter().flatten().copied().collect();
+        order.sort_unstable();
+        order.dedup();
+        // taken in shard order, before any shard of the states
+        let mut guards: SmallVec<[MutexGuard<'_, Pens>; 2]> =
+            order.iter().map(|&s| lock(&inner.pens[s])).collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or_default();
+        let store_now = inner.clock.now_micros();
+        let mut states: SmallVec<[Option<PenState>; 2]> = SmallVec::new();
+        for (check, shard) in checks.iter().zip(&shards) {
+            let state = shard.map(|s| {
+                let id = (check.limit.shared_name(), Key::from_slice(check.key));
+                guards
+                    .get(guard_of(s))
+                    .and_then(|pens| pens.get(&id))
+                    .filter(|(_, exp)| *exp > store_now)
+                    .map_or_else(PenState::default, |(state, _)| *state)
+            });
+            states.push(state);
+        }
+        let lefts: SmallVec<[Option<i64>; 2]> = states
+            .iter()
+            .map(|s| s.and_then(|s| s.blocked(store_now)))
+            .collect();
+        if lefts.iter().any(Option::is_some) {
+            if let ([_], Run::Decide { .. }) = (checks, how) {
+                // one limit, blocked: its quota is not consulted
+                let left = lefts.first().copied().flatten().unwrap_or(0);
+                let reply = Reply {
+                    outcome: Outcome::Denied,
+                    wait: left,
+                    now: store_now,
+                    limits: smallvec::smallvec![blocked_status(left)],
+                    stored: None,
+                };
+                return (reply, 0);
+            }
+            // several (or a take): the others decided, nothing granted
+            let (mut reply, _) = run(checks, true);
+            block_statuses(&mut reply, &lefts);
+            return (reply, 0);
+        }
+        let (mut reply, taken) = run(checks, false);
+        let Run::Decide { max_wait, dry } = how else {
+            return (reply, taken);
+        };
+        if dry || reply.outcome != Outcome::Denied {
+            return (reply, taken);
+        }
+        // count a refusal for each penalized limit that refused
+        let mut lefts: SmallVec<[Option<i64>; 2]> = SmallVec::new();
+        for (i, ((check, shard), state)) in checks.iter().zip(&shards).zip(&states).enumerate() {
+            let (Some(p), Some(s), Some(mut state)) = (check.limit.pen_params(), shard, *state)
+            else {
+                lefts.push(None);
+                continue;
+            };
+            let refused = reply.limits.get(i).is_some_and(|l| l[0] > max_wait);
+            if !refused {
+                lefts.push(None);
+                continue;
+            }
+            let offence = state.refuse(p, store_now);
+            lefts.push(offence.then(|| state.until - store_now));
+            if let Some(pens) = guards.get_mut(guard_of(*s)) {
+                inner.put_pen(pens, check, p, state, store_now);
+            }
+        }
+        block_statuses(&mut reply, &lefts);
+        (reply, taken)
+    }
+
+    /// Changes `check`'s penalty state (see [`PenaltyChange`]); its state
+    /// after a block (before a forget), and the store time.
+    pub(super) fn change_pen_now(
+        &self,
+        check: &Check<'_>,
+        change: PenaltyChange,
+    ) -> Option<(PenState, i64)> {
+        let inner = &*self.inner;
+        let p = check.limit.pen_params()?;
+        let mut pens = lock(&inner.pens[inner.pen_shard(check.key)]);
+        let now = inner.clock.now_micros();
+        let id = (check.limit.shared_name(), Key::from_slice(check.key));
+        let mut state = pens
+            .get(&id)
+            .filter(|(_, exp)| *exp > now)
+            .map_or_else(PenState::default, |(state, _)| *state);
+        match change {
+            PenaltyChange::Read => {}
+            PenaltyChange::Block(us) => {
+                state.block(now, us);
+                inner.put_pen(&mut pens, check, p, state, now);
+            }
+            PenaltyChange::Unblock => {
+                if pens.remove(&id).is_some() {
+                    inner.forget(1);
+                }
+            }
+        }
+        Some((state, now))
+    }
+}
+
+/// Marks the limits blocked (`lefts[i]`: the time left of limit i's block)
+/// in `reply`, as the script does: their statuses, then the outcome from
+/// the statuses (a blocked limit's own quota is not asked, so only another
+/// limit's cost over its capacity makes it "never"), refused until all
+/// allow.
+fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
+    if lefts.iter().all(Option::is_none) {
+        return;
+    }
+    for (status, left) in reply.limits.iter_mut().zip(lefts) {
+        if let Some(left) = *left {
+            *status = blocked_status(left);
+        }
+    }
+    if reply.limits.iter().any(|l| l[0] < 0) {
+        (reply.outcome, reply.wait) = (Outcome::Never, -1);
+    } else {
+        let wait = reply.limits.iter().map(|l| l[0]).max().unwrap_or(0);
+        (reply.outcome, reply.wait) = (Outcome::Denied, wait);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::backend::Backend;
+    use crate::store::Deadline;
+    use crate::{Clock, Limit, ManualClock, Penalty, Quota};
+
+    /// A penalty state counts among the store's keys while it matters, and
+    /// the sweep drops it (and uncounts it) once it equals a fresh one.
+    #[test]
+    fn ended_penalty_states_are_swept_and_uncounted() {
+        let minute = Duration::from_secs(60);
+        let clock = ManualClock::new(1_800_000_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let limit = Limit::new("l", Quota::fixed_window(1, minute))
+            .expect("limit")
+            .penalty(
+                Penalty::new(1, minute, [minute])
+                    .expect("penalty")
+                    .forget_after(minute),
+            );
+        let check = [Check {
+            limit: &limit,
+            key: b"k",
+            cost: 1,
+        }];
+        for _ in 0..2 {
+            let decided = store.decide(&check, 0, false, Deadline::after(minute));
+            assert!(matches!(decided, crate::store::Answer::Now(Ok(_))));
+        }
+        assert_eq!(store.len(), 2, "the window's state and the penalty's");
+        let sweep = |now: i64| -> usize {
+            store
+                .inner
+                .pens
+                .iter()
+                .map(|pens| {
+                    let removed = sweep_pens(pens, now);
+                    store.inner.forget(removed);
+                    removed
+                })
+                .sum()
+        };
+        // blocked a minute, remembered a minute after: not before then
+        clock.advance(minute);
+        assert_eq!(sweep(clock.now_micros()), 0);
+        clock.advance(minute);
+        assert_eq!(sweep(clock.now_micros()), 1);
+        assert_eq!(store.len(), 1);
+    }
+}
