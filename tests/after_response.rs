@@ -19,7 +19,7 @@ use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_ratelimit::key::Global;
-use tower_ratelimit::layer::{RateLimitLayer, Rule};
+use tower_ratelimit::layer::{RateLimitLayer, RateLimitLayerBuilder, Rule};
 use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, RedisStore, Store};
 
 type Chunks = mpsc::UnboundedSender<Result<Bytes, Infallible>>;
@@ -50,13 +50,38 @@ enum StoreKind {
 }
 
 fn layer(store: StoreKind, rule: Rule) -> RateLimitLayer {
-    let builder = RateLimitLayer::builder().rule(rule).timeout(PATIENT);
+    layer_with(store, RateLimitLayer::builder().rule(rule))
+}
+
+fn layer_with(store: StoreKind, builder: RateLimitLayerBuilder) -> RateLimitLayer {
+    let builder = builder.timeout(PATIENT);
     match store {
         StoreKind::Memory(store) => builder.store(store),
         StoreKind::Redis(store) => builder.store(store),
     }
     .build()
     .expect("layer")
+}
+
+/// An app whose `GET /stream` streams what the test sends through the
+/// sender it pushes on the returned list, one per request, behind `layer`.
+fn streaming_app(layer: RateLimitLayer) -> (Router, Arc<Mutex<Vec<Chunks>>>) {
+    let senders: Arc<Mutex<Vec<Chunks>>> = Arc::default();
+    let handler_senders = senders.clone();
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(move || {
+                let senders = handler_senders.clone();
+                async move {
+                    let (tx, rx) = mpsc::unbounded();
+                    senders.lock().expect("lock").push(tx);
+                    Body::from_stream(rx)
+                }
+            }),
+        )
+        .layer(layer);
+    (app, senders)
 }
 
 fn limiter(store: StoreKind, limit: Limit) -> Limiter {
@@ -98,21 +123,7 @@ async fn settles_to(limiter: &Limiter, remaining: u64) {
 async fn a_concurrency_limit_holds_its_permit_until_the_response_body_ends() {
     let streams = Limit::concurrency("streams", 1, Duration::from_secs(60)).expect("limit");
     for (store, make) in stores("after-lease") {
-        let senders: Arc<Mutex<Vec<Chunks>>> = Arc::default();
-        let handler_senders = senders.clone();
-        let app = Router::new()
-            .route(
-                "/stream",
-                get(move || {
-                    let senders = handler_senders.clone();
-                    async move {
-                        let (tx, rx) = mpsc::unbounded();
-                        senders.lock().expect("lock").push(tx);
-                        Body::from_stream(rx)
-                    }
-                }),
-            )
-            .layer(layer(make(), Rule::new(streams.clone(), Global)));
+        let (app, senders) = streaming_app(layer(make(), Rule::new(streams.clone(), Global)));
         let looker = limiter(make(), streams.clone());
 
         let first = app
@@ -284,33 +295,10 @@ async fn an_unreadable_or_small_cost_charges_nothing_more() {
 async fn in_delay_mode_a_request_waits_for_a_free_permit() {
     let streams = Limit::concurrency("waited", 1, Duration::from_secs(60)).expect("limit");
     for (store, make) in stores("after-delay") {
-        let senders: Arc<Mutex<Vec<Chunks>>> = Arc::default();
-        let handler_senders = senders.clone();
-        let layer = {
-            let builder = RateLimitLayer::builder()
-                .rule(Rule::new(streams.clone(), Global))
-                .delay(Duration::from_secs(5))
-                .timeout(PATIENT);
-            match make() {
-                StoreKind::Memory(store) => builder.store(store),
-                StoreKind::Redis(store) => builder.store(store),
-            }
-            .build()
-            .expect("layer")
-        };
-        let app = Router::new()
-            .route(
-                "/stream",
-                get(move || {
-                    let senders = handler_senders.clone();
-                    async move {
-                        let (tx, rx) = mpsc::unbounded();
-                        senders.lock().expect("lock").push(tx);
-                        Body::from_stream(rx)
-                    }
-                }),
-            )
-            .layer(layer);
+        let builder = RateLimitLayer::builder()
+            .rule(Rule::new(streams.clone(), Global))
+            .delay(Duration::from_secs(5));
+        let (app, senders) = streaming_app(layer_with(make(), builder));
         let first = app
             .clone()
             .oneshot(get_request("/stream"))

@@ -41,12 +41,7 @@ async fn run(limit: &Limit, table: &[Row]) {
     stores.push((
         "cluster",
         patient_limiter(
-            tower_ratelimit::RedisStore::cluster_builder(common::cluster::shared().seed_urls())
-                .prefix(&prefix)
-                .expiry_slack(common::TEST_CLOCK_SLACK)
-                .clock(clock.clone())
-                .build()
-                .expect("a cluster store"),
+            common::cluster_store_with_clock(&prefix, &clock),
             limit.clone(),
         ),
     ));

@@ -169,6 +169,17 @@ pub fn redis_store_with_clock(prefix: &str, clock: &ManualClock) -> RedisStore {
         .expect("build the Redis store")
 }
 
+/// A store on the shared test cluster (`cluster::shared`), on a test clock.
+#[cfg(feature = "cluster")]
+pub fn cluster_store_with_clock(prefix: &str, clock: &ManualClock) -> RedisStore {
+    RedisStore::cluster_builder(cluster::shared().seed_urls())
+        .prefix(prefix)
+        .expiry_slack(TEST_CLOCK_SLACK)
+        .clock(clock.clone())
+        .build()
+        .expect("a cluster store")
+}
+
 pub fn connection() -> redis::Connection {
     redis::Client::open(redis_url())
         .expect("client")
