@@ -12,7 +12,8 @@
 //! - A [`Limiter`] decides one or more limits per key over a store:
 //!   [`MemoryStore`] in-process (the default), or [`RedisStore`] shared by every
 //!   instance (feature `redis`): one `FCALL` of a Redis Function per
-//!   decision, clock read from Redis `TIME`.
+//!   decision (under load, one per batch of the decisions that arrived
+//!   while one was in flight), clock read from Redis `TIME`.
 //! - Limits can change while the fleet runs: a [`LiveLimit`] is swapped in
 //!   the process, a limit marked [`Limit::quota_from_store`] takes the quota
 //!   (and per-key overrides) every instance reads from the store.
