@@ -575,3 +575,68 @@ async fn leases_and_charges_across_slots() {
     assert!(x.is_held() && y.is_held());
     assert!(!a.acquire_lease(&user).await.expect("acquire").is_held());
 }
+
+/// A hot key on a cluster: 1000 decisions at once on one key, coalesced in
+/// its slot into fewer calls than decisions, exactly the quota granted;
+/// keys in other slots decided beside it, each exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_keys_decisions_coalesce_in_its_slot_and_stay_exact() {
+    let cluster = common::cluster::shared();
+    let prefix = unique_prefix("hot");
+    let limiter = Limiter::builder(store(cluster, &prefix))
+        .limit(
+            Limit::new("hot", Quota::fixed_window(300, Duration::from_secs(3600))).expect("limit"),
+        )
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .expect("limiter");
+    let fcalls = || -> u64 {
+        cluster
+            .all_nodes()
+            .into_iter()
+            .map(|node| common::command_calls(&mut cluster.connection(node), "fcall"))
+            .sum()
+    };
+    for key in ["warm-a", "warm-b"] {
+        limiter.peek(key).await.expect("the library is loaded");
+    }
+    let before = fcalls();
+    let (hot, other) = keys_in_two_slots("hot-key");
+    let tasks: Vec<_> = (0..1000)
+        .map(|i| {
+            let limiter = limiter.clone();
+            let key = if i % 10 == 0 {
+                other.clone()
+            } else {
+                hot.clone()
+            };
+            tokio::spawn(async move {
+                let decision = limiter.check(&key, 1).await;
+                (key, decision)
+            })
+        })
+        .collect();
+    let (mut hot_granted, mut other_granted) = (0, 0);
+    for task in tasks {
+        let (key, decision) = task.await.expect("task");
+        if decision.expect("decided").is_allowed() {
+            if key == hot {
+                hot_granted += 1;
+            } else {
+                other_granted += 1;
+            }
+        }
+    }
+    assert_eq!(
+        (hot_granted, other_granted),
+        (300, 100),
+        "exact in each slot"
+    );
+    let calls = fcalls() - before;
+    assert!(
+        calls < 1000,
+        "{calls} calls for 1000 decisions: none coalesced"
+    );
+    println!("1000 decisions on two slots in {calls} calls");
+}

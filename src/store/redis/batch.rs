@@ -10,8 +10,11 @@
 //! A decision whose caller went away (its deadline passed, or its future was
 //! dropped) before its batch is sent is left out of it: it counts nowhere.
 //! A batch that fails fails each of its decisions with its error. On a
-//! cluster, decisions are not coalesced (a call's keys must share a slot).
+//! cluster, batches form per slot (a call's keys must share one): the
+//! decisions of one key, a hot one above all, coalesce; those of keys in
+//! different slots go out apart.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
@@ -26,10 +29,11 @@ use crate::Error;
 /// decisions take about 0.2 ms of its time).
 const MAX_BATCH: usize = 64;
 
-/// The decisions waiting for the call in flight.
+/// The decisions waiting for the call in flight, per cluster slot (a call's
+/// keys share one; on one server, all are slot 0).
 #[derive(Default)]
 pub(super) struct Batcher {
-    state: Mutex<State>,
+    slots: Mutex<HashMap<u16, State>>,
 }
 
 #[derive(Default)]
@@ -47,32 +51,40 @@ struct Waiter {
 }
 
 impl Batcher {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Runs `f` on `slot`'s state, which is dropped once idle (a cluster's
+    /// slots come and go with their keys).
+    fn with<R>(&self, slot: u16, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = slots.entry(slot).or_default();
+        let result = f(state);
+        if !state.busy && state.waiting.is_empty() {
+            slots.remove(&slot);
+        }
+        result
     }
 }
 
 /// Marks the end of a flight when dropped, landed or abandoned: the
 /// decisions that arrived meanwhile go out then.
-struct InFlight<'a>(&'a RedisStore);
+struct InFlight<'a>(&'a RedisStore, u16);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.landed();
+        self.0.landed(self.1);
     }
 }
 
 impl RedisStore {
-    /// The reply to a decision's call `encoded`: sent at once when nothing
-    /// is in flight, else in the next batch.
+    /// The reply to a decision's call `encoded`, whose keys lie in `slot`:
+    /// sent at once when nothing is in flight there, else in the next batch.
     pub(super) async fn decide_coalesced(
         &self,
         encoded: Encoded,
+        slot: u16,
         deadline: Deadline,
     ) -> Result<Vec<u8>, Error> {
         // queued behind the call in flight, or sent now (`Err`: nothing is)
-        let queued = {
-            let mut state = self.inner.batcher.state();
+        let queued = self.inner.batcher.with(slot, |state| {
             if state.busy {
                 let (reply, receiver) = oneshot::channel();
                 state.waiting.push(Waiter {
@@ -85,14 +97,14 @@ impl RedisStore {
                 state.busy = true;
                 Err(encoded)
             }
-        };
+        });
         match queued {
             Ok(receiver) => {
                 let reply = async { receiver.await.unwrap_or(Err(Error::Unavailable)) };
                 deadline.bound(reply).await
             }
             Err(encoded) => {
-                let _flight = InFlight(self);
+                let _flight = InFlight(self, slot);
                 self.run_call(&encoded, deadline).await
             }
         }
@@ -102,19 +114,21 @@ impl RedisStore {
     /// batch, on a task of their own (the caller whose call landed is not
     /// held up), which sends the next batch when it lands, and so on until
     /// none is waiting.
-    fn landed(&self) {
-        let waiting = {
-            let mut state = self.inner.batcher.state();
+    fn landed(&self, slot: u16) {
+        let waiting = self.inner.batcher.with(slot, |state| {
             if state.waiting.is_empty() {
                 state.busy = false;
-                return;
             }
             std::mem::take(&mut state.waiting)
-        };
+        });
+        if waiting.is_empty() {
+            return;
+        }
         // (a runtime gone before the task ran drops it, and the driver
         // with it, which frees the batcher)
         let driver = Driver {
             store: self.clone(),
+            slot,
             done: false,
         };
         match tokio::runtime::Handle::try_current() {
@@ -130,6 +144,7 @@ impl RedisStore {
 /// next decision goes out at once.
 struct Driver {
     store: RedisStore,
+    slot: u16,
     /// Nothing was left waiting when it stopped: the batcher is free.
     done: bool,
 }
@@ -137,9 +152,10 @@ struct Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         if !self.done {
-            let mut state = self.store.inner.batcher.state();
-            state.busy = false;
-            state.waiting.clear();
+            self.store.inner.batcher.with(self.slot, |state| {
+                state.busy = false;
+                state.waiting.clear();
+            });
         }
     }
 }
@@ -165,13 +181,16 @@ impl Driver {
             for call in calls {
                 let _ = call.await;
             }
-            let mut state = store.inner.batcher.state();
-            if state.waiting.is_empty() {
-                state.busy = false;
+            waiting = store.inner.batcher.with(self.slot, |state| {
+                if state.waiting.is_empty() {
+                    state.busy = false;
+                }
+                std::mem::take(&mut state.waiting)
+            });
+            if waiting.is_empty() {
                 self.done = true;
                 return;
             }
-            waiting = std::mem::take(&mut state.waiting);
         }
     }
 }

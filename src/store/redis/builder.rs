@@ -127,7 +127,7 @@ impl RedisStoreBuilder {
     }
 
     /// Whether decisions that arrive while one is in flight go out together
-    /// as one call when it lands (default `true`; not on a cluster): each is
+    /// as one call when it lands (default `true`; on a cluster, per slot): each is
     /// still decided on its own, and Redis pays a call's fixed cost once per
     /// batch. A decision that finds none in flight goes out at once, so a
     /// lone decision waits no longer; under load one may wait for the call

@@ -56,7 +56,7 @@ struct Inner {
     quotas: super::QuotaRegistry,
     /// Decisions waiting to go out together (see `batch.rs`).
     batcher: batch::Batcher,
-    /// Whether decisions are coalesced (never on a cluster).
+    /// Whether decisions are coalesced (per slot on a cluster).
     coalesce: bool,
 }
 
@@ -246,14 +246,17 @@ impl RedisStore {
         cluster::slot_groups(checks)
     }
 
-    /// Whether decisions are coalesced (see `batch.rs`): as built, never on
-    /// a cluster.
-    fn coalesces(&self) -> bool {
+    /// The cluster slot of checks whose keys share one (0 on one server):
+    /// what their decisions are coalesced per (see `batch.rs`).
+    fn slot_of(&self, checks: &[Check<'_>]) -> u16 {
         #[cfg(feature = "cluster")]
         if self.inner.lanes.is_cluster() {
-            return false;
+            return checks
+                .first()
+                .map_or(0, |check| cluster::slot(&super::keys::tag(check.key)));
         }
-        self.inner.coalesce
+        let _ = checks;
+        0
     }
 
     /// One decision over checks whose keys share a slot: one call.
@@ -265,9 +268,10 @@ impl RedisStore {
         deadline: Deadline,
     ) -> Result<Reply, Error> {
         let operation = Operation::Decide { max_wait, dry };
-        let packed = if self.coalesces() {
+        let packed = if self.inner.coalesce {
             let encoded = self.encode(checks, operation);
-            self.decide_coalesced(encoded, deadline).await?
+            let slot = self.slot_of(checks);
+            self.decide_coalesced(encoded, slot, deadline).await?
         } else {
             self.invoke(checks, operation, deadline).await?
         };
