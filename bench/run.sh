@@ -23,7 +23,12 @@
 # slices: both servers up, 1 s wrk runs alternating between them, a ratio
 # per pair of runs (see below).
 #
+# Fleet: FLEET (4) processes of each side at once, FLEET_IN_FLIGHT (50)
+# decisions in flight each, on the one Redis: decisions/s and the Redis
+# server's CPU time (used_cpu_user + used_cpu_sys) per decision.
+#
 # Environment: ROUNDS (3), DUR (5 s per run), REDIS_CPU (0), LOAD_CPU (1),
+# FLEET (4; 0 skips it), FLEET_IN_FLIGHT (50),
 # MODES (the HTTP modes), SLICES (16 per pair; 0 skips them), OUT (a folder
 # for the raw outputs; default a new temporary one). Needs redis-server, wrk, node/npm, taskset, cargo; it says
 # which apt package installs what is missing. Everything it starts it stops.
@@ -34,6 +39,8 @@ ROUNDS=${ROUNDS:-3}
 DUR=${DUR:-5}
 REDIS_CPU=${REDIS_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
+FLEET=${FLEET:-4}
+FLEET_IN_FLIGHT=${FLEET_IN_FLIGHT:-50}
 MODES=${MODES:-bare governor governor-headers ours-mem ours-mem-noheaders trlr ours-redis ours-redis-noheaders ours-redis-tb ours-redis-fw ours-redis-sw ours-redis-log ours-redis-flood}
 OUT=${OUT:-$(mktemp -d -t tower-ratelimit-bench.XXXXXX)}
 mkdir -p "$OUT"
@@ -107,11 +114,39 @@ api_round() {
   echo "api rate-limiter-flexible round=$round dps=$theirs" | tee -a "$OUT/results.txt"
 }
 
+# The Redis server's CPU time so far (s): used_cpu_user + used_cpu_sys.
+redis_cpu() { rc INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
+
+# A fleet, as users run one: FLEET processes of a side at once on the one
+# Redis, each with its own connections and FLEET_IN_FLIGHT decisions in
+# flight (so each connection's pipelining depth is what one instance
+# makes); decisions/s summed, and the Redis server's CPU time over the run
+# per decision. Ours, then rate-limiter-flexible run the same way.
+fleet_round() {
+  local round=$1 side i cpu0 total pids
+  for side in ours rate-limiter-flexible; do
+    pids=()
+    cpu0=$(redis_cpu)
+    for i in $(seq "$FLEET"); do
+      if [ "$side" = ours ]; then
+        taskset -c "$LOAD_CPU" "$API" "$URL" "$DUR" "$FLEET_IN_FLIGHT" >"$OUT/fleet-$side-$round-$i.txt" &
+      else
+        (cd "$PEERS/node" && taskset -c "$LOAD_CPU" node bench.js "$URL" "$DUR" "$FLEET_IN_FLIGHT") >"$OUT/fleet-$side-$round-$i.txt" &
+      fi
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    total=$(cat "$OUT"/fleet-"$side"-"$round"-*.txt | awk '{s += $2} END {printf "%d", s}')
+    echo "fleet $side round=$round dps=$total redis_cpu_us=$(awk -v a="$cpu0" -v b="$(redis_cpu)" -v t="$total" -v d="$DUR" 'BEGIN {if (t > 0) printf "%.2f", (b - a) * 1e6 / (t * d); else printf "-"}')" | tee -a "$OUT/results.txt"
+  done
+}
+
 : >"$OUT/results.txt"
 for round in $(seq "$ROUNDS"); do
   log "round $round of $ROUNDS"
   http_round "$round"
   api_round "$round"
+  if (( FLEET > 0 )); then fleet_round "$round"; fi
   rc FLUSHALL >/dev/null
 done
 
@@ -207,6 +242,9 @@ row('HTTP over Redis with our fields on, vs tower-rate-limit-redis', 'http', 'ou
 for mode, limit in [('ours-redis', 1.0), ('ours-redis-tb', 1.0), ('ours-redis-fw', 1.0), ('ours-redis-sw', 1.0), ('ours-redis-log', 2.0)]:
     row(f'Redis us per decision, {mode} vs tower-rate-limit-redis', 'http', mode, 'trlr', 'redis_usec', 'us', f'target <= {limit}')
 row('API decisions/s vs rate-limiter-flexible', 'api', 'ours', 'rate-limiter-flexible', 'dps', '', 'target >= 2')
+if any(r['kind'] == 'fleet' for r in rows):
+    row('Fleet: decisions/s vs rate-limiter-flexible, the same processes', 'fleet', 'ours', 'rate-limiter-flexible', 'dps', '', 'target >= 3')
+    row('Fleet: Redis CPU us per decision vs rate-limiter-flexible', 'fleet', 'ours', 'rate-limiter-flexible', 'redis_cpu_us', 'us', 'lower is better')
 slices = [r for r in rows if r['kind'] == 'slice']
 if slices:
     print()
