@@ -170,7 +170,8 @@ impl Rule {
     /// [`Limiter::charge`](crate::Limiter::charge)), whatever is left, on a
     /// task of its own: the response is not held up. With
     /// [`cost_from_body`](Self::cost_from_body) too, both are added, and the
-    /// charge is made when the body ends.
+    /// charge is made when the body ends. The response's RateLimit fields
+    /// show the limit as the request found it, before its own charge.
     pub fn cost_from_response(
         mut self,
         cost: impl Fn(&ResponseParts) -> Option<u64> + Send + Sync + 'static,
