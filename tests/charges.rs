@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{patient_limiter, redis_store_with_clock, unique_prefix, PATIENT, T0};
+use common::{patient_limiter, unique_prefix, PATIENT, T0};
 use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Quota, Verdict};
 
 const S: i64 = 1_000_000;
@@ -32,19 +32,7 @@ type Row = (i64, Op, u64);
 async fn run(limit: &Limit, table: &[Row]) {
     let clock = ManualClock::new(T0);
     let prefix = unique_prefix("charges");
-    let memory = patient_limiter(MemoryStore::with_clock(clock.clone()), limit.clone());
-    let redis = patient_limiter(redis_store_with_clock(&prefix, &clock), limit.clone());
-    #[allow(unused_mut)]
-    let mut stores = vec![("memory", memory), ("redis", redis)];
-    // the same table on a Redis Cluster of three primaries and three replicas
-    #[cfg(feature = "cluster")]
-    stores.push((
-        "cluster",
-        patient_limiter(
-            common::cluster_store_with_clock(&prefix, &clock),
-            limit.clone(),
-        ),
-    ));
+    let stores = common::limiters_on_clock(&prefix, limit, &clock);
     for (store, limiter) in &stores {
         for (i, &(at, op, remaining)) in table.iter().enumerate() {
             clock.set(T0 + at);

@@ -10,11 +10,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{
-    assert_keys_expire, patient_limiter, redis_store_with_clock, state_lifetime, unique_prefix, T0,
-    TEST_CLOCK_SLACK,
-};
-use tower_ratelimit::{Limit, ManualClock, MemoryStore, Quota, Verdict};
+use common::{assert_keys_expire, state_lifetime, unique_prefix, T0, TEST_CLOCK_SLACK};
+use tower_ratelimit::{Limit, ManualClock, Quota, Verdict};
 
 const MS: i64 = 1_000;
 const S: i64 = 1_000_000;
@@ -36,19 +33,7 @@ type Row = (i64, u64, i64, Expect, u64, i64);
 async fn run(limit: &Limit, table: &[Row]) {
     let clock = ManualClock::new(T0);
     let prefix = unique_prefix("conformance");
-    let memory = patient_limiter(MemoryStore::with_clock(clock.clone()), limit.clone());
-    let redis = patient_limiter(redis_store_with_clock(&prefix, &clock), limit.clone());
-    #[allow(unused_mut)]
-    let mut stores = vec![("memory", memory), ("redis", redis)];
-    // the same table on a Redis Cluster of three primaries and three replicas
-    #[cfg(feature = "cluster")]
-    stores.push((
-        "cluster",
-        patient_limiter(
-            common::cluster_store_with_clock(&prefix, &clock),
-            limit.clone(),
-        ),
-    ));
+    let stores = common::limiters_on_clock(&prefix, limit, &clock);
     for (store, limiter) in &stores {
         clock.set(T0);
         for (i, &(at, cost, max_wait, expect, remaining, reset)) in table.iter().enumerate() {

@@ -180,6 +180,37 @@ pub fn cluster_store_with_clock(prefix: &str, clock: &ManualClock) -> RedisStore
         .expect("a cluster store")
 }
 
+/// One limiter of `limit` per store a table runs on, all on `clock`: the
+/// memory store, a Redis, and (with the `cluster` feature) the shared test
+/// cluster, each under the key prefix `prefix`.
+pub fn limiters_on_clock(
+    prefix: &str,
+    limit: &tower_ratelimit::Limit,
+    clock: &ManualClock,
+) -> Vec<(&'static str, tower_ratelimit::Limiter)> {
+    #[allow(unused_mut)]
+    let mut limiters = vec![
+        (
+            "memory",
+            patient_limiter(
+                tower_ratelimit::MemoryStore::with_clock(clock.clone()),
+                limit.clone(),
+            ),
+        ),
+        (
+            "redis",
+            patient_limiter(redis_store_with_clock(prefix, clock), limit.clone()),
+        ),
+    ];
+    // the same table on a Redis Cluster of three primaries and three replicas
+    #[cfg(feature = "cluster")]
+    limiters.push((
+        "cluster",
+        patient_limiter(cluster_store_with_clock(prefix, clock), limit.clone()),
+    ));
+    limiters
+}
+
 pub fn connection() -> redis::Connection {
     redis::Client::open(redis_url())
         .expect("client")
