@@ -44,7 +44,7 @@ impl After {
         paid: u64,
     ) -> Option<Box<Self>> {
         let (cost, at) = refund.grant();
-        let lease = LeaseGuard::hold(refund.limiter(), &refund.charged().to_vec(), cost, at);
+        let lease = LeaseGuard::hold(refund.limiter(), refund.charged(), cost, at);
         let mut charges: SmallVec<[Charge; 1]> = SmallVec::new();
         for (j, &r) in charged_rules.iter().enumerate() {
             let (Some(rule), Some(pair)) = (config.rules.get(r), refund.charged().get(j)) else {

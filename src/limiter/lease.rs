@@ -95,7 +95,12 @@ impl LeaseGuard {
     /// Holds the grants of `cost` in `charged` that are of concurrency
     /// limits, made at store time `at` through `limiter`, renewing them on
     /// a task of the current runtime; `None` when there are none.
-    pub(crate) fn hold(limiter: &Limiter, charged: &Charged, cost: i64, at: i64) -> Option<Self> {
+    pub(crate) fn hold(
+        limiter: &Limiter,
+        charged: &[(Limit, Vec<u8>)],
+        cost: i64,
+        at: i64,
+    ) -> Option<Self> {
         let held: Vec<_> = charged
             .iter()
             .filter(|(limit, _)| limit.is_concurrency())
