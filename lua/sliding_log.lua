@@ -354,28 +354,40 @@ local sformat
 
 -- Gives back one grant of `cost` made at `at`: one member with that score
 -- and cost leaves the log (such members are interchangeable), `gone` when
--- one did. A log left empty is deleted, as a fresh state.
+-- one did. Without one, a larger grant made at `at` keeps the rest of its
+-- cost (a hot key's batch giving back what it did not grant): same score
+-- and sequence, so the same place. A log left empty is deleted, as a fresh
+-- state.
 --: step slog refund(now, at, cost) -> gone
   gone = false
   if last then
     local found = rcall('ZRANGEBYSCORE', log, at, at)
+    local whole, part
     for i = #found, 1, -1 do
-      local member = found[i]
-      if slog_entry(member) == cost then
-        rcall('ZREM', log, member)
-        cnt, sum, members, gone = cnt - 1, sum - cost, false, true
-        if cnt == 0 then
-          rcall('DEL', log, meta)
-          top, last, pruned, dirty = false, false, false, false
-        else
-          if member == top then
-            local tail = rcall('ZRANGE', log, -1, -1, 'WITHSCORES')
-            top, last = tail[1], tonumber(tail[2])
-          end
-          dirty = true
+      local c = slog_entry(found[i])
+      if c == cost then whole = found[i] break end
+      if c > cost and not part then part = found[i] end
+    end
+    if whole then
+      rcall('ZREM', log, whole)
+      cnt, sum, members, gone = cnt - 1, sum - cost, false, true
+      if cnt == 0 then
+        rcall('DEL', log, meta)
+        top, last, pruned, dirty = false, false, false, false
+      else
+        if whole == top then
+          local tail = rcall('ZRANGE', log, -1, -1, 'WITHSCORES')
+          top, last = tail[1], tonumber(tail[2])
         end
-        break
+        dirty = true
       end
+    elseif part then
+      local c, q = slog_entry(part)
+      local kept = spack('<c1ddd', 'E', at, q, c - cost)
+      rcall('ZREM', log, part)
+      rcall('ZADD', log, at, kept)
+      if part == top then top = kept end
+      sum, members, gone, dirty = sum - cost, false, true, true
     end
   end
 --: end

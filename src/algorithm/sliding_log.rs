@@ -150,18 +150,27 @@ impl SlidingLog {
 
     /// Gives back one grant of `cost` made at `at` (as `slog_refund`): the
     /// last such entry leaves the log (entries with equal time and cost are
-    /// interchangeable). `false` when the log holds none (pruned, or never
-    /// granted).
+    /// interchangeable); without one, the last larger entry made at `at`
+    /// keeps the rest of its cost (what a hot key's batch did not grant).
+    /// `false` when the log holds neither (pruned, or never granted).
     pub(crate) fn refund(&mut self, at: i64, cost: i64) -> bool {
-        let Some(i) = self.entries.iter().rposition(|&e| e == (at, cost)) else {
+        let found = self.entries.iter().rposition(|&e| e == (at, cost));
+        let Some(i) =
+            found.or_else(|| self.entries.iter().rposition(|&(t, c)| t == at && c > cost))
+        else {
             return false;
         };
-        self.entries.remove(i);
+        let whole = found.is_some();
+        if whole {
+            self.entries.remove(i);
+        } else if let Some(entry) = self.entries.get_mut(i) {
+            entry.1 -= cost;
+        }
         self.sum -= cost;
-        if i < self.skip {
-            self.skip -= 1;
-        } else {
+        if i >= self.skip {
             self.win -= cost;
+        } else if whole {
+            self.skip -= 1;
         }
         true
     }
@@ -193,5 +202,33 @@ impl SlidingLog {
             self.wmax = Some((p.window, now + p.window));
         }
         self.last().map_or(now, |last| last + self.keep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refund of part of a grant (what a hot key's batch did not grant)
+    /// leaves the rest of it in place; one of a whole grant removes it.
+    #[test]
+    fn a_refund_takes_a_whole_grant_or_part_of_a_larger_one() {
+        let p = Params {
+            limit: 10,
+            window: 1_000,
+        };
+        let (mut log, _) = SlidingLog::prepare(&p, Log::default(), 0, 0);
+        log.grant(5, 10);
+        log.grant(5, 1);
+        assert!(log.refund(5, 1), "the grant of 1 itself");
+        assert_eq!((log.sum, log.win, log.entries.len()), (10, 10, 1));
+        assert!(log.refund(5, 4), "part of the grant of 10");
+        assert_eq!((log.sum, log.win), (6, 6));
+        assert_eq!(log.entries.front(), Some(&(5, 6)));
+        assert_eq!(log.status(&p, 5, 5), (4, 1_000));
+        assert!(!log.refund(5, 7), "more than is left at that time");
+        assert!(!log.refund(6, 1), "nothing granted then");
+        assert!(log.refund(5, 6));
+        assert!(log.entries.is_empty());
     }
 }
