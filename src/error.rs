@@ -78,6 +78,11 @@ pub enum ConfigError {
     /// without one.
     #[error("penalty: {0}")]
     Penalty(String),
+    /// A [`HotKey`](crate::HotKey) is invalid (no permits, a hold outside
+    /// 1 ms to 60 s), or does not fit its limit (a batch over the capacity,
+    /// a concurrency limit, a limit with a penalty).
+    #[error("hot key: {0}")]
+    HotKey(String),
     /// A limit read from a configuration file has a missing, misplaced or
     /// invalid field.
     #[error("limit {limit:?}: `{field}` {problem}")]

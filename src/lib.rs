@@ -110,6 +110,7 @@ mod clock;
 mod config;
 mod decision;
 mod error;
+mod hot;
 pub mod key;
 pub mod layer;
 mod limit;
@@ -137,6 +138,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 
+pub use hot::HotKey;
 pub use limit::Limit;
 pub use limiter::{Grant, Inspection, Lease, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
 pub use live::{LimitSource, LiveLimit, LiveLimits};

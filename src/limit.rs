@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{self, Params};
+use crate::hot::HotKey;
 use crate::penalty::{PenParams, Penalty};
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
@@ -58,6 +59,8 @@ pub struct Limit {
     /// A concurrency limit: its grants are leases, given back when the
     /// work ends (see [`Limit::concurrency`]).
     leases: bool,
+    /// Batches of permits granted in this process (see [`Limit::hot`]).
+    hot: Option<HotKey>,
     /// Its `tower_ratelimit_decisions_total` keys, made once.
     #[cfg(feature = "metrics")]
     metric_keys: Arc<crate::metrics::LimitKeys>,
@@ -100,6 +103,7 @@ impl Limit {
             shadow: false,
             from_store: false,
             leases: false,
+            hot: None,
         })
     }
 
@@ -275,6 +279,8 @@ impl Limit {
     /// # }).unwrap();
     /// ```
     pub fn penalty(mut self, penalty: Penalty) -> Self {
+        // every refusal must reach the store to be counted
+        self.hot = None;
         let params = penalty.params();
         self.penalty = Some(Arc::new((penalty, params)));
         self.rewire();
@@ -294,6 +300,61 @@ impl Limit {
             let c = if self.from_store { "c" } else { "" };
             self.wire = format!("{pen}{c}{}", self.stored).into();
         }
+    }
+
+    /// This limit's keys are hot: on a store shared over a network, each
+    /// instance takes batches of permits from the store and grants them in
+    /// this process, so one global key can be decided far faster than one
+    /// Redis could decide it alone, at a bounded cost in exactness stated
+    /// in [`HotKey`]. Refusals reach the store about once per `retry_after`
+    /// (as with the limiter's cache of denials). An in-process store
+    /// decides every request itself and ignores this.
+    ///
+    /// Only a plain decision (a `check` or a layer's request, cost at most
+    /// [`HotKey::permits`]) is served from a batch: a look, a reservation
+    /// ahead, [`take_up_to`](crate::Limiter::take_up_to) and a limit in
+    /// shadow mode are decided by the store. A refund gives nothing back
+    /// to a hot limit (its permit may have come from a batch: it counts as
+    /// spent). With other,
+    /// ordinary limits in the same decision, those are decided by the store
+    /// and, if they refuse, the permit goes back to the batch.
+    ///
+    /// Fails with [`ConfigError::HotKey`] when a batch is larger than the
+    /// limit's capacity, or for a concurrency limit or a limit with a
+    /// penalty (whose every decision must reach the store).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{HotKey, Limit, Quota};
+    ///
+    /// let global = Limit::new("global", Quota::per_second(50_000).gcra())?
+    ///     .hot(HotKey::new(200, Duration::from_millis(100))?)?;
+    /// assert_eq!(global.hot_key().map(HotKey::permits), Some(200));
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn hot(mut self, hot: HotKey) -> Result<Self, ConfigError> {
+        if hot.permits() > self.capacity() {
+            return Err(ConfigError::HotKey(format!(
+                "a batch of {} is more than limit {:?} holds ({})",
+                hot.permits(),
+                self.name,
+                self.capacity()
+            )));
+        }
+        if self.leases || self.penalty.is_some() {
+            return Err(ConfigError::HotKey(format!(
+                "limit {:?} must decide every request in the store (a concurrency limit or a penalty)",
+                self.name
+            )));
+        }
+        self.hot = Some(hot);
+        Ok(self)
+    }
+
+    /// How the limit's keys are served from local batches, if they are (see
+    /// [`hot`](Self::hot)).
+    pub fn hot_key(&self) -> Option<&HotKey> {
+        self.hot.as_ref()
     }
 
     /// The limit's penalty, if it has one (see [`penalty`](Self::penalty)).

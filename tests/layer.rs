@@ -1480,3 +1480,44 @@ fn a_store_outage_is_logged_when_it_begins_and_ends_not_per_request() {
         "{failed} failed requests: {ours:?}"
     );
 }
+
+/// A hot global rule (`Limit::hot`) on two instances of a service: requests
+/// are answered from batches, few reach Redis, every response carries the
+/// RateLimit fields, and the fleet refuses once the limit is spent.
+#[tokio::test]
+async fn a_hot_global_rule_answers_from_batches() {
+    let global = limit("global", per_minute(300))
+        .hot(tower_ratelimit::HotKey::new(25, Duration::from_secs(1)).unwrap())
+        .unwrap();
+    let prefix = unique_prefix("layer-hot");
+    let instance = || {
+        let store = RedisStore::builder(common::redis_url())
+            .prefix(&prefix)
+            .coalesce_decisions(false)
+            .build()
+            .expect("store");
+        hello_app(
+            RateLimitLayer::builder()
+                .store(store)
+                .limit(global.clone(), Global)
+                .build()
+                .expect("layer"),
+        )
+    };
+    let apps = [instance(), instance()];
+    let before = common::command_calls(&mut common::connection(), "fcall");
+    let mut ok = 0;
+    for i in 0..400 {
+        let (status, headers, _) = send(&apps[i % 2], request("/")).await;
+        if status == StatusCode::OK {
+            ok += 1;
+            assert!(param(&sf_list(&headers, "ratelimit")[0], "r") < 300);
+        } else {
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+            assert!(headers.contains_key("retry-after"));
+        }
+    }
+    let calls = common::command_calls(&mut common::connection(), "fcall") - before;
+    assert_eq!(ok, 300, "the fleet grants the limit, no more");
+    assert!(calls <= 40, "{calls} calls of Redis for 400 requests");
+}

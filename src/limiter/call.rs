@@ -8,6 +8,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::deny_cache::DenyCache;
+use super::hot::HotPools;
 use super::{Checks, Limiter};
 use crate::algorithm::{self, Reply};
 use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
@@ -43,11 +44,28 @@ impl Limiter {
         self.decision(checks, max_wait, dry, plain).get().await
     }
 
+    /// One decision: a plain one with a hot limit partly from local
+    /// batches (see `hot.rs`), else [`decision_at_store`](Self::decision_at_store).
+    pub(super) fn decision<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        max_wait: i64,
+        dry: bool,
+        plain: bool,
+    ) -> Answer<'a, Result<Decision, Error>> {
+        if let Some(hot) = &self.inner.hot {
+            if !dry && plain && max_wait == 0 && checks.iter().any(HotPools::serves) {
+                return Answer::Later(Box::pin(self.decide_hot(hot, checks)));
+            }
+        }
+        self.decision_at_store(checks, max_wait, dry, plain)
+    }
+
     /// One decision: the store call, in a `rate_limit` span (only while
     /// `debug` is enabled), measured and (when `plain`) counted (see
     /// [`crate::metrics`]), answered from the cache of denials when it can
     /// be; at once when the store answers at once.
-    pub(super) fn decision<'a>(
+    pub(super) fn decision_at_store<'a>(
         &'a self,
         checks: &'a [Check<'a>],
         max_wait: i64,

@@ -18,6 +18,9 @@
 //! forgets the key's entries, and a denial decided on a request sent before
 //! such a forget is not cached.
 //!
+//! A denial of a hot limit (`Limit::hot`) is held at most the limit's
+//! batch hold: within it, other instances give their unused permits back.
+//!
 //! A limit with a penalty (`Limit::penalty`) counts its refusals in the
 //! store, so its denials are cached only while it blocks the key: then the
 //! denial holds until the block ends (its `retry_after` is at least that),
@@ -228,7 +231,15 @@ impl DenyCache {
         let Verdict::Denied { retry_after } = decision.verdict() else {
             return;
         };
-        let retry = i64::try_from(retry_after.as_micros()).unwrap_or(i64::MAX);
+        // a hot limit's batches give unused permits back within their hold
+        let retry = checks
+            .iter()
+            .filter_map(|c| c.limit.hot_key())
+            .map(crate::HotKey::hold_us)
+            .fold(
+                i64::try_from(retry_after.as_micros()).unwrap_or(i64::MAX),
+                i64::min,
+            );
         let until = sent.at.saturating_add(retry);
         let slots: SmallVec<[u16; 2]> = checks.iter().map(|c| self.slot(c.key)).collect();
         let mut table = self.lock();

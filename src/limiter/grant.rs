@@ -252,7 +252,17 @@ impl Limiter {
         cost: i64,
         at: i64,
     ) -> Result<(), Error> {
-        self.settle_charged(charged, cost, Settle::Refund { at })
+        // a hot limit's grant may have come from a local batch (see
+        // `hot.rs`): it counts as spent
+        let checks: Checks<'_> = charged
+            .iter()
+            .filter(|(limit, _)| self.inner.hot.is_none() || limit.hot_key().is_none())
+            .map(|(limit, key)| Check { limit, key, cost })
+            .collect();
+        if checks.is_empty() {
+            return Ok(());
+        }
+        self.settle_checks(&checks, Settle::Refund { at }, self.timeout())
             .await
             .map(drop)
     }

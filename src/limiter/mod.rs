@@ -12,6 +12,7 @@ mod charge;
 pub(crate) mod count;
 mod deny_cache;
 mod grant;
+mod hot;
 mod lease;
 mod penalties;
 mod shadow;
@@ -25,6 +26,7 @@ use smallvec::SmallVec;
 use self::deny_cache::DenyCache;
 pub use self::grant::Grant;
 pub(crate) use self::grant::{Refund, RefundOnDrop};
+use self::hot::HotPools;
 pub use self::lease::Lease;
 pub(crate) use self::lease::LeaseGuard;
 pub use self::penalties::Inspection;
@@ -60,14 +62,13 @@ type Checks<'a> = SmallVec<[Check<'a>; 2]>;
 /// The limits of one decision as read when it began (see [`LimitSource`]).
 type Limits<'a> = SmallVec<[Current<'a>; 2]>;
 
-/// A cache of denials for a store shared over a network, on the clock the
-/// store decides on (its own when it has one).
-fn denials_for(store: &dyn Store) -> Option<DenyCache> {
+/// For a store shared over a network, the clock of what this process
+/// keeps of its decisions: the store's own when it has one.
+fn local_clock(store: &dyn Store) -> Option<Arc<dyn crate::Clock>> {
     store.remote().then(|| {
-        let clock = store
+        store
             .clock()
-            .unwrap_or_else(|| Arc::new(crate::SystemClock::new()));
-        DenyCache::new(clock)
+            .unwrap_or_else(|| Arc::new(crate::SystemClock::new()))
     })
 }
 
@@ -87,6 +88,8 @@ struct Inner {
     timeout: Duration,
     /// Denials known to hold, for a remote store (see [`DenyCache`]).
     denials: Option<DenyCache>,
+    /// Batches of hot keys' permits, for a remote store (see [`Limit::hot`]).
+    hot: Option<HotPools>,
 }
 
 /// One or more limits over one store. Cheap to clone (an `Arc`), `Send` and
@@ -190,9 +193,14 @@ impl LimiterBuilder {
             }
         }
         register(&*self.store, &self.limits);
+        let clock = local_clock(&*self.store);
         Ok(Limiter {
             inner: Arc::new(Inner {
-                denials: denials_for(&*self.store).filter(|_| self.cache_denials),
+                denials: clock
+                    .clone()
+                    .filter(|_| self.cache_denials)
+                    .map(DenyCache::new),
+                hot: clock.map(HotPools::new),
                 store: self.store,
                 limits: self.limits,
                 timeout: self.timeout,
@@ -206,9 +214,11 @@ impl Limiter {
     pub fn new(store: impl Store, limit: impl Into<LimitSource>) -> Self {
         let limit = limit.into();
         register(&store, std::slice::from_ref(&limit));
+        let clock = local_clock(&store);
         Self {
             inner: Arc::new(Inner {
-                denials: denials_for(&store),
+                denials: clock.clone().map(DenyCache::new),
+                hot: clock.map(HotPools::new),
                 store: Arc::new(store),
                 limits: vec![limit],
                 timeout: DEFAULT_TIMEOUT,

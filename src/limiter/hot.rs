@@ -1,0 +1,416 @@
+//! Hot keys (see [`Limit::hot`]): permits taken from the store in batches
+//! and granted in this process.
+//!
+//! Per limit and key, a [`Pool`] holds at most one batch: the permits left,
+//! until when they may be granted (on the clock the limiter's cache of
+//! denials reads, counted from before the store was asked, so a permit is
+//! granted at most `hold` after the store counted it), and the store's
+//! status after the take. One task at a time refills a pool (an async
+//! mutex, waited for at most the limiter's timeout): the others wait for
+//! it rather than each taking a batch, so an instance holds one batch per
+//! key, which is what the bound in [`HotKey`](crate::HotKey) counts on. A
+//! batch's unused permits go back to the store when its hold ends (a task
+//! of the runtime wakes for it; a refill finds it too).
+//!
+//! A refill the store refuses leaves the pool empty until the refusal's
+//! `retry_after`: meanwhile the key is decided by the store as any other
+//! (where the cache of denials answers a flood), so an exhausted hot key
+//! costs the store about one decision per retry period too.
+//!
+//! Bounds, whatever clients send: at most [`MAX_POOLS`] pools per limiter,
+//! and keys of at most [`keys::MAX_RAW_KEY`] bytes; other keys of a hot
+//! limit are decided by the store one request at a time.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::{Checks, Inner, Limiter};
+use crate::clock::Clock;
+use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
+use crate::metrics::{Outcome, StoreTimer};
+use crate::store::{keys, Check, Settle};
+use crate::{Error, Limit};
+
+/// Pools kept at most per limiter (see the module's bounds).
+pub(crate) const MAX_POOLS: usize = 1024;
+
+/// The pools of a limiter's hot keys.
+pub(crate) struct HotPools {
+    clock: Arc<dyn Clock>,
+    /// By limit name, then key.
+    pools: Mutex<HashMap<&'static str, ByKey>>,
+}
+
+/// One limit's pools, by key.
+type ByKey = HashMap<Box<[u8]>, Arc<Pool>>;
+
+/// One key's batch, and the right to refill it.
+struct Pool {
+    key: Box<[u8]>,
+    batch: Mutex<Batch>,
+    refill: tokio::sync::Mutex<()>,
+}
+
+/// A batch of permits taken from the store.
+#[derive(Default)]
+struct Batch {
+    /// Permits left to grant.
+    left: i64,
+    /// Granted until (us on the pools' clock).
+    until: i64,
+    /// Counts the batches taken, so a permit goes back only to its own.
+    generation: u64,
+    /// The store refused a batch: the key is decided by the store until
+    /// then (us).
+    refused_until: i64,
+    /// The last refill failed at this time (us), with this error: the
+    /// tasks that waited for it fail with it too, rather than each waiting
+    /// out the store again.
+    failed: Option<(i64, Error)>,
+    taken: Option<Taken>,
+}
+
+/// What a batch took from the store.
+struct Taken {
+    limit: Limit,
+    /// The store time of the take, what giving back names it by.
+    at: i64,
+    /// The limit's status after the take, and when it was asked for (us).
+    status: LimitStatus,
+    sent: i64,
+}
+
+/// A permit granted from a batch, until the rest of its decision is known.
+struct Permit {
+    pool: Arc<Pool>,
+    generation: u64,
+    cost: i64,
+    status: LimitStatus,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl HotPools {
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            pools: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `check` may be served from a batch: a hot limit that must
+    /// not see every decision, and a cost one batch can hold.
+    pub(crate) fn serves(check: &Check<'_>) -> bool {
+        check.limit.hot_key().is_some_and(|hot| {
+            check.cost > 0
+                && u64::try_from(check.cost).is_ok_and(|cost| cost <= hot.permits())
+                && !check.limit.is_shadow()
+                && !check.limit.is_concurrency()
+                && check.limit.pen_params().is_none()
+        })
+    }
+
+    fn now(&self) -> i64 {
+        self.clock.now_micros()
+    }
+
+    /// `check`'s pool; `None` for a key too long or when every pool is in
+    /// use.
+    fn pool(&self, check: &Check<'_>) -> Option<Arc<Pool>> {
+        if check.key.len() > keys::MAX_RAW_KEY {
+            return None;
+        }
+        let mut pools = lock(&self.pools);
+        if let Some(pool) = pools
+            .get(check.limit.shared_name())
+            .and_then(|by_key| by_key.get(check.key))
+        {
+            return Some(pool.clone());
+        }
+        if pools.values().map(HashMap::len).sum::<usize>() >= MAX_POOLS {
+            // the pools no task holds whose batch has ended
+            let now = self.now();
+            for by_key in pools.values_mut() {
+                by_key.retain(|_, pool| Arc::strong_count(pool) > 1 || pool.in_use(now));
+            }
+            pools.retain(|_, by_key| !by_key.is_empty());
+            if pools.values().map(HashMap::len).sum::<usize>() >= MAX_POOLS {
+                return None;
+            }
+        }
+        let pool = Arc::new(Pool {
+            key: check.key.into(),
+            batch: Mutex::new(Batch::default()),
+            refill: tokio::sync::Mutex::new(()),
+        });
+        pools
+            .entry(check.limit.shared_name())
+            .or_default()
+            .insert(check.key.into(), pool.clone());
+        Some(pool)
+    }
+}
+
+impl Pool {
+    /// Whether the pool holds permits or a refusal at `now`.
+    fn in_use(&self, now: i64) -> bool {
+        let batch = lock(&self.batch);
+        (batch.left > 0 && now < batch.until) || now < batch.refused_until
+    }
+
+    /// A permit of `cost` from the batch, if it has one now.
+    fn take(self: &Arc<Self>, cost: i64, now: i64) -> Option<Permit> {
+        let mut batch = lock(&self.batch);
+        if now >= batch.until || batch.left < cost {
+            return None;
+        }
+        batch.left -= cost;
+        let taken = batch.taken.as_ref()?;
+        let mut status = taken.status.clone();
+        status.remaining = status
+            .remaining
+            .saturating_add(u64::try_from(batch.left).unwrap_or(0));
+        status.reset_us = status
+            .reset_us
+            .saturating_sub(u64::try_from(now - taken.sent).unwrap_or(0));
+        Some(Permit {
+            pool: self.clone(),
+            generation: batch.generation,
+            cost,
+            status,
+        })
+    }
+
+    /// Ends the batch when its hold has passed at `now` (or, with
+    /// `generation`, only that batch): what it did not grant, to give back.
+    fn end(&self, now: i64, generation: Option<u64>) -> Option<(Limit, i64, i64)> {
+        let mut batch = lock(&self.batch);
+        if now < batch.until || batch.left <= 0 || generation.is_some_and(|g| g != batch.generation)
+        {
+            return None;
+        }
+        let left = std::mem::take(&mut batch.left);
+        let taken = batch.taken.as_ref()?;
+        Some((taken.limit.clone(), taken.at, left))
+    }
+}
+
+impl Permit {
+    /// Back to its batch, while that batch grants (else it counts as
+    /// spent: its batch gave back what was left without it).
+    fn give_back(self, now: i64) {
+        let mut batch = lock(&self.pool.batch);
+        if batch.generation == self.generation && now < batch.until {
+            batch.left += self.cost;
+        }
+    }
+}
+
+impl Limiter {
+    /// The decision of `checks`, some of them hot: each hot one granted
+    /// from its batch (refilled from the store when empty), the others
+    /// decided by the store as usual; if they refuse, the permits go back
+    /// to their batches.
+    pub(super) async fn decide_hot(
+        &self,
+        hot: &HotPools,
+        checks: &[Check<'_>],
+    ) -> Result<Decision, Error> {
+        let mut permits: SmallVec<[(usize, Permit); 2]> = SmallVec::new();
+        let mut cold = Checks::new();
+        for (i, check) in checks.iter().enumerate() {
+            if HotPools::serves(check) {
+                match self.permit(hot, check).await {
+                    Ok(Some(permit)) => {
+                        permits.push((i, permit));
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        let now = hot.now();
+                        permits.into_iter().for_each(|(_, p)| p.give_back(now));
+                        let result = Err(error);
+                        super::count::count(checks, &result, Outcome::StoreError);
+                        return result;
+                    }
+                }
+            }
+            cold.push(*check);
+        }
+        let cost = checks.first().map_or(0, |c| c.cost);
+        let decision = if cold.is_empty() {
+            let statuses = permits.iter().map(|(_, p)| p.status.clone()).collect();
+            let mut decision = Decision::new(Verdict::Allowed, 0, statuses);
+            decision.granted = u64::try_from(cost).unwrap_or(0);
+            let result = Ok(decision);
+            super::count::count(checks, &result, Outcome::Allowed);
+            return result;
+        } else {
+            let result = self.decision_at_store(&cold, 0, false, true).get().await;
+            match result {
+                Ok(decision) if decision.is_allowed() => decision,
+                other => {
+                    let now = hot.now();
+                    let statuses = permits.iter().map(|(i, p)| (*i, p.status.clone()));
+                    let merged = other.map(|d| Self::with_local(d, statuses));
+                    permits.into_iter().for_each(|(_, p)| p.give_back(now));
+                    return merged;
+                }
+            }
+        };
+        for check in permits.iter().filter_map(|(i, _)| checks.get(*i)) {
+            super::count::count_one(check.limit, Outcome::Allowed);
+        }
+        let statuses = permits.iter().map(|(i, p)| (*i, p.status.clone()));
+        Ok(Self::with_local(decision, statuses))
+    }
+
+    /// `decision` of the checks the store decided, with the statuses of
+    /// those granted from batches put back in their places.
+    fn with_local(
+        decision: Decision,
+        local: impl Iterator<Item = (usize, LimitStatus)>,
+    ) -> Decision {
+        let mut statuses: Statuses = decision.statuses().iter().cloned().collect();
+        for (i, status) in local {
+            statuses.insert(i.min(statuses.len()), status);
+        }
+        let mut merged = Decision::new(decision.verdict(), decision.wait_us, statuses);
+        merged.granted = decision.granted;
+        merged.at = decision.at;
+        merged.cached = decision.cached;
+        merged
+    }
+
+    /// A permit of `check` from its batch, refilling it when empty; `None`
+    /// when the store is to decide it (no pool, a refusal in force, or too
+    /// little left after a refill).
+    async fn permit(&self, hot: &HotPools, check: &Check<'_>) -> Result<Option<Permit>, Error> {
+        let Some(pool) = hot.pool(check) else {
+            return Ok(None);
+        };
+        let started = hot.now();
+        if let Some(permit) = pool.take(check.cost, started) {
+            return Ok(Some(permit));
+        }
+        if started < lock(&pool.batch).refused_until {
+            return Ok(None);
+        }
+        let timeout = self.inner.timeout;
+        let Ok(_refilling) = tokio::time::timeout(timeout, pool.refill.lock()).await else {
+            return Err(Error::Timeout(timeout));
+        };
+        // another task may have refilled it, been refused or failed meanwhile
+        let now = hot.now();
+        if let Some(permit) = pool.take(check.cost, now) {
+            return Ok(Some(permit));
+        }
+        {
+            let batch = lock(&pool.batch);
+            if now < batch.refused_until {
+                return Ok(None);
+            }
+            if let Some((_, error)) = batch.failed.as_ref().filter(|(at, _)| *at >= started) {
+                return Err(error.clone());
+            }
+        }
+        if let Some(ended) = pool.end(now, None) {
+            // (on a task of its own: this request waits for its batch only)
+            let (limiter, ended_pool) = (self.clone(), pool.clone());
+            let give_back = async move { limiter.give_back(&ended_pool, ended).await };
+            super::run_detached(give_back, false, || {});
+        }
+        let Some(hot_key) = check.limit.hot_key() else {
+            return Ok(None);
+        };
+        let batch = [Check {
+            limit: check.limit,
+            key: check.key,
+            cost: i64::try_from(hot_key.permits()).unwrap_or(i64::MAX),
+        }];
+        let sent = hot.now();
+        let store = &self.inner.store;
+        let timer = StoreTimer::start();
+        let taken = store.take(&batch, self.deadline()).get().await;
+        timer.finish(|| store.kind(), "take");
+        let taken = taken.and_then(|(reply, k)| Ok((Self::decision_of(&batch, reply, 0)?, k)));
+        let (decision, k) = match taken {
+            Ok(taken) => taken,
+            Err(error) => {
+                lock(&pool.batch).failed = Some((hot.now(), error.clone()));
+                return Err(error);
+            }
+        };
+        let Some(status) = decision.statuses().first().cloned() else {
+            return Ok(None);
+        };
+        let generation = {
+            let mut batch = lock(&pool.batch);
+            batch.failed = None;
+            if !decision.is_allowed() || k <= 0 {
+                // (within a hold, other instances give unused permits back)
+                let wait = decision
+                    .retry_after()
+                    .map_or(hot_key.hold(), |wait| wait.min(hot_key.hold()));
+                let wait = i64::try_from(wait.as_micros()).unwrap_or(i64::MAX);
+                batch.refused_until = sent.saturating_add(wait);
+                return Ok(None);
+            }
+            batch.generation += 1;
+            batch.left = k;
+            batch.until = sent.saturating_add(hot_key.hold_us());
+            batch.taken = Some(Taken {
+                limit: check.limit.clone(),
+                at: decision.at,
+                status,
+                sent,
+            });
+            batch.generation
+        };
+        self.end_later(&pool, generation, hot_key.hold());
+        Ok(pool.take(check.cost, hot.now()))
+    }
+
+    /// Gives back what an ended batch of `pool` did not grant.
+    async fn give_back(&self, pool: &Pool, (limit, at, left): (Limit, i64, i64)) {
+        let check = [Check {
+            limit: &limit,
+            key: &pool.key,
+            cost: left,
+        }];
+        let refunded = self
+            .settle_checks(&check, Settle::Refund { at }, self.inner.timeout)
+            .await;
+        if let Err(error) = refunded {
+            tracing::debug!(target: "tower_ratelimit", %error, "could not give back a hot key's unused permits");
+        }
+    }
+
+    /// Wakes when batch `generation` of `pool` ends, to give back what it
+    /// did not grant (without a runtime, the next refill does).
+    fn end_later(&self, pool: &Arc<Pool>, generation: u64, hold: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, inner): (Weak<Pool>, Weak<Inner>) =
+            (Arc::downgrade(pool), Arc::downgrade(&self.inner));
+        runtime.spawn(async move {
+            tokio::time::sleep(hold).await;
+            let (Some(pool), Some(inner)) = (pool.upgrade(), inner.upgrade()) else {
+                return;
+            };
+            let limiter = Limiter { inner };
+            let Some(hot) = limiter.inner.hot.as_ref() else {
+                return;
+            };
+            if let Some(ended) = pool.end(hot.now(), Some(generation)) {
+                limiter.give_back(&pool, ended).await;
+            }
+        });
+    }
+}

@@ -1,0 +1,360 @@
+//! Hot keys (`Limit::hot`): batches of permits taken from Redis and granted
+//! in the instance, few decisions reaching Redis, unused permits given back,
+//! and the fleet within the bound `HotKey` states.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{command_calls, redis_url, unique_prefix, TestRedis, PATIENT};
+use tower_ratelimit::{
+    Clock, ConfigError, Error, HotKey, Limit, Limiter, ManualClock, MemoryStore, Penalty, Quota,
+    RedisStore,
+};
+
+/// One instance of a service: its own Redis store (own connections) under
+/// `prefix`, each decision its own call (so Redis counts decisions), with
+/// the cache of denials as deployed.
+fn instance(url: &str, prefix: &str, limits: &[Limit], timeout: Duration) -> Limiter {
+    let store = RedisStore::builder(url)
+        .prefix(prefix)
+        .coalesce_decisions(false)
+        .build()
+        .expect("a Redis store");
+    limits
+        .iter()
+        .cloned()
+        .fold(Limiter::builder(store), |b, l| b.limit(l))
+        .timeout(timeout)
+        .build()
+        .expect("a limiter")
+}
+
+fn fleet(prefix: &str, limit: &Limit, n: usize) -> Vec<Limiter> {
+    (0..n)
+        .map(|_| instance(&redis_url(), prefix, std::slice::from_ref(limit), PATIENT))
+        .collect()
+}
+
+/// Decisions that reached Redis so far: every call of the library.
+fn redis_calls() -> u64 {
+    command_calls(&mut common::connection(), "fcall")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_reaches_redis_once_per_batch_and_every_unused_permit_comes_back() {
+    let limit = Limit::new("global", Quota::per_hour(100_000).fixed_window())
+        .unwrap()
+        .hot(HotKey::new(100, Duration::from_millis(300)).unwrap())
+        .unwrap();
+    let prefix = unique_prefix("hot-batches");
+    let instances = fleet(&prefix, &limit, 4);
+    let before = redis_calls();
+    let mut tasks = Vec::new();
+    for limiter in &instances {
+        for _ in 0..4 {
+            let limiter = limiter.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut granted = 0;
+                for _ in 0..500 {
+                    let d = limiter.check("all", 1).await.expect("a decision");
+                    granted += u64::from(d.is_allowed());
+                    assert!(d.remaining() > 0, "remaining counts what is left");
+                }
+                granted
+            }));
+        }
+    }
+    let mut granted = 0;
+    for task in tasks {
+        granted += task.await.expect("a task");
+    }
+    let calls = redis_calls() - before;
+    assert_eq!(granted, 8000, "the limit has room for every one");
+    assert!(
+        calls * 50 <= granted,
+        "{calls} calls of Redis for {granted} decisions: more than 1 in 50"
+    );
+    // the batches' holds end and their unused permits go back: Redis counts
+    // exactly what was granted
+    let observer = instance(&redis_url(), &prefix, &[limit], PATIENT);
+    let deadline = Instant::now() + PATIENT;
+    loop {
+        let remaining = observer.peek("all").await.expect("a look").remaining();
+        if remaining == 100_000 - 8000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Redis still counts {} taken for 8000 granted",
+            100_000 - remaining
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Grants of a fleet of `n` instances on `limit`, every 5 ms of a test
+/// clock (which the stores decide on) for 2.5 s, each instance asking
+/// `per_tick` at once in busy half-seconds and one every 50 ms in quiet
+/// ones (so batches are taken, partly spent, and left to end): the clock
+/// times of the grants.
+async fn fleet_on_a_clock(limit: &Limit, n: usize, per_tick: usize) -> Vec<i64> {
+    let clock = ManualClock::new(common::T0);
+    let prefix = unique_prefix("hot-bound");
+    let instances: Vec<Limiter> = (0..n)
+        .map(|_| {
+            let store = RedisStore::builder(redis_url())
+                .prefix(&prefix)
+                .expiry_slack(common::TEST_CLOCK_SLACK)
+                .clock(clock.clone())
+                .build()
+                .expect("a Redis store");
+            Limiter::builder(store)
+                .limit(limit.clone())
+                .timeout(PATIENT)
+                .build()
+                .expect("a limiter")
+        })
+        .collect();
+    let mut grants = Vec::new();
+    for tick in 0..500 {
+        let busy = (tick / 100) % 2 == 1;
+        let asking = if busy {
+            per_tick
+        } else {
+            usize::from(tick % 10 == 0)
+        };
+        let asks = instances
+            .iter()
+            .flat_map(|l| (0..asking).map(move |_| l.check("all", 1)));
+        for d in futures::future::join_all(asks).await {
+            if d.expect("a decision").is_allowed() {
+                grants.push(clock.now_micros());
+            }
+        }
+        clock.advance(Duration::from_millis(5));
+    }
+    grants
+}
+
+/// The most of `grants` (sorted times, us) within any `window`.
+fn most_within(grants: &[i64], window: Duration) -> usize {
+    let w = window.as_micros() as i64;
+    (0..grants.len())
+        .map(|i| {
+            grants[i..]
+                .iter()
+                .take_while(|&&t| t - grants[i] < w)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_four_stays_within_the_stated_bound() {
+    // a sliding log: exactly 100 in any second without batches
+    let (limit_n, permits, n) = (100usize, 10usize, 4usize);
+    let log = Limit::new(
+        "global",
+        Quota::sliding_log(limit_n as u64, Duration::from_secs(1)),
+    )
+    .unwrap();
+    let hot = log
+        .clone()
+        .hot(HotKey::new(permits as u64, Duration::from_millis(200)).unwrap())
+        .unwrap();
+    let exact = fleet_on_a_clock(&log, n, 4).await;
+    assert!(most_within(&exact, Duration::from_secs(1)) <= limit_n);
+    let grants = fleet_on_a_clock(&hot, n, 4).await;
+    let most = most_within(&grants, Duration::from_secs(1));
+    eprintln!(
+        "{} granted in all ({} without batches), at most {most} within one second",
+        grants.len(),
+        exact.len()
+    );
+    // the stated bound: what the limit grants in a window, plus one batch
+    // per instance
+    let bound = limit_n + n * permits;
+    assert!(
+        most <= bound,
+        "{most} granted within one second, over the bound of {bound}"
+    );
+    // and the limit is used, not starved: at least 2 of 2.5 s worth
+    assert!(
+        grants.len() >= limit_n * 2,
+        "only {} granted in 2.5 s of a limit of {limit_n}/s",
+        grants.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_hot_key_stays_off_redis() {
+    let limit = Limit::new("global", Quota::per_hour(50).fixed_window())
+        .unwrap()
+        .hot(HotKey::new(10, Duration::from_secs(1)).unwrap())
+        .unwrap();
+    let instances = fleet(&unique_prefix("hot-exhausted"), &limit, 2);
+    let mut granted = 0;
+    for _ in 0..40 {
+        for limiter in &instances {
+            granted += u64::from(limiter.check("all", 1).await.unwrap().is_allowed());
+        }
+    }
+    assert_eq!(granted, 50);
+    let before = redis_calls();
+    for _ in 0..1000 {
+        for limiter in &instances {
+            let d = limiter.check("all", 1).await.unwrap();
+            assert!(!d.is_allowed());
+            assert!(d.retry_after().is_some());
+        }
+    }
+    let calls = redis_calls() - before;
+    // each instance asks about once per hold (a refusal is held no longer:
+    // another instance may give permits back meanwhile)
+    assert!(calls <= 8, "{calls} calls of Redis for 2000 refusals");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_another_instance_holds_come_back_when_its_hold_ends() {
+    let limit = Limit::new("global", Quota::per_hour(10).fixed_window())
+        .unwrap()
+        .hot(HotKey::new(10, Duration::from_millis(300)).unwrap())
+        .unwrap();
+    let fleet = fleet(&unique_prefix("hot-give-back"), &limit, 2);
+    let (a, b) = (&fleet[0], &fleet[1]);
+    assert!(a.check("all", 1).await.unwrap().is_allowed()); // a holds 9 more
+    let refused = b.check("all", 1).await.unwrap();
+    assert!(!refused.is_allowed(), "a holds every permit");
+    let deadline = Instant::now() + PATIENT;
+    let waited = Instant::now();
+    let mut granted = 0;
+    while granted < 9 {
+        granted += u64::from(b.check("all", 1).await.unwrap().is_allowed());
+        assert!(
+            Instant::now() < deadline,
+            "a's unused permits never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(waited.elapsed() >= Duration::from_millis(200));
+    // 1 + 9: nothing beyond the limit
+    assert!(!b.check("all", 1).await.unwrap().is_allowed());
+    assert!(!a.check("all", 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_goes_back_to_its_batch_when_another_limit_refuses() {
+    let global = Limit::new("global", Quota::per_hour(1000).fixed_window())
+        .unwrap()
+        .hot(HotKey::new(10, Duration::from_millis(200)).unwrap())
+        .unwrap();
+    let per_user = Limit::new("per-user", Quota::per_hour(2).fixed_window()).unwrap();
+    let prefix = unique_prefix("hot-mixed");
+    let limits = [global.clone(), per_user];
+    let limiter = instance(&redis_url(), &prefix, &limits, PATIENT);
+    for i in 0..5 {
+        let d = limiter
+            .decide(&["all", "alice"], 1, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(d.is_allowed(), i < 2, "decision {i}");
+        assert_eq!(d.statuses().len(), 2);
+        assert_eq!(d.statuses()[0].name(), "global");
+        assert_eq!(d.statuses()[1].name(), "per-user");
+        if i >= 2 {
+            assert!(d.statuses()[1].violated() && !d.statuses()[0].violated());
+        }
+    }
+    // once the batch's hold ends, Redis counts the two granted, not five
+    let observer = instance(&redis_url(), &prefix, &[global], PATIENT);
+    let deadline = Instant::now() + PATIENT;
+    while observer.peek("all").await.unwrap().remaining() != 998 {
+        assert!(
+            Instant::now() < deadline,
+            "the refused requests kept permits"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_outlives_an_outage_for_its_hold_and_refills_after_it() {
+    let mut server = TestRedis::spawn();
+    let limit = Limit::new("global", Quota::per_hour(1000).fixed_window())
+        .unwrap()
+        .hot(HotKey::new(100, Duration::from_millis(300)).unwrap())
+        .unwrap();
+    let limiter = instance(
+        &server.url,
+        &unique_prefix("hot-outage"),
+        &[limit],
+        Duration::from_millis(200),
+    );
+    assert!(limiter.check("all", 1).await.unwrap().is_allowed());
+    server.stop();
+    // the batch was taken: it grants while its hold lasts
+    assert!(limiter.check("all", 1).await.unwrap().is_allowed());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let failed = limiter.check("all", 1).await;
+    assert!(
+        matches!(
+            failed,
+            Err(Error::Timeout(_) | Error::Redis(_) | Error::Pool(_) | Error::Unavailable)
+        ),
+        "after the hold, a decision needs Redis: {failed:?}"
+    );
+    server.restart();
+    common::decides(&limiter, "all", PATIENT).await;
+    assert!(limiter.check("all", 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn an_in_process_store_decides_every_request_itself() {
+    let limit = Limit::new("global", Quota::per_hour(5).fixed_window())
+        .unwrap()
+        .hot(HotKey::new(5, Duration::from_secs(1)).unwrap())
+        .unwrap();
+    let store = MemoryStore::new();
+    let (a, b) = (
+        Limiter::new(store.clone(), limit.clone()),
+        Limiter::new(store, limit),
+    );
+    for i in 0..5 {
+        let limiter = if i % 2 == 0 { &a } else { &b };
+        let d = limiter.check("all", 1).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 4 - i, "exact, no batch");
+    }
+    assert!(!a.check("all", 1).await.unwrap().is_allowed());
+}
+
+#[test]
+fn invalid_hot_keys_are_refused_when_built() {
+    let second = Duration::from_secs(1);
+    for (permits, hold) in [
+        (0, second),
+        (1, Duration::ZERO),
+        (1, Duration::from_micros(999)),
+        (1, Duration::from_secs(61)),
+    ] {
+        assert!(
+            matches!(HotKey::new(permits, hold), Err(ConfigError::HotKey(_))),
+            "{permits} per {hold:?}"
+        );
+    }
+    let hot = HotKey::new(11, second).unwrap();
+    let ten = Limit::new("ten", Quota::per_minute(10).gcra()).unwrap();
+    assert!(matches!(ten.clone().hot(hot), Err(ConfigError::HotKey(_))));
+    let fits = HotKey::new(10, second).unwrap();
+    assert!(ten.clone().hot(fits).is_ok());
+    let running = Limit::concurrency("running", 10, second).unwrap();
+    assert!(matches!(running.hot(fits), Err(ConfigError::HotKey(_))));
+    let penalty = Penalty::new(3, second, [second]).unwrap();
+    let penalized = ten.clone().penalty(penalty.clone());
+    assert!(matches!(penalized.hot(fits), Err(ConfigError::HotKey(_))));
+    // a penalty added later turns the batches off
+    let later = ten.hot(fits).unwrap().penalty(penalty);
+    assert!(later.hot_key().is_none());
+}
