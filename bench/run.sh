@@ -26,6 +26,8 @@
 # Fleet: FLEET (4) processes of each side at once, FLEET_IN_FLIGHT (50)
 # decisions in flight each, on the one Redis: decisions/s and the Redis
 # server's CPU time (used_cpu_user + used_cpu_sys) per decision.
+# Then the same fleet on one hot key, with and without batches
+# (HOT_PERMITS, 1000; 0 skips it): decisions/s and Redis calls per decision.
 #
 # Environment: ROUNDS (3), DUR (5 s per run), REDIS_CPU (0), LOAD_CPU (1),
 # FLEET (4; 0 skips it), FLEET_IN_FLIGHT (50),
@@ -41,6 +43,7 @@ REDIS_CPU=${REDIS_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 FLEET=${FLEET:-4}
 FLEET_IN_FLIGHT=${FLEET_IN_FLIGHT:-50}
+HOT_PERMITS=${HOT_PERMITS:-1000}
 MODES=${MODES:-bare governor governor-headers ours-mem ours-mem-noheaders trlr ours-redis ours-redis-noheaders ours-redis-tb ours-redis-fw ours-redis-sw ours-redis-log ours-redis-flood}
 OUT=${OUT:-$(mktemp -d -t tower-ratelimit-bench.XXXXXX)}
 mkdir -p "$OUT"
@@ -141,12 +144,35 @@ fleet_round() {
   done
 }
 
+# A hot key (issue: one global limit), as a fleet: FLEET processes on one
+# key, first each decision in Redis (coalesced: the most one primary
+# decides of one key), then the key hot (`Limit::hot`, batches of
+# HOT_PERMITS held 100 ms); decisions/s summed, and the library's calls
+# per decision.
+fcalls() { rc INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_fcall:/ {print $2}'; }
+hot_round() {
+  local round=$1 side permits i c0 total pids
+  for side in one-key hot; do
+    permits=0; [ "$side" = hot ] && permits=$HOT_PERMITS
+    pids=()
+    c0=$(fcalls)
+    for i in $(seq "$FLEET"); do
+      taskset -c "$LOAD_CPU" "$API" "$URL" "$DUR" "$FLEET_IN_FLIGHT" 1 "$permits" >"$OUT/hot-$side-$round-$i.txt" &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    total=$(cat "$OUT"/hot-"$side"-"$round"-*.txt | awk '{s += $2} END {printf "%d", s}')
+    echo "hot $side round=$round dps=$total calls_per_decision=$(awk -v a="${c0:-0}" -v b="$(fcalls)" -v t="$total" -v d="$DUR" 'BEGIN {if (t > 0) printf "%.5f", (b - a) / (t * d); else printf "-"}')" | tee -a "$OUT/results.txt"
+  done
+}
+
 : >"$OUT/results.txt"
 for round in $(seq "$ROUNDS"); do
   log "round $round of $ROUNDS"
   http_round "$round"
   api_round "$round"
   if (( FLEET > 0 )); then fleet_round "$round"; fi
+  if (( FLEET > 0 && HOT_PERMITS > 0 )); then hot_round "$round"; fi
   rc FLUSHALL >/dev/null
 done
 
@@ -245,6 +271,9 @@ row('API decisions/s vs rate-limiter-flexible', 'api', 'ours', 'rate-limiter-fle
 if any(r['kind'] == 'fleet' for r in rows):
     row('Fleet: decisions/s vs rate-limiter-flexible, the same processes', 'fleet', 'ours', 'rate-limiter-flexible', 'dps', '', 'target >= 3')
     row('Fleet: Redis CPU us per decision vs rate-limiter-flexible', 'fleet', 'ours', 'rate-limiter-flexible', 'redis_cpu_us', 'us', 'lower is better')
+if any(r['kind'] == 'hot' for r in rows):
+    row('Hot key: decisions/s of one key, batches vs each in Redis', 'hot', 'hot', 'one-key', 'dps', '', 'target >= 10')
+    print(f"| Hot key: library calls per decision, with batches | {med('hot', 'hot', 'calls_per_decision'):.5f} | (target <= 0.02) | |")
 slices = [r for r in rows if r['kind'] == 'slice']
 if slices:
     print()
