@@ -36,6 +36,14 @@ fn fleet(prefix: &str, limit: &Limit, n: usize) -> Vec<Limiter> {
         .collect()
 }
 
+/// A hot limit "global" of `per_hour` in fixed windows, in batches of
+/// `permits` held `hold`.
+fn hourly_hot(per_hour: u64, permits: u64, hold: Duration) -> Limit {
+    Limit::new("global", Quota::per_hour(per_hour).fixed_window())
+        .and_then(|limit| limit.hot(HotKey::new(permits, hold)?))
+        .expect("a hot limit")
+}
+
 /// Decisions that reached Redis so far: every call of the library.
 fn redis_calls() -> u64 {
     command_calls(&mut common::connection(), "fcall")
@@ -43,10 +51,7 @@ fn redis_calls() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_key_reaches_redis_once_per_batch_and_every_unused_permit_comes_back() {
-    let limit = Limit::new("global", Quota::per_hour(100_000).fixed_window())
-        .unwrap()
-        .hot(HotKey::new(100, Duration::from_millis(300)).unwrap())
-        .unwrap();
+    let limit = hourly_hot(100_000, 100, Duration::from_millis(300));
     let prefix = unique_prefix("hot-batches");
     let instances = fleet(&prefix, &limit, 4);
     let before = redis_calls();
@@ -190,10 +195,7 @@ async fn a_fleet_of_four_stays_within_the_stated_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_hot_key_stays_off_redis() {
-    let limit = Limit::new("global", Quota::per_hour(50).fixed_window())
-        .unwrap()
-        .hot(HotKey::new(10, Duration::from_secs(1)).unwrap())
-        .unwrap();
+    let limit = hourly_hot(50, 10, Duration::from_secs(1));
     let instances = fleet(&unique_prefix("hot-exhausted"), &limit, 2);
     let mut granted = 0;
     for _ in 0..40 {
@@ -218,10 +220,7 @@ async fn an_exhausted_hot_key_stays_off_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_another_instance_holds_come_back_when_its_hold_ends() {
-    let limit = Limit::new("global", Quota::per_hour(10).fixed_window())
-        .unwrap()
-        .hot(HotKey::new(10, Duration::from_millis(300)).unwrap())
-        .unwrap();
+    let limit = hourly_hot(10, 10, Duration::from_millis(300));
     let fleet = fleet(&unique_prefix("hot-give-back"), &limit, 2);
     let (a, b) = (&fleet[0], &fleet[1]);
     assert!(a.check("all", 1).await.unwrap().is_allowed()); // a holds 9 more
@@ -246,10 +245,7 @@ async fn permits_another_instance_holds_come_back_when_its_hold_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_goes_back_to_its_batch_when_another_limit_refuses() {
-    let global = Limit::new("global", Quota::per_hour(1000).fixed_window())
-        .unwrap()
-        .hot(HotKey::new(10, Duration::from_millis(200)).unwrap())
-        .unwrap();
+    let global = hourly_hot(1000, 10, Duration::from_millis(200));
     let per_user = Limit::new("per-user", Quota::per_hour(2).fixed_window()).unwrap();
     let prefix = unique_prefix("hot-mixed");
     let limits = [global.clone(), per_user];
@@ -282,10 +278,7 @@ async fn a_permit_goes_back_to_its_batch_when_another_limit_refuses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_outlives_an_outage_for_its_hold_and_refills_after_it() {
     let mut server = TestRedis::spawn();
-    let limit = Limit::new("global", Quota::per_hour(1000).fixed_window())
-        .unwrap()
-        .hot(HotKey::new(100, Duration::from_millis(300)).unwrap())
-        .unwrap();
+    let limit = hourly_hot(1000, 100, Duration::from_millis(300));
     let limiter = instance(
         &server.url,
         &unique_prefix("hot-outage"),
@@ -312,10 +305,7 @@ async fn a_batch_outlives_an_outage_for_its_hold_and_refills_after_it() {
 
 #[tokio::test]
 async fn an_in_process_store_decides_every_request_itself() {
-    let limit = Limit::new("global", Quota::per_hour(5).fixed_window())
-        .unwrap()
-        .hot(HotKey::new(5, Duration::from_secs(1)).unwrap())
-        .unwrap();
+    let limit = hourly_hot(5, 5, Duration::from_secs(1));
     let store = MemoryStore::new();
     let (a, b) = (
         Limiter::new(store.clone(), limit.clone()),
