@@ -640,3 +640,39 @@ async fn a_hot_keys_decisions_coalesce_in_its_slot_and_stay_exact() {
     );
     println!("1000 decisions on two slots in {calls} calls");
 }
+
+/// A hot key marked so (`Limit::hot`) on a cluster: two instances serve it
+/// from batches, exactly the quota granted, and once the batches' holds
+/// end the key's slot counts exactly what was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_in_batches_on_a_cluster_grants_the_quota_and_gives_back_the_rest() {
+    let cluster = common::cluster::shared();
+    let prefix = unique_prefix("hot-batches");
+    let hot = Limit::new("global", Quota::fixed_window(500, Duration::from_secs(3600)))
+        .and_then(|l| l.hot(tower_ratelimit::HotKey::new(40, Duration::from_millis(300))?))
+        .expect("a hot limit");
+    let instance = || {
+        Limiter::builder(store(cluster, &prefix))
+            .limit(hot.clone())
+            .timeout(PATIENT)
+            .build()
+            .expect("limiter")
+    };
+    let (a, b) = (instance(), instance());
+    let mut granted = 0;
+    for i in 0..300 {
+        let limiter = if i % 2 == 0 { &a } else { &b };
+        granted += u64::from(limiter.check("all", 1).await.expect("decided").is_allowed());
+    }
+    assert_eq!(granted, 300);
+    let observer = instance();
+    let deadline = Instant::now() + PATIENT;
+    while observer.peek("all").await.expect("a look").remaining() != 200 {
+        assert!(Instant::now() < deadline, "unused permits never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..400 {
+        granted += u64::from(a.check("all", 1).await.expect("decided").is_allowed());
+    }
+    assert_eq!(granted, 500, "the quota, no more");
+}
