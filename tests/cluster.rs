@@ -648,9 +648,17 @@ async fn a_hot_keys_decisions_coalesce_in_its_slot_and_stay_exact() {
 async fn a_hot_key_in_batches_on_a_cluster_grants_the_quota_and_gives_back_the_rest() {
     let cluster = common::cluster::shared();
     let prefix = unique_prefix("hot-batches");
-    let hot = Limit::new("global", Quota::fixed_window(500, Duration::from_secs(3600)))
-        .and_then(|l| l.hot(tower_ratelimit::HotKey::new(40, Duration::from_millis(300))?))
-        .expect("a hot limit");
+    let hot = Limit::new(
+        "global",
+        Quota::fixed_window(500, Duration::from_secs(3600)),
+    )
+    .and_then(|l| {
+        l.hot(tower_ratelimit::HotKey::new(
+            40,
+            Duration::from_millis(300),
+        )?)
+    })
+    .expect("a hot limit");
     let instance = || {
         Limiter::builder(store(cluster, &prefix))
             .limit(hot.clone())

@@ -10,7 +10,8 @@
 //! it rather than each taking a batch, so an instance holds one batch per
 //! key, which is what the bound in [`HotKey`](crate::HotKey) counts on. A
 //! batch's unused permits go back to the store when its hold ends (a task
-//! of the runtime wakes for it; a refill finds it too).
+//! of the runtime wakes for it) or when a refill replaces it (a cost larger
+//! than what is left).
 //!
 //! A refill the store refuses leaves the pool empty until the refusal's
 //! `retry_after`: meanwhile the key is decided by the store as any other
@@ -186,12 +187,13 @@ impl Pool {
         })
     }
 
-    /// Ends the batch when its hold has passed at `now` (or, with
-    /// `generation`, only that batch): what it did not grant, to give back.
+    /// Ends the batch: batch `generation` once its hold has passed at
+    /// `now`, or with `None` whatever it holds (a refill replaces it): what
+    /// it did not grant, to give back.
     fn end(&self, now: i64, generation: Option<u64>) -> Option<(Limit, i64, i64)> {
         let mut batch = lock(&self.batch);
-        if now < batch.until || batch.left <= 0 || generation.is_some_and(|g| g != batch.generation)
-        {
+        let ended = generation.is_none_or(|g| g == batch.generation && now >= batch.until);
+        if !ended || batch.left <= 0 {
             return None;
         }
         let left = std::mem::take(&mut batch.left);
@@ -319,6 +321,8 @@ impl Limiter {
                 return Err(error.clone());
             }
         }
+        // what the batch holds (too little for this cost, or its hold is
+        // over) goes back before another is taken: one batch at a time
         if let Some(ended) = pool.end(now, None) {
             // (on a task of its own: this request waits for its batch only)
             let (limiter, ended_pool) = (self.clone(), pool.clone());
