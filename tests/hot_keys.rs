@@ -348,3 +348,28 @@ fn invalid_hot_keys_are_refused_when_built() {
     let later = ten.hot(fits).unwrap().penalty(penalty);
     assert!(later.hot_key().is_none());
 }
+
+/// Clients that invent keys of a hot per-key limit get pools up to the
+/// limiter's bound, then are decided by Redis one request at a time: each
+/// key is held to its quota either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_beyond_the_pool_bound_are_decided_by_redis_and_stay_exact() {
+    let per_key = hourly_hot(3, 3, Duration::from_secs(30));
+    let limiter = instance(
+        &redis_url(),
+        &unique_prefix("hot-many-keys"),
+        &[per_key],
+        PATIENT,
+    );
+    let keys: Vec<String> = (0..1100).map(|i| format!("client-{i}")).collect();
+    for round in 0..4 {
+        let asks = keys.iter().map(|k| limiter.check(k, 1));
+        for (key, d) in keys.iter().zip(futures::future::join_all(asks).await) {
+            assert_eq!(
+                d.expect("a decision").is_allowed(),
+                round < 3,
+                "{key}, round {round}"
+            );
+        }
+    }
+}

@@ -20,7 +20,9 @@
 //!
 //! Bounds, whatever clients send: at most [`MAX_POOLS`] pools per limiter,
 //! and keys of at most [`keys::MAX_RAW_KEY`] bytes; other keys of a hot
-//! limit are decided by the store one request at a time.
+//! limit are decided by the store one request at a time. A full table is
+//! swept of idle pools at most once per [`SWEEP_EVERY`], so a flood of new
+//! keys costs a scan per interval, not per request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -41,9 +43,20 @@ pub(crate) const MAX_POOLS: usize = 1024;
 /// The pools of a limiter's hot keys.
 pub(crate) struct HotPools {
     clock: Arc<dyn Clock>,
-    /// By limit name, then key.
-    pools: Mutex<HashMap<&'static str, ByKey>>,
+    pools: Mutex<Pools>,
 }
+
+/// The pools by limit name, then key, and when a full table may be swept
+/// again (us).
+#[derive(Default)]
+struct Pools {
+    by_limit: HashMap<&'static str, ByKey>,
+    next_sweep: i64,
+}
+
+/// How often a full table is swept at most (us): a flood of new keys costs
+/// one sweep per interval, not one per request.
+const SWEEP_EVERY: i64 = 100_000;
 
 /// One limit's pools, by key.
 type ByKey = HashMap<Box<[u8]>, Arc<Pool>>;
@@ -100,7 +113,7 @@ impl HotPools {
     pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             clock,
-            pools: Mutex::new(HashMap::new()),
+            pools: Mutex::new(Pools::default()),
         }
     }
 
@@ -128,19 +141,25 @@ impl HotPools {
         }
         let mut pools = lock(&self.pools);
         if let Some(pool) = pools
+            .by_limit
             .get(check.limit.shared_name())
             .and_then(|by_key| by_key.get(check.key))
         {
             return Some(pool.clone());
         }
-        if pools.values().map(HashMap::len).sum::<usize>() >= MAX_POOLS {
-            // the pools no task holds whose batch has ended
+        let size = |pools: &Pools| pools.by_limit.values().map(HashMap::len).sum::<usize>();
+        if size(&pools) >= MAX_POOLS {
             let now = self.now();
-            for by_key in pools.values_mut() {
+            if now < pools.next_sweep {
+                return None;
+            }
+            pools.next_sweep = now.saturating_add(SWEEP_EVERY);
+            // the pools no task holds whose batch has ended
+            for by_key in pools.by_limit.values_mut() {
                 by_key.retain(|_, pool| Arc::strong_count(pool) > 1 || pool.in_use(now));
             }
-            pools.retain(|_, by_key| !by_key.is_empty());
-            if pools.values().map(HashMap::len).sum::<usize>() >= MAX_POOLS {
+            pools.by_limit.retain(|_, by_key| !by_key.is_empty());
+            if size(&pools) >= MAX_POOLS {
                 return None;
             }
         }
@@ -150,6 +169,7 @@ impl HotPools {
             refill: tokio::sync::Mutex::new(()),
         });
         pools
+            .by_limit
             .entry(check.limit.shared_name())
             .or_default()
             .insert(check.key.into(), pool.clone());
