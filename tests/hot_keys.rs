@@ -30,9 +30,9 @@ fn instance(url: &str, prefix: &str, limits: &[Limit], timeout: Duration) -> Lim
         .expect("a limiter")
 }
 
-fn fleet(prefix: &str, limit: &Limit, n: usize) -> Vec<Limiter> {
+fn fleet(url: &str, prefix: &str, limit: &Limit, n: usize) -> Vec<Limiter> {
     (0..n)
-        .map(|_| instance(&redis_url(), prefix, std::slice::from_ref(limit), PATIENT))
+        .map(|_| instance(url, prefix, std::slice::from_ref(limit), PATIENT))
         .collect()
 }
 
@@ -44,17 +44,21 @@ fn hourly_hot(per_hour: u64, permits: u64, hold: Duration) -> Limit {
         .expect("a hot limit")
 }
 
-/// Decisions that reached Redis so far: every call of the library.
-fn redis_calls() -> u64 {
-    command_calls(&mut common::connection(), "fcall")
+/// Decisions that reached the Redis at `url` so far: every call of the
+/// library. (Tests that count run on a server of their own: the shared one
+/// serves every test of this binary at once under `cargo test`.)
+fn redis_calls(url: &str) -> u64 {
+    let client = redis::Client::open(url).expect("a Redis URL");
+    command_calls(&mut client.get_connection().expect("a connection"), "fcall")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_key_reaches_redis_once_per_batch_and_every_unused_permit_comes_back() {
     let limit = hourly_hot(100_000, 100, Duration::from_millis(300));
+    let server = TestRedis::spawn();
     let prefix = unique_prefix("hot-batches");
-    let instances = fleet(&prefix, &limit, 4);
-    let before = redis_calls();
+    let instances = fleet(&server.url, &prefix, &limit, 4);
+    let before = redis_calls(&server.url);
     let mut tasks = Vec::new();
     for limiter in &instances {
         for _ in 0..4 {
@@ -74,7 +78,7 @@ async fn a_hot_key_reaches_redis_once_per_batch_and_every_unused_permit_comes_ba
     for task in tasks {
         granted += task.await.expect("a task");
     }
-    let calls = redis_calls() - before;
+    let calls = redis_calls(&server.url) - before;
     assert_eq!(granted, 8000, "the limit has room for every one");
     assert!(
         calls * 50 <= granted,
@@ -82,7 +86,7 @@ async fn a_hot_key_reaches_redis_once_per_batch_and_every_unused_permit_comes_ba
     );
     // the batches' holds end and their unused permits go back: Redis counts
     // exactly what was granted
-    let observer = instance(&redis_url(), &prefix, &[limit], PATIENT);
+    let observer = instance(&server.url, &prefix, &[limit], PATIENT);
     let deadline = Instant::now() + PATIENT;
     loop {
         let remaining = observer.peek("all").await.expect("a look").remaining();
@@ -196,7 +200,8 @@ async fn a_fleet_of_four_stays_within_the_stated_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_hot_key_stays_off_redis() {
     let limit = hourly_hot(50, 10, Duration::from_secs(1));
-    let instances = fleet(&unique_prefix("hot-exhausted"), &limit, 2);
+    let server = TestRedis::spawn();
+    let instances = fleet(&server.url, &unique_prefix("hot-exhausted"), &limit, 2);
     let mut granted = 0;
     for _ in 0..40 {
         for limiter in &instances {
@@ -204,7 +209,7 @@ async fn an_exhausted_hot_key_stays_off_redis() {
         }
     }
     assert_eq!(granted, 50);
-    let before = redis_calls();
+    let before = redis_calls(&server.url);
     for _ in 0..1000 {
         for limiter in &instances {
             let d = limiter.check("all", 1).await.unwrap();
@@ -212,7 +217,7 @@ async fn an_exhausted_hot_key_stays_off_redis() {
             assert!(d.retry_after().is_some());
         }
     }
-    let calls = redis_calls() - before;
+    let calls = redis_calls(&server.url) - before;
     // each instance asks about once per hold (a refusal is held no longer:
     // another instance may give permits back meanwhile)
     assert!(calls <= 8, "{calls} calls of Redis for 2000 refusals");
@@ -221,7 +226,7 @@ async fn an_exhausted_hot_key_stays_off_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_another_instance_holds_come_back_when_its_hold_ends() {
     let limit = hourly_hot(10, 10, Duration::from_millis(300));
-    let fleet = fleet(&unique_prefix("hot-give-back"), &limit, 2);
+    let fleet = fleet(&redis_url(), &unique_prefix("hot-give-back"), &limit, 2);
     let (a, b) = (&fleet[0], &fleet[1]);
     assert!(a.check("all", 1).await.unwrap().is_allowed()); // a holds 9 more
     let refused = b.check("all", 1).await.unwrap();
