@@ -4,8 +4,12 @@
 //! as its own call would decide it, and each caller given its own reply.
 //! No timer and no added wait at low load: a decision that finds nothing in
 //! flight goes out at once. Under load, one call carries what arrived during
-//! the last one's round trip, and Redis pays the call's fixed cost once per
-//! batch rather than once per decision.
+//! the last one's round trip, and what the tasks already runnable add when
+//! it lands (the batch is taken after one yield to them), and Redis pays the
+//! call's fixed cost (waking up, reading, parsing: far more than a decision
+//! costs it) once per batch rather than once per decision. Consecutive
+//! decisions with the same arguments (one limit, usually) travel as one run
+//! of the batch, their limit's string once (see `Encoded::batch`).
 //!
 //! A decision whose caller went away (its deadline passed, or its future was
 //! dropped) before its batch is sent is left out of it: it counts nowhere.
@@ -119,9 +123,9 @@ impl RedisStore {
             if state.waiting.is_empty() {
                 state.busy = false;
             }
-            std::mem::take(&mut state.waiting)
+            !state.waiting.is_empty()
         });
-        if waiting.is_empty() {
+        if !waiting {
             return;
         }
         // (a runtime gone before the task ran drops it, and the driver
@@ -132,8 +136,8 @@ impl RedisStore {
             done: false,
         };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(driver.send_batches(waiting))),
-            Err(_) => drop((driver, waiting)),
+            Ok(runtime) => drop(runtime.spawn(driver.send_batches())),
+            Err(_) => drop(driver),
         }
     }
 }
@@ -161,11 +165,30 @@ impl Drop for Driver {
 }
 
 impl Driver {
-    /// Sends `waiting` (as calls of at most [`MAX_BATCH`] decisions, side by
-    /// side), then what gathered meanwhile, until nothing has.
-    async fn send_batches(mut self, mut waiting: Vec<Waiter>) {
+    /// Sends what is waiting (as calls of at most [`MAX_BATCH`] decisions,
+    /// side by side), then what gathered meanwhile, until nothing has.
+    ///
+    /// Before it takes the decisions waiting, it lets the tasks that are
+    /// ready run once (a yield, no timer): the callers whose replies just
+    /// came, and the requests the runtime has already read, add their next
+    /// decisions to the batch. Under load, a call then carries more
+    /// decisions (Redis wakes once per call, which costs it far more than a
+    /// decision does); the first decision of a quiet spell never waits for
+    /// it (it goes out at once, without a driver).
+    async fn send_batches(mut self) {
         let store = self.store.clone();
         loop {
+            tokio::task::yield_now().await;
+            let mut waiting = store.inner.batcher.with(self.slot, |state| {
+                if state.waiting.is_empty() {
+                    state.busy = false;
+                }
+                std::mem::take(&mut state.waiting)
+            });
+            if waiting.is_empty() {
+                self.done = true;
+                return;
+            }
             // callers gone: left out, counted nowhere
             waiting.retain(|waiter| !waiter.reply.is_closed());
             let mut calls = Vec::new();
@@ -180,16 +203,6 @@ impl Driver {
             }
             for call in calls {
                 let _ = call.await;
-            }
-            waiting = store.inner.batcher.with(self.slot, |state| {
-                if state.waiting.is_empty() {
-                    state.busy = false;
-                }
-                std::mem::take(&mut state.waiting)
-            });
-            if waiting.is_empty() {
-                self.done = true;
-                return;
             }
         }
     }
