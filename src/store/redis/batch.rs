@@ -33,6 +33,13 @@ use crate::Error;
 /// decisions take about 0.2 ms of its time).
 const MAX_BATCH: usize = 64;
 
+/// The most yields to the runnable tasks a driver makes before it takes
+/// the decisions waiting: it takes them as soon as one yield added none
+/// (or a full batch waits). In the bench at 50 in flight, the batches grew
+/// from 21 decisions per call with one yield to 26 with up to four, and no
+/// further with up to sixteen.
+const GATHER_YIELDS: usize = 4;
+
 /// The decisions waiting for the call in flight, per cluster slot (a call's
 /// keys share one; on one server, all are slot 0).
 #[derive(Default)]
@@ -169,8 +176,9 @@ impl Driver {
     /// side by side), then what gathered meanwhile, until nothing has.
     ///
     /// Before it takes the decisions waiting, it lets the tasks that are
-    /// ready run once (a yield, no timer): the callers whose replies just
-    /// came, and the requests the runtime has already read, add their next
+    /// ready run (a yield, no timer; again while that added decisions, up
+    /// to [`GATHER_YIELDS`] times): the callers whose replies just came,
+    /// and the requests the runtime has already read, add their next
     /// decisions to the batch. Under load, a call then carries more
     /// decisions (Redis wakes once per call, which costs it far more than a
     /// decision does); the first decision of a quiet spell never waits for
@@ -178,7 +186,19 @@ impl Driver {
     async fn send_batches(mut self) {
         let store = self.store.clone();
         loop {
-            tokio::task::yield_now().await;
+            // yields while the batch grows (a few times at most)
+            let mut gathered = 0;
+            for _ in 0..GATHER_YIELDS {
+                tokio::task::yield_now().await;
+                let now = store
+                    .inner
+                    .batcher
+                    .with(self.slot, |state| state.waiting.len());
+                if now == gathered || now >= MAX_BATCH {
+                    break;
+                }
+                gathered = now;
+            }
             let mut waiting = store.inner.batcher.with(self.slot, |state| {
                 if state.waiting.is_empty() {
                     state.busy = false;
