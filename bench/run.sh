@@ -2,7 +2,7 @@
 # bench/run.sh: tower-ratelimit side by side with its peers on this machine,
 # in one run, as ratios. Run it from anywhere in the checkout:
 #
-#   bench/run.sh                        # 3 interleaved rounds and the slices, about 11 minutes
+#   bench/run.sh                        # 3 interleaved rounds and the slices, about 15 minutes
 #   ROUNDS=1 DUR=3 SLICES=4 bench/run.sh  # a quick look
 #
 # HTTP: `wrk -t1 -c50` against bench/peers in each mode (see its main.rs),
