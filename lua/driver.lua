@@ -668,44 +668,73 @@ local function decide(keys, args)
 end
 
 -- Op 7: several decisions in one call, each decided on its own, as its own
--- call would decide it (none depends on another's outcome). After the
--- options, each decision's arguments follow "#<keys>:<args>", the number of
--- its keys (taken in order from KEYS) and of its arguments (its own
--- options, if any, then its limits); a decision's options may not name an
--- operation. Reply: each decision's reply after its length (a little-endian
--- double).
+-- call would decide it (none depends on another's outcome), in order.
+-- After the options, runs of decisions: "#<keys>:<args>:<count>", then the
+-- run's arguments (its own options, if any, then its limits), shared by its
+-- `count` decisions (":<count>" may be left out: 1), each of which takes
+-- its `keys` keys in order from KEYS; a decision's options may not name an
+-- operation. The decisions of a batch usually share one limit: a run's
+-- string travels, and is read, once. Reply: each decision's reply after its
+-- length (a little-endian double).
 local NOT_BATCHED = 'a batch holds decisions only'
 local ks, as, nks, nas = {}, {}, 0, 0 -- reused for each decision of a batch
+-- Run headers, parsed once: { keys, args, count }, or false when malformed.
+local heads, n_heads = {}, 0
+local function head(c)
+  local h = heads[c]
+  if h ~= nil then return h end
+  local nk, na, count = string.match(c, '^#(%d+):(%d+):?(%d*)$')
+  nk, na, count = tonumber(nk), tonumber(na), tonumber(count) or 1
+  h = false
+  if nk and na and na >= 1 and count >= 1 then h = { nk, na, count } end
+  if n_heads >= 1024 then heads, n_heads = {}, 0 end
+  heads[c] = h
+  n_heads = n_heads + 1
+  return h
+end
+-- A reply's length as a little-endian double, by length.
+local lengths = {}
 function batch(keys, args)
-  local out, n, k, a = {}, 0, 0, 2
+  -- (a batch may be the first call a server's VM runs)
+  if not rcall then bind() end
+  local out, n, k, a, nargs, nkeys = {}, 0, 0, 2, #args, #keys
   -- one clock for the batch: a plain decision's (no options) reads it here
   local t = rcall('TIME')
   local store_now = t[1] * 1000000 + t[2]
-  while a <= #args do
-    local c = args[a]
-    local colon = string.find(c, ':', 2, true)
-    local nk, na = tonumber(string.sub(c, 2, colon and colon - 1)), colon and tonumber(string.sub(c, colon + 1))
-    if string.byte(c, 1) ~= 35 or not nk or not na or na < 1 or a + na > #args or k + nk > #keys then
+  while a <= nargs do
+    local h = head(args[a])
+    if not h or a + h[2] > nargs or k + h[1] * h[3] > nkeys then
       return redis.error_reply('malformed batch')
     end
-    for i = 1, nk do ks[i] = keys[k + i] end
-    for i = nk + 1, nks do ks[i] = nil end
+    local nk, na, count = h[1], h[2], h[3]
     for i = 1, na do as[i] = args[a + i] end
     for i = na + 1, nas do as[i] = nil end
-    nks, nas = nk, na
-    local r
+    nas = na
     local s = na == 1 and (specs[as[1]] or spec(as[1]))
-    if s then
-      r = s[1](ks, s, store_now, 0, false, store_now)
-    else
-      if string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[5] then
-        return redis.error_reply(NOT_BATCHED)
-      end
-      r = decide(ks, as)
-      if type(r) ~= 'string' then return r end -- an error reply
+    if not s and string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[5] then
+      return redis.error_reply(NOT_BATCHED)
     end
-    out[n + 1], out[n + 2], n = struct.pack('<d', #r), r, n + 2
-    k, a = k + nk, a + na + 1
+    for _ = 1, count do
+      for i = 1, nk do ks[i] = keys[k + i] end
+      for i = nk + 1, nks do ks[i] = nil end
+      nks = nk
+      local r
+      if s then
+        r = s[1](ks, s, store_now, 0, false, store_now)
+      else
+        r = decide(ks, as)
+        if type(r) ~= 'string' then return r end -- an error reply
+      end
+      local len = #r
+      local packed = lengths[len]
+      if not packed then
+        packed = struct.pack('<d', len)
+        if len < 4096 then lengths[len] = packed end
+      end
+      out[n + 1], out[n + 2], n = packed, r, n + 2
+      k = k + nk
+    end
+    a = a + na + 1
   end
   return table.concat(out)
 end

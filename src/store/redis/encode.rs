@@ -84,18 +84,37 @@ impl Encoded {
     }
 
     /// Several decisions' calls as one (op 7 of the library's options, see
-    /// `lua/driver.lua`): every key in order; the options, then each
-    /// decision's arguments after `#<its keys>:<its arguments>`.
+    /// `lua/driver.lua`): every key in order; the options, then runs of
+    /// decisions with the same arguments (consecutive ones, so that the
+    /// order stays): `#<keys>:<arguments>:<count>` and the run's arguments
+    /// once. The decisions of a batch usually share their limit: its string
+    /// travels, and Redis reads it, once per run rather than per decision.
     pub(super) fn batch(parts: &[&Encoded]) -> Encoded {
-        let counts: Vec<String> = parts
+        // (index of the run's first part, its length)
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            match runs.last_mut() {
+                Some((start, len))
+                    if parts[*start].key_count() == part.key_count()
+                        && parts[*start].args().eq(part.args()) =>
+                {
+                    *len += 1
+                }
+                _ => runs.push((i, 1)),
+            }
+        }
+        let heads: Vec<String> = runs
             .iter()
-            .map(|part| format!("#{}:{}", part.key_count(), part.arg_count()))
+            .map(|&(start, len)| {
+                let part = parts[start];
+                format!("#{}:{}:{len}", part.key_count(), part.arg_count())
+            })
             .collect();
         let keys: Vec<&[u8]> = parts.iter().flat_map(|part| part.keys()).collect();
         let mut args: Vec<&[u8]> = vec![b"o:0:0:0:0:7"];
-        for (part, count) in parts.iter().zip(&counts) {
-            args.push(count.as_bytes());
-            args.extend(part.args());
+        for (&(start, _), head) in runs.iter().zip(&heads) {
+            args.push(head.as_bytes());
+            args.extend(parts[start].args());
         }
         Encoded::of(&keys, &args)
     }
@@ -330,5 +349,51 @@ mod tests {
         let refund = store.encode(&checks[2..], Operation::Refund { at: 7 });
         let args: Vec<&[u8]> = refund.args().collect();
         assert_eq!(args, [b"o:0:0:0:0:1:7".to_vec(), wire(&gcra, "2")]);
+    }
+
+    /// A batch sends consecutive decisions with the same arguments as one
+    /// run, their limit's string once, every key in order.
+    #[test]
+    fn a_batch_sends_the_arguments_of_a_run_once() {
+        let store = RedisStore::builder("redis://127.0.0.1:1/")
+            .prefix("p")
+            .build()
+            .expect("store");
+        let minute = Duration::from_secs(60);
+        let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
+        let decide = Operation::Decide {
+            max_wait: 0,
+            dry: false,
+        };
+        let one = |key: &'static [u8], cost: i64| {
+            let check = Check {
+                limit: &gcra,
+                key,
+                cost,
+            };
+            store.encode(&[check], decide)
+        };
+        let parts = [one(b"a", 1), one(b"b", 1), one(b"c", 2), one(b"d", 1)];
+        let batch = Encoded::batch(&parts.iter().collect::<Vec<_>>());
+        let keys: Vec<&[u8]> = batch.keys().collect();
+        let expected: [&[u8]; 4] = [
+            b"p:{a}:g:gcra",
+            b"p:{b}:g:gcra",
+            b"p:{c}:g:gcra",
+            b"p:{d}:g:gcra",
+        ];
+        assert_eq!(keys, expected);
+        let args: Vec<Vec<u8>> = batch.args().map(<[u8]>::to_vec).collect();
+        let wire = |cost: &str| format!("{}{cost}", gcra.wire()).into_bytes();
+        let expected = [
+            b"o:0:0:0:0:7".to_vec(),
+            b"#1:1:2".to_vec(),
+            wire("1"),
+            b"#1:1:1".to_vec(),
+            wire("2"),
+            b"#1:1:1".to_vec(),
+            wire("1"),
+        ];
+        assert_eq!(args, expected);
     }
 }
