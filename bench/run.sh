@@ -196,7 +196,7 @@ hot_round() {
     pids=()
     c0=$(fcalls)
     for i in $(seq "$FLEET"); do
-      taskset -c "$LOAD_CPU" "$API" "$URL" "$DUR" "$FLEET_IN_FLIGHT" 1 "$permits" >"$OUT/hot-$side-$round-$i.txt" &
+      taskset -c "$LOAD_CPU" "$API_BIN" "$URL" "$DUR" "$FLEET_IN_FLIGHT" 1 "$permits" >"$OUT/hot-$side-$round-$i.txt" &
       pids+=($!)
     done
     wait "${pids[@]}"
