@@ -117,15 +117,14 @@ impl HotPools {
         }
     }
 
-    /// Whether `check` may be served from a batch: a hot limit that must
-    /// not see every decision, and a cost one batch can hold.
+    /// Whether `check` may be served from a batch: a hot limit not in
+    /// shadow mode (`Limit::hot` refuses a concurrency limit and a penalty,
+    /// and a penalty added later turns it off), and a cost one batch can
+    /// hold.
     pub(crate) fn serves(check: &Check<'_>) -> bool {
         check.limit.hot_key().is_some_and(|hot| {
-            check.cost > 0
-                && u64::try_from(check.cost).is_ok_and(|cost| cost <= hot.permits())
+            u64::try_from(check.cost).is_ok_and(|cost| cost > 0 && cost <= hot.permits())
                 && !check.limit.is_shadow()
-                && !check.limit.is_concurrency()
-                && check.limit.pen_params().is_none()
         })
     }
 
@@ -187,18 +186,18 @@ impl Pool {
     /// A permit of `cost` from the batch, if it has one now.
     fn take(self: &Arc<Self>, cost: i64, now: i64) -> Option<Permit> {
         let mut batch = lock(&self.batch);
-        if now >= batch.until || batch.left < cost {
+        let left = batch.left - cost;
+        let (true, Some(taken)) = (now < batch.until && left >= 0, batch.taken.as_ref()) else {
             return None;
-        }
-        batch.left -= cost;
-        let taken = batch.taken.as_ref()?;
+        };
         let mut status = taken.status.clone();
         status.remaining = status
             .remaining
-            .saturating_add(u64::try_from(batch.left).unwrap_or(0));
+            .saturating_add(u64::try_from(left).unwrap_or(0));
         status.reset_us = status
             .reset_us
             .saturating_sub(u64::try_from(now - taken.sent).unwrap_or(0));
+        batch.left = left;
         Some(Permit {
             pool: self.clone(),
             generation: batch.generation,
@@ -264,39 +263,36 @@ impl Limiter {
             }
             cold.push(*check);
         }
-        let cost = checks.first().map_or(0, |c| c.cost);
-        let decision = if cold.is_empty() {
+        if cold.is_empty() {
             let statuses = permits.iter().map(|(_, p)| p.status.clone()).collect();
             let mut decision = Decision::new(Verdict::Allowed, 0, statuses);
+            let cost = checks.first().map_or(0, |c| c.cost);
             decision.granted = u64::try_from(cost).unwrap_or(0);
             let result = Ok(decision);
             super::count::count(checks, &result, Outcome::Allowed);
             return result;
-        } else {
-            let result = self.decision_at_store(&cold, 0, false, true).get().await;
-            match result {
-                Ok(decision) if decision.is_allowed() => decision,
-                other => {
-                    let now = hot.now();
-                    let statuses = permits.iter().map(|(i, p)| (*i, p.status.clone()));
-                    let merged = other.map(|d| Self::with_local(d, statuses));
-                    permits.into_iter().for_each(|(_, p)| p.give_back(now));
-                    return merged;
-                }
-            }
-        };
-        for check in permits.iter().filter_map(|(i, _)| checks.get(*i)) {
-            super::count::count_one(check.limit, Outcome::Allowed);
         }
-        let statuses = permits.iter().map(|(i, p)| (*i, p.status.clone()));
-        Ok(Self::with_local(decision, statuses))
+        let result = self.decision_at_store(&cold, 0, false, true).get().await;
+        let local: SmallVec<[(usize, LimitStatus); 2]> = permits
+            .iter()
+            .map(|(i, p)| (*i, p.status.clone()))
+            .collect();
+        if matches!(&result, Ok(decision) if decision.is_allowed()) {
+            for check in local.iter().filter_map(|(i, _)| checks.get(*i)) {
+                super::count::count_one(check.limit, Outcome::Allowed);
+            }
+        } else {
+            let now = hot.now();
+            permits.into_iter().for_each(|(_, p)| p.give_back(now));
+        }
+        result.map(|decision| Self::with_local(decision, local))
     }
 
     /// `decision` of the checks the store decided, with the statuses of
     /// those granted from batches put back in their places.
     fn with_local(
         decision: Decision,
-        local: impl Iterator<Item = (usize, LimitStatus)>,
+        local: impl IntoIterator<Item = (usize, LimitStatus)>,
     ) -> Decision {
         let mut statuses: Statuses = decision.statuses().iter().cloned().collect();
         for (i, status) in local {
@@ -323,9 +319,11 @@ impl Limiter {
         if started < lock(&pool.batch).refused_until {
             return Ok(None);
         }
-        let timeout = self.inner.timeout;
-        let Ok(_refilling) = tokio::time::timeout(timeout, pool.refill.lock()).await else {
-            return Err(Error::Timeout(timeout));
+        // one deadline for the wait for the refill and the refill itself
+        let deadline = self.deadline().start();
+        let Ok(_refilling) = tokio::time::timeout_at(deadline.at(), pool.refill.lock()).await
+        else {
+            return Err(deadline.error());
         };
         // another task may have refilled it, been refused or failed meanwhile
         let now = hot.now();
@@ -360,7 +358,7 @@ impl Limiter {
         let sent = hot.now();
         let store = &self.inner.store;
         let timer = StoreTimer::start();
-        let taken = store.take(&batch, self.deadline()).get().await;
+        let taken = store.take(&batch, deadline).get().await;
         timer.finish(|| store.kind(), "take");
         let taken = taken.and_then(|(reply, k)| Ok((Self::decision_of(&batch, reply, 0)?, k)));
         let (decision, k) = match taken {
