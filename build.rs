@@ -17,13 +17,15 @@
 //!
 //! A step becomes a function over a state table, `gcra_earliest(st, s, now,
 //! cost)`, which the driver's loop over several limits calls. `--: stored`
-//! writes the `load(keys, i)` step: it reads the key, and sets `raw` when
-//! the value has the tag, the length and fields that are integers below
-//! 2^53 in magnitude, else `written` to 0. `--: one gcra` becomes
-//! `gcra_one`, an instance of the driver's `--: template one` with the steps
-//! pasted in where it says `--: inline earliest(now, cost) -> t`, each in a
-//! `do ... end` block, on locals: the same code without a call or a table
-//! access per step, for the decision of one limit, the common case; then
+//! writes the `load(keys, i, v)` step: it reads the key (unless given its
+//! value `v`), and sets `raw` when the value has the tag, the length and
+//! fields that are integers below 2^53 in magnitude, else `written` to 0.
+//! `--: one gcra` becomes `gcra_one`, an instance of the driver's `--:
+//! template one` with the steps pasted in where it says `--: inline
+//! earliest(now, cost) -> t`, each in a `do ... end` block, on locals: the
+//! same code without a call or a table access per step, for the decision of
+//! one limit, the common case (`STORED` in the template: `true` for an
+//! algorithm with `--: stored`, else `false`); then
 //! `local gcra = { load = gcra_load, ..., one = gcra_one }` (`--: one tb
 //! token_bucket` names the table). Arguments and results are bound by name,
 //! so a template and a step that disagree fail the build.
@@ -51,6 +53,8 @@ struct Step {
 
 #[derive(Default)]
 struct Algorithm {
+    /// Its state is one STRING (`--: stored`).
+    stored: bool,
     state: Vec<String>,
     params: Vec<String>,
     steps: HashMap<String, Step>,
@@ -149,6 +153,7 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                     .split_once(' ')
                     .ok_or_else(|| (i, "`--: stored alg T: fields`".to_owned()))?;
                 let a = algorithms.entry(alg.to_owned()).or_default();
+                a.stored = true;
                 a.steps.insert(
                     "load".to_owned(),
                     load(tag.trim(), &names(list)).map_err(|e| (i, e))?,
@@ -316,7 +321,10 @@ fn instance(out: &mut String, alg: &str, a: &Algorithm, template: &[String]) -> 
         let indent: String = line.chars().take_while(|c| c.is_whitespace()).collect();
         match directive(line) {
             None => {
-                out.push_str(&line.replace("ALG_", &format!("{alg}_")));
+                let line = line
+                    .replace("ALG_", &format!("{alg}_"))
+                    .replace("STORED", if a.stored { "true" } else { "false" });
+                out.push_str(&line);
                 out.push('\n');
             }
             Some("locals") => {
@@ -354,8 +362,10 @@ fn instance(out: &mut String, alg: &str, a: &Algorithm, template: &[String]) -> 
     Ok(())
 }
 
-/// The `load(keys, i)` step of a state kept as a STRING: the tag byte `tag`,
-/// then `fields` as little-endian doubles (a `+` after a name: positive).
+/// The `load(keys, i, v)` step of a state kept as a STRING: the tag byte
+/// `tag`, then `fields` as little-endian doubles (a `+` after a name:
+/// positive); `v` the key's value when the caller has it (false: absent),
+/// nil to read it.
 fn load(tag: &str, fields: &[String]) -> Result<Step, String> {
     if tag.len() != 1 || !fields.iter().any(|f| f == "written") {
         return Err(format!(
@@ -376,7 +386,7 @@ fn load(tag: &str, fields: &[String]) -> Result<Step, String> {
     }
     let body = format!(
         "  key, written, raw, dirty = keys[i], 0, false, false\n\
-         \x20 local v = rpcall('GET', key)\n\
+         \x20 if v == nil then v = rpcall('GET', key) end\n\
          \x20 if v and #v == {len} then -- (an error reply is a table: #v == 0)\n\
          \x20   local tag\n\
          \x20   tag, {list} = sunpack('<c1{doubles}', v)\n\
@@ -391,7 +401,7 @@ fn load(tag: &str, fields: &[String]) -> Result<Step, String> {
         checks = checks.join("\n      and "),
     );
     Ok(Step {
-        args: vec!["keys".to_owned(), "i".to_owned()],
+        args: vec!["keys".to_owned(), "i".to_owned(), "v".to_owned()],
         outs: Vec::new(),
         body: body.lines().map(str::to_owned).collect(),
     })

@@ -30,9 +30,53 @@ local EXACT = 9007199254740992 -- 2^53
 -- costs more than several lines of arithmetic. They are not there while
 -- Redis 7 loads a library: `spec` binds them when it parses the first limit.
 local rcall, rpcall, spack, sunpack, ssub
+
+-- Of the last keys whose state was saved (about 16, each older one
+-- weighing 15/16 of the one after it), how many were absent, and the
+-- figure above which a decision of one limit takes its key as absent: it
+-- decides as for an absent key and writes that state by the call that
+-- reads the key, only where the key is absent (`put`; see `--: template
+-- one` in driver.lua). A state that equals a fresh one has expired, so a
+-- key decided at rest is absent: one Redis call where a read and a write
+-- are two. Where keys are mostly present, taking them as absent would cost
+-- a second pass (and a SET that writes nothing, for a read): at half or
+-- fewer, decisions read first. Infinite where SET cannot combine NX with
+-- GET (Redis before 7.0).
+local absent, ABSENT_DECAY, absent_above = 16, 15 / 16, 8
+
 local function bind()
   rcall, rpcall, spack, sunpack = redis.call, redis.pcall, struct.pack, struct.unpack
   ssub = string.sub
+  if (redis.REDIS_VERSION_NUM or 0) < 0x070000 then absent_above = 1 / 0 end
+end
+
+-- Writes a key's state `v` (nil: nothing to write) to expire in `ms`
+-- milliseconds (a PX argument; nil: its expiry kept), `held` whether the
+-- decision found a state there. With `nx` the decision took the key as
+-- absent: `v` is written only where the key is absent, and the key's value
+-- before is returned (false: absent, so the decision stands; else it is
+-- decided again on that value). Counts in `absent` the keys found absent.
+local function put(key, v, ms, nx, held)
+  if nx then
+    local was
+    if v == nil then
+      was = rpcall('GET', key)
+    else
+      was = rpcall('SET', key, v, 'PX', ms, 'NX', 'GET')
+    end
+    -- (a key found present is counted by the decision made again on it)
+    if was == false then absent = absent * ABSENT_DECAY + 1 end
+    return was
+  end
+  absent = absent * ABSENT_DECAY
+  if not held then absent = absent + 1 end
+  if v == nil then return nil end
+  if ms then
+    rcall('SET', key, v, 'PX', ms)
+  else
+    rcall('SET', key, v, 'KEEPTTL')
+  end
+  return nil
 end
 
 local function fdiv(a, b) -- floor(a / b) for integers, b > 0

@@ -566,31 +566,46 @@ end
 -- file is where), the production path. Each writes the same state and
 -- reply as `decide_limits` over that one limit; `note`, when a quota kept
 -- in the store decides, is the reply's note of it (see `configured_one`).
+-- While most keys are found absent (see `absent` in common.lua), a state
+-- kept as one STRING (`STORED`) is first taken as absent, its key not read:
+-- the decision's state is written only where the key is absent, by the
+-- call that reads it (`put`); a key found present is decided again on its
+-- value, as if read first.
 --: template one
 local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
   --: locals
   local cost, i = s[6], 1
-  --: inline load(keys, i)
-  local now = store_now -- believed(store_now, written, s.h), written out
-  if written > now and written - now <= s.h then now = written end
-  --: inline prepare(now)
-  -- a fresh state (one that allows any cost up to the capacity now, as
-  -- prepare says) grants such a cost now: earliest would find now
-  local t, outcome, wait = now, 0, 0
-  if not fresh or cost > s[2] or max_wait < 0 then
-    if cost > 0 then
-      --: inline earliest(now, cost) -> t
+  local nx = STORED and not dry and absent > absent_above
+  -- the key's value: false (absent) while taken so, nil to be read
+  local v = nil
+  if nx then v = false end
+  local now, t, outcome, wait, at
+  while true do
+    --: inline load(keys, i, v)
+    now = store_now -- believed(store_now, written, s.h), written out
+    if written > now and written - now <= s.h then now = written end
+    --: inline prepare(now)
+    -- a fresh state (one that allows any cost up to the capacity now, as
+    -- prepare says) grants such a cost now: earliest would find now
+    t, outcome, wait = now, 0, 0
+    if not fresh or cost > s[2] or max_wait < 0 then
+      if cost > 0 then
+        --: inline earliest(now, cost) -> t
+      end
+      outcome, wait = verdict(t, now, max_wait)
     end
-    outcome, wait = verdict(t, now, max_wait)
-  end
-  local at = now
-  if outcome == 0 and not dry then
-    at = t
-    if cost > 0 then
-      --: inline grant(at, cost)
+    at = now
+    if outcome == 0 and not dry then
+      at = t
+      if cost > 0 then
+        --: inline grant(at, cost)
+      end
     end
+    local was
+    --: inline save(now, from, nx) -> was
+    if not (nx and was) then break end
+    nx, v = false, was -- present: decided again on its value
   end
-  --: inline save(now, from)
   local remaining, reset
   --: inline status(now, at) -> remaining, reset
   if t >= 0 then t = t - now end

@@ -93,16 +93,15 @@
   end
 --: end
 
---: step fw save(now, from)
+--: step fw save(now, from, nx) -> was
+  local v, ms
   if dirty then
-    local state = spack('<c1dddd', 'F', start, w, count, now)
-    if kept then
-      -- KEEPTTL spares Redis formatting and setting the same expiry
-      rcall('SET', key, state, 'KEEPTTL')
-    else
-      rcall('SET', key, state, 'PX', px(start + w, from))
-    end
+    v = spack('<c1dddd', 'F', start, w, count, now)
+    -- (kept: no expiry, the key keeps its own, the same; that spares Redis
+    -- formatting and setting it)
+    if not kept then ms = px(start + w, from) end
   end
+  was = put(key, v, ms, nx, raw)
 --: end
 
 --: one fw fixed_window

@@ -127,7 +127,8 @@ local RANK = { [0] = '0', '1', '2', '3', '4', '5', '6', '7', '8' }
 -- first grant: there is no `string` while Redis 7 loads the library.)
 local sformat
 
---: step slog load(keys, i)
+-- (`v` is nil: a log is always read here, see `put`)
+--: step slog load(keys, i, v)
   -- (one assignment a statement: a multiple one moves each value twice)
   log = keys[i]; meta = keys[i + 1]; written = 0; clocked = false; seq = 0
   cnt = 0; top = false; last = false; sum = false; uni = 0; wmax = false; wexp = 0
@@ -392,7 +393,9 @@ local sformat
   end
 --: end
 
---: step slog save(now, from)
+-- (`nx` is never set for a log: it is not one STRING, see `put`; `was`
+-- stays nil)
+--: step slog save(now, from, nx) -> was
   if dirty then
     local mw, me = w, now + w
     if keep > w then mw, me = wmax or 0, wexp end -- (a moved log left empty has none)

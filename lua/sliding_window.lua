@@ -161,16 +161,15 @@ end
   end
 --: end
 
---: step sw save(now, from)
+--: step sw save(now, from, nx) -> was
+  local v, ms
   if dirty then
-    local state = spack('<c1ddddd', 'S', start, w, prev, cur, now)
-    if kept then
-      -- KEEPTTL spares Redis formatting and setting the same expiry
-      rcall('SET', key, state, 'KEEPTTL')
-    else
-      rcall('SET', key, state, 'PX', px(start + 2 * w, from))
-    end
+    v = spack('<c1ddddd', 'S', start, w, prev, cur, now)
+    -- (kept: no expiry, the key keeps its own, the same; that spares Redis
+    -- formatting and setting it)
+    if not kept then ms = px(start + 2 * w, from) end
   end
+  was = put(key, v, ms, nx, raw)
 --: end
 
 --: one sw sliding_window

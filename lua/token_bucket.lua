@@ -94,7 +94,8 @@ end
 --: end
 
 -- The bucket is full again, at its largest capacity, at `exp`.
---: step tb save(now, from)
+--: step tb save(now, from, nx) -> was
+  local v, ms
   if dirty then
     local top = c * p
     if cmax > c then top = min(cmax, fdiv(EXACT - 1, p)) * p end
@@ -102,8 +103,9 @@ end
     local m = x % r
     if m < 0 then m = m + r elseif m >= r then m = m - r end
     local exp = ts - (x - m) / r
-    rcall('SET', key, spack('<c1dddddd', 'T', level, p, ts, now, exp, cmax), 'PX', px(exp, from))
+    v, ms = spack('<c1dddddd', 'T', level, p, ts, now, exp, cmax), px(exp, from)
   end
+  was = put(key, v, ms, nx, raw)
 --: end
 
 --: one tb token_bucket

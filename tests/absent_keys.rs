@@ -1,0 +1,110 @@
+//! A decision of one limit on a key at rest costs Redis one command: while
+//! most keys are found absent, the decision's state is written by the call
+//! that reads the key (`SET ... NX GET`), and a key found present is decided
+//! again on its value, exactly as when read first. Where most keys are
+//! present, decisions read first (`GET`) again. On a Redis of the test's own,
+//! so that its command counts are this test's.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{command_calls, unique_prefix, TestRedis, PATIENT};
+use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn limiter(server: &TestRedis, quota: Quota) -> Limiter {
+    let store = RedisStore::builder(server.url.clone())
+        .prefix(unique_prefix("absent"))
+        .coalesce_decisions(false)
+        .build()
+        .expect("store");
+    Limiter::builder(store)
+        .limit(Limit::new("five", quota).expect("limit"))
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .expect("limiter")
+}
+
+/// The `GET` and `SET` commands the server has run.
+fn gets_and_sets(server: &TestRedis) -> (u64, u64) {
+    let mut conn = redis::Client::open(server.url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    (
+        command_calls(&mut conn, "get"),
+        command_calls(&mut conn, "set"),
+    )
+}
+
+/// Checks `n` keys never used before (`tag` names them); all are granted.
+async fn fresh_keys(limiter: &Limiter, tag: &str, n: usize) {
+    for i in 0..n {
+        let decision = limiter
+            .check(&format!("{tag}-{i}"), 1)
+            .await
+            .expect("decided");
+        assert!(decision.is_allowed(), "a fresh key is granted");
+    }
+}
+
+/// Every algorithm kept as one STRING, 5 per hour: keys at rest cost one
+/// `SET` each and no `GET`; a present key is decided exactly (5 granted,
+/// then refusals) whichever way it is read; many present keys turn reading
+/// first back on, and keys at rest turn it off again.
+#[tokio::test]
+async fn keys_at_rest_cost_one_command_and_present_keys_decide_exactly() {
+    let quotas = [
+        ("gcra", Quota::gcra(5, HOUR, 5)),
+        ("token bucket", Quota::token_bucket(5, 5, HOUR)),
+        ("fixed window", Quota::fixed_window(5, HOUR)),
+        ("sliding window", Quota::sliding_window(5, HOUR)),
+    ];
+    for (name, quota) in quotas {
+        // a server each: the share of absent keys is the server's
+        let server = TestRedis::spawn();
+        let limiter = limiter(&server, quota);
+        limiter.peek("warm").await.expect("the library is loaded");
+
+        let before = gets_and_sets(&server);
+        fresh_keys(&limiter, "rest", 40).await;
+        let after = gets_and_sets(&server);
+        assert_eq!(
+            after.0 - before.0,
+            0,
+            "{name}: keys at rest were read first"
+        );
+        assert_eq!(after.1 - before.1, 40, "{name}: one SET per key at rest");
+
+        // one key, present from its second check on: exactly 5 granted,
+        // first taken as absent and decided again, then read first
+        let mut granted = 0;
+        for _ in 0..40 {
+            let decision = limiter.check("busy", 1).await.expect("decided");
+            if decision.is_allowed() {
+                granted += 1;
+            } else {
+                let wait = decision.retry_after().expect("a refusal says when");
+                assert!(wait > Duration::ZERO, "{name}: a refusal waits");
+            }
+        }
+        assert_eq!(granted, 5, "{name}: exact on a present key");
+        let read = gets_and_sets(&server);
+        assert!(
+            read.0 - after.0 >= 20,
+            "{name}: a present key kept being taken as absent ({} GETs in 40 checks)",
+            read.0 - after.0
+        );
+
+        // keys at rest again: reading first stops within a few of them
+        fresh_keys(&limiter, "again", 20).await;
+        let before = gets_and_sets(&server);
+        fresh_keys(&limiter, "more", 20).await;
+        let after = gets_and_sets(&server);
+        assert_eq!(after.0 - before.0, 0, "{name}: keys at rest read first");
+        assert_eq!(after.1 - before.1, 20, "{name}: one SET per key at rest");
+    }
+}
