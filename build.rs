@@ -386,7 +386,11 @@ fn load(tag: &str, fields: &[String]) -> Result<Step, String> {
     }
     let body = format!(
         "  key, written, raw, dirty = keys[i], 0, false, false\n\
-         \x20 if v == nil then v = rpcall('GET', key) end\n\
+         \x20 if v == nil then\n\
+         \x20   v = rpcall('GET', key)\n\
+         \x20   absent = absent * ABSENT_DECAY -- (see common.lua)\n\
+         \x20   if v == false then absent = absent + 1 end\n\
+         \x20 end\n\
          \x20 if v and #v == {len} then -- (an error reply is a table: #v == 0)\n\
          \x20   local tag\n\
          \x20   tag, {list} = sunpack('<c1{doubles}', v)\n\

@@ -35,7 +35,7 @@ local rcall, rpcall, spack, sunpack, ssub
 -- weighing 15/16 of the one after it), how many were absent, and the
 -- figure above which a decision of one limit takes its key as absent: it
 -- decides as for an absent key and writes that state by the call that
--- reads the key, only where the key is absent (`put`; see `--: template
+-- reads the key, only where the key is absent (`put_absent`; see `--: template
 -- one` in driver.lua). A state that equals a fresh one has expired, so a
 -- key decided at rest is absent: one Redis call where a read and a write
 -- are two. Where keys are mostly present, taking them as absent would cost
@@ -50,33 +50,16 @@ local function bind()
   if (redis.REDIS_VERSION_NUM or 0) < 0x070000 then absent_above = 1 / 0 end
 end
 
--- Writes a key's state `v` (nil: nothing to write) to expire in `ms`
--- milliseconds (a PX argument; nil: its expiry kept), `held` whether the
--- decision found a state there. With `nx` the decision took the key as
--- absent: `v` is written only where the key is absent, and the key's value
--- before is returned (false: absent, so the decision stands; else it is
--- decided again on that value). Counts in `absent` the keys found absent.
-local function put(key, v, ms, nx, held)
-  if nx then
-    local was
-    if v == nil then
-      was = rpcall('GET', key)
-    else
-      was = rpcall('SET', key, v, 'PX', ms, 'NX', 'GET')
-    end
-    -- (a key found present is counted by the decision made again on it)
-    if was == false then absent = absent * ABSENT_DECAY + 1 end
-    return was
-  end
+-- Writes a key's state `v` to expire in `ms` milliseconds (a PX argument)
+-- for a decision that took the key as absent, only where it is absent;
+-- returns the key's value before (false: absent, so written and the
+-- decision stands; else it is decided again on that value), and counts it
+-- in `absent` as `load` counts a key it reads (see build.rs).
+local function put_absent(key, v, ms)
+  local was = rpcall('SET', key, v, 'PX', ms, 'NX', 'GET')
   absent = absent * ABSENT_DECAY
-  if not held then absent = absent + 1 end
-  if v == nil then return nil end
-  if ms then
-    rcall('SET', key, v, 'PX', ms)
-  else
-    rcall('SET', key, v, 'KEEPTTL')
-  end
-  return nil
+  if was == false then absent = absent + 1 end
+  return was
 end
 
 local function fdiv(a, b) -- floor(a / b) for integers, b > 0

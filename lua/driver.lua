@@ -569,7 +569,7 @@ end
 -- While most keys are found absent (see `absent` in common.lua), a state
 -- kept as one STRING (`STORED`) is first taken as absent, its key not read:
 -- the decision's state is written only where the key is absent, by the
--- call that reads it (`put`); a key found present is decided again on its
+-- call that reads it (`put_absent`); a key found present is decided again on its
 -- value, as if read first.
 --: template one
 local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
@@ -603,8 +603,10 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
     end
     local was
     --: inline save(now, from, nx) -> was
-    if not (nx and was) then break end
-    nx, v = false, was -- present: decided again on its value
+    if not nx or was == false then break end
+    -- present, decided again on its value; or nothing was written, and
+    -- the key is read
+    nx, v = false, was
   end
   local remaining, reset
   --: inline status(now, at) -> remaining, reset

@@ -94,14 +94,17 @@
 --: end
 
 --: step fw save(now, from, nx) -> was
-  local v, ms
   if dirty then
-    v = spack('<c1dddd', 'F', start, w, count, now)
-    -- (kept: no expiry, the key keeps its own, the same; that spares Redis
-    -- formatting and setting it)
-    if not kept then ms = px(start + w, from) end
+    local v = spack('<c1dddd', 'F', start, w, count, now)
+    if nx then
+      was = put_absent(key, v, px(start + w, from))
+    elseif kept then
+      -- KEEPTTL spares Redis formatting and setting the same expiry
+      rcall('SET', key, v, 'KEEPTTL')
+    else
+      rcall('SET', key, v, 'PX', px(start + w, from))
+    end
   end
-  was = put(key, v, ms, nx, raw)
 --: end
 
 --: one fw fixed_window

@@ -113,15 +113,17 @@
 -- The state matters through tick ceil(tat), and for a larger burst until its
 -- extra permits are back too.
 --: step gcra save(now, from, nx) -> was
-  local v, ms
   if dirty then
     local exp = tat + 1
     if frac > 0 then exp = tat + 2 end
     if bmax > b then exp = exp + cdiv(min(bmax - b, fdiv(EXACT - 1, w)) * w, n) end
-    v = spack('<c1ddddd', 'G', b * w - ((tat - now) * n + frac), w, now, exp, bmax)
-    ms = px(exp, from)
+    local v = spack('<c1ddddd', 'G', b * w - ((tat - now) * n + frac), w, now, exp, bmax)
+    if nx then
+      was = put_absent(key, v, px(exp, from))
+    else
+      rcall('SET', key, v, 'PX', px(exp, from))
+    end
   end
-  was = put(key, v, ms, nx, raw)
 --: end
 
 --: one gcra gcra

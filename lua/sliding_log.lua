@@ -127,7 +127,7 @@ local RANK = { [0] = '0', '1', '2', '3', '4', '5', '6', '7', '8' }
 -- first grant: there is no `string` while Redis 7 loads the library.)
 local sformat
 
--- (`v` is nil: a log is always read here, see `put`)
+-- (`v` is nil: a log is always read here, see `put_absent`)
 --: step slog load(keys, i, v)
   -- (one assignment a statement: a multiple one moves each value twice)
   log = keys[i]; meta = keys[i + 1]; written = 0; clocked = false; seq = 0
@@ -393,8 +393,8 @@ local sformat
   end
 --: end
 
--- (`nx` is never set for a log: it is not one STRING, see `put`; `was`
--- stays nil)
+-- (`nx` is never set for a log: it is not one STRING, see `put_absent`;
+-- `was` stays nil)
 --: step slog save(now, from, nx) -> was
   if dirty then
     local mw, me = w, now + w

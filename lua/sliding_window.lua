@@ -162,14 +162,17 @@ end
 --: end
 
 --: step sw save(now, from, nx) -> was
-  local v, ms
   if dirty then
-    v = spack('<c1ddddd', 'S', start, w, prev, cur, now)
-    -- (kept: no expiry, the key keeps its own, the same; that spares Redis
-    -- formatting and setting it)
-    if not kept then ms = px(start + 2 * w, from) end
+    local v = spack('<c1ddddd', 'S', start, w, prev, cur, now)
+    if nx then
+      was = put_absent(key, v, px(start + 2 * w, from))
+    elseif kept then
+      -- KEEPTTL spares Redis formatting and setting the same expiry
+      rcall('SET', key, v, 'KEEPTTL')
+    else
+      rcall('SET', key, v, 'PX', px(start + 2 * w, from))
+    end
   end
-  was = put(key, v, ms, nx, raw)
 --: end
 
 --: one sw sliding_window

@@ -95,7 +95,6 @@ end
 
 -- The bucket is full again, at its largest capacity, at `exp`.
 --: step tb save(now, from, nx) -> was
-  local v, ms
   if dirty then
     local top = c * p
     if cmax > c then top = min(cmax, fdiv(EXACT - 1, p)) * p end
@@ -103,9 +102,13 @@ end
     local m = x % r
     if m < 0 then m = m + r elseif m >= r then m = m - r end
     local exp = ts - (x - m) / r
-    v, ms = spack('<c1dddddd', 'T', level, p, ts, now, exp, cmax), px(exp, from)
+    local v = spack('<c1dddddd', 'T', level, p, ts, now, exp, cmax)
+    if nx then
+      was = put_absent(key, v, px(exp, from))
+    else
+      rcall('SET', key, v, 'PX', px(exp, from))
+    end
   end
-  was = put(key, v, ms, nx, raw)
 --: end
 
 --: one tb token_bucket
