@@ -163,3 +163,50 @@ async fn decisions_waiting_for_a_server_that_stopped_fail_by_their_deadline() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A batch may be the first call a freshly loaded library runs (a server
+/// restarted, its functions flushed, while decisions queue): it decides
+/// each of its decisions. Sent by hand in the library's wire format (op 7
+/// of `lua/driver.lua`): three GCRA decisions of 5 per second on three
+/// keys, as one run.
+#[test]
+fn a_batch_can_be_the_first_call_of_the_library() {
+    let server = TestRedis::spawn();
+    let mut conn = redis::Client::open(server.url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    let library = RedisStore::library();
+    let name = library
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("#!lua name="))
+        .expect("the library names its function")
+        .to_owned();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(library)
+        .query(&mut conn)
+        .expect("load");
+    let reply: Vec<u8> = redis::cmd("FCALL")
+        .arg(&name)
+        .arg(3)
+        .arg(&["first:{a}", "first:{b}", "first:{c}"][..])
+        .arg("o:0:0:0:0:7")
+        .arg("#1:1:3")
+        .arg("3:5:1:1000000:0:1")
+        .query(&mut conn)
+        .expect("a batch as the first call");
+    // each decision: its length (a double), then outcome, wait, now, its
+    // limit's wait, remaining and reset (doubles)
+    assert_eq!(reply.len(), 3 * (8 + 48), "three replies");
+    for decision in reply.chunks(8 + 48) {
+        let double = |i: usize| {
+            let bytes: [u8; 8] = decision[8 * i..8 * i + 8].try_into().expect("8 bytes");
+            f64::from_le_bytes(bytes)
+        };
+        assert_eq!(double(0), 48.0, "a reply of six doubles");
+        assert_eq!(double(1), 0.0, "granted");
+        assert_eq!(double(5), 4.0, "4 of 5 left");
+    }
+}
