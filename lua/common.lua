@@ -38,11 +38,12 @@ local rcall, rpcall, spack, sunpack, ssub
 -- reads the key, only where the key is absent (`put_absent`; see `--: template
 -- one` in driver.lua). A state that equals a fresh one has expired, so a
 -- key decided at rest is absent: one Redis call where a read and a write
--- are two. Where keys are mostly present, taking them as absent would cost
--- a second pass (and a SET that writes nothing, for a read): at half or
--- fewer, decisions read first. Infinite where SET cannot combine NX with
--- GET (Redis before 7.0).
-local absent, ABSENT_DECAY, absent_above = 16, 15 / 16, 8
+-- are two. A key taken as absent that is present costs a second pass and a
+-- SET that wrote nothing, a little over three times what one found absent
+-- saves (the two break even near 12 in 16), so decisions read first unless
+-- more than 13 in 16 keys were absent.
+-- Infinite where SET cannot combine NX with GET (Redis before 7.0).
+local absent, ABSENT_DECAY, absent_above = 16, 15 / 16, 13
 
 local function bind()
   rcall, rpcall, spack, sunpack = redis.call, redis.pcall, struct.pack, struct.unpack
