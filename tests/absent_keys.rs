@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{command_calls, unique_prefix, TestRedis, PATIENT};
-use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
+use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Quota, RedisStore};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -106,5 +106,101 @@ async fn keys_at_rest_cost_one_command_and_present_keys_decide_exactly() {
         let after = gets_and_sets(&server);
         assert_eq!(after.0 - before.0, 0, "{name}: keys at rest read first");
         assert_eq!(after.1 - before.1, 20, "{name}: one SET per key at rest");
+    }
+}
+
+/// The key a single-key limit named `five` keeps for the user key `user`.
+fn key_of(prefix: &str, quota: &Quota, user: &str) -> String {
+    let part = match quota.algorithm() {
+        tower_ratelimit::Algorithm::TokenBucket => "tb",
+        tower_ratelimit::Algorithm::Gcra => "gcra",
+        tower_ratelimit::Algorithm::FixedWindow => "fw",
+        tower_ratelimit::Algorithm::SlidingWindow => "sw",
+        other => unreachable!("{other:?} keeps two keys"),
+    };
+    format!("{prefix}:{{{user}}}:five:{part}")
+}
+
+/// A key taken as absent that holds something else (another type, which
+/// `SET ... GET` answers with an error; garbage; a state of another
+/// algorithm; numbers beyond 2^53): decided as an absent key is, as the
+/// in-memory store decides it, and written back as a valid state, never an
+/// error. The first decision on each such key is made while the server's
+/// estimate says keys are absent (fresh keys between the cases keep it so),
+/// which the count of `GET`s shows.
+#[tokio::test]
+async fn a_key_taken_as_absent_that_holds_anything_else_is_decided_as_absent() {
+    const MS: i64 = 1_000;
+    let corruptions: [(&str, &[&[&str]]); 6] = [
+        ("a hash", &[&["HSET", "{k}", "level", "1"]]),
+        ("a list", &[&["RPUSH", "{k}", "x"]]),
+        ("a sorted set", &[&["ZADD", "{k}", "1", "x"]]),
+        ("garbage", &[&["SET", "{k}", "garbage"]]),
+        (
+            "41 bytes of another tag",
+            &[&["SET", "{k}", "Zaaaaaaaabbbbbbbbccccccccddddddddeeeeeeee"]],
+        ),
+        (
+            "an expiring string",
+            &[&["SET", "{k}", "x", "PX", "600000"]],
+        ),
+    ];
+    let quotas = [
+        Quota::gcra(5, HOUR, 5),
+        Quota::token_bucket(5, 5, HOUR),
+        Quota::fixed_window(5, HOUR),
+        Quota::sliding_window(5, HOUR),
+    ];
+    let server = TestRedis::spawn();
+    let mut conn = redis::Client::open(server.url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    for quota in quotas {
+        let name = format!("{:?}", quota.algorithm());
+        let clock = ManualClock::new(common::T0);
+        let prefix = unique_prefix("absent-foreign");
+        let store = RedisStore::builder(server.url.clone())
+            .prefix(prefix.clone())
+            .coalesce_decisions(false)
+            .expiry_slack(common::TEST_CLOCK_SLACK)
+            .clock(clock.clone())
+            .build()
+            .expect("store");
+        let limit = Limit::new("five", quota).expect("limit");
+        let redis = common::patient_limiter(store, limit.clone());
+        for (i, (what, commands)) in corruptions.iter().enumerate() {
+            let ctx = format!("{name}, a key holding {what}");
+            let user = format!("k{i}");
+            let key = key_of(&prefix, &quota, &user);
+            for command in *commands {
+                let mut cmd = redis::cmd(command[0]);
+                for arg in &command[1..] {
+                    cmd.arg(if *arg == "{k}" { key.as_str() } else { arg });
+                }
+                let _: redis::Value = cmd.query(&mut conn).expect("write the key");
+            }
+            // keys at rest keep the estimate at "absent"
+            fresh_keys(&redis, &format!("rest-{i}"), 40).await;
+            let twin =
+                common::patient_limiter(MemoryStore::with_clock(clock.clone()), limit.clone());
+            let gets = command_calls(&mut conn, "get");
+            for (at, cost) in [(MS, 2u64), (2 * MS, 9), (3 * MS, 3), (4 * MS, 1)] {
+                clock.set(common::T0 + at);
+                let r = redis.check(&user, cost).await;
+                let r = r.unwrap_or_else(|e| panic!("{ctx}: the store failed: {e}"));
+                let m = twin.check(&user, cost).await.expect("memory");
+                assert_eq!(r, m, "{ctx}: at {at} us, cost {cost}");
+                if at == MS {
+                    assert_eq!(
+                        command_calls(&mut conn, "get"),
+                        gets,
+                        "{ctx}: the first decision read the key first"
+                    );
+                }
+            }
+            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).expect("TYPE");
+            assert_eq!(kind, "string", "{ctx}: written back as a state");
+        }
     }
 }
