@@ -378,3 +378,70 @@ async fn keys_beyond_the_pool_bound_are_decided_by_redis_and_stay_exact() {
         }
     }
 }
+
+/// A decision of a hot limit and an ordinary one answers within the
+/// limiter's timeout, however its time is split between the hot limit's
+/// refill and the store's decision of the other: both share one deadline.
+/// The server is held busy (`DEBUG SLEEP`) past most of the timeout while
+/// the refill waits, and again while the decision of the ordinary limit
+/// waits (the second sleep is read after the refill, which arrived first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_refill_and_the_stores_decision_share_one_timeout() {
+    let timeout = Duration::from_millis(1000);
+    let server = TestRedis::spawn_with("--enable-debug-command yes");
+    let prefix = unique_prefix("hot-one-timeout");
+    // batches of one permit: every check refills
+    let global = Limit::new("global", Quota::per_hour(1_000_000).fixed_window())
+        .and_then(|limit| limit.hot(HotKey::new(1, Duration::from_secs(60))?))
+        .expect("a hot limit");
+    let per_user = Limit::new("user", Quota::per_hour(1_000).fixed_window()).expect("a limit");
+    let limiter = instance(&server.url, &prefix, &[global, per_user], timeout);
+    // the library loaded and the batch's one permit spent
+    assert!(limiter
+        .check("u", 1)
+        .await
+        .expect("a decision")
+        .is_allowed());
+
+    // holds the server 0.8 s, `after` from now, over a connection of its
+    // own made then; says when the command is sent
+    let port = server.port;
+    let sleeper = move |after: Duration| {
+        let (sent, on_sent) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            std::thread::sleep(after);
+            let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            conn.write_all(b"*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$3\r\n0.8\r\n")
+                .expect("DEBUG SLEEP sent");
+            let _ = sent.send(());
+            let mut ok = [0u8; 5];
+            conn.read_exact(&mut ok).expect("DEBUG SLEEP answered");
+            assert_eq!(&ok, b"+OK\r\n", "DEBUG SLEEP refused");
+        });
+        (thread, on_sent)
+    };
+    let (first, first_sent) = sleeper(Duration::ZERO);
+    first_sent.recv().expect("the first sleep sent");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // (its connection is accepted, and its command read, only once the
+    // first sleep is over: after the refill, which the check below sends at
+    // once)
+    let (second, _) = sleeper(Duration::from_millis(250));
+    let started = Instant::now();
+    let result = limiter.check("u", 1).await;
+    let took = started.elapsed();
+    first.join().expect("the first sleep");
+    second.join().expect("the second sleep");
+    // the refill is answered after the first sleep (0.8 s), the ordinary
+    // limit's decision only after the second (1.6 s): by then the timeout
+    // has passed, and the request was answered at it
+    assert!(
+        matches!(result, Err(Error::Timeout(_))),
+        "the store's decision waited past the timeout: {result:?}"
+    );
+    assert!(
+        took < timeout + Duration::from_millis(300),
+        "answered {took:?} after the start, over the timeout of {timeout:?}"
+    );
+}

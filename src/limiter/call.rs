@@ -58,19 +58,21 @@ impl Limiter {
                 return Answer::Later(Box::pin(self.decide_hot(hot, checks)));
             }
         }
-        self.decision_at_store(checks, max_wait, dry, plain)
+        self.decision_at_store(checks, max_wait, dry, plain, self.deadline())
     }
 
     /// One decision: the store call, in a `rate_limit` span (only while
     /// `debug` is enabled), measured and (when `plain`) counted (see
     /// [`crate::metrics`]), answered from the cache of denials when it can
-    /// be; at once when the store answers at once.
+    /// be; at once when the store answers at once. A store that waits
+    /// answers by `deadline` (a started one: what is left of it).
     pub(super) fn decision_at_store<'a>(
         &'a self,
         checks: &'a [Check<'a>],
         max_wait: i64,
         dry: bool,
         plain: bool,
+        deadline: Deadline,
     ) -> Answer<'a, Result<Decision, Error>> {
         // A denial known to hold needs no round trip (not for a look, which
         // must see what the store says now; a cost over a capacity is
@@ -142,11 +144,7 @@ impl Limiter {
             }
             result
         };
-        match self
-            .inner
-            .store
-            .decide(checks, max_wait, dry, self.deadline())
-        {
+        match self.inner.store.decide(checks, max_wait, dry, deadline) {
             Answer::Now(reply) => Answer::Now(finish(reply, span)),
             // (instrumented only with a span: entering and leaving a
             // disabled one on every poll is not free)

@@ -34,7 +34,7 @@ use super::{Checks, Inner, Limiter};
 use crate::clock::Clock;
 use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
 use crate::metrics::{Outcome, StoreTimer};
-use crate::store::{keys, Check, Settle};
+use crate::store::{keys, Check, Deadline, Settle};
 use crate::{Error, Limit};
 
 /// Pools kept at most per limiter (see the module's bounds).
@@ -242,11 +242,14 @@ impl Limiter {
         hot: &HotPools,
         checks: &[Check<'_>],
     ) -> Result<Decision, Error> {
+        // one deadline for the whole decision: the refills of its hot
+        // limits and the store's decision of the rest
+        let deadline = self.deadline().start();
         let mut permits: SmallVec<[(usize, Permit); 2]> = SmallVec::new();
         let mut cold = Checks::new();
         for (i, check) in checks.iter().enumerate() {
             if HotPools::serves(check) {
-                match self.permit(hot, check).await {
+                match self.permit(hot, check, deadline).await {
                     Ok(Some(permit)) => {
                         permits.push((i, permit));
                         continue;
@@ -272,7 +275,10 @@ impl Limiter {
             super::count::count(checks, &result, Outcome::Allowed);
             return result;
         }
-        let result = self.decision_at_store(&cold, 0, false, true).get().await;
+        let result = self
+            .decision_at_store(&cold, 0, false, true, deadline)
+            .get()
+            .await;
         let local: SmallVec<[(usize, LimitStatus); 2]> = permits
             .iter()
             .map(|(i, p)| (*i, p.status.clone()))
@@ -305,10 +311,16 @@ impl Limiter {
         merged
     }
 
-    /// A permit of `check` from its batch, refilling it when empty; `None`
+    /// A permit of `check` from its batch, refilling it when empty, by
+    /// `deadline` (the wait for the refill and the refill itself); `None`
     /// when the store is to decide it (no pool, a refusal in force, or too
     /// little left after a refill).
-    async fn permit(&self, hot: &HotPools, check: &Check<'_>) -> Result<Option<Permit>, Error> {
+    async fn permit(
+        &self,
+        hot: &HotPools,
+        check: &Check<'_>,
+        deadline: Deadline,
+    ) -> Result<Option<Permit>, Error> {
         let Some(pool) = hot.pool(check) else {
             return Ok(None);
         };
@@ -319,8 +331,6 @@ impl Limiter {
         if started < lock(&pool.batch).refused_until {
             return Ok(None);
         }
-        // one deadline for the wait for the refill and the refill itself
-        let deadline = self.deadline().start();
         let Ok(_refilling) = tokio::time::timeout_at(deadline.at(), pool.refill.lock()).await
         else {
             return Err(deadline.error());
