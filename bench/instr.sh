@@ -38,7 +38,9 @@ BASE_REV=${BASE_REV:-}
 OUT=${OUT:-$(mktemp -d -t tower-ratelimit-instr.XXXXXX)}
 mkdir -p "$OUT/bin"
 
-need() { command -v "$1" >/dev/null || { echo "missing $1: apt-get install -y $2" >&2; exit 1; }; }
+LOG_TAG=instr
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 need valgrind valgrind
 need callgrind_control valgrind
 need wrk wrk
@@ -48,14 +50,7 @@ need cargo "rustup (https://rustup.rs)"
 need git git
 need curl curl
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-log() { printf '[instr %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-
-PIDS=()
-cleanup() { for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done; }
-trap cleanup EXIT
-
-TARGET=$(cd "$PEERS" && mkdir -p "${CARGO_TARGET_DIR:-target}" && cd "${CARGO_TARGET_DIR:-target}" && pwd)
+TARGET=$(peers_target "$PEERS")
 if [ -n "$BASE_REV" ]; then
   log "building bench/peers of $BASE_REV (release)"
   rm -rf "$OUT/base-src"; mkdir -p "$OUT/base-src"

@@ -70,7 +70,9 @@ MODES=${MODES-bare governor governor-headers ours-mem ours-mem-noheaders trlr ou
 OUT=${OUT:-$(mktemp -d -t tower-ratelimit-bench.XXXXXX)}
 mkdir -p "$OUT"
 
-need() { command -v "$1" >/dev/null || { echo "missing $1: apt-get install -y $2" >&2; exit 1; }; }
+LOG_TAG=bench
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 need redis-server redis-server
 need redis-cli redis-tools
 need wrk wrk
@@ -80,14 +82,7 @@ need taskset util-linux
 need cargo "rustup (https://rustup.rs)"
 need git git
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-
-PIDS=()
-cleanup() { for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done; }
-trap cleanup EXIT
-
-TARGET=$(cd "$PEERS" && mkdir -p "${CARGO_TARGET_DIR:-target}" && cd "${CARGO_TARGET_DIR:-target}" && pwd)
+TARGET=$(peers_target "$PEERS")
 mkdir -p "$OUT/bin"
 # the base first: its binaries are copied out before this tree's build
 # replaces them in the shared target folder

@@ -109,18 +109,6 @@ async fn keys_at_rest_cost_one_command_and_present_keys_decide_exactly() {
     }
 }
 
-/// The key a single-key limit named `five` keeps for the user key `user`.
-fn key_of(prefix: &str, quota: &Quota, user: &str) -> String {
-    let part = match quota.algorithm() {
-        tower_ratelimit::Algorithm::TokenBucket => "tb",
-        tower_ratelimit::Algorithm::Gcra => "gcra",
-        tower_ratelimit::Algorithm::FixedWindow => "fw",
-        tower_ratelimit::Algorithm::SlidingWindow => "sw",
-        other => unreachable!("{other:?} keeps two keys"),
-    };
-    format!("{prefix}:{{{user}}}:five:{part}")
-}
-
 /// A key taken as absent that holds something else (another type, which
 /// `SET ... GET` answers with an error; garbage; a state of another
 /// algorithm; numbers beyond 2^53): decided as an absent key is, as the
@@ -172,7 +160,7 @@ async fn a_key_taken_as_absent_that_holds_anything_else_is_decided_as_absent() {
         for (i, (what, commands)) in corruptions.iter().enumerate() {
             let ctx = format!("{name}, a key holding {what}");
             let user = format!("k{i}");
-            let key = key_of(&prefix, &quota, &user);
+            let key = common::single_key_of(&prefix, "five", &quota, &user);
             for command in *commands {
                 let mut cmd = redis::cmd(command[0]);
                 for arg in &command[1..] {

@@ -395,14 +395,7 @@ fn single_key_corruptions() -> Vec<(&'static str, Corruption, bool)> {
 
 /// The Redis key a single-key quota keeps for the user key `k`.
 fn key_of(prefix: &str, quota: &Quota) -> String {
-    let part = match quota.algorithm() {
-        tower_ratelimit::Algorithm::TokenBucket => "tb",
-        tower_ratelimit::Algorithm::Gcra => "gcra",
-        tower_ratelimit::Algorithm::FixedWindow => "fw",
-        tower_ratelimit::Algorithm::SlidingWindow => "sw",
-        other => unreachable!("{other:?} keeps two keys"),
-    };
-    format!("{prefix}:{{k}}:op:{part}")
+    common::single_key_of(prefix, "op", quota, "k")
 }
 
 /// Replays a few decisions on Redis and on a twin in memory that holds the

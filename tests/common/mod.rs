@@ -301,6 +301,24 @@ pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The Redis key of a limit kept in one key (every algorithm but the
+/// sliding log): limit `name`, user key `user`, under `prefix`.
+pub fn single_key_of(
+    prefix: &str,
+    name: &str,
+    quota: &tower_ratelimit::Quota,
+    user: &str,
+) -> String {
+    let part = match quota.algorithm() {
+        tower_ratelimit::Algorithm::TokenBucket => "tb",
+        tower_ratelimit::Algorithm::Gcra => "gcra",
+        tower_ratelimit::Algorithm::FixedWindow => "fw",
+        tower_ratelimit::Algorithm::SlidingWindow => "sw",
+        other => unreachable!("{other:?} keeps two keys"),
+    };
+    format!("{prefix}:{{{user}}}:{name}:{part}")
+}
+
 /// 2027-01-15T08:00:00Z in microseconds: a whole hour, so windows of 1 s,
 /// 1 min and 1 h all start exactly here.
 pub const T0: i64 = 1_800_000_000_000_000;
