@@ -51,14 +51,7 @@ need git git
 need curl curl
 
 TARGET=$(peers_target "$PEERS")
-if [ -n "$BASE_REV" ]; then
-  log "building bench/peers of $BASE_REV (release)"
-  rm -rf "$OUT/base-src"; mkdir -p "$OUT/base-src"
-  git -C "$ROOT" archive "$BASE_REV" | tar -x -C "$OUT/base-src"
-  (cd "$OUT/base-src/bench/peers" && CARGO_TARGET_DIR=$TARGET cargo build --release --quiet --bin tower-ratelimit-peers)
-  cp "$TARGET/release/tower-ratelimit-peers" "$OUT/bin/base-server"
-  touch "$PEERS/src/main.rs"
-fi
+if [ -n "$BASE_REV" ]; then build_base_server "$BASE_REV"; fi
 log "building bench/peers (release)"
 (cd "$PEERS" && CARGO_TARGET_DIR=$TARGET cargo build --release --quiet --bin tower-ratelimit-peers)
 cp "$TARGET/release/tower-ratelimit-peers" "$OUT/bin/server"

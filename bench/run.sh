@@ -84,19 +84,10 @@ need git git
 
 TARGET=$(peers_target "$PEERS")
 mkdir -p "$OUT/bin"
-# the base first: its binaries are copied out before this tree's build
-# replaces them in the shared target folder
-if [ -n "$BASE_REV" ]; then
-  log "building bench/peers of $BASE_REV (release)"
-  rm -rf "$OUT/base-src"; mkdir -p "$OUT/base-src"
-  git -C "$ROOT" archive "$BASE_REV" | tar -x -C "$OUT/base-src"
-  (cd "$OUT/base-src/bench/peers" && CARGO_TARGET_DIR=$TARGET cargo build --release --quiet)
-  cp "$TARGET/release/tower-ratelimit-peers" "$OUT/bin/base-server"
-fi
+# the base first: its binary is copied out before this tree's build
+# replaces it in the shared target folder
+if [ -n "$BASE_REV" ]; then build_base_server "$BASE_REV"; fi
 log "building bench/peers (release) and the Node peer"
-# touched after a base: cargo copies a binary out of its build folder only
-# when it builds it, and the base's build left its own in the same place
-if [ -n "$BASE_REV" ]; then touch "$PEERS/src/main.rs" "$PEERS/src/bin/api.rs"; fi
 (cd "$PEERS" && CARGO_TARGET_DIR=$TARGET cargo build --release --quiet)
 cp "$TARGET/release/tower-ratelimit-peers" "$OUT/bin/server"
 cp "$TARGET/release/api" "$OUT/bin/api"
