@@ -243,13 +243,14 @@ impl Limiter {
         checks: &[Check<'_>],
     ) -> Result<Decision, Error> {
         // one deadline for the whole decision: the refills of its hot
-        // limits and the store's decision of the rest
-        let deadline = self.deadline().start();
+        // limits and the store's decision of the rest (started by the first
+        // refill: a permit from a batch reads no clock)
+        let mut deadline = self.deadline();
         let mut permits: SmallVec<[(usize, Permit); 2]> = SmallVec::new();
         let mut cold = Checks::new();
         for (i, check) in checks.iter().enumerate() {
             if HotPools::serves(check) {
-                match self.permit(hot, check, deadline).await {
+                match self.permit(hot, check, &mut deadline).await {
                     Ok(Some(permit)) => {
                         permits.push((i, permit));
                         continue;
@@ -312,14 +313,15 @@ impl Limiter {
     }
 
     /// A permit of `check` from its batch, refilling it when empty, by
-    /// `deadline` (the wait for the refill and the refill itself); `None`
+    /// `deadline` (the wait for the refill and the refill itself; started
+    /// here, unless it already was); `None`
     /// when the store is to decide it (no pool, a refusal in force, or too
     /// little left after a refill).
     async fn permit(
         &self,
         hot: &HotPools,
         check: &Check<'_>,
-        deadline: Deadline,
+        deadline: &mut Deadline,
     ) -> Result<Option<Permit>, Error> {
         let Some(pool) = hot.pool(check) else {
             return Ok(None);
@@ -331,6 +333,8 @@ impl Limiter {
         if started < lock(&pool.batch).refused_until {
             return Ok(None);
         }
+        *deadline = deadline.start();
+        let deadline = *deadline;
         let Ok(_refilling) = tokio::time::timeout_at(deadline.at(), pool.refill.lock()).await
         else {
             return Err(deadline.error());
