@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{command_calls, unique_prefix, TestRedis, PATIENT};
+use common::{command_calls, single_key_corruptions, unique_prefix, TestRedis, PATIENT};
 use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Quota, RedisStore};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -109,30 +109,17 @@ async fn keys_at_rest_cost_one_command_and_present_keys_decide_exactly() {
     }
 }
 
-/// A key taken as absent that holds something else (another type, which
-/// `SET ... GET` answers with an error; garbage; a state of another
-/// algorithm; numbers beyond 2^53): decided as an absent key is, as the
-/// in-memory store decides it, and written back as a valid state, never an
-/// error. The first decision on each such key is made while the server's
-/// estimate says keys are absent (fresh keys between the cases keep it so),
-/// which the count of `GET`s shows.
+/// A key taken as absent that holds something else (each of
+/// `common::single_key_corruptions`: another type, which `SET ... GET`
+/// answers with an error; garbage; a state of another format or tag;
+/// numbers beyond 2^53): decided as an absent key is, as the in-memory
+/// store decides it, and written back as a valid state, never an error. The
+/// first decision on each such key is made while the server's estimate says
+/// keys are absent (fresh keys between the cases keep it so), which the
+/// count of `GET`s shows.
 #[tokio::test]
 async fn a_key_taken_as_absent_that_holds_anything_else_is_decided_as_absent() {
     const MS: i64 = 1_000;
-    let corruptions: [(&str, &[&[&str]]); 6] = [
-        ("a hash", &[&["HSET", "{k}", "level", "1"]]),
-        ("a list", &[&["RPUSH", "{k}", "x"]]),
-        ("a sorted set", &[&["ZADD", "{k}", "1", "x"]]),
-        ("garbage", &[&["SET", "{k}", "garbage"]]),
-        (
-            "41 bytes of another tag",
-            &[&["SET", "{k}", "Zaaaaaaaabbbbbbbbccccccccddddddddeeeeeeee"]],
-        ),
-        (
-            "an expiring string",
-            &[&["SET", "{k}", "x", "PX", "600000"]],
-        ),
-    ];
     let quotas = [
         Quota::gcra(5, HOUR, 5),
         Quota::token_bucket(5, 5, HOUR),
@@ -157,16 +144,16 @@ async fn a_key_taken_as_absent_that_holds_anything_else_is_decided_as_absent() {
             .expect("store");
         let limit = Limit::new("five", quota).expect("limit");
         let redis = common::patient_limiter(store, limit.clone());
-        for (i, (what, commands)) in corruptions.iter().enumerate() {
-            let ctx = format!("{name}, a key holding {what}");
+        // (what each leaves of a history: none; the untouched key has one)
+        let corruptions = single_key_corruptions()
+            .into_iter()
+            .filter(|&(_, _, history)| !history);
+        for (i, (what, corruption, _)) in corruptions.enumerate() {
+            let ctx = format!("{name} key {what}");
             let user = format!("k{i}");
             let key = common::single_key_of(&prefix, "five", &quota, &user);
-            for command in *commands {
-                let mut cmd = redis::cmd(command[0]);
-                for arg in &command[1..] {
-                    cmd.arg(if *arg == "{k}" { key.as_str() } else { arg });
-                }
-                let _: redis::Value = cmd.query(&mut conn).expect("write the key");
+            for command in corruption(&key) {
+                let _: redis::Value = command.query(&mut conn).expect("write the key");
             }
             // keys at rest keep the estimate at "absent"
             fresh_keys(&redis, &format!("rest-{i}"), 40).await;

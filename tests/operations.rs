@@ -6,7 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{patient_limiter, redis_store_with_clock, unique_prefix, TestRedis, T0};
+use common::{
+    cmd, patient_limiter, redis_store_with_clock, single_key_corruptions, unique_prefix,
+    Corruption, TestRedis, T0,
+};
 use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Quota, RedisStore, Verdict};
 
 const MS: i64 = 1_000;
@@ -334,62 +337,6 @@ fn quotas() -> [Quota; 5] {
         Quota::gcra(5, sec, 5),
         Quota::fixed_window(5, sec),
         Quota::sliding_window(5, sec),
-    ]
-}
-
-type Corruption = fn(&str) -> Vec<redis::Cmd>;
-
-fn cmd(args: &[&str]) -> redis::Cmd {
-    let mut c = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        c.arg(*arg);
-    }
-    c
-}
-
-/// What a single-key state can be turned into: (what, the commands on the
-/// key, whether the grants before it still count).
-fn single_key_corruptions() -> Vec<(&'static str, Corruption, bool)> {
-    vec![
-        ("untouched", |_| vec![], true),
-        ("deleted (evicted)", |k| vec![cmd(&["DEL", k])], false),
-        (
-            "a list",
-            |k| vec![cmd(&["DEL", k]), cmd(&["RPUSH", k, "x"])],
-            false,
-        ),
-        (
-            "a hash",
-            |k| vec![cmd(&["DEL", k]), cmd(&["HSET", k, "level", "1"])],
-            false,
-        ),
-        ("garbage", |k| vec![cmd(&["SET", k, "garbage"])], false),
-        (
-            "an older format",
-            |k| vec![cmd(&["SET", k, "5:1800000000000000"])],
-            false,
-        ),
-        (
-            "numbers beyond 2^53",
-            |k| {
-                vec![cmd(&[
-                    "SET",
-                    k,
-                    "99999999999999999999:9:9:9:99999999999999999999:9:9",
-                ])]
-            },
-            false,
-        ),
-        (
-            "zero units",
-            |k| vec![cmd(&["SET", k, "0:0:0:0:0:0:0"])],
-            false,
-        ),
-        (
-            "empty fields",
-            |k| vec![cmd(&["SET", k, "-5::-1:2:3:4:5"])],
-            false,
-        ),
     ]
 }
 

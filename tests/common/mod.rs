@@ -301,6 +301,85 @@ pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Commands that overwrite the key they are given.
+pub type Corruption = fn(&str) -> Vec<redis::Cmd>;
+
+/// A Redis command from its words.
+pub fn cmd(args: &[&str]) -> redis::Cmd {
+    let mut c = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        c.arg(*arg);
+    }
+    c
+}
+
+/// What a single-key state can be turned into: (what, the commands on the
+/// key, whether the grants before it still count).
+pub fn single_key_corruptions() -> Vec<(&'static str, Corruption, bool)> {
+    vec![
+        ("untouched", |_| vec![], true),
+        ("deleted (evicted)", |k| vec![cmd(&["DEL", k])], false),
+        (
+            "a list",
+            |k| vec![cmd(&["DEL", k]), cmd(&["RPUSH", k, "x"])],
+            false,
+        ),
+        (
+            "a hash",
+            |k| vec![cmd(&["DEL", k]), cmd(&["HSET", k, "level", "1"])],
+            false,
+        ),
+        ("garbage", |k| vec![cmd(&["SET", k, "garbage"])], false),
+        (
+            "an older format",
+            |k| vec![cmd(&["SET", k, "5:1800000000000000"])],
+            false,
+        ),
+        (
+            "numbers beyond 2^53",
+            |k| {
+                vec![cmd(&[
+                    "SET",
+                    k,
+                    "99999999999999999999:9:9:9:99999999999999999999:9:9",
+                ])]
+            },
+            false,
+        ),
+        (
+            "zero units",
+            |k| vec![cmd(&["SET", k, "0:0:0:0:0:0:0"])],
+            false,
+        ),
+        (
+            "empty fields",
+            |k| vec![cmd(&["SET", k, "-5::-1:2:3:4:5"])],
+            false,
+        ),
+        (
+            "a sorted set",
+            |k| vec![cmd(&["DEL", k]), cmd(&["ZADD", k, "1", "x"])],
+            false,
+        ),
+        (
+            "41 bytes of another tag",
+            |k| {
+                vec![cmd(&[
+                    "SET",
+                    k,
+                    "Zaaaaaaaabbbbbbbbccccccccddddddddeeeeeeee",
+                ])]
+            },
+            false,
+        ),
+        (
+            "an expiring string",
+            |k| vec![cmd(&["SET", k, "x", "PX", "600000"])],
+            false,
+        ),
+    ]
+}
+
 /// The Redis key of a limit kept in one key (every algorithm but the
 /// sliding log): limit `name`, user key `user`, under `prefix`.
 pub fn single_key_of(
