@@ -63,6 +63,20 @@ local function put_absent(key, v, ms)
   return was
 end
 
+-- Writes a key's state `v` after a decision: where the decision took the
+-- key as absent (`nx`), only where it is absent, returning what
+-- `put_absent` returns; else to expire in `ms` milliseconds, or with the
+-- key's expiry kept when `ms` is false.
+local function put(key, v, nx, ms)
+  if nx then return put_absent(key, v, ms) end
+  if ms then
+    rcall('SET', key, v, 'PX', ms)
+  else
+    -- KEEPTTL spares Redis formatting and setting the same expiry
+    rcall('SET', key, v, 'KEEPTTL')
+  end
+end
+
 local function fdiv(a, b) -- floor(a / b) for integers, b > 0
   -- `%` is a - floor(a / b) * b in doubles, off by one b when a / b rounds
   -- across an integer; the corrected remainder makes the division exact.

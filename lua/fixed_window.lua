@@ -96,14 +96,8 @@
 --: step fw save(now, from, nx) -> was
   if dirty then
     local v = spack('<c1dddd', 'F', start, w, count, now)
-    if nx then
-      was = put_absent(key, v, px(start + w, from))
-    elseif kept then
-      -- KEEPTTL spares Redis formatting and setting the same expiry
-      rcall('SET', key, v, 'KEEPTTL')
-    else
-      rcall('SET', key, v, 'PX', px(start + w, from))
-    end
+    -- (a state still of the window it was read in keeps the key's expiry)
+    was = put(key, v, nx, (nx or not kept) and px(start + w, from))
   end
 --: end
 

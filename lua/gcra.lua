@@ -118,11 +118,7 @@
     if frac > 0 then exp = tat + 2 end
     if bmax > b then exp = exp + cdiv(min(bmax - b, fdiv(EXACT - 1, w)) * w, n) end
     local v = spack('<c1ddddd', 'G', b * w - ((tat - now) * n + frac), w, now, exp, bmax)
-    if nx then
-      was = put_absent(key, v, px(exp, from))
-    else
-      rcall('SET', key, v, 'PX', px(exp, from))
-    end
+    was = put(key, v, nx, px(exp, from))
   end
 --: end
 

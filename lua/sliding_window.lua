@@ -164,14 +164,8 @@ end
 --: step sw save(now, from, nx) -> was
   if dirty then
     local v = spack('<c1ddddd', 'S', start, w, prev, cur, now)
-    if nx then
-      was = put_absent(key, v, px(start + 2 * w, from))
-    elseif kept then
-      -- KEEPTTL spares Redis formatting and setting the same expiry
-      rcall('SET', key, v, 'KEEPTTL')
-    else
-      rcall('SET', key, v, 'PX', px(start + 2 * w, from))
-    end
+    -- (a state still of the window it was read in keeps the key's expiry)
+    was = put(key, v, nx, (nx or not kept) and px(start + 2 * w, from))
   end
 --: end
 

@@ -103,11 +103,7 @@ end
     if m < 0 then m = m + r elseif m >= r then m = m - r end
     local exp = ts - (x - m) / r
     local v = spack('<c1dddddd', 'T', level, p, ts, now, exp, cmax)
-    if nx then
-      was = put_absent(key, v, px(exp, from))
-    else
-      rcall('SET', key, v, 'PX', px(exp, from))
-    end
+    was = put(key, v, nx, px(exp, from))
   end
 --: end
 
