@@ -136,31 +136,37 @@ impl Decision {
     /// A decision; `wait_us` is the reservation's wait in microseconds.
     #[inline]
     pub(crate) fn new(verdict: Verdict, wait_us: u64, statuses: Statuses) -> Self {
-        let binding = match verdict {
-            // an enforced limit binds, when there is one
-            Verdict::Allowed => statuses
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, s)| (s.shadow, s.remaining))
-                .map_or(0, |(i, _)| i),
-            Verdict::Denied { .. } | Verdict::CostExceedsCapacity => statuses
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.violated)
-                .max_by_key(|(_, s)| s.wait_us)
-                .map_or(0, |(i, _)| i),
-        };
-        Self {
+        let mut decision = Self {
             verdict,
             wait_us,
             statuses,
-            // (a decision has at most a few limits)
-            binding: u32::try_from(binding).unwrap_or(0),
+            binding: 0,
             cached: false,
             granted: 0,
             at: 0,
             shadow_apart: false,
-        }
+        };
+        decision.bind();
+        decision
+    }
+
+    /// Finds the binding limit among the statuses: an enforced one when
+    /// there is one, with the least remaining when allowed, else the
+    /// refusing one with the longest wait.
+    #[inline]
+    pub(crate) fn bind(&mut self) {
+        let statuses = self.statuses.iter().enumerate();
+        let binding = match self.verdict {
+            Verdict::Allowed => statuses
+                .min_by_key(|(_, s)| (s.shadow, s.remaining))
+                .map_or(0, |(i, _)| i),
+            Verdict::Denied { .. } | Verdict::CostExceedsCapacity => statuses
+                .filter(|(_, s)| s.violated)
+                .max_by_key(|(_, s)| s.wait_us)
+                .map_or(0, |(i, _)| i),
+        };
+        // (a decision has at most a few limits)
+        self.binding = u32::try_from(binding).unwrap_or(0);
     }
 
     /// The amount granted: the cost when allowed ([`Limiter::take_up_to`]:

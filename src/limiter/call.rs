@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::deny_cache::DenyCache;
+use super::deny_cache::{DenyCache, Sent};
 use super::hot::HotPools;
 use super::{Checks, Limiter};
 use crate::algorithm::{self, Reply};
@@ -116,44 +116,28 @@ impl Limiter {
         } else {
             tracing::Span::none()
         };
-        let timer = StoreTimer::start();
-        let finish = move |reply: Result<Reply, Error>, span: tracing::Span| {
-            let store = &self.inner.store;
-            timer.finish(|| store.kind(), "decide");
-            #[cfg(feature = "metrics")]
-            if let Ok(reply) = &reply {
-                store.report_size(reply.now);
-            }
-            let result = reply.and_then(|reply| Self::decision_of(checks, reply, max_wait));
-            let outcome = super::count::outcome_of(&result);
-            span.record("outcome", outcome.as_str());
-            if !dry && plain {
-                super::count::count(checks, &result, outcome);
-            }
-            if let (Some(denials), Ok(decision)) = (denials, &result) {
-                // a penalized limit's refusals are counted by the store: its
-                // denials are cached only while it blocks (until the block
-                // ends: exact, but for an unblock by another process)
-                let counted = |(c, s): (&Check<'_>, &LimitStatus)| {
-                    c.limit.pen_params().is_none() || s.is_blocked()
-                };
-                if !decision.is_allowed() && checks.iter().zip(decision.statuses()).all(counted) {
-                    let key = cache_key.unwrap_or_else(|| DenyCache::key(checks));
-                    denials.insert(key, checks, cost, sent, decision);
-                }
-            }
-            result
+        let pending = Pending {
+            limiter: self,
+            checks,
+            max_wait,
+            dry,
+            plain,
+            denials,
+            cache_key,
+            sent,
+            cost,
+            timer: StoreTimer::start(),
         };
         match self.inner.store.decide(checks, max_wait, dry, deadline) {
-            Answer::Now(reply) => Answer::Now(finish(reply, span)),
+            Answer::Now(reply) => Answer::Now(pending.finish(reply, span)),
             // (instrumented only with a span: entering and leaving a
             // disabled one on every poll is not free)
             Answer::Later(reply) if span.is_none() => {
-                Answer::Later(Box::pin(async move { finish(reply.await, span) }))
+                Answer::Later(Box::pin(async move { pending.finish(reply.await, span) }))
             }
             Answer::Later(reply) => Answer::Later(Box::pin(async move {
                 let reply = reply.instrument(span.clone()).await;
-                finish(reply, span)
+                pending.finish(reply, span)
             })),
         }
     }
@@ -196,8 +180,18 @@ impl Limiter {
             )));
         }
         let us = |us: i64| u64::try_from(us).unwrap_or(0);
-        let micros = |x: i64| Duration::from_micros(us(x));
-        let mut statuses = Statuses::new();
+        let (verdict, wait) = match reply.outcome {
+            algorithm::Outcome::Granted => (Verdict::Allowed, us(reply.wait)),
+            algorithm::Outcome::Denied => (
+                Verdict::Denied {
+                    retry_after: Duration::from_micros(us(reply.wait)),
+                },
+                0,
+            ),
+            algorithm::Outcome::Never => (Verdict::CostExceedsCapacity, 0),
+        };
+        // (the statuses are written in place: a decision is large to move)
+        let mut decision = Decision::new(verdict, wait, Statuses::new());
         for (i, (check, &[wait, remaining, reset])) in checks.iter().zip(&reply.limits).enumerate()
         {
             let limit = check.limit;
@@ -210,7 +204,14 @@ impl Limiter {
                 None => (limit.capacity(), limit.policy_window_us()),
             };
             let blocked = remaining == algorithm::wire::BLOCKED;
-            statuses.push(LimitStatus {
+            let violated = match reply.outcome {
+                algorithm::Outcome::Never => wait < 0,
+                algorithm::Outcome::Denied => wait > max_wait,
+                algorithm::Outcome::Granted => false,
+            };
+            // a limit in shadow mode never refuses
+            let shadow = limit.is_shadow();
+            decision.statuses.push(LimitStatus {
                 name: limit.shared_name(),
                 algorithm: limit.quota().algorithm(),
                 limit: capacity,
@@ -218,43 +219,80 @@ impl Limiter {
                 remaining: if blocked { 0 } else { us(remaining) },
                 wait_us: if wait >= 0 { us(wait) } else { u64::MAX },
                 reset_us: us(reset),
-                violated: match reply.outcome {
-                    algorithm::Outcome::Never => wait < 0,
-                    algorithm::Outcome::Denied => wait > max_wait,
-                    algorithm::Outcome::Granted => false,
-                },
-                shadow: false,
-                would_refuse: false,
+                violated: violated && !shadow,
+                shadow,
+                would_refuse: violated && shadow,
                 blocked,
             });
-            if limit.is_shadow() {
-                // a limit in shadow mode never refuses
-                if let Some(status) = statuses.last_mut() {
-                    status.shadow = true;
-                    status.would_refuse = std::mem::take(&mut status.violated);
-                }
-            }
         }
-        let granted = if reply.granted() {
-            checks
+        decision.bind();
+        if reply.granted() {
+            decision.granted = checks
                 .first()
-                .map_or(0, |c| u64::try_from(c.cost).unwrap_or(0))
-        } else {
-            0
-        };
-        let (verdict, wait) = match reply.outcome {
-            algorithm::Outcome::Granted => (Verdict::Allowed, us(reply.wait)),
-            algorithm::Outcome::Denied => (
-                Verdict::Denied {
-                    retry_after: micros(reply.wait),
-                },
-                0,
-            ),
-            algorithm::Outcome::Never => (Verdict::CostExceedsCapacity, 0),
-        };
-        let mut decision = Decision::new(verdict, wait, statuses);
-        decision.granted = granted;
+                .map_or(0, |c| u64::try_from(c.cost).unwrap_or(0));
+        }
         decision.at = reply.at();
         Ok(decision)
+    }
+}
+
+/// A decision between its store call and the store's reply: what the reply
+/// is read, counted and cached with.
+struct Pending<'a> {
+    limiter: &'a Limiter,
+    checks: &'a [Check<'a>],
+    max_wait: i64,
+    dry: bool,
+    plain: bool,
+    denials: Option<&'a DenyCache>,
+    /// The denial cache's key, when it was built before the call.
+    cache_key: Option<Vec<u8>>,
+    sent: Sent,
+    cost: i64,
+    timer: StoreTimer,
+}
+
+impl Pending<'_> {
+    /// The decision of the store's `reply`: measured, traced, counted, and
+    /// a denial cached.
+    #[inline(always)]
+    fn finish(self, reply: Result<Reply, Error>, span: tracing::Span) -> Result<Decision, Error> {
+        let Self {
+            limiter,
+            checks,
+            max_wait,
+            dry,
+            plain,
+            denials,
+            cache_key,
+            sent,
+            cost,
+            timer,
+        } = self;
+        let store = &limiter.inner.store;
+        timer.finish(|| store.kind(), "decide");
+        #[cfg(feature = "metrics")]
+        if let Ok(reply) = &reply {
+            store.report_size(reply.now);
+        }
+        let result = reply.and_then(|reply| Limiter::decision_of(checks, reply, max_wait));
+        let outcome = super::count::outcome_of(&result);
+        span.record("outcome", outcome.as_str());
+        if !dry && plain {
+            super::count::count(checks, &result, outcome);
+        }
+        if let (Some(denials), Ok(decision)) = (denials, &result) {
+            // a penalized limit's refusals are counted by the store: its
+            // denials are cached only while it blocks (until the block
+            // ends: exact, but for an unblock by another process)
+            let counted = |(c, s): (&Check<'_>, &LimitStatus)| {
+                c.limit.pen_params().is_none() || s.is_blocked()
+            };
+            if !decision.is_allowed() && checks.iter().zip(decision.statuses()).all(counted) {
+                let key = cache_key.unwrap_or_else(|| DenyCache::key(checks));
+                denials.insert(key, checks, cost, sent, decision);
+            }
+        }
+        result
     }
 }
