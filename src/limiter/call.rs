@@ -257,31 +257,20 @@ impl Pending<'_> {
     /// a denial cached.
     #[inline(always)]
     fn finish(self, reply: Result<Reply, Error>, span: tracing::Span) -> Result<Decision, Error> {
-        let Self {
-            limiter,
-            checks,
-            max_wait,
-            dry,
-            plain,
-            denials,
-            cache_key,
-            sent,
-            cost,
-            timer,
-        } = self;
-        let store = &limiter.inner.store;
-        timer.finish(|| store.kind(), "decide");
+        let store = &self.limiter.inner.store;
+        self.timer.finish(|| store.kind(), "decide");
         #[cfg(feature = "metrics")]
         if let Ok(reply) = &reply {
             store.report_size(reply.now);
         }
-        let result = reply.and_then(|reply| Limiter::decision_of(checks, reply, max_wait));
+        let checks = self.checks;
+        let result = reply.and_then(|reply| Limiter::decision_of(checks, reply, self.max_wait));
         let outcome = super::count::outcome_of(&result);
         span.record("outcome", outcome.as_str());
-        if !dry && plain {
+        if !self.dry && self.plain {
             super::count::count(checks, &result, outcome);
         }
-        if let (Some(denials), Ok(decision)) = (denials, &result) {
+        if let (Some(denials), Ok(decision)) = (self.denials, &result) {
             // a penalized limit's refusals are counted by the store: its
             // denials are cached only while it blocks (until the block
             // ends: exact, but for an unblock by another process)
@@ -289,8 +278,8 @@ impl Pending<'_> {
                 c.limit.pen_params().is_none() || s.is_blocked()
             };
             if !decision.is_allowed() && checks.iter().zip(decision.statuses()).all(counted) {
-                let key = cache_key.unwrap_or_else(|| DenyCache::key(checks));
-                denials.insert(key, checks, cost, sent, decision);
+                let key = self.cache_key.unwrap_or_else(|| DenyCache::key(checks));
+                denials.insert(key, checks, self.cost, self.sent, decision);
             }
         }
         result

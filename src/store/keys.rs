@@ -14,6 +14,9 @@
 #[cfg(feature = "redis")]
 use percent_encoding::{percent_encode, AsciiSet, CONTROLS};
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
+
+use super::Check;
 
 /// Longest user key stored as-is; longer ones are hashed.
 pub(crate) const MAX_RAW_KEY: usize = 128;
@@ -29,6 +32,34 @@ pub(crate) fn long_key(key: &[u8]) -> LongKey {
     let mut out = [0; MAX_RAW_KEY + 1];
     out[..32].copy_from_slice(&Sha256::digest(key));
     out
+}
+
+/// Runs `f` on `checks` with every key longer than [`MAX_RAW_KEY`]
+/// replaced by its bounded form (see [`LongKey`]).
+#[inline]
+pub(crate) fn bounded_keys<R>(checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R {
+    if checks.iter().all(|c| c.key.len() <= MAX_RAW_KEY) {
+        return f(checks);
+    }
+    let long: SmallVec<[LongKey; 2]> = checks.iter().map(|c| long_key(c.key)).collect();
+    let bounded: SmallVec<[Check<'_>; 2]> = checks
+        .iter()
+        .zip(&long)
+        .map(|(c, long)| Check {
+            key: if c.key.len() > MAX_RAW_KEY {
+                long
+            } else {
+                c.key
+            },
+            ..*c
+        })
+        .collect();
+    f(&bounded)
+}
+
+/// Runs `f` on `check` with its key bounded (see [`bounded_keys`]).
+pub(crate) fn bounded_one<R>(check: &Check<'_>, f: impl FnOnce(&Check<'_>) -> R) -> Option<R> {
+    bounded_keys(std::slice::from_ref(check), |checks| checks.first().map(f))
 }
 
 #[cfg(feature = "redis")]
@@ -90,5 +121,41 @@ mod tests {
             prop_assert!(ta.ends_with('}'), "tag {}", ta);
             prop_assert!(ta.len() <= 3 * MAX_RAW_KEY + 2);
         }
+    }
+}
+
+#[cfg(test)]
+mod long_keys {
+    #[test]
+    fn keys_longer_than_the_bound_are_kept_as_digests() {
+        let limit = crate::Limit::new(
+            "l",
+            crate::Quota::fixed_window(1, std::time::Duration::from_secs(1)),
+        )
+        .expect("limit");
+        let (long, longer) = (vec![b'k'; 10_000], vec![b'k'; 10_001]);
+        let checks = [
+            super::Check {
+                limit: &limit,
+                key: b"short",
+                cost: 1,
+            },
+            super::Check {
+                limit: &limit,
+                key: &long,
+                cost: 1,
+            },
+            super::Check {
+                limit: &limit,
+                key: &longer,
+                cost: 1,
+            },
+        ];
+        super::bounded_keys(&checks, |bounded| {
+            assert_eq!(bounded[0].key, b"short");
+            assert_eq!(bounded[1].key.len(), super::MAX_RAW_KEY + 1);
+            assert_ne!(bounded[1].key, bounded[2].key);
+            assert_eq!(bounded[1].key, super::long_key(&long));
+        });
     }
 }

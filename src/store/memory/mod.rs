@@ -29,7 +29,7 @@ use smallvec::SmallVec;
 use self::penalized::Run;
 use self::table::{Found, Hasher, Shard, Table};
 use super::backend::Backend;
-use super::keys;
+use super::keys::{self, bounded_keys, bounded_one};
 use super::{Answer, Check, Deadline, PenaltyChange, QuotaChange, Settle, Settled, Store};
 use crate::algorithm::Params;
 use crate::algorithm::{self, Reply, State};
@@ -465,34 +465,6 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 impl Store for MemoryStore {}
 
-/// Runs `f` on `checks` with every key longer than [`keys::MAX_RAW_KEY`]
-/// replaced by its bounded form (see [`keys::LongKey`]).
-#[inline]
-fn bounded_keys<R>(checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R {
-    if checks.iter().all(|c| c.key.len() <= keys::MAX_RAW_KEY) {
-        return f(checks);
-    }
-    let long: SmallVec<[keys::LongKey; 2]> = checks.iter().map(|c| keys::long_key(c.key)).collect();
-    let bounded: SmallVec<[Check<'_>; 2]> = checks
-        .iter()
-        .zip(&long)
-        .map(|(c, long)| Check {
-            key: if c.key.len() > keys::MAX_RAW_KEY {
-                long
-            } else {
-                c.key
-            },
-            ..*c
-        })
-        .collect();
-    f(&bounded)
-}
-
-/// Runs `f` on `check` with its key bounded (see [`bounded_keys`]).
-fn bounded_one<R>(check: &Check<'_>, f: impl FnOnce(&Check<'_>) -> R) -> Option<R> {
-    bounded_keys(std::slice::from_ref(check), |checks| checks.first().map(f))
-}
-
 impl Backend for MemoryStore {
     fn decide<'a>(
         &'a self,
@@ -601,41 +573,5 @@ impl Backend for MemoryStore {
     #[cfg(feature = "metrics")]
     fn report_size(&self, now: i64) {
         self.inner.size_gauge.report(now, || self.len());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn keys_longer_than_the_bound_are_kept_as_digests() {
-        let limit = crate::Limit::new(
-            "l",
-            crate::Quota::fixed_window(1, std::time::Duration::from_secs(1)),
-        )
-        .expect("limit");
-        let (long, longer) = (vec![b'k'; 10_000], vec![b'k'; 10_001]);
-        let checks = [
-            super::Check {
-                limit: &limit,
-                key: b"short",
-                cost: 1,
-            },
-            super::Check {
-                limit: &limit,
-                key: &long,
-                cost: 1,
-            },
-            super::Check {
-                limit: &limit,
-                key: &longer,
-                cost: 1,
-            },
-        ];
-        super::bounded_keys(&checks, |bounded| {
-            assert_eq!(bounded[0].key, b"short");
-            assert_eq!(bounded[1].key.len(), super::keys::MAX_RAW_KEY + 1);
-            assert_ne!(bounded[1].key, bounded[2].key);
-            assert_eq!(bounded[1].key, super::keys::long_key(&long));
-        });
     }
 }
