@@ -4,8 +4,9 @@
 //! as its own call would decide it, and each caller given its own reply.
 //! No timer and no added wait at low load: a decision that finds nothing in
 //! flight goes out at once. Under load, one call carries what arrived during
-//! the last one's round trip, and what the tasks already runnable add when
-//! it lands (the batch is taken after one yield to them), and Redis pays the
+//! the last one's round trip, and, unless that is already half as many as
+//! the last call carried, what the tasks already runnable add when it lands
+//! (the batch is taken after yielding to them), and Redis pays the
 //! call's fixed cost (waking up, reading, parsing: far more than a decision
 //! costs it) once per batch rather than once per decision. Consecutive
 //! decisions with the same arguments (one limit, usually) travel as one run
@@ -175,20 +176,30 @@ impl Driver {
     /// Sends what is waiting (as calls of at most [`MAX_BATCH`] decisions,
     /// side by side), then what gathered meanwhile, until nothing has.
     ///
-    /// Before it takes the decisions waiting, it lets the tasks that are
-    /// ready run (a yield, no timer; again while that added decisions, up
-    /// to [`GATHER_YIELDS`] times): the callers whose replies just came,
-    /// and the requests the runtime has already read, add their next
-    /// decisions to the batch. Under load, a call then carries more
-    /// decisions (Redis wakes once per call, which costs it far more than a
-    /// decision does); the first decision of a quiet spell never waits for
-    /// it (it goes out at once, without a driver).
+    /// When at least half as many decisions wait as the last call carried
+    /// (under steady load, those that arrived during its flight), they go
+    /// out at once: Redis decides them while this process answers the
+    /// batch that just landed. Fewer first let the tasks that are ready run
+    /// (a yield, no timer; again while that added decisions, up to
+    /// [`GATHER_YIELDS`] times): the callers whose replies just came, and
+    /// the requests the runtime has already read, add their next decisions
+    /// to the batch, so that a call carries more decisions (Redis wakes once
+    /// per call, which costs it far more than a decision does). The first
+    /// decision of a quiet spell never waits (it goes out at once, without
+    /// a driver), and a driver starts as if the last call was full.
     async fn send_batches(mut self) {
         let store = self.store.clone();
+        // how many decisions the last call carried (a full call before the first)
+        let mut last = MAX_BATCH;
         loop {
+            let ready = store
+                .inner
+                .batcher
+                .with(self.slot, |state| state.waiting.len());
+            let yields = if 2 * ready >= last { 0 } else { GATHER_YIELDS };
             // yields while the batch grows (a few times at most)
             let mut gathered = 0;
-            for _ in 0..GATHER_YIELDS {
+            for _ in 0..yields {
                 tokio::task::yield_now().await;
                 let now = store
                     .inner
@@ -211,6 +222,7 @@ impl Driver {
             }
             // callers gone: left out, counted nowhere
             waiting.retain(|waiter| !waiter.reply.is_closed());
+            last = waiting.len().max(1);
             let mut calls = Vec::new();
             while waiting.len() > MAX_BATCH {
                 let rest = waiting.split_off(MAX_BATCH);
