@@ -575,3 +575,54 @@ impl Backend for MemoryStore {
         self.inner.size_gauge.report(now, || self.len());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::keys::MAX_RAW_KEY;
+    use super::{lock, Answer, Backend, Check, Deadline, MemoryStore};
+    use crate::{Limit, Quota};
+
+    /// The longest key stored in any table of `store`, and how many are.
+    fn stored_keys(store: &MemoryStore) -> (usize, usize) {
+        let (mut longest, mut n) = (0, 0);
+        for shard in store.inner.shards.iter() {
+            for table in &lock(shard).tables {
+                for slot in table.chunks.iter().flatten() {
+                    longest = longest.max(slot.key.len());
+                    n += 1;
+                }
+            }
+        }
+        (longest, n)
+    }
+
+    /// A client's key of any length costs a bounded slot: a key longer than
+    /// [`MAX_RAW_KEY`] is stored as its digest form, whether one limit
+    /// decides it (straight to its table) or several do.
+    #[test]
+    fn a_long_key_is_stored_bounded_on_every_path() {
+        let quota = || Quota::gcra(10, Duration::from_secs(1), 10);
+        let one = Limit::new("one", quota()).expect("limit");
+        let two = Limit::new("two", quota()).expect("limit");
+        let long = vec![b'k'; 10_000];
+        for limits in [vec![&one], vec![&one, &two]] {
+            let store = MemoryStore::new();
+            let checks: Vec<Check<'_>> = limits
+                .iter()
+                .map(|limit| Check {
+                    limit,
+                    key: &long,
+                    cost: 1,
+                })
+                .collect();
+            let deadline = Deadline::after(Duration::from_secs(1));
+            let Answer::Now(Ok(reply)) = store.decide(&checks, 0, false, deadline) else {
+                panic!("the memory store answers at once");
+            };
+            assert!(reply.granted());
+            assert_eq!(stored_keys(&store), (MAX_RAW_KEY + 1, limits.len()));
+        }
+    }
+}
