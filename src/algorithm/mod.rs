@@ -592,26 +592,27 @@ fn stored_quotas(tail: &[u8], limits: usize) -> Option<Option<Box<[Option<Params
     Some(Some(stored))
 }
 
+/// One limit's part in a decision: its working state (see
+/// [`State::prepare`]), parameters and cost.
+pub(crate) struct Operand<'p> {
+    pub(crate) state: State,
+    pub(crate) p: &'p Params,
+    pub(crate) cost: i64,
+}
+
 /// One atomic decision over several limits: the mirror of `lua/driver.lua`.
-/// `states` are prepared (see [`State::prepare`]) as of `now`, the latest of
-/// the store's clock and every key's `written` as believed; on a grant
-/// (unless `dry`) they are updated, and the caller saves them.
+/// The states are prepared as of `now`, the latest of the store's clock and
+/// every key's `written` as believed; on a grant (unless `dry`) they are
+/// updated, and the caller saves them.
 #[inline(always)]
-pub(crate) fn decide(
-    states: &mut [State],
-    params: &[&Params],
-    costs: &[i64],
-    now: i64,
-    max_wait: i64,
-    dry: bool,
-) -> Reply {
+pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool) -> Reply {
     let mut at = now;
     let mut never = false;
     // Per limit: [wait or -1, remaining, reset]; the wait is known first.
     let mut limits = Statuses::new();
-    for ((state, p), &cost) in states.iter().zip(params).zip(costs) {
-        let t = if cost > 0 {
-            state.earliest(p, now, cost)
+    for op in ops.iter() {
+        let t = if op.cost > 0 {
+            op.state.earliest(op.p, now, op.cost)
         } else {
             Some(now)
         };
@@ -628,15 +629,15 @@ pub(crate) fn decide(
     } else {
         (Outcome::Granted, at - now)
     };
-    for (((state, p), &cost), status) in states.iter_mut().zip(params).zip(costs).zip(&mut limits) {
+    for (op, status) in ops.iter_mut().zip(&mut limits) {
         let mut as_of = now;
         if outcome == Outcome::Granted && !dry {
             as_of = at;
-            if cost > 0 {
-                state.grant(p, at, cost);
+            if op.cost > 0 {
+                op.state.grant(op.p, at, op.cost);
             }
         }
-        let (remaining, reset) = state.status(p, now, as_of);
+        let (remaining, reset) = op.state.status(op.p, now, as_of);
         (status[1], status[2]) = (remaining, reset);
     }
     Reply {
@@ -652,28 +653,28 @@ pub(crate) fn decide(
 /// granted (now, or the earliest time a spent limit allows one): the mirror
 /// of `charge` (op 4) in `lua/driver.lua`. A limit may end in debt, and
 /// refuses until it is paid back.
-pub(crate) fn charge(states: &mut [State], params: &[&Params], costs: &[i64], now: i64) {
-    for ((state, p), &cost) in states.iter_mut().zip(params).zip(costs) {
-        if cost > 0 {
-            let at = state.earliest(p, now, 1).unwrap_or(now);
-            state.grant(p, at, cost);
-        }
+pub(crate) fn charge(ops: &mut [Operand<'_>], now: i64) {
+    for op in ops.iter_mut().filter(|op| op.cost > 0) {
+        let at = op.state.earliest(op.p, now, 1).unwrap_or(now);
+        op.state.grant(op.p, at, op.cost);
     }
 }
 
 /// Takes what is available, at most `most` in every limit: the mirror of
 /// `take` (op 2) in `lua/driver.lua`. Grants k = min(`most`, what every
 /// limit has left now) at once; when k = 0, decides a cost of 1 without
-/// granting it. Returns the reply and k.
-pub(crate) fn take(states: &mut [State], params: &[&Params], most: i64, now: i64) -> (Reply, i64) {
-    let k = states
+/// granting it. Returns the reply and k (each operand's cost is set to
+/// what it was charged).
+pub(crate) fn take(ops: &mut [Operand<'_>], most: i64, now: i64) -> (Reply, i64) {
+    let k = ops
         .iter()
-        .zip(params)
-        .map(|(state, p)| state.status(p, now, now).0)
+        .map(|op| op.state.status(op.p, now, now).0)
         .fold(most, i64::min)
         .max(0);
-    let costs: SmallVec<[i64; 4]> = std::iter::repeat_n(k.max(1), states.len()).collect();
-    (decide(states, params, &costs, now, 0, k == 0), k)
+    for op in ops.iter_mut() {
+        op.cost = k.max(1);
+    }
+    (decide(ops, now, 0, k == 0), k)
 }
 
 #[cfg(test)]

@@ -36,11 +36,16 @@ pub(crate) fn long_key(key: &[u8]) -> LongKey {
 
 /// Runs `f` on `checks` with every key longer than [`MAX_RAW_KEY`]
 /// replaced by its bounded form (see [`LongKey`]).
-#[inline]
+#[inline(always)]
 pub(crate) fn bounded_keys<R>(checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R {
     if checks.iter().all(|c| c.key.len() <= MAX_RAW_KEY) {
         return f(checks);
     }
+    with_long_keys(checks, f)
+}
+
+#[inline(never)]
+fn with_long_keys<R>(checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R {
     let long: SmallVec<[LongKey; 2]> = checks.iter().map(|c| long_key(c.key)).collect();
     let bounded: SmallVec<[Check<'_>; 2]> = checks
         .iter()

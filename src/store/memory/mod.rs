@@ -12,6 +12,7 @@
 //! the decisions that add keys, and in the background (`reclaim.rs`).
 
 mod builder;
+mod decide;
 mod kept;
 mod penalized;
 mod reclaim;
@@ -29,9 +30,8 @@ use smallvec::SmallVec;
 use self::penalized::Run;
 use self::table::{Found, Hasher, Shard, Table};
 use super::backend::Backend;
-use super::keys::{self, bounded_keys, bounded_one};
+use super::keys::{bounded_keys, bounded_one};
 use super::{Answer, Check, Deadline, PenaltyChange, QuotaChange, Settle, Settled, Store};
-use crate::algorithm::Params;
 use crate::algorithm::{self, Reply, State};
 use crate::clock::{Clock, SystemClock};
 use crate::penalty::PenState;
@@ -229,147 +229,28 @@ impl MemoryStore {
     }
 
     fn decide_now(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Reply {
-        self.decide_with(checks, |states, params, costs, now| {
-            let reply = algorithm::decide(states, params, costs, now, max_wait, dry);
-            let write = reply.granted() && !dry;
-            (reply, write)
-        })
+        self.decide_with(
+            checks,
+            #[inline(always)]
+            |ops, now| {
+                let reply = algorithm::decide(ops, now, max_wait, dry);
+                let write = reply.granted() && !dry;
+                (reply, write)
+            },
+        )
     }
 
     /// Takes min(`most`, what every limit has left now): see
     /// `algorithm::take`. Returns the reply and the amount taken.
     fn take_now(&self, checks: &[Check<'_>], most: i64) -> (Reply, i64) {
         let mut taken = 0;
-        let reply = self.decide_with(checks, |states, params, _, now| {
-            let (reply, k) = algorithm::take(states, params, most, now);
+        let reply = self.decide_with(checks, |ops, now| {
+            let (reply, k) = algorithm::take(ops, most, now);
             taken = k;
             let write = reply.granted() && k > 0;
             (reply, write)
         });
         (reply, taken)
-    }
-
-    /// One atomic decision over `checks` with every key's state prepared and
-    /// locked: `decide` makes it and says whether the states are written back.
-    #[inline(always)]
-    fn decide_with(
-        &self,
-        checks: &[Check<'_>],
-        decide: impl FnOnce(&mut [State], &[&Params], &[i64], i64) -> (Reply, bool),
-    ) -> Reply {
-        let inner = &*self.inner;
-        let store_now = inner.clock.now_micros();
-        let hashes: SmallVec<[u64; 4]> = checks.iter().map(|c| inner.hasher.hash(c.key)).collect();
-        let mut order: SmallVec<[usize; 4]> = hashes.iter().map(|&h| Hasher::shard(h)).collect();
-        order.sort_unstable();
-        order.dedup();
-        // Locks taken in shard order: no deadlock between concurrent decisions.
-        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> =
-            order.iter().map(|&s| lock(&inner.shards[s])).collect();
-
-        // Where each check's state is: (guard, table, slot). Nothing moves
-        // until the write-back, where the limits of a limiter, having
-        // distinct names, each write their own table.
-        let mut places: SmallVec<[(usize, usize, Found); 4]> = SmallVec::new();
-        // As in `lua/driver.lua`: the decision's clock is the latest of the
-        // store's and of every key's last write as believed (at most the
-        // limit's horizon ahead), so within that time never runs back.
-        let mut now = store_now;
-        for (check, &hash) in checks.iter().zip(&hashes) {
-            let g = order
-                .binary_search(&Hasher::shard(hash))
-                .unwrap_or_default();
-            let Some(shard) = guards.get_mut(g) else {
-                continue;
-            };
-            let t = shard.table(check.limit);
-            let table = &mut shard.tables[t];
-            let found = inner.locate(table, hash, check.key, store_now);
-            if let Some(slot) = table.found(found) {
-                now = now.max(algorithm::believed(
-                    store_now,
-                    slot.written,
-                    check.limit.params(),
-                ));
-            }
-            places.push((g, t, found));
-        }
-        if places.len() != checks.len() {
-            // Unreachable (every shard was locked); decide on fresh states.
-            places = checks
-                .iter()
-                .map(|_| (usize::MAX, 0, Found::Absent))
-                .collect();
-        }
-
-        let mut states: SmallVec<[State; 2]> = SmallVec::with_capacity(checks.len());
-        let mut moved: SmallVec<[bool; 4]> = SmallVec::with_capacity(checks.len());
-        for (check, &(g, t, found)) in checks.iter().zip(&places) {
-            let p = check.limit.params();
-            let (state, was_moved) = match guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
-                Some(table) => table.prepare(found, p, now),
-                None => State::prepare(None, p, now, now),
-            };
-            moved.push(was_moved);
-            states.push(state);
-        }
-        let params: SmallVec<[&Params; 4]> = checks.iter().map(|c| c.limit.params()).collect();
-        let costs: SmallVec<[i64; 4]> = checks.iter().map(|c| c.cost).collect();
-        let (reply, write) = decide(&mut states, &params, &costs, now);
-
-        let mut added = false;
-        for ((((check, state), &(g, t, found)), &hash), &moved) in checks
-            .iter()
-            .zip(states)
-            .zip(&places)
-            .zip(&hashes)
-            .zip(&moved)
-        {
-            if let Some(table) = guards.get_mut(g).and_then(|s| s.tables.get_mut(t)) {
-                added |= inner.write_back(
-                    table, check, state, found, hash, write, moved, now, store_now,
-                );
-            }
-        }
-        drop(guards);
-        if added {
-            self.ensure_reclaimer();
-        }
-        reply
-    }
-
-    /// [`decide_now`](Self::decide_now) for one limit: the same steps and the
-    /// same arithmetic, one lock, nothing collected.
-    #[inline]
-    fn decide_one(&self, check: &Check<'_>, max_wait: i64, dry: bool) -> Reply {
-        let inner = &*self.inner;
-        let store_now = inner.clock.now_micros();
-        let hash = inner.hasher.hash(check.key);
-        let p = check.limit.params();
-        let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
-        let t = shard.table(check.limit);
-        let table = &mut shard.tables[t];
-        let found = inner.locate(table, hash, check.key, store_now);
-        let written = table.found(found).map_or(store_now, |slot| slot.written);
-        let now = algorithm::believed(store_now, written, p);
-        let (mut state, moved) = table.prepare(found, p, now);
-        let reply = algorithm::decide(
-            std::slice::from_mut(&mut state),
-            &[p],
-            &[check.cost],
-            now,
-            max_wait,
-            dry,
-        );
-        let write = reply.granted() && !dry;
-        let added = inner.write_back(
-            table, check, state, found, hash, write, moved, now, store_now,
-        );
-        drop(shard);
-        if added {
-            self.ensure_reclaimer();
-        }
-        reply
     }
 
     /// Settles each check's grant after the fact (see [`Settle`]), as the
@@ -378,8 +259,8 @@ impl MemoryStore {
         match how {
             Settle::Charge => {
                 // one clock for all, as a decision (`charge` in the driver)
-                self.decide_with(checks, |states, params, costs, now| {
-                    algorithm::charge(states, params, costs, now);
+                self.decide_with(checks, |ops, now| {
+                    algorithm::charge(ops, now);
                     (Reply::at_rest(now), true)
                 });
                 Settled::default()
@@ -473,26 +354,13 @@ impl Backend for MemoryStore {
         dry: bool,
         _: Deadline,
     ) -> Answer<'a, Result<Reply, Error>> {
-        // one limit that none of the steps below changes (a short key, no
-        // penalty, its own quota): straight to its table
-        if let [check] = checks {
-            if check.key.len() <= keys::MAX_RAW_KEY
-                && check.limit.pen_params().is_none()
-                && !check.limit.is_quota_from_store()
-            {
-                return Answer::Now(Ok(self.decide_one(check, max_wait, dry)));
-            }
-        }
         let how = Run::Decide { max_wait, dry };
         Answer::Now(Ok(bounded_keys(checks, |checks| {
-            let decided = self.with_penalties(checks, how, |checks, blocked| {
-                let reply = self.with_kept(checks, |checks| match checks {
-                    [check] if !blocked => self.decide_one(check, max_wait, dry),
-                    _ => self.decide_now(checks, max_wait, dry || blocked),
-                });
-                (reply, 0)
-            });
-            decided.0
+            self.with_penalties(checks, how, |checks, blocked| {
+                self.with_kept(checks, |checks| {
+                    self.decide_now(checks, max_wait, dry || blocked)
+                })
+            })
         })))
     }
 
@@ -580,8 +448,8 @@ impl Backend for MemoryStore {
 mod tests {
     use std::time::Duration;
 
-    use super::keys::MAX_RAW_KEY;
     use super::{lock, Answer, Backend, Check, Deadline, MemoryStore};
+    use crate::store::keys::MAX_RAW_KEY;
     use crate::{Limit, Quota};
 
     /// The longest key stored in any table of `store`, and how many are.
@@ -600,7 +468,7 @@ mod tests {
 
     /// A client's key of any length costs a bounded slot: a key longer than
     /// [`MAX_RAW_KEY`] is stored as its digest form, whether one limit
-    /// decides it (straight to its table) or several do.
+    /// decides it (in one-element arrays, see `decide.rs`) or several do.
     #[test]
     fn a_long_key_is_stored_bounded_on_every_path() {
         let quota = || Quota::gcra(10, Duration::from_secs(1), 10);

@@ -86,6 +86,33 @@ impl Inner {
     }
 }
 
+/// What a run under penalties answers: a decision's reply, or a take's
+/// with the amount taken.
+pub(super) trait Ran {
+    /// The answer of a decision refused by a block: nothing granted.
+    fn blocked(reply: Reply) -> Self;
+    /// The reply, to mark its blocked limits in.
+    fn reply(&mut self) -> &mut Reply;
+}
+
+impl Ran for Reply {
+    fn blocked(reply: Reply) -> Self {
+        reply
+    }
+    fn reply(&mut self) -> &mut Reply {
+        self
+    }
+}
+
+impl Ran for (Reply, i64) {
+    fn blocked(reply: Reply) -> Self {
+        (reply, 0)
+    }
+    fn reply(&mut self) -> &mut Reply {
+        &mut self.0
+    }
+}
+
 /// A blocked limit's status: its wait and reset the time left of the
 /// block, its `remaining` the wire's mark of a block.
 fn blocked_status(left: i64) -> [i64; 3] {
@@ -96,14 +123,14 @@ impl MemoryStore {
     /// Runs `run` on `checks` under their limits' penalties (see the
     /// module): `run(checks, blocked)` decides (a take takes), or, when
     /// `blocked`, decides without granting (a take: a cost of 1). Returns
-    /// its reply with the blocks' statuses and the amount taken.
+    /// its answer with the blocks' statuses.
     #[inline(always)]
-    pub(super) fn with_penalties(
+    pub(super) fn with_penalties<R: Ran>(
         &self,
         checks: &[Check<'_>],
         how: Run,
-        run: impl FnOnce(&[Check<'_>], bool) -> (Reply, i64),
-    ) -> (Reply, i64) {
+        run: impl FnOnce(&[Check<'_>], bool) -> R,
+    ) -> R {
         if !checks.iter().any(|c| c.limit.pen_params().is_some()) {
             return run(checks, false);
         }
@@ -111,12 +138,12 @@ impl MemoryStore {
     }
 
     #[inline(never)]
-    fn penalized(
+    fn penalized<R: Ran>(
         &self,
         checks: &[Check<'_>],
         how: Run,
-        run: impl FnOnce(&[Check<'_>], bool) -> (Reply, i64),
-    ) -> (Reply, i64) {
+        run: impl FnOnce(&[Check<'_>], bool) -> R,
+    ) -> R {
         let inner = &*self.inner;
         let shards: SmallVec<[Option<usize>; 2]> = checks
             .iter()
@@ -157,19 +184,20 @@ impl MemoryStore {
                     limits: smallvec::smallvec![blocked_status(left)],
                     stored: None,
                 };
-                return (reply, 0);
+                return R::blocked(reply);
             }
             // several (or a take): the others decided, nothing granted
-            let (mut reply, _) = run(checks, true);
-            block_statuses(&mut reply, &lefts);
-            return (reply, 0);
+            let mut ran = run(checks, true);
+            block_statuses(ran.reply(), &lefts);
+            return ran;
         }
-        let (mut reply, taken) = run(checks, false);
+        let mut ran = run(checks, false);
         let Run::Decide { max_wait, dry } = how else {
-            return (reply, taken);
+            return ran;
         };
+        let reply = ran.reply();
         if dry || reply.outcome != Outcome::Denied {
-            return (reply, taken);
+            return ran;
         }
         // count a refusal for each penalized limit that refused
         let mut lefts: SmallVec<[Option<i64>; 2]> = SmallVec::new();
@@ -190,8 +218,8 @@ impl MemoryStore {
                 inner.put_pen(pens, check, p, state, store_now);
             }
         }
-        block_statuses(&mut reply, &lefts);
-        (reply, taken)
+        block_statuses(reply, &lefts);
+        ran
     }
 
     /// Changes `check`'s penalty state (see [`PenaltyChange`]); its state
