@@ -38,7 +38,8 @@
 # decision). Then latency at one in flight: `wrk -c1 --latency` per mode,
 # p50 and p99. BASE_REV (a git revision, e.g. main) also builds that
 # revision's bench/peers and runs its ours-* modes as base:<mode> beside
-# them: before and after in one run.
+# them: before and after in one run, and in paired slices (ours-mem,
+# ours-mem-noheaders, ours-redis-noheaders, ours-redis against their base).
 #
 # Environment: ROUNDS (3), DUR (5 s per run), REDIS_CPU (0), LOAD_CPU (1),
 # FLEET (4; 0 skips it), FLEET_IN_FLIGHT (50), API (1; 0 skips the API
@@ -191,11 +192,16 @@ hot_round() {
   done
 }
 
+# The binary and mode of the server of `mode` (base:<mode> for the base's).
+server_of() {
+  if [[ $1 == base:* ]]; then echo "$OUT/bin/base-server ${1#base:}"; else echo "$SERVER $1"; fi
+}
+
 # Starts the server of `mode` (base:<mode> for the base's) on a free port;
 # sets `port` and `pid`.
 start_server() {
-  local mode=$1 bin=$SERVER
-  if [[ $mode == base:* ]]; then bin=$OUT/bin/base-server; mode=${mode#base:}; fi
+  local bin mode
+  read -r bin mode <<<"$(server_of "$1")"
   port=$(free_port)
   taskset -c "$LOAD_CPU" "$bin" "$mode" "$port" "$URL" >"$OUT/server-${1//:/-}.log" 2>&1 &
   pid=$!; PIDS+=($pid)
@@ -273,11 +279,13 @@ done
 # most a second apart. The same for the Redis time per decision of each
 # algorithm against the peer's. SLICES per pair (0 skips this part).
 slices_pair() {
-  local a=$1 b=$2 pa pb ida idb i ra rb ua ub sa sb
+  local a=$1 b=$2 pa pb ida idb i ra rb ua ub sa sb bin mode
   pa=$(free_port); pb=$(free_port)
-  taskset -c "$LOAD_CPU" "$SERVER" "$a" "$pa" "$URL" >"$OUT/server-slices-$a.log" 2>&1 &
+  read -r bin mode <<<"$(server_of "$a")"
+  taskset -c "$LOAD_CPU" "$bin" "$mode" "$pa" "$URL" >"$OUT/server-slices-${a//:/-}.log" 2>&1 &
   ida=$!; PIDS+=($ida)
-  taskset -c "$LOAD_CPU" "$SERVER" "$b" "$pb" "$URL" >"$OUT/server-slices-$b.log" 2>&1 &
+  read -r bin mode <<<"$(server_of "$b")"
+  taskset -c "$LOAD_CPU" "$bin" "$mode" "$pb" "$URL" >"$OUT/server-slices-${b//:/-}.log" 2>&1 &
   idb=$!; PIDS+=($idb)
   for port in "$pa" "$pb"; do
     for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
@@ -309,6 +317,12 @@ if (( SLICES > 0 )); then
   for mode in ours-redis-tb ours-redis-fw ours-redis-sw ours-redis-log; do
     slices_pair trlr "$mode"
   done
+  # before and after: this tree against the base revision
+  if [ -n "$BASE_REV" ]; then
+    for mode in ours-mem ours-mem-noheaders ours-redis-noheaders ours-redis; do
+      slices_pair "base:$mode" "$mode"
+    done
+  fi
   rc FLUSHALL >/dev/null
 fi
 
@@ -420,6 +434,17 @@ if slices:
         if len(xs) >= 4:
             q = statistics.quantiles(xs, n=4)
             print(f"| Redis us per decision, {mode} vs tower-rate-limit-redis | {statistics.median(xs):.2f} (target <= {limit}) | {q[0]:.2f} to {q[2]:.2f} | {len(xs)} |")
+    for mode in ['ours-mem', 'ours-mem-noheaders', 'ours-redis-noheaders', 'ours-redis']:
+        pairs = [r for r in slices if r['mode'] == mode and r['vs'] == f'base:{mode}' and float(r.get('a_rps') or 0) > 0 and r.get('b_rps')]
+        xs = sorted(float(r['b_rps']) / float(r['a_rps']) for r in pairs)
+        if len(xs) >= 4:
+            q = statistics.quantiles(xs, n=4)
+            print(f"| HTTP {mode} vs the base revision | {statistics.median(xs):.2f} (target >= 0.98) | {q[0]:.2f} to {q[2]:.2f} | {len(xs)} |")
+        us = sorted(float(r['b_usec']) / float(r['a_usec']) for r in pairs
+                    if r.get('a_usec', '-') not in ('-', '') and r.get('b_usec', '-') not in ('-', '') and float(r['a_usec']) > 0)
+        if len(us) >= 4:
+            q = statistics.quantiles(us, n=4)
+            print(f"| Redis us per decision, {mode} vs the base revision | {statistics.median(us):.2f} (target <= 1.02) | {q[0]:.2f} to {q[2]:.2f} | {len(us)} |")
 flood = [r for r in rows if r['kind'] == 'http' and r['mode'] == 'ours-redis-flood']
 if flood:
     local = [1 - float(r['redis_calls']) / float(r['non2xx']) for r in flood if float(r.get('non2xx', 0) or 0) > 0]
