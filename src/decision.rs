@@ -136,24 +136,16 @@ impl Decision {
     /// A decision; `wait_us` is the reservation's wait in microseconds.
     #[inline]
     pub(crate) fn new(verdict: Verdict, wait_us: u64, statuses: Statuses) -> Self {
-        Self::filled(verdict, wait_us, |all| *all = statuses)
-    }
-
-    /// A decision whose statuses `fill` writes in place (a decision is
-    /// large to move), bound once they are written.
-    #[inline(always)]
-    pub(crate) fn filled(verdict: Verdict, wait_us: u64, fill: impl FnOnce(&mut Statuses)) -> Self {
         let mut decision = Self {
             verdict,
             wait_us,
-            statuses: Statuses::new(),
+            statuses,
             binding: 0,
             cached: false,
             granted: 0,
             at: 0,
             shadow_apart: false,
         };
-        fill(&mut decision.statuses);
         decision.bind();
         decision
     }

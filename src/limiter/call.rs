@@ -11,7 +11,7 @@ use super::deny_cache::{DenyCache, Sent};
 use super::hot::HotPools;
 use super::{Checks, Limiter};
 use crate::algorithm::{self, Reply};
-use crate::decision::{Decision, LimitStatus, Verdict};
+use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
 use crate::metrics::{Outcome, StoreTimer};
 use crate::store::{Answer, Check, Deadline};
 use crate::{Error, Limit};
@@ -190,42 +190,42 @@ impl Limiter {
             ),
             algorithm::Outcome::Never => (Verdict::CostExceedsCapacity, 0),
         };
-        let mut decision = Decision::filled(verdict, wait, |statuses| {
-            for (i, (check, &[wait, remaining, reset])) in
-                checks.iter().zip(&reply.limits).enumerate()
-            {
-                let limit = check.limit;
-                // a quota kept in the store, when one decided
-                let (capacity, window_us) = match reply.stored(i) {
-                    Some(params) => (
-                        u64::try_from(params.capacity()).unwrap_or(0),
-                        params.policy_window_us(),
-                    ),
-                    None => (limit.capacity(), limit.policy_window_us()),
-                };
-                let blocked = remaining == algorithm::wire::BLOCKED;
-                let violated = match reply.outcome {
-                    algorithm::Outcome::Never => wait < 0,
-                    algorithm::Outcome::Denied => wait > max_wait,
-                    algorithm::Outcome::Granted => false,
-                };
-                // a limit in shadow mode never refuses
-                let shadow = limit.is_shadow();
-                statuses.push(LimitStatus {
-                    name: limit.shared_name(),
-                    algorithm: limit.quota().algorithm(),
-                    limit: capacity,
-                    window_us,
-                    remaining: if blocked { 0 } else { us(remaining) },
-                    wait_us: if wait >= 0 { us(wait) } else { u64::MAX },
-                    reset_us: us(reset),
-                    violated: violated && !shadow,
-                    shadow,
-                    would_refuse: violated && shadow,
-                    blocked,
-                });
-            }
-        });
+        // (the statuses are written in place: a decision is large to move)
+        let mut decision = Decision::new(verdict, wait, Statuses::new());
+        for (i, (check, &[wait, remaining, reset])) in checks.iter().zip(&reply.limits).enumerate()
+        {
+            let limit = check.limit;
+            // a quota kept in the store, when one decided
+            let (capacity, window_us) = match reply.stored(i) {
+                Some(params) => (
+                    u64::try_from(params.capacity()).unwrap_or(0),
+                    params.policy_window_us(),
+                ),
+                None => (limit.capacity(), limit.policy_window_us()),
+            };
+            let blocked = remaining == algorithm::wire::BLOCKED;
+            let violated = match reply.outcome {
+                algorithm::Outcome::Never => wait < 0,
+                algorithm::Outcome::Denied => wait > max_wait,
+                algorithm::Outcome::Granted => false,
+            };
+            // a limit in shadow mode never refuses
+            let shadow = limit.is_shadow();
+            decision.statuses.push(LimitStatus {
+                name: limit.shared_name(),
+                algorithm: limit.quota().algorithm(),
+                limit: capacity,
+                window_us,
+                remaining: if blocked { 0 } else { us(remaining) },
+                wait_us: if wait >= 0 { us(wait) } else { u64::MAX },
+                reset_us: us(reset),
+                violated: violated && !shadow,
+                shadow,
+                would_refuse: violated && shadow,
+                blocked,
+            });
+        }
+        decision.bind();
         if reply.granted() {
             decision.granted = checks
                 .first()
