@@ -34,11 +34,18 @@ pub(crate) fn long_key(key: &[u8]) -> LongKey {
     out
 }
 
+/// Whether `check`'s key is stored as it is (not longer than
+/// [`MAX_RAW_KEY`]).
+#[inline(always)]
+pub(crate) fn is_bounded(check: &Check<'_>) -> bool {
+    check.key.len() <= MAX_RAW_KEY
+}
+
 /// Runs `f` on `checks` with every key longer than [`MAX_RAW_KEY`]
 /// replaced by its bounded form (see [`LongKey`]).
 #[inline(always)]
 pub(crate) fn bounded_keys<R>(checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R {
-    if checks.iter().all(|c| c.key.len() <= MAX_RAW_KEY) {
+    if checks.iter().all(is_bounded) {
         return f(checks);
     }
     with_long_keys(checks, f)

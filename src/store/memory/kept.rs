@@ -82,6 +82,12 @@ impl Inner {
 
 /// What an operation answers, told which kept quotas decided (see
 /// [`MemoryStore::with_kept`]).
+/// Whether `check`'s quota may be kept in the store.
+#[inline(always)]
+pub(super) fn may_be_kept(check: &Check<'_>) -> bool {
+    check.limit.is_quota_from_store()
+}
+
 pub(super) trait Decided {
     fn decided_by(&mut self, stored: Box<[Option<Params>]>);
 }
@@ -116,7 +122,7 @@ impl MemoryStore {
         checks: &[Check<'_>],
         f: impl FnOnce(&[Check<'_>]) -> R,
     ) -> R {
-        if !checks.iter().any(|c| c.limit.is_quota_from_store()) {
+        if !checks.iter().any(may_be_kept) {
             return f(checks);
         }
         self.with_kept_slow(checks, f)

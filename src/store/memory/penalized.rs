@@ -86,6 +86,12 @@ impl Inner {
     }
 }
 
+/// Whether `check`'s limit has a penalty (see the module).
+#[inline(always)]
+pub(super) fn is_penalized(check: &Check<'_>) -> bool {
+    check.limit.pen_params().is_some()
+}
+
 /// What a run under penalties answers: a decision's reply, or a take's
 /// with the amount taken.
 pub(super) trait Ran {
@@ -131,7 +137,7 @@ impl MemoryStore {
         how: Run,
         run: impl FnOnce(&[Check<'_>], bool) -> R,
     ) -> R {
-        if !checks.iter().any(|c| c.limit.pen_params().is_some()) {
+        if !checks.iter().any(is_penalized) {
             return run(checks, false);
         }
         self.penalized(checks, how, run)
