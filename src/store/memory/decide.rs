@@ -6,7 +6,7 @@
 //! per check. A decision over one limit (the common case) holds them in
 //! one-element arrays, so nothing is collected; others in `SmallVec`s.
 
-use std::sync::MutexGuard;
+use std::sync::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
@@ -28,8 +28,8 @@ struct Place {
     moved: bool,
 }
 
-/// A lock of the decision: a shard, and its guard when this entry is the
-/// first of that shard's (the entries are in shard order).
+/// A lock of a decision on several limits: a shard, and its guard when this
+/// entry is the first of that shard's (the entries are in shard order).
 type Lock<'s> = (usize, Option<MutexGuard<'s, Shard>>);
 
 /// How a decision holds one value per check.
@@ -43,14 +43,20 @@ trait Width {
         checks: Self::Checks<'c, 'a>,
         f: impl FnMut(&Check<'a>) -> T,
     ) -> Self::Of<T>;
-    /// `f` of each value.
-    fn map<T, U>(values: &Self::Of<T>, f: impl FnMut(&T) -> U) -> Self::Of<U>;
     /// `f` of each check and its value.
     fn zip<'c, 'a: 'c, T, U>(
         checks: Self::Checks<'c, 'a>,
         values: &mut Self::Of<T>,
         f: impl FnMut(&Check<'a>, &mut T) -> U,
     ) -> Self::Of<U>;
+    /// The locks of a decision's shards.
+    type Locks<'s>;
+    /// Locks the shards of `places`, each once and in shard order (no
+    /// deadlock between concurrent decisions), and notes in each place
+    /// where its shard's lock is.
+    fn lock<'s>(shards: &'s [Mutex<Shard>], places: &mut Self::Of<Place>) -> Self::Locks<'s>;
+    /// The locked shard of `place`.
+    fn shard<'l>(locks: &'l mut Self::Locks<'_>, place: &Place) -> Option<&'l mut Shard>;
 }
 
 /// One check: values in one-element arrays.
@@ -68,16 +74,21 @@ impl Width for One {
         [f(check)]
     }
     #[inline(always)]
-    fn map<T, U>([value]: &[T; 1], mut f: impl FnMut(&T) -> U) -> [U; 1] {
-        [f(value)]
-    }
-    #[inline(always)]
     fn zip<'c, 'a: 'c, T, U>(
         [check]: &'c [Check<'a>; 1],
         [value]: &mut [T; 1],
         mut f: impl FnMut(&Check<'a>, &mut T) -> U,
     ) -> [U; 1] {
         [f(check, value)]
+    }
+    type Locks<'s> = Option<MutexGuard<'s, Shard>>;
+    #[inline(always)]
+    fn lock<'s>(shards: &'s [Mutex<Shard>], [place]: &mut [Place; 1]) -> Self::Locks<'s> {
+        shards.get(place.shard).map(lock)
+    }
+    #[inline(always)]
+    fn shard<'l>(locks: &'l mut Self::Locks<'_>, _: &Place) -> Option<&'l mut Shard> {
+        locks.as_deref_mut()
     }
 }
 
@@ -95,16 +106,37 @@ impl Width for Many {
         checks.iter().map(f).collect()
     }
     #[inline(always)]
-    fn map<T, U>(values: &SmallVec<[T; 2]>, f: impl FnMut(&T) -> U) -> SmallVec<[U; 2]> {
-        values.iter().map(f).collect()
-    }
-    #[inline(always)]
     fn zip<'c, 'a: 'c, T, U>(
         checks: &'c [Check<'a>],
         values: &mut SmallVec<[T; 2]>,
         mut f: impl FnMut(&Check<'a>, &mut T) -> U,
     ) -> SmallVec<[U; 2]> {
         checks.iter().zip(values).map(|(c, v)| f(c, v)).collect()
+    }
+    /// A shard's first entry holds its guard.
+    type Locks<'s> = SmallVec<[Lock<'s>; 2]>;
+    #[inline(always)]
+    fn lock<'s>(shards: &'s [Mutex<Shard>], places: &mut SmallVec<[Place; 2]>) -> Self::Locks<'s> {
+        let mut locks: Self::Locks<'s> = places.iter().map(|p| (p.shard, None)).collect();
+        locks.sort_unstable_by_key(|&(shard, _)| shard);
+        let mut last = None;
+        for (shard, guard) in locks.iter_mut() {
+            if last != Some(*shard) {
+                *guard = shards.get(*shard).map(lock);
+                last = Some(*shard);
+            }
+        }
+        for place in places.iter_mut() {
+            place.lock = locks.partition_point(|&(shard, _)| shard < place.shard);
+        }
+        locks
+    }
+    #[inline(always)]
+    fn shard<'l>(locks: &'l mut Self::Locks<'_>, place: &Place) -> Option<&'l mut Shard> {
+        match locks.get_mut(place.lock)? {
+            (_, Some(shard)) => Some(shard),
+            (_, None) => None,
+        }
     }
 }
 
@@ -143,18 +175,7 @@ impl MemoryStore {
                 moved: false,
             }
         });
-        // Locks taken in shard order: no deadlock between concurrent
-        // decisions. A shard's first entry holds its guard.
-        let mut held: W::Of<Lock<'_>> = W::map(&places, |place| (place.shard, None));
-        let locks = held.as_mut();
-        locks.sort_unstable_by_key(|&(shard, _)| shard);
-        let mut last = None;
-        for (shard, guard) in locks.iter_mut() {
-            if last != Some(*shard) {
-                *guard = inner.shards.get(*shard).map(lock);
-                last = Some(*shard);
-            }
-        }
+        let mut locks = W::lock(&inner.shards, &mut places);
 
         // Where each check's state is. Nothing moves until the write-back,
         // where the limits of a limiter, having distinct names, each write
@@ -164,8 +185,7 @@ impl MemoryStore {
         // it never runs back.
         let mut now = store_now;
         for (check, place) in checks.as_ref().iter().zip(places.as_mut()) {
-            place.lock = locks.partition_point(|&(shard, _)| shard < place.shard);
-            let Some((_, Some(shard))) = locks.get_mut(place.lock) else {
+            let Some(shard) = W::shard(&mut locks, place) else {
                 continue;
             };
             place.table = shard.table(check.limit);
@@ -182,7 +202,7 @@ impl MemoryStore {
 
         let mut ops = W::zip(checks, &mut places, |check, place| {
             let p = check.limit.params();
-            let (state, moved) = match table_of(locks, place) {
+            let (state, moved) = match table_of::<W>(&mut locks, place) {
                 Some(table) => table.prepare(place.found, p, now),
                 None => State::prepare(None, p, now, now),
             };
@@ -197,7 +217,7 @@ impl MemoryStore {
 
         let mut added = false;
         for ((check, op), place) in checks.as_ref().iter().zip(ops).zip(places.as_ref()) {
-            if let Some(table) = table_of(locks, place) {
+            if let Some(table) = table_of::<W>(&mut locks, place) {
                 added |= inner.write_back(
                     table,
                     check,
@@ -211,7 +231,7 @@ impl MemoryStore {
                 );
             }
         }
-        drop(held);
+        drop(locks);
         if added {
             self.ensure_reclaimer();
         }
@@ -221,9 +241,6 @@ impl MemoryStore {
 
 /// The table `place` locates its check in, while `locks` hold it.
 #[inline(always)]
-fn table_of<'t>(locks: &'t mut [Lock<'_>], place: &Place) -> Option<&'t mut Table> {
-    let (_, Some(shard)) = locks.get_mut(place.lock)? else {
-        return None;
-    };
-    shard.tables.get_mut(place.table)
+fn table_of<'t, W: Width>(locks: &'t mut W::Locks<'_>, place: &Place) -> Option<&'t mut Table> {
+    W::shard(locks, place)?.tables.get_mut(place.table)
 }

@@ -501,3 +501,77 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod several_shards {
+    use std::time::Duration;
+
+    use super::table::Hasher;
+    use super::{Answer, Backend, Check, Deadline, MemoryStore};
+    use crate::{Limit, Quota};
+
+    /// Two keys of `store` whose states are in one shard (`same`), or in two.
+    fn keys(store: &MemoryStore, same: bool) -> (Vec<u8>, Vec<u8>) {
+        let shard = |key: &[u8]| Hasher::shard(store.inner.hasher.hash(key));
+        let first = b"k0".to_vec();
+        let second = (1..10_000)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|key| (shard(key) == shard(&first)) == same)
+            .expect("a key in that shard among 10,000");
+        (first, second)
+    }
+
+    fn decide(store: &MemoryStore, checks: &[Check<'_>]) -> (bool, Vec<i64>) {
+        let deadline = Deadline::after(Duration::from_secs(1));
+        let Answer::Now(Ok(reply)) = store.decide(checks, 0, false, deadline) else {
+            panic!("the memory store answers at once");
+        };
+        (reply.granted(), reply.limits.iter().map(|l| l[1]).collect())
+    }
+
+    /// A decision over limits whose keys lie in one shard or in two (each
+    /// shard locked once, in order) is all or nothing: a refusal by one
+    /// limit leaves the other's state as it was.
+    #[test]
+    fn a_decision_over_keys_in_one_shard_or_two_is_all_or_nothing() {
+        let one = Limit::new("one", Quota::gcra(1, Duration::from_secs(60), 1)).expect("limit");
+        let three = Limit::new("three", Quota::gcra(3, Duration::from_secs(60), 3)).expect("limit");
+        for same in [true, false] {
+            let store = MemoryStore::new();
+            let (a, b) = keys(&store, same);
+            let both = [
+                Check {
+                    limit: &one,
+                    key: &a,
+                    cost: 1,
+                },
+                Check {
+                    limit: &three,
+                    key: &b,
+                    cost: 1,
+                },
+            ];
+            assert_eq!(
+                decide(&store, &both),
+                (true, vec![0, 2]),
+                "same shard: {same}"
+            );
+            assert_eq!(
+                decide(&store, &both),
+                (false, vec![0, 2]),
+                "same shard: {same}"
+            );
+            let alone = [Check {
+                limit: &three,
+                key: &b,
+                cost: 1,
+            }];
+            assert_eq!(
+                decide(&store, &alone),
+                (true, vec![1]),
+                "same shard: {same}"
+            );
+            assert_eq!(store.len(), 2);
+        }
+    }
+}
