@@ -49,6 +49,13 @@ trait Width {
         values: &mut Self::Of<T>,
         f: impl FnMut(&Check<'a>, &mut T) -> U,
     ) -> Self::Of<U>;
+    /// `f` of each check, its value (taken) and its `other` value.
+    fn each_taken<'c, 'a: 'c, T, U>(
+        checks: Self::Checks<'c, 'a>,
+        values: Self::Of<T>,
+        other: &Self::Of<U>,
+        f: impl FnMut(&Check<'a>, T, &U),
+    );
     /// The locks of a decision's shards.
     type Locks<'s>;
     /// Locks the shards of `places`, each once and in shard order (no
@@ -81,6 +88,15 @@ impl Width for One {
     ) -> [U; 1] {
         [f(check, value)]
     }
+    #[inline(always)]
+    fn each_taken<'c, 'a: 'c, T, U>(
+        [check]: &'c [Check<'a>; 1],
+        [value]: [T; 1],
+        [other]: &[U; 1],
+        mut f: impl FnMut(&Check<'a>, T, &U),
+    ) {
+        f(check, value, other);
+    }
     type Locks<'s> = Option<MutexGuard<'s, Shard>>;
     #[inline(always)]
     fn lock<'s>(shards: &'s [Mutex<Shard>], [place]: &mut [Place; 1]) -> Self::Locks<'s> {
@@ -112,6 +128,17 @@ impl Width for Many {
         mut f: impl FnMut(&Check<'a>, &mut T) -> U,
     ) -> SmallVec<[U; 2]> {
         checks.iter().zip(values).map(|(c, v)| f(c, v)).collect()
+    }
+    #[inline(always)]
+    fn each_taken<'c, 'a: 'c, T, U>(
+        checks: &'c [Check<'a>],
+        values: SmallVec<[T; 2]>,
+        other: &SmallVec<[U; 2]>,
+        mut f: impl FnMut(&Check<'a>, T, &U),
+    ) {
+        for ((check, value), other) in checks.iter().zip(values).zip(other) {
+            f(check, value, other);
+        }
     }
     /// A shard's first entry holds its guard.
     type Locks<'s> = SmallVec<[Lock<'s>; 2]>;
@@ -216,7 +243,7 @@ impl MemoryStore {
         let (reply, write) = decide(ops.as_mut(), now);
 
         let mut added = false;
-        for ((check, op), place) in checks.as_ref().iter().zip(ops).zip(places.as_ref()) {
+        W::each_taken(checks, ops, &places, |check, op, place| {
             if let Some(table) = table_of::<W>(&mut locks, place) {
                 added |= inner.write_back(
                     table,
@@ -230,7 +257,7 @@ impl MemoryStore {
                     store_now,
                 );
             }
-        }
+        });
         drop(locks);
         if added {
             self.ensure_reclaimer();
