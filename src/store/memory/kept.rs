@@ -80,14 +80,14 @@ impl Inner {
     }
 }
 
-/// What an operation answers, told which kept quotas decided (see
-/// [`MemoryStore::with_kept`]).
 /// Whether `check`'s quota may be kept in the store.
 #[inline(always)]
 pub(super) fn may_be_kept(check: &Check<'_>) -> bool {
     check.limit.is_quota_from_store()
 }
 
+/// What an operation answers, told which kept quotas decided (see
+/// [`MemoryStore::with_kept`]).
 pub(super) trait Decided {
     fn decided_by(&mut self, stored: Box<[Option<Params>]>);
 }
