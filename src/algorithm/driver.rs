@@ -1,0 +1,90 @@
+//! The one Rust decision loop over a decision's limits: the mirror of
+//! `lua/driver.lua` (decide, take, charge), each algorithm's steps in its
+//! own file.
+
+use super::{Outcome, Params, Reply, State, Statuses};
+
+/// One limit's part in a decision: its working state (see
+/// [`State::prepare`]), parameters and cost.
+pub(crate) struct Operand<'p> {
+    pub(crate) state: State,
+    pub(crate) p: &'p Params,
+    pub(crate) cost: i64,
+}
+
+/// One atomic decision over several limits: the mirror of `lua/driver.lua`.
+/// The states are prepared as of `now`, the latest of the store's clock and
+/// every key's `written` as believed; on a grant (unless `dry`) they are
+/// updated, and the caller saves them.
+#[inline(always)]
+pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool) -> Reply {
+    let mut at = now;
+    let mut never = false;
+    // Per limit: [wait or -1, remaining, reset]; the wait is known first.
+    let mut limits = Statuses::new();
+    for op in ops.iter() {
+        let t = if op.cost > 0 {
+            op.state.earliest(op.p, now, op.cost)
+        } else {
+            Some(now)
+        };
+        match t {
+            None => never = true,
+            Some(t) => at = at.max(t),
+        }
+        limits.push([t.map_or(-1, |t| t - now), 0, 0]);
+    }
+    let (outcome, wait) = if never {
+        (Outcome::Never, -1)
+    } else if at - now > max_wait {
+        (Outcome::Denied, at - now)
+    } else {
+        (Outcome::Granted, at - now)
+    };
+    for (op, status) in ops.iter_mut().zip(&mut limits) {
+        let mut as_of = now;
+        if outcome == Outcome::Granted && !dry {
+            as_of = at;
+            if op.cost > 0 {
+                op.state.grant(op.p, at, op.cost);
+            }
+        }
+        let (remaining, reset) = op.state.status(op.p, now, as_of);
+        (status[1], status[2]) = (remaining, reset);
+    }
+    Reply {
+        outcome,
+        wait,
+        now,
+        limits,
+        stored: None,
+    }
+}
+
+/// Charges each limit its cost whatever is left, where a cost of 1 would be
+/// granted (now, or the earliest time a spent limit allows one): the mirror
+/// of `charge` (op 4) in `lua/driver.lua`. A limit may end in debt, and
+/// refuses until it is paid back.
+pub(crate) fn charge(ops: &mut [Operand<'_>], now: i64) {
+    for op in ops.iter_mut().filter(|op| op.cost > 0) {
+        let at = op.state.earliest(op.p, now, 1).unwrap_or(now);
+        op.state.grant(op.p, at, op.cost);
+    }
+}
+
+/// Takes what is available, at most `most` in every limit: the mirror of
+/// `take` (op 2) in `lua/driver.lua`. Grants k = min(`most`, what every
+/// limit has left now) at once; when k = 0, decides a cost of 1 without
+/// granting it. Returns the reply and k (each operand's cost is set to
+/// what it was charged).
+pub(crate) fn take(ops: &mut [Operand<'_>], most: i64, now: i64) -> (Reply, i64) {
+    let k = ops
+        .iter()
+        .map(|op| op.state.status(op.p, now, now).0)
+        .fold(most, i64::min)
+        .max(0);
+    for op in ops.iter_mut() {
+        op.cost = k.max(1);
+    }
+    (decide(ops, now, 0, k == 0), k)
+}

@@ -1,0 +1,141 @@
+//! A decision's reply: its outcome and each limit's status, as the scripts
+//! write it and the memory store makes it.
+
+use smallvec::SmallVec;
+
+use super::{Params, EXACT};
+
+/// Per-limit statuses of a reply: inline for the usual one or two limits.
+pub(crate) type Statuses = SmallVec<[[i64; 3]; 2]>;
+
+/// How a decision ended: the first number of the scripts' reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Granted, now or at `now + wait`.
+    Granted = 0,
+    /// Refused: a retry after `wait` would be granted.
+    Denied = 1,
+    /// A cost exceeds a capacity: never granted (`wait` is -1).
+    Never = 2,
+}
+
+impl Outcome {
+    /// The outcome the scripts write as `code`.
+    pub(crate) fn from_code(code: i64) -> Option<Self> {
+        match code {
+            0 => Some(Outcome::Granted),
+            1 => Some(Outcome::Denied),
+            2 => Some(Outcome::Never),
+            _ => None,
+        }
+    }
+}
+
+/// What a store answers for one decision, in the units of the scripts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(unreachable_pub)] // named by the store trait `Backend`, never exported
+pub struct Reply {
+    pub(crate) outcome: Outcome,
+    /// Microseconds until the grant, or until a retry would be granted; -1
+    /// for [`Outcome::Never`].
+    pub(crate) wait: i64,
+    /// The decision's clock: the store's, or a key's clock ahead of it as
+    /// believed (see [`believed`]).
+    pub(crate) now: i64,
+    /// Per limit: (wait or -1, remaining, reset_after).
+    pub(crate) limits: Statuses,
+    /// Per limit, the parameters of the quota kept in the store that
+    /// decided in place of the limit's own (see
+    /// [`Limit::quota_from_store`](crate::Limit::quota_from_store)); `None`
+    /// when every limit decided with its own.
+    pub(crate) stored: Option<Box<[Option<Params>]>>,
+}
+
+impl Reply {
+    /// A grant of nothing at `now`: the answer of an operation that decides
+    /// nothing (a charge).
+    pub(crate) fn at_rest(now: i64) -> Self {
+        Self {
+            outcome: Outcome::Granted,
+            wait: 0,
+            now,
+            limits: Statuses::new(),
+            stored: None,
+        }
+    }
+
+    /// Whether the decision was granted (now or as a reservation).
+    pub(crate) fn granted(&self) -> bool {
+        self.outcome == Outcome::Granted
+    }
+
+    /// The store time of the grant (us): `now + wait` for a grant; what a
+    /// refund names it by.
+    pub(crate) fn at(&self) -> i64 {
+        self.now + self.wait.max(0)
+    }
+
+    /// The parameters limit `i` decided with, when a quota kept in the
+    /// store decided in place of its own.
+    pub(crate) fn stored(&self, i: usize) -> Option<&Params> {
+        self.stored.as_ref()?.get(i)?.as_ref()
+    }
+
+    /// Parses the reply of a take (op 2): a decision's reply, then the amount
+    /// taken, then the stored quotas used (see [`from_packed`](Self::from_packed)).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn from_packed_take(bytes: &[u8], limits: usize) -> Option<(Self, i64)> {
+        let split = 8 * (3 + 3 * limits);
+        let (decision, rest) = bytes.split_at_checked(split)?;
+        let (taken, tail) = rest.split_at_checked(8)?;
+        let mut reply = Self::from_packed(decision, limits)?;
+        reply.stored = stored_quotas(tail, limits)?;
+        let x = f64::from_le_bytes(taken.try_into().ok()?);
+        let exact = x.fract() == 0.0 && x.abs() < EXACT as f64;
+        exact.then_some((reply, x as i64))
+    }
+
+    /// Parses the driver's reply: `3 + 3 * limits` little-endian doubles, each
+    /// an integer below 2^53 in magnitude, then `i=<stored form>;` for each
+    /// limit `i` (from 1) a quota kept in the store decided.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn from_packed(bytes: &[u8], limits: usize) -> Option<Self> {
+        let (bytes, tail) = bytes.split_at_checked(8 * (3 + 3 * limits))?;
+        let stored = stored_quotas(tail, limits)?;
+        let mut values = bytes.chunks_exact(8).map(|chunk| {
+            let x = f64::from_le_bytes(chunk.try_into().ok()?);
+            // an integer below 2^53 in magnitude (NaN is not): the casts lose nothing
+            let exact = x.abs() < EXACT as f64 && (x as i64) as f64 == x;
+            exact.then_some(x as i64)
+        });
+        let mut next = || values.next().flatten();
+        let (outcome, wait, now) = (Outcome::from_code(next()?)?, next()?, next()?);
+        let mut per = SmallVec::with_capacity(limits);
+        for _ in 0..limits {
+            per.push([next()?, next()?, next()?]);
+        }
+        Some(Self {
+            outcome,
+            wait,
+            now,
+            limits: per,
+            stored,
+        })
+    }
+}
+
+/// The stored quotas of a reply's tail (`i=<stored form>;` each, see
+/// [`Reply::from_packed`]): `Some(None)` for none, `None` when unreadable.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+fn stored_quotas(tail: &[u8], limits: usize) -> Option<Option<Box<[Option<Params>]>>> {
+    if tail.is_empty() {
+        return Some(None);
+    }
+    let mut stored = vec![None; limits].into_boxed_slice();
+    for entry in tail.strip_suffix(b";")?.split(|&b| b == b';') {
+        let at = entry.iter().position(|&b| b == b'=')?;
+        let i: usize = std::str::from_utf8(&entry[..at]).ok()?.parse().ok()?;
+        *stored.get_mut(i.checked_sub(1)?)? = Some(Params::from_stored(&entry[at + 1..])?);
+    }
+    Some(Some(stored))
+}
