@@ -16,9 +16,9 @@ use smallvec::SmallVec;
 use super::after::After;
 use super::future::ResponseFuture;
 use super::{Config, MissingKey, OnStoreError, RateLimitInfo, Rejection, ResponseBody};
-use crate::limiter::{Refund, RefundOnDrop};
+use crate::limiter::{Checks, Refund, RefundOnDrop};
 use crate::live::Current;
-use crate::{Decision, Error, Grant, Limit, Limiter};
+use crate::{Decision, Error, Grant, Limiter};
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
 ///
@@ -278,10 +278,8 @@ fn decide_at_once<B>(config: &Config, parts: &Parts) -> AtOnce<B> {
     if chosen.is_empty() {
         return AtOnce::Forward(RateLimitInfo::new(None, false), None);
     }
-    let decision = match config
-        .limiter
-        .decide_pairs_now(&pairs_of(&chosen), cost_of(config, parts))
-    {
+    let checks = checks_of(&chosen, cost_of(config, parts));
+    let decision = match config.limiter.decide_checks_now(&checks) {
         Some(Ok(decision)) => decision,
         Some(Err(error)) => return AtOnce::Later(Some(Box::new(error))),
         None => return AtOnce::Later(None),
@@ -302,12 +300,12 @@ fn cost_of(config: &Config, parts: &Parts) -> u64 {
         .map_or(config.fixed_cost, |cost| cost(parts))
 }
 
-/// The chosen limits and keys as the limiter takes them.
-fn pairs_of<'a>(chosen: &'a Chosen<'_>) -> SmallVec<[(&'a Limit, &'a [u8]); 2]> {
-    chosen
+/// The chosen limits and keys as the limiter decides them, at `cost`.
+fn checks_of<'a>(chosen: &'a Chosen<'_>, cost: u64) -> Checks<'a> {
+    let pairs = chosen
         .iter()
-        .map(|(limit, key, _)| (&**limit, key.as_bytes()))
-        .collect()
+        .map(|(limit, key, _)| (&**limit, key.as_bytes()));
+    Limiter::checks(pairs, cost)
 }
 
 /// Forwards a request decided within `call`, with `info` among its
@@ -389,7 +387,7 @@ where
         #[cfg(feature = "resolver")]
         super::plan::forget(&mut parts);
         let cost = cost_of(&config, &parts);
-        let pairs = pairs_of(&chosen);
+        let checks = checks_of(&chosen, cost);
         // a place among the requests that may wait, while one is free
         let place = config
             .waiting
@@ -405,7 +403,7 @@ where
         let decided = match failed {
             Some(error) => Some(Err(*error)),
             None => {
-                let decision = config.limiter.decide_pairs(&pairs, cost, delay, refundable);
+                let decision = config.limiter.decide_checks(&checks, delay, refundable);
                 decision.await
             }
         };
@@ -419,7 +417,7 @@ where
                 store_failed = true;
                 match after_failure(&config, &parts, &error) {
                     AfterFailure::Fallback(fallback) => {
-                        let fallback = fallback.decide_pairs(&pairs, cost, delay, refundable);
+                        let fallback = fallback.decide_checks(&checks, delay, refundable);
                         match Box::pin(fallback).await {
                             Some(Ok(grant)) => Some(grant),
                             _ => None,
@@ -430,7 +428,7 @@ where
                 }
             }
         };
-        drop(pairs);
+        drop(checks);
         let Some(Grant { decision, refund }) = decided else {
             let request = Request::from_parts(parts, body);
             return Box::pin(pass(inner, request, store_failed)).await;

@@ -148,7 +148,8 @@ impl Limiter {
         Deadline::after(self.inner.timeout)
     }
 
-    pub(super) fn checks<'a>(
+    /// One check of `cost` per (limit, key) pair.
+    pub(crate) fn checks<'a>(
         pairs: impl Iterator<Item = (&'a Limit, &'a [u8])>,
         cost: u64,
     ) -> Checks<'a> {

@@ -57,7 +57,7 @@ pub(crate) fn run_detached(
 }
 
 /// The checks of one decision: inline for the usual few limits.
-type Checks<'a> = SmallVec<[Check<'a>; 2]>;
+pub(crate) type Checks<'a> = SmallVec<[Check<'a>; 2]>;
 
 /// The limits of one decision as read when it began (see [`LimitSource`]).
 type Limits<'a> = SmallVec<[Current<'a>; 2]>;
@@ -499,51 +499,46 @@ impl Limiter {
         Ok(Self::checks(pairs, cost))
     }
 
-    /// Decides `pairs`, a limit and a key each (a layer's limits with this
-    /// request's tiers and keys); `None` when there are none. With
-    /// `refundable`, the grant can be given back.
-    pub(crate) async fn decide_pairs(
+    /// Decides `checks`, a limit and a key each (a layer's limits with this
+    /// request's tiers and keys, see [`checks`](Self::checks)); `None` when
+    /// there are none. With `refundable`, the grant can be given back.
+    pub(crate) async fn decide_checks(
         &self,
-        pairs: &[(&Limit, &[u8])],
-        cost: u64,
+        checks: &[Check<'_>],
         max_wait: Duration,
         refundable: bool,
     ) -> Option<Result<Grant, Error>> {
-        if pairs.is_empty() {
+        if checks.is_empty() {
             return None;
         }
-        let checks = Self::checks(pairs.iter().copied(), cost);
-        let decision = match self.run(&checks, max_wait, false).await {
+        let decision = match self.run(checks, max_wait, false).await {
             Ok(decision) => decision,
             Err(error) => return Some(Err(error)),
         };
         let refund = if refundable {
-            Refund::of(self, &decision, Self::charged(&checks, &decision))
+            Refund::of(self, &decision, Self::charged(checks, &decision))
         } else {
             None
         };
         Some(Ok(Grant::new(decision, refund)))
     }
 
-    /// [`decide_pairs`](Self::decide_pairs) without a future, for a store
+    /// [`decide_checks`](Self::decide_checks) without a future, for a store
     /// that answers at once, no refund and no reservation: the decision, or
     /// `None` when it must be awaited (another store, a limit in shadow
     /// mode, whose refusals may need a second decision).
-    pub(crate) fn decide_pairs_now(
+    pub(crate) fn decide_checks_now(
         &self,
-        pairs: &[(&Limit, &[u8])],
-        cost: u64,
+        checks: &[Check<'_>],
     ) -> Option<Result<Decision, Error>> {
-        let checks = Self::checks(pairs.iter().copied(), cost);
         if checks.iter().any(|c| c.limit.is_shadow()) {
             return None;
         }
-        let decided = match self.decision(&checks, 0, false, true) {
+        match self.decision(checks, 0, false, true) {
             Answer::Now(result) => Some(result),
             // dropped before it was polled: nothing was sent
             Answer::Later(_) => None,
-        };
-        decided
+        }
     }
 
     /// Whether every decision of this limiter's store is made at once (in
