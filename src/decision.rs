@@ -136,18 +136,26 @@ impl Decision {
     /// A decision; `wait_us` is the reservation's wait in microseconds.
     #[inline]
     pub(crate) fn new(verdict: Verdict, wait_us: u64, statuses: Statuses) -> Self {
-        let mut decision = Self {
+        let mut decision = Self::unbound(verdict, wait_us);
+        decision.statuses = statuses;
+        decision.bind();
+        decision
+    }
+
+    /// A decision without statuses yet, for a caller that writes them in
+    /// place (a decision is large to move), then [`bind`](Self::bind)s it.
+    #[inline]
+    pub(crate) fn unbound(verdict: Verdict, wait_us: u64) -> Self {
+        Self {
             verdict,
             wait_us,
-            statuses,
+            statuses: Statuses::new(),
             binding: 0,
             cached: false,
             granted: 0,
             at: 0,
             shadow_apart: false,
-        };
-        decision.bind();
-        decision
+        }
     }
 
     /// Finds the binding limit among the statuses: an enforced one when

@@ -11,7 +11,7 @@ use super::deny_cache::{DenyCache, Sent};
 use super::hot::HotPools;
 use super::{Checks, Limiter};
 use crate::algorithm::{self, Reply};
-use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
+use crate::decision::{Decision, LimitStatus, Verdict};
 use crate::metrics::{Outcome, StoreTimer};
 use crate::store::{Answer, Check, Deadline};
 use crate::{Error, Limit};
@@ -191,8 +191,7 @@ impl Limiter {
             ),
             algorithm::Outcome::Never => (Verdict::CostExceedsCapacity, 0),
         };
-        // (the statuses are written in place: a decision is large to move)
-        let mut decision = Decision::new(verdict, wait, Statuses::new());
+        let mut decision = Decision::unbound(verdict, wait);
         for (i, (check, &[wait, remaining, reset])) in checks.iter().zip(&reply.limits).enumerate()
         {
             let limit = check.limit;
