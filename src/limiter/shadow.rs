@@ -131,7 +131,8 @@ impl Limiter {
         }
         let mut shadow_statuses = looked.statuses.into_iter();
         let mut outcome = decided.unwrap_or_else(|| {
-            let mut passed = Decision::new(Verdict::Allowed, 0, Statuses::new());
+            // (its statuses are merged in below, and bound once there)
+            let mut passed = Decision::unbound(Verdict::Allowed, 0);
             passed.granted = looked.granted;
             passed.at = looked.at;
             passed
