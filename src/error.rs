@@ -72,6 +72,10 @@ pub enum ConfigError {
     /// limiter without a [concurrency limit](crate::Limit::concurrency).
     #[error("no concurrency limit to lease a permit of")]
     NoConcurrencyLimit,
+    /// A [maximum hold](crate::Limit::hold_at_most) that is zero, or set on
+    /// a limit that is not a concurrency limit.
+    #[error("maximum hold: {0}")]
+    MaxHold(String),
     /// A [`Penalty`](crate::Penalty) is invalid (no refusals, no blocks, a
     /// zero or too long duration), or a penalty operation
     /// ([`Limiter::block`](crate::Limiter::block), ...) names a limit

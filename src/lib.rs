@@ -139,7 +139,7 @@ pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 
 pub use hot::HotKey;
-pub use limit::Limit;
+pub use limit::{Limit, DEFAULT_MAX_HOLD};
 pub use limiter::{Grant, Inspection, Lease, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
 pub use live::{LimitSource, LiveLimit, LiveLimits};
 pub use penalty::{Penalty, DEFAULT_FORGET_AFTER};

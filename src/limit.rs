@@ -15,6 +15,9 @@ use crate::ConfigError;
 pub(crate) const MAX_EXACT: u128 = 1 << 53;
 /// Longest accepted window: ten years, so `now + window` stays far below 2^53 us.
 const MAX_WINDOW_MICROS: u128 = 10 * 366 * 86_400 * 1_000_000;
+/// How long a layer holds a permit of a [concurrency limit](Limit::concurrency)
+/// at most, unless the limit says otherwise ([`Limit::hold_at_most`]).
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
 /// Sliding window counter weights have 2^20 steps per window.
 const WEIGHT_STEPS: u64 = 1 << 20;
 
@@ -59,6 +62,10 @@ pub struct Limit {
     /// A concurrency limit: its grants are leases, given back when the
     /// work ends (see [`Limit::concurrency`]).
     leases: bool,
+    /// How long a permit of a concurrency limit may be held at most (see
+    /// [`Limit::hold_at_most`]); `None`: [`DEFAULT_MAX_HOLD`] in a layer,
+    /// no bound for a [`Lease`](crate::Lease).
+    max_hold: Option<Duration>,
     /// Batches of permits granted in this process (see [`Limit::hot`]).
     hot: Option<HotKey>,
     /// Its `tower_ratelimit_decisions_total` keys, made once.
@@ -103,6 +110,7 @@ impl Limit {
             shadow: false,
             from_store: false,
             leases: false,
+            max_hold: None,
             hot: None,
         })
     }
@@ -112,8 +120,8 @@ impl Limit {
     /// while the work runs and given back when it ends: by a
     /// [`Lease`](crate::Lease) from
     /// [`Limiter::acquire_lease`](crate::Limiter::acquire_lease), or, in a
-    /// layer, from the request until its response body is finished or
-    /// dropped. A lease lasts `lease` unless renewed: its holder renews it
+    /// layer, from the decision through the handler until the response body
+    /// is finished or dropped (at most [`max_hold`](Self::hold_at_most)). A lease lasts `lease` unless renewed: its holder renews it
     /// while it runs, so the permits of a holder that died (a crashed
     /// instance, a killed task) come back within `lease` at most.
     ///
@@ -157,6 +165,52 @@ impl Limit {
     /// grants are leases given back when the work ends.
     pub fn is_concurrency(&self) -> bool {
         self.leases
+    }
+
+    /// The longest a permit of this [concurrency limit](Self::concurrency)
+    /// is held, renewals included: past it, the permit is given back and
+    /// the holder loses it. In a layer, a request holds its permit from
+    /// its decision until its response body ends, so a client that stops
+    /// reading a streamed body would hold it for as long as it keeps the
+    /// connection open; at `max_hold` (by default [`DEFAULT_MAX_HOLD`],
+    /// 10 minutes) the permit comes back and the body ends with an error
+    /// at its next poll, which closes the connection. A
+    /// [`Lease`](crate::Lease) is bounded only when this is set: its holder
+    /// is code of the application, and a long job keeps its permit.
+    ///
+    /// A zero `max_hold`, or one on a limit that is not a concurrency
+    /// limit, is a [`ConfigError::MaxHold`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::Limit;
+    ///
+    /// let downloads = Limit::concurrency("downloads", 4, Duration::from_secs(30))?
+    ///     .hold_at_most(Duration::from_secs(120))?;
+    /// assert_eq!(downloads.max_hold(), Some(Duration::from_secs(120)));
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn hold_at_most(mut self, max_hold: Duration) -> Result<Self, ConfigError> {
+        if !self.leases {
+            return Err(ConfigError::MaxHold(format!(
+                "limit {:?} is not a concurrency limit",
+                self.name
+            )));
+        }
+        if max_hold.is_zero() {
+            return Err(ConfigError::MaxHold(format!(
+                "the maximum hold of limit {:?} is zero",
+                self.name
+            )));
+        }
+        self.max_hold = Some(max_hold);
+        Ok(self)
+    }
+
+    /// The longest a permit is held, when set with
+    /// [`hold_at_most`](Self::hold_at_most).
+    pub fn max_hold(&self) -> Option<Duration> {
+        self.max_hold
     }
 
     /// This limit in shadow mode: it decides and records as if enforced

@@ -337,3 +337,140 @@ fn a_concurrency_limit_charges_no_cost_after_the_response() {
         .build();
     assert!(matches!(built, Err(tower_ratelimit::ConfigError::Layer(_))));
 }
+
+/// A limit of 1 with a 300 ms lease, and a handler that takes a second:
+/// the permit is held (renewed) through the handler, so a second request
+/// 400 ms in is refused, and it comes back when the first's body ends.
+#[tokio::test]
+async fn a_permit_is_held_through_a_handler_slower_than_its_lease() {
+    let slow = Limit::concurrency("slow", 1, Duration::from_millis(300)).expect("limit");
+    for (store, make) in stores("after-slow") {
+        let app = Router::new()
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    "done"
+                }),
+            )
+            .layer(layer(make(), Rule::new(slow.clone(), Global)));
+        let looker = limiter(make(), slow.clone());
+        let first = tokio::spawn(app.clone().oneshot(get_request("/slow")));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let second = app
+            .clone()
+            .oneshot(get_request("/slow"))
+            .await
+            .expect("infallible");
+        assert_eq!(
+            second.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{store}: the first is still in its handler"
+        );
+        let first = first.await.expect("task").expect("infallible");
+        assert_eq!(first.status(), StatusCode::OK, "{store}");
+        first.into_body().collect().await.expect("body");
+        settles_to(&looker, 1).await;
+    }
+}
+
+/// A request whose client goes away while the handler runs (its future
+/// dropped at 50 ms), and one whose inner service fails: each gives its
+/// permit back at once, long before its 60 s lease would end.
+#[tokio::test]
+async fn a_permit_comes_back_when_the_request_is_dropped_or_the_service_fails() {
+    let running = Limit::concurrency("running", 1, Duration::from_secs(60)).expect("limit");
+    for (store, make) in stores("after-dropped") {
+        let app = Router::new()
+            .route("/hang", get(std::future::pending::<&'static str>))
+            .route("/quick", get(|| async { "done" }))
+            .layer(layer(make(), Rule::new(running.clone(), Global)));
+        let looker = limiter(make(), running.clone());
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(50),
+            app.clone().oneshot(get_request("/hang")),
+        )
+        .await;
+        assert!(dropped.is_err(), "{store}: the handler never answers");
+        settles_to(&looker, 1).await;
+        let next = app
+            .clone()
+            .oneshot(get_request("/quick"))
+            .await
+            .expect("infallible");
+        assert_eq!(
+            next.status(),
+            StatusCode::OK,
+            "{store}: the permit came back"
+        );
+        next.into_body().collect().await.expect("body");
+        settles_to(&looker, 1).await;
+
+        // an inner service that fails
+        let failing = tower::ServiceBuilder::new()
+            .layer(layer(make(), Rule::new(running.clone(), Global)))
+            .service(tower::service_fn(|_: Request<Body>| async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err::<http::Response<Body>, _>(std::io::Error::other("the service failed"))
+            }));
+        let failed = failing.oneshot(get_request("/fails")).await;
+        assert!(failed.is_err(), "{store}: the inner service's error");
+        settles_to(&looker, 1).await;
+    }
+}
+
+/// A client that stops reading a streamed body holds its permit only for
+/// the limit's maximum hold: then the permit comes back and the body ends
+/// with an error (a body that waits for data is woken for it).
+#[tokio::test]
+async fn a_body_no_one_reads_gives_its_permit_back_at_the_maximum_hold() {
+    let streams = Limit::concurrency("held", 1, Duration::from_secs(60))
+        .expect("limit")
+        .hold_at_most(Duration::from_millis(500))
+        .expect("a maximum hold");
+    for (store, make) in stores("after-max-hold") {
+        let (app, _senders) = streaming_app(layer(make(), Rule::new(streams.clone(), Global)));
+        let looker = limiter(make(), streams.clone());
+        let unread = app
+            .clone()
+            .oneshot(get_request("/stream"))
+            .await
+            .expect("infallible");
+        assert_eq!(unread.status(), StatusCode::OK, "{store}");
+        assert_eq!(
+            looker.peek("global").await.expect("peek").remaining(),
+            0,
+            "{store}: held while the body is unread"
+        );
+        settles_to(&looker, 1).await;
+        let ended = unread.into_body().collect().await;
+        assert!(ended.is_err(), "{store}: the body ends with an error");
+
+        // a body being read, that waits for data, ends at the maximum hold
+        let waiting = app
+            .clone()
+            .oneshot(get_request("/stream"))
+            .await
+            .expect("infallible");
+        assert_eq!(waiting.status(), StatusCode::OK, "{store}");
+        let ended = tokio::time::timeout(PATIENT, waiting.into_body().collect())
+            .await
+            .expect("ended within the test's patience");
+        assert!(ended.is_err(), "{store}: the body ends with an error");
+        settles_to(&looker, 1).await;
+    }
+}
+
+#[test]
+fn a_maximum_hold_is_for_concurrency_limits_and_not_zero() {
+    let rate = Limit::new("rate", Quota::per_second(1).gcra()).expect("limit");
+    assert!(matches!(
+        rate.hold_at_most(Duration::from_secs(1)),
+        Err(tower_ratelimit::ConfigError::MaxHold(_))
+    ));
+    let running = Limit::concurrency("running", 1, Duration::from_secs(1)).expect("limit");
+    assert!(matches!(
+        running.hold_at_most(Duration::ZERO),
+        Err(tower_ratelimit::ConfigError::MaxHold(_))
+    ));
+}

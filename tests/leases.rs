@@ -267,3 +267,34 @@ async fn a_lease_that_cannot_be_renewed_for_a_lease_time_is_lost() {
         .expect("the lease was not reported lost while the store was down");
     assert!(held.is_lost());
 }
+
+/// A lease of a limit with a maximum hold is given back then, renewals or
+/// not: it is lost (`lost()` resolves) and its permit is free again. A
+/// limit without one keeps its lease past that time.
+#[tokio::test]
+async fn a_lease_is_given_back_at_its_maximum_hold() {
+    let bounded = Limit::concurrency("bounded", 1, Duration::from_millis(300))
+        .expect("limit")
+        .hold_at_most(Duration::from_millis(500))
+        .expect("a maximum hold");
+    for (store, a, b) in instances("lease-max-hold", &[bounded]) {
+        let lease = a.acquire_lease("acme").await.expect("acquire");
+        assert!(lease.is_held(), "{store}");
+        tokio::time::timeout(PATIENT, lease.lost())
+            .await
+            .expect("lost within the test's patience");
+        assert!(lease.is_lost() && !lease.is_held(), "{store}");
+        let next = common::wait_until_held(&b, "acme").await;
+        assert!(next.is_held(), "{store}: the permit is free again");
+    }
+    let unbounded = exports(1, Duration::from_millis(300));
+    for (store, a, b) in instances("lease-no-max-hold", &[unbounded]) {
+        let lease = a.acquire_lease("acme").await.expect("acquire");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(lease.is_held(), "{store}: renewed, never bounded");
+        assert!(
+            !b.acquire_lease("acme").await.expect("acquire").is_held(),
+            "{store}"
+        );
+    }
+}

@@ -34,17 +34,17 @@ struct Charge {
 
 impl After {
     /// What the grant `refund` (charged to the rules `charged_rules`, in
-    /// order) leaves to settle once `head` is known, for a request that
-    /// paid `paid`: `None` when nothing.
+    /// order, its permits held by `lease` since the decision) leaves to
+    /// settle once `head` is known, for a request that paid `paid`: `None`
+    /// when nothing.
     pub(crate) fn of(
         config: &Config,
         refund: &Refund,
         charged_rules: &[usize],
         head: &ResponseParts,
         paid: u64,
+        lease: Option<LeaseGuard>,
     ) -> Option<Box<Self>> {
-        let (cost, at) = refund.grant();
-        let lease = LeaseGuard::hold(refund.limiter(), refund.charged(), cost, at);
         let mut charges: SmallVec<[Charge; 1]> = SmallVec::new();
         for (j, &r) in charged_rules.iter().enumerate() {
             let (Some(rule), Some(pair)) = (config.rules.get(r), refund.charged().get(j)) else {
@@ -75,6 +75,20 @@ impl After {
                 lease,
             })
         })
+    }
+
+    /// Whether the body's permits were held for their maximum hold and
+    /// given back: the body ends.
+    pub(crate) fn held_too_long(&self) -> bool {
+        self.lease.as_ref().is_some_and(LeaseGuard::is_expired)
+    }
+
+    /// Wakes the body's task when its permits are given back for the
+    /// maximum hold, so a body that waits for data ends then.
+    pub(crate) fn wake_on_expiry(&self, waker: &std::task::Waker) {
+        if let Some(lease) = &self.lease {
+            lease.wake_on_expiry(waker);
+        }
     }
 
     /// Counts a chunk of the body.

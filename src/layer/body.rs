@@ -58,6 +58,19 @@ impl Body for RejectionBody {
     }
 }
 
+/// The error that ends a response body whose concurrency permit was held
+/// for its [maximum hold](crate::Limit::hold_at_most).
+#[derive(Debug)]
+struct HeldTooLong;
+
+impl std::fmt::Display for HeldTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the response's concurrency permit was held for its maximum hold")
+    }
+}
+
+impl std::error::Error for HeldTooLong {}
+
 pin_project! {
     /// Body of a response from [`RateLimit`](super::RateLimit): the inner
     /// service's body, or the body of a rejection (429, 503, missing key).
@@ -114,6 +127,16 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
+        if this
+            .after
+            .as_ref()
+            .is_some_and(|after| after.held_too_long())
+        {
+            // the permit was given back: the body ends, and the connection
+            // with it (see `Limit::hold_at_most`)
+            *this.after = None;
+            return Poll::Ready(Some(Err(HeldTooLong.into())));
+        }
         let frame = match this.kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Rejection { body } => body.poll_frame(cx).map_err(Into::into),
@@ -126,7 +149,11 @@ where
             }
             // ended: settled now, not when the body is dropped
             Poll::Ready(_) => *this.after = None,
-            Poll::Pending => {}
+            Poll::Pending => {
+                if let Some(after) = this.after.as_ref() {
+                    after.wake_on_expiry(cx.waker());
+                }
+            }
         }
         frame
     }

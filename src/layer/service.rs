@@ -447,6 +447,13 @@ where
             Box::pin(wait_for(decision.wait(), refund)).await
         };
         drop(place);
+        // the permits of concurrency limits, held (and renewed) from now
+        // until the response body ends: given back at once when this
+        // future is dropped (the client went away) or the inner service
+        // fails, and at the latest at their maximum hold
+        let lease = refund
+            .as_ref()
+            .and_then(|refund| refund.hold_leases(crate::DEFAULT_MAX_HOLD));
         // the rule of each limit the grant was charged to
         let charged_rules: SmallVec<[usize; 2]> = chosen
             .iter()
@@ -469,7 +476,7 @@ where
             response = Box::pin(give_back(&config, &refund, &charged_rules, response)).await;
             if config.settles_after {
                 let (head, body) = response.into_parts();
-                after = After::of(&config, &refund, &charged_rules, &head, cost);
+                after = After::of(&config, &refund, &charged_rules, &head, cost, lease);
                 response = Response::from_parts(head, body);
             }
         }

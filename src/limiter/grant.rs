@@ -2,7 +2,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::Checks;
+use std::time::Duration;
+
+use super::{Checks, LeaseGuard};
 use crate::decision::Decision;
 use crate::metrics::StoreTimer;
 use crate::store::{Check, Settle, Settled};
@@ -168,9 +170,18 @@ impl Refund {
         &self.limiter
     }
 
-    /// The cost granted, and the store time of the grant.
-    pub(crate) fn grant(&self) -> (i64, i64) {
-        (self.cost, self.at)
+    /// Holds the grant's permits of concurrency limits until the guard is
+    /// dropped, renewing them meanwhile, at most for each limit's
+    /// [maximum hold](Limit::hold_at_most) or `max_hold`; `None` when the
+    /// grant holds none.
+    pub(crate) fn hold_leases(&self, max_hold: Duration) -> Option<LeaseGuard> {
+        LeaseGuard::hold(
+            &self.limiter,
+            &self.charged,
+            self.cost,
+            self.at,
+            Some(max_hold),
+        )
     }
 
     /// Gives back once; `true` when this call did.

@@ -71,6 +71,13 @@ struct Held {
     /// The renewal task, stopped when the lease is given back (rather than
     /// left to notice at its next tick).
     renewer: std::sync::OnceLock<tokio::task::AbortHandle>,
+    /// When the permits must be given back at the latest (the shortest
+    /// [maximum hold](Limit::hold_at_most) of the limits held).
+    until: Option<tokio::time::Instant>,
+    /// Given back because held for the maximum hold.
+    expired: AtomicBool,
+    /// Woken when that happens: the task of a response body that waits.
+    on_expiry: std::sync::Mutex<Option<std::task::Waker>>,
 }
 
 /// Each concurrency limit and key held, with the store time of its grant
@@ -94,12 +101,16 @@ impl std::fmt::Debug for Held {
 impl LeaseGuard {
     /// Holds the grants of `cost` in `charged` that are of concurrency
     /// limits, made at store time `at` through `limiter`, renewing them on
-    /// a task of the current runtime; `None` when there are none.
+    /// a task of the current runtime until they are given back, at the
+    /// latest at the shortest [maximum hold](Limit::hold_at_most) of their
+    /// limits (`max_hold` for a limit that sets none; `None`: no bound);
+    /// `None` when there are none.
     pub(crate) fn hold(
         limiter: &Limiter,
         charged: &[(Limit, Vec<u8>)],
         cost: i64,
         at: i64,
+        max_hold: Option<Duration>,
     ) -> Option<Self> {
         let held: Vec<_> = charged
             .iter()
@@ -114,18 +125,24 @@ impl LeaseGuard {
             .map(|(limit, _, _)| limit.quota().window())
             .min()
             .unwrap_or(Duration::from_secs(1));
+        let now = tokio::time::Instant::now();
+        let until = held
+            .iter()
+            .filter_map(|(limit, _, _)| limit.max_hold().or(max_hold))
+            .min()
+            .map(|hold| now.checked_add(hold).unwrap_or(now + crate::MAX_WAIT));
         let held = Arc::new(Held {
             limiter: limiter.clone(),
             cost,
             every: (lasts / 3).max(Duration::from_millis(1)),
             lasts,
-            grants: Mutex::new(Grants {
-                held,
-                renewed: tokio::time::Instant::now(),
-            }),
+            grants: Mutex::new(Grants { held, renewed: now }),
             lost: watch::channel(false).0,
             released: AtomicBool::new(false),
             renewer: std::sync::OnceLock::new(),
+            until,
+            expired: AtomicBool::new(false),
+            on_expiry: std::sync::Mutex::new(None),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let task = runtime.spawn(renewals(Arc::downgrade(&held)));
@@ -137,6 +154,32 @@ impl LeaseGuard {
     /// Whether the lease was lost.
     pub(crate) fn is_lost(&self) -> bool {
         self.0.as_ref().is_some_and(|held| *held.lost.borrow())
+    }
+
+    /// Whether the permits were given back because they were held for the
+    /// maximum hold.
+    pub(crate) fn is_expired(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|held| held.expired.load(Ordering::Acquire))
+    }
+
+    /// Wakes `waker` when the permits are given back for the maximum hold
+    /// (only one waker is kept: the last one given).
+    pub(crate) fn wake_on_expiry(&self, waker: &std::task::Waker) {
+        let Some(held) = self.0.as_ref().filter(|held| held.until.is_some()) else {
+            return;
+        };
+        if let Ok(mut slot) = held.on_expiry.lock() {
+            match slot.as_mut() {
+                Some(old) if old.will_wake(waker) => {}
+                _ => *slot = Some(waker.clone()),
+            }
+        }
+        // expired while the waker was being stored: no one will take it
+        if held.expired.load(Ordering::Acquire) {
+            waker.wake_by_ref();
+        }
     }
 }
 
@@ -164,7 +207,7 @@ impl Lease {
         let cost = i64::try_from(decision.granted).unwrap_or(0);
         let guard = decision
             .is_allowed()
-            .then(|| LeaseGuard::hold(limiter, charged, cost, decision.at))
+            .then(|| LeaseGuard::hold(limiter, charged, cost, decision.at, None))
             .flatten();
         Self { decision, guard }
     }
@@ -217,11 +260,17 @@ impl Lease {
 impl Held {
     /// Gives back every grant still held, once.
     async fn release(&self) -> Result<bool, Error> {
+        self.give_back(true).await
+    }
+
+    /// Gives back every grant still held, once; stops the renewal task
+    /// with `stop_renewals` (not when that task itself gives them back).
+    async fn give_back(&self, stop_renewals: bool) -> Result<bool, Error> {
         let mut grants = self.grants.lock().await;
         if self.released.swap(true, Ordering::AcqRel) {
             return Ok(false);
         }
-        if let Some(renewer) = self.renewer.get() {
+        if let Some(renewer) = self.renewer.get().filter(|_| stop_renewals) {
             renewer.abort();
         }
         let mut result = Ok(false);
@@ -235,6 +284,24 @@ impl Held {
         }
         grants.held.clear();
         result
+    }
+
+    /// Gives the permits back because they were held for the maximum hold,
+    /// and marks the lease lost.
+    async fn expire(&self) {
+        if self.released.load(Ordering::Acquire) {
+            return;
+        }
+        self.expired.store(true, Ordering::Release);
+        self.lost.send_replace(true);
+        let waker = self.on_expiry.lock().ok().and_then(|mut slot| slot.take());
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        tracing::debug!(target: "tower_ratelimit", "a permit was held for its maximum hold: given back");
+        if let Err(error) = self.give_back(false).await {
+            tracing::warn!(target: "tower_ratelimit", %error, "could not give back a permit held for its maximum hold: it comes back when the lease time ends");
+        }
     }
 
     /// Renews every grant still held; marks the lease lost when one is gone
@@ -292,17 +359,27 @@ fn by_time(held: &[(Limit, Vec<u8>, Option<i64>)]) -> Vec<(i64, Charged)> {
 }
 
 /// Renews the lease every [`Held::every`] until it is released, lost or
-/// dropped.
+/// dropped; past [`Held::until`], gives it back and marks it lost.
 async fn renewals(held: Weak<Held>) {
-    let every = match held.upgrade() {
-        Some(held) => held.every,
+    let (every, until) = match held.upgrade() {
+        Some(held) => (held.every, held.until),
         None => return,
     };
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticks.tick().await;
+        let held_too_long = match until {
+            Some(until) => tokio::time::timeout_at(until, ticks.tick()).await.is_err(),
+            None => {
+                ticks.tick().await;
+                false
+            }
+        };
         let Some(held) = held.upgrade() else { return };
+        if held_too_long {
+            held.expire().await;
+            return;
+        }
         if held.released.load(Ordering::Acquire) || *held.lost.borrow() {
             return;
         }
