@@ -241,6 +241,20 @@ impl Decision {
         &self.statuses
     }
 
+    /// This decision after its grant of `amount` was given back in the
+    /// limits named `given_back`: their remaining amounts as the refund
+    /// leaves them (never above their capacity), what the rate-limit fields
+    /// of a response that did not count show.
+    pub(crate) fn given_back<'a>(&mut self, given_back: impl Iterator<Item = &'a str>) {
+        let amount = self.granted;
+        for name in given_back {
+            if let Some(status) = self.statuses.iter_mut().find(|s| s.name == name) {
+                status.remaining = status.remaining.saturating_add(amount).min(status.limit);
+            }
+        }
+        self.bind();
+    }
+
     /// This decision without the statuses of limits in shadow mode: what
     /// the rate-limit headers show.
     pub(crate) fn without_shadow(&self) -> std::borrow::Cow<'_, Decision> {

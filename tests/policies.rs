@@ -460,3 +460,40 @@ async fn a_request_dropped_while_it_waits_in_delay_mode_gives_its_slot_back() {
     cancelled_delay(memory).await;
     cancelled_delay(redis).await;
 }
+
+/// The `RateLimit` field of a response whose permit was given back shows
+/// what remains after the refund: a success leaves all 5, a failure 4.
+#[tokio::test]
+async fn the_fields_of_a_refunded_response_show_what_remains_after_the_refund() {
+    let (memory, redis) = both("refund-fields");
+    for (store, app) in [("memory", login_app(memory)), ("redis", login_app(redis))] {
+        let field = |response: &http::Response<Body>| {
+            response.headers()["ratelimit"]
+                .to_str()
+                .expect("ascii")
+                .to_owned()
+        };
+        let success = app
+            .clone()
+            .oneshot(get_as(Some("ann"), &[("x-password", "correct horse")]))
+            .await
+            .expect("infallible");
+        assert_eq!(success.status(), StatusCode::OK, "{store}");
+        assert!(
+            field(&success).starts_with("\"login\";r=5;"),
+            "{store}: {}",
+            field(&success)
+        );
+        let failure = app
+            .clone()
+            .oneshot(get_as(Some("ann"), &[("x-password", "wrong")]))
+            .await
+            .expect("infallible");
+        assert_eq!(failure.status(), StatusCode::UNAUTHORIZED, "{store}");
+        assert!(
+            field(&failure).starts_with("\"login\";r=4;"),
+            "{store}: {}",
+            field(&failure)
+        );
+    }
+}

@@ -64,7 +64,7 @@
 //! | exempt ([`RateLimitLayerBuilder::skip_if`]; one limit: [`Rule::skip_if`]) | forwarded without a decision (that limit left out), nothing counted |
 //! | deny-listed ([`RateLimitLayerBuilder::deny_if`]) | 403 Forbidden with a generic problem body, without asking the store; counted `deny_listed` under every limit of the layer; before exemptions (a request both deny-listed and exempt is refused) |
 //! | a key blocked by a limit's [penalty](crate::Limit::penalty) | 429 like any refusal: `Retry-After` the time left of the block, `RateLimit` remaining 0; answered from the cache of denials while the block lasts (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)) |
-//! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned |
+//! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned, and the response's rate-limit fields show what remains after it |
 //! | a [concurrency limit](crate::Limit::concurrency) grants | its permit (a lease, renewed meanwhile) is held until the response body has been sent or is dropped, then given back; a request it refuses gets 429 with `Retry-After` until the oldest lease would expire (an upper bound); in delay mode it waits instead, decided again at pauses of 10 ms to 200 ms, until a permit is free or `max_delay` is over |
 //! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_header`], [`Rule::cost_from_body`]) | the request's own cost is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own; a key in debt gets 429 until paid back. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs of the responses admitted before it ran out and still unsettled |
 //! | a limit in [shadow mode](crate::Limit::shadow) would refuse | forwarded; counted `shadow_denied`; shadow limits are left out of the headers |
@@ -216,6 +216,9 @@ pub(crate) struct Config {
     /// Whether any grant may be given back (a refund predicate, delay mode,
     /// a lease, a cost charged after the response).
     pub(crate) refundable: bool,
+    /// Whether a response may say its request does not count (the layer's
+    /// or a rule's refund predicate).
+    pub(crate) refunds_on_response: bool,
     /// Whether a rule holds a lease until the response body ends, or
     /// charges a cost after the response (see `after.rs`).
     pub(crate) settles_after: bool,
@@ -619,10 +622,9 @@ impl RateLimitLayerBuilder {
             .map(|value| (shown.len(), self::response::shared_value(&value)))
         };
         let settles_after = rules.iter().any(CompiledRule::settles_after);
-        let refundable = self.refund_if.is_some()
-            || rules.iter().any(|r| r.refund_if.is_some())
-            || settles_after
-            || !self.max_delay.is_zero();
+        let refunds_on_response =
+            self.refund_if.is_some() || rules.iter().any(|r| r.refund_if.is_some());
+        let refundable = refunds_on_response || settles_after || !self.max_delay.is_zero();
         // (a resolved rule's plan is awaited: never within `call`)
         let at_once = limiter.answers_at_once()
             && !refundable
@@ -641,6 +643,7 @@ impl RateLimitLayerBuilder {
                 deny: self.deny,
                 refund_if: self.refund_if,
                 refundable,
+                refunds_on_response,
                 settles_after,
                 cost: self.cost,
                 fixed_cost: self.fixed_cost,

@@ -462,7 +462,10 @@ where
             .map(|((_, _, rule), _)| *rule)
             .collect();
         drop(chosen);
-        let fields = Fields::of(&decision.without_shadow(), &config.headers);
+        let shown = decision.without_shadow();
+        let fields = Fields::of(&shown, &config.headers);
+        // what the fields show after a refund, kept where one may follow
+        let shown = (refund.is_some() && config.refunds_on_response).then(|| shown.into_owned());
         let mut request = Request::from_parts(parts, body);
         let info = RateLimitInfo::new(Some(decision), store_failed);
         request.extensions_mut().insert(info);
@@ -472,8 +475,15 @@ where
         // (the response is large: moved as few times as the types allow)
         let mut response = inner.call(request).await?;
         let mut after = None;
+        let mut fields = fields;
         if let Some(refund) = refund {
-            response = Box::pin(give_back(&config, &refund, &charged_rules, response)).await;
+            let given_back;
+            (response, given_back) =
+                Box::pin(give_back(&config, &refund, &charged_rules, response)).await;
+            if let (Some(mut shown), false) = (shown, given_back.is_empty()) {
+                shown.given_back(given_back.iter().map(|&j| refund.charged()[j].0.name()));
+                fields = Fields::of(&shown, &config.headers);
+            }
             if config.settles_after {
                 let (head, body) = response.into_parts();
                 after = After::of(&config, &refund, &charged_rules, &head, cost, lease);
@@ -514,13 +524,14 @@ where
 
 /// Gives the grant back in the limits whose refund predicate (the layer's
 /// or the rule's) says the response does not count, before the response
-/// is returned, so that the client's next request sees it.
+/// is returned, so that the client's next request sees it; with the
+/// indices in `refund.charged()` of the limits it was given back in.
 async fn give_back<B>(
     config: &Config,
     refund: &Refund,
     charged_rules: &[usize],
     response: Response<B>,
-) -> Response<B> {
+) -> (Response<B>, SmallVec<[usize; 2]>) {
     let (head, body) = response.into_parts();
     let all = config
         .refund_if
@@ -541,12 +552,20 @@ async fn give_back<B>(
                     .and_then(|&rule| config.rules.get(rule)?.refund_if.as_ref())
                     .is_some_and(|refund| refund(&head)))
     };
-    if (0..refund.charged().len()).any(refunded) {
-        if let Err(error) = refund.run_some(refunded).await {
-            config
-                .outage
-                .failure(&error, "a request that should not count was counted");
+    let mut given_back: SmallVec<[usize; 2]> = (0..refund.charged().len())
+        .filter(|&j| refunded(j))
+        .collect();
+    if !given_back.is_empty() {
+        match refund.run_some(refunded).await {
+            Ok(true) => {}
+            Ok(false) => given_back.clear(),
+            Err(error) => {
+                given_back.clear();
+                config
+                    .outage
+                    .failure(&error, "a request that should not count was counted");
+            }
         }
     }
-    Response::from_parts(head, body)
+    (Response::from_parts(head, body), given_back)
 }
