@@ -203,3 +203,21 @@ async fn sliding_window_counter_10_per_second() {
     ];
     run(&limit, table).await;
 }
+
+/// The suites run on the server binary they were asked for: with
+/// `TEST_REDIS_SERVER` naming a `valkey-server` (as CI's Valkey run does),
+/// the servers the tests start say they are Valkey, so a run "on Valkey"
+/// cannot test Redis without failing here; without it, they are Redis.
+#[test]
+fn the_servers_started_are_the_binary_asked_for() {
+    let server = common::TestRedis::spawn();
+    let client = redis::Client::open(server.url.as_str()).expect("url");
+    let mut conn = client.get_connection().expect("connect");
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut conn)
+        .expect("INFO");
+    let asked_valkey = common::process::server_binary().contains("valkey");
+    let is_valkey = info.contains("server_name:valkey");
+    assert_eq!(is_valkey, asked_valkey, "{info}");
+}

@@ -33,25 +33,31 @@ impl TestRedis {
     /// A server of our own with extra command-line options (shell words).
     pub fn spawn_with(options: &str) -> TestRedis {
         let port = process::free_port();
+        let url = format!("redis://127.0.0.1:{port}/");
+        let mut server = TestRedis {
+            url,
+            port,
+            child: Some(Self::start(port, options)),
+        };
+        server.wait_ready();
+        server
+    }
+
+    /// Starts the server binary (see [`process::server_binary`]) on `port`
+    /// under its `sh` wrapper.
+    fn start(port: u16, options: &str) -> Child {
+        let server = process::server_binary();
         let script = format!(
-            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+            "'{server}' --port {port} --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
              --loglevel warning {options} & pid=$!; read _; kill $pid; wait $pid"
         );
-        let child = Command::new("sh")
+        Command::new("sh")
             .arg("-c")
             .arg(&script)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
-            .expect("could not run sh to start redis-server");
-        let url = format!("redis://127.0.0.1:{port}/");
-        let mut server = TestRedis {
-            url,
-            port,
-            child: Some(child),
-        };
-        server.wait_ready();
-        server
+            .expect("could not run sh to start redis-server")
     }
 
     fn wait_ready(&mut self) {
@@ -86,20 +92,7 @@ impl TestRedis {
     /// Starts a stopped server again on the same port.
     pub fn restart(&mut self) {
         self.stop();
-        let fresh = {
-            let script = format!(
-                "redis-server --port {} --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
-                 --loglevel warning & pid=$!; read _; kill $pid; wait $pid",
-                self.port
-            );
-            Command::new("sh")
-                .arg("-c")
-                .arg(&script)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .spawn()
-        };
-        self.child = Some(fresh.expect("restart redis-server"));
+        self.child = Some(Self::start(self.port, ""));
         self.wait_ready();
     }
 }

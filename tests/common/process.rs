@@ -129,6 +129,16 @@ pub fn field<'a>(pairs: &'a [(String, String)], field: &str) -> Option<&'a str> 
         .map(|(_, v)| v.as_str())
 }
 
+/// The server binary the tests start: `TEST_REDIS_SERVER` when set (a path
+/// to `valkey-server`, say: CI runs the standalone suites on Valkey too),
+/// else `redis-server` from the `PATH`.
+pub fn server_binary() -> String {
+    std::env::var("TEST_REDIS_SERVER")
+        .ok()
+        .filter(|path| !path.is_empty() && !path.contains('\''))
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
 /// One `redis-server` (data node or sentinel) under its `sh` wrapper.
 pub struct RedisProcess {
     child: Option<Child>,
@@ -142,8 +152,9 @@ impl RedisProcess {
     pub fn spawn(args: &str, log: &Path) -> RedisProcess {
         let _ = fs::remove_file(log);
         let script = format!(
-            "redis-server {args} --daemonize no --logfile '{}' & pid=$!; \
+            "'{}' {args} --daemonize no --logfile '{}' & pid=$!; \
              read sig; kill -\"${{sig:-TERM}}\" $pid 2>/dev/null; wait $pid",
+            server_binary(),
             log.display()
         );
         let child = Command::new("sh")
