@@ -272,7 +272,11 @@ fn a_decision_the_library_cannot_make_fails_alone_and_writes_nothing() {
         let r = &replies[i];
         assert_eq!(r.len(), 48, "decision {i}: a reply of six doubles");
         let double = |j: usize| f64::from_le_bytes(r[8 * j..8 * j + 8].try_into().expect("8"));
-        assert_eq!((double(0), double(4)), (0.0, 4.0), "decision {i}: granted, 4 left");
+        assert_eq!(
+            (double(0), double(4)),
+            (0.0, 4.0),
+            "decision {i}: granted, 4 left"
+        );
     }
     for i in [2, 3] {
         assert_eq!(replies[i].first(), Some(&b'!'), "decision {i} failed alone");
@@ -282,7 +286,10 @@ fn a_decision_the_library_cannot_make_fails_alone_and_writes_nothing() {
             .arg(key)
             .query(&mut conn)
             .expect("EXISTS");
-        assert_eq!(exists, 0, "nothing written for the failed decision of {key}");
+        assert_eq!(
+            exists, 0,
+            "nothing written for the failed decision of {key}"
+        );
     }
     for key in ["t:{a}", "t:{f}", "t:{e}"] {
         let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).expect("TYPE");

@@ -4,6 +4,7 @@
 //! On both stores (the Redis one as two instances on one Redis).
 
 mod common;
+mod events;
 
 use std::time::{Duration, Instant};
 
@@ -628,4 +629,40 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
         }
         let _: i64 = redis::cmd("DEL").arg(&hash).query(&mut conn).expect("DEL");
     }
+}
+
+/// A kept value that is not valid is logged once per limit (a `warn` of
+/// target `tower_ratelimit` naming it), however many decisions it is
+/// ignored in, as the limit's quota or as an override.
+#[tokio::test]
+async fn a_kept_value_that_is_not_valid_is_logged_once() {
+    let events = events::Events::capture();
+    let prefix = unique_prefix("stored-logged");
+    let own = Quota::gcra(60, HOUR, 20);
+    let warned = Limit::new("warned", own).expect("limit").quota_from_store();
+    let a = limiter(common::redis_store(&prefix), &[warned]);
+    let hash = quota_hash(&prefix, "warned");
+    let mut conn = common::connection();
+    a.remove_stored_quota("warned").await.expect("remove");
+    for (field, value) in [
+        (String::new(), "3:1:0:0:0:"),
+        (format!("{prefix}:{{vip}}:warned:gcra"), "3:0:0:0:0:"),
+    ] {
+        let _: i64 = redis::cmd("HSET")
+            .arg(&hash)
+            .arg(field)
+            .arg(value)
+            .query(&mut conn)
+            .expect("HSET");
+    }
+    for key in ["a", "b", "vip", "vip", "c"] {
+        let d = a.check(key, 1).await.expect("decides");
+        assert_eq!(d.limit(), 20, "{key}: the limit's own quota");
+    }
+    let warnings: Vec<String> = events
+        .warnings()
+        .into_iter()
+        .filter(|w| w.contains("limit=warned") && w.contains("not valid"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
 }

@@ -29,9 +29,11 @@ pub(crate) mod token_bucket;
 pub(crate) mod wire;
 
 pub(crate) use self::driver::{charge, decide, take, Operand};
+#[cfg(feature = "redis")]
+pub(crate) use self::reply::ignored;
 #[allow(unreachable_pub)] // `Reply` is named by the store trait `Backend`, never exported
 pub use self::reply::Reply;
-pub(crate) use self::reply::{ignored, Outcome, Statuses};
+pub(crate) use self::reply::{Outcome, Statuses};
 
 use crate::quota::Algorithm;
 
@@ -88,7 +90,7 @@ impl Params {
 impl Params {
     /// Reads what [`Limit::stored_form`](crate::Limit) writes,
     /// `algorithm:p1:p2:p3:p4:`: `None` for anything else, and for
-    /// parameters no valid limit has (those [`derive`](crate::limit) would
+    /// parameters no valid limit has (those `derive` in src/limit.rs would
     /// not make of any quota: a zero, a window over ten years, a bucket's
     /// rate and period not in lowest terms, a product the scripts form over
     /// 2^53, an unused field not 0). `valid_kept` in `lua/driver.lua`

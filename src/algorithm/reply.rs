@@ -159,7 +159,13 @@ pub(crate) fn ignored(bytes: &[u8], limits: usize, extra: usize) -> Vec<usize> {
     };
     tail.split(|&b| b == b';')
         .filter_map(|entry| entry.strip_suffix(b"=!"))
-        .filter_map(|i| std::str::from_utf8(i).ok()?.parse::<usize>().ok()?.checked_sub(1))
+        .filter_map(|i| {
+            std::str::from_utf8(i)
+                .ok()?
+                .parse::<usize>()
+                .ok()?
+                .checked_sub(1)
+        })
         .filter(|&i| i < limits)
         .collect()
 }

@@ -314,7 +314,7 @@ impl RedisStore {
                 .insert(name);
             if first {
                 tracing::warn!(
-                    target: "tower_ratelimit::redis",
+                    target: "tower_ratelimit",
                     limit = name,
                     prefix = %self.inner.prefix,
                     "a quota kept in the store for this limit, or an override of one of its \
