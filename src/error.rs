@@ -133,7 +133,7 @@ pub enum Error {
     /// caller whose key came out empty, and on a Redis Cluster its keys
     /// would not share a slot. The layer treats a request whose key comes
     /// out empty (a [`KeyExtractor`](crate::key::KeyExtractor) or a
-    /// [`Plan`](crate::layer::Plan) giving no bytes) as one without a key:
+    /// `Plan` giving no bytes) as one without a key:
     /// its [`MissingKey`](crate::layer::MissingKey) policy applies.
     #[error("an empty rate-limit key: a key must have at least one byte")]
     EmptyKey,
