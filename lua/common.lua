@@ -25,11 +25,12 @@
 -- library in an environment without them. They are used inside functions.)
 local EXACT = 9007199254740992 -- 2^53
 
--- redis.call, redis.pcall, struct.pack and struct.unpack, looked up once: a
--- global's lookup passes through the protected global table's metatable and
--- costs more than several lines of arithmetic. They are not there while
+-- redis.call, redis.pcall, struct.pack, struct.unpack, string.sub and
+-- Lua's pcall, looked up once: a global's lookup passes through the
+-- protected global table's metatable and costs more than several lines of
+-- arithmetic. They are not there while
 -- Redis 7 loads a library: `spec` binds them when it parses the first limit.
-local rcall, rpcall, spack, sunpack, ssub
+local rcall, rpcall, spack, sunpack, ssub, lpcall
 
 -- Of the last keys whose state was saved (about 16, each older one
 -- weighing 15/16 of the one after it), how many were absent, and the
@@ -47,7 +48,7 @@ local absent, ABSENT_DECAY, absent_above = 16, 15 / 16, 13
 
 local function bind()
   rcall, rpcall, spack, sunpack = redis.call, redis.pcall, struct.pack, struct.unpack
-  ssub = string.sub
+  ssub, lpcall = string.sub, pcall
   if (redis.REDIS_VERSION_NUM or 0) < 0x070000 then absent_above = 1 / 0 end
 end
 

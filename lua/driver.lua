@@ -35,7 +35,9 @@
 --          then per limit: wait_i (us until it alone allows, -1 never),
 --          remaining, reset_after (us). (One string costs Redis less than an
 --          array of integers.) Then "i=<quota>;" for each limit i (from 1)
---          that a quota kept in the store decided.
+--          that a quota kept in the store decided, and before it "i=!;"
+--          for each limit whose kept quota or override in force was
+--          ignored: not valid (see `valid_kept`) or of another algorithm.
 -- All limits are granted together at one time T = max wait_i, or none is.
 --
 -- Refund (op 1): gives back, in every limit, a grant of its cost made at
@@ -160,20 +162,61 @@ local function spec(s)
   return v
 end
 
--- A quota kept in the store, `q` (see `configured`): false when it is not
--- a limit's string less its cost, with maybe '@' and when it ends, else
--- its algorithm's id (the string's first byte), when it ends (us, store
--- time; infinity when it does not), its note as limit 1 of a reply, and by cost text the spec that
--- decides with it. Checked once per distinct string.
+-- The longest window or period (us) of a limit: ten years of 366 days
+-- (`MAX_WINDOW_MICROS` in src/limit.rs).
+local KEPT_WINDOW = 316224000000000
+
+-- Whether a kept quota's algorithm `id` and fields a, b, c, d are what
+-- `Limit::stored_form` writes for some valid limit: exactly what
+-- `Params::from_stored` (src/algorithm/mod.rs) accepts, the parameters
+-- `derive` in src/limit.rs makes of a quota (amounts and windows at least
+-- 1, windows at most KEPT_WINDOW, a bucket's rate and period in lowest
+-- terms, the products the scripts form below 2^53, unused fields 0).
+local function valid_kept(id, a, b, c, d)
+  if not (a and b and c and d and int(a) and int(b) and int(c) and int(d)) or a < 1
+      or b < 1 or d ~= 0 then
+    return false
+  end
+  if id == 1 or id == 4 then return b <= KEPT_WINDOW and c == 0 end
+  if id == 5 then -- a sliding window's weight step: ceil(window / 2^20)
+    return b <= KEPT_WINDOW and a * 1048576 < EXACT and c == cdiv(b, 1048576)
+  end
+  if id == 2 or id == 3 then -- a capacity a, b per period c
+    if c < 1 or c > KEPT_WINDOW or a * c + b >= EXACT then return false end
+    local x, y = b, c
+    while y > 0 do x, y = y, fmod(x, y) end
+    return x == 1
+  end
+  return false
+end
+
+-- A kept quota or override that is not valid (`valid_kept`): ignored, as
+-- one of another algorithm is; its limit's decisions report it ('!' in
+-- the reply's notes) for the Rust side to log once.
+local NOT_VALID = { id = 0, ends = 1 / 0 }
+
+-- A quota kept in the store, `q` (see `configured`): NOT_VALID when it is
+-- not a valid limit's string less its cost (`valid_kept`), maybe followed
+-- by '@' and when it ends, else its algorithm's id (the string's first
+-- byte), when it ends (us, store time; infinity when it does not), its note
+-- as limit 1 of a reply, and by cost text the spec that decides with it.
+-- Checked once per distinct string.
 local kept, n_kept = {}, 0
 local function kept_quota(q)
   local k = kept[q]
   if k ~= nil then return k end
-  k = false
-  local params, ends = string.match(q, '^(%d:%d+:%d+:%d+:%d+:)@?(%d*)$')
-  if params then
-    k = { id = string.byte(q, 1), params = params, note = '1=' .. params .. ';',
-      ends = tonumber(ends) or 1 / 0 }
+  k = NOT_VALID
+  local params, rest = string.match(q, '^(%d:%d+:%d+:%d+:%d+:)(.*)$')
+  local ends, lasts = 1 / 0, rest == ''
+  if rest and not lasts then
+    ends = tonumber(string.match(rest, '^@(%d+)$'))
+    lasts = ends and int(ends)
+  end
+  if lasts then
+    local f = ints(params)
+    if valid_kept(f[1], f[2], f[3], f[4], f[5]) then
+      k = { id = string.byte(q, 1), params = params, note = '1=' .. params .. ';', ends = ends }
+    end
   end
   if n_kept >= 1024 then kept, n_kept = {}, 0 end
   kept[q] = k
@@ -216,10 +259,7 @@ local function mirror(hash, now)
     m.quota, m.more = own and kept_quota(own), true
   else
     local keys, all = {}, fields > 0 and rpcall('HGETALL', hash) or {}
-    for j = 1, #all - 1, 2 do
-      local quota = kept_quota(all[j + 1])
-      if quota then keys[all[j]] = quota end
-    end
+    for j = 1, #all - 1, 2 do keys[all[j]] = kept_quota(all[j + 1]) end
     m.quota, m.keys = keys[''] or false, keys
   end
   mirrors[hash] = m
@@ -233,8 +273,9 @@ end
 -- (`Limit::stored_form`, "algorithm:p1:p2:p3:p4:"), an override with '@'
 -- and the store time it ends (us) when it does; read through its mirror
 -- (see `mirror`). The override while it lasts, else the limit's, decides in
--- place of `s.own` when it is of the same algorithm. Returns the spec that
--- decides, and the reply's note of it for limit `i` (nil for its own).
+-- place of `s.own` when it is of the same algorithm and valid. Returns the
+-- spec that decides, and the reply's note of it for limit `i` (nil for its
+-- own), after the note "i=!;" when a kept value in force was ignored.
 local function configured(s, keys, k, i, now)
   local own, hash = s.own, keys[k]
   local m = mirrors[hash]
@@ -248,17 +289,24 @@ local function configured(s, keys, k, i, now)
   else
     quota = m.keys[field]
   end
+  -- (nil: no note of a kept value that is not valid, see NOT_VALID)
+  local ignored = nil
   if not (quota and quota.id == own.id and quota.ends > now) then
+    -- an override in force that cannot decide: not valid, or of another algorithm
+    if quota and quota.ends > now then ignored = i .. '=!;' end
     quota = m.quota
-    if not (quota and quota.id == own.id and quota.ends > now) then return own, nil end
+    if not (quota and quota.id == own.id and quota.ends > now) then
+      if quota and quota.ends > now then ignored = i .. '=!;' end
+      return own, ignored
+    end
   end
   local decides = quota[s.cost_text]
   if not decides then
     decides = spec(quota.params .. s.cost_text)
     quota[s.cost_text] = decides
   end
-  if i == 1 then return decides, quota.note end
-  return decides, i .. '=' .. quota.params .. ';'
+  if i == 1 and not ignored then return decides, quota.note end
+  return decides, (ignored or '') .. i .. '=' .. quota.params .. ';'
 end
 
 -- Op 3: changes a kept quota: keys[1] its hash, args[2] the command (HSET,
@@ -692,7 +740,13 @@ end
 -- its `keys` keys in order from KEYS; a decision's options may not name an
 -- operation. The decisions of a batch usually share one limit: a run's
 -- string travels, and is read, once. Reply: each decision's reply after its
--- length (a little-endian double).
+-- length (a little-endian double); a decision that fails (a Lua error, or
+-- an error reply, for it alone: nothing here reads a value that makes one,
+-- so this is the guard against what was not foreseen) has '!' and the
+-- error's text for its reply, and the others are decided as usual. (A
+-- decision's reply starts with its outcome, a double whose first byte is
+-- 0.) A decision fails before it writes: every value it reads is checked
+-- first (see "A state is one STRING" in common.lua, `kept_quota`).
 local NOT_BATCHED = 'a batch holds decisions only'
 local ks, as, nks, nas = {}, {}, 0, 0 -- reused for each decision of a batch
 -- Run headers, parsed once: { keys, args, count }, or false when malformed.
@@ -708,6 +762,17 @@ local function head(c)
   heads[c] = h
   n_heads = n_heads + 1
   return h
+end
+-- The spec a run of one limit's string `a` decides with (false: the run
+-- goes through `decide`), as `pcall` answers: an error for a string the
+-- library cannot read.
+local function run_spec(a)
+  return specs[a] or spec(a) or false
+end
+-- A decision's reply for the error `e` (see above).
+local function failed(e)
+  if type(e) == 'table' then e = e.err end
+  return '!' .. tostring(e)
 end
 -- A reply's length as a little-endian double, by length.
 local lengths = {}
@@ -727,21 +792,25 @@ function batch(keys, args)
     for i = 1, na do as[i] = args[a + i] end
     for i = na + 1, nas do as[i] = nil end
     nas = na
-    local s = na == 1 and (specs[as[1]] or spec(as[1]))
-    if not s and string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[5] then
+    if string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[5] then
       return redis.error_reply(NOT_BATCHED)
     end
+    -- a string the library cannot read fails the run's decisions
+    local ok, s = true, false
+    if na == 1 then ok, s = lpcall(run_spec, as[1]) end
     for _ = 1, count do
       for i = 1, nk do ks[i] = keys[k + i] end
       for i = nk + 1, nks do ks[i] = nil end
       nks = nk
-      local r
-      if s then
-        r = s[1](ks, s, store_now, 0, false, store_now)
+      local done, r = ok, s
+      if not ok then
+        r = failed(s)
+      elseif s then
+        done, r = lpcall(s[1], ks, s, store_now, 0, false, store_now)
       else
-        r = decide(ks, as)
-        if type(r) ~= 'string' then return r end -- an error reply
+        done, r = lpcall(decide, ks, as)
       end
+      if not done or type(r) ~= 'string' then r = failed(r) end
       local len = #r
       local packed = lengths[len]
       if not packed then

@@ -132,6 +132,15 @@ pub enum Error {
     /// nothing was changed.
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
+    /// A key is empty (`check("")`, one of several keys): nothing is
+    /// decided or changed. An empty key would be one bucket shared by every
+    /// caller whose key came out empty, and on a Redis Cluster its keys
+    /// would not share a slot. The layer treats a request whose key comes
+    /// out empty (a [`KeyExtractor`](crate::key::KeyExtractor) or a
+    /// `Plan` giving no bytes) as one without a key:
+    /// its [`MissingKey`](crate::layer::MissingKey) policy applies.
+    #[error("an empty rate-limit key: a key must have at least one byte")]
+    EmptyKey,
     /// The number of keys does not match the number of limits.
     #[error("expected {expected} keys (one per limit) or 1, got {got}")]
     KeyCount {

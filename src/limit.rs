@@ -540,7 +540,7 @@ pub(crate) fn intern(text: &str) -> &'static str {
     leaked
 }
 
-fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
+pub(crate) fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
     let window = q.window.as_micros();
     let window_name = match q.algorithm {
         Algorithm::TokenBucket | Algorithm::Gcra => "period",

@@ -684,3 +684,43 @@ async fn a_hot_key_in_batches_on_a_cluster_grants_the_quota_and_gives_back_the_r
     }
     assert_eq!(granted, 500, "the quota, no more");
 }
+
+/// An empty key never reaches the cluster: `check("")` is
+/// `Error::EmptyKey` at once, and the decisions of a key in the slot the
+/// store took an empty key's for, made at the same time (coalesced per
+/// slot), are all decided. Before, the empty key's two sliding-log keys
+/// (`{}` is no hash tag) went out in the slot's batch and failed it with
+/// `CROSSSLOT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_key_never_reaches_the_cluster() {
+    let cluster = common::cluster::shared();
+    let prefix = unique_prefix("empty-key");
+    let limiter = Limiter::builder(store(cluster, &prefix))
+        .limit(per_minute("l", 1000))
+        .timeout(PATIENT)
+        .cache_denials(false)
+        .build()
+        .expect("limiter");
+    // a key in slot 0: the store took an empty key's `{}` for a tag of
+    // nothing (CRC 0), where Redis hashes each whole key
+    let slot = 0;
+    let key = (0..)
+        .map(|i| format!("k-{i}"))
+        .find(|k| key_slot(format!("{{{k}}}")) == slot)
+        .expect("a key in that slot");
+    let keyed = (0..100).map(|_| limiter.check(&key, 1));
+    let empty = (0..5).map(|_| limiter.check("", 1));
+    let (keyed, empty) = tokio::join!(
+        futures::future::join_all(keyed),
+        futures::future::join_all(empty)
+    );
+    for decision in keyed {
+        assert!(decision.expect("decided").is_allowed());
+    }
+    for decision in empty {
+        assert!(
+            matches!(decision, Err(tower_ratelimit::Error::EmptyKey)),
+            "{decision:?}"
+        );
+    }
+}

@@ -210,3 +210,89 @@ fn a_batch_can_be_the_first_call_of_the_library() {
         assert_eq!(double(5), 4.0, "4 of 5 left");
     }
 }
+
+/// One decision of a batch that the library cannot make fails alone: its
+/// reply is `!` and the error's text, nothing is written for it, and every
+/// other decision of the call is decided as its own call would decide it.
+/// Sent by hand in the library's wire format (op 7 of `lua/driver.lua`),
+/// since no value a limiter sends or reads makes a decision fail (a limit's
+/// string of an algorithm that does not exist stands for what was not
+/// foreseen): GCRA decisions of 5 per second, one of them on a key that
+/// holds a hash (another type reads as absent and is overwritten), and,
+/// between them, a decision of an unknown algorithm and one of two limits
+/// whose second is unknown. Before, the error failed the whole call.
+#[test]
+fn a_decision_the_library_cannot_make_fails_alone_and_writes_nothing() {
+    let server = TestRedis::spawn();
+    let mut conn = redis::Client::open(server.url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    let library = RedisStore::library();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(library)
+        .query(&mut conn)
+        .expect("load");
+    let _: i64 = redis::cmd("HSET")
+        .arg("t:{f}")
+        .arg("level")
+        .arg("garbage")
+        .query(&mut conn)
+        .expect("HSET");
+    let gcra = "3:5:1:1000000:0:1";
+    let unknown = "9:5:1:1000000:0:1";
+    let keys = ["t:{a}", "t:{f}", "t:{c}", "t:{d}", "t:{d}2", "t:{e}"];
+    let reply: Vec<u8> = redis::cmd("FCALL")
+        .arg(RedisStore::function_name())
+        .arg(keys.len())
+        .arg(&keys[..])
+        .arg("o:0:0:0:0:7")
+        .arg("#1:1:2")
+        .arg(gcra)
+        .arg("#1:1:1")
+        .arg(unknown)
+        .arg("#2:3:1")
+        .arg("o:0:0:0:0")
+        .arg(gcra)
+        .arg(unknown)
+        .arg("#1:1:1")
+        .arg(gcra)
+        .query(&mut conn)
+        .expect("the call succeeds");
+    let mut replies = Vec::new();
+    let mut rest = &reply[..];
+    while !rest.is_empty() {
+        let len = f64::from_le_bytes(rest[..8].try_into().expect("8 bytes")) as usize;
+        replies.push(rest[8..8 + len].to_vec());
+        rest = &rest[8 + len..];
+    }
+    assert_eq!(replies.len(), 5, "one reply per decision");
+    for i in [0, 1, 4] {
+        let r = &replies[i];
+        assert_eq!(r.len(), 48, "decision {i}: a reply of six doubles");
+        let double = |j: usize| f64::from_le_bytes(r[8 * j..8 * j + 8].try_into().expect("8"));
+        assert_eq!(
+            (double(0), double(4)),
+            (0.0, 4.0),
+            "decision {i}: granted, 4 left"
+        );
+    }
+    for i in [2, 3] {
+        assert_eq!(replies[i].first(), Some(&b'!'), "decision {i} failed alone");
+    }
+    for key in ["t:{c}", "t:{d}", "t:{d}2"] {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query(&mut conn)
+            .expect("EXISTS");
+        assert_eq!(
+            exists, 0,
+            "nothing written for the failed decision of {key}"
+        );
+    }
+    for key in ["t:{a}", "t:{f}", "t:{e}"] {
+        let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).expect("TYPE");
+        assert_eq!(kind, "string", "{key}: its state");
+    }
+}

@@ -1527,3 +1527,51 @@ async fn a_hot_global_rule_answers_from_batches() {
     assert_eq!(ok, 300, "the fleet grants the limit, no more");
     assert!(calls <= 40, "{calls} calls of Redis for 400 requests");
 }
+
+/// A key that comes out empty (a request extension whose text is empty)
+/// is no key: the rule's missing-key policy applies (400 by default, or
+/// skipped, or the shared key), and no empty key is ever decided. Before,
+/// every such request shared one bucket under the empty key. A shared key
+/// that is empty is a configuration error.
+#[tokio::test]
+async fn an_empty_key_gets_the_missing_key_policy() {
+    let store = MemoryStore::new();
+    let layer = |policy: MissingKey| {
+        RateLimitLayer::builder()
+            .store(store.clone())
+            .limit(limit("per-user", per_minute(1)), Ext::<UserId>::new())
+            .on_missing_key(policy)
+            .build()
+    };
+    let reject = hello_app(layer(MissingKey::default()).expect("layer"));
+    for _ in 0..3 {
+        let (status, _, body) = send(&reject, as_user(request("/"), "")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    }
+    let skip = hello_app(layer(MissingKey::Skip).expect("layer"));
+    for _ in 0..3 {
+        assert_eq!(
+            send(&skip, as_user(request("/"), "")).await.0,
+            StatusCode::OK
+        );
+    }
+    let shared = hello_app(layer(MissingKey::Shared("anonymous".into())).expect("layer"));
+    assert_eq!(
+        send(&shared, as_user(request("/"), "")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&shared, as_user(request("/"), "")).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the keyless requests share one limit"
+    );
+    // a real key is decided apart from them
+    assert_eq!(
+        send(&shared, as_user(request("/"), "ann")).await.0,
+        StatusCode::OK
+    );
+    assert!(matches!(
+        layer(MissingKey::Shared(String::new())),
+        Err(ConfigError::Layer(_))
+    ));
+}

@@ -402,18 +402,20 @@ async fn huge_and_crafted_keys_stay_bounded_and_apart() {
     let huge = vec![b'x'; 1 << 20];
     assert!(limiter.check(&huge, 1).await.unwrap().is_allowed());
     assert!(!limiter.check(&huge, 1).await.unwrap().is_allowed());
-    for crafted in ["a}:{b", "a", "a%7D:%7Bb", "}{", "", "#abc", "\u{0}\n"] {
+    for crafted in ["a}:{b", "a", "a%7D:%7Bb", "}{", "#abc", "\u{0}\n"] {
         assert!(
             limiter.check(crafted, 1).await.unwrap().is_allowed(),
             "{crafted:?} has its own state"
         );
     }
+    // (an empty key has none: see an_empty_key_is_an_error_on_both_stores)
+    assert!(matches!(limiter.check("", 1).await, Err(Error::EmptyKey)));
     let mut conn = common::connection();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}:*"))
         .query(&mut conn)
         .unwrap();
-    assert_eq!(keys.len(), 8);
+    assert_eq!(keys.len(), 7);
     assert!(keys.iter().all(|k| k.len() < 200), "{keys:?}");
     assert!(
         keys.iter()
@@ -529,4 +531,94 @@ async fn a_max_wait_beyond_max_wait_is_refused_and_takes_nothing() {
     }
     let first = limiter.decide(&["k"], 1, MAX_WAIT).await.expect("decided");
     assert!(first.is_allowed() && first.wait().is_zero());
+}
+
+/// An empty key is `Error::EmptyKey` for every operation that names a key,
+/// on both stores, and nothing is decided or written: before, it was one
+/// bucket shared by every caller whose key came out empty (and on a
+/// cluster, a `CROSSSLOT` error).
+#[tokio::test]
+async fn an_empty_key_is_an_error_on_both_stores() {
+    let prefix = unique_prefix("empty-key");
+    let limit = || {
+        Limit::new("l", Quota::sliding_log(5, Duration::from_secs(60)))
+            .unwrap()
+            .quota_from_store()
+            .penalty(
+                tower_ratelimit::Penalty::new(
+                    3,
+                    Duration::from_secs(60),
+                    [Duration::from_secs(60)],
+                )
+                .unwrap(),
+            )
+    };
+    let limiters = [
+        ("memory", Limiter::new(MemoryStore::new(), limit())),
+        ("redis", Limiter::new(redis_store(&prefix), limit())),
+    ];
+    let empty = |what: &str, store: &str, result: Result<(), Error>| {
+        assert!(
+            matches!(result, Err(Error::EmptyKey)),
+            "{store}: {what} of an empty key: {result:?}"
+        );
+    };
+    let quota = Quota::sliding_log(9, Duration::from_secs(60));
+    for (store, limiter) in &limiters {
+        empty("check", store, limiter.check("", 1).await.map(drop));
+        empty("check of 0", store, limiter.check("", 0).await.map(drop));
+        empty("peek", store, limiter.peek("").await.map(drop));
+        let keys: [&[u8]; 1] = [b""];
+        empty(
+            "decide",
+            store,
+            limiter.decide(&keys, 1, Duration::ZERO).await.map(drop),
+        );
+        empty(
+            "check_refundable",
+            store,
+            limiter.check_refundable("", 1).await.map(drop),
+        );
+        empty(
+            "take_up_to",
+            store,
+            limiter.take_up_to("", 3).await.map(drop),
+        );
+        empty(
+            "acquire",
+            store,
+            limiter.acquire("", 1, Duration::ZERO).await.map(drop),
+        );
+        empty("charge", store, limiter.charge("", 1).await);
+        empty("reset", store, limiter.reset("").await);
+        empty(
+            "block",
+            store,
+            limiter
+                .block("l", "", Duration::from_secs(1))
+                .await
+                .map(drop),
+        );
+        empty("unblock", store, limiter.unblock("l", "").await.map(drop));
+        empty("inspect", store, limiter.inspect("l", "").await.map(drop));
+        empty(
+            "set_override",
+            store,
+            limiter.set_override("l", "", quota, None).await.map(drop),
+        );
+        empty(
+            "stored_override",
+            store,
+            limiter.stored_override("l", "").await.map(drop),
+        );
+        // the limiter works on
+        assert!(limiter.check("k", 1).await.unwrap().is_allowed(), "{store}");
+    }
+    // nothing written in Redis but the one key's state
+    let mut conn = common::connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut conn)
+        .unwrap();
+    assert!(keys.iter().all(|k| k.contains("{k}")), "{keys:?}");
 }

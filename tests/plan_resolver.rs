@@ -39,8 +39,8 @@ fn api_key() -> Header {
 
 /// The test's directory: API key -> plan. `a1` and `a2` belong to acme
 /// (default tier), `b` to globex (pro), `g` to initech (a tier no rule
-/// has), `slow` answers after 5 s, `broken` fails; anything else is
-/// unknown.
+/// has), `slow` answers after 5 s, `broken` fails, `nameless` answers a
+/// plan whose key is empty; anything else is unknown.
 async fn directory(api_key: Vec<u8>) -> Result<Option<Plan>, io::Error> {
     match api_key.as_slice() {
         b"a1" | b"a2" => Ok(Some(Plan::new("acme"))),
@@ -51,6 +51,7 @@ async fn directory(api_key: Vec<u8>) -> Result<Option<Plan>, io::Error> {
             Ok(Some(Plan::new("slowpoke")))
         }
         b"broken" => Err(io::Error::other("directory unavailable")),
+        b"nameless" => Ok(Some(Plan::new(""))),
         _ => Ok(None),
     }
 }
@@ -457,4 +458,29 @@ async fn two_instances_over_redis_share_a_tenant_limit() {
     assert_eq!(send(&two, Some("unknown")).await.0, StatusCode::BAD_REQUEST);
     // per instance: a1, a2, b (and the unknown key on the second)
     assert_eq!(calls_of(&calls), 7);
+}
+
+/// A plan whose key is empty gives the request no key: the rule's
+/// missing-key policy applies (400 by default; skipped with
+/// `MissingKey::Skip`), and no empty key is decided. Before, every such
+/// request was counted under one empty key.
+#[tokio::test]
+async fn a_plan_with_an_empty_key_gets_the_missing_key_policy() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).build().expect("resolver");
+    let rejecting = app([Rule::resolved(limit("api", per_minute(1)), plans.clone())]);
+    for _ in 0..3 {
+        assert_eq!(
+            send(&rejecting, Some("nameless")).await,
+            (StatusCode::BAD_REQUEST, false)
+        );
+    }
+    let skipping =
+        app([Rule::resolved(limit("api", per_minute(1)), plans).on_missing_key(MissingKey::Skip)]);
+    for _ in 0..3 {
+        assert_eq!(
+            send(&skipping, Some("nameless")).await,
+            (StatusCode::OK, false)
+        );
+    }
 }

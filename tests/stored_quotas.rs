@@ -4,6 +4,7 @@
 //! On both stores (the Redis one as two instances on one Redis).
 
 mod common;
+mod events;
 
 use std::time::{Duration, Instant};
 
@@ -512,4 +513,156 @@ async fn a_fresh_library_reads_the_kept_quotas() {
     assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 7);
     assert!(a.remove_override("reports", "vip").await.expect("remove"));
     assert_eq!(b.check("vip", 0).await.expect("decides").limit(), 7);
+}
+
+/// Kept values no limit has, written by hand into a limit's hash (`HSET
+/// <prefix>:q:<limit> "" 3:1:0:0:0:`, a zero denominator, which failed
+/// every call it was in with "table index is NaN"; a zero burst; numbers
+/// beyond 2^53; a rate not in lowest terms; a window over ten years...),
+/// as the limit's quota and as a key's override: each is ignored, the
+/// limit's own quota decides, and 100 concurrent decisions of that limit
+/// and 100 of another limit of the same store, coalesced together, all
+/// succeed. Valid values at the edges decide. The library and
+/// `stored_quota` (Rust's reading) agree on every value.
+#[tokio::test]
+async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
+    let prefix = unique_prefix("stored-not-valid");
+    let store = common::redis_store(&prefix);
+    // GCRA, 60 an hour with a burst of 20: capacity 20
+    let own = Quota::gcra(60, HOUR, 20);
+    let bad = Limit::new("bad", own).expect("limit").quota_from_store();
+    let good = Limit::new("good", own).expect("limit");
+    let a = limiter(store.clone(), std::slice::from_ref(&bad));
+    let other = limiter(store, &[good]);
+    let hash = quota_hash(&prefix, "bad");
+    let mut conn = common::connection();
+    // (value, the capacity it decides with when valid)
+    let cases: &[(&str, Option<u64>)] = &[
+        ("3:1:0:0:0:", None),
+        ("3:0:0:0:0:", None),
+        ("3:0:1:1000000:0:", None),
+        ("3:99999999999999999999:1:1:0:", None),
+        ("3:9007199254740992:1:1:0:", None),
+        ("3:1:1:9007199254740993:0:", None),
+        ("3:100000000:1:100000000:0:", None), // burst times period over 2^53
+        ("3:5:2:4:0:", None),                 // rate and period not in lowest terms
+        ("3:5:1:1000000:7:", None),           // an unused field not 0
+        ("3:5:1:316224000000001:0:", None),   // a period over ten years
+        ("3:5:1:1000000:0", None),            // no trailing ':'
+        ("3:5:1:1000000:0:9", None),          // a cost, or an end without '@'
+        ("3:5:1:1000000:0:@", None),
+        ("3:5:1:1000000:0:@x", None),
+        ("3:5:1:1000000:0:@99999999999999999999", None),
+        ("3:+5:1:1000000:0:", None),
+        ("03:5:1:1000000:0:", None),
+        ("9:5:1:1000000:0:", None),
+        ("0:5:1:1000000:0:", None),
+        ("", None),
+        ("garbage", None),
+        ("4:5:3600000000:0:0:", None), // another algorithm (a fixed window)
+        // valid, at the edges
+        ("3:5:1:1000000:0:", Some(5)),
+        ("3:7:3:4:0:", Some(7)),
+        ("3:9:1:316224000000000:0:", Some(9)),
+        ("3:11:1:1000000:0:@9007199254740991", Some(11)),
+        ("3:0013:1:1000000:0:", Some(13)),
+    ];
+    for (case, &(value, decides)) in cases.iter().enumerate() {
+        // through the library, which drops the hash's mirror, then by hand:
+        // the next decision reads the hash as written
+        a.remove_stored_quota("bad").await.expect("remove");
+        let _: i64 = redis::cmd("HSET")
+            .arg(&hash)
+            .arg("")
+            .arg(value)
+            .query(&mut conn)
+            .expect("HSET");
+        let capacity = decides.unwrap_or(20);
+        let bad_ones = (0..100).map(|i| {
+            let a = &a;
+            async move { a.check(format!("k{case}-{i}"), 1).await }
+        });
+        let good_ones = (0..100).map(|i| {
+            let other = &other;
+            async move { other.check(format!("k{case}-{i}"), 1).await }
+        });
+        let (bad_ones, good_ones) = tokio::join!(
+            futures::future::join_all(bad_ones),
+            futures::future::join_all(good_ones)
+        );
+        for d in bad_ones {
+            let d = d.unwrap_or_else(|e| panic!("{value:?}: the limit's decision failed: {e}"));
+            assert_eq!(d.limit(), capacity, "{value:?}");
+        }
+        for d in good_ones {
+            let d = d.unwrap_or_else(|e| panic!("{value:?}: another limit's decision failed: {e}"));
+            assert!(d.is_allowed(), "{value:?}");
+        }
+        // (one of another algorithm reads as what it is)
+        let other_algorithm = value.starts_with("4:");
+        let read = a.stored_quota("bad").await.expect("read");
+        if !other_algorithm {
+            assert_eq!(read.is_some(), decides.is_some(), "{value:?}: {read:?}");
+        }
+        let _: i64 = redis::cmd("DEL").arg(&hash).query(&mut conn).expect("DEL");
+
+        // as a key's override, in force over a valid quota of the limit
+        a.set_stored_quota("bad", Quota::gcra(60, HOUR, 3))
+            .await
+            .expect("set");
+        let vip = format!("vip{case}");
+        let field = format!("{prefix}:{{{vip}}}:bad:gcra");
+        let _: i64 = redis::cmd("HSET")
+            .arg(&hash)
+            .arg(&field)
+            .arg(value)
+            .query(&mut conn)
+            .expect("HSET");
+        let d = a
+            .check(&vip, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{value:?}: {e}"));
+        assert_eq!(d.limit(), decides.unwrap_or(3), "{value:?} as an override");
+        let read = a.stored_override("bad", &vip).await.expect("read");
+        if !other_algorithm {
+            assert_eq!(read.is_some(), decides.is_some(), "{value:?}: {read:?}");
+        }
+        let _: i64 = redis::cmd("DEL").arg(&hash).query(&mut conn).expect("DEL");
+    }
+}
+
+/// A kept value that is not valid is logged once per limit (a `warn` of
+/// target `tower_ratelimit` naming it), however many decisions it is
+/// ignored in, as the limit's quota or as an override.
+#[tokio::test]
+async fn a_kept_value_that_is_not_valid_is_logged_once() {
+    let events = events::Events::capture();
+    let prefix = unique_prefix("stored-logged");
+    let own = Quota::gcra(60, HOUR, 20);
+    let warned = Limit::new("warned", own).expect("limit").quota_from_store();
+    let a = limiter(common::redis_store(&prefix), &[warned]);
+    let hash = quota_hash(&prefix, "warned");
+    let mut conn = common::connection();
+    a.remove_stored_quota("warned").await.expect("remove");
+    for (field, value) in [
+        (String::new(), "3:1:0:0:0:"),
+        (format!("{prefix}:{{vip}}:warned:gcra"), "3:0:0:0:0:"),
+    ] {
+        let _: i64 = redis::cmd("HSET")
+            .arg(&hash)
+            .arg(field)
+            .arg(value)
+            .query(&mut conn)
+            .expect("HSET");
+    }
+    for key in ["a", "b", "vip", "vip", "c"] {
+        let d = a.check(key, 1).await.expect("decides");
+        assert_eq!(d.limit(), 20, "{key}: the limit's own quota");
+    }
+    let warnings: Vec<String> = events
+        .warnings()
+        .into_iter()
+        .filter(|w| w.contains("limit=warned") && w.contains("not valid"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
 }

@@ -29,6 +29,8 @@ pub(crate) mod token_bucket;
 pub(crate) mod wire;
 
 pub(crate) use self::driver::{charge, decide, take, Operand};
+#[cfg(feature = "redis")]
+pub(crate) use self::reply::ignored;
 #[allow(unreachable_pub)] // `Reply` is named by the store trait `Backend`, never exported
 pub use self::reply::Reply;
 pub(crate) use self::reply::{Outcome, Statuses};
@@ -87,19 +89,33 @@ impl Params {
 
 impl Params {
     /// Reads what [`Limit::stored_form`](crate::Limit) writes,
-    /// `algorithm:p1:p2:p3:p4:` (a trailing cost, if any, is ignored):
-    /// `None` for anything else or parameters out of range.
+    /// `algorithm:p1:p2:p3:p4:`: `None` for anything else, and for
+    /// parameters no valid limit has (those `derive` in src/limit.rs would
+    /// not make of any quota: a zero, a window over ten years, a bucket's
+    /// rate and period not in lowest terms, a product the scripts form over
+    /// 2^53, an unused field not 0). `valid_kept` in `lua/driver.lua`
+    /// accepts exactly these, so that a value written by hand or by another
+    /// program decides in neither or both.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_stored(text: &[u8]) -> Option<Params> {
+        let text = text.strip_suffix(b":")?;
         let mut fields = text.split(|&b| b == b':').map(|field| {
-            let field = std::str::from_utf8(field).ok()?;
-            field
+            // digits only (no sign), as the scripts' pattern reads them
+            if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            std::str::from_utf8(field)
+                .ok()?
                 .parse::<i64>()
                 .ok()
-                .filter(|&x| (0..EXACT).contains(&x))
+                .filter(|&x| x < EXACT)
         });
         let mut next = || fields.next().flatten();
-        let (id, a, b, c) = (next()?, next()?, next()?, next()?);
+        let (id, a, b, c, d) = (next()?, next()?, next()?, next()?, next()?);
+        // the algorithm's id is one digit (the scripts compare its byte)
+        if fields.next().is_some() || text.get(1) != Some(&b':') {
+            return None;
+        }
         let positive = |x: i64| (x > 0).then_some(x);
         let params = match id {
             1 => Params::SlidingLog(sliding_log::Params {
@@ -127,7 +143,9 @@ impl Params {
             }),
             _ => return None,
         };
-        Some(params)
+        // the fields as this limit writes them, and a limit derives them
+        let (derived, _) = crate::limit::derive(&params.quota()).ok()?;
+        (derived == params && params.wire() == [a, b, c, d]).then_some(params)
     }
 
     /// The time in which a spent capacity comes back in full, in

@@ -132,10 +132,40 @@ fn stored_quotas(tail: &[u8], limits: usize) -> Option<Option<Box<[Option<Params
         return Some(None);
     }
     let mut stored = vec![None; limits].into_boxed_slice();
+    let mut any = false;
     for entry in tail.strip_suffix(b";")?.split(|&b| b == b';') {
         let at = entry.iter().position(|&b| b == b'=')?;
         let i: usize = std::str::from_utf8(&entry[..at]).ok()?.parse().ok()?;
-        *stored.get_mut(i.checked_sub(1)?)? = Some(Params::from_stored(&entry[at + 1..])?);
+        let slot = stored.get_mut(i.checked_sub(1)?)?;
+        // a kept value ignored (see `ignored`)
+        if &entry[at + 1..] == b"!" {
+            continue;
+        }
+        *slot = Some(Params::from_stored(&entry[at + 1..])?);
+        any = true;
     }
-    Some(Some(stored))
+    Some(any.then_some(stored))
+}
+
+/// The limits (from 0) of a decision's reply `bytes` over `limits` limits
+/// whose quota kept in the store, or override, in force was ignored: not
+/// valid (see [`Params::from_stored`]) or of another algorithm than the
+/// limit's (`i=!;` in the reply's tail, see `lua/driver.lua`). `extra`
+/// doubles follow the statuses (a take's amount).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn ignored(bytes: &[u8], limits: usize, extra: usize) -> Vec<usize> {
+    let Some(tail) = bytes.get(8 * (3 + 3 * limits + extra)..) else {
+        return Vec::new();
+    };
+    tail.split(|&b| b == b';')
+        .filter_map(|entry| entry.strip_suffix(b"=!"))
+        .filter_map(|i| {
+            std::str::from_utf8(i)
+                .ok()?
+                .parse::<usize>()
+                .ok()?
+                .checked_sub(1)
+        })
+        .filter(|&i| i < limits)
+        .collect()
 }

@@ -43,7 +43,8 @@ use self::warnings::Warnings;
 /// assert_eq!(tenant.extract(&parts), Some(b"acme.example".to_vec()));
 /// ```
 pub trait KeyExtractor: Send + Sync + 'static {
-    /// The key, or `None` when the request has none.
+    /// The key, or `None` when the request has none. An empty key counts
+    /// as none (the layer applies its missing-key policy).
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>>;
 
     /// Appends the key to `key` and answers `true`, or answers `false` when

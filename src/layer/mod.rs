@@ -157,7 +157,8 @@ impl Default for OnStoreError {
 }
 
 /// What to do with a request that has no key for a limit (e.g. no API key
-/// header, no peer address): for every limit of a layer
+/// header, no peer address, or a key that comes out empty: see
+/// [`Error::EmptyKey`](crate::Error::EmptyKey)): for every limit of a layer
 /// ([`RateLimitLayerBuilder::on_missing_key`]) or for one
 /// ([`Rule::on_missing_key`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,7 +171,8 @@ pub enum MissingKey {
     /// Count the request under this key: all keyless requests share one
     /// limit, kept apart from every real key (under the limit's name with
     /// `#keyless` appended, a name no user limit can have), so no client can
-    /// name the shared key and join or drain it.
+    /// name the shared key and join or drain it. The key must not be
+    /// empty (a build error).
     Shared(String),
 }
 

@@ -273,6 +273,11 @@ impl Rule {
                 )));
             }
         }
+        if matches!(&on_missing, MissingKey::Shared(key) if key.is_empty()) {
+            return Err(ConfigError::Layer(format!(
+                "limit {name:?}: the shared key of requests without one cannot be empty"
+            )));
+        }
         match (self.tiers.is_empty(), self.choose.is_some()) {
             (false, false) => {
                 return Err(ConfigError::Tiers(format!(

@@ -121,7 +121,8 @@ fn choose<'a, B>(
         }
         let tier = rule.tier(parts);
         let mut key = KeyBuf::new();
-        let found = rule.key.extract_into(parts, &mut key);
+        // (an empty key is none: see `Error::EmptyKey`)
+        let found = rule.key.extract_into(parts, &mut key) && !key.is_empty();
         match (found, &rule.on_missing) {
             (true, _) => chosen.push((tier.limit(), key, i)),
             (false, MissingKey::Skip) => {}

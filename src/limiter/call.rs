@@ -53,6 +53,9 @@ impl Limiter {
         dry: bool,
         plain: bool,
     ) -> Answer<'a, Result<Decision, Error>> {
+        if checks.iter().any(|c| c.key.is_empty()) {
+            return Answer::Now(Err(Error::EmptyKey));
+        }
         if let Some(hot) = &self.inner.hot {
             if !dry && plain && max_wait == 0 && checks.iter().any(HotPools::serves) {
                 return Answer::Later(Box::pin(self.decide_hot(hot, checks)));

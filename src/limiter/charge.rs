@@ -41,7 +41,7 @@ impl Limiter {
     /// # }).unwrap();
     /// ```
     pub async fn charge(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<(), Error> {
-        let key = key.as_ref();
+        let key = super::non_empty(key.as_ref())?;
         // (a concurrency limit counts work in progress: nothing to charge)
         let charged: Charged = self
             .current()

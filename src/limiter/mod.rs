@@ -492,6 +492,9 @@ impl Limiter {
                 got: keys.len(),
             });
         }
+        if keys.iter().any(|k| k.as_ref().is_empty()) {
+            return Err(Error::EmptyKey);
+        }
         let pairs = limits
             .iter()
             .enumerate()
@@ -549,8 +552,9 @@ impl Limiter {
 
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
+        let key = non_empty(key.as_ref())?;
         let limits = self.current();
-        let checks = Self::checks(limits.iter().map(|l| (&**l, key.as_ref())), 0);
+        let checks = Self::checks(limits.iter().map(|l| (&**l, key)), 0);
         if let (Some(denials), Some(check)) = (&self.inner.denials, checks.first()) {
             denials.forget(check.key);
         }
@@ -633,4 +637,13 @@ fn register(store: &dyn Store, limits: &[LimitSource]) {
             .collect();
         quotas.register(&fixed);
     }
+}
+
+/// `key`, or [`Error::EmptyKey`] when it is empty: every operation of the
+/// limiter that names a key refuses an empty one.
+pub(crate) fn non_empty(key: &[u8]) -> Result<&[u8], Error> {
+    if key.is_empty() {
+        return Err(Error::EmptyKey);
+    }
+    Ok(key)
 }

@@ -47,6 +47,7 @@ impl Limiter {
         key: &[u8],
         change: PenaltyChange,
     ) -> Result<(crate::penalty::PenState, i64), Error> {
+        let key = super::non_empty(key)?;
         let check = Check {
             limit,
             key,

@@ -61,6 +61,9 @@ impl Limiter {
     }
 
     async fn read(&self, name: &str, key: Option<&[u8]>) -> Result<Option<Quota>, Error> {
+        if let Some(key) = key {
+            super::non_empty(key)?;
+        }
         let (own, _) = self.kept(name, None)?;
         let check = kept_check(&own, key);
         let store = &self.inner.store;
@@ -79,6 +82,9 @@ impl Limiter {
         ttl: Option<Duration>,
         if_absent: bool,
     ) -> Result<bool, Error> {
+        if let Some(key) = key {
+            super::non_empty(key)?;
+        }
         let (own, kept) = self.kept(name, quota)?;
         let change = match &kept {
             Some(limit) => QuotaChange::Keep {

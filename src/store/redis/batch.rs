@@ -264,7 +264,7 @@ impl RedisStore {
         match replies {
             Ok(replies) => {
                 for (waiter, reply) in waiting.into_iter().zip(replies) {
-                    let _ = waiter.reply.send(Ok(reply));
+                    let _ = waiter.reply.send(reply);
                 }
             }
             Err(error) => {
@@ -291,8 +291,11 @@ impl RedisStore {
 }
 
 /// The replies of a batch of `n` decisions: each after its length, a
-/// little-endian double (see op 7 in `lua/driver.lua`).
-fn split(packed: &[u8], n: usize) -> Result<Vec<Vec<u8>>, Error> {
+/// little-endian double (see op 7 in `lua/driver.lua`). A decision the
+/// library failed on (its reply is `!` and the error's text) gets that
+/// error, as [`Error::Redis`] (as its own call would have, a script
+/// error); the others their replies.
+fn split(packed: &[u8], n: usize) -> Result<Vec<Result<Vec<u8>, Error>>, Error> {
     let unexpected =
         || Error::UnexpectedReply(format!("{} bytes for a batch of {n}", packed.len()));
     let mut replies = Vec::with_capacity(n);
@@ -304,13 +307,28 @@ fn split(packed: &[u8], n: usize) -> Result<Vec<Vec<u8>>, Error> {
             return Err(unexpected());
         }
         let (reply, tail) = tail.split_at(len as usize);
-        replies.push(reply.to_vec());
+        replies.push(match reply.strip_prefix(b"!") {
+            Some(error) => Err(failed(error)),
+            None => Ok(reply.to_vec()),
+        });
         rest = tail;
     }
     if replies.len() != n {
         return Err(unexpected());
     }
     Ok(replies)
+}
+
+/// The error of one decision of a batch that the library failed on, from
+/// the error's text.
+fn failed(text: &[u8]) -> Error {
+    let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError);
+    let text = String::from_utf8_lossy(text).into_owned();
+    Error::Redis(redis::RedisError::from((
+        kind,
+        "the decision failed in the store",
+        text,
+    )))
 }
 
 #[cfg(test)]
@@ -325,9 +343,25 @@ mod tests {
             packed.extend_from_slice(reply);
         }
         let replies = split(&packed, 3).expect("three replies");
+        let replies: Vec<_> = replies.into_iter().map(Result::unwrap).collect();
         assert_eq!(replies, [b"abc".to_vec(), Vec::new(), b"de".to_vec()]);
         assert!(split(&packed, 2).is_err());
         assert!(split(&packed[..packed.len() - 1], 3).is_err());
         assert!(split(&[0xff; 8], 1).is_err());
+    }
+
+    #[test]
+    fn a_decision_the_library_failed_on_fails_alone() {
+        let mut packed = Vec::new();
+        for reply in [&b"\0abc"[..], b"!table index is NaN", b"\0de"] {
+            packed.extend_from_slice(&(reply.len() as f64).to_le_bytes());
+            packed.extend_from_slice(reply);
+        }
+        let replies = split(&packed, 3).expect("three replies");
+        assert_eq!(replies[0].as_deref().ok(), Some(&b"\0abc"[..]));
+        let error = replies[1].as_ref().expect_err("the second failed");
+        assert!(matches!(error, crate::Error::Redis(_)), "{error:?}");
+        assert!(error.to_string().contains("table index is NaN"), "{error}");
+        assert_eq!(replies[2].as_deref().ok(), Some(&b"\0de"[..]));
     }
 }

@@ -275,6 +275,7 @@ impl RedisStore {
         } else {
             self.invoke(checks, operation, deadline).await?
         };
+        self.report_ignored(&packed, checks, 0);
         read_reply(&packed, checks.len(), Reply::from_packed, "")
     }
 
@@ -398,6 +399,7 @@ impl Backend for RedisStore {
         let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
             let packed = self.invoke(checks, Operation::Take, deadline).await?;
+            self.report_ignored(&packed, checks, 1);
             read_reply(
                 &packed,
                 checks.len(),

@@ -12,6 +12,9 @@
 //! ignored, and its field dropped when the key's override is next set or
 //! removed.
 
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
+
 use super::encode::Encoded;
 use super::RedisStore;
 use crate::algorithm::Params;
@@ -104,7 +107,10 @@ impl RedisStore {
         let Some(value) = value else {
             return Ok(None);
         };
-        let (params, ends) = split_ends(&value);
+        // (one the library would ignore reads as none)
+        let Some((params, ends)) = split_ends(&value) else {
+            return Ok(None);
+        };
         if let Some(ends) = ends {
             if ends <= self.store_now(deadline).await? {
                 return Ok(None);
@@ -286,6 +292,40 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Logs, once per limit name and process, that a decision's reply
+    /// `packed` over `checks` says a limit's quota kept in the store, or
+    /// its key's override, was ignored (not valid, or of another algorithm:
+    /// see `valid_kept` in `lua/driver.lua`); the limit's own quota decided.
+    /// `extra` doubles follow the statuses (a take's amount). Reads nothing
+    /// from a reply without notes, the usual one.
+    pub(super) fn report_ignored(&self, packed: &[u8], checks: &[Check<'_>], extra: usize) {
+        if packed.len() <= 8 * (3 + 3 * checks.len() + extra) {
+            return;
+        }
+        static WARNED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+        for i in crate::algorithm::ignored(packed, checks.len(), extra) {
+            let Some(check) = checks.get(i) else { continue };
+            let name = check.limit.shared_name();
+            let first = WARNED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert_with(HashSet::new)
+                .insert(name);
+            if first {
+                tracing::warn!(
+                    target: "tower_ratelimit",
+                    limit = name,
+                    prefix = %self.inner.prefix,
+                    "a quota kept in the store for this limit, or an override of one of its \
+                     keys, in <prefix>:q:<limit> is not valid (or of another algorithm): \
+                     ignored, the limit's own quota decides; logged once"
+                );
+            }
+        }
+    }
+}
+
 /// The library's answer to a change (see [`RedisStore::change`]): the
 /// command's integer, as text.
 fn read_count(reply: &[u8]) -> Result<i64, Error> {
@@ -300,15 +340,19 @@ fn read_count(reply: &[u8]) -> Result<i64, Error> {
         })
 }
 
-/// A kept value's stored form, and when it ends (`@<us>` after it).
-fn split_ends(value: &[u8]) -> (&[u8], Option<i64>) {
+/// A kept value's stored form, and when it ends (`@<us>` after it, digits
+/// below 2^53); `None` for a value whose end the library cannot read (see
+/// `kept_quota` in `lua/driver.lua`).
+fn split_ends(value: &[u8]) -> Option<(&[u8], Option<i64>)> {
     match value.iter().position(|&b| b == b'@') {
         Some(at) => {
-            let ends = std::str::from_utf8(&value[at + 1..])
-                .ok()
-                .and_then(|t| t.parse().ok());
-            (&value[..at], ends)
+            let digits = &value[at + 1..];
+            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            let ends = std::str::from_utf8(digits).ok()?.parse::<i64>().ok()?;
+            (ends < crate::algorithm::EXACT).then_some((&value[..at], Some(ends)))
         }
-        None => (value, None),
+        None => Some((value, None)),
     }
 }
