@@ -177,7 +177,7 @@ local function kept_quota(q)
   local params, ends = string.match(q, '^(%d:%d+:%d+:%d+:%d+:)@?(%d*)$')
   if params then
     k = { id = string.byte(q, 1), params = params, note = '1=' .. params .. ';',
-      ends = tonumber(ends) or 1 / 0 }
+      ends = tonumber(ends) or 1 / 0, text = q }
   end
   if n_kept >= 1024 then kept, n_kept = {}, 0 end
   kept[q] = k
@@ -196,7 +196,8 @@ end
 -- time; a change made through it (op 3) drops the hash's mirror, so this
 -- VM reads it again at its next decision. Emptied when it holds more than
 -- MIRRORS hashes (one per limit, on a cluster one per limit and slot). The
--- overrides stay in Redis: a limit may have any number.
+-- overrides stay in Redis (a limit may have any number) until they end
+-- (see `configured`).
 local mirrors, n_mirrors, MIRRORS, FIELDS_MIRRORED = {}, 0, 16384, 256
 
 -- A kept value as a string, or nil (absent, or an error reply: another
@@ -222,7 +223,14 @@ local function mirror(hash, now)
     local keys, all = {}, fields > 0 and rpcall('HGETALL', hash) or {}
     for j = 1, #all - 1, 2 do
       local quota = kept_quota(all[j + 1])
-      if quota then keys[all[j]] = quota end
+      if quota then
+        -- an override that has ended goes (see `configured`)
+        if quota.ends <= now then
+          rcall('HDEL', hash, all[j])
+        else
+          keys[all[j]] = quota
+        end
+      end
     end
     m.quota, m.keys = keys[''] or false, keys
   end
@@ -236,7 +244,10 @@ end
 -- key> that key's override, each a limit's string less its cost
 -- (`Limit::stored_form`, "algorithm:p1:p2:p3:p4:"), an override with '@'
 -- and the store time it ends (us) when it does; read through its mirror
--- (see `mirror`). The override while it lasts, else the limit's, decides in
+-- (see `mirror`). An override that has ended is deleted from the hash
+-- when read: by the first decision of its key after its end, or by the
+-- next read of a mirrored hash (of at most FIELDS_MIRRORED fields), so one
+-- HDEL per ended override, and nothing on the path of one that lasts. The override while it lasts, else the limit's, decides in
 -- place of `s.own` when it is of the same algorithm. Returns the spec that
 -- decides, and the reply's note of it for limit `i` (nil for its own).
 local function configured(s, keys, k, i, now)
@@ -251,6 +262,15 @@ local function configured(s, keys, k, i, now)
     quota = q and kept_quota(q)
   else
     quota = m.keys[field]
+  end
+  -- an override read past its end is removed from the hash (and the
+  -- mirror), when the hash still holds it (the mirror may be older)
+  if quota and quota.ends <= now then
+    if m.more or text(rpcall('HGET', hash, field)) == quota.text then
+      rcall('HDEL', hash, field)
+    end
+    if not m.more then m.keys[field] = nil end
+    quota = nil
   end
   if not (quota and quota.id == own.id and quota.ends > now) then
     quota = m.quota
