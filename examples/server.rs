@@ -37,7 +37,8 @@
 //!   dots and brackets ignored (`+1 555-0100` is `+15550100`); 400 otherwise;
 //!   also at most 10 texts per client IP per hour, whatever the numbers
 //! - `POST /login` with `{"username": ..., "password": ...}`: every password
-//!   is `correct horse`; right: 200, not counted; wrong: 401, counted; 429
+//!   is `correct horse`; right: 200, not counted; wrong: 401, counted (a
+//!   server error too: only a success is given back); 429
 //!   with `Retry-After`, whatever the password, after 5 counted failures per
 //!   username from one client IP, 20 per username from all of them (both in
 //!   15 minutes), or 30 per client IP across usernames in an hour (sliding
@@ -271,9 +272,10 @@ impl<S: Store + Clone> Setup<S> {
 }
 
 /// A limit of `amount` failed logins per `window` and `key`: the permit is
-/// taken when the attempt arrives and given back unless the answer is 401,
-/// so 50 concurrent guesses try exactly `amount`. With a `penalty`, its
-/// refusals ban the key.
+/// taken when the attempt arrives and given back only when the login
+/// succeeds (2xx), so 50 concurrent guesses try exactly `amount`; a 401
+/// counts, and so does a server error (else a guess that made the server
+/// fail would be free). With a `penalty`, its refusals ban the key.
 fn failed_logins(
     name: &str,
     amount: u64,
@@ -285,7 +287,7 @@ fn failed_logins(
     if let Some(penalty) = penalty {
         limit = limit.penalty(penalty);
     }
-    Ok(Rule::new(limit, key).refund_if(|response| response.status != StatusCode::UNAUTHORIZED))
+    Ok(Rule::new(limit, key).refund_if(|response| response.status.is_success()))
 }
 
 /// The deny-list: clients refused on every route, without a decision.
