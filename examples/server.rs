@@ -21,8 +21,8 @@
 //! limits in this process until Redis is back), `LIMITS_FILE` (a TOML file
 //! with the limits `per-ip`, `hello` and `sms`, such as
 //! `examples/limits.toml`; default: the built-in limits below; read again
-//! when it changes and on `SIGHUP`, a file with a mistake logged and the
-//! limits in force kept),
+//! when it changes, a Kubernetes ConfigMap mount included, and on `SIGHUP`,
+//! a file with a mistake logged and the limits in force kept),
 //! `INTERNAL_TOKEN` (when set, a request whose `X-Internal-Token` equals it
 //! is exempt from every limit; compared in constant time), `API_KEYS`
 //! (comma-separated `key=plan` pairs, the plan `free` or `pro`: the API keys
@@ -37,7 +37,8 @@
 //!   dots and brackets ignored (`+1 555-0100` is `+15550100`); 400 otherwise;
 //!   also at most 10 texts per client IP per hour, whatever the numbers
 //! - `POST /login` with `{"username": ..., "password": ...}`: every password
-//!   is `correct horse`; right: 200, not counted; wrong: 401, counted; 429
+//!   is `correct horse`; right: 200, not counted; wrong: 401, counted (a
+//!   server error too: only a success is given back); 429
 //!   with `Retry-After`, whatever the password, after 5 counted failures per
 //!   username from one client IP, 20 per username from all of them (both in
 //!   15 minutes), or 30 per client IP across usernames in an hour (sliding
@@ -102,6 +103,9 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// effect on the next request of every route, with no restart.
 struct Limits {
     all: LiveLimits,
+    /// The text of `LIMITS_FILE` as last read: a change in its folder that
+    /// leaves it as it was reads it and stops there.
+    last: std::sync::Mutex<Option<String>>,
 }
 
 impl Limits {
@@ -119,24 +123,33 @@ impl Limits {
 
     /// The limits of a TOML file: `[[limits]]` tables named `per-ip`,
     /// `hello` and `sms`.
-    fn read(path: &std::path::Path) -> Result<Vec<Limit>, Error> {
+    fn parse(text: &str) -> Result<Vec<Limit>, Error> {
         #[derive(Deserialize)]
         struct File {
             limits: Vec<Limit>,
         }
-        let text = std::fs::read_to_string(path)?;
-        let file: File = toml::from_str(&text)?;
+        let file: File = toml::from_str(text)?;
         Ok(file.limits)
     }
 
     /// The built-in limits, or those of the file at `path`.
     fn new(path: Option<&std::path::Path>) -> Result<Limits, Error> {
         let all = LiveLimits::new(Self::built_in()?)?;
+        let mut last = None;
         if let Some(path) = path {
-            let read = Self::read(path).and_then(|limits| Ok(all.update(limits)?));
+            let read = std::fs::read_to_string(path)
+                .map_err(Error::from)
+                .and_then(|text| {
+                    all.update(Self::parse(&text)?)?;
+                    last = Some(text);
+                    Ok(())
+                });
             read.map_err(|e| format!("LIMITS_FILE {}: {e}", path.display()))?;
         }
-        Ok(Limits { all })
+        Ok(Limits {
+            all,
+            last: std::sync::Mutex::new(last),
+        })
     }
 
     fn get(&self, name: &str) -> Result<LiveLimit, Error> {
@@ -145,9 +158,29 @@ impl Limits {
 
     /// Reads the file at `path` again: the new limits take effect at once,
     /// or, when the file is wrong, the current ones stay and the log says
-    /// why (the limit and the field).
-    fn reload(&self, path: &std::path::Path) {
-        match Self::read(path).and_then(|limits| Ok(self.all.update(limits)?)) {
+    /// why (the limit and the field). Unless `always` (a `SIGHUP`), a text
+    /// the same as the last one read is left there.
+    fn reload(&self, path: &std::path::Path, always: bool) {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) => {
+                return tracing::error!(
+                    "LIMITS_FILE {}: not applied, the limits stay as they were: {e}",
+                    path.display()
+                )
+            }
+        };
+        {
+            let mut last = self
+                .last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !always && last.as_deref() == Some(text.as_str()) {
+                return;
+            }
+            *last = Some(text.clone());
+        }
+        match Self::parse(&text).and_then(|limits| Ok(self.all.update(limits)?)) {
             Ok(changed) if changed.is_empty() => {
                 tracing::info!("LIMITS_FILE {}: read again, no change", path.display())
             }
@@ -163,23 +196,24 @@ impl Limits {
         }
     }
 
-    /// Reloads the file at `path` whenever it changes (written in place, or
-    /// replaced as editors and config managers do: the folder is watched)
-    /// and on `SIGHUP`, for as long as the server runs.
+    /// Reloads the file at `path` whenever it changes and on `SIGHUP`, for
+    /// as long as the server runs. The folder is watched, not the file:
+    /// any change in it (other than a read) reads the file again, which
+    /// takes effect when its text differs. So a file written in place, one
+    /// replaced as editors and config managers do, and a Kubernetes
+    /// ConfigMap mount (`limits.toml -> ..data/limits.toml`, where the
+    /// kubelet renames a new `..data` symlink over the old one: no event
+    /// names `limits.toml`) are all followed.
     fn watch(self: Arc<Self>, path: std::path::PathBuf) -> Result<(), Error> {
         use notify::Watcher;
-        let (changed, mut changes) = tokio::sync::mpsc::channel::<()>(1);
-        let name = path.file_name().map(ToOwned::to_owned);
+        // true: read the file even if unchanged (a SIGHUP)
+        let (changed, mut changes) = tokio::sync::mpsc::channel::<bool>(1);
         let on_event = changed.clone();
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                let ours = event.is_ok_and(|event| {
-                    !event.kind.is_access()
-                        && event.paths.iter().any(|p| p.file_name() == name.as_deref())
-                });
-                if ours {
+                if event.is_ok_and(|event| !event.kind.is_access()) {
                     // a reload already pending reads this change too
-                    let _ = on_event.try_send(());
+                    let _ = on_event.try_send(false);
                 }
             })?;
         let folder = match path.parent() {
@@ -190,16 +224,18 @@ impl Limits {
         let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         tokio::spawn(async move {
             while hangups.recv().await.is_some() {
-                let _ = changed.send(()).await;
+                let _ = changed.send(true).await;
             }
         });
         tokio::spawn(async move {
             let _watching = watcher;
-            while changes.recv().await.is_some() {
+            while let Some(mut always) = changes.recv().await {
                 // an editor's save is several events: read once they settle
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let _ = changes.try_recv();
-                self.reload(&path);
+                while let Ok(more) = changes.try_recv() {
+                    always |= more;
+                }
+                self.reload(&path, always);
             }
         });
         Ok(())
@@ -236,9 +272,10 @@ impl<S: Store + Clone> Setup<S> {
 }
 
 /// A limit of `amount` failed logins per `window` and `key`: the permit is
-/// taken when the attempt arrives and given back unless the answer is 401,
-/// so 50 concurrent guesses try exactly `amount`. With a `penalty`, its
-/// refusals ban the key.
+/// taken when the attempt arrives and given back only when the login
+/// succeeds (2xx), so 50 concurrent guesses try exactly `amount`; a 401
+/// counts, and so does a server error (else a guess that made the server
+/// fail would be free). With a `penalty`, its refusals ban the key.
 fn failed_logins(
     name: &str,
     amount: u64,
@@ -250,7 +287,7 @@ fn failed_logins(
     if let Some(penalty) = penalty {
         limit = limit.penalty(penalty);
     }
-    Ok(Rule::new(limit, key).refund_if(|response| response.status != StatusCode::UNAUTHORIZED))
+    Ok(Rule::new(limit, key).refund_if(|response| response.status.is_success()))
 }
 
 /// The deny-list: clients refused on every route, without a decision.

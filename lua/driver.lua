@@ -86,6 +86,10 @@
 -- offence: the key is blocked from now for the offence's block (the n-th
 -- offence's, the last for every one beyond) and the count starts again.
 -- Offences are forgotten `forget` after the end of the last block. A
+-- state dated after the store's clock is moved back to it whole when read
+-- and written so (see `pen_load`): a block written by a clock a year ahead
+-- ends at most its own length (the penalty's longest block, or a block by
+-- hand's) from now, not a year away. A
 -- blocked limit's status is: wait and reset the time left, remaining
 -- BLOCKED (see wire.lua); a decision refused by a block waits the longest
 -- of its limits' waits, the blocked ones' being those times left. The key expires when its state equals a fresh
@@ -215,7 +219,8 @@ local function kept_quota(q)
   if lasts then
     local f = ints(params)
     if valid_kept(f[1], f[2], f[3], f[4], f[5]) then
-      k = { id = string.byte(q, 1), params = params, note = '1=' .. params .. ';', ends = ends }
+      k = { id = string.byte(q, 1), params = params, note = '1=' .. params .. ';', ends = ends,
+        text = q }
     end
   end
   if n_kept >= 1024 then kept, n_kept = {}, 0 end
@@ -235,7 +240,8 @@ end
 -- time; a change made through it (op 3) drops the hash's mirror, so this
 -- VM reads it again at its next decision. Emptied when it holds more than
 -- MIRRORS hashes (one per limit, on a cluster one per limit and slot). The
--- overrides stay in Redis: a limit may have any number.
+-- overrides stay in Redis (a limit may have any number) until they end
+-- (see `configured`).
 local mirrors, n_mirrors, MIRRORS, FIELDS_MIRRORED = {}, 0, 16384, 256
 
 -- A kept value as a string, or nil (absent, or an error reply: another
@@ -259,7 +265,17 @@ local function mirror(hash, now)
     m.quota, m.more = own and kept_quota(own), true
   else
     local keys, all = {}, fields > 0 and rpcall('HGETALL', hash) or {}
-    for j = 1, #all - 1, 2 do keys[all[j]] = kept_quota(all[j + 1]) end
+    for j = 1, #all - 1, 2 do
+      local quota = kept_quota(all[j + 1])
+      if quota then
+        -- an override that has ended goes (see `configured`)
+        if quota.ends <= now then
+          rcall('HDEL', hash, all[j])
+        else
+          keys[all[j]] = quota
+        end
+      end
+    end
     m.quota, m.keys = keys[''] or false, keys
   end
   mirrors[hash] = m
@@ -272,10 +288,14 @@ end
 -- key> that key's override, each a limit's string less its cost
 -- (`Limit::stored_form`, "algorithm:p1:p2:p3:p4:"), an override with '@'
 -- and the store time it ends (us) when it does; read through its mirror
--- (see `mirror`). The override while it lasts, else the limit's, decides in
--- place of `s.own` when it is of the same algorithm and valid. Returns the
--- spec that decides, and the reply's note of it for limit `i` (nil for its
--- own), after the note "i=!;" when a kept value in force was ignored.
+-- (see `mirror`). An override that has ended is deleted from the hash
+-- when read: by the first decision of its key after its end, or by the
+-- next read of a mirrored hash (of at most FIELDS_MIRRORED fields), so one
+-- HDEL per ended override, and nothing on the path of one that lasts. The
+-- override while it lasts, else the limit's, decides in place of `s.own`
+-- when it is of the same algorithm and valid. Returns the spec that
+-- decides, and the reply's note of it for limit `i` (nil for its own),
+-- after the note "i=!;" when a kept value in force was ignored.
 local function configured(s, keys, k, i, now)
   local own, hash = s.own, keys[k]
   local m = mirrors[hash]
@@ -288,6 +308,15 @@ local function configured(s, keys, k, i, now)
     quota = q and kept_quota(q)
   else
     quota = m.keys[field]
+  end
+  -- an override read past its end is removed from the hash (and the
+  -- mirror), when the hash still holds it (the mirror may be older)
+  if quota and quota.ends <= now then
+    if m.more or text(rpcall('HGET', hash, field)) == quota.text then
+      rcall('HDEL', hash, field)
+    end
+    if not m.more then m.keys[field] = nil end
+    quota = nil
   end
   -- (nil: no note of a kept value that is not valid, see NOT_VALID)
   local ignored = nil
@@ -342,19 +371,25 @@ local function resolve(arg, keys, k, i, now)
 end
 
 -- A key's penalty state (see "Penalties"): [1] when its block ends, [2]
--- its offences, [3] the refusals counted, [4] the time of the first; kept
--- as 'P' and four doubles. Anything else (missing, another type, length or
--- tag, a field not an integer in [0, 2^53)) reads as a fresh state.
-local function pen_load(key)
+-- its offences, [3] the refusals counted, [4] the time of the first (while
+-- none is counted, when the last block began); kept as 'P' and four
+-- doubles. Anything else (missing, another type, length or tag, a field
+-- not an integer in [0, 2^53)) reads as a fresh state. A state dated after
+-- the store's clock `now` ([4] later: its writer's clock was ahead) is
+-- moved back to it whole, [1] and [4] by the same amount, so a block ends
+-- at most its own length from now; then the second value is true (the
+-- caller writes it back, so that it ages from then on).
+local function pen_load(key, now)
   local v = rpcall('GET', key)
   if type(v) == 'string' and #v == 33 then
     local tag, u, o, c, f = sunpack('<c1dddd', v)
     if tag == 'P' and int(u) and u >= 0 and int(o) and o >= 0 and int(c) and c >= 0
       and int(f) and f >= 0 then
-      return { u, o, c, f }
+      if f > now then return { max(u - (f - now), 0), o, c, now }, true end
+      return { u, o, c, f }, false
     end
   end
-  return { 0, 0, 0, 0 }
+  return { 0, 0, 0, 0 }, false
 end
 
 -- Counts a refusal in the state `ps` of a penalty `pen` ([1] refusals,
@@ -370,7 +405,7 @@ local function pen_refuse(ps, pen, now)
   if ps[3] < pen[1] then return false end
   ps[2] = ps[2] + 1
   ps[1] = now + pen[3 + min(ps[2], #pen - 3)]
-  ps[3], ps[4] = 0, 0
+  ps[3], ps[4] = 0, now
   return true
 end
 
@@ -405,14 +440,16 @@ local function penalty(keys, args, opts)
   if not rcall then bind() end
   local store_now = clock(opts)
   local key, what = keys[1], opts[6]
-  local ps = pen_load(key)
+  local ps, moved = pen_load(key, store_now)
   if what == 2 then
     rcall('DEL', key)
-  elseif what == 1 then
+  else
     local s = spec(args[2])
     if not (s and s.pen) then return redis.error_reply('not a limit with a penalty') end
-    ps[1], ps[3], ps[4] = store_now + opts[7], 0, 0
-    pen_save(key, ps, s.pen, store_now, store_now - opts[4])
+    if what == 1 then
+      ps[1], ps[3], ps[4], moved = store_now + opts[7], 0, store_now, true
+    end
+    if moved then pen_save(key, ps, s.pen, store_now, store_now - opts[4]) end
   end
   return spack('<ddddd', ps[1], ps[2], ps[3], ps[4], store_now)
 end
@@ -423,7 +460,7 @@ end
 -- and whether a limit is blocked (see "Penalties": a penalized limit has
 -- `pen`, its key `pk` and state `ps`, and while blocked `left`, the time
 -- left of its block).
-local function load_limits(keys, args, first, n, store_now)
+local function load_limits(keys, args, first, n, store_now, from)
   local limits = {}
   local next_key, notes = 1, ''
   local now, blocked = store_now, false
@@ -438,7 +475,9 @@ local function load_limits(keys, args, first, n, store_now)
     local l = { alg = alg, s = s, cost = s.cost, st = st, t = 0 }
     if p then
       l.pen, l.pk = p.pen, keys[pk]
-      l.ps = pen_load(l.pk)
+      local moved
+      l.ps, moved = pen_load(l.pk, store_now)
+      if moved then pen_save(l.pk, l.ps, l.pen, store_now, from) end
       if l.ps[1] > store_now then l.left, blocked = l.ps[1] - store_now, true end
     end
     limits[i] = l
@@ -523,7 +562,8 @@ end
 local function take(keys, args, opts)
   local store_now = clock(opts)
   local n = #args - 1
-  local limits, now, notes, blocked = load_limits(keys, args, 2, n, store_now)
+  local limits, now, notes, blocked = load_limits(keys, args, 2, n, store_now,
+    store_now - opts[4])
   local k = limits[1].cost
   for i = 1, n do
     local l = limits[i]
@@ -547,7 +587,7 @@ end
 -- whatever is left (see "Charge" above).
 local function charge(keys, args, opts)
   local store_now = clock(opts)
-  local limits, now = load_limits(keys, args, 2, #args - 1, store_now)
+  local limits, now = load_limits(keys, args, 2, #args - 1, store_now, store_now - opts[4])
   for i = 1, #limits do
     local l = limits[i]
     l.alg.prepare(l.st, l.s, now)
@@ -671,7 +711,8 @@ end
 -- peek) one more refusal counted.
 function penalized_one(keys, s, store_now, max_wait, dry, from)
   local own, pen, key = s.own, s.pen, keys[s.pk]
-  local ps = pen_load(key)
+  local ps, moved = pen_load(key, store_now)
+  if moved then pen_save(key, ps, pen, store_now, from) end
   if ps[1] > store_now then
     local left = ps[1] - store_now
     return spack('<dddddd', 1, left, store_now, left, BLOCKED, left)
@@ -728,7 +769,7 @@ local function decide(keys, args)
     return s[1](keys, s, store_now, max_wait, dry, from)
   end
 
-  local limits, now, notes, blocked = load_limits(keys, args, first, n, store_now)
+  local limits, now, notes, blocked = load_limits(keys, args, first, n, store_now, from)
   return decide_limits(limits, now, max_wait, dry, from, notes, blocked, store_now)
 end
 

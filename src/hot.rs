@@ -19,7 +19,12 @@ const MAX_HOLD: Duration = Duration::from_secs(60);
 /// back what it did not grant.
 ///
 /// # The bound
-/// With `N` instances sharing the store, for every key of a hot limit:
+/// With `N` instances sharing the store, for every key of a hot limit. An
+/// instance is a process, or more exactly one [`RedisStore`](crate::RedisStore)
+/// and its clones: every limiter and layer built over it shares its
+/// batches, so several layers applying one hot limit hold one batch per
+/// key between them. (Stores built apart, each with its own connections,
+/// count as instances of their own.)
 ///
 /// - **Over-admission.** Over any interval, the fleet grants at most what
 ///   the limit itself grants over that interval, plus `N × permits`: only

@@ -7,8 +7,15 @@
 //! `<limit's keys>:pen`, see `lua/driver.lua`), all in store time
 //! (microseconds): when the block ends (`until`), the offences not yet
 //! forgotten, the refusals counted towards the next offence and the time
-//! of the first of them. The arithmetic here is the script's, step for
-//! step.
+//! of the first of them, or, while none is counted, when the last block
+//! began. The arithmetic here is the script's, step for step.
+//!
+//! A state dated after the store's clock (written by a clock ahead of it:
+//! an instance with its own clock, a Redis promoted with its clock ahead)
+//! is moved back to that clock whole when read ([`PenState::dated`]): a
+//! block ends at most its own length from now (an offence's block, so at
+//! most the penalty's longest; a block by hand, its duration), never a
+//! year away because its writer's clock was.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -175,11 +182,28 @@ pub struct PenState {
     pub(crate) offences: i64,
     /// Refusals counted towards the next offence.
     pub(crate) count: i64,
-    /// The time of the first of them.
+    /// The time of the first of them; while none is counted, when the
+    /// last block began (0 for never, or unknown: written by a version
+    /// that did not keep it).
     pub(crate) since: i64,
 }
 
 impl PenState {
+    /// Moves a state dated after `now` (its `since`, the latest time it
+    /// records, lies after it: its writer's clock was ahead) back to `now`
+    /// whole: `until` and `since` by the same amount, so a block keeps its
+    /// length from now and counted refusals count from now. Whether it
+    /// moved (the caller writes it back, so that it ages from then on).
+    pub(crate) fn dated(&mut self, now: i64) -> bool {
+        if self.since <= now {
+            return false;
+        }
+        let ahead = self.since - now;
+        self.until = (self.until - ahead).max(0);
+        self.since = now;
+        true
+    }
+
     /// The time left of a block at `now`, if the key is blocked.
     pub(crate) fn blocked(&self, now: i64) -> Option<i64> {
         (self.until > now).then(|| self.until - now)
@@ -218,7 +242,7 @@ impl PenState {
         }
         self.offences += 1;
         self.until = now + p.block(self.offences);
-        (self.count, self.since) = (0, 0);
+        (self.count, self.since) = (0, now);
         true
     }
 
@@ -226,7 +250,7 @@ impl PenState {
     /// refusals counted so far dropped.
     pub(crate) fn block(&mut self, now: i64, us: i64) {
         self.until = now + us;
-        (self.count, self.since) = (0, 0);
+        (self.count, self.since) = (0, now);
     }
 
     /// When the state becomes equal to a fresh one (the key's expiry).
@@ -298,6 +322,35 @@ mod tests {
         assert!(!s.refuse(&p, MIN));
         assert_eq!(s.refusals(&p, MIN), 1);
         assert_eq!(s.expires_at(&p), 2 * MIN);
+    }
+
+    #[test]
+    fn a_state_dated_ahead_is_moved_back_whole() {
+        let p = params();
+        let year = 366 * 24 * 60 * MIN;
+        let t = 1_000 * MIN;
+        // written by a clock a year ahead: an offence, blocked 1 minute
+        let mut s = PenState::default();
+        for i in 0..3 {
+            s.refuse(&p, t + year + i);
+        }
+        assert!(s.dated(t));
+        assert_eq!((s.blocked(t), s.offences), (Some(MIN), 1));
+        assert!(!s.dated(t), "moved once");
+        // a block by hand keeps its own length
+        let mut s = PenState::default();
+        s.block(t + year, 2 * year);
+        assert!(s.dated(t));
+        assert_eq!(s.blocked(t), Some(2 * year));
+        // refusals counted ahead count from now, and an ended block stays ended
+        let mut s = PenState::default();
+        for i in 0..3 {
+            s.refuse(&p, t + year + i);
+        }
+        s.refuse(&p, t + year + 2 * MIN);
+        assert!(s.dated(t));
+        assert_eq!((s.blocked(t), s.refusals(&p, t)), (None, 1));
+        assert_eq!(s.refusals(&p, t + MIN), 0);
     }
 
     #[test]

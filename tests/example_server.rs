@@ -730,15 +730,16 @@ fn eventually(mut done: impl FnMut() -> bool) -> bool {
     true
 }
 
-#[test]
-fn a_changed_limits_file_takes_effect_without_a_restart() {
-    use std::io::{BufRead, BufReader};
-    let dir = std::env::temp_dir().join(format!("rl-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("limits.toml");
+/// `examples/limits.toml` with the `sms` limit at `n` a minute.
+fn sms_limits(n: u32) -> String {
     let text = std::fs::read_to_string(limits_toml()).expect("examples/limits.toml");
-    let sms = |n: u32| text.replacen("limit = 3\n", &format!("limit = {n}\n"), 1);
-    std::fs::write(&path, sms(1)).expect("write the limits file");
+    text.replacen("limit = 3\n", &format!("limit = {n}\n"), 1)
+}
+
+/// The example server on `LIMITS_FILE=path`, logging at `info`, and its log
+/// as it grows; once it listens.
+fn server_with_limits_file(path: &std::path::Path) -> (Server, Arc<Mutex<String>>) {
+    use std::io::{BufRead, BufReader};
     let port = TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()
@@ -759,6 +760,63 @@ fn a_changed_limits_file_takes_effect_without_a_restart() {
         }
     });
     let server = Server { child, port };
+    assert!(
+        eventually(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()),
+        "the server never listened; the log:\n{}",
+        log.lock().expect("log")
+    );
+    (server, log)
+}
+
+/// A Kubernetes ConfigMap mount: `limits.toml -> ..data/limits.toml`,
+/// `..data -> ..<timestamp>`; the kubelet updates it by writing a new
+/// timestamped folder, pointing a new symlink `..data_tmp` at it, renaming
+/// that over `..data` and removing the old folder. No event names
+/// `limits.toml`: the server still reads the new limits.
+#[test]
+fn a_limits_file_in_a_kubernetes_config_map_is_reloaded() {
+    use std::os::unix::fs::symlink;
+    let dir = std::env::temp_dir().join(format!("rl-configmap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let version = |name: &str, n: u32| {
+        let folder = dir.join(name);
+        std::fs::create_dir(&folder).expect("timestamped folder");
+        std::fs::write(folder.join("limits.toml"), sms_limits(n)).expect("write");
+    };
+    let first = "..2026_11_27_12_00_00.000000001";
+    version(first, 1);
+    symlink(first, dir.join("..data")).expect("..data");
+    symlink("..data/limits.toml", dir.join("limits.toml")).expect("limits.toml");
+    let (server, log) = server_with_limits_file(&dir.join("limits.toml"));
+    let port = server.port;
+    assert_eq!(sms_policy(port), (202, "\"sms\";q=1;w=60".into()));
+
+    // the kubelet's update, step for step
+    let second = "..2026_11_27_12_05_00.000000002";
+    version(second, 3);
+    symlink(second, dir.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("rename over ..data");
+    std::fs::remove_dir_all(dir.join(first)).expect("remove the old folder");
+    assert!(
+        eventually(|| log.lock().expect("log").contains("in force now for sms")),
+        "the new limits were never read; the log:\n{}",
+        log.lock().expect("log")
+    );
+    assert_eq!(sms_policy(port), (202, "\"sms\";q=3;w=60".into()));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_changed_limits_file_takes_effect_without_a_restart() {
+    let dir = std::env::temp_dir().join(format!("rl-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("limits.toml");
+    let sms = sms_limits;
+    std::fs::write(&path, sms(1)).expect("write the limits file");
+    let (server, log) = server_with_limits_file(&path);
+    let port = server.port;
     let logged = |text: &str| log.lock().expect("log").contains(text);
     let eventually = |what: &str, done: &mut dyn FnMut() -> bool| {
         let log = log.clone();
@@ -768,9 +826,6 @@ fn a_changed_limits_file_takes_effect_without_a_restart() {
             log.lock().expect("log")
         );
     };
-    eventually("the server listens", &mut || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
 
     assert_eq!(sms_policy(port), (202, "\"sms\";q=1;w=60".into()));
     assert_eq!(sms_policy(port).0, 429);

@@ -62,6 +62,16 @@ async fn check(client: &mut HealthClient<tonic::transport::Channel>) -> Result<(
         .map(|_| ())
 }
 
+/// A refusal carries `cache-control: no-store`, as every HTTP refusal.
+fn assert_no_store(status: &tonic::Status) {
+    let value = status.metadata().get("cache-control");
+    assert_eq!(
+        value.and_then(|v| v.to_str().ok()),
+        Some("no-store"),
+        "{status:?}"
+    );
+}
+
 /// A plain HTTP/1 GET to `addr`.
 async fn http_get(addr: SocketAddr) -> (StatusCode, http::HeaderMap, String) {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -99,11 +109,14 @@ async fn a_refused_call_is_resource_exhausted_with_its_retry_delay() {
     assert!(metadata.get("ratelimit").is_some(), "{metadata:?}");
     assert!(metadata.get("ratelimit-policy").is_some(), "{metadata:?}");
     assert!(metadata.get("retry-after").is_some(), "{metadata:?}");
+    // never stored by a cache, as the HTTP 429
+    assert_no_store(&status);
 
     // A plain HTTP request to the same server and limit: the HTTP 429.
     let (code, headers, body) = http_get(addr).await;
     assert_eq!(code, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(headers["cache-control"], "no-store");
     assert!(headers.contains_key("retry-after"));
     assert!(!headers.contains_key("grpc-status"));
     assert!(body.contains("grpc-api"), "{body}");
@@ -121,6 +134,7 @@ async fn a_cost_that_can_never_fit_is_resource_exhausted_without_retry_info() {
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert!(status.get_details_retry_info().is_none(), "{status:?}");
     assert!(status.metadata().get("retry-after").is_none());
+    assert_no_store(&status);
 }
 
 #[tokio::test]
@@ -148,6 +162,7 @@ async fn a_store_failure_closed_is_unavailable_with_the_configured_delay() {
         status.metadata().get("retry-after").expect("Retry-After"),
         "2"
     );
+    assert_no_store(&status);
 
     let (code, headers, _) = http_get(addr).await;
     assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
@@ -166,6 +181,7 @@ async fn a_call_without_its_key_is_invalid_argument() {
     let status = check(&mut client).await.expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("grpc-api"), "{status:?}");
+    assert_no_store(&status);
 
     let mut request = tonic::Request::new(HealthCheckRequest {
         service: String::new(),
@@ -198,6 +214,7 @@ async fn a_deny_listed_call_is_permission_denied() {
     let status = client.check(request).await.expect_err("refused");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     assert!(status.get_details_retry_info().is_none(), "{status:?}");
+    assert_no_store(&status);
     assert!(check(&mut client).await.is_ok(), "not listed: granted");
 }
 

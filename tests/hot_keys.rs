@@ -223,6 +223,42 @@ async fn an_exhausted_hot_key_stays_off_redis() {
     assert!(calls <= 8, "{calls} calls of Redis for 2000 refusals");
 }
 
+/// Several limiters (several layers) of one process over one store share
+/// its batches: one batch per hot limit and key in the process, so the
+/// bound counts processes, not layers. Both grant from the batch the
+/// first one took, and Redis is asked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limiters_over_one_store_share_one_batch() {
+    let limit = hourly_hot(10, 10, Duration::from_secs(60));
+    let server = TestRedis::spawn();
+    let store = RedisStore::builder(&server.url)
+        .prefix(unique_prefix("hot-shared"))
+        .coalesce_decisions(false)
+        .build()
+        .expect("a Redis store");
+    let layer = |store: RedisStore| {
+        Limiter::builder(store)
+            .limit(limit.clone())
+            .timeout(PATIENT)
+            .build()
+            .expect("a limiter")
+    };
+    let (a, b) = (layer(store.clone()), layer(store));
+    // (the library loaded on another key first)
+    assert!(a.check("warm-up", 1).await.unwrap().is_allowed());
+    let before = redis_calls(&server.url);
+    let mut granted = 0;
+    for _ in 0..5 {
+        for limiter in [&a, &b] {
+            granted += u64::from(limiter.check("all", 1).await.unwrap().is_allowed());
+        }
+    }
+    // one batch of 10 for the process, granted by both: b took none of its
+    // own (which would have found nothing left)
+    assert_eq!(granted, 10);
+    assert_eq!(redis_calls(&server.url) - before, 1, "one batch taken");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_another_instance_holds_come_back_when_its_hold_ends() {
     let limit = hourly_hot(10, 10, Duration::from_millis(300));

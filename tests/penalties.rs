@@ -520,3 +520,70 @@ async fn a_refund_is_unaffected_by_a_block() {
         assert_eq!(d.remaining(), 2, "{store}: the grant came back whole");
     }
 }
+
+/// A block written by an instance whose clock is a year ahead (its
+/// offence's, and one by hand) ends at most its own length from the store's
+/// clock: the refusal's retry is at most the longest configured ban, and
+/// another instance's cache of denials holds it no longer than that retry.
+#[tokio::test]
+async fn a_block_written_by_a_clock_a_year_ahead_ends_within_its_length() {
+    const YEAR: i64 = 366 * 86_400 * S as i64;
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("penalties-skew");
+    let memory = MemoryStore::with_clock(clock.clone());
+    let instance = |store: &str, cache: bool| {
+        let builder = if store == "memory" {
+            Limiter::builder(memory.clone())
+        } else {
+            Limiter::builder(redis_store_with_clock(&prefix, &clock))
+        };
+        builder
+            .limit(login())
+            .timeout(PATIENT)
+            .cache_denials(cache)
+            .build()
+            .expect("limiter")
+    };
+    for store in ["memory", "redis"] {
+        // an instance whose clock is a year ahead: an offence (blocked
+        // 10 s) and a block by hand of 100 s (the longest configured ban)
+        let ahead = instance(store, false);
+        clock.set(T0 + YEAR);
+        for _ in 0..2 {
+            assert!(ahead.check("ahead", 1).await.expect("check").is_allowed());
+        }
+        for _ in 0..3 {
+            ahead.check("ahead", 1).await.expect("check");
+        }
+        ahead
+            .block("login", "by-hand", secs(100))
+            .await
+            .expect("block");
+        // another instance, on the store's clock, caching denials
+        let limiter = instance(store, true);
+        clock.set(T0);
+        for (key, ban) in [("ahead", secs(10)), ("by-hand", secs(100))] {
+            let ctx = format!("{store}, {key}");
+            let d = limiter.check(key, 1).await.expect("check");
+            assert!(d.statuses()[0].is_blocked(), "{ctx}: {d:?}");
+            let retry = d.retry_after().expect("refused");
+            assert!(retry <= secs(100), "{ctx}: {retry:?}");
+            assert_eq!(retry, ban, "{ctx}: the block's own length from now");
+            // (the memory store has no cache of denials: nothing to cache)
+            let cached = limiter.check(key, 1).await.expect("check");
+            assert_eq!(cached.from_local_cache(), store == "redis", "{ctx}");
+            assert_eq!(cached.retry_after(), Some(ban), "{ctx}: {cached:?}");
+            let seen = limiter.inspect("login", key).await.expect("inspect");
+            assert_eq!(seen.blocked_for, Some(ban), "{ctx}: {seen:?}");
+        }
+        // the cache holds each for its retry only: then the store is asked
+        // again, and the block is over
+        clock.set(T0 + (10 * S) as i64);
+        let d = limiter.check("ahead", 1).await.expect("check");
+        assert!(!d.from_local_cache(), "{store}: {d:?}");
+        assert!(!d.statuses()[0].is_blocked(), "{store}: {d:?}");
+        clock.set(T0 + (100 * S) as i64);
+        let d = limiter.check("by-hand", 1).await.expect("check");
+        assert!(d.is_allowed() && !d.from_local_cache(), "{store}: {d:?}");
+    }
+}

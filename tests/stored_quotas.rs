@@ -8,8 +8,8 @@ mod events;
 
 use std::time::{Duration, Instant};
 
-use common::unique_prefix;
-use tower_ratelimit::{Error, Limit, Limiter, MemoryStore, Quota, RedisStore};
+use common::{unique_prefix, T0};
+use tower_ratelimit::{Error, Limit, Limiter, ManualClock, MemoryStore, Quota, RedisStore};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -665,4 +665,70 @@ async fn a_kept_value_that_is_not_valid_is_logged_once() {
         .filter(|w| w.contains("limit=warned") && w.contains("not valid"))
         .collect();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
+}
+
+/// An override that has ended is removed from its hash: by the first
+/// decision of its key after its end, or, for a key that comes no more, by
+/// the next read of the hash (a second later). (The memory store drops them
+/// the same way, and by its sweep: see `store::memory::kept`'s tests.)
+#[tokio::test]
+async fn ended_overrides_are_removed_from_the_hash() {
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("stored-ended");
+    let limits = [limit("reports", 2)];
+    let a = limiter(common::redis_store_with_clock(&prefix, &clock), &limits);
+    let mut conn = common::connection();
+    let mut fields = || -> i64 {
+        redis::cmd("HLEN")
+            .arg(quota_hash(&prefix, "reports"))
+            .query(&mut conn)
+            .expect("HLEN")
+    };
+    let short = Some(Duration::from_millis(500));
+    for (key, ttl) in [("vip", short), ("gone", short), ("lasting", None)] {
+        a.set_override("reports", key, reports(40), ttl)
+            .await
+            .expect("override");
+    }
+    assert_eq!(fields(), 3);
+    // decided while it lasts (the hash read into the script's mirror)
+    assert_eq!(a.check("vip", 1).await.expect("decides").limit(), 40);
+    clock.advance(Duration::from_millis(600));
+    assert_eq!(a.check("vip", 1).await.expect("decides").limit(), 2);
+    assert_eq!(fields(), 2, "the ended override of the key decided is gone");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(a.check("acme", 1).await.expect("decides").limit(), 2);
+    assert_eq!(fields(), 1, "the other ended one is gone at the next read");
+    assert_eq!(
+        a.stored_override("reports", "lasting").await.expect("read"),
+        Some(reports(40))
+    );
+    assert_eq!(a.check("lasting", 1).await.expect("decides").limit(), 40);
+
+    // a hash too large to mirror (each decision reads its key's override):
+    // removed by the first decision of its key after its end
+    let big = limiter(
+        common::redis_store_with_clock(&prefix, &clock),
+        &[limit("big", 2)],
+    );
+    for i in 0..300 {
+        big.set_override("big", format!("k{i}"), reports(40), None)
+            .await
+            .expect("override");
+    }
+    big.set_override("big", "vip", reports(40), short)
+        .await
+        .expect("override");
+    let mut conn = common::connection();
+    let mut fields = || -> i64 {
+        redis::cmd("HLEN")
+            .arg(quota_hash(&prefix, "big"))
+            .query(&mut conn)
+            .expect("HLEN")
+    };
+    assert_eq!(fields(), 301);
+    assert_eq!(big.check("vip", 1).await.expect("decides").limit(), 40);
+    clock.advance(Duration::from_millis(600));
+    assert_eq!(big.check("vip", 1).await.expect("decides").limit(), 2);
+    assert_eq!(fields(), 300);
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use http::header::CONTENT_TYPE;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::Full;
 use tonic::{Code, Status};
@@ -29,8 +29,10 @@ pub(crate) fn is_call(headers: &HeaderMap) -> bool {
 /// A trailers-only response: HTTP 200, `content-type: application/grpc`,
 /// `grpc-status`, `grpc-message` (percent-encoded) and, when there is a
 /// delay, `grpc-status-details-bin` (base64 without padding) holding a
-/// `google.rpc.Status` whose details carry `google.rpc.RetryInfo`. The
-/// body is empty, so the headers end the stream.
+/// `google.rpc.Status` whose details carry `google.rpc.RetryInfo`, and
+/// `cache-control: no-store`, as every HTTP refusal of the layer (a proxy
+/// or cache must not answer a later call with it). The body is empty, so
+/// the headers end the stream.
 pub(crate) fn answer(code: Code, message: String, retry: Option<Duration>) -> RejectionResponse {
     let status = match retry {
         Some(delay) => {
@@ -41,6 +43,7 @@ pub(crate) fn answer(code: Code, message: String, retry: Option<Duration>) -> Re
     let mut response = RejectionResponse::new(RejectionBody::new(Full::new(bytes::Bytes::new())));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     // Writes only what is valid in a header: the message is percent-encoded,
     // the details base64. A failure would leave `grpc-status` out: none then.
     if status.add_header(headers).is_err() {
@@ -110,6 +113,7 @@ mod tests {
         assert_eq!(response.status(), StatusCode::OK);
         let headers = response.headers();
         assert_eq!(headers[CONTENT_TYPE], "application/grpc");
+        assert_eq!(headers[CACHE_CONTROL], "no-store");
         assert_eq!(headers["grpc-status"], "8");
         // percent-encoded, as gRPC requires
         assert_eq!(

@@ -52,20 +52,33 @@ impl CostAfter {
 ///   chosen per request (a plan), in the same limit.
 ///
 /// At most 5 failed logins per user name per 15 minutes, successes not
-/// counted:
+/// counted. The key is the user name the password is checked against, which
+/// a middleware before the layer reads from the body into a request
+/// extension (as `examples/server.rs` does), not a header the client sets
+/// apart from it (`x-user`), which it could change on every guess. Only a
+/// success is given back: a server error counts too, or a guess that makes
+/// the server fail would be free.
 ///
 /// ```
 /// use std::time::Duration;
-/// use http::StatusCode;
-/// use tower_ratelimit::key::Header;
+/// use tower_ratelimit::key::RequestExtension;
 /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
 /// use tower_ratelimit::{Limit, Quota};
+///
+/// /// The user name of the login's body, set by a middleware before the layer.
+/// #[derive(Clone)]
+/// struct Username(String);
+/// impl std::fmt::Display for Username {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         self.0.fmt(f)
+///     }
+/// }
 ///
 /// let failures = Limit::new("login", Quota::rate(5, Duration::from_secs(15 * 60)).sliding_log())?;
 /// let layer = RateLimitLayer::builder()
 ///     .rule(
-///         Rule::new(failures, Header::new(http::HeaderName::from_static("x-user")))
-///             .refund_if(|response| response.status != StatusCode::UNAUTHORIZED),
+///         Rule::new(failures, RequestExtension::<Username>::new())
+///             .refund_if(|response| response.status.is_success()),
 ///     )
 ///     .build()?;
 /// # let _ = layer;
@@ -146,7 +159,9 @@ impl Rule {
     /// response: the request does not count. The permit is taken when the
     /// request arrives, so concurrent requests cannot all slip through
     /// before the first outcome is known ("at most 5 failed logins":
-    /// `refund_if(|r| r.status != StatusCode::UNAUTHORIZED)`). The refund
+    /// `refund_if(|r| r.status.is_success())`, so that a server error counts
+    /// as a failure: refunding all but 401 would make a guess that fails
+    /// the server free). The refund
     /// is made before the response is returned. Responses the layer makes
     /// itself (429, 503, ...) take nothing, and an error of the inner
     /// service keeps the permit.

@@ -1,6 +1,13 @@
 //! Hot keys (see [`Limit::hot`]): permits taken from the store in batches
 //! and granted in this process.
 //!
+//! The pools are the store's (`Backend::hot_pools`): every limiter and
+//! layer over one store (its clones included) shares them, so a process
+//! holds one batch per hot limit and key, however many layers apply the
+//! limit. A limiter whose limit of that name differs (another quota or
+//! batch) from the one that made the pool has that key decided by the
+//! store (a name with two quotas is already warned about).
+//!
 //! Per limit and key, a [`Pool`] holds at most one batch: the permits left,
 //! until when they may be granted (on the clock the limiter's cache of
 //! denials reads, counted from before the store was asked, so a permit is
@@ -18,7 +25,7 @@
 //! (where the cache of denials answers a flood), so an exhausted hot key
 //! costs the store about one decision per retry period too.
 //!
-//! Bounds, whatever clients send: at most [`MAX_POOLS`] pools per limiter,
+//! Bounds, whatever clients send: at most [`MAX_POOLS`] pools per store,
 //! and keys of at most [`keys::MAX_RAW_KEY`] bytes; other keys of a hot
 //! limit are decided by the store one request at a time. A full table is
 //! swept of idle pools at most once per [`SWEEP_EVERY`], so a flood of new
@@ -37,11 +44,12 @@ use crate::metrics::{Outcome, StoreTimer};
 use crate::store::{keys, Check, Deadline, Settle};
 use crate::{Error, Limit};
 
-/// Pools kept at most per limiter (see the module's bounds).
+/// Pools kept at most per store (see the module's bounds).
 pub(crate) const MAX_POOLS: usize = 1024;
 
-/// The pools of a limiter's hot keys.
-pub(crate) struct HotPools {
+/// The pools of the hot keys of every limiter over one store.
+#[allow(unreachable_pub)] // named by the store trait `Backend`, never exported
+pub struct HotPools {
     clock: Arc<dyn Clock>,
     pools: Mutex<Pools>,
 }
@@ -64,6 +72,9 @@ type ByKey = HashMap<Box<[u8]>, Arc<Pool>>;
 /// One key's batch, and the right to refill it.
 struct Pool {
     key: Box<[u8]>,
+    /// The limit it serves, as its parameters and batches: a limit of the
+    /// same name that differs is not served from it.
+    serves: (crate::algorithm::Params, Option<crate::HotKey>),
     batch: Mutex<Batch>,
     refill: tokio::sync::Mutex<()>,
 }
@@ -110,6 +121,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl HotPools {
+    /// Pools read `clock`. (Made by the stores that serve batches.)
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             clock,
@@ -138,13 +151,14 @@ impl HotPools {
         if check.key.len() > keys::MAX_RAW_KEY {
             return None;
         }
+        let serves = (*check.limit.params(), check.limit.hot_key().copied());
         let mut pools = lock(&self.pools);
         if let Some(pool) = pools
             .by_limit
             .get(check.limit.shared_name())
             .and_then(|by_key| by_key.get(check.key))
         {
-            return Some(pool.clone());
+            return (pool.serves == serves).then(|| pool.clone());
         }
         let size = |pools: &Pools| pools.by_limit.values().map(HashMap::len).sum::<usize>();
         if size(&pools) >= MAX_POOLS {
@@ -164,6 +178,7 @@ impl HotPools {
         }
         let pool = Arc::new(Pool {
             key: check.key.into(),
+            serves,
             batch: Mutex::new(Batch::default()),
             refill: tokio::sync::Mutex::new(()),
         });

@@ -26,7 +26,7 @@ use smallvec::SmallVec;
 use self::deny_cache::DenyCache;
 pub use self::grant::Grant;
 pub(crate) use self::grant::{Refund, RefundOnDrop};
-use self::hot::HotPools;
+pub(crate) use self::hot::HotPools;
 pub use self::lease::Lease;
 pub(crate) use self::lease::LeaseGuard;
 pub use self::penalties::Inspection;
@@ -88,8 +88,9 @@ struct Inner {
     timeout: Duration,
     /// Denials known to hold, for a remote store (see [`DenyCache`]).
     denials: Option<DenyCache>,
-    /// Batches of hot keys' permits, for a remote store (see [`Limit::hot`]).
-    hot: Option<HotPools>,
+    /// Batches of hot keys' permits, for a remote store (see [`Limit::hot`]):
+    /// the store's, shared by every limiter over it.
+    hot: Option<Arc<HotPools>>,
 }
 
 /// One or more limits over one store. Cheap to clone (an `Arc`), `Send` and
@@ -200,7 +201,7 @@ impl LimiterBuilder {
                     .clone()
                     .filter(|_| self.cache_denials)
                     .map(DenyCache::new),
-                hot: clock.map(HotPools::new),
+                hot: self.store.hot_pools(),
                 store: self.store,
                 limits: self.limits,
                 timeout: self.timeout,
@@ -217,8 +218,8 @@ impl Limiter {
         let clock = local_clock(&store);
         Self {
             inner: Arc::new(Inner {
-                denials: clock.clone().map(DenyCache::new),
-                hot: clock.map(HotPools::new),
+                denials: clock.map(DenyCache::new),
+                hot: store.hot_pools(),
                 store: Arc::new(store),
                 limits: vec![limit],
                 timeout: DEFAULT_TIMEOUT,

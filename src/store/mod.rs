@@ -387,6 +387,14 @@ pub(crate) mod backend {
         fn quotas(&self) -> Option<&QuotaRegistry> {
             None
         }
+        /// The batches of hot keys' permits (see `Limit::hot`) of every
+        /// limiter over this store: one set per store, shared by its clones
+        /// and every limiter and layer over it, so that a process holds one
+        /// batch per hot limit and key, which the bound `HotKey` states
+        /// counts on. `None` for a store that serves no batches (memory).
+        fn hot_pools(&self) -> Option<std::sync::Arc<crate::limiter::HotPools>> {
+            None
+        }
         /// The `store` label of the metrics: `"memory"` or `"redis"`.
         fn kind(&self) -> &'static str;
         /// Reports the number of stored key states to the metrics, when due.

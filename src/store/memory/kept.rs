@@ -252,8 +252,45 @@ impl MemoryStore {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-    use crate::Quota;
+    use crate::store::backend::Backend;
+    use crate::store::Deadline;
+    use crate::{ManualClock, Quota};
+
+    /// An ended override is dropped by the first decision of its key after
+    /// its end (as the script deletes it from its hash).
+    #[test]
+    fn an_ended_override_is_dropped_by_the_next_decision_of_its_key() {
+        let second = Duration::from_secs(1);
+        let clock = ManualClock::new(1_800_000_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let limit = |n| {
+            Limit::new("l", Quota::per_minute(n).fixed_window())
+                .expect("limit")
+                .quota_from_store()
+        };
+        let (own, kept) = (limit(1), limit(5));
+        let check = Check {
+            limit: &own,
+            key: b"k",
+            cost: 1,
+        };
+        let keep = QuotaChange::Keep {
+            limit: &kept,
+            ttl: Some(second),
+            if_absent: false,
+        };
+        assert!(store.write_quota_now(&check, true, keep));
+        let held = || store.inner.kept.overrides.load(Ordering::Acquire);
+        assert_eq!(held(), 1);
+        clock.advance(second);
+        let checks = [check];
+        let decided = store.decide(&checks, 0, false, Deadline::after(second));
+        assert!(matches!(decided, crate::store::Answer::Now(Ok(_))));
+        assert_eq!(held(), 0, "dropped");
+    }
 
     #[test]
     fn a_sweep_drops_ended_overrides_only() {

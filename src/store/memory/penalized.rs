@@ -58,6 +58,21 @@ impl Inner {
         Hasher::shard(self.hasher.hash(key))
     }
 
+    /// `check`'s penalty state at `now` (fresh when absent or expired);
+    /// one dated after `now` (the clock stepped back) is moved back to it
+    /// whole and written so (see [`PenState::dated`]).
+    fn pen_state(&self, pens: &mut Pens, check: &Check<'_>, p: &PenParams, now: i64) -> PenState {
+        let id = (check.limit.shared_name(), Key::from_slice(check.key));
+        let mut state = pens
+            .get(&id)
+            .filter(|(_, exp)| *exp > now)
+            .map_or_else(PenState::default, |(state, _)| *state);
+        if state.dated(now) {
+            self.put_pen(pens, check, p, state, now);
+        }
+        state
+    }
+
     /// Writes `state` back for `check` (or drops it, fresh at `now`).
     fn put_pen(
         &self,
@@ -165,15 +180,15 @@ impl MemoryStore {
         let store_now = inner.clock.now_micros();
         let mut states: SmallVec<[Option<PenState>; 2]> = SmallVec::new();
         for (check, shard) in checks.iter().zip(&shards) {
-            let state = shard.map(|s| {
-                let id = (check.limit.shared_name(), Key::from_slice(check.key));
-                guards
-                    .get(guard_of(s))
-                    .and_then(|pens| pens.get(&id))
-                    .filter(|(_, exp)| *exp > store_now)
-                    .map_or_else(PenState::default, |(state, _)| *state)
-            });
-            states.push(state);
+            let (Some(p), Some(s)) = (check.limit.pen_params(), *shard) else {
+                states.push(None);
+                continue;
+            };
+            let Some(pens) = guards.get_mut(guard_of(s)) else {
+                states.push(Some(PenState::default()));
+                continue;
+            };
+            states.push(Some(inner.pen_state(pens, check, p, store_now)));
         }
         let lefts: SmallVec<[Option<i64>; 2]> = states
             .iter()
@@ -240,10 +255,7 @@ impl MemoryStore {
         let mut pens = lock(&inner.pens[inner.pen_shard(check.key)]);
         let now = inner.clock.now_micros();
         let id = (check.limit.shared_name(), Key::from_slice(check.key));
-        let mut state = pens
-            .get(&id)
-            .filter(|(_, exp)| *exp > now)
-            .map_or_else(PenState::default, |(state, _)| *state);
+        let mut state = inner.pen_state(&mut pens, check, p, now);
         match change {
             PenaltyChange::Read => {}
             PenaltyChange::Block(us) => {

@@ -214,6 +214,7 @@ impl RedisStoreBuilder {
                 clock: self.clock,
                 slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
                 fallback: OnceLock::new(),
+                hot: OnceLock::new(),
                 quotas: Default::default(),
                 batcher: Default::default(),
                 coalesce: self.coalesce,

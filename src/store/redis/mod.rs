@@ -53,6 +53,9 @@ struct Inner {
     slack: i64,
     /// Decides while Redis fails (see `Backend::fallback`); made on first use.
     fallback: OnceLock<MemoryStore>,
+    /// The hot keys' batches of every limiter over this store (see
+    /// `Backend::hot_pools`); made on first use.
+    hot: OnceLock<Arc<crate::limiter::HotPools>>,
     quotas: super::QuotaRegistry,
     /// Decisions waiting to go out together (see `batch.rs`).
     batcher: batch::Batcher,
@@ -452,6 +455,18 @@ impl Backend for RedisStore {
 
     fn fallback(&self) -> Option<MemoryStore> {
         Some(self.inner.fallback.get_or_init(MemoryStore::new).clone())
+    }
+
+    fn hot_pools(&self) -> Option<Arc<crate::limiter::HotPools>> {
+        let pools = self.inner.hot.get_or_init(|| {
+            let clock = self
+                .inner
+                .clock
+                .clone()
+                .unwrap_or_else(|| Arc::new(crate::SystemClock::new()));
+            Arc::new(crate::limiter::HotPools::new(clock))
+        });
+        Some(pools.clone())
     }
 
     fn kind(&self) -> &'static str {

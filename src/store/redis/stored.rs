@@ -9,8 +9,9 @@
 //! write here goes through the library (op 3 of its options), which drops
 //! that mirror, so a change is in force for the next decision on each
 //! server it wrote; reads here are plain `HGET`s. An ended override is
-//! ignored, and its field dropped when the key's override is next set or
-//! removed.
+//! ignored, and its field deleted by the first decision of its key after
+//! its end, by the next read of a mirrored hash, or when the key's
+//! override is next set or removed.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, PoisonError};
