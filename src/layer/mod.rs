@@ -158,7 +158,7 @@ impl Default for OnStoreError {
 
 /// What to do with a request that has no key for a limit (e.g. no API key
 /// header, no peer address, or a key that comes out empty: see
-/// [`Error::EmptyKey`](crate::Error::EmptyKey)): for every limit of a layer
+/// [`Error::EmptyKey`]): for every limit of a layer
 /// ([`RateLimitLayerBuilder::on_missing_key`]) or for one
 /// ([`Rule::on_missing_key`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
