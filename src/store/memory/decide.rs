@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
-use super::table::{Found, Hasher, Shard, Table};
+use super::table::{Found, Hasher, Shard, Slot, Table};
 use super::{lock, MemoryStore};
 use crate::algorithm::{self, Operand, Reply, State};
 use crate::store::Check;
@@ -243,9 +243,12 @@ impl MemoryStore {
         let (reply, write) = decide(ops.as_mut(), now);
 
         let mut added = false;
+        // new keys that found the store full, by their check's position
+        let mut full: SmallVec<[(usize, Slot); 1]> = SmallVec::new();
+        let mut j = 0;
         W::each_taken(checks, ops, &places, |check, op, place| {
             if let Some(table) = table_of::<W>(&mut locks, place) {
-                added |= inner.write_back(
+                match inner.write_back(
                     table,
                     check,
                     op.state,
@@ -255,9 +258,22 @@ impl MemoryStore {
                     place.moved,
                     now,
                     store_now,
-                );
+                ) {
+                    Ok(new) => added |= new,
+                    Err(slot) => full.push((j, slot)),
+                }
             }
+            j += 1;
         });
+        // once every state is back: a state given up moves others' slots
+        for (j, slot) in full {
+            let Some(place) = places.as_ref().get(j) else {
+                continue;
+            };
+            if let Some(shard) = W::shard(&mut locks, place) {
+                added |= inner.add_at_bound(shard, place.table, place.hash, slot, store_now);
+            }
+        }
         drop(locks);
         if added {
             self.ensure_reclaimer();

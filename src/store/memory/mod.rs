@@ -413,7 +413,7 @@ impl Backend for MemoryStore {
         _: Deadline,
     ) -> Answer<'a, Result<Option<(PenState, i64)>, Error>> {
         let changed = bounded_one(check, |check| self.change_pen_now(check, change));
-        Answer::Now(Ok(changed.flatten()))
+        Answer::Now(changed.transpose().map(Option::flatten))
     }
 
     fn read_quota<'a>(

@@ -19,6 +19,7 @@ use crate::algorithm::{Outcome, Reply};
 use crate::penalty::{PenParams, PenState};
 use crate::store::backend::PenaltyChange;
 use crate::store::Check;
+use crate::Error;
 
 /// What a blocked limit's status says for `remaining` on the wire (see
 /// `algorithm::wire::BLOCKED`).
@@ -59,6 +60,12 @@ impl Inner {
     }
 
     /// Writes `state` back for `check` (or drops it, fresh at `now`).
+    /// A new state in a full store takes the place of a rate state given
+    /// up (see [`Inner::give_up`]), never of
+    /// another penalty state; returns `false` when none could be given up
+    /// (the store holds only penalty states): then it is not stored, and
+    /// counted (see [`crate::metrics::PENALTIES_NOT_STORED`]). Takes shard
+    /// locks: none may be held (a penalty lock is taken first).
     fn put_pen(
         &self,
         pens: &mut Pens,
@@ -66,23 +73,32 @@ impl Inner {
         p: &PenParams,
         state: PenState,
         now: i64,
-    ) {
+    ) -> bool {
         let id = (check.limit.shared_name(), Key::from_slice(check.key));
         let exp = state.expires_at(p);
         if exp <= now {
             if pens.remove(&id).is_some() {
                 self.forget(1);
             }
-            return;
+            return true;
         }
         match pens.get_mut(&id) {
             Some(slot) => *slot = (state, exp),
-            // a new state, unless the store is full (then not counted)
-            None if self.admit() => {
+            None if self.admit() || self.give_up(self.pen_shard(check.key), None, now) => {
                 pens.insert(id, (state, exp));
             }
-            None => {}
+            None => {
+                crate::metrics::penalty_not_stored(check.limit.shared_name());
+                tracing::warn!(
+                    target: "tower_ratelimit",
+                    limit = check.limit.name(),
+                    max_keys = self.max_keys,
+                    "the memory store is full of penalty states: a penalty state was not stored"
+                );
+                return false;
+            }
         }
+        true
     }
 }
 
@@ -230,13 +246,17 @@ impl MemoryStore {
 
     /// Changes `check`'s penalty state (see [`PenaltyChange`]); its state
     /// after a block (before a forget), and the store time.
+    /// [`Error::PenaltyNotStored`] when a block finds the store full of
+    /// penalty states.
     pub(super) fn change_pen_now(
         &self,
         check: &Check<'_>,
         change: PenaltyChange,
-    ) -> Option<(PenState, i64)> {
+    ) -> Result<Option<(PenState, i64)>, Error> {
         let inner = &*self.inner;
-        let p = check.limit.pen_params()?;
+        let Some(p) = check.limit.pen_params() else {
+            return Ok(None);
+        };
         let mut pens = lock(&inner.pens[inner.pen_shard(check.key)]);
         let now = inner.clock.now_micros();
         let id = (check.limit.shared_name(), Key::from_slice(check.key));
@@ -248,7 +268,9 @@ impl MemoryStore {
             PenaltyChange::Read => {}
             PenaltyChange::Block(us) => {
                 state.block(now, us);
-                inner.put_pen(&mut pens, check, p, state, now);
+                if !inner.put_pen(&mut pens, check, p, state, now) {
+                    return Err(Error::PenaltyNotStored);
+                }
             }
             PenaltyChange::Unblock => {
                 if pens.remove(&id).is_some() {
@@ -256,7 +278,7 @@ impl MemoryStore {
                 }
             }
         }
-        Some((state, now))
+        Ok(Some((state, now)))
     }
 }
 

@@ -1,10 +1,13 @@
 //! Putting a decision's states back: saved, left as they were, or removed,
-//! and a new key stored within the store's bound.
+//! and a new key stored within the store's bound: in a full store, in
+//! place of the state closest to fresh that its shard gives up, once every
+//! state of the decision is back (see [`Inner::add_at_bound`]).
 
 use std::sync::atomic::Ordering;
+use std::sync::{MutexGuard, TryLockError};
 
-use super::table::{Found, Key, Slot, Table};
-use super::Inner;
+use super::table::{Closeness, Found, Hasher, Key, Shard, Slot, Table, SAMPLE};
+use super::{Inner, SHARDS};
 use crate::algorithm::State;
 use crate::store::Check;
 
@@ -12,13 +15,19 @@ use crate::store::Check;
 const SWEEP_PER_INSERT: usize = 32;
 /// Slots of its table examined for expiry when a new key finds the store full.
 const SWEEP_AT_BOUND: usize = 256;
+/// States a full store compares, at least, to choose the one it gives up.
+const COMPARED: usize = 2 * SAMPLE;
 
 impl Inner {
     /// Puts a decided state back: saved when granted (`write`) at a cost, or
     /// when `prepare` moved it back to the decision's clock (`moved`), else
     /// unchanged but for the pruning of a sliding log, as in Redis. Saved as
     /// of the decision's clock `now`; a state expired by the store's clock
-    /// `store_now` is not kept. Returns whether a new key was stored.
+    /// `store_now` is not kept. Returns whether a new key was stored, or
+    /// the new key's slot when the store is full: the caller stores it by
+    /// [`add_at_bound`](Self::add_at_bound) once every state of the
+    /// decision is back (giving up a state moves slots the decision's
+    /// other checks point at).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(super) fn write_back(
@@ -32,7 +41,7 @@ impl Inner {
         moved: bool,
         now: i64,
         store_now: i64,
-    ) -> bool {
+    ) -> Result<bool, Slot> {
         let p = check.limit.params();
         let write = (write && check.cost > 0) || moved;
         match found {
@@ -44,50 +53,137 @@ impl Inner {
                         self.forget(1);
                     }
                 }
-                false
+                Ok(false)
             }
             Found::Live(i) => {
                 if let Some(slot) = table.slot_mut(i) {
                     state.restore(&mut slot.stored);
                 }
-                false
+                Ok(false)
             }
             Found::Expired(i) => {
                 if table.remove(i, &self.hasher).is_some() {
                     self.forget(1);
                 }
-                false
+                Ok(false)
             }
             Found::Shared | Found::Absent if write => {
                 let (stored, expires_at) = state.save_new(p, now);
                 if expires_at <= store_now {
-                    return false;
+                    return Ok(false);
                 }
                 let slot = Slot {
                     key: Key::from_slice(check.key),
                     written: now,
                     stored,
                 };
-                match self.insert(table, hash, slot, store_now) {
-                    Ok(()) => true,
-                    // full: the grant goes to the shared state, which then
-                    // holds it (it was live and copied, or equal to fresh)
-                    Err(mut slot) => {
-                        if !self.full_warned.swap(true, Ordering::Relaxed) {
-                            tracing::warn!(
-                                target: "tower_ratelimit",
-                                max_keys = self.max_keys,
-                                "the memory store is full: keys not stored share one state per \
-                                 limit and shard until room is made (logged once per store)"
-                            );
-                        }
-                        slot.key = Key::new();
-                        table.overflow = Some(slot);
-                        false
-                    }
+                self.insert(table, hash, slot, store_now).map(|()| true)
+            }
+            Found::Shared | Found::Absent => Ok(false),
+        }
+    }
+
+    /// Stores a new key's state in table `t` of a full store (the slot
+    /// [`write_back`](Self::write_back) gave back): in place of the state
+    /// closest to fresh (see [`give_up`](Self::give_up)); if none could be
+    /// given up, its grant goes to the table's shared overflow state,
+    /// which then holds it (it was live and copied, or equal to fresh).
+    /// Returns whether the key was stored.
+    pub(super) fn add_at_bound(
+        &self,
+        shard: &mut Shard,
+        t: usize,
+        hash: u64,
+        mut slot: Slot,
+        store_now: i64,
+    ) -> bool {
+        if !self.full_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                target: "tower_ratelimit",
+                max_keys = self.max_keys,
+                "the memory store is full: new keys take the place of the states closest to \
+                 fresh (logged once per store)"
+            );
+        }
+        // (room made meanwhile elsewhere, else a state given up here, whose
+        // place in the count the new one takes)
+        if self.admit() || self.give_up(Hasher::shard(hash), Some(&mut *shard), store_now) {
+            let Some(table) = shard.tables.get_mut(t) else {
+                self.forget(1);
+                return false;
+            };
+            match table.push(hash, slot, &self.hasher) {
+                Ok(()) => return true,
+                Err(back) => {
+                    self.forget(1);
+                    slot = back;
                 }
             }
-            Found::Shared | Found::Absent => false,
+        }
+        if let Some(table) = shard.tables.get_mut(t) {
+            slot.key = Key::new();
+            table.overflow = Some(slot);
+        }
+        false
+    }
+
+    /// Makes room in a full store: removes the state closest to fresh (see
+    /// [`Shard::nearest_fresh`]) among those compared: of the shard `own`
+    /// (`held`, when a decision holds it locked), then of the next shards
+    /// in turn until [`COMPARED`] states were compared or every shard
+    /// was, each taken without waiting when a shard is held (one busy or
+    /// held by the decision is passed over), else locked. Returns whether
+    /// it removed one: its place in the store's count is the caller's.
+    /// What is lost is what that state had used: its key, back, starts
+    /// fresh.
+    pub(super) fn give_up(&self, own: usize, mut held: Option<&mut Shard>, now: i64) -> bool {
+        /// Where the best state so far is: in the held shard, or another.
+        enum Best<'s> {
+            Held(usize, usize),
+            Other(MutexGuard<'s, Shard>, usize, usize),
+        }
+        let mut best: Option<(Best<'_>, Closeness)> = None;
+        let mut seen = 0;
+        let waits = held.is_none();
+        if let Some(shard) = held.as_deref_mut() {
+            let (found, n) = shard.nearest_fresh(now);
+            seen += n;
+            best = found.map(|(t, i, c)| (Best::Held(t, i), c));
+        }
+        for k in 0..SHARDS {
+            if seen >= COMPARED && best.is_some() {
+                break;
+            }
+            let s = (own + k) % SHARDS;
+            if held.is_some() && s == own {
+                continue;
+            }
+            let Some(mutex) = self.shards.get(s) else {
+                continue;
+            };
+            let mut guard = if waits {
+                super::lock(mutex)
+            } else {
+                match mutex.try_lock() {
+                    Ok(guard) => guard,
+                    Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                    Err(TryLockError::WouldBlock) => continue,
+                }
+            };
+            let (found, n) = guard.nearest_fresh(now);
+            seen += n;
+            if let Some((t, i, c)) = found {
+                if best.as_ref().is_none_or(|(_, b)| c < *b) {
+                    best = Some((Best::Other(guard, t, i), c));
+                }
+            }
+        }
+        match best {
+            Some((Best::Held(t, i), _)) => {
+                held.is_some_and(|shard| shard.give_up(t, i, &self.hasher))
+            }
+            Some((Best::Other(mut guard, t, i), _)) => guard.give_up(t, i, &self.hasher),
+            None => false,
         }
     }
 
