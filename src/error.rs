@@ -128,15 +128,16 @@ pub enum Error {
     /// nothing was changed.
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
-    /// A [`MemoryStore`](crate::MemoryStore) at its
-    /// [`max_keys`](crate::MemoryStoreBuilder::max_keys) could not keep a
-    /// key's penalty state (a block by
-    /// [`Limiter::block`](crate::Limiter::block)): a full store gives up a
-    /// rate state to keep one, never another penalty state, and it holds
-    /// nothing but penalty states. Nothing was changed; counted under
-    /// `tower_ratelimit_memory_store_penalties_not_stored_total` (feature
-    /// `metrics`).
-    #[error("the memory store is full of penalty states: the penalty state was not stored")]
+    /// A [`MemoryStore`](crate::MemoryStore) could not keep a key's new
+    /// penalty state (a block by [`Limiter::block`](crate::Limiter::block)):
+    /// penalty states take at most half its
+    /// [`max_keys`](crate::MemoryStoreBuilder::max_keys), so that no flood
+    /// of them leaves new clients' rate states without room, and they
+    /// already do (in a full store, a penalty state takes a rate state's
+    /// place, never another penalty state's). Nothing was changed; counted
+    /// under [`PENALTIES_NOT_STORED`](crate::metrics::PENALTIES_NOT_STORED)
+    /// (feature `metrics`).
+    #[error("penalty states take half the memory store's bound: the penalty state was not stored")]
     PenaltyNotStored,
     /// The number of keys does not match the number of limits.
     #[error("expected {expected} keys (one per limit) or 1, got {got}")]

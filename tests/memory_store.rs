@@ -393,14 +393,14 @@ async fn a_ban_survives_a_full_store() {
     assert!(store.len() <= 100);
 }
 
-/// A store full of penalty states cannot keep another: `block` says so
-/// with `Error::PenaltyNotStored` (before: `Ok`, the ban dropped), and the
-/// bans it holds stay.
+/// Penalty states take at most half the bound: a block beyond it is an
+/// error, `Error::PenaltyNotStored` (before: `Ok`, the ban dropped), the
+/// bans kept stay, and new clients still have room for their quota.
 #[tokio::test]
-async fn a_block_a_store_full_of_bans_cannot_keep_is_an_error() {
+async fn a_block_beyond_half_the_bound_is_an_error() {
     let store = MemoryStore::builder()
         .clock(ManualClock::new(T0))
-        .max_keys(3)
+        .max_keys(6)
         .build()
         .expect("store");
     let limiter = Limiter::new(store.clone(), penalized());
@@ -413,14 +413,44 @@ async fn a_block_a_store_full_of_bans_cannot_keep_is_an_error() {
         matches!(refused, Err(Error::PenaltyNotStored)),
         "{refused:?}"
     );
+    for i in 0..20 {
+        let key = format!("new-{i}");
+        assert_eq!(passes(&limiter, &key, 12).await, 10, "{key}");
+    }
     for i in 0..3 {
         let key = format!("b{i}");
         assert!(!limiter.check(&key, 1).await.unwrap().is_allowed(), "{key}");
     }
-    assert_eq!(store.len(), 3);
+    assert_eq!(store.len(), 6);
 }
 
-/// A penalty state a full store cannot keep is counted.
+/// A flood of made-up keys that each get refused, and so each leave a
+/// penalty state (here a block at the first refusal), cannot fill the store
+/// with penalty states: new clients still get their quota.
+#[tokio::test]
+async fn a_flood_of_penalty_states_refuses_no_new_client() {
+    let minute = Duration::from_secs(60);
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(T0))
+        .max_keys(200)
+        .build()
+        .expect("store");
+    let limit = Limit::new("p", Quota::gcra(10, minute, 10))
+        .expect("valid limit")
+        .penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
+    let limiter = Limiter::new(store.clone(), limit);
+    for i in 0..2_000 {
+        let key = format!("flood-{i}");
+        assert_eq!(passes(&limiter, &key, 12).await, 10, "{key}");
+    }
+    assert!(store.len() <= 200, "{} states", store.len());
+    for i in 0..20 {
+        let key = format!("new-{i}");
+        assert_eq!(passes(&limiter, &key, 10).await, 10, "{key}");
+    }
+}
+
+/// A penalty state the store does not keep is counted.
 #[cfg(feature = "metrics")]
 #[test]
 fn a_penalty_state_not_stored_is_counted() {
@@ -431,7 +461,7 @@ fn a_penalty_state_not_stored_is_counted() {
     let handle = recorder.handle();
     let store = MemoryStore::builder()
         .clock(ManualClock::new(T0))
-        .max_keys(1)
+        .max_keys(2)
         .build()
         .expect("store");
     let limiter = Limiter::new(store, penalized());

@@ -65,8 +65,9 @@ impl Limiter {
     /// limit must have a [penalty](Limit::penalty) (it keeps the state);
     /// [`Error::Config`] otherwise, or for a zero duration or one over ten
     /// years. A [`MemoryStore`](crate::MemoryStore) at its bound keeps the
-    /// block in place of a rate state it gives up; one that holds nothing
-    /// but penalty states cannot keep it: [`Error::PenaltyNotStored`].
+    /// block in place of a rate state it gives up; one whose penalty
+    /// states take half its bound keeps no new one:
+    /// [`Error::PenaltyNotStored`].
     ///
     /// ```
     /// use std::time::Duration;

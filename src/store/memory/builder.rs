@@ -75,15 +75,17 @@ impl MemoryStoreBuilder {
     ///
     /// Penalty states (see [`Limit::penalty`](crate::Limit::penalty)) count
     /// in the bound and are never given up: a new one in a full store takes
-    /// the place of a rate state of any shard. Only a store that holds
-    /// nothing but penalty states cannot keep one: a block then fails with
-    /// [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored), and a
-    /// refusal or offence is not counted (both counted in the metrics).
-    /// And only when a new key's shard holds no rate state to give up (a
-    /// bound below a few states per shard, or a store full of penalty
-    /// states), its grant is recorded in a state shared per limit and shard
-    /// (not counted in the bound) on which keys not stored are decided
-    /// while it holds grants: it only over-counts.
+    /// the place of a rate state of any shard. They take at most half the
+    /// bound, so that no flood of them (made-up keys refused until blocked)
+    /// leaves new clients without room: beyond that, a new one is not kept
+    /// (a block fails with
+    /// [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored), a
+    /// refusal or offence is not counted; both counted in the metrics).
+    /// Only when no rate state could be given up at once (a bound below a
+    /// few states per shard, the other shards busy), a new key's grant is
+    /// recorded in a state shared per limit and shard (not counted in the
+    /// bound) on which keys not stored are decided while it holds grants:
+    /// it only over-counts.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

@@ -61,11 +61,15 @@ struct Inner {
     max_keys: usize,
     /// Stored states in all shards.
     count: AtomicUsize,
+    /// Penalty states among them (see `penalized.rs`).
+    pens_count: AtomicUsize,
     sweep_interval: Duration,
     /// Whether a background reclaimer runs (or cannot run: no timers).
     reclaimer: AtomicBool,
     /// Whether the store said it was full.
     full_warned: AtomicBool,
+    /// Whether the store said its penalty states took half its bound.
+    pens_warned: AtomicBool,
 }
 
 impl Inner {
@@ -183,9 +187,11 @@ impl MemoryStore {
                 pens: penalized::pens(),
                 max_keys: builder.max_keys,
                 count: AtomicUsize::new(0),
+                pens_count: AtomicUsize::new(0),
                 sweep_interval: builder.sweep_interval,
                 reclaimer: AtomicBool::new(false),
                 full_warned: AtomicBool::new(false),
+                pens_warned: AtomicBool::new(false),
             }),
         };
         store.ensure_reclaimer();
