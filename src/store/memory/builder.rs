@@ -57,7 +57,8 @@ impl MemoryStoreBuilder {
     /// to fresh among 8 states of each table of its shard (one of the
     /// store's 32, so about `max_keys / 32` states; each table examined from
     /// where the last search stopped): the one with the smallest share of
-    /// its capacity in use, then the earliest expiry. A state given up is
+    /// its capacity in use, then the earliest expiry, then the key seen
+    /// longest ago. A state given up is
     /// forgotten: its key, seen again, starts fresh. So a flood of made-up
     /// keys that each sent a little takes the place of its own states, and
     /// new clients keep their whole quota while it lasts; memory stays

@@ -234,18 +234,19 @@ impl Table {
 
 /// How far a state is from fresh, smallest first: the share of its
 /// capacity in use (parts per million; more than a million in debt), then
-/// its expiry. An expired state is closest: forgetting it forgets nothing.
-pub(super) type Closeness = (u64, i64);
+/// its expiry, then its last write (the key seen longest ago). An expired
+/// state is closest: forgetting it forgets nothing.
+pub(super) type Closeness = (u64, i64, i64);
 
 fn closeness(slot: &mut Slot, p: &Params, now: i64) -> Closeness {
     let expires_at = slot.stored.expires_at();
     if expires_at <= now {
-        return (0, i64::MIN);
+        return (0, i64::MIN, i64::MIN);
     }
     let used = i128::from(slot.stored.used(p, slot.written, now).max(0));
     let capacity = i128::from(p.capacity().max(1));
     let share = u64::try_from(used * 1_000_000 / capacity).unwrap_or(u64::MAX);
-    (share, expires_at)
+    (share, expires_at, slot.written)
 }
 
 /// The hash of slot `j`'s key, for the index's own rehashing.
@@ -404,7 +405,11 @@ mod tests {
             assert_eq!(best.map(|(bt, _, _)| bt), Some(o), "{quota:?}");
             // long after: every state is expired, the first compared goes
             let (best, _) = shard.nearest_fresh(now + 3_600_000_000);
-            assert_eq!(best.map(|(_, _, c)| c), Some((0, i64::MIN)), "{quota:?}");
+            assert_eq!(
+                best.map(|(_, _, c)| c),
+                Some((0, i64::MIN, i64::MIN)),
+                "{quota:?}"
+            );
         }
     }
 }
