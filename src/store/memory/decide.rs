@@ -10,7 +10,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
-use super::table::{Found, Hasher, Shard, Slot, Table};
+use super::table::{Found, Hasher, Shard, Table};
+use super::write::Put;
 use super::{lock, MemoryStore};
 use crate::algorithm::{self, Operand, Reply, State};
 use crate::store::Check;
@@ -242,10 +243,7 @@ impl MemoryStore {
         });
         let (reply, write) = decide(ops.as_mut(), now);
 
-        let mut added = false;
-        // new keys that found the store full, by their check's position
-        let mut full: SmallVec<[(usize, Slot); 1]> = SmallVec::new();
-        let mut j = 0;
+        let (mut added, mut full) = (false, false);
         W::each_taken(checks, ops, &places, |check, op, place| {
             if let Some(table) = table_of::<W>(&mut locks, place) {
                 match inner.write_back(
@@ -259,19 +257,26 @@ impl MemoryStore {
                     now,
                     store_now,
                 ) {
-                    Ok(new) => added |= new,
-                    Err(slot) => full.push((j, slot)),
+                    Put::Kept => {}
+                    Put::Added => added = true,
+                    Put::Full => full = true,
                 }
             }
-            j += 1;
         });
-        // once every state is back: a state given up moves others' slots
-        for (j, slot) in full {
-            let Some(place) = places.as_ref().get(j) else {
-                continue;
-            };
-            if let Some(shard) = W::shard(&mut locks, place) {
-                added |= inner.add_at_bound(shard, place.table, place.hash, slot, store_now);
+        if full {
+            // once every state is back: a state given up moves others' slots
+            for place in places.as_ref() {
+                let Some(shard) = W::shard(&mut locks, place) else {
+                    continue;
+                };
+                let Some(waiting) = shard
+                    .tables
+                    .get_mut(place.table)
+                    .and_then(|t| t.waiting.take())
+                else {
+                    continue;
+                };
+                added |= inner.add_at_bound(shard, place.table, place.hash, waiting, store_now);
             }
         }
         drop(locks);

@@ -53,6 +53,9 @@ pub(super) struct Table {
     /// granted. While it is live, a key not stored is decided on a copy of
     /// it (see [`MemoryStoreBuilder::max_keys`]).
     pub(super) overflow: Option<Slot>,
+    /// A new key's state that found the store full, while the decision
+    /// that made it puts its other states back (see `Inner::write_back`).
+    pub(super) waiting: Option<Slot>,
 }
 
 impl Table {
@@ -66,6 +69,7 @@ impl Table {
             len: 0,
             cursor: 0,
             overflow: None,
+            waiting: None,
         }
     }
 

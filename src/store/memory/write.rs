@@ -18,13 +18,24 @@ const SWEEP_AT_BOUND: usize = 256;
 /// States a full store compares, at least, to choose the one it gives up.
 const COMPARED: usize = 2 * SAMPLE;
 
+/// What putting a state back did.
+pub(super) enum Put {
+    /// Saved, left or removed.
+    Kept,
+    /// A new key stored.
+    Added,
+    /// A new key that found the store full: its slot waits in its table.
+    Full,
+}
+
 impl Inner {
     /// Puts a decided state back: saved when granted (`write`) at a cost, or
     /// when `prepare` moved it back to the decision's clock (`moved`), else
     /// unchanged but for the pruning of a sliding log, as in Redis. Saved as
     /// of the decision's clock `now`; a state expired by the store's clock
     /// `store_now` is not kept. Returns whether a new key was stored, or
-    /// the new key's slot when the store is full: the caller stores it by
+    /// found the store full: then its slot waits in the table
+    /// ([`Table::waiting`]) for the caller to store it by
     /// [`add_at_bound`](Self::add_at_bound) once every state of the
     /// decision is back (giving up a state moves slots the decision's
     /// other checks point at).
@@ -41,7 +52,7 @@ impl Inner {
         moved: bool,
         now: i64,
         store_now: i64,
-    ) -> Result<bool, Slot> {
+    ) -> Put {
         let p = check.limit.params();
         let write = (write && check.cost > 0) || moved;
         match found {
@@ -53,33 +64,39 @@ impl Inner {
                         self.forget(1);
                     }
                 }
-                Ok(false)
+                Put::Kept
             }
             Found::Live(i) => {
                 if let Some(slot) = table.slot_mut(i) {
                     state.restore(&mut slot.stored);
                 }
-                Ok(false)
+                Put::Kept
             }
             Found::Expired(i) => {
                 if table.remove(i, &self.hasher).is_some() {
                     self.forget(1);
                 }
-                Ok(false)
+                Put::Kept
             }
             Found::Shared | Found::Absent if write => {
                 let (stored, expires_at) = state.save_new(p, now);
                 if expires_at <= store_now {
-                    return Ok(false);
+                    return Put::Kept;
                 }
                 let slot = Slot {
                     key: Key::from_slice(check.key),
                     written: now,
                     stored,
                 };
-                self.insert(table, hash, slot, store_now).map(|()| true)
+                match self.insert(table, hash, slot, store_now) {
+                    Ok(()) => Put::Added,
+                    Err(slot) => {
+                        table.waiting = Some(slot);
+                        Put::Full
+                    }
+                }
             }
-            Found::Shared | Found::Absent => Ok(false),
+            Found::Shared | Found::Absent => Put::Kept,
         }
     }
 
