@@ -517,3 +517,49 @@ async fn a_flood_on_one_route_refuses_no_new_client_of_another() {
         assert_eq!(passes(&api, &key, 8).await, 5, "{key}: api, the rest");
     }
 }
+
+/// Threads that flood a full store at once, through a limiter of two
+/// limits (one with a penalty that blocks at the first refusal) and through
+/// blocks by hand, all giving up states across shards: each finishes, and
+/// the bound holds.
+#[test]
+fn concurrent_floods_at_the_bound_keep_it() {
+    let minute = Duration::from_secs(60);
+    let store = MemoryStore::builder()
+        .clock(ManualClock::new(T0))
+        .max_keys(64)
+        .build()
+        .expect("store");
+    let penalized = Limit::new("p", Quota::gcra(2, minute, 2))
+        .expect("valid limit")
+        .penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
+    let limiter = Limiter::builder(store.clone())
+        .limit(penalized)
+        .limit(Limit::new("w", Quota::fixed_window(5, minute)).expect("limit"))
+        .build()
+        .expect("limiter");
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let limiter = limiter.clone();
+            std::thread::spawn(move || {
+                futures::executor::block_on(async {
+                    for i in 0..2_000 {
+                        let key = format!("t{t}-{i}");
+                        if t == 3 {
+                            // blocks beyond half the bound are errors
+                            let _ = limiter.block("p", &key, minute).await;
+                        } else {
+                            for _ in 0..3 {
+                                limiter.check(&key, 1).await.unwrap();
+                            }
+                        }
+                    }
+                })
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a flood thread");
+    }
+    assert!(store.len() <= 64, "{} states", store.len());
+}

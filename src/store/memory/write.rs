@@ -148,8 +148,9 @@ impl Inner {
     /// [`Shard::nearest_fresh`]) among those compared: of the shard `own`
     /// (`held`, when a decision holds it locked), then of the next shards
     /// in turn until [`COMPARED`] states were compared or every shard
-    /// was, each taken without waiting when a shard is held (one busy or
-    /// held by the decision is passed over), else locked. Returns whether
+    /// was, each taken without waiting (one busy or held by the decision is
+    /// passed over; with none held and none found, each is then waited for
+    /// in turn, holding one at a time: no lock order to keep). Returns whether
     /// it removed one: its place in the store's count is the caller's.
     /// What is lost is what that state had used: its key, back, starts
     /// fresh.
@@ -178,14 +179,11 @@ impl Inner {
             let Some(mutex) = self.shards.get(s) else {
                 continue;
             };
-            let mut guard = if waits {
-                super::lock(mutex)
-            } else {
-                match mutex.try_lock() {
-                    Ok(guard) => guard,
-                    Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-                    Err(TryLockError::WouldBlock) => continue,
-                }
+            // (never waiting while holding a shard: no lock order to keep)
+            let mut guard = match mutex.try_lock() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => continue,
             };
             let (found, n) = guard.nearest_fresh(now);
             seen += n;
@@ -200,6 +198,17 @@ impl Inner {
                 held.is_some_and(|shard| shard.give_up(t, i, &self.hasher))
             }
             Some((Best::Other(mut guard, t, i), _)) => guard.give_up(t, i, &self.hasher),
+            // every shard busy, and none held: wait for each in turn, one
+            // at a time, until one has a state to give up
+            None if waits => (0..SHARDS).any(|k| {
+                self.shards.get((own + k) % SHARDS).is_some_and(|mutex| {
+                    let mut shard = super::lock(mutex);
+                    match shard.nearest_fresh(now) {
+                        (Some((t, i, _)), _) => shard.give_up(t, i, &self.hasher),
+                        (None, _) => false,
+                    }
+                })
+            }),
             None => false,
         }
     }
