@@ -1,6 +1,6 @@
 //! Putting a decision's states back: saved, left as they were, or removed,
 //! and a new key stored within the store's bound: in a full store, in
-//! place of the state closest to fresh that its shard gives up, once every
+//! place of the state closest to fresh that the store gives up, once every
 //! state of the decision is back (see [`Inner::add_at_bound`]).
 
 use std::sync::atomic::Ordering;
@@ -101,7 +101,7 @@ impl Inner {
     }
 
     /// Stores a new key's state in table `t` of a full store (the slot
-    /// [`write_back`](Self::write_back) gave back): in place of the state
+    /// [`write_back`](Self::write_back) left waiting): in place of the state
     /// closest to fresh (see [`give_up`](Self::give_up)); if none could be
     /// given up, its grant goes to the table's shared overflow state,
     /// which then holds it (it was live and copied, or equal to fresh).
