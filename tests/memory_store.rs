@@ -520,8 +520,8 @@ async fn a_flood_on_one_route_refuses_no_new_client_of_another() {
 
 /// Threads that flood a full store at once, through a limiter of two
 /// limits (one with a penalty that blocks at the first refusal) and through
-/// blocks by hand, all giving up states across shards: each finishes, and
-/// the bound holds.
+/// blocks by hand, all giving up states across shards: each finishes, the
+/// bound holds, and new clients get their quota after.
 #[test]
 fn concurrent_floods_at_the_bound_keep_it() {
     let minute = Duration::from_secs(60);
@@ -562,4 +562,11 @@ fn concurrent_floods_at_the_bound_keep_it() {
         thread.join().expect("a flood thread");
     }
     assert!(store.len() <= 64, "{} states", store.len());
+    // and new clients still get their quota (2: the smaller limit's)
+    futures::executor::block_on(async {
+        for i in 0..10 {
+            let key = format!("new-{i}");
+            assert_eq!(passes(&limiter, &key, 3).await, 2, "{key}");
+        }
+    });
 }

@@ -264,19 +264,18 @@ impl MemoryStore {
             }
         });
         if full {
-            // once every state is back: a state given up moves others' slots
+            // once every state is back (a state given up moves others'
+            // slots): room for each new key first, so that none takes the
+            // place of another made by this decision, then the keys
             for place in places.as_ref() {
-                let Some(shard) = W::shard(&mut locks, place) else {
-                    continue;
-                };
-                let Some(waiting) = shard
-                    .tables
-                    .get_mut(place.table)
-                    .and_then(|t| t.waiting.take())
-                else {
-                    continue;
-                };
-                added |= inner.add_at_bound(shard, place.table, place.hash, waiting, store_now);
+                if let Some(shard) = W::shard(&mut locks, place) {
+                    inner.make_room(shard, place.table, place.hash, store_now);
+                }
+            }
+            for place in places.as_ref() {
+                if let Some(shard) = W::shard(&mut locks, place) {
+                    added |= inner.add_at_bound(shard, place.table, place.hash);
+                }
             }
         }
         drop(locks);

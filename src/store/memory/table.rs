@@ -56,6 +56,8 @@ pub(super) struct Table {
     /// A new key's state that found the store full, while the decision
     /// that made it puts its other states back (see `Inner::write_back`).
     pub(super) waiting: Option<Slot>,
+    /// Whether room was made for it (counted in the store's bound).
+    pub(super) room: bool,
 }
 
 impl Table {
@@ -70,6 +72,7 @@ impl Table {
             cursor: 0,
             overflow: None,
             waiting: None,
+            room: false,
         }
     }
 

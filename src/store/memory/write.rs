@@ -1,7 +1,7 @@
 //! Putting a decision's states back: saved, left as they were, or removed,
 //! and a new key stored within the store's bound: in a full store, in
 //! place of the state closest to fresh that the store gives up, once every
-//! state of the decision is back (see [`Inner::add_at_bound`]).
+//! state of the decision is back (see [`Inner::make_room`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::{MutexGuard, TryLockError};
@@ -36,6 +36,7 @@ impl Inner {
     /// `store_now` is not kept. Returns whether a new key was stored, or
     /// found the store full: then its slot waits in the table
     /// ([`Table::waiting`]) for the caller to store it by
+    /// [`make_room`](Self::make_room) and
     /// [`add_at_bound`](Self::add_at_bound) once every state of the
     /// decision is back (giving up a state moves slots the decision's
     /// other checks point at).
@@ -100,20 +101,19 @@ impl Inner {
         }
     }
 
-    /// Stores a new key's state in table `t` of a full store (the slot
-    /// [`write_back`](Self::write_back) left waiting): in place of the state
-    /// closest to fresh (see [`give_up`](Self::give_up)); if none could be
-    /// given up, its grant goes to the table's shared overflow state,
-    /// which then holds it (it was live and copied, or equal to fresh).
-    /// Returns whether the key was stored.
-    pub(super) fn add_at_bound(
-        &self,
-        shard: &mut Shard,
-        t: usize,
-        hash: u64,
-        mut slot: Slot,
-        store_now: i64,
-    ) -> bool {
+    /// Makes room for the new key's state waiting in table `t` of a full
+    /// store (see [`write_back`](Self::write_back)), if one waits: counts
+    /// it in if room was made meanwhile, else gives up the state closest to
+    /// fresh (see [`give_up`](Self::give_up)), whose place in the count it
+    /// takes. Notes whether it found room.
+    pub(super) fn make_room(&self, shard: &mut Shard, t: usize, hash: u64, now: i64) {
+        if shard
+            .tables
+            .get(t)
+            .is_none_or(|table| table.waiting.is_none())
+        {
+            return;
+        }
         if !self.full_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 target: "tower_ratelimit",
@@ -122,13 +122,25 @@ impl Inner {
                  fresh (logged once per store)"
             );
         }
-        // (room made meanwhile elsewhere, else a state given up here, whose
-        // place in the count the new one takes)
-        if self.admit() || self.give_up(Hasher::shard(hash), Some(&mut *shard), store_now) {
-            let Some(table) = shard.tables.get_mut(t) else {
-                self.forget(1);
-                return false;
-            };
+        let room = self.admit() || self.give_up(Hasher::shard(hash), Some(&mut *shard), now);
+        if let Some(table) = shard.tables.get_mut(t) {
+            table.room = room;
+        }
+    }
+
+    /// Stores the new key's state waiting in table `t`, if one waits, in
+    /// the room [`make_room`](Self::make_room) made; if it made none, its
+    /// grant goes to the table's shared overflow state, which then holds it
+    /// (it was live and copied, or equal to fresh). Returns whether a key
+    /// was stored.
+    pub(super) fn add_at_bound(&self, shard: &mut Shard, t: usize, hash: u64) -> bool {
+        let Some(table) = shard.tables.get_mut(t) else {
+            return false;
+        };
+        let Some(mut slot) = table.waiting.take() else {
+            return false;
+        };
+        if std::mem::take(&mut table.room) {
             match table.push(hash, slot, &self.hasher) {
                 Ok(()) => return true,
                 Err(back) => {
@@ -137,10 +149,8 @@ impl Inner {
                 }
             }
         }
-        if let Some(table) = shard.tables.get_mut(t) {
-            slot.key = Key::new();
-            table.overflow = Some(slot);
-        }
+        slot.key = Key::new();
+        table.overflow = Some(slot);
         false
     }
 
