@@ -141,6 +141,17 @@ pub enum Error {
     /// its [`MissingKey`](crate::layer::MissingKey) policy applies.
     #[error("an empty rate-limit key: a key must have at least one byte")]
     EmptyKey,
+    /// A [`MemoryStore`](crate::MemoryStore) could not keep a key's new
+    /// penalty state (a block by [`Limiter::block`](crate::Limiter::block)):
+    /// penalty states take at most half its
+    /// [`max_keys`](crate::MemoryStoreBuilder::max_keys), so that no flood
+    /// of them leaves new clients' rate states without room, and they
+    /// already do (in a full store, a penalty state takes a rate state's
+    /// place, never another penalty state's). Nothing was changed; counted
+    /// under [`PENALTIES_NOT_STORED`](crate::metrics::PENALTIES_NOT_STORED)
+    /// (feature `metrics`).
+    #[error("penalty states take half the memory store's bound: the penalty state was not stored")]
+    PenaltyNotStored,
     /// The number of keys does not match the number of limits.
     #[error("expected {expected} keys (one per limit) or 1, got {got}")]
     KeyCount {

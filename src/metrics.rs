@@ -9,6 +9,7 @@
 //! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`, `refund`, `take`, `charge`, `renew`) | seconds per store call, failures and timeouts included |
 //! | [`MEMORY_STORE_KEYS`] | gauge | | key states held by this process's memory stores (the stores, a layer's memory fallback), refreshed at most once a second per store |
 //! | [`CHARGES`] | counter | `result` (`charged`, `retried`, `failed`) | costs charged after the fact ([`Limiter::charge`](crate::Limiter::charge), a rule's cost from its response): `retried` charged after a failed try, `failed` not charged |
+//! | [`PENALTIES_NOT_STORED`] | counter | `limit` | new penalty states (a block, refusals or offences counted) a [`MemoryStore`](crate::MemoryStore) did not keep: they take at most half its `max_keys`, and it gives up none of them (a block by [`Limiter::block`](crate::Limiter::block) then fails with [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored)) |
 //! | [`PLAN_LOOKUPS`] | counter | `result` (`found`, `unknown`, `failed`, `timed_out`, `oversized`) | lookups of plan resolvers (feature `resolver`), cache hits not counted; `oversized`: a lookup key too long, refused without a lookup |
 //!
 //! A decision counts once under each limit it involved: under every limit
@@ -51,6 +52,9 @@ pub const STORE_DURATION: &str = "tower_ratelimit_store_duration_seconds";
 pub const MEMORY_STORE_KEYS: &str = "tower_ratelimit_memory_store_keys";
 /// Counter of costs charged after the fact, labelled `result`.
 pub const CHARGES: &str = "tower_ratelimit_charges_total";
+/// Counter of new penalty states a memory store did not keep (they take at
+/// most half its bound), labelled `limit`.
+pub const PENALTIES_NOT_STORED: &str = "tower_ratelimit_memory_store_penalties_not_stored_total";
 /// Counter of plan lookups (feature `resolver`), labelled `result`.
 pub const PLAN_LOOKUPS: &str = "tower_ratelimit_plan_lookups_total";
 
@@ -217,6 +221,18 @@ pub(crate) fn charged(result: &'static str) {
 #[cfg(not(feature = "metrics"))]
 #[inline(always)]
 pub(crate) fn charged(_: &'static str) {}
+
+/// Counts one penalty state of `limit` a memory store did not keep, under
+/// [`PENALTIES_NOT_STORED`].
+#[cfg(feature = "metrics")]
+pub(crate) fn penalty_not_stored(limit: &'static str) {
+    ::metrics::counter!(PENALTIES_NOT_STORED, "limit" => limit).increment(1);
+}
+
+/// Without metrics: nothing.
+#[cfg(not(feature = "metrics"))]
+#[inline(always)]
+pub(crate) fn penalty_not_stored(_: &'static str) {}
 
 /// One memory store's share of [`MEMORY_STORE_KEYS`]: the store adds the
 /// change since its last report, and takes its share back when dropped, so

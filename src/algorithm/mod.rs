@@ -442,7 +442,7 @@ impl State {
     }
 
     #[inline]
-    fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         match (self, p) {
             (State::SlidingLog(s), Params::SlidingLog(p)) => s.status(p, now, at),
             (State::TokenBucket(s), Params::TokenBucket(p)) => s.status(p, now, at),
@@ -478,6 +478,20 @@ impl Stored {
             Stored::FixedWindow(raw) => raw.expires_at(),
             Stored::SlidingWindow(raw) => raw.expires_at(),
         }
+    }
+
+    /// How much of `p`'s capacity the state, written at `written`, holds
+    /// in use at `now` (0 when it is equal to a fresh one; more than the
+    /// capacity in debt): what forgetting it would forget. Read as of
+    /// `written` if that is later (so it is never moved back) and left as
+    /// it was but for the pruning of a sliding log, as a refused decision
+    /// leaves it.
+    pub(crate) fn used(&mut self, p: &Params, written: i64, now: i64) -> i64 {
+        let now = now.max(written);
+        let (state, _) = State::prepare(Some(self), p, written, now);
+        let (remaining, _) = state.status(p, now, now);
+        state.restore(self);
+        p.capacity().saturating_sub(remaining)
     }
 }
 

@@ -65,7 +65,10 @@ impl Limiter {
     /// block already in force is replaced (so this also shortens one). The
     /// limit must have a [penalty](Limit::penalty) (it keeps the state);
     /// [`Error::Config`] otherwise, or for a zero duration or one over ten
-    /// years.
+    /// years. A [`MemoryStore`](crate::MemoryStore) at its bound keeps the
+    /// block in place of a rate state it gives up; one whose penalty
+    /// states take half its bound keeps no new one:
+    /// [`Error::PenaltyNotStored`].
     ///
     /// ```
     /// use std::time::Duration;

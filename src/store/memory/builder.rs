@@ -52,23 +52,41 @@ impl MemoryStoreBuilder {
     /// and a ceiling on what a flood of made-up keys can take). From 1 to
     /// `u32::MAX`.
     ///
-    /// At the bound, a new key first reclaims expired states of its shard.
-    /// If the store is still full, its grant is recorded in a state shared
-    /// by every key that found the store full (one per limit in each of the
-    /// store's 32 shards, not counted in the bound), and while that shared
-    /// state holds grants, every key not stored is decided on it, and a key
-    /// stored then starts from it. The shared state counts at least every
-    /// grant of each key it stands for, so no key ever passes more than its
-    /// quota, and memory stays bounded whatever keys clients make up.
+    /// At the bound, a new key first reclaims expired states of its table.
+    /// If the store is still full, it takes the place of the state closest
+    /// to fresh among 8 states of each table of its shard (one of the
+    /// store's 32, so about `max_keys / 32` states; each table examined from
+    /// where the last search stopped): the one with the smallest share of
+    /// its capacity in use, then the earliest expiry, then the key seen
+    /// longest ago. A state given up is
+    /// forgotten: its key, seen again, starts fresh. So a flood of made-up
+    /// keys that each sent a little takes the place of its own states, and
+    /// new clients keep their whole quota while it lasts; memory stays
+    /// bounded whatever keys clients make up.
     ///
-    /// What a legitimate new key gets while a flood of made-up keys keeps
-    /// the store full: the quota left in its shard's shared state, often
-    /// none (refused with the shared state's `retry_after`). That lasts
-    /// until room is made by expiry and, after the flood's last grant, at
-    /// most the time the limit takes to become fresh again (its window, or
-    /// its capacity's refill). Stored keys are never evicted to make room
-    /// and keep their exact limits; a reset or refund of a key that was not
-    /// stored leaves the shared state as it is.
+    /// The bound this costs: within the time a state covers (its window,
+    /// or its capacity's refill), a key is granted at most its quota plus,
+    /// for each time its state was given up, what that state had used; and
+    /// a state is given up only while 7 others of its table in the sample
+    /// (and every other table's 8) hold as large a share of their capacity
+    /// in use, or more. A key that spent its quota is therefore forgotten
+    /// only once the store is full of keys that spent theirs as well. A
+    /// concurrency limit's lease states are rate states of a sliding log:
+    /// a lease state given up frees its permits early.
+    ///
+    /// Penalty states (see [`Limit::penalty`](crate::Limit::penalty)) count
+    /// in the bound and are never given up: a new one in a full store takes
+    /// the place of a rate state of any shard. They take at most half the
+    /// bound, so that no flood of them (made-up keys refused until blocked)
+    /// leaves new clients without room: beyond that, a new one is not kept
+    /// (a block fails with
+    /// [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored), a
+    /// refusal or offence is not counted; both counted in the metrics).
+    /// Only when no rate state could be given up at once (a bound below a
+    /// few states per shard, the other shards busy), a new key's grant is
+    /// recorded in a state shared per limit and shard (not counted in the
+    /// bound) on which keys not stored are decided while it holds grants:
+    /// it only over-counts.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use super::table::{Found, Hasher, Shard, Table};
+use super::write::Put;
 use super::{lock, MemoryStore};
 use crate::algorithm::{self, Operand, Reply, State};
 use crate::store::Check;
@@ -242,10 +243,10 @@ impl MemoryStore {
         });
         let (reply, write) = decide(ops.as_mut(), now);
 
-        let mut added = false;
+        let (mut added, mut full) = (false, false);
         W::each_taken(checks, ops, &places, |check, op, place| {
             if let Some(table) = table_of::<W>(&mut locks, place) {
-                added |= inner.write_back(
+                match inner.write_back(
                     table,
                     check,
                     op.state,
@@ -255,9 +256,28 @@ impl MemoryStore {
                     place.moved,
                     now,
                     store_now,
-                );
+                ) {
+                    Put::Kept => {}
+                    Put::Added => added = true,
+                    Put::Full => full = true,
+                }
             }
         });
+        if full {
+            // once every state is back (a state given up moves others'
+            // slots): room for each new key first, so that none takes the
+            // place of another made by this decision, then the keys
+            for place in places.as_ref() {
+                if let Some(shard) = W::shard(&mut locks, place) {
+                    inner.make_room(shard, place.table, place.hash, store_now);
+                }
+            }
+            for place in places.as_ref() {
+                if let Some(shard) = W::shard(&mut locks, place) {
+                    added |= inner.add_at_bound(shard, place.table, place.hash);
+                }
+            }
+        }
         drop(locks);
         if added {
             self.ensure_reclaimer();

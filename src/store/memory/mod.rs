@@ -61,11 +61,15 @@ struct Inner {
     max_keys: usize,
     /// Stored states in all shards.
     count: AtomicUsize,
+    /// Penalty states among them (see `penalized.rs`).
+    pens_count: AtomicUsize,
     sweep_interval: Duration,
     /// Whether a background reclaimer runs (or cannot run: no timers).
     reclaimer: AtomicBool,
     /// Whether the store said it was full.
     full_warned: AtomicBool,
+    /// Whether the store said its penalty states took half its bound.
+    pens_warned: AtomicBool,
 }
 
 impl Inner {
@@ -183,9 +187,11 @@ impl MemoryStore {
                 pens: penalized::pens(),
                 max_keys: builder.max_keys,
                 count: AtomicUsize::new(0),
+                pens_count: AtomicUsize::new(0),
                 sweep_interval: builder.sweep_interval,
                 reclaimer: AtomicBool::new(false),
                 full_warned: AtomicBool::new(false),
+                pens_warned: AtomicBool::new(false),
             }),
         };
         store.ensure_reclaimer();
@@ -413,7 +419,7 @@ impl Backend for MemoryStore {
         _: Deadline,
     ) -> Answer<'a, Result<Option<(PenState, i64)>, Error>> {
         let changed = bounded_one(check, |check| self.change_pen_now(check, change));
-        Answer::Now(Ok(changed.flatten()))
+        Answer::Now(changed.transpose().map(Option::flatten))
     }
 
     fn read_quota<'a>(

@@ -9,6 +9,7 @@
 //! shard's), so others pay one test.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
@@ -19,6 +20,7 @@ use crate::algorithm::{Outcome, Reply};
 use crate::penalty::{PenParams, PenState};
 use crate::store::backend::PenaltyChange;
 use crate::store::Check;
+use crate::Error;
 
 /// What a blocked limit's status says for `remaining` on the wire (see
 /// `algorithm::wire::BLOCKED`).
@@ -73,7 +75,48 @@ impl Inner {
         state
     }
 
+    /// The most penalty states the store keeps: half its bound (at least
+    /// one), so that no flood of penalty states leaves rate states without
+    /// room (the shared overflow state, where new keys would share one
+    /// drained state).
+    fn max_pens(&self) -> usize {
+        (self.max_keys / 2).max(1)
+    }
+
+    /// Counts a new penalty state in, unless [`max_pens`](Self::max_pens)
+    /// are kept; then in the store's count, in place of a rate state given
+    /// up if the store is full (there is one: rate states hold at least
+    /// half the bound).
+    fn admit_pen(&self, key: &[u8], now: i64) -> bool {
+        let max = self.max_pens();
+        let counted = self
+            .pens_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if counted && !(self.admit() || self.give_up(self.pen_shard(key), None, now)) {
+            self.pens_count.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        counted
+    }
+
+    /// Uncounts `removed` penalty states.
+    pub(super) fn forget_pens(&self, removed: usize) {
+        if removed > 0 {
+            self.pens_count.fetch_sub(removed, Ordering::AcqRel);
+            self.forget(removed);
+        }
+    }
+
     /// Writes `state` back for `check` (or drops it, fresh at `now`).
+    /// A new state in a full store takes the place of a rate state given
+    /// up (see [`Inner::give_up`]), never of another penalty state; returns
+    /// `false` when the penalty states already take half the bound (see
+    /// [`max_pens`](Self::max_pens)): then it is not stored, and counted
+    /// (see [`crate::metrics::PENALTIES_NOT_STORED`]). Takes shard locks:
+    /// none may be held (a penalty lock is taken first).
     fn put_pen(
         &self,
         pens: &mut Pens,
@@ -81,23 +124,35 @@ impl Inner {
         p: &PenParams,
         state: PenState,
         now: i64,
-    ) {
+    ) -> bool {
         let id = (check.limit.shared_name(), Key::from_slice(check.key));
         let exp = state.expires_at(p);
         if exp <= now {
             if pens.remove(&id).is_some() {
-                self.forget(1);
+                self.forget_pens(1);
             }
-            return;
+            return true;
         }
         match pens.get_mut(&id) {
             Some(slot) => *slot = (state, exp),
-            // a new state, unless the store is full (then not counted)
-            None if self.admit() => {
+            None if self.admit_pen(check.key, now) => {
                 pens.insert(id, (state, exp));
             }
-            None => {}
+            None => {
+                crate::metrics::penalty_not_stored(check.limit.shared_name());
+                if !self.pens_warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        target: "tower_ratelimit",
+                        limit = check.limit.name(),
+                        max_keys = self.max_keys,
+                        "penalty states take half the memory store's bound: new ones are not \
+                         stored (logged once per store, counted each time)"
+                    );
+                }
+                return false;
+            }
         }
+        true
     }
 }
 
@@ -245,13 +300,17 @@ impl MemoryStore {
 
     /// Changes `check`'s penalty state (see [`PenaltyChange`]); its state
     /// after a block (before a forget), and the store time.
+    /// [`Error::PenaltyNotStored`] when a new block finds penalty states
+    /// taking half the store's bound.
     pub(super) fn change_pen_now(
         &self,
         check: &Check<'_>,
         change: PenaltyChange,
-    ) -> Option<(PenState, i64)> {
+    ) -> Result<Option<(PenState, i64)>, Error> {
         let inner = &*self.inner;
-        let p = check.limit.pen_params()?;
+        let Some(p) = check.limit.pen_params() else {
+            return Ok(None);
+        };
         let mut pens = lock(&inner.pens[inner.pen_shard(check.key)]);
         let now = inner.clock.now_micros();
         let id = (check.limit.shared_name(), Key::from_slice(check.key));
@@ -260,15 +319,17 @@ impl MemoryStore {
             PenaltyChange::Read => {}
             PenaltyChange::Block(us) => {
                 state.block(now, us);
-                inner.put_pen(&mut pens, check, p, state, now);
+                if !inner.put_pen(&mut pens, check, p, state, now) {
+                    return Err(Error::PenaltyNotStored);
+                }
             }
             PenaltyChange::Unblock => {
                 if pens.remove(&id).is_some() {
-                    inner.forget(1);
+                    inner.forget_pens(1);
                 }
             }
         }
-        Some((state, now))
+        Ok(Some((state, now)))
     }
 }
 
@@ -334,7 +395,7 @@ mod tests {
                 .iter()
                 .map(|pens| {
                     let removed = sweep_pens(pens, now);
-                    store.inner.forget(removed);
+                    store.inner.forget_pens(removed);
                     removed
                 })
                 .sum()

@@ -21,7 +21,7 @@ impl Inner {
         if *t == 0 && budget.is_none() {
             // (before the shard's lock: a decision takes this one first)
             if let Some(pens) = self.pens.get(s) {
-                self.forget(super::penalized::sweep_pens(pens, now));
+                self.forget_pens(super::penalized::sweep_pens(pens, now));
             }
         }
         let mut shard = lock(shard);

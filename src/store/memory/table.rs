@@ -1,6 +1,8 @@
 //! The memory store's tables: one per limit and shard, a `hashbrown`
 //! index of `u32` slot numbers over slots kept densely in fixed-size
-//! chunks, and the shared overflow state of keys that found the store full.
+//! chunks; the choice of the state a full store gives up (the one closest
+//! to fresh, see [`Shard::nearest_fresh`]), and the shared overflow state of keys
+//! that found no state to give up.
 
 use hashbrown::HashTable;
 use smallvec::SmallVec;
@@ -13,6 +15,10 @@ use crate::Limit;
 
 /// Slots per chunk of a table's slot storage.
 const CHUNK: usize = 1024;
+
+/// Slots of each table of a shard a full store compares to choose the
+/// state it gives up (see `Inner::give_up`).
+pub(super) const SAMPLE: usize = 8;
 
 /// A user key: stored inline up to 24 bytes, on the heap beyond.
 pub(super) type Key = SmallVec<[u8; 24]>;
@@ -31,6 +37,9 @@ pub(super) struct Table {
     /// Interned: compared by address.
     pub(super) name: &'static str,
     pub(super) algorithm: Algorithm,
+    /// The parameters of the limit that made the table: what a full store
+    /// measures its states' use in (see [`Shard::nearest_fresh`]).
+    pub(super) params: Params,
     /// Slot numbers, found by the key's hash.
     pub(super) index: HashTable<u32>,
     /// Slots `0..len`, `CHUNK` per chunk; only the last chunk is partly used.
@@ -39,11 +48,16 @@ pub(super) struct Table {
     /// Where the next sweep step looks.
     pub(super) cursor: usize,
     /// The state shared by every key of this table that found the store
-    /// full (its key is empty): it holds all their grants, so it counts at
-    /// least what each of them was granted. While it is live, a key not
-    /// stored is decided on a copy of it (see
-    /// [`MemoryStoreBuilder::max_keys`]).
+    /// full and its shard without a state to give up (its key is empty): it
+    /// holds all their grants, so it counts at least what each of them was
+    /// granted. While it is live, a key not stored is decided on a copy of
+    /// it (see [`MemoryStoreBuilder::max_keys`]).
     pub(super) overflow: Option<Slot>,
+    /// A new key's state that found the store full, while the decision
+    /// that made it puts its other states back (see `Inner::write_back`).
+    pub(super) waiting: Option<Slot>,
+    /// Whether room was made for it (counted in the store's bound).
+    pub(super) room: bool,
 }
 
 impl Table {
@@ -51,11 +65,14 @@ impl Table {
         Self {
             name: limit.shared_name(),
             algorithm: limit.params().algorithm(),
+            params: *limit.params(),
             index: HashTable::new(),
             chunks: Vec::new(),
             len: 0,
             cursor: 0,
             overflow: None,
+            waiting: None,
+            room: false,
         }
     }
 
@@ -186,6 +203,29 @@ impl Table {
         (examined, removed)
     }
 
+    /// Of up to `n` slots from the cursor (the cursor moves past them), the
+    /// one closest to fresh at `now` and how close (see [`Closeness`]).
+    fn nearest_fresh(&mut self, n: usize, now: i64) -> Option<(usize, Closeness)> {
+        if self.len == 0 {
+            return None;
+        }
+        let start = self.cursor % self.len;
+        let params = self.params;
+        let mut best: Option<(usize, Closeness)> = None;
+        for k in 0..n.min(self.len) {
+            let i = (start + k) % self.len;
+            let Some(slot) = self.slot_mut(i) else {
+                continue;
+            };
+            let c = closeness(slot, &params, now);
+            if best.is_none_or(|(_, b)| c < b) {
+                best = Some((i, c));
+            }
+        }
+        self.cursor = (start + n) % self.len;
+        best
+    }
+
     /// Gives back the index's memory once most of its keys are gone.
     pub(super) fn shrink(&mut self, hasher: &Hasher) {
         if self.len == 0 {
@@ -197,6 +237,23 @@ impl Table {
                 .shrink_to(self.len, |&j| rehash(chunks, j, hasher));
         }
     }
+}
+
+/// How far a state is from fresh, smallest first: the share of its
+/// capacity in use (parts per million; more than a million in debt), then
+/// its expiry, then its last write (the key seen longest ago). An expired
+/// state is closest: forgetting it forgets nothing.
+pub(super) type Closeness = (u64, i64, i64);
+
+fn closeness(slot: &mut Slot, p: &Params, now: i64) -> Closeness {
+    let expires_at = slot.stored.expires_at();
+    if expires_at <= now {
+        return (0, i64::MIN, i64::MIN);
+    }
+    let used = i128::from(slot.stored.used(p, slot.written, now).max(0));
+    let capacity = i128::from(p.capacity().max(1));
+    let share = u64::try_from(used * 1_000_000 / capacity).unwrap_or(u64::MAX);
+    (share, expires_at, slot.written)
 }
 
 /// The hash of slot `j`'s key, for the index's own rehashing.
@@ -225,6 +282,31 @@ impl Shard {
         }
         self.tables.push(Table::new(limit));
         self.tables.len() - 1
+    }
+
+    /// The state closest to fresh (see [`Closeness`]) among [`SAMPLE`]
+    /// slots of each table of this shard from its cursor, whatever its
+    /// limit: its table, slot, closeness, and how many slots were compared.
+    pub(super) fn nearest_fresh(&mut self, now: i64) -> (Option<(usize, usize, Closeness)>, usize) {
+        let mut best: Option<(usize, usize, Closeness)> = None;
+        let mut seen = 0;
+        for (t, table) in self.tables.iter_mut().enumerate() {
+            seen += table.len.min(SAMPLE);
+            if let Some((i, c)) = table.nearest_fresh(SAMPLE, now) {
+                if best.is_none_or(|(_, _, b)| c < b) {
+                    best = Some((t, i, c));
+                }
+            }
+        }
+        (best, seen)
+    }
+
+    /// Removes slot `i` of table `t`; whether there was one.
+    pub(super) fn give_up(&mut self, t: usize, i: usize, hasher: &Hasher) -> bool {
+        self.tables
+            .get_mut(t)
+            .and_then(|table| table.remove(i, hasher))
+            .is_some()
     }
 }
 
@@ -255,4 +337,86 @@ pub(super) enum Found {
     Shared,
     /// No state stored, nor a live overflow state.
     Absent,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Hasher, Key, Shard, Slot, SAMPLE};
+    use crate::algorithm::{Params, State};
+    use crate::{Limit, Quota};
+
+    /// A slot of `key` that spent `used` of `limit`'s quota at `now`.
+    fn spent(limit: &Limit, key: &str, used: i64, now: i64) -> Slot {
+        let p: &Params = limit.params();
+        let (mut state, _) = State::prepare(None, p, now, now);
+        let mut ops = [crate::algorithm::Operand {
+            state,
+            p,
+            cost: used,
+        }];
+        crate::algorithm::decide(&mut ops, now, 0, false);
+        let [op] = ops;
+        state = op.state;
+        let (stored, _) = state.save_new(p, now);
+        Slot {
+            key: Key::from_slice(key.as_bytes()),
+            written: now,
+            stored,
+        }
+    }
+
+    /// A full store gives up, of the states it compares in every table of
+    /// the shard, the one with the smallest share of its capacity in use,
+    /// whatever the algorithm, and one expired before any.
+    #[test]
+    fn the_state_given_up_is_the_one_closest_to_fresh() {
+        let minute = Duration::from_secs(60);
+        let hasher = Hasher(foldhash::quality::RandomState::default());
+        let now = 1_800_000_000_000_000;
+        for quota in [
+            Quota::sliding_log(10, minute),
+            Quota::token_bucket(10, 10, minute),
+            Quota::gcra(10, minute, 10),
+            Quota::fixed_window(10, minute),
+            Quota::sliding_window(10, minute),
+        ] {
+            let limit = Limit::new("l", quota).expect("limit");
+            let other = Limit::new("o", Quota::gcra(100, minute, 100)).expect("limit");
+            let mut shard = Shard::default();
+            let (t, o) = (shard.table(&limit), shard.table(&other));
+            for (key, used) in [("a", 9), ("b", 4), ("c", 10), ("d", 7)] {
+                let slot = spent(&limit, key, used, now);
+                let table = &mut shard.tables[t];
+                assert!(table
+                    .push(hasher.hash(key.as_bytes()), slot, &hasher)
+                    .is_ok());
+            }
+            // 50 of 100: a larger share than b's 4 of 10, a smaller than a's
+            let slot = spent(&other, "e", 50, now);
+            assert!(shard.tables[o]
+                .push(hasher.hash(b"e"), slot, &hasher)
+                .is_ok());
+            let (best, seen) = shard.nearest_fresh(now);
+            assert_eq!(seen, 5.min(2 * SAMPLE), "{quota:?}");
+            let (bt, bi, _) = best.expect("a state to give up");
+            assert_eq!(
+                (bt, shard.tables[t].slot(bi).map(|s| s.key.as_slice())),
+                (t, Some(&b"b"[..])),
+                "{quota:?}"
+            );
+            assert!(shard.give_up(bt, bi, &hasher));
+            // then e (50%), then d (70%): never c, spent, while another is left
+            let (best, _) = shard.nearest_fresh(now);
+            assert_eq!(best.map(|(bt, _, _)| bt), Some(o), "{quota:?}");
+            // long after: every state is expired, the first compared goes
+            let (best, _) = shard.nearest_fresh(now + 3_600_000_000);
+            assert_eq!(
+                best.map(|(_, _, c)| c),
+                Some((0, i64::MIN, i64::MIN)),
+                "{quota:?}"
+            );
+        }
+    }
 }
