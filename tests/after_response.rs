@@ -474,3 +474,62 @@ fn a_maximum_hold_is_for_concurrency_limits_and_not_zero() {
         Err(tower_ratelimit::ConfigError::MaxHold(_))
     ));
 }
+
+/// A lease and a refund in one layer: a response that does not count gives
+/// its rate-limit grant back at once (its `RateLimit` field says so), while
+/// the concurrency permit stays held until the body ends.
+#[tokio::test]
+async fn a_refund_gives_the_rate_back_and_the_lease_stays_until_the_body_ends() {
+    let streams = Limit::concurrency("streams", 1, Duration::from_secs(60)).expect("limit");
+    let tries =
+        Limit::new("tries", Quota::fixed_window(5, Duration::from_secs(3600))).expect("limit");
+    for (store, make) in stores("after-lease-refund") {
+        let builder = RateLimitLayer::builder()
+            .rule(Rule::new(streams.clone(), Global))
+            .rule(Rule::new(tries.clone(), Global).refund_if(|r| r.status.is_success()));
+        let (app, senders) = streaming_app(layer_with(make(), builder));
+        let leases = limiter(make(), streams.clone());
+        let rates = limiter(make(), tries.clone());
+        let first = app
+            .clone()
+            .oneshot(get_request("/stream"))
+            .await
+            .expect("infallible");
+        assert_eq!(first.status(), StatusCode::OK, "{store}");
+        let field = first.headers()["ratelimit"]
+            .to_str()
+            .expect("ascii")
+            .to_owned();
+        assert!(field.contains("\"tries\";r=5;"), "{store}: {field}");
+        assert_eq!(
+            rates.peek("global").await.expect("peek").remaining(),
+            5,
+            "{store}"
+        );
+        assert_eq!(
+            leases.peek("global").await.expect("peek").remaining(),
+            0,
+            "{store}"
+        );
+        let second = app
+            .clone()
+            .oneshot(get_request("/stream"))
+            .await
+            .expect("infallible");
+        assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS, "{store}");
+        assert_eq!(
+            rates.peek("global").await.expect("peek").remaining(),
+            5,
+            "{store}: a refusal takes nothing"
+        );
+        drop(
+            senders
+                .lock()
+                .expect("lock")
+                .pop()
+                .expect("the first's body"),
+        );
+        first.into_body().collect().await.expect("body");
+        settles_to(&leases, 1).await;
+    }
+}
