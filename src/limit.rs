@@ -247,8 +247,8 @@ impl Limit {
 
     /// This limit takes its quota from the store when one is kept there for
     /// it, shared by every instance: set with
-    /// [`Limiter::set_stored_quota`](crate::Limiter::set_stored_quota), and
-    /// per key with [`Limiter::set_override`](crate::Limiter::set_override).
+    /// [`Admin::set_stored_quota`](crate::Admin::set_stored_quota), and
+    /// per key with [`Admin::set_override`](crate::Admin::set_override).
     /// Both are read in the round trip of each decision (no call of their
     /// own), so a change is in force for every instance's next decision. The
     /// limit's own quota decides when none is stored, and a stored quota of
@@ -277,9 +277,9 @@ impl Limit {
     /// let reports = Limit::new("reports", Quota::per_hour(2).fixed_window())?.quota_from_store();
     /// let store = MemoryStore::new();
     /// let (a, b) = (Limiter::new(store.clone(), reports.clone()), Limiter::new(store, reports));
-    /// a.set_stored_quota("reports", Quota::per_hour(10).fixed_window()).await?;
+    /// a.admin().set_stored_quota("reports", Quota::per_hour(10).fixed_window()).await?;
     /// assert_eq!(b.check("acme", 1).await?.limit(), 10); // b reads what a stored
-    /// b.set_override("reports", "bigcorp", Quota::per_hour(1000).fixed_window(), None).await?;
+    /// b.admin().set_override("reports", "bigcorp", Quota::per_hour(1000).fixed_window(), None).await?;
     /// assert_eq!(a.check("bigcorp", 1).await?.limit(), 1000);
     /// assert_eq!(a.check("acme", 1).await?.limit(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -305,9 +305,9 @@ impl Limit {
     /// ([`LimitStatus::is_blocked`](crate::LimitStatus::is_blocked)), without
     /// consulting or charging its quota, whatever `max_wait` (a block is not
     /// waited out by a reservation); refusals during a block do not count.
-    /// [`Limiter::block`](crate::Limiter::block),
-    /// [`unblock`](crate::Limiter::unblock) and
-    /// [`inspect`](crate::Limiter::inspect) manage a key's penalty. Refunds
+    /// [`Admin::block`](crate::Admin::block),
+    /// [`unblock`](crate::Admin::unblock) and
+    /// [`inspect`](crate::Admin::inspect) manage a key's penalty. Refunds
     /// are unaffected by a block, and [`reset`](crate::Limiter::reset)
     /// leaves the penalty (an unblock forgives it). On a limit in
     /// [shadow mode](Self::shadow), would-be refusals count, and a block is a

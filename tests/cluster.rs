@@ -414,7 +414,8 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
             .expect("limiter")
     };
     let (a, b) = (instance(), instance());
-    a.set_stored_quota("reports", Quota::fixed_window(5, Duration::from_secs(3600)))
+    a.admin()
+        .set_stored_quota("reports", Quota::fixed_window(5, Duration::from_secs(3600)))
         .await
         .expect("copied to every slot");
     // keys spread over every primary, each read in its own slot
@@ -448,17 +449,19 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
     let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
     assert_eq!(caps, [5, 3]);
 
-    b.set_override(
-        "reports",
-        "tenant-7",
-        Quota::fixed_window(50, Duration::from_secs(3600)),
-        None,
-    )
-    .await
-    .expect("override");
+    b.admin()
+        .set_override(
+            "reports",
+            "tenant-7",
+            Quota::fixed_window(50, Duration::from_secs(3600)),
+            None,
+        )
+        .await
+        .expect("override");
     assert_eq!(a.check("tenant-7", 1).await.expect("decides").limit(), 50);
     assert_eq!(a.check("tenant-8", 1).await.expect("decides").limit(), 5);
     assert!(a
+        .admin()
         .remove_stored_quota("reports")
         .await
         .expect("removed everywhere"));

@@ -196,11 +196,12 @@ async fn deny_listed_requests_get_403_and_blocked_keys_429_until_unblocked() {
         assert_eq!(problem["status"], 403);
         assert_eq!(problem["detail"], "The request is not allowed.");
         // nothing was asked of the store
-        let seen = admin.inspect("api", "bot").await.expect("inspect");
+        let seen = admin.admin().inspect("api", "bot").await.expect("inspect");
         assert_eq!(seen.decision.remaining(), 100, "{store}");
 
         assert_eq!(send(&app, as_client("eve", "curl")).await.0, StatusCode::OK);
         admin
+            .admin()
             .block("api", "eve", Duration::from_secs(90))
             .await
             .expect("block");
@@ -218,7 +219,7 @@ async fn deny_listed_requests_get_403_and_blocked_keys_429_until_unblocked() {
         }
         // another client is not blocked
         assert_eq!(send(&app, as_client("ann", "curl")).await.0, StatusCode::OK);
-        assert!(admin.unblock("api", "eve").await.expect("unblock"));
+        assert!(admin.admin().unblock("api", "eve").await.expect("unblock"));
         // (a layer over a remote store answers the block from its cache
         // of denials until it ends: a fresh layer asks the store)
         let app = hello_app(layer());

@@ -595,21 +595,34 @@ async fn an_empty_key_is_an_error_on_both_stores() {
             "block",
             store,
             limiter
+                .admin()
                 .block("l", "", Duration::from_secs(1))
                 .await
                 .map(drop),
         );
-        empty("unblock", store, limiter.unblock("l", "").await.map(drop));
-        empty("inspect", store, limiter.inspect("l", "").await.map(drop));
+        empty(
+            "unblock",
+            store,
+            limiter.admin().unblock("l", "").await.map(drop),
+        );
+        empty(
+            "inspect",
+            store,
+            limiter.admin().inspect("l", "").await.map(drop),
+        );
         empty(
             "set_override",
             store,
-            limiter.set_override("l", "", quota, None).await.map(drop),
+            limiter
+                .admin()
+                .set_override("l", "", quota, None)
+                .await
+                .map(drop),
         );
         empty(
             "stored_override",
             store,
-            limiter.stored_override("l", "").await.map(drop),
+            limiter.admin().stored_override("l", "").await.map(drop),
         );
         // the limiter works on
         assert!(limiter.check("k", 1).await.unwrap().is_allowed(), "{store}");

@@ -148,7 +148,11 @@ async fn run_table(store: &str, limiter: &Limiter, clock: &ManualClock) {
                 );
             }
             Inspect(blocked, offences, refusals) => {
-                let seen = limiter.inspect("login", "mallory").await.expect("inspect");
+                let seen = limiter
+                    .admin()
+                    .inspect("login", "mallory")
+                    .await
+                    .expect("inspect");
                 assert_eq!(seen.blocked_for, blocked.map(secs), "{ctx}: {seen:?}");
                 assert_eq!(
                     (seen.offences, seen.refusals),
@@ -162,12 +166,17 @@ async fn run_table(store: &str, limiter: &Limiter, clock: &ManualClock) {
                 );
             }
             Block(n) => limiter
+                .admin()
                 .block("login", "mallory", secs(n))
                 .await
                 .expect("block"),
             Unblock(was) => {
                 assert_eq!(
-                    limiter.unblock("login", "mallory").await.expect("unblock"),
+                    limiter
+                        .admin()
+                        .unblock("login", "mallory")
+                        .await
+                        .expect("unblock"),
                     was,
                     "{ctx}"
                 )
@@ -228,11 +237,19 @@ async fn only_the_limit_that_refused_counts_and_a_block_charges_no_other() {
         // refused by `strict` alone: `loose` counts nothing
         let d = limiter.check("k", 1).await.expect("check");
         assert_eq!(d.retry_after(), Some(secs(60)), "{store}");
-        let seen = limiter.inspect("loose", "k").await.expect("inspect");
+        let seen = limiter
+            .admin()
+            .inspect("loose", "k")
+            .await
+            .expect("inspect");
         assert_eq!((seen.refusals, seen.offences), (0, 0), "{store}");
         // a block: both statuses read, the decision refused for the longer
         clock.set(T0 + (10 * S) as i64);
-        limiter.block("loose", "k", secs(90)).await.expect("block");
+        limiter
+            .admin()
+            .block("loose", "k", secs(90))
+            .await
+            .expect("block");
         let d = limiter.check("k", 1).await.expect("check");
         assert_eq!(d.retry_after(), Some(secs(90)), "{store}: {d:?}");
         assert!(d.statuses()[0].is_blocked() && !d.statuses()[1].is_blocked());
@@ -251,9 +268,9 @@ async fn penalty_operations_need_a_penalty() {
     let plain = Limit::new("plain", Quota::per_minute(1).gcra()).expect("limit");
     let limiter = limiter(MemoryStore::new(), &[plain]);
     for result in [
-        limiter.block("plain", "k", secs(1)).await.err(),
-        limiter.unblock("plain", "k").await.err(),
-        limiter.inspect("plain", "k").await.err(),
+        limiter.admin().block("plain", "k", secs(1)).await.err(),
+        limiter.admin().unblock("plain", "k").await.err(),
+        limiter.admin().inspect("plain", "k").await.err(),
     ] {
         assert!(
             matches!(result, Some(tower_ratelimit::Error::Config(_))),
@@ -319,7 +336,7 @@ async fn concurrent_refusals_make_exactly_one_offence_per_n() {
             // N - 1 refusals counted, the N-th blocks with the rest
             assert_eq!(counted, N as usize - 1, "{store}, round {round}");
             assert_eq!(blocked, TASKS - expected_granted - counted);
-            let seen = a.inspect("burst", "hot").await.expect("inspect");
+            let seen = a.admin().inspect("burst", "hot").await.expect("inspect");
             assert_eq!((seen.offences, seen.refusals), (round, 0), "{store}");
             assert_eq!(
                 seen.blocked_for,
@@ -351,6 +368,7 @@ async fn a_penalty_key_deleted_or_garbled_reads_as_fresh() {
         limiter.check("mallory", 1).await.expect("check");
     }
     assert!(limiter
+        .admin()
         .inspect("login", "mallory")
         .await
         .expect("inspect")
@@ -383,6 +401,7 @@ async fn a_penalty_key_deleted_or_garbled_reads_as_fresh() {
     for (i, spoil) in garbage.iter().enumerate() {
         spoil(&mut conn);
         let seen = limiter
+            .admin()
             .inspect("login", "mallory")
             .await
             .expect("no script error");
@@ -393,7 +412,11 @@ async fn a_penalty_key_deleted_or_garbled_reads_as_fresh() {
         );
         let d = limiter.check("mallory", 1).await.expect("no script error");
         assert!(!d.is_allowed() && !d.statuses()[0].is_blocked(), "case {i}");
-        let seen = limiter.inspect("login", "mallory").await.expect("inspect");
+        let seen = limiter
+            .admin()
+            .inspect("login", "mallory")
+            .await
+            .expect("inspect");
         assert_eq!(seen.refusals, 1, "case {i}: a good state written over it");
     }
     let _: () = conn.del(&key).expect("del");
@@ -426,6 +449,7 @@ async fn a_penalty_works_with_a_quota_kept_in_the_store() {
             let n = limits.len();
             let ctx = format!("{store}, {n} limits");
             limiter
+                .admin()
                 .set_stored_quota("kept", Quota::sliding_log(1, secs(60)))
                 .await
                 .expect("set");
@@ -438,13 +462,21 @@ async fn a_penalty_works_with_a_quota_kept_in_the_store() {
             let d = limiter.check(&key, 1).await.expect("check");
             assert_eq!(d.retry_after(), Some(secs(40)), "{ctx}: refusal 2 blocks");
             assert!(d.statuses()[n - 1].is_blocked(), "{ctx}");
-            let seen = limiter.inspect("kept", &key).await.expect("inspect");
+            let seen = limiter
+                .admin()
+                .inspect("kept", &key)
+                .await
+                .expect("inspect");
             assert_eq!(
                 (seen.offences, seen.blocked_for),
                 (1, Some(secs(40))),
                 "{ctx}"
             );
-            limiter.remove_stored_quota("kept").await.expect("remove");
+            limiter
+                .admin()
+                .remove_stored_quota("kept")
+                .await
+                .expect("remove");
         }
     }
 }
@@ -475,7 +507,11 @@ async fn blocks_are_cached_until_an_unblock_and_counted_refusals_never_are() {
         "{d:?}"
     );
     assert_eq!(d.retry_after(), Some(secs(10)));
-    assert!(limiter.unblock("login", "eve").await.expect("unblock"));
+    assert!(limiter
+        .admin()
+        .unblock("login", "eve")
+        .await
+        .expect("unblock"));
     let d = limiter.check("eve", 1).await.expect("check");
     assert!(
         !d.from_local_cache() && !d.statuses()[0].is_blocked(),
@@ -504,18 +540,27 @@ async fn a_refund_is_unaffected_by_a_block() {
         let grant = limiter.check_refundable("zoe", 2).await.expect("check");
         assert!(grant.is_allowed(), "{store}");
         limiter
+            .admin()
             .block("login", "zoe", secs(30))
             .await
             .expect("block");
         assert!(grant.refund().await.expect("refund"), "{store}");
-        let seen = limiter.inspect("login", "zoe").await.expect("inspect");
+        let seen = limiter
+            .admin()
+            .inspect("login", "zoe")
+            .await
+            .expect("inspect");
         assert_eq!(seen.blocked_for, Some(secs(30)), "{store}: the block stays");
         assert!(seen.decision.statuses()[0].is_blocked(), "{store}");
         // a reset forgets the quota's state, not the penalty
         limiter.reset("zoe").await.expect("reset");
         let d = limiter.check("zoe", 1).await.expect("check");
         assert!(d.statuses()[0].is_blocked(), "{store}: still blocked");
-        assert!(limiter.unblock("login", "zoe").await.expect("unblock"));
+        assert!(limiter
+            .admin()
+            .unblock("login", "zoe")
+            .await
+            .expect("unblock"));
         let d = limiter.peek("zoe").await.expect("peek");
         assert_eq!(d.remaining(), 2, "{store}: the grant came back whole");
     }
@@ -556,6 +601,7 @@ async fn a_block_written_by_a_clock_a_year_ahead_ends_within_its_length() {
             ahead.check("ahead", 1).await.expect("check");
         }
         ahead
+            .admin()
             .block("login", "by-hand", secs(100))
             .await
             .expect("block");
@@ -573,7 +619,11 @@ async fn a_block_written_by_a_clock_a_year_ahead_ends_within_its_length() {
             let cached = limiter.check(key, 1).await.expect("check");
             assert_eq!(cached.from_local_cache(), store == "redis", "{ctx}");
             assert_eq!(cached.retry_after(), Some(ban), "{ctx}: {cached:?}");
-            let seen = limiter.inspect("login", key).await.expect("inspect");
+            let seen = limiter
+                .admin()
+                .inspect("login", key)
+                .await
+                .expect("inspect");
             assert_eq!(seen.blocked_for, Some(ban), "{ctx}: {seen:?}");
         }
         // the cache holds each for its retry only: then the store is asked

@@ -378,7 +378,7 @@ impl RateLimitLayerBuilder {
     /// banned address ranges. Counted `deny_listed` under every limit of
     /// the layer (see [`crate::metrics`]). For bans that come and go, see
     /// [`Limit::penalty`](crate::Limit::penalty) and
-    /// [`Limiter::block`](crate::Limiter::block).
+    /// [`Admin::block`](crate::Admin::block).
     ///
     /// ```
     /// use axum::{routing::get, Router};

@@ -1,4 +1,7 @@
-//! The programmatic API: [`Limiter`] with `check`, `acquire`, `peek`, `reset`.
+//! The programmatic API: [`Limiter`] with the decisions a request makes
+//! (`check`, `acquire`, `peek`, `take_up_to`, `reset`, ...), and beside it
+//! [`Admin`] (`admin/`), what an operator does (kept quotas, overrides,
+//! penalties).
 //!
 //! A decision goes one way: the public methods here build the checks (one
 //! per limit, with its key and cost), [`run`](Limiter::run) picks the plain
@@ -7,6 +10,7 @@
 //! `deny_cache.rs`), and a grant that can be given back is a [`Grant`]
 //! (`grant.rs`).
 
+mod admin;
 mod call;
 mod charge;
 pub(crate) mod count;
@@ -14,22 +18,20 @@ mod deny_cache;
 mod grant;
 mod hot;
 mod lease;
-mod penalties;
 mod shadow;
-mod stored;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
+pub use self::admin::{Admin, Inspection};
 use self::deny_cache::DenyCache;
 pub use self::grant::Grant;
 pub(crate) use self::grant::{Refund, RefundOnDrop};
 pub(crate) use self::hot::HotPools;
 pub use self::lease::Lease;
 pub(crate) use self::lease::LeaseGuard;
-pub use self::penalties::Inspection;
 use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;
@@ -173,7 +175,7 @@ impl LimiterBuilder {
     /// cost its `retry_after` is a lower bound. It never refuses what the
     /// store would grant, unless another process resets the key, raises
     /// the quota or lifts a key's block meanwhile (a
-    /// [`reset`](Limiter::reset) or [`unblock`](Limiter::unblock) through
+    /// [`reset`](Limiter::reset) or [`unblock`](Admin::unblock) through
     /// this limiter clears the key's entries). A limit with a
     /// [penalty](crate::Limit::penalty) has its denials cached only while
     /// it blocks the key (its other refusals are counted by the store). At

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::Limiter;
+use super::Admin;
 use crate::store::{Check, Deadline, QuotaChange};
 use crate::{ConfigError, Error, Limit, Quota};
 
@@ -21,12 +21,13 @@ fn kept_check<'a>(own: &'a Limit, key: Option<&'a [u8]>) -> Check<'a> {
 /// limit's quota is copied to every slot (16384 writes).
 const STORED_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl Limiter {
+impl Admin<'_> {
     /// This limiter's limit named `name`, if it takes its quota from the
     /// store; with `quota`, also that quota as the limit (validated, of the
     /// limit's algorithm).
     fn kept(&self, name: &str, quota: Option<Quota>) -> Result<(Limit, Option<Limit>), Error> {
         let Some(own) = self
+            .limiter
             .limits()
             .into_iter()
             .find(|l| l.name() == name && l.is_quota_from_store())
@@ -57,16 +58,16 @@ impl Limiter {
     }
 
     fn stored_deadline(&self) -> Deadline {
-        Deadline::after(self.inner.timeout.max(STORED_TIMEOUT))
+        Deadline::after(self.limiter.inner.timeout.max(STORED_TIMEOUT))
     }
 
     async fn read(&self, name: &str, key: Option<&[u8]>) -> Result<Option<Quota>, Error> {
         if let Some(key) = key {
-            super::non_empty(key)?;
+            crate::limiter::non_empty(key)?;
         }
         let (own, _) = self.kept(name, None)?;
         let check = kept_check(&own, key);
-        let store = &self.inner.store;
+        let store = &self.limiter.inner.store;
         let deadline = self.stored_deadline();
         store
             .read_quota(&check, key.is_some(), deadline)
@@ -83,7 +84,7 @@ impl Limiter {
         if_absent: bool,
     ) -> Result<bool, Error> {
         if let Some(key) = key {
-            super::non_empty(key)?;
+            crate::limiter::non_empty(key)?;
         }
         let (own, kept) = self.kept(name, quota)?;
         let change = match &kept {
@@ -95,7 +96,7 @@ impl Limiter {
             None => QuotaChange::Remove,
         };
         let check = kept_check(&own, key);
-        let store = &self.inner.store;
+        let store = &self.limiter.inner.store;
         let deadline = self.stored_deadline();
         let written = store.write_quota(&check, key.is_some(), change, deadline);
         written.get().await
@@ -145,7 +146,7 @@ impl Limiter {
     /// limit's stored and own quotas for that key only, in every instance's
     /// next decision. Same conditions as
     /// [`set_stored_quota`](Self::set_stored_quota). Kept beside the key's
-    /// state (one slot on a cluster); [`reset`](Self::reset) leaves it.
+    /// state (one slot on a cluster); [`reset`](crate::Limiter::reset) leaves it.
     pub async fn set_override(
         &self,
         limit: &str,

@@ -3,17 +3,17 @@
 
 use std::time::Duration;
 
-use super::Limiter;
+use super::Admin;
 use crate::decision::Decision;
 use crate::store::{Check, Deadline, PenaltyChange};
 use crate::{ConfigError, Error, Limit};
 
-/// What [`Limiter::inspect`] finds of a key in a limit with a penalty.
+/// What [`Admin::inspect`] finds of a key in a limit with a penalty.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Inspection {
     /// The limit's answer for a cost of 1 now, taking nothing (a
-    /// [`peek`](Limiter::peek) by this limit alone): its `remaining`, and
+    /// [`peek`](crate::Limiter::peek) by this limit alone): its `remaining`, and
     /// while blocked the refusal with the time left of the block.
     pub decision: Decision,
     /// The time left of the key's block, if it is blocked.
@@ -24,13 +24,14 @@ pub struct Inspection {
     pub refusals: u32,
 }
 
-/// The longest block [`Limiter::block`] accepts: ten years.
+/// The longest block [`Admin::block`] accepts: ten years.
 const LONGEST_BLOCK: Duration = Duration::from_secs(10 * 366 * 86_400);
 
-impl Limiter {
+impl Admin<'_> {
     /// This limiter's limit named `name`, if it has a penalty.
     fn penalized(&self, name: &str) -> Result<Limit, Error> {
-        self.limits()
+        self.limiter
+            .limits()
             .into_iter()
             .find(|l| l.name() == name && l.pen_params().is_some())
             .ok_or_else(|| {
@@ -47,14 +48,14 @@ impl Limiter {
         key: &[u8],
         change: PenaltyChange,
     ) -> Result<(crate::penalty::PenState, i64), Error> {
-        let key = super::non_empty(key)?;
+        let key = crate::limiter::non_empty(key)?;
         let check = Check {
             limit,
             key,
             cost: 0,
         };
-        let store = &self.inner.store;
-        let deadline = Deadline::after(self.inner.timeout);
+        let store = &self.limiter.inner.store;
+        let deadline = Deadline::after(self.limiter.inner.timeout);
         let changed = store.penalty(&check, change, deadline).get().await?;
         changed.ok_or_else(|| ConfigError::Penalty("the limit has no penalty".into()).into())
     }
@@ -79,11 +80,11 @@ impl Limiter {
     /// let api = Limit::new("api", Quota::per_second(10).gcra())?
     ///     .penalty(Penalty::new(100, hour, [hour])?);
     /// let limiter = Limiter::new(MemoryStore::new(), api);
-    /// limiter.block("api", "203.0.113.9", hour).await?;
-    /// let seen = limiter.inspect("api", "203.0.113.9").await?;
+    /// limiter.admin().block("api", "203.0.113.9", hour).await?;
+    /// let seen = limiter.admin().inspect("api", "203.0.113.9").await?;
     /// assert!(seen.blocked_for.is_some() && seen.offences == 0);
     /// assert!(!limiter.check("203.0.113.9", 1).await?.is_allowed());
-    /// assert!(limiter.unblock("api", "203.0.113.9").await?);
+    /// assert!(limiter.admin().unblock("api", "203.0.113.9").await?);
     /// assert!(limiter.check("203.0.113.9", 1).await?.is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
@@ -119,7 +120,7 @@ impl Limiter {
     pub async fn unblock(&self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let limit = self.penalized(limit)?;
         let key = key.as_ref();
-        if let Some(denials) = &self.inner.denials {
+        if let Some(denials) = &self.limiter.inner.denials {
             denials.forget(key);
         }
         let (before, now) = self
@@ -144,7 +145,10 @@ impl Limiter {
             key,
             cost: 1,
         }];
-        let decision = self.run_once(&check, Duration::ZERO, true, false).await?;
+        let decision = self
+            .limiter
+            .run_once(&check, Duration::ZERO, true, false)
+            .await?;
         let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
         let p = limit.pen_params();
         let (offences, refusals) = p.map_or((0, 0), |p| {
