@@ -141,7 +141,7 @@ pub use error::{ConfigError, Error};
 pub use hot::HotKey;
 pub use limit::{Limit, DEFAULT_MAX_HOLD};
 pub use limiter::{
-    Admin, Grant, Inspection, Lease, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT,
+    Admin, Grant, Inspection, Lease, Limiter, LimiterBuilder, Refundable, DEFAULT_TIMEOUT, MAX_WAIT,
 };
 pub use live::{LimitSource, LiveLimit, LiveLimits};
 pub use penalty::{Penalty, DEFAULT_FORGET_AFTER};

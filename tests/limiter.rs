@@ -526,7 +526,7 @@ async fn a_max_wait_beyond_max_wait_is_refused_and_takes_nothing() {
             matches!(result, Err(Error::WaitTooLong(w)) if w == max_wait),
             "{result:?}"
         );
-        let result = limiter.acquire_refundable("k", 1, max_wait).await;
+        let result = limiter.refundable().acquire("k", 1, max_wait).await;
         assert!(matches!(result, Err(Error::WaitTooLong(_))), "{result:?}");
     }
     let first = limiter.decide(&["k"], 1, MAX_WAIT).await.expect("decided");
@@ -575,9 +575,9 @@ async fn an_empty_key_is_an_error_on_both_stores() {
             limiter.decide(&keys, 1, Duration::ZERO).await.map(drop),
         );
         empty(
-            "check_refundable",
+            "refundable().check",
             store,
-            limiter.check_refundable("", 1).await.map(drop),
+            limiter.refundable().check("", 1).await.map(drop),
         );
         empty(
             "take_up_to",

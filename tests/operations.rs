@@ -900,8 +900,8 @@ async fn far_ahead_states_under_several_limits_agree_on_both_stores() {
         redis.check("k", 4).await.expect("redis"),
     );
     assert!(m.is_allowed() && m == r, "{m:?} {r:?}");
-    let m = memory.check_refundable("k", 1).await.expect("memory");
-    let r = redis.check_refundable("k", 1).await.expect("redis");
+    let m = memory.refundable().check("k", 1).await.expect("memory");
+    let r = redis.refundable().check("k", 1).await.expect("redis");
     assert!(
         m.is_allowed() && m.decision() == r.decision(),
         "{m:?} {r:?}"

@@ -537,7 +537,7 @@ async fn a_refund_is_unaffected_by_a_block() {
         ),
     ] {
         clock.set(T0);
-        let grant = limiter.check_refundable("zoe", 2).await.expect("check");
+        let grant = limiter.refundable().check("zoe", 2).await.expect("check");
         assert!(grant.is_allowed(), "{store}");
         limiter
             .admin()

@@ -61,7 +61,8 @@ async fn run(limit: &Limit, table: &[Row]) {
                 Take(cost, max_wait) => {
                     let max_wait = Duration::from_micros(max_wait as u64);
                     let grant = limiter
-                        .decide_refundable(&["k"], cost, max_wait)
+                        .refundable()
+                        .decide(&["k"], cost, max_wait)
                         .await
                         .expect("decision");
                     let d = grant.decision();
@@ -254,7 +255,7 @@ async fn a_refund_gives_back_in_every_limit_of_the_grant() {
     let memory = two_limits(MemoryStore::with_clock(clock.clone()));
     let redis = two_limits(redis_store_with_clock(&prefix, &clock));
     for (store, limiter) in [("memory", memory), ("redis", redis)] {
-        let first = limiter.check_refundable("k", 2).await.unwrap();
+        let first = limiter.refundable().check("k", 2).await.unwrap();
         assert!(first.is_allowed(), "{store}");
         let look = limiter.peek_cost("k", 0).await.unwrap();
         assert_eq!(look.statuses()[0].remaining(), 0, "{store}: {look:?}");
@@ -294,11 +295,14 @@ async fn a_cancelled_acquire_returns_its_slot() {
         assert!(wait <= Duration::from_secs(60), "{store}: {look:?}");
 
         let grant = limiter
-            .decide_refundable(&["r"], 1, Duration::ZERO)
+            .refundable()
+            .decide(&["r"], 1, Duration::ZERO)
             .await
             .unwrap();
         assert!(grant.is_allowed());
-        let waiting = limiter.acquire_refundable("r", 1, Duration::from_secs(120));
+        let waiting = limiter
+            .refundable()
+            .acquire("r", 1, Duration::from_secs(120));
         assert!(
             tokio::time::timeout(Duration::from_millis(50), waiting)
                 .await

@@ -142,7 +142,11 @@ fn enforced_limits_still_count_and_refuse_beside_a_shadow_limit() {
         ]);
         runtime().block_on(async {
             for i in 0..3 {
-                let grant = limiter.check_refundable("bob", 1).await.expect("decision");
+                let grant = limiter
+                    .refundable()
+                    .check("bob", 1)
+                    .await
+                    .expect("decision");
                 let d = grant.decision();
                 assert!(d.is_allowed(), "{store}, request {i}: {d:?}");
                 assert_eq!(d.statuses().len(), 2);

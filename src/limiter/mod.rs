@@ -27,7 +27,7 @@ use smallvec::SmallVec;
 
 pub use self::admin::{Admin, Inspection};
 use self::deny_cache::DenyCache;
-pub use self::grant::Grant;
+pub use self::grant::{Grant, Refundable};
 pub(crate) use self::grant::{Refund, RefundOnDrop};
 pub(crate) use self::hot::HotPools;
 pub use self::lease::Lease;
@@ -320,51 +320,6 @@ impl Limiter {
         self.run(&checks, Duration::ZERO, true).await
     }
 
-    /// Like [`check`](Self::check), and the grant can be given back once
-    /// ([`Grant::refund`]): take when a request arrives, give back when its
-    /// outcome says it should not count.
-    pub async fn check_refundable(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Grant, Error> {
-        self.decide_refundable(&[key], cost, Duration::ZERO).await
-    }
-
-    /// Like [`acquire`](Self::acquire), and the grant can be given back once
-    /// ([`Grant::refund`]). Dropping the future while it sleeps gives the
-    /// reservation back.
-    pub async fn acquire_refundable(
-        &self,
-        key: impl AsRef<[u8]>,
-        cost: u64,
-        max_wait: Duration,
-    ) -> Result<Grant, Error> {
-        let Grant { decision, refund } = self.decide_refundable(&[key], cost, max_wait).await?;
-        let refund = if decision.is_allowed() && !decision.wait().is_zero() {
-            // cancelled while it sleeps: the reservation goes back
-            let guard = RefundOnDrop::new(refund);
-            tokio::time::sleep(decision.wait()).await;
-            guard.disarm()
-        } else {
-            refund
-        };
-        Ok(Grant::new(decision, refund))
-    }
-
-    /// Like [`decide`](Self::decide), and the grant can be given back once
-    /// ([`Grant::refund`]). Returns at once; when the decision is a
-    /// reservation, the caller waits (and may give it back instead).
-    pub async fn decide_refundable<K: AsRef<[u8]>>(
-        &self,
-        keys: &[K],
-        cost: u64,
-        max_wait: Duration,
-    ) -> Result<Grant, Error> {
-        Self::within_max_wait(max_wait)?;
-        let limits = self.current();
-        let checks = Self::keyed_checks(&limits, keys, cost)?;
-        let decision = self.run(&checks, max_wait, false).await?;
-        let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
-        Ok(Grant::new(decision, refund))
-    }
-
     /// Takes as much as every limit has left for `key` now, at most `most`
     /// (a batch endpoint taking what it may), in one round trip:
     /// [`Decision::granted`] says how much. When nothing is left, the
@@ -388,7 +343,7 @@ impl Limiter {
     /// ```
     pub async fn take_up_to(&self, key: impl AsRef<[u8]>, most: u64) -> Result<Grant, Error> {
         if most == 0 {
-            return self.check_refundable(key, 0).await;
+            return self.refundable().check(key, 0).await;
         }
         let keys = [key];
         let limits = self.current();
@@ -396,7 +351,7 @@ impl Limiter {
         // limits in shadow mode never refuse, so they take no part
         checks.retain(|c| !c.limit.is_shadow());
         if checks.is_empty() {
-            let mut decision = self.check_refundable(&keys[0], 0).await?.into_decision();
+            let mut decision = self.refundable().check(&keys[0], 0).await?.into_decision();
             decision.granted = most;
             return Ok(Grant::new(decision, None));
         }

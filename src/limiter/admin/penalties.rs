@@ -90,7 +90,7 @@ impl Admin<'_> {
     /// # }).unwrap();
     /// ```
     pub async fn block(
-        &self,
+        self,
         limit: &str,
         key: impl AsRef<[u8]>,
         duration: Duration,
@@ -117,7 +117,7 @@ impl Admin<'_> {
     /// [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials));
     /// another instance that cached the block's refusal answers it from its
     /// cache until the block would have ended.
-    pub async fn unblock(&self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+    pub async fn unblock(self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let limit = self.penalized(limit)?;
         let key = key.as_ref();
         if let Some(denials) = &self.limiter.inner.denials {
@@ -134,7 +134,7 @@ impl Admin<'_> {
     /// for how long, its offences and the refusals counted towards the
     /// next. Two store calls. The limit must have a
     /// [penalty](Limit::penalty) ([`Error::Config`] otherwise).
-    pub async fn inspect(&self, limit: &str, key: impl AsRef<[u8]>) -> Result<Inspection, Error> {
+    pub async fn inspect(self, limit: &str, key: impl AsRef<[u8]>) -> Result<Inspection, Error> {
         let limit = self.penalized(limit)?;
         let key = key.as_ref();
         let (state, now) = self

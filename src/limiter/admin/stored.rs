@@ -105,7 +105,7 @@ impl Admin<'_> {
     /// The quota kept in the store for the limit `limit` (Redisson's
     /// `getConfig`), if any: an equal one (a bucket's rate and period in
     /// lowest terms). See [`Limit::quota_from_store`].
-    pub async fn stored_quota(&self, limit: &str) -> Result<Option<Quota>, Error> {
+    pub async fn stored_quota(self, limit: &str) -> Result<Option<Quota>, Error> {
         self.read(limit, None).await
     }
 
@@ -120,7 +120,7 @@ impl Admin<'_> {
     /// so that each decision reads it in its own slot; a change that fails
     /// part way (an error) may leave slots with the old quota: set it
     /// again.
-    pub async fn set_stored_quota(&self, limit: &str, quota: Quota) -> Result<(), Error> {
+    pub async fn set_stored_quota(self, limit: &str, quota: Quota) -> Result<(), Error> {
         self.write(limit, None, Some(quota), None, false).await?;
         Ok(())
     }
@@ -128,7 +128,7 @@ impl Admin<'_> {
     /// [`set_stored_quota`](Self::set_stored_quota) unless a quota is kept
     /// already (Redisson's `trySetRate`); whether it was set.
     pub async fn set_stored_quota_if_absent(
-        &self,
+        self,
         limit: &str,
         quota: Quota,
     ) -> Result<bool, Error> {
@@ -137,7 +137,7 @@ impl Admin<'_> {
 
     /// Removes the quota kept for the limit `limit`: its own quota decides
     /// again, state carried over. Whether one was kept.
-    pub async fn remove_stored_quota(&self, limit: &str) -> Result<bool, Error> {
+    pub async fn remove_stored_quota(self, limit: &str) -> Result<bool, Error> {
         self.write(limit, None, None, None, false).await
     }
 
@@ -148,7 +148,7 @@ impl Admin<'_> {
     /// [`set_stored_quota`](Self::set_stored_quota). Kept beside the key's
     /// state (one slot on a cluster); [`reset`](crate::Limiter::reset) leaves it.
     pub async fn set_override(
-        &self,
+        self,
         limit: &str,
         key: impl AsRef<[u8]>,
         quota: Quota,
@@ -162,7 +162,7 @@ impl Admin<'_> {
 
     /// `key`'s override in the limit `limit`, if one is in force.
     pub async fn stored_override(
-        &self,
+        self,
         limit: &str,
         key: impl AsRef<[u8]>,
     ) -> Result<Option<Quota>, Error> {
@@ -171,7 +171,7 @@ impl Admin<'_> {
 
     /// Removes `key`'s override in the limit `limit`: the key returns to the
     /// limit's quota, its state carried over. Whether one was in force.
-    pub async fn remove_override(&self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+    pub async fn remove_override(self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let key = key.as_ref();
         self.write(limit, Some(key), None, None, false).await
     }
