@@ -32,7 +32,7 @@ pub enum ConfigError {
     NoLimits,
     /// A fixed cost can never be granted because it exceeds a limit's capacity.
     #[error("a cost of {cost} can never be granted: limit {limit:?} holds at most {capacity}")]
-    CostExceedsCapacity {
+    FixedCostExceedsCapacity {
         /// The configured cost.
         cost: u64,
         /// The limit that cannot hold it.

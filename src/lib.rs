@@ -21,7 +21,7 @@
 //!   [leases](Lease) that expire unless renewed, and [`Limiter::charge`]
 //!   (or a layer rule's `cost_from_response`) charges a cost known only
 //!   after the fact, leaving a key in debt until it is paid back.
-//! - A limit may carry a [`Penalty`] ([`Limit::penalty`]): after N refusals
+//! - A limit may carry a [`Penalty`] ([`Limit::with_penalty`]): after N refusals
 //!   within a time the key is blocked, longer on each repeat offence,
 //!   counted in the decision's own round trip; [`Admin::block`],
 //!   [`Admin::unblock`] and [`Admin::inspect`] manage bans by hand.

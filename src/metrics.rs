@@ -22,7 +22,7 @@
 //! a request the store failed counts twice: `store_error`, then the outcome
 //! of the in-memory fallback's decision. A request a layer's deny-list
 //! refuses counts `deny_listed` under every limit of the layer (no decision
-//! is made); a key blocked by a [penalty](crate::Limit::penalty) counts
+//! is made); a key blocked by a [penalty](crate::Limit::with_penalty) counts
 //! `denied` (or `local_cache`) like any refusal.
 //!
 //! Adding an outcome where it happens is one call with its [`Outcome`]; the

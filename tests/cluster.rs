@@ -123,7 +123,7 @@ async fn a_decision_across_slots_is_all_or_nothing() {
         .expect("decision");
     assert!(!refused.is_allowed());
     let statuses = refused.statuses();
-    assert!(!statuses[0].violated() && statuses[1].violated());
+    assert!(!statuses[0].is_violated() && statuses[1].is_violated());
     assert_eq!(statuses[0].remaining(), 97);
 }
 
@@ -424,7 +424,7 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
         let key = format!("tenant-{i}");
         slots.insert(key_slot(format!("{{{key}}}")));
         let d = b.check(&key, 1).await.expect("decides");
-        assert_eq!((d.limit(), d.remaining()), (5, 4), "{key}");
+        assert_eq!((d.capacity(), d.remaining()), (5, 4), "{key}");
     }
     assert!(slots.len() > 150, "keys in {} slots", slots.len());
     // a decision over two slots reads each slot's copy
@@ -446,7 +446,7 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
         .decide(&[&x, &y], 1, Duration::ZERO)
         .await
         .expect("decides");
-    let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
+    let caps: Vec<u64> = d.statuses().iter().map(|s| s.capacity()).collect();
     assert_eq!(caps, [5, 3]);
 
     b.admin()
@@ -458,8 +458,11 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
         )
         .await
         .expect("override");
-    assert_eq!(a.check("tenant-7", 1).await.expect("decides").limit(), 50);
-    assert_eq!(a.check("tenant-8", 1).await.expect("decides").limit(), 5);
+    assert_eq!(
+        a.check("tenant-7", 1).await.expect("decides").capacity(),
+        50
+    );
+    assert_eq!(a.check("tenant-8", 1).await.expect("decides").capacity(), 5);
     assert!(a
         .admin()
         .remove_stored_quota("reports")
@@ -467,7 +470,7 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
         .expect("removed everywhere"));
     for i in 0..50 {
         let d = b.check(format!("tenant-{i}"), 0).await.expect("decides");
-        assert_eq!(d.limit(), if i == 7 { 50 } else { 2 }, "tenant-{i}");
+        assert_eq!(d.capacity(), if i == 7 { 50 } else { 2 }, "tenant-{i}");
     }
 }
 
@@ -644,7 +647,7 @@ async fn a_hot_keys_decisions_coalesce_in_its_slot_and_stay_exact() {
     println!("1000 decisions on two slots in {calls} calls");
 }
 
-/// A hot key marked so (`Limit::hot`) on a cluster: two instances serve it
+/// A hot key marked so (`Limit::with_hot_key`) on a cluster: two instances serve it
 /// from batches, exactly the quota granted, and once the batches' holds
 /// end the key's slot counts exactly what was granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -656,7 +659,7 @@ async fn a_hot_key_in_batches_on_a_cluster_grants_the_quota_and_gives_back_the_r
         Quota::fixed_window(500, Duration::from_secs(3600)),
     )
     .and_then(|l| {
-        l.hot(tower_ratelimit::HotKey::new(
+        l.with_hot_key(tower_ratelimit::HotKey::new(
             40,
             Duration::from_millis(300),
         )?)

@@ -29,14 +29,14 @@ async fn all_or_nothing(limiter: Limiter, clock: ManualClock) {
     let d = limiter.check("u", 1).await.unwrap();
     assert!(!d.is_allowed());
     assert_eq!(
-        d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+        d.violated_limits().map(|s| s.name()).collect::<Vec<_>>(),
         ["burst"]
     );
     clock.advance(Duration::from_secs(1));
     // daily has 1 left: a cost of 2 passes burst but not daily, and consumes neither
     let d = limiter.check("u", 2).await.unwrap();
     assert_eq!(
-        d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+        d.violated_limits().map(|s| s.name()).collect::<Vec<_>>(),
         ["daily"]
     );
     assert_eq!(d.binding().unwrap().name(), "daily");
@@ -57,7 +57,7 @@ async fn all_or_nothing(limiter: Limiter, clock: ManualClock) {
     assert_eq!(d.verdict(), Verdict::CostExceedsCapacity);
     assert_eq!(d.retry_after(), None);
     assert_eq!(
-        d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+        d.violated_limits().map(|s| s.name()).collect::<Vec<_>>(),
         ["burst"]
     );
     // reset forgets every limit of the key
@@ -176,7 +176,7 @@ async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
         .await
         .unwrap();
     assert!(d.is_allowed());
-    assert_eq!(d.wait(), Duration::from_millis(100));
+    assert_eq!(d.delay(), Duration::from_millis(100));
     assert_eq!(
         started.elapsed(),
         Duration::from_millis(100),
@@ -187,7 +187,7 @@ async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
         .acquire("q", 1, Duration::from_secs(1))
         .await
         .unwrap();
-    assert_eq!(d.wait(), Duration::from_millis(100));
+    assert_eq!(d.delay(), Duration::from_millis(100));
     // too far: denied at once, nothing consumed
     let before = tokio::time::Instant::now();
     let d = limiter
@@ -219,7 +219,7 @@ async fn acquire_on_redis_waits_for_its_reservation() {
         .unwrap();
     assert!(d.is_allowed());
     assert!(
-        d.wait() > Duration::ZERO && d.wait() <= Duration::from_millis(50),
+        d.delay() > Duration::ZERO && d.delay() <= Duration::from_millis(50),
         "{d:?}"
     );
     assert_keys_expire(
@@ -530,7 +530,7 @@ async fn a_max_wait_beyond_max_wait_is_refused_and_takes_nothing() {
         assert!(matches!(result, Err(Error::WaitTooLong(_))), "{result:?}");
     }
     let first = limiter.decide(&["k"], 1, MAX_WAIT).await.expect("decided");
-    assert!(first.is_allowed() && first.wait().is_zero());
+    assert!(first.is_allowed() && first.delay().is_zero());
 }
 
 /// An empty key is `Error::EmptyKey` for every operation that names a key,
@@ -544,7 +544,7 @@ async fn an_empty_key_is_an_error_on_both_stores() {
         Limit::new("l", Quota::sliding_log(5, Duration::from_secs(60)))
             .unwrap()
             .quota_from_store()
-            .penalty(
+            .with_penalty(
                 tower_ratelimit::Penalty::new(
                     3,
                     Duration::from_secs(60),

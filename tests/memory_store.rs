@@ -359,7 +359,7 @@ fn penalized() -> Limit {
     let minute = Duration::from_secs(60);
     Limit::new("p", Quota::gcra(10, minute, 10))
         .expect("valid limit")
-        .penalty(Penalty::new(100, minute, [minute]).expect("valid penalty"))
+        .with_penalty(Penalty::new(100, minute, [minute]).expect("valid penalty"))
 }
 
 /// A block made when the store is full takes the place of a rate state, and
@@ -441,7 +441,7 @@ async fn a_flood_of_penalty_states_refuses_no_new_client() {
         .expect("store");
     let limit = Limit::new("p", Quota::gcra(10, minute, 10))
         .expect("valid limit")
-        .penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
+        .with_penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
     let limiter = Limiter::new(store.clone(), limit);
     for i in 0..2_000 {
         let key = format!("flood-{i}");
@@ -536,7 +536,7 @@ fn concurrent_floods_at_the_bound_keep_it() {
         .expect("store");
     let penalized = Limit::new("p", Quota::gcra(2, minute, 2))
         .expect("valid limit")
-        .penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
+        .with_penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
     let limiter = Limiter::builder(store.clone())
         .limit(penalized)
         .limit(Limit::new("w", Quota::fixed_window(5, minute)).expect("limit"))

@@ -278,13 +278,13 @@ async fn a_backward_clock_step_refuses_nothing_the_recorded_grants_allow() {
             stores.at(98 * S);
             let d = limiter.check("c", 1).await.expect("check");
             assert!(
-                d.is_allowed() && d.wait().is_zero(),
+                d.is_allowed() && d.delay().is_zero(),
                 "{quota:?} on {name}: {d:?}"
             );
             assert_eq!(d.remaining(), 8, "{quota:?} on {name}: {d:?}");
             let d = limiter.check("c", 8).await.expect("check");
             assert!(
-                d.is_allowed() && d.wait().is_zero(),
+                d.is_allowed() && d.delay().is_zero(),
                 "{quota:?} on {name}: {d:?}"
             );
             let full = limiter.check("c", 1).await.expect("check");
@@ -306,7 +306,7 @@ async fn reservations_survive_a_backward_clock_step() {
             .await
             .expect("reserve");
         assert_eq!(
-            reserved.wait(),
+            reserved.delay(),
             Duration::from_secs(1),
             "{name}: {reserved:?}"
         );
@@ -322,7 +322,7 @@ async fn reservations_survive_a_backward_clock_step() {
             .await
             .expect("reserve");
         assert_eq!(
-            next.wait(),
+            next.delay(),
             Duration::from_secs(2),
             "{name}: queued behind: {next:?}"
         );
@@ -683,13 +683,13 @@ async fn a_state_from_a_clock_far_ahead_counts_as_now_and_never_freezes_its_key(
                     stores.at(t);
                     let again = limiter.check("f", 1).await.expect("check");
                     assert!(
-                        again.is_allowed() && again.wait().is_zero(),
+                        again.is_allowed() && again.delay().is_zero(),
                         "{ctx}: refused at {} us until {t} us, then {again:?}",
                         t - retry
                     );
                 } else {
                     assert!(
-                        d.is_allowed() && d.wait().is_zero(),
+                        d.is_allowed() && d.delay().is_zero(),
                         "{ctx} at {t} us: {d:?}"
                     );
                     assert!(t > 0, "{ctx}: the writer's grants were forgotten: {d:?}");

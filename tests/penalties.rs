@@ -1,4 +1,4 @@
-//! Penalties and bans (`Limit::penalty`): one table of refusals, blocks,
+//! Penalties and bans (`Limit::with_penalty`): one table of refusals, blocks,
 //! escalation, forgetting and the admin operations, run unchanged on the
 //! memory store, a real Redis and (with the `cluster` feature) a Redis
 //! Cluster, on one manual clock; exact counting under 100 concurrent tasks
@@ -24,7 +24,7 @@ fn secs(n: u64) -> Duration {
 fn login() -> Limit {
     Limit::new("login", Quota::sliding_log(2, secs(60)))
         .expect("limit")
-        .penalty(
+        .with_penalty(
             Penalty::new(3, secs(60), [secs(10), secs(100)])
                 .expect("penalty")
                 .forget_after(secs(1000)),
@@ -140,7 +140,7 @@ async fn run_table(store: &str, limiter: &Limiter, clock: &ManualClock) {
             Peek(e) => expect_decision(&limiter.peek("mallory").await.expect("peek"), e),
             Take(n, retry) => {
                 let taken = limiter.take_up_to("mallory", 5).await.expect("take");
-                assert_eq!(taken.granted(), n, "{ctx}");
+                assert_eq!(taken.granted_amount(), n, "{ctx}");
                 assert_eq!(
                     taken.decision().retry_after(),
                     retry.map(secs),
@@ -220,7 +220,7 @@ async fn only_the_limit_that_refused_counts_and_a_block_charges_no_other() {
     let strict = Limit::new("strict", Quota::sliding_log(1, secs(60))).expect("limit");
     let penalized = Limit::new("loose", Quota::sliding_log(3, secs(60)))
         .expect("limit")
-        .penalty(Penalty::new(1, secs(60), [secs(30)]).expect("penalty"));
+        .with_penalty(Penalty::new(1, secs(60), [secs(30)]).expect("penalty"));
     let limits = [penalized, strict];
     for (store, limiter) in [
         (
@@ -253,7 +253,7 @@ async fn only_the_limit_that_refused_counts_and_a_block_charges_no_other() {
         let d = limiter.check("k", 1).await.expect("check");
         assert_eq!(d.retry_after(), Some(secs(90)), "{store}: {d:?}");
         assert!(d.statuses()[0].is_blocked() && !d.statuses()[1].is_blocked());
-        assert_eq!(d.statuses()[1].wait(), Some(secs(50)), "{store}");
+        assert_eq!(d.statuses()[1].available_in(), Some(secs(50)), "{store}");
         // after the block and the window: one grant each, nothing was charged
         clock.set(T0 + (100 * S) as i64);
         let d = limiter.check("k", 1).await.expect("check");
@@ -291,7 +291,9 @@ async fn concurrent_refusals_make_exactly_one_offence_per_n() {
     let prefix = unique_prefix("penalties-concurrent");
     let limit = Limit::new("burst", Quota::sliding_log(1, secs(3600)))
         .expect("limit")
-        .penalty(Penalty::new(N, secs(3600), [secs(10), secs(20), secs(30)]).expect("penalty"));
+        .with_penalty(
+            Penalty::new(N, secs(3600), [secs(10), secs(20), secs(30)]).expect("penalty"),
+        );
     let memory = MemoryStore::with_clock(clock.clone());
     let build = |store: MemoryStore| {
         Limiter::builder(store)
@@ -432,7 +434,7 @@ async fn a_penalty_works_with_a_quota_kept_in_the_store() {
     let kept = Limit::new("kept", Quota::sliding_log(5, secs(60)))
         .expect("limit")
         .quota_from_store()
-        .penalty(Penalty::new(2, secs(60), [secs(40)]).expect("penalty"));
+        .with_penalty(Penalty::new(2, secs(60), [secs(40)]).expect("penalty"));
     let other = Limit::new("other", Quota::sliding_log(100, secs(60))).expect("limit");
     for limits in [vec![kept.clone()], vec![other, kept]] {
         for (store, limiter) in [
@@ -456,7 +458,7 @@ async fn a_penalty_works_with_a_quota_kept_in_the_store() {
             let key = format!("k{n}");
             let d = limiter.check(&key, 1).await.expect("check");
             assert!(d.is_allowed(), "{ctx}: {d:?}");
-            assert_eq!(d.statuses()[n - 1].limit(), 1, "{ctx}: the kept quota");
+            assert_eq!(d.statuses()[n - 1].capacity(), 1, "{ctx}: the kept quota");
             let d = limiter.check(&key, 1).await.expect("check");
             assert_eq!(d.retry_after(), Some(secs(60)), "{ctx}: refusal 1");
             let d = limiter.check(&key, 1).await.expect("check");

@@ -41,7 +41,7 @@ type Row = (i64, Op, Option<Expect>, u64);
 
 fn verdict(d: &tower_ratelimit::Decision) -> Expect {
     match d.verdict() {
-        Verdict::Allowed => Allowed(d.wait().as_micros() as i64),
+        Verdict::Allowed => Allowed(d.delay().as_micros() as i64),
         Verdict::Denied { retry_after } => Denied(retry_after.as_micros() as i64),
         other => panic!("unexpected verdict {other:?}"),
     }

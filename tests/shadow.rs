@@ -90,7 +90,7 @@ fn a_shadow_limit_never_refuses_and_reports_what_it_would_refuse() {
                 let d = limiter.check("alice", 1).await.expect("decision");
                 assert!(d.is_allowed(), "{store}: {d:?}");
                 assert!(d.statuses()[0].is_shadow(), "{store}");
-                assert!(!d.statuses()[0].violated(), "{store}");
+                assert!(!d.statuses()[0].is_violated(), "{store}");
                 would.push(d.statuses()[0].would_refuse());
             }
             assert_eq!(would, [false, true, true], "{store}");
@@ -167,7 +167,7 @@ fn enforced_limits_still_count_and_refuse_beside_a_shadow_limit() {
             let d = limiter.check("bob", 1).await.expect("decision");
             assert!(!d.is_allowed(), "{store}: {d:?}");
             assert_eq!(
-                d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+                d.violated_limits().map(|s| s.name()).collect::<Vec<_>>(),
                 ["enforced"],
                 "{store}"
             );
@@ -224,7 +224,7 @@ fn a_shadow_limit_never_delays_a_request_nor_lengthens_its_retry() {
         let limiter = make().limiter(vec![enforced, trial]);
         runtime().block_on(async {
             let first = limiter.acquire("u", 1, minute).await.expect("first");
-            assert!(first.is_allowed() && first.wait().is_zero(), "{store}");
+            assert!(first.is_allowed() && first.delay().is_zero(), "{store}");
             let second = tokio::time::timeout(
                 std::time::Duration::from_secs(5),
                 limiter.acquire("u", 1, minute),
@@ -234,9 +234,9 @@ fn a_shadow_limit_never_delays_a_request_nor_lengthens_its_retry() {
             .expect("second");
             assert!(second.is_allowed(), "{store}: {second:?}");
             assert!(
-                second.wait().is_zero(),
+                second.delay().is_zero(),
                 "{store}: the shadow limit delayed the grant by {:?}",
-                second.wait()
+                second.delay()
             );
             assert!(
                 second.statuses()[1].would_refuse(),

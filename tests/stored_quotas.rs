@@ -34,7 +34,11 @@ async fn a_stored_quota_set_in_one_instance_decides_in_the_other() {
             "{store}"
         );
         let d = b.check("acme", 1).await.expect("decides");
-        assert_eq!((d.limit(), d.remaining()), (2, 1), "{store}: its own quota");
+        assert_eq!(
+            (d.capacity(), d.remaining()),
+            (2, 1),
+            "{store}: its own quota"
+        );
 
         a.admin()
             .set_stored_quota("reports", reports(5))
@@ -46,7 +50,7 @@ async fn a_stored_quota_set_in_one_instance_decides_in_the_other() {
         );
         let d = b.check("acme", 1).await.expect("decides");
         assert_eq!(
-            (d.limit(), d.remaining()),
+            (d.capacity(), d.remaining()),
             (5, 3),
             "{store}: the stored quota, 1 used"
         );
@@ -70,7 +74,7 @@ async fn a_stored_quota_set_in_one_instance_decides_in_the_other() {
             .await
             .expect("remove"));
         let d = a.check("other", 1).await.expect("decides");
-        assert_eq!((d.limit(), d.remaining()), (2, 1), "{store}");
+        assert_eq!((d.capacity(), d.remaining()), (2, 1), "{store}");
         assert!(
             !a.check("acme", 1).await.expect("decides").is_allowed(),
             "{store}"
@@ -97,7 +101,7 @@ async fn set_if_absent_keeps_the_first() {
             "{store}"
         );
         assert_eq!(
-            b.check("k", 1).await.expect("decides").limit(),
+            b.check("k", 1).await.expect("decides").capacity(),
             7,
             "{store}"
         );
@@ -130,10 +134,10 @@ async fn an_override_applies_to_its_key_only_and_its_removal_carries_state() {
             None
         );
         let d = b.check("+15550100", 6).await.expect("decides");
-        assert!(d.is_allowed() && d.limit() == 10, "{store}: {d:?}");
+        assert!(d.is_allowed() && d.capacity() == 10, "{store}: {d:?}");
         let d = b.check("+15550199", 1).await.expect("decides");
         assert_eq!(
-            (d.limit(), d.remaining()),
+            (d.capacity(), d.remaining()),
             (4, 3),
             "{store}: others keep the limit's"
         );
@@ -150,7 +154,7 @@ async fn an_override_applies_to_its_key_only_and_its_removal_carries_state() {
             .expect("remove"));
         // back to 4, with 6 used: refused
         let d = b.check("+15550100", 1).await.expect("decides");
-        assert!(!d.is_allowed() && d.limit() == 4, "{store}: {d:?}");
+        assert!(!d.is_allowed() && d.capacity() == 4, "{store}: {d:?}");
     }
 }
 
@@ -162,14 +166,14 @@ async fn an_override_with_a_ttl_ends_by_itself() {
             .await
             .expect("override");
         assert_eq!(
-            b.check("vip", 1).await.expect("decides").limit(),
+            b.check("vip", 1).await.expect("decides").capacity(),
             100,
             "{store}"
         );
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let d = b.check("vip", 0).await.expect("decides");
-            if d.limit() == 1 {
+            if d.capacity() == 1 {
                 break;
             }
             assert!(
@@ -196,20 +200,20 @@ async fn several_limits_each_read_their_own_stored_quota() {
             .await
             .expect("set");
         let d = b.check("k", 1).await.expect("decides");
-        let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
+        let caps: Vec<u64> = d.statuses().iter().map(|s| s.capacity()).collect();
         assert_eq!(caps, [2, 50, 30], "{store}");
         a.admin()
             .set_override("first", "k", reports(20), None)
             .await
             .expect("override");
         let d = b.check("k", 1).await.expect("decides");
-        let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
+        let caps: Vec<u64> = d.statuses().iter().map(|s| s.capacity()).collect();
         assert_eq!(caps, [20, 50, 30], "{store}");
         let remaining: Vec<u64> = d.statuses().iter().map(|s| s.remaining()).collect();
         assert_eq!(remaining, [18, 48, 28], "{store}");
         // take and refund decide with the same quotas
         let taken = b.take_up_to("k", 100).await.expect("takes");
-        assert_eq!(taken.granted(), 18, "{store}");
+        assert_eq!(taken.granted_amount(), 18, "{store}");
         assert!(taken.refund().await.expect("refunds"), "{store}");
         assert_eq!(b.peek("k").await.expect("looks").remaining(), 18, "{store}");
     }
@@ -229,8 +233,11 @@ async fn a_stored_quota_of_another_algorithm_does_not_decide() {
         .set_stored_quota("mixed", Quota::gcra(500, HOUR, 500))
         .await
         .expect("set");
-    assert_eq!(buckets.check("k", 1).await.expect("decides").limit(), 500);
-    assert_eq!(windows.check("k", 1).await.expect("decides").limit(), 2);
+    assert_eq!(
+        buckets.check("k", 1).await.expect("decides").capacity(),
+        500
+    );
+    assert_eq!(windows.check("k", 1).await.expect("decides").capacity(), 2);
 }
 
 #[tokio::test]
@@ -254,7 +261,7 @@ async fn bad_requests_change_nothing() {
             "{store}"
         );
         assert_eq!(
-            a.check("k", 1).await.expect("decides").limit(),
+            a.check("k", 1).await.expect("decides").capacity(),
             2,
             "{store}"
         );
@@ -330,7 +337,7 @@ async fn a_reset_forgets_the_state_and_keeps_the_override() {
         );
         b.reset("vip").await.expect("reset");
         let d = a.check("vip", 3).await.expect("decides");
-        assert!(d.is_allowed() && d.limit() == 3, "{store}: {d:?}");
+        assert!(d.is_allowed() && d.capacity() == 3, "{store}: {d:?}");
     }
 }
 
@@ -367,7 +374,7 @@ async fn changing_the_stored_quota_under_load_admits_at_most_the_larger() {
                         if d.is_allowed() {
                             granted.fetch_add(1, Ordering::Relaxed);
                         }
-                        seen.insert(d.limit());
+                        seen.insert(d.capacity());
                         tokio::time::sleep(Duration::from_micros(200)).await;
                     }
                     seen
@@ -403,13 +410,13 @@ async fn poll_limit(limiter: &Limiter, key: &str, want: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let d = limiter.check(key, 0).await.expect("decides");
-        if d.limit() == want {
+        if d.capacity() == want {
             return;
         }
         assert!(
             Instant::now() < deadline,
             "{what}: still {} after 10 s, not {want}",
-            d.limit()
+            d.capacity()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -434,8 +441,8 @@ async fn a_hash_deleted_behind_the_library_gives_way_to_the_own_quota() {
         .set_override("reports", "vip", reports(40), None)
         .await
         .expect("override");
-    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 5);
-    assert_eq!(b.check("vip", 1).await.expect("decides").limit(), 40);
+    assert_eq!(b.check("acme", 1).await.expect("decides").capacity(), 5);
+    assert_eq!(b.check("vip", 1).await.expect("decides").capacity(), 40);
 
     // evicted, flushed: gone without the library's knowing
     let mut conn = common::connection();
@@ -446,14 +453,14 @@ async fn a_hash_deleted_behind_the_library_gives_way_to_the_own_quota() {
     poll_limit(&b, "acme", 2, "the limit's quota").await;
     poll_limit(&b, "vip", 2, "the override").await;
     assert_eq!(a.admin().stored_quota("reports").await.expect("read"), None);
-    assert_eq!(a.check("other", 1).await.expect("decides").limit(), 2);
+    assert_eq!(a.check("other", 1).await.expect("decides").capacity(), 2);
 
     // and through the library again: at once
     a.admin()
         .set_stored_quota("reports", reports(6))
         .await
         .expect("set");
-    assert_eq!(b.check("acme", 0).await.expect("decides").limit(), 6);
+    assert_eq!(b.check("acme", 0).await.expect("decides").capacity(), 6);
 }
 
 #[tokio::test]
@@ -487,8 +494,8 @@ async fn a_hash_edited_by_hand_is_picked_up() {
         .expect("override");
     let vip = format!("{prefix}:{{vip}}:reports:fw");
     let thirty = form(&mut conn, &vip);
-    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 5);
-    assert_eq!(b.check("vip", 1).await.expect("decides").limit(), 30);
+    assert_eq!(b.check("acme", 1).await.expect("decides").capacity(), 5);
+    assert_eq!(b.check("vip", 1).await.expect("decides").capacity(), 30);
 
     // the limit's quota, set by hand
     let _: i64 = redis::cmd("HSET")
@@ -543,7 +550,7 @@ async fn a_fresh_library_reads_the_kept_quotas() {
         .set_override("reports", "vip", reports(40), None)
         .await
         .expect("override");
-    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 5);
+    assert_eq!(b.check("acme", 1).await.expect("decides").capacity(), 5);
 
     let mut conn = redis::Client::open(server.url.as_str())
         .expect("client")
@@ -558,21 +565,21 @@ async fn a_fresh_library_reads_the_kept_quotas() {
     // a decision first: it loads the library again, whose VM has read nothing
     flush(&mut conn);
     let d = b.check("acme", 1).await.expect("decides");
-    assert_eq!((d.limit(), d.remaining()), (5, 3));
-    assert_eq!(b.check("vip", 1).await.expect("decides").limit(), 40);
+    assert_eq!((d.capacity(), d.remaining()), (5, 3));
+    assert_eq!(b.check("vip", 1).await.expect("decides").capacity(), 40);
     // a change first: it loads the library, the next decision reads it
     flush(&mut conn);
     a.admin()
         .set_stored_quota("reports", reports(7))
         .await
         .expect("set");
-    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 7);
+    assert_eq!(b.check("acme", 1).await.expect("decides").capacity(), 7);
     assert!(a
         .admin()
         .remove_override("reports", "vip")
         .await
         .expect("remove"));
-    assert_eq!(b.check("vip", 0).await.expect("decides").limit(), 7);
+    assert_eq!(b.check("vip", 0).await.expect("decides").capacity(), 7);
 }
 
 /// Kept values no limit has, written by hand into a limit's hash (`HSET
@@ -652,7 +659,7 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
         );
         for d in bad_ones {
             let d = d.unwrap_or_else(|e| panic!("{value:?}: the limit's decision failed: {e}"));
-            assert_eq!(d.limit(), capacity, "{value:?}");
+            assert_eq!(d.capacity(), capacity, "{value:?}");
         }
         for d in good_ones {
             let d = d.unwrap_or_else(|e| panic!("{value:?}: another limit's decision failed: {e}"));
@@ -683,7 +690,11 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
             .check(&vip, 1)
             .await
             .unwrap_or_else(|e| panic!("{value:?}: {e}"));
-        assert_eq!(d.limit(), decides.unwrap_or(3), "{value:?} as an override");
+        assert_eq!(
+            d.capacity(),
+            decides.unwrap_or(3),
+            "{value:?} as an override"
+        );
         let read = a.admin().stored_override("bad", &vip).await.expect("read");
         if !other_algorithm {
             assert_eq!(read.is_some(), decides.is_some(), "{value:?}: {read:?}");
@@ -721,7 +732,7 @@ async fn a_kept_value_that_is_not_valid_is_logged_once() {
     }
     for key in ["a", "b", "vip", "vip", "c"] {
         let d = a.check(key, 1).await.expect("decides");
-        assert_eq!(d.limit(), 20, "{key}: the limit's own quota");
+        assert_eq!(d.capacity(), 20, "{key}: the limit's own quota");
     }
     let warnings: Vec<String> = events
         .warnings()
@@ -757,12 +768,12 @@ async fn ended_overrides_are_removed_from_the_hash() {
     }
     assert_eq!(fields(), 3);
     // decided while it lasts (the hash read into the script's mirror)
-    assert_eq!(a.check("vip", 1).await.expect("decides").limit(), 40);
+    assert_eq!(a.check("vip", 1).await.expect("decides").capacity(), 40);
     clock.advance(Duration::from_millis(600));
-    assert_eq!(a.check("vip", 1).await.expect("decides").limit(), 2);
+    assert_eq!(a.check("vip", 1).await.expect("decides").capacity(), 2);
     assert_eq!(fields(), 2, "the ended override of the key decided is gone");
     clock.advance(Duration::from_secs(1));
-    assert_eq!(a.check("acme", 1).await.expect("decides").limit(), 2);
+    assert_eq!(a.check("acme", 1).await.expect("decides").capacity(), 2);
     assert_eq!(fields(), 1, "the other ended one is gone at the next read");
     assert_eq!(
         a.admin()
@@ -771,7 +782,7 @@ async fn ended_overrides_are_removed_from_the_hash() {
             .expect("read"),
         Some(reports(40))
     );
-    assert_eq!(a.check("lasting", 1).await.expect("decides").limit(), 40);
+    assert_eq!(a.check("lasting", 1).await.expect("decides").capacity(), 40);
 
     // a hash too large to mirror (each decision reads its key's override):
     // removed by the first decision of its key after its end
@@ -797,8 +808,8 @@ async fn ended_overrides_are_removed_from_the_hash() {
             .expect("HLEN")
     };
     assert_eq!(fields(), 301);
-    assert_eq!(big.check("vip", 1).await.expect("decides").limit(), 40);
+    assert_eq!(big.check("vip", 1).await.expect("decides").capacity(), 40);
     clock.advance(Duration::from_millis(600));
-    assert_eq!(big.check("vip", 1).await.expect("decides").limit(), 2);
+    assert_eq!(big.check("vip", 1).await.expect("decides").capacity(), 2);
     assert_eq!(fields(), 300);
 }

@@ -71,9 +71,9 @@ impl Grant {
         self.decision.is_allowed()
     }
 
-    /// The amount granted (see [`Decision::granted`]).
-    pub fn granted(&self) -> u64 {
-        self.decision.granted()
+    /// The amount granted (see [`Decision::granted_amount`]).
+    pub fn granted_amount(&self) -> u64 {
+        self.decision.granted_amount()
     }
 
     /// Gives the grant back: `Ok(true)` when this call did, `Ok(false)` when
@@ -140,10 +140,10 @@ impl Refundable<'_> {
         max_wait: Duration,
     ) -> Result<Grant, Error> {
         let Grant { decision, refund } = self.decide(&[key], cost, max_wait).await?;
-        let refund = if decision.is_allowed() && !decision.wait().is_zero() {
+        let refund = if decision.is_allowed() && !decision.delay().is_zero() {
             // cancelled while it sleeps: the reservation goes back
             let guard = RefundOnDrop::new(refund);
-            tokio::time::sleep(decision.wait()).await;
+            tokio::time::sleep(decision.delay()).await;
             guard.disarm()
         } else {
             refund

@@ -9,6 +9,15 @@
 //! measured, traced and cached in `call.rs` (with the cache of denials,
 //! `deny_cache.rs`), and a grant that can be given back is a [`Grant`]
 //! (`grant.rs`).
+//!
+//! One name per decision kind: whether its grant can be given back is a
+//! value chosen before the call, [`Limiter::refundable`] (a [`Refundable`]
+//! view whose `check`, `acquire` and `decide` answer a [`Grant`]), not a
+//! `_refundable` twin of each method. The plain forms answer a [`Decision`]
+//! and clone no limit or key: the hot path pays nothing for refunds. (A
+//! request value awaited either way, `limiter.check(k, 1).refundable()`,
+//! would need its future's type named for `IntoFuture`, which an `async
+//! fn`'s cannot be in stable Rust without boxing every check.)
 
 mod admin;
 mod call;
@@ -90,7 +99,7 @@ struct Inner {
     timeout: Duration,
     /// Denials known to hold, for a remote store (see [`DenyCache`]).
     denials: Option<DenyCache>,
-    /// Batches of hot keys' permits, for a remote store (see [`Limit::hot`]):
+    /// Batches of hot keys' permits, for a remote store (see [`Limit::with_hot_key`]):
     /// the store's, shared by every limiter over it.
     hot: Option<Arc<HotPools>>,
 }
@@ -177,7 +186,7 @@ impl LimiterBuilder {
     /// the quota or lifts a key's block meanwhile (a
     /// [`reset`](Limiter::reset) or [`unblock`](Admin::unblock) through
     /// this limiter clears the key's entries). A limit with a
-    /// [penalty](crate::Limit::penalty) has its denials cached only while
+    /// [penalty](crate::Limit::with_penalty) has its denials cached only while
     /// it blocks the key (its other refusals are counted by the store). At
     /// most 10 000 entries are kept.
     pub fn cache_denials(mut self, cache: bool) -> Self {
@@ -322,7 +331,7 @@ impl Limiter {
 
     /// Takes as much as every limit has left for `key` now, at most `most`
     /// (a batch endpoint taking what it may), in one round trip:
-    /// [`Decision::granted`] says how much. When nothing is left, the
+    /// [`Decision::granted_amount`] says how much. When nothing is left, the
     /// decision is the denial of 1, with the exact `retry_after` until one
     /// is there; a `most` of 0 takes nothing and is allowed. The grant can
     /// be given back once ([`Grant::refund`]). Limits in
@@ -333,10 +342,10 @@ impl Limiter {
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("rows", Quota::per_minute(10).sliding_log())?);
-    /// assert_eq!(limiter.take_up_to("tenant", 4).await?.granted(), 4);
-    /// assert_eq!(limiter.take_up_to("tenant", 100).await?.granted(), 6);
+    /// assert_eq!(limiter.take_up_to("tenant", 4).await?.granted_amount(), 4);
+    /// assert_eq!(limiter.take_up_to("tenant", 100).await?.granted_amount(), 6);
     /// let none = limiter.take_up_to("tenant", 100).await?;
-    /// assert!(!none.is_allowed() && none.granted() == 0);
+    /// assert!(!none.is_allowed() && none.granted_amount() == 0);
     /// assert!(none.decision().retry_after().is_some());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
@@ -389,7 +398,7 @@ impl Limiter {
     /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("jobs", Quota::per_second(100).allow_burst(1).gcra())?);
     /// limiter.check("queue", 1).await?;
     /// let d = limiter.acquire("queue", 1, Duration::from_secs(1)).await?; // sleeps ~10 ms
-    /// assert!(d.is_allowed() && d.wait() > Duration::ZERO);
+    /// assert!(d.is_allowed() && d.delay() > Duration::ZERO);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
@@ -404,10 +413,10 @@ impl Limiter {
         let key = key.as_ref();
         let checks = Self::checks(limits.iter().map(|l| (&**l, key)), cost);
         let decision = self.run(&checks, max_wait, false).await?;
-        if decision.is_allowed() && !decision.wait().is_zero() {
+        if decision.is_allowed() && !decision.delay().is_zero() {
             let charged = Self::charged(&checks, &decision);
             let guard = RefundOnDrop::new(Refund::of(self, &decision, charged));
-            tokio::time::sleep(decision.wait()).await;
+            tokio::time::sleep(decision.delay()).await;
             drop(guard.disarm());
         }
         Ok(decision)
@@ -415,7 +424,7 @@ impl Limiter {
 
     /// The general form: one key per limit (or one key for all), a cost, and
     /// how far in the future a grant may be reserved. Returns at once; when the
-    /// decision is a reservation ([`Decision::wait`] > 0), the caller waits.
+    /// decision is a reservation ([`Decision::delay`] > 0), the caller waits.
     ///
     /// A `max_wait` over [`MAX_WAIT`] is refused ([`Error::WaitTooLong`]).
     pub async fn decide<K: AsRef<[u8]>>(

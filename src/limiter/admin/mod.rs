@@ -6,7 +6,7 @@
 //! behind them lives here: the quotas kept in the store and their per-key
 //! overrides (`stored.rs`, see [`Limit::quota_from_store`](crate::Limit::quota_from_store)),
 //! and the penalties and bans (`penalties.rs`, see
-//! [`Limit::penalty`](crate::Limit::penalty)): block, unblock, inspect. Each
+//! [`Limit::with_penalty`](crate::Limit::with_penalty)): block, unblock, inspect. Each
 //! operation names the limit it acts on.
 //!
 //! The handle borrows the limiter (nothing is cloned to make it); keep a

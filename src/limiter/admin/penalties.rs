@@ -1,4 +1,4 @@
-//! Penalties and bans (see [`Limit::penalty`]): block, unblock and inspect
+//! Penalties and bans (see [`Limit::with_penalty`]): block, unblock and inspect
 //! a key, each naming the limit, as the kept quotas' operations do.
 
 use std::time::Duration;
@@ -36,7 +36,7 @@ impl Admin<'_> {
             .find(|l| l.name() == name && l.pen_params().is_some())
             .ok_or_else(|| {
                 ConfigError::Penalty(format!(
-                    "the limiter has no limit {name:?} with a penalty (see Limit::penalty)"
+                    "the limiter has no limit {name:?} with a penalty (see Limit::with_penalty)"
                 ))
                 .into()
             })
@@ -64,7 +64,7 @@ impl Admin<'_> {
     /// hand): every instance refuses it until then, as after an offence.
     /// It counts as no offence and drops the refusals counted so far; a
     /// block already in force is replaced (so this also shortens one). The
-    /// limit must have a [penalty](Limit::penalty) (it keeps the state);
+    /// limit must have a [penalty](Limit::with_penalty) (it keeps the state);
     /// [`Error::Config`] otherwise, or for a zero duration or one over ten
     /// years. A [`MemoryStore`](crate::MemoryStore) at its bound keeps the
     /// block in place of a rate state it gives up; one whose penalty
@@ -78,7 +78,7 @@ impl Admin<'_> {
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// let hour = Duration::from_secs(3600);
     /// let api = Limit::new("api", Quota::per_second(10).gcra())?
-    ///     .penalty(Penalty::new(100, hour, [hour])?);
+    ///     .with_penalty(Penalty::new(100, hour, [hour])?);
     /// let limiter = Limiter::new(MemoryStore::new(), api);
     /// limiter.admin().block("api", "203.0.113.9", hour).await?;
     /// let seen = limiter.admin().inspect("api", "203.0.113.9").await?;
@@ -111,7 +111,7 @@ impl Admin<'_> {
     /// Forgives `key` in the limit `limit`: lifts its block and forgets
     /// the refusals counted and the offences (the next offence is a first
     /// one again). Whether it was blocked. The limit must have a
-    /// [penalty](Limit::penalty) ([`Error::Config`] otherwise).
+    /// [penalty](Limit::with_penalty) ([`Error::Config`] otherwise).
     ///
     /// Cached denials of the key in this limiter are dropped (see
     /// [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials));
@@ -133,7 +133,7 @@ impl Admin<'_> {
     /// now (taking nothing, counting no refusal), whether it is blocked and
     /// for how long, its offences and the refusals counted towards the
     /// next. Two store calls. The limit must have a
-    /// [penalty](Limit::penalty) ([`Error::Config`] otherwise).
+    /// [penalty](Limit::with_penalty) ([`Error::Config`] otherwise).
     pub async fn inspect(self, limit: &str, key: impl AsRef<[u8]>) -> Result<Inspection, Error> {
         let limit = self.penalized(limit)?;
         let key = key.as_ref();
