@@ -114,7 +114,7 @@ async fn a_decision_across_slots_is_all_or_nothing() {
         .cache_denials(false)
         .build()
         .expect("limiter");
-    let peek = ip_alone.peek(&ip).await.expect("peek");
+    let peek = ip_alone.peek(&ip, 1).await.expect("peek");
     assert_eq!(peek.remaining(), 97, "the IP counted only the 3 grants");
     // a refusal reports the refused limit, and the other one as it stands
     let refused = limiter
@@ -175,7 +175,7 @@ async fn the_layer_decides_limits_keyed_in_different_slots_together() {
         .cache_denials(false)
         .build()
         .expect("limiter");
-    assert_eq!(ip_alone.peek(&client).await.unwrap().remaining(), 94);
+    assert_eq!(ip_alone.peek(&client, 1).await.unwrap().remaining(), 94);
 }
 
 /// Requests on `keys` from a few tasks until stopped: (granted, refused,
@@ -304,7 +304,7 @@ async fn a_slot_resharded_under_load_keeps_its_state_and_its_decisions() {
         .cache_denials(false)
         .build()
         .unwrap();
-    let left = patient.peek(&hot).await.expect("peek").remaining();
+    let left = patient.peek(&hot, 1).await.expect("peek").remaining();
     assert!(
         left < 400,
         "the hot key's grants survived the move ({left} left)"
@@ -569,7 +569,7 @@ async fn leases_and_charges_across_slots() {
     for left in [6, 2] {
         assert_eq!(send(&user, &tenant).await, StatusCode::OK);
         let until = Instant::now() + PATIENT;
-        while budget.peek(&tenant).await.expect("peek").remaining() != left {
+        while budget.peek(&tenant, 1).await.expect("peek").remaining() != left {
             assert!(Instant::now() < until, "the tokens were not charged");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -605,7 +605,7 @@ async fn a_hot_keys_decisions_coalesce_in_its_slot_and_stay_exact() {
             .sum()
     };
     for key in ["warm-a", "warm-b"] {
-        limiter.peek(key).await.expect("the library is loaded");
+        limiter.peek(key, 1).await.expect("the library is loaded");
     }
     let before = fcalls();
     let (hot, other) = keys_in_two_slots("hot-key");
@@ -681,7 +681,7 @@ async fn a_hot_key_in_batches_on_a_cluster_grants_the_quota_and_gives_back_the_r
     assert_eq!(granted, 300);
     let observer = instance();
     let deadline = Instant::now() + PATIENT;
-    while observer.peek("all").await.expect("a look").remaining() != 200 {
+    while observer.peek("all", 1).await.expect("a look").remaining() != 200 {
         assert!(Instant::now() < deadline, "unused permits never came back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

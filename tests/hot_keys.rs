@@ -89,7 +89,7 @@ async fn a_hot_key_reaches_redis_once_per_batch_and_every_unused_permit_comes_ba
     let observer = instance(&server.url, &prefix, &[limit], PATIENT);
     let deadline = Instant::now() + PATIENT;
     loop {
-        let remaining = observer.peek("all").await.expect("a look").remaining();
+        let remaining = observer.peek("all", 1).await.expect("a look").remaining();
         if remaining == 100_000 - 8000 {
             break;
         }
@@ -307,7 +307,7 @@ async fn a_permit_goes_back_to_its_batch_when_another_limit_refuses() {
     // once the batch's hold ends, Redis counts the two granted, not five
     let observer = instance(&redis_url(), &prefix, &[global], PATIENT);
     let deadline = Instant::now() + PATIENT;
-    while observer.peek("all").await.unwrap().remaining() != 998 {
+    while observer.peek("all", 1).await.unwrap().remaining() != 998 {
         assert!(
             Instant::now() < deadline,
             "the refused requests kept permits"

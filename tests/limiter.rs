@@ -40,7 +40,7 @@ async fn all_or_nothing(limiter: Limiter, clock: ManualClock) {
         ["daily"]
     );
     assert_eq!(d.binding().unwrap().name(), "daily");
-    let peek = limiter.peek("u").await.unwrap();
+    let peek = limiter.peek("u", 1).await.unwrap();
     assert_eq!(
         peek.statuses()[0].remaining(),
         3,
@@ -62,7 +62,7 @@ async fn all_or_nothing(limiter: Limiter, clock: ManualClock) {
     );
     // reset forgets every limit of the key
     limiter.reset("u").await.unwrap();
-    let fresh = limiter.peek("u").await.unwrap();
+    let fresh = limiter.peek("u", 1).await.unwrap();
     assert_eq!(
         (
             fresh.statuses()[0].remaining(),
@@ -202,7 +202,7 @@ async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
     assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
     assert_eq!(before.elapsed(), Duration::ZERO);
     assert_eq!(
-        limiter.peek("q").await.unwrap().reset_after(),
+        limiter.peek("q", 1).await.unwrap().reset_after(),
         Duration::from_millis(100)
     );
 }
@@ -276,7 +276,7 @@ async fn without_functions_decisions_run_as_evalsha() {
         53,
         "one NOSCRIPT, then EVALSHA again"
     );
-    let d = limiter.peek("k").await.unwrap();
+    let d = limiter.peek("k", 1).await.unwrap();
     assert_eq!(d.statuses()[0].remaining(), 1_000_000 - 10, "{d:?}");
     drop(server);
 }
@@ -294,7 +294,7 @@ async fn after_a_refused_library_load_decisions_run_as_evalsha() {
     }
     assert_eq!(command_calls(&mut conn, "evalsha"), 50);
     assert_eq!(command_calls(&mut conn, "fcall"), 0, "FCALL tried again");
-    let d = limiter.peek("k").await.unwrap();
+    let d = limiter.peek("k", 1).await.unwrap();
     assert_eq!(d.statuses()[0].remaining(), 1_000_000 - 8, "{d:?}");
     drop(server);
 }
@@ -447,7 +447,7 @@ async fn memory_store_evicts_idle_keys_by_itself() {
     );
     // peeks of unknown keys store nothing
     for i in 0..1_000 {
-        limiter.peek(format!("ghost-{i}")).await.unwrap();
+        limiter.peek(format!("ghost-{i}"), 1).await.unwrap();
     }
     assert!(store.len() <= 2_000);
 }
@@ -567,7 +567,7 @@ async fn an_empty_key_is_an_error_on_both_stores() {
     for (store, limiter) in &limiters {
         empty("check", store, limiter.check("", 1).await.map(drop));
         empty("check of 0", store, limiter.check("", 0).await.map(drop));
-        empty("peek", store, limiter.peek("").await.map(drop));
+        empty("peek", store, limiter.peek("", 1).await.map(drop));
         let keys: [&[u8]; 1] = [b""];
         empty(
             "decide",

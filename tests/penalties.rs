@@ -137,7 +137,7 @@ async fn run_table(store: &str, limiter: &Limiter, clock: &ManualClock) {
         };
         match step {
             Check(e) => expect_decision(&limiter.check("mallory", 1).await.expect("check"), e),
-            Peek(e) => expect_decision(&limiter.peek("mallory").await.expect("peek"), e),
+            Peek(e) => expect_decision(&limiter.peek("mallory", 1).await.expect("peek"), e),
             Take(n, retry) => {
                 let taken = limiter.take_up_to("mallory", 5).await.expect("take");
                 assert_eq!(taken.granted_amount(), n, "{ctx}");
@@ -563,7 +563,7 @@ async fn a_refund_is_unaffected_by_a_block() {
             .unblock("login", "zoe")
             .await
             .expect("unblock"));
-        let d = limiter.peek("zoe").await.expect("peek");
+        let d = limiter.peek("zoe", 1).await.expect("peek");
         assert_eq!(d.remaining(), 2, "{store}: the grant came back whole");
     }
 }

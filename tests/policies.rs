@@ -445,7 +445,7 @@ async fn cancelled_delay(store: impl Store + Clone) {
     let look = common::patient_limiter(store, jobs);
     let mut retry = None;
     for _ in 0..100 {
-        retry = look.peek(b"global").await.expect("peek").retry_after();
+        retry = look.peek(b"global", 1).await.expect("peek").retry_after();
         if retry <= Some(Duration::from_secs(60)) {
             break;
         }

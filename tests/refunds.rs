@@ -78,7 +78,7 @@ async fn run(limit: &Limit, table: &[Row]) {
                     assert_eq!(grants[n].is_refunded(), granted, "{ctx}");
                 }
                 Look(cost) => {
-                    let d = limiter.peek_cost("k", cost).await.expect("peek");
+                    let d = limiter.peek("k", cost).await.expect("peek");
                     assert_eq!(Some(verdict(&d)), expect, "verdict, {ctx}: {d:?}");
                     assert_eq!(d.remaining(), remaining, "remaining, {ctx}: {d:?}");
                 }
@@ -257,11 +257,11 @@ async fn a_refund_gives_back_in_every_limit_of_the_grant() {
     for (store, limiter) in [("memory", memory), ("redis", redis)] {
         let first = limiter.refundable().check("k", 2).await.unwrap();
         assert!(first.is_allowed(), "{store}");
-        let look = limiter.peek_cost("k", 0).await.unwrap();
+        let look = limiter.peek("k", 0).await.unwrap();
         assert_eq!(look.statuses()[0].remaining(), 0, "{store}: {look:?}");
         assert_eq!(look.statuses()[1].remaining(), 1, "{store}: {look:?}");
         assert!(first.refund().await.unwrap(), "{store}");
-        let look = limiter.peek_cost("k", 0).await.unwrap();
+        let look = limiter.peek("k", 0).await.unwrap();
         assert_eq!(look.statuses()[0].remaining(), 2, "{store}: {look:?}");
         assert_eq!(look.statuses()[1].remaining(), 3, "{store}: {look:?}");
     }
@@ -282,13 +282,13 @@ async fn a_cancelled_acquire_returns_its_slot() {
         let cancelled = tokio::time::timeout(Duration::from_millis(50), waiting).await;
         assert!(cancelled.is_err(), "{store}: the acquire was still waiting");
         // the refund of a store that must be awaited runs on a task
-        let mut look = limiter.peek_cost("q", 1).await.unwrap();
+        let mut look = limiter.peek("q", 1).await.unwrap();
         for _ in 0..100 {
             if look.retry_after() <= Some(Duration::from_secs(60)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            look = limiter.peek_cost("q", 1).await.unwrap();
+            look = limiter.peek("q", 1).await.unwrap();
         }
         // without the refund the next slot would be two minutes away
         let wait = look.retry_after().expect("still one minute away");
@@ -309,13 +309,13 @@ async fn a_cancelled_acquire_returns_its_slot() {
                 .is_err(),
             "{store}"
         );
-        let mut look = limiter.peek_cost("r", 1).await.unwrap();
+        let mut look = limiter.peek("r", 1).await.unwrap();
         for _ in 0..100 {
             if look.retry_after() <= Some(Duration::from_secs(60)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            look = limiter.peek_cost("r", 1).await.unwrap();
+            look = limiter.peek("r", 1).await.unwrap();
         }
         assert!(
             look.retry_after() <= Some(Duration::from_secs(60)),

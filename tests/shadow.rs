@@ -95,10 +95,10 @@ fn a_shadow_limit_never_refuses_and_reports_what_it_would_refuse() {
             }
             assert_eq!(would, [false, true, true], "{store}");
             // it records: the first request counted, the others took nothing
-            let look = limiter.peek_cost("alice", 0).await.expect("peek");
+            let look = limiter.peek("alice", 0).await.expect("peek");
             assert_eq!(look.statuses()[0].remaining(), 0, "{store}");
             // a look says the same: it would pass, the limit would refuse
-            let look = limiter.peek("alice").await.expect("peek");
+            let look = limiter.peek("alice", 1).await.expect("peek");
             assert!(
                 look.is_allowed() && look.statuses()[0].would_refuse(),
                 "{store}"
@@ -157,7 +157,7 @@ fn enforced_limits_still_count_and_refuse_beside_a_shadow_limit() {
                 if i == 2 {
                     // a refund gives back what was taken: not from the trial
                     assert!(grant.refund().await.unwrap());
-                    let look = limiter.peek_cost("bob", 0).await.unwrap();
+                    let look = limiter.peek("bob", 0).await.unwrap();
                     assert_eq!(look.statuses()[0].remaining(), 1, "{store}: {look:?}");
                     assert_eq!(look.statuses()[1].remaining(), 0, "{store}: {look:?}");
                     assert!(limiter.check("bob", 1).await.unwrap().is_allowed());

@@ -116,7 +116,7 @@ async fn take_up_to_takes_the_least_any_limit_has_and_can_give_it_back() {
         let grant = limiter.take_up_to("k", 10).await.unwrap();
         assert_eq!(grant.granted_amount(), 3, "{store}");
         assert!(grant.refund().await.unwrap(), "{store}");
-        let look = limiter.peek_cost("k", 0).await.unwrap();
+        let look = limiter.peek("k", 0).await.unwrap();
         assert_eq!(look.statuses()[0].remaining(), 5, "{store}: {look:?}");
         assert_eq!(look.statuses()[1].remaining(), 3, "{store}: {look:?}");
     }

@@ -41,7 +41,7 @@ pub(crate) type Charged = Vec<(Limit, Vec<u8>)>;
 ///     assert!(grant.refund().await?); // a success does not count
 /// }
 /// assert!(!grant.refund().await?); // given back once only
-/// assert_eq!(failures.peek("alice").await?.remaining(), 5);
+/// assert_eq!(failures.peek("alice", 1).await?.remaining(), 5);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```

@@ -299,7 +299,7 @@ impl Limiter {
         self.decide(&[key], cost, Duration::ZERO).await
     }
 
-    /// Whether a request of cost 1 for `key` would be granted now, and the
+    /// Whether a request of `cost` for `key` would be granted now, and the
     /// current state of every limit, consuming nothing: the same decision as
     /// [`check`](Self::check) would make, without its effect. An exhausted
     /// limit answers [`Verdict::Denied`](crate::Verdict::Denied) with the exact
@@ -310,20 +310,15 @@ impl Limiter {
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("otp", Quota::per_minute(2).sliding_log())?);
-    /// assert!(limiter.peek("alice").await?.is_allowed());
+    /// assert!(limiter.peek("alice", 1).await?.is_allowed());
     /// limiter.check("alice", 2).await?;
-    /// let look = limiter.peek("alice").await?;
+    /// let look = limiter.peek("alice", 1).await?;
     /// assert!(!look.is_allowed() && look.remaining() == 0);
-    /// assert!(limiter.peek_cost("alice", 0).await?.is_allowed());
+    /// assert!(limiter.peek("alice", 0).await?.is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub async fn peek(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
-        self.peek_cost(key, 1).await
-    }
-
-    /// Like [`peek`](Self::peek), for a request of `cost`.
-    pub async fn peek_cost(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+    pub async fn peek(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         let limits = self.current();
         let checks = Self::checks(limits.iter().map(|l| (&**l, key.as_ref())), cost);
         self.run(&checks, Duration::ZERO, true).await
