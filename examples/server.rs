@@ -49,7 +49,7 @@
 //!   then 10 minutes, then an hour for every offence after (`LOGIN_BANS`);
 //!   refused with `Retry-After` the time left of the ban, whatever the
 //!   password; offences forgotten a day after the last ban ended
-//!   (`Limit::penalty`)
+//!   (`Limit::with_penalty`)
 //! - every route refuses a client whose `User-Agent` is on the deny-list
 //!   (`BadBot`, for the demonstration) with 403, without asking the store
 //!   (`RateLimitLayerBuilder::deny_if`)
@@ -285,7 +285,7 @@ fn failed_logins(
 ) -> Result<Rule, Error> {
     let mut limit = Limit::new(name, Quota::rate(amount, window).sliding_log())?;
     if let Some(penalty) = penalty {
-        limit = limit.penalty(penalty);
+        limit = limit.with_penalty(penalty);
     }
     Ok(Rule::new(limit, key).refund_if(|response| response.status.is_success()))
 }

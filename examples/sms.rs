@@ -43,7 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let jobs = Limiter::new(MemoryStore::new(), batch);
     for job in 1..=3 {
         let d = jobs.acquire("nightly", 1, Duration::from_secs(2)).await?;
-        println!("job {job}: started after waiting {:?}", d.wait());
+        println!("job {job}: started after waiting {:?}", d.delay());
     }
     Ok(())
 }

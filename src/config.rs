@@ -23,7 +23,7 @@ struct LimitConfig {
     /// Shadow mode (see [`Limit::shadow`]).
     #[serde(default)]
     shadow: bool,
-    /// A penalty (see [`Limit::penalty`]).
+    /// A penalty (see [`Limit::with_penalty`]).
     penalty: Option<PenaltyConfig>,
 }
 
@@ -167,7 +167,7 @@ impl LimitConfig {
         match &self.penalty {
             Some(penalty) => {
                 let penalty = penalty.build().map_err(|e| self.field("penalty", e))?;
-                Ok(limit.penalty(penalty))
+                Ok(limit.with_penalty(penalty))
             }
             None => Ok(limit),
         }
@@ -179,7 +179,7 @@ impl LimitConfig {
 /// `gcra`), and its amounts. Window algorithms take `limit` and `window`;
 /// the bucket algorithms take `rate` per `per`, and `burst`; `shadow = true`
 /// puts it in [shadow mode](Limit::shadow); `penalty` gives it a
-/// [penalty](Limit::penalty): `refusals`, `within`, `blocks` and, if not the
+/// [penalty](Limit::with_penalty): `refusals`, `within`, `blocks` and, if not the
 /// default, `forget_after`. Durations have
 /// units: `"500ms"`, `"1s"`, `"15m"`, `"1h 30m"`, `"1day"`.
 ///

@@ -10,7 +10,7 @@ use crate::Algorithm;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Verdict {
-    /// Granted (at once, or after [`Decision::wait`] for a reservation).
+    /// Granted (at once, or after [`Decision::delay`] for a reservation).
     Allowed,
     /// Not granted, and nothing was consumed. The same cost would be granted
     /// after `retry_after` if nothing else consumes in between.
@@ -56,7 +56,7 @@ impl LimitStatus {
     }
 
     /// The capacity: the most that can pass at once.
-    pub fn limit(&self) -> u64 {
+    pub fn capacity(&self) -> u64 {
         self.limit
     }
 
@@ -72,7 +72,7 @@ impl LimitStatus {
 
     /// Time until this limit alone would grant the cost; `None` when the cost
     /// exceeds its capacity.
-    pub fn wait(&self) -> Option<Duration> {
+    pub fn available_in(&self) -> Option<Duration> {
         (self.wait_us != u64::MAX).then(|| Duration::from_micros(self.wait_us))
     }
 
@@ -83,7 +83,7 @@ impl LimitStatus {
 
     /// Whether this limit is one that refused the request (never for a
     /// limit in shadow mode: see [`would_refuse`](Self::would_refuse)).
-    pub fn violated(&self) -> bool {
+    pub fn is_violated(&self) -> bool {
         self.violated
     }
 
@@ -99,8 +99,8 @@ impl LimitStatus {
     }
 
     /// Whether the key is blocked by this limit's
-    /// [penalty](crate::Limit::penalty): refused until the block ends
-    /// ([`wait`](Self::wait)), its [`remaining`](Self::remaining) 0.
+    /// [penalty](crate::Limit::with_penalty): refused until the block ends
+    /// ([`available_in`](Self::available_in)), its [`remaining`](Self::remaining) 0.
     pub fn is_blocked(&self) -> bool {
         self.blocked
     }
@@ -111,7 +111,7 @@ pub(crate) type Statuses = SmallVec<[LimitStatus; 1]>;
 
 /// The answer to a check: a [`Verdict`] and the state of every limit.
 ///
-/// The top-level figures (`limit`, `remaining`, `reset_after`) are those of the
+/// The top-level figures (`capacity`, `remaining`, `reset_after`) are those of the
 /// binding limit: the one that refused (longest wait) when denied, the one with
 /// the least remaining when allowed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,7 +181,7 @@ impl Decision {
     /// what was taken), 0 otherwise.
     ///
     /// [`Limiter::take_up_to`]: crate::Limiter::take_up_to
-    pub fn granted(&self) -> u64 {
+    pub fn granted_amount(&self) -> u64 {
         self.granted
     }
 
@@ -211,12 +211,12 @@ impl Decision {
 
     /// For a reservation ([`crate::Limiter::acquire`]), how long the grant lies
     /// in the future; zero for an immediate grant or a denial.
-    pub fn wait(&self) -> Duration {
+    pub fn delay(&self) -> Duration {
         Duration::from_micros(self.wait_us)
     }
 
     /// The binding limit's capacity.
-    pub fn limit(&self) -> u64 {
+    pub fn capacity(&self) -> u64 {
         self.binding().map_or(0, |s| s.limit)
     }
 
@@ -274,7 +274,7 @@ impl Decision {
     }
 
     /// The limits that refused the request (empty when allowed).
-    pub fn violated(&self) -> impl Iterator<Item = &LimitStatus> {
+    pub fn violated_limits(&self) -> impl Iterator<Item = &LimitStatus> {
         self.statuses.iter().filter(|s| s.violated)
     }
 }

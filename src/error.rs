@@ -32,7 +32,7 @@ pub enum ConfigError {
     NoLimits,
     /// A fixed cost can never be granted because it exceeds a limit's capacity.
     #[error("a cost of {cost} can never be granted: limit {limit:?} holds at most {capacity}")]
-    CostExceedsCapacity {
+    FixedCostExceedsCapacity {
         /// The configured cost.
         cost: u64,
         /// The limit that cannot hold it.
@@ -78,7 +78,7 @@ pub enum ConfigError {
     MaxHold(String),
     /// A [`Penalty`](crate::Penalty) is invalid (no refusals, no blocks, a
     /// zero or too long duration), or a penalty operation
-    /// ([`Limiter::block`](crate::Limiter::block), ...) names a limit
+    /// ([`Admin::block`](crate::Admin::block), ...) names a limit
     /// without one.
     #[error("penalty: {0}")]
     Penalty(String),
@@ -128,7 +128,7 @@ pub enum Error {
     #[error("max_wait {0:?} is longer than a grant may be reserved ahead (1 hour)")]
     WaitTooLong(Duration),
     /// The operation was given an invalid configuration (see
-    /// [`Limiter::set_stored_quota`](crate::Limiter::set_stored_quota)):
+    /// [`Admin::set_stored_quota`](crate::Admin::set_stored_quota)):
     /// nothing was changed.
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
@@ -142,7 +142,7 @@ pub enum Error {
     #[error("an empty rate-limit key: a key must have at least one byte")]
     EmptyKey,
     /// A [`MemoryStore`](crate::MemoryStore) could not keep a key's new
-    /// penalty state (a block by [`Limiter::block`](crate::Limiter::block)):
+    /// penalty state (a block by [`Admin::block`](crate::Admin::block)):
     /// penalty states take at most half its
     /// [`max_keys`](crate::MemoryStoreBuilder::max_keys), so that no flood
     /// of them leaves new clients' rate states without room, and they

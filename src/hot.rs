@@ -1,5 +1,5 @@
 //! [`HotKey`]: permits of a hot key taken from a shared store in batches and
-//! granted in this process (see [`Limit::hot`](crate::Limit::hot)).
+//! granted in this process (see [`Limit::with_hot_key`](crate::Limit::with_hot_key)).
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ const MAX_HOLD: Duration = Duration::from_secs(60);
 
 /// How an instance serves a hot key (one global limit, one big tenant) from
 /// local batches of permits, so that only about one decision in `permits`
-/// reaches the store: see [`Limit::hot`](crate::Limit::hot).
+/// reaches the store: see [`Limit::with_hot_key`](crate::Limit::with_hot_key).
 ///
 /// An instance takes up to `permits` from the store in one decision (a
 /// [`take_up_to`](crate::Limiter::take_up_to)), grants them in this process

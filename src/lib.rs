@@ -21,10 +21,10 @@
 //!   [leases](Lease) that expire unless renewed, and [`Limiter::charge`]
 //!   (or a layer rule's `cost_from_response`) charges a cost known only
 //!   after the fact, leaving a key in debt until it is paid back.
-//! - A limit may carry a [`Penalty`] ([`Limit::penalty`]): after N refusals
+//! - A limit may carry a [`Penalty`] ([`Limit::with_penalty`]): after N refusals
 //!   within a time the key is blocked, longer on each repeat offence,
-//!   counted in the decision's own round trip; [`Limiter::block`],
-//!   [`Limiter::unblock`] and [`Limiter::inspect`] manage bans by hand.
+//!   counted in the decision's own round trip; [`Admin::block`],
+//!   [`Admin::unblock`] and [`Admin::inspect`] manage bans by hand.
 //! - A [`Decision`] says allowed or not, remaining, the exact `retry_after`,
 //!   `reset_after`, and tells apart a cost that can never fit.
 //!
@@ -140,7 +140,9 @@ pub use error::{ConfigError, Error};
 
 pub use hot::HotKey;
 pub use limit::{Limit, DEFAULT_MAX_HOLD};
-pub use limiter::{Grant, Inspection, Lease, Limiter, LimiterBuilder, DEFAULT_TIMEOUT, MAX_WAIT};
+pub use limiter::{
+    Admin, Grant, Inspection, Lease, Limiter, LimiterBuilder, Refundable, DEFAULT_TIMEOUT, MAX_WAIT,
+};
 pub use live::{LimitSource, LiveLimit, LiveLimits};
 pub use penalty::{Penalty, DEFAULT_FORGET_AFTER};
 pub use quota::{Algorithm, Burst, Quota, Rate};

@@ -52,7 +52,7 @@ pub struct Limit {
     /// [`stored_form`](Self::stored_form)).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     stored: Arc<str>,
-    /// The penalty, if any (see [`Limit::penalty`]), with its integers.
+    /// The penalty, if any (see [`Limit::with_penalty`]), with its integers.
     penalty: Option<Arc<(Penalty, PenParams)>>,
     /// Shadow mode: decides and records, never refuses.
     shadow: bool,
@@ -66,7 +66,7 @@ pub struct Limit {
     /// [`Limit::hold_at_most`]); `None`: [`DEFAULT_MAX_HOLD`] in a layer,
     /// no bound for a [`Lease`](crate::Lease).
     max_hold: Option<Duration>,
-    /// Batches of permits granted in this process (see [`Limit::hot`]).
+    /// Batches of permits granted in this process (see [`Limit::with_hot_key`]).
     hot: Option<HotKey>,
     /// Its `tower_ratelimit_decisions_total` keys, made once.
     #[cfg(feature = "metrics")]
@@ -247,8 +247,8 @@ impl Limit {
 
     /// This limit takes its quota from the store when one is kept there for
     /// it, shared by every instance: set with
-    /// [`Limiter::set_stored_quota`](crate::Limiter::set_stored_quota), and
-    /// per key with [`Limiter::set_override`](crate::Limiter::set_override).
+    /// [`Admin::set_stored_quota`](crate::Admin::set_stored_quota), and
+    /// per key with [`Admin::set_override`](crate::Admin::set_override).
     /// Both are read in the round trip of each decision (no call of their
     /// own), so a change is in force for every instance's next decision. The
     /// limit's own quota decides when none is stored, and a stored quota of
@@ -277,11 +277,11 @@ impl Limit {
     /// let reports = Limit::new("reports", Quota::per_hour(2).fixed_window())?.quota_from_store();
     /// let store = MemoryStore::new();
     /// let (a, b) = (Limiter::new(store.clone(), reports.clone()), Limiter::new(store, reports));
-    /// a.set_stored_quota("reports", Quota::per_hour(10).fixed_window()).await?;
-    /// assert_eq!(b.check("acme", 1).await?.limit(), 10); // b reads what a stored
-    /// b.set_override("reports", "bigcorp", Quota::per_hour(1000).fixed_window(), None).await?;
-    /// assert_eq!(a.check("bigcorp", 1).await?.limit(), 1000);
-    /// assert_eq!(a.check("acme", 1).await?.limit(), 10);
+    /// a.admin().set_stored_quota("reports", Quota::per_hour(10).fixed_window()).await?;
+    /// assert_eq!(b.check("acme", 1).await?.capacity(), 10); // b reads what a stored
+    /// b.admin().set_override("reports", "bigcorp", Quota::per_hour(1000).fixed_window(), None).await?;
+    /// assert_eq!(a.check("bigcorp", 1).await?.capacity(), 1000);
+    /// assert_eq!(a.check("acme", 1).await?.capacity(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
@@ -305,9 +305,9 @@ impl Limit {
     /// ([`LimitStatus::is_blocked`](crate::LimitStatus::is_blocked)), without
     /// consulting or charging its quota, whatever `max_wait` (a block is not
     /// waited out by a reservation); refusals during a block do not count.
-    /// [`Limiter::block`](crate::Limiter::block),
-    /// [`unblock`](crate::Limiter::unblock) and
-    /// [`inspect`](crate::Limiter::inspect) manage a key's penalty. Refunds
+    /// [`Admin::block`](crate::Admin::block),
+    /// [`unblock`](crate::Admin::unblock) and
+    /// [`inspect`](crate::Admin::inspect) manage a key's penalty. Refunds
     /// are unaffected by a block, and [`reset`](crate::Limiter::reset)
     /// leaves the penalty (an unblock forgives it). On a limit in
     /// [shadow mode](Self::shadow), would-be refusals count, and a block is a
@@ -320,7 +320,7 @@ impl Limit {
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// let min = Duration::from_secs(60);
     /// let logins = Limit::new("login", Quota::per_minute(1).fixed_window())?
-    ///     .penalty(Penalty::new(2, 10 * min, [5 * min, 60 * min])?);
+    ///     .with_penalty(Penalty::new(2, 10 * min, [5 * min, 60 * min])?);
     /// let clock = ManualClock::new(1_800_000_000_000_000);
     /// let limiter = Limiter::new(MemoryStore::with_clock(clock.clone()), logins);
     /// assert!(limiter.check("mallory", 1).await?.is_allowed());
@@ -332,7 +332,7 @@ impl Limit {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub fn penalty(mut self, penalty: Penalty) -> Self {
+    pub fn with_penalty(mut self, penalty: Penalty) -> Self {
         // every refusal must reach the store to be counted
         self.hot = None;
         let params = penalty.params();
@@ -382,11 +382,11 @@ impl Limit {
     /// use tower_ratelimit::{HotKey, Limit, Quota};
     ///
     /// let global = Limit::new("global", Quota::per_second(50_000).gcra())?
-    ///     .hot(HotKey::new(200, Duration::from_millis(100))?)?;
+    ///     .with_hot_key(HotKey::new(200, Duration::from_millis(100))?)?;
     /// assert_eq!(global.hot_key().map(HotKey::permits), Some(200));
     /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
-    pub fn hot(mut self, hot: HotKey) -> Result<Self, ConfigError> {
+    pub fn with_hot_key(mut self, hot: HotKey) -> Result<Self, ConfigError> {
         if hot.permits() > self.capacity() {
             return Err(ConfigError::HotKey(format!(
                 "a batch of {} is more than limit {:?} holds ({})",
@@ -406,13 +406,13 @@ impl Limit {
     }
 
     /// How the limit's keys are served from local batches, if they are (see
-    /// [`hot`](Self::hot)).
+    /// [`with_hot_key`](Self::with_hot_key)).
     pub fn hot_key(&self) -> Option<&HotKey> {
         self.hot.as_ref()
     }
 
-    /// The limit's penalty, if it has one (see [`penalty`](Self::penalty)).
-    pub fn penalty_of(&self) -> Option<&Penalty> {
+    /// The limit's penalty, if it has one (see [`with_penalty`](Self::with_penalty)).
+    pub fn penalty(&self) -> Option<&Penalty> {
         self.penalty.as_ref().map(|p| &p.0)
     }
 

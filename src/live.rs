@@ -112,7 +112,7 @@ impl LiveLimit {
     /// or turns a [concurrency limit](Limit::concurrency) into a rate limit
     /// or back ([`ConfigError::Live`]), when a layer using this limit has a
     /// fixed cost over its capacity
-    /// ([`ConfigError::CostExceedsCapacity`]), or when a rule gives it tiers
+    /// ([`ConfigError::FixedCostExceedsCapacity`]), or when a rule gives it tiers
     /// of another algorithm ([`ConfigError::Tiers`]).
     pub fn set(&self, limit: Limit) -> Result<(), ConfigError> {
         let needs = self.lock_needs();
@@ -145,7 +145,7 @@ impl LiveLimit {
             )));
         }
         if limit.capacity() < needs.cost {
-            return Err(ConfigError::CostExceedsCapacity {
+            return Err(ConfigError::FixedCostExceedsCapacity {
                 cost: needs.cost,
                 limit: name.to_owned(),
                 capacity: limit.capacity(),
@@ -421,7 +421,7 @@ mod tests {
             .expect("10 holds 5");
         assert!(matches!(
             live.set(limit("a", 4)),
-            Err(ConfigError::CostExceedsCapacity { cost: 5, .. })
+            Err(ConfigError::FixedCostExceedsCapacity { cost: 5, .. })
         ));
         let gcra = Limit::new("a", Quota::per_minute(10).gcra()).expect("valid");
         assert!(matches!(live.set(gcra), Err(ConfigError::Tiers(_))));

@@ -9,7 +9,7 @@
 //! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`, `refund`, `take`, `charge`, `renew`) | seconds per store call, failures and timeouts included |
 //! | [`MEMORY_STORE_KEYS`] | gauge | | key states held by this process's memory stores (the stores, a layer's memory fallback), refreshed at most once a second per store |
 //! | [`CHARGES`] | counter | `result` (`charged`, `retried`, `failed`) | costs charged after the fact ([`Limiter::charge`](crate::Limiter::charge), a rule's cost from its response): `retried` charged after a failed try, `failed` not charged |
-//! | [`PENALTIES_NOT_STORED`] | counter | `limit` | new penalty states (a block, refusals or offences counted) a [`MemoryStore`](crate::MemoryStore) did not keep: they take at most half its `max_keys`, and it gives up none of them (a block by [`Limiter::block`](crate::Limiter::block) then fails with [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored)) |
+//! | [`PENALTIES_NOT_STORED`] | counter | `limit` | new penalty states (a block, refusals or offences counted) a [`MemoryStore`](crate::MemoryStore) did not keep: they take at most half its `max_keys`, and it gives up none of them (a block by [`Admin::block`](crate::Admin::block) then fails with [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored)) |
 //! | [`PLAN_LOOKUPS`] | counter | `result` (`found`, `unknown`, `failed`, `timed_out`, `oversized`) | lookups of plan resolvers (feature `resolver`), cache hits not counted; `oversized`: a lookup key too long, refused without a lookup |
 //!
 //! A decision counts once under each limit it involved: under every limit
@@ -22,7 +22,7 @@
 //! a request the store failed counts twice: `store_error`, then the outcome
 //! of the in-memory fallback's decision. A request a layer's deny-list
 //! refuses counts `deny_listed` under every limit of the layer (no decision
-//! is made); a key blocked by a [penalty](crate::Limit::penalty) counts
+//! is made); a key blocked by a [penalty](crate::Limit::with_penalty) counts
 //! `denied` (or `local_cache`) like any refusal.
 //!
 //! Adding an outcome where it happens is one call with its [`Outcome`]; the

@@ -29,7 +29,7 @@ const LONGEST: Duration = Duration::from_secs(10 * 366 * 86_400);
 /// How long offences are remembered when not said otherwise: a day.
 pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(24 * 3600);
 
-/// A limit's penalty (see [`Limit::penalty`](crate::Limit::penalty)): after
+/// A limit's penalty (see [`Limit::with_penalty`](crate::Limit::with_penalty)): after
 /// `refusals` refusals by the limit within `within` (counted from the first
 /// of them), the key is blocked: the n-th such offence blocks it for
 /// `blocks[n - 1]`, the last of `blocks` for every offence beyond. Offences

@@ -67,7 +67,10 @@ async fn keys_at_rest_cost_one_command_and_present_keys_decide_exactly() {
         // a server each: the share of absent keys is the server's
         let server = TestRedis::spawn();
         let limiter = limiter(&server, quota);
-        limiter.peek("warm").await.expect("the library is loaded");
+        limiter
+            .peek("warm", 1)
+            .await
+            .expect("the library is loaded");
 
         let before = gets_and_sets(&server);
         fresh_keys(&limiter, "rest", 40).await;

@@ -104,7 +104,7 @@ fn get_request(uri: &str) -> Request<Body> {
 async fn settles_to(limiter: &Limiter, remaining: u64) {
     let until = tokio::time::Instant::now() + PATIENT;
     loop {
-        let now = limiter.peek("global").await.expect("peek").remaining();
+        let now = limiter.peek("global", 1).await.expect("peek").remaining();
         if now == remaining {
             return;
         }
@@ -162,7 +162,7 @@ async fn a_concurrency_limit_holds_its_permit_until_the_response_body_ends() {
             .expect("infallible");
         assert_eq!(third.status(), StatusCode::OK, "{store}");
         assert_eq!(
-            looker.peek("global").await.expect("peek").remaining(),
+            looker.peek("global", 1).await.expect("peek").remaining(),
             0,
             "{store}"
         );
@@ -278,13 +278,13 @@ async fn an_unreadable_or_small_cost_charges_nothing_more() {
                 Rule::new(tokens.clone(), Global).cost_from_header(used.clone()),
             ));
         let looker = limiter(StoreKind::Memory(store.clone()), tokens.clone());
-        let before = looker.peek("global").await.expect("peek").remaining();
+        let before = looker.peek("global", 1).await.expect("peek").remaining();
         let response = app
             .oneshot(get_request("/complete"))
             .await
             .expect("infallible");
         response.into_body().collect().await.expect("body");
-        let after = looker.peek("global").await.expect("peek").remaining();
+        let after = looker.peek("global", 1).await.expect("peek").remaining();
         assert_eq!(after, before - 1, "{value:?}: only the request's own cost");
     }
 }
@@ -438,7 +438,7 @@ async fn a_body_no_one_reads_gives_its_permit_back_at_the_maximum_hold() {
             .expect("infallible");
         assert_eq!(unread.status(), StatusCode::OK, "{store}");
         assert_eq!(
-            looker.peek("global").await.expect("peek").remaining(),
+            looker.peek("global", 1).await.expect("peek").remaining(),
             0,
             "{store}: held while the body is unread"
         );
@@ -502,12 +502,12 @@ async fn a_refund_gives_the_rate_back_and_the_lease_stays_until_the_body_ends() 
             .to_owned();
         assert!(field.contains("\"tries\";r=5;"), "{store}: {field}");
         assert_eq!(
-            rates.peek("global").await.expect("peek").remaining(),
+            rates.peek("global", 1).await.expect("peek").remaining(),
             5,
             "{store}"
         );
         assert_eq!(
-            leases.peek("global").await.expect("peek").remaining(),
+            leases.peek("global", 1).await.expect("peek").remaining(),
             0,
             "{store}"
         );
@@ -518,7 +518,7 @@ async fn a_refund_gives_the_rate_back_and_the_lease_stays_until_the_body_ends() 
             .expect("infallible");
         assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS, "{store}");
         assert_eq!(
-            rates.peek("global").await.expect("peek").remaining(),
+            rates.peek("global", 1).await.expect("peek").remaining(),
             5,
             "{store}: a refusal takes nothing"
         );

@@ -43,12 +43,12 @@ async fn run(limit: &Limit, table: &[Row]) {
                     assert_eq!(verdict(&d), (allowed, retry), "{ctx}");
                 }
                 Look(allowed, retry) => {
-                    let d = limiter.peek("k").await.expect("peek");
+                    let d = limiter.peek("k", 1).await.expect("peek");
                     assert_eq!(verdict(&d), (allowed, retry), "{ctx}");
                 }
                 Charge(cost) => limiter.charge("k", cost).await.expect("charge"),
             }
-            let look = limiter.peek("k").await.expect("peek");
+            let look = limiter.peek("k", 1).await.expect("peek");
             assert_eq!(look.remaining(), remaining, "{ctx}: remaining");
         }
     }
@@ -214,7 +214,7 @@ async fn charges_are_exact_under_100_concurrent_tasks_across_two_instances() {
             task.await.expect("task").expect("charge");
         }
         assert_eq!(
-            a.peek("tenant").await.expect("peek").remaining(),
+            a.peek("tenant", 1).await.expect("peek").remaining(),
             700,
             "{store}"
         );
@@ -253,7 +253,7 @@ async fn a_charge_while_redis_is_down_is_retried_within_the_timeout_then_fails()
         .expect("the charge landed once the server was back");
     // the restarted server lost its data (no persistence): the charge of 10
     // is all it holds, once
-    assert_eq!(limiter.peek("k").await.expect("peek").remaining(), 90);
+    assert_eq!(limiter.peek("k", 1).await.expect("peek").remaining(), 90);
 
     server.stop();
     let short = Limiter::builder(

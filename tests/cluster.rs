@@ -114,7 +114,7 @@ async fn a_decision_across_slots_is_all_or_nothing() {
         .cache_denials(false)
         .build()
         .expect("limiter");
-    let peek = ip_alone.peek(&ip).await.expect("peek");
+    let peek = ip_alone.peek(&ip, 1).await.expect("peek");
     assert_eq!(peek.remaining(), 97, "the IP counted only the 3 grants");
     // a refusal reports the refused limit, and the other one as it stands
     let refused = limiter
@@ -123,7 +123,7 @@ async fn a_decision_across_slots_is_all_or_nothing() {
         .expect("decision");
     assert!(!refused.is_allowed());
     let statuses = refused.statuses();
-    assert!(!statuses[0].violated() && statuses[1].violated());
+    assert!(!statuses[0].is_violated() && statuses[1].is_violated());
     assert_eq!(statuses[0].remaining(), 97);
 }
 
@@ -175,7 +175,7 @@ async fn the_layer_decides_limits_keyed_in_different_slots_together() {
         .cache_denials(false)
         .build()
         .expect("limiter");
-    assert_eq!(ip_alone.peek(&client).await.unwrap().remaining(), 94);
+    assert_eq!(ip_alone.peek(&client, 1).await.unwrap().remaining(), 94);
 }
 
 /// Requests on `keys` from a few tasks until stopped: (granted, refused,
@@ -304,7 +304,7 @@ async fn a_slot_resharded_under_load_keeps_its_state_and_its_decisions() {
         .cache_denials(false)
         .build()
         .unwrap();
-    let left = patient.peek(&hot).await.expect("peek").remaining();
+    let left = patient.peek(&hot, 1).await.expect("peek").remaining();
     assert!(
         left < 400,
         "the hot key's grants survived the move ({left} left)"
@@ -414,7 +414,8 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
             .expect("limiter")
     };
     let (a, b) = (instance(), instance());
-    a.set_stored_quota("reports", Quota::fixed_window(5, Duration::from_secs(3600)))
+    a.admin()
+        .set_stored_quota("reports", Quota::fixed_window(5, Duration::from_secs(3600)))
         .await
         .expect("copied to every slot");
     // keys spread over every primary, each read in its own slot
@@ -423,7 +424,7 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
         let key = format!("tenant-{i}");
         slots.insert(key_slot(format!("{{{key}}}")));
         let d = b.check(&key, 1).await.expect("decides");
-        assert_eq!((d.limit(), d.remaining()), (5, 4), "{key}");
+        assert_eq!((d.capacity(), d.remaining()), (5, 4), "{key}");
     }
     assert!(slots.len() > 150, "keys in {} slots", slots.len());
     // a decision over two slots reads each slot's copy
@@ -445,26 +446,31 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
         .decide(&[&x, &y], 1, Duration::ZERO)
         .await
         .expect("decides");
-    let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
+    let caps: Vec<u64> = d.statuses().iter().map(|s| s.capacity()).collect();
     assert_eq!(caps, [5, 3]);
 
-    b.set_override(
-        "reports",
-        "tenant-7",
-        Quota::fixed_window(50, Duration::from_secs(3600)),
-        None,
-    )
-    .await
-    .expect("override");
-    assert_eq!(a.check("tenant-7", 1).await.expect("decides").limit(), 50);
-    assert_eq!(a.check("tenant-8", 1).await.expect("decides").limit(), 5);
+    b.admin()
+        .set_override(
+            "reports",
+            "tenant-7",
+            Quota::fixed_window(50, Duration::from_secs(3600)),
+            None,
+        )
+        .await
+        .expect("override");
+    assert_eq!(
+        a.check("tenant-7", 1).await.expect("decides").capacity(),
+        50
+    );
+    assert_eq!(a.check("tenant-8", 1).await.expect("decides").capacity(), 5);
     assert!(a
+        .admin()
         .remove_stored_quota("reports")
         .await
         .expect("removed everywhere"));
     for i in 0..50 {
         let d = b.check(format!("tenant-{i}"), 0).await.expect("decides");
-        assert_eq!(d.limit(), if i == 7 { 50 } else { 2 }, "tenant-{i}");
+        assert_eq!(d.capacity(), if i == 7 { 50 } else { 2 }, "tenant-{i}");
     }
 }
 
@@ -563,7 +569,7 @@ async fn leases_and_charges_across_slots() {
     for left in [6, 2] {
         assert_eq!(send(&user, &tenant).await, StatusCode::OK);
         let until = Instant::now() + PATIENT;
-        while budget.peek(&tenant).await.expect("peek").remaining() != left {
+        while budget.peek(&tenant, 1).await.expect("peek").remaining() != left {
             assert!(Instant::now() < until, "the tokens were not charged");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -599,7 +605,7 @@ async fn a_hot_keys_decisions_coalesce_in_its_slot_and_stay_exact() {
             .sum()
     };
     for key in ["warm-a", "warm-b"] {
-        limiter.peek(key).await.expect("the library is loaded");
+        limiter.peek(key, 1).await.expect("the library is loaded");
     }
     let before = fcalls();
     let (hot, other) = keys_in_two_slots("hot-key");
@@ -641,7 +647,7 @@ async fn a_hot_keys_decisions_coalesce_in_its_slot_and_stay_exact() {
     println!("1000 decisions on two slots in {calls} calls");
 }
 
-/// A hot key marked so (`Limit::hot`) on a cluster: two instances serve it
+/// A hot key marked so (`Limit::with_hot_key`) on a cluster: two instances serve it
 /// from batches, exactly the quota granted, and once the batches' holds
 /// end the key's slot counts exactly what was granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -653,7 +659,7 @@ async fn a_hot_key_in_batches_on_a_cluster_grants_the_quota_and_gives_back_the_r
         Quota::fixed_window(500, Duration::from_secs(3600)),
     )
     .and_then(|l| {
-        l.hot(tower_ratelimit::HotKey::new(
+        l.with_hot_key(tower_ratelimit::HotKey::new(
             40,
             Duration::from_millis(300),
         )?)
@@ -675,7 +681,7 @@ async fn a_hot_key_in_batches_on_a_cluster_grants_the_quota_and_gives_back_the_r
     assert_eq!(granted, 300);
     let observer = instance();
     let deadline = Instant::now() + PATIENT;
-    while observer.peek("all").await.expect("a look").remaining() != 200 {
+    while observer.peek("all", 1).await.expect("a look").remaining() != 200 {
         assert!(Instant::now() < deadline, "unused permits never came back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

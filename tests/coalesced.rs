@@ -39,7 +39,10 @@ async fn concurrent_decisions_go_out_together_and_stay_exact() {
     let server = TestRedis::spawn();
     let quota = Quota::fixed_window(300, Duration::from_secs(3600));
     let limiter = limiter(&server, Limit::new("burst", quota).expect("limit"), true);
-    limiter.peek("warm").await.expect("the library is loaded");
+    limiter
+        .peek("warm", 1)
+        .await
+        .expect("the library is loaded");
     let before = fcalls(&server);
     let tasks: Vec<_> = (0..1000)
         .map(|_| {
@@ -80,7 +83,7 @@ async fn each_coalesced_decision_gets_its_own_reply() {
     let looks: Vec<_> = (0..50)
         .map(|i| {
             let limiter = limiter.clone();
-            tokio::spawn(async move { (i, limiter.peek(format!("key-{i}")).await) })
+            tokio::spawn(async move { (i, limiter.peek(format!("key-{i}"), 1).await) })
         })
         .collect();
     for look in looks {
@@ -96,7 +99,10 @@ async fn a_lone_decision_is_its_own_call() {
     let server = TestRedis::spawn();
     let quota = Quota::fixed_window(100, Duration::from_secs(3600));
     let limiter = limiter(&server, Limit::new("lone", quota).expect("limit"), true);
-    limiter.peek("warm").await.expect("the library is loaded");
+    limiter
+        .peek("warm", 1)
+        .await
+        .expect("the library is loaded");
     let before = fcalls(&server);
     for _ in 0..20 {
         assert!(limiter.check("k", 1).await.expect("decided").is_allowed());
@@ -110,7 +116,10 @@ async fn without_coalescing_each_decision_is_its_own_call() {
     let server = TestRedis::spawn();
     let quota = Quota::fixed_window(100, Duration::from_secs(3600));
     let limiter = limiter(&server, Limit::new("apart", quota).expect("limit"), false);
-    limiter.peek("warm").await.expect("the library is loaded");
+    limiter
+        .peek("warm", 1)
+        .await
+        .expect("the library is loaded");
     let before = fcalls(&server);
     let tasks: Vec<_> = (0..200)
         .map(|_| {
@@ -144,7 +153,10 @@ async fn decisions_waiting_for_a_server_that_stopped_fail_by_their_deadline() {
         .cache_denials(false)
         .build()
         .expect("limiter");
-    limiter.peek("warm").await.expect("the library is loaded");
+    limiter
+        .peek("warm", 1)
+        .await
+        .expect("the library is loaded");
     server.stop();
     let tasks: Vec<_> = (0..200)
         .map(|_| {

@@ -184,7 +184,7 @@ fn a_penalty_reads_from_its_table() {
         "#,
     )
     .expect("valid");
-    let penalty = limits[0].penalty_of().expect("a penalty");
+    let penalty = limits[0].penalty().expect("a penalty");
     assert_eq!(penalty.refusals(), 2);
     assert_eq!(penalty.within(), Duration::from_secs(15 * 60));
     assert_eq!(

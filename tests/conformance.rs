@@ -48,7 +48,7 @@ async fn run(limit: &Limit, table: &[Row]) {
                 limit.name()
             );
             let got = match d.verdict() {
-                Verdict::Allowed => Allowed(d.wait().as_micros() as i64),
+                Verdict::Allowed => Allowed(d.delay().as_micros() as i64),
                 Verdict::Denied { retry_after } => Denied(retry_after.as_micros() as i64),
                 Verdict::CostExceedsCapacity => Never,
                 other => panic!("unknown verdict {other:?}"),
@@ -60,7 +60,7 @@ async fn run(limit: &Limit, table: &[Row]) {
                 reset,
                 "reset_after, {ctx}"
             );
-            assert_eq!(d.limit(), limit.capacity(), "limit, {ctx}");
+            assert_eq!(d.capacity(), limit.capacity(), "limit, {ctx}");
         }
     }
     let longest_wait = table.iter().map(|row| row.2).max().unwrap_or(0);

@@ -110,7 +110,7 @@ async fn a_cached_denial_never_refuses_what_redis_would_grant() {
             let d = a.check("shared", cost).await.expect("a");
             if d.from_local_cache() {
                 cached_answers += 1;
-                let redis = truth.peek_cost("shared", cost).await.expect("truth");
+                let redis = truth.peek("shared", cost).await.expect("truth");
                 assert!(
                     !redis.is_allowed(),
                     "{quota:?}: A refused cost {cost} from its cache at +{} us, Redis grants it",

@@ -126,7 +126,7 @@ async fn a_refused_call_is_resource_exhausted_with_its_retry_delay() {
 async fn a_cost_that_can_never_fit_is_resource_exhausted_without_retry_info() {
     let layer = RateLimitLayer::builder()
         .limit(per_window(2), Global)
-        .cost_fn(|_: &http::request::Parts| 3)
+        .cost_from_request(|_: &http::request::Parts| 3)
         .build()
         .expect("layer");
     let mut client = client(serve(layer).await).await;

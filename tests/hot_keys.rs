@@ -1,4 +1,4 @@
-//! Hot keys (`Limit::hot`): batches of permits taken from Redis and granted
+//! Hot keys (`Limit::with_hot_key`): batches of permits taken from Redis and granted
 //! in the instance, few decisions reaching Redis, unused permits given back,
 //! and the fleet within the bound `HotKey` states.
 
@@ -40,7 +40,7 @@ fn fleet(url: &str, prefix: &str, limit: &Limit, n: usize) -> Vec<Limiter> {
 /// `permits` held `hold`.
 fn hourly_hot(per_hour: u64, permits: u64, hold: Duration) -> Limit {
     Limit::new("global", Quota::per_hour(per_hour).fixed_window())
-        .and_then(|limit| limit.hot(HotKey::new(permits, hold)?))
+        .and_then(|limit| limit.with_hot_key(HotKey::new(permits, hold)?))
         .expect("a hot limit")
 }
 
@@ -89,7 +89,7 @@ async fn a_hot_key_reaches_redis_once_per_batch_and_every_unused_permit_comes_ba
     let observer = instance(&server.url, &prefix, &[limit], PATIENT);
     let deadline = Instant::now() + PATIENT;
     loop {
-        let remaining = observer.peek("all").await.expect("a look").remaining();
+        let remaining = observer.peek("all", 1).await.expect("a look").remaining();
         if remaining == 100_000 - 8000 {
             break;
         }
@@ -171,7 +171,7 @@ async fn a_fleet_of_four_stays_within_the_stated_bound() {
     .unwrap();
     let hot = log
         .clone()
-        .hot(HotKey::new(permits as u64, Duration::from_millis(200)).unwrap())
+        .with_hot_key(HotKey::new(permits as u64, Duration::from_millis(200)).unwrap())
         .unwrap();
     let exact = fleet_on_a_clock(&log, n, 4).await;
     assert!(most_within(&exact, Duration::from_secs(1)) <= limit_n);
@@ -301,13 +301,13 @@ async fn a_permit_goes_back_to_its_batch_when_another_limit_refuses() {
         assert_eq!(d.statuses()[0].name(), "global");
         assert_eq!(d.statuses()[1].name(), "per-user");
         if i >= 2 {
-            assert!(d.statuses()[1].violated() && !d.statuses()[0].violated());
+            assert!(d.statuses()[1].is_violated() && !d.statuses()[0].is_violated());
         }
     }
     // once the batch's hold ends, Redis counts the two granted, not five
     let observer = instance(&redis_url(), &prefix, &[global], PATIENT);
     let deadline = Instant::now() + PATIENT;
-    while observer.peek("all").await.unwrap().remaining() != 998 {
+    while observer.peek("all", 1).await.unwrap().remaining() != 998 {
         assert!(
             Instant::now() < deadline,
             "the refused requests kept permits"
@@ -377,16 +377,25 @@ fn invalid_hot_keys_are_refused_when_built() {
     }
     let hot = HotKey::new(11, second).unwrap();
     let ten = Limit::new("ten", Quota::per_minute(10).gcra()).unwrap();
-    assert!(matches!(ten.clone().hot(hot), Err(ConfigError::HotKey(_))));
+    assert!(matches!(
+        ten.clone().with_hot_key(hot),
+        Err(ConfigError::HotKey(_))
+    ));
     let fits = HotKey::new(10, second).unwrap();
-    assert!(ten.clone().hot(fits).is_ok());
+    assert!(ten.clone().with_hot_key(fits).is_ok());
     let running = Limit::concurrency("running", 10, second).unwrap();
-    assert!(matches!(running.hot(fits), Err(ConfigError::HotKey(_))));
+    assert!(matches!(
+        running.with_hot_key(fits),
+        Err(ConfigError::HotKey(_))
+    ));
     let penalty = Penalty::new(3, second, [second]).unwrap();
-    let penalized = ten.clone().penalty(penalty.clone());
-    assert!(matches!(penalized.hot(fits), Err(ConfigError::HotKey(_))));
+    let penalized = ten.clone().with_penalty(penalty.clone());
+    assert!(matches!(
+        penalized.with_hot_key(fits),
+        Err(ConfigError::HotKey(_))
+    ));
     // a penalty added later turns the batches off
-    let later = ten.hot(fits).unwrap().penalty(penalty);
+    let later = ten.with_hot_key(fits).unwrap().with_penalty(penalty);
     assert!(later.hot_key().is_none());
 }
 
@@ -428,7 +437,7 @@ async fn a_hot_refill_and_the_stores_decision_share_one_timeout() {
     let prefix = unique_prefix("hot-one-timeout");
     // batches of one permit: every check refills
     let global = Limit::new("global", Quota::per_hour(1_000_000).fixed_window())
-        .and_then(|limit| limit.hot(HotKey::new(1, Duration::from_secs(60))?))
+        .and_then(|limit| limit.with_hot_key(HotKey::new(1, Duration::from_secs(60))?))
         .expect("a hot limit");
     let per_user = Limit::new("user", Quota::per_hour(1_000).fixed_window()).expect("a limit");
     let limiter = instance(&server.url, &prefix, &[global, per_user], timeout);

@@ -160,7 +160,7 @@ async fn deny_listed_requests_get_403_and_blocked_keys_429_until_unblocked() {
     let prefix = unique_prefix("layer-bans");
     let hour = Duration::from_secs(3600);
     let banned = limit("api", per_minute(100))
-        .penalty(tower_ratelimit::Penalty::new(10, hour, [hour]).expect("penalty"));
+        .with_penalty(tower_ratelimit::Penalty::new(10, hour, [hour]).expect("penalty"));
     let memory = MemoryStore::new();
     let redis = redis_store(&prefix);
     let (m, r) = (memory.clone(), redis.clone());
@@ -196,11 +196,12 @@ async fn deny_listed_requests_get_403_and_blocked_keys_429_until_unblocked() {
         assert_eq!(problem["status"], 403);
         assert_eq!(problem["detail"], "The request is not allowed.");
         // nothing was asked of the store
-        let seen = admin.inspect("api", "bot").await.expect("inspect");
+        let seen = admin.admin().inspect("api", "bot").await.expect("inspect");
         assert_eq!(seen.decision.remaining(), 100, "{store}");
 
         assert_eq!(send(&app, as_client("eve", "curl")).await.0, StatusCode::OK);
         admin
+            .admin()
             .block("api", "eve", Duration::from_secs(90))
             .await
             .expect("block");
@@ -218,7 +219,7 @@ async fn deny_listed_requests_get_403_and_blocked_keys_429_until_unblocked() {
         }
         // another client is not blocked
         assert_eq!(send(&app, as_client("ann", "curl")).await.0, StatusCode::OK);
-        assert!(admin.unblock("api", "eve").await.expect("unblock"));
+        assert!(admin.admin().unblock("api", "eve").await.expect("unblock"));
         // (a layer over a remote store answers the block from its cache
         // of denials until it ends: a fresh layer asks the store)
         let app = hello_app(layer());
@@ -370,13 +371,13 @@ async fn several_limits_are_all_or_nothing_and_the_refusing_one_is_named() {
 async fn costs_are_fixed_or_computed_and_checked_against_capacity() {
     let err = RateLimitLayer::builder()
         .limit(limit("small", per_minute(5)), Global)
-        .cost(6)
+        .fixed_cost(6)
         .build()
         .unwrap_err();
     assert!(
         matches!(
             err,
-            ConfigError::CostExceedsCapacity {
+            ConfigError::FixedCostExceedsCapacity {
                 cost: 6,
                 capacity: 5,
                 ..
@@ -387,7 +388,7 @@ async fn costs_are_fixed_or_computed_and_checked_against_capacity() {
 
     let layer = RateLimitLayer::builder()
         .limit(limit("credits", per_minute(10)), Global)
-        .cost_fn(|parts| if parts.uri.path() == "/export" { 4 } else { 1 })
+        .cost_from_request(|parts| if parts.uri.path() == "/export" { 4 } else { 1 })
         .build()
         .expect("layer");
     let app = Router::new()
@@ -401,7 +402,7 @@ async fn costs_are_fixed_or_computed_and_checked_against_capacity() {
     // a computed cost over the capacity can never pass: 429 without Retry-After
     let huge = RateLimitLayer::builder()
         .limit(limit("credits", per_minute(10)), Global)
-        .cost_fn(|_| 11)
+        .cost_from_request(|_| 11)
         .build()
         .expect("layer");
     let (status, headers, body) = send(&hello_app(huge), request("/")).await;
@@ -1481,13 +1482,13 @@ fn a_store_outage_is_logged_when_it_begins_and_ends_not_per_request() {
     );
 }
 
-/// A hot global rule (`Limit::hot`) on two instances of a service: requests
+/// A hot global rule (`Limit::with_hot_key`) on two instances of a service: requests
 /// are answered from batches, few reach Redis, every response carries the
 /// RateLimit fields, and the fleet refuses once the limit is spent.
 #[tokio::test]
 async fn a_hot_global_rule_answers_from_batches() {
     let global = limit("global", per_minute(300))
-        .hot(tower_ratelimit::HotKey::new(25, Duration::from_secs(1)).unwrap())
+        .with_hot_key(tower_ratelimit::HotKey::new(25, Duration::from_secs(1)).unwrap())
         .unwrap();
     // a server of its own: it counts the calls
     let server = TestRedis::spawn();

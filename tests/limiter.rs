@@ -29,18 +29,18 @@ async fn all_or_nothing(limiter: Limiter, clock: ManualClock) {
     let d = limiter.check("u", 1).await.unwrap();
     assert!(!d.is_allowed());
     assert_eq!(
-        d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+        d.violated_limits().map(|s| s.name()).collect::<Vec<_>>(),
         ["burst"]
     );
     clock.advance(Duration::from_secs(1));
     // daily has 1 left: a cost of 2 passes burst but not daily, and consumes neither
     let d = limiter.check("u", 2).await.unwrap();
     assert_eq!(
-        d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+        d.violated_limits().map(|s| s.name()).collect::<Vec<_>>(),
         ["daily"]
     );
     assert_eq!(d.binding().unwrap().name(), "daily");
-    let peek = limiter.peek("u").await.unwrap();
+    let peek = limiter.peek("u", 1).await.unwrap();
     assert_eq!(
         peek.statuses()[0].remaining(),
         3,
@@ -57,12 +57,12 @@ async fn all_or_nothing(limiter: Limiter, clock: ManualClock) {
     assert_eq!(d.verdict(), Verdict::CostExceedsCapacity);
     assert_eq!(d.retry_after(), None);
     assert_eq!(
-        d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+        d.violated_limits().map(|s| s.name()).collect::<Vec<_>>(),
         ["burst"]
     );
     // reset forgets every limit of the key
     limiter.reset("u").await.unwrap();
-    let fresh = limiter.peek("u").await.unwrap();
+    let fresh = limiter.peek("u", 1).await.unwrap();
     assert_eq!(
         (
             fresh.statuses()[0].remaining(),
@@ -176,7 +176,7 @@ async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
         .await
         .unwrap();
     assert!(d.is_allowed());
-    assert_eq!(d.wait(), Duration::from_millis(100));
+    assert_eq!(d.delay(), Duration::from_millis(100));
     assert_eq!(
         started.elapsed(),
         Duration::from_millis(100),
@@ -187,7 +187,7 @@ async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
         .acquire("q", 1, Duration::from_secs(1))
         .await
         .unwrap();
-    assert_eq!(d.wait(), Duration::from_millis(100));
+    assert_eq!(d.delay(), Duration::from_millis(100));
     // too far: denied at once, nothing consumed
     let before = tokio::time::Instant::now();
     let d = limiter
@@ -202,7 +202,7 @@ async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
     assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
     assert_eq!(before.elapsed(), Duration::ZERO);
     assert_eq!(
-        limiter.peek("q").await.unwrap().reset_after(),
+        limiter.peek("q", 1).await.unwrap().reset_after(),
         Duration::from_millis(100)
     );
 }
@@ -219,7 +219,7 @@ async fn acquire_on_redis_waits_for_its_reservation() {
         .unwrap();
     assert!(d.is_allowed());
     assert!(
-        d.wait() > Duration::ZERO && d.wait() <= Duration::from_millis(50),
+        d.delay() > Duration::ZERO && d.delay() <= Duration::from_millis(50),
         "{d:?}"
     );
     assert_keys_expire(
@@ -276,7 +276,7 @@ async fn without_functions_decisions_run_as_evalsha() {
         53,
         "one NOSCRIPT, then EVALSHA again"
     );
-    let d = limiter.peek("k").await.unwrap();
+    let d = limiter.peek("k", 1).await.unwrap();
     assert_eq!(d.statuses()[0].remaining(), 1_000_000 - 10, "{d:?}");
     drop(server);
 }
@@ -294,7 +294,7 @@ async fn after_a_refused_library_load_decisions_run_as_evalsha() {
     }
     assert_eq!(command_calls(&mut conn, "evalsha"), 50);
     assert_eq!(command_calls(&mut conn, "fcall"), 0, "FCALL tried again");
-    let d = limiter.peek("k").await.unwrap();
+    let d = limiter.peek("k", 1).await.unwrap();
     assert_eq!(d.statuses()[0].remaining(), 1_000_000 - 8, "{d:?}");
     drop(server);
 }
@@ -447,7 +447,7 @@ async fn memory_store_evicts_idle_keys_by_itself() {
     );
     // peeks of unknown keys store nothing
     for i in 0..1_000 {
-        limiter.peek(format!("ghost-{i}")).await.unwrap();
+        limiter.peek(format!("ghost-{i}"), 1).await.unwrap();
     }
     assert!(store.len() <= 2_000);
 }
@@ -526,11 +526,11 @@ async fn a_max_wait_beyond_max_wait_is_refused_and_takes_nothing() {
             matches!(result, Err(Error::WaitTooLong(w)) if w == max_wait),
             "{result:?}"
         );
-        let result = limiter.acquire_refundable("k", 1, max_wait).await;
+        let result = limiter.refundable().acquire("k", 1, max_wait).await;
         assert!(matches!(result, Err(Error::WaitTooLong(_))), "{result:?}");
     }
     let first = limiter.decide(&["k"], 1, MAX_WAIT).await.expect("decided");
-    assert!(first.is_allowed() && first.wait().is_zero());
+    assert!(first.is_allowed() && first.delay().is_zero());
 }
 
 /// An empty key is `Error::EmptyKey` for every operation that names a key,
@@ -544,7 +544,7 @@ async fn an_empty_key_is_an_error_on_both_stores() {
         Limit::new("l", Quota::sliding_log(5, Duration::from_secs(60)))
             .unwrap()
             .quota_from_store()
-            .penalty(
+            .with_penalty(
                 tower_ratelimit::Penalty::new(
                     3,
                     Duration::from_secs(60),
@@ -567,7 +567,7 @@ async fn an_empty_key_is_an_error_on_both_stores() {
     for (store, limiter) in &limiters {
         empty("check", store, limiter.check("", 1).await.map(drop));
         empty("check of 0", store, limiter.check("", 0).await.map(drop));
-        empty("peek", store, limiter.peek("").await.map(drop));
+        empty("peek", store, limiter.peek("", 1).await.map(drop));
         let keys: [&[u8]; 1] = [b""];
         empty(
             "decide",
@@ -575,9 +575,9 @@ async fn an_empty_key_is_an_error_on_both_stores() {
             limiter.decide(&keys, 1, Duration::ZERO).await.map(drop),
         );
         empty(
-            "check_refundable",
+            "refundable().check",
             store,
-            limiter.check_refundable("", 1).await.map(drop),
+            limiter.refundable().check("", 1).await.map(drop),
         );
         empty(
             "take_up_to",
@@ -595,21 +595,34 @@ async fn an_empty_key_is_an_error_on_both_stores() {
             "block",
             store,
             limiter
+                .admin()
                 .block("l", "", Duration::from_secs(1))
                 .await
                 .map(drop),
         );
-        empty("unblock", store, limiter.unblock("l", "").await.map(drop));
-        empty("inspect", store, limiter.inspect("l", "").await.map(drop));
+        empty(
+            "unblock",
+            store,
+            limiter.admin().unblock("l", "").await.map(drop),
+        );
+        empty(
+            "inspect",
+            store,
+            limiter.admin().inspect("l", "").await.map(drop),
+        );
         empty(
             "set_override",
             store,
-            limiter.set_override("l", "", quota, None).await.map(drop),
+            limiter
+                .admin()
+                .set_override("l", "", quota, None)
+                .await
+                .map(drop),
         );
         empty(
             "stored_override",
             store,
-            limiter.stored_override("l", "").await.map(drop),
+            limiter.admin().stored_override("l", "").await.map(drop),
         );
         // the limiter works on
         assert!(limiter.check("k", 1).await.unwrap().is_allowed(), "{store}");

@@ -72,13 +72,13 @@ async fn a_new_value_decides_the_next_check_and_keeps_what_was_used() {
         live.set(per_hour("exports", 5)).expect("same name");
         let d = b.check("acme", 1).await.expect("decides");
         assert!(d.is_allowed(), "{store}: raised to 5, 2 used");
-        assert_eq!((d.limit(), d.remaining()), (5, 2), "{store}");
+        assert_eq!((d.capacity(), d.remaining()), (5, 2), "{store}");
         assert_eq!(a.limits()[0].capacity(), 5, "{store}");
 
         live.set(per_hour("exports", 3)).expect("same name");
         let d = a.check("acme", 1).await.expect("decides");
         assert!(!d.is_allowed(), "{store}: lowered to 3, 3 used");
-        assert_eq!(d.limit(), 3, "{store}");
+        assert_eq!(d.capacity(), 3, "{store}");
     }
 }
 
@@ -90,7 +90,7 @@ async fn a_value_of_another_name_is_refused_and_changes_nothing() {
         live.set(per_hour("imports", 9)),
         Err(ConfigError::Live(_))
     ));
-    assert_eq!(limiter.check("k", 3).await.expect("decides").limit(), 2);
+    assert_eq!(limiter.check("k", 3).await.expect("decides").capacity(), 2);
 }
 
 /// Quotas alternating between two values while tasks check one key: the
@@ -130,7 +130,7 @@ async fn swapping_under_load_admits_at_most_the_larger(limiters: Vec<Limiter>, l
                     if d.is_allowed() {
                         granted.fetch_add(1, Ordering::Relaxed);
                     }
-                    seen.push(d.limit());
+                    seen.push(d.capacity());
                     if i % 2 == 0 {
                         tokio::time::sleep(Duration::from_micros(200)).await;
                     } else {
@@ -320,12 +320,12 @@ async fn a_value_a_running_layer_cannot_use_is_refused() {
     let live = LiveLimit::new(per_hour("bulk", 10));
     let _layer = RateLimitLayer::builder()
         .limit(&live, Global)
-        .cost(5)
+        .fixed_cost(5)
         .build()
         .expect("10 holds a cost of 5");
     assert!(matches!(
         live.set(per_hour("bulk", 4)),
-        Err(ConfigError::CostExceedsCapacity { cost: 5, .. })
+        Err(ConfigError::FixedCostExceedsCapacity { cost: 5, .. })
     ));
     assert_eq!(live.get().capacity(), 10);
     live.set(per_hour("bulk", 5)).expect("holds 5");
@@ -348,7 +348,7 @@ async fn a_value_a_running_layer_cannot_use_is_refused() {
     // and a layer whose cost the current value cannot hold is not built
     assert!(RateLimitLayer::builder()
         .limit(&tiered, Global)
-        .cost(21)
+        .fixed_cost(21)
         .build()
         .is_err());
 }
@@ -422,7 +422,7 @@ async fn a_limiter_on_redis_follows_its_live_limit() {
     assert!(limiter.check("k", 1).await.expect("decides").is_allowed());
     live.set(per_hour("fb", 3)).expect("same name");
     let d = limiter.check("k", 1).await.expect("decides");
-    assert!(d.is_allowed() && d.limit() == 3 && d.remaining() == 1);
+    assert!(d.is_allowed() && d.capacity() == 3 && d.remaining() == 1);
 }
 
 #[tokio::test]

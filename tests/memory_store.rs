@@ -359,7 +359,7 @@ fn penalized() -> Limit {
     let minute = Duration::from_secs(60);
     Limit::new("p", Quota::gcra(10, minute, 10))
         .expect("valid limit")
-        .penalty(Penalty::new(100, minute, [minute]).expect("valid penalty"))
+        .with_penalty(Penalty::new(100, minute, [minute]).expect("valid penalty"))
 }
 
 /// A block made when the store is full takes the place of a rate state, and
@@ -382,13 +382,13 @@ async fn a_ban_survives_a_full_store() {
     }
     assert_eq!(store.len(), 100);
     let hour = Duration::from_secs(3600);
-    limiter.block("p", "banned", hour).await.unwrap();
+    limiter.admin().block("p", "banned", hour).await.unwrap();
     assert_eq!(store.len(), 100, "the bound holds");
     for i in 0..1_000 {
         limiter.check(format!("flood-{i}"), 1).await.unwrap();
     }
     assert!(!limiter.check("banned", 1).await.unwrap().is_allowed());
-    let seen = limiter.inspect("p", "banned").await.unwrap();
+    let seen = limiter.admin().inspect("p", "banned").await.unwrap();
     assert!(seen.blocked_for.is_some(), "{seen:?}");
     assert!(store.len() <= 100);
 }
@@ -406,9 +406,13 @@ async fn a_block_beyond_half_the_bound_is_an_error() {
     let limiter = Limiter::new(store.clone(), penalized());
     let hour = Duration::from_secs(3600);
     for i in 0..3 {
-        limiter.block("p", format!("b{i}"), hour).await.unwrap();
+        limiter
+            .admin()
+            .block("p", format!("b{i}"), hour)
+            .await
+            .unwrap();
     }
-    let refused = limiter.block("p", "b3", hour).await;
+    let refused = limiter.admin().block("p", "b3", hour).await;
     assert!(
         matches!(refused, Err(Error::PenaltyNotStored)),
         "{refused:?}"
@@ -437,7 +441,7 @@ async fn a_flood_of_penalty_states_refuses_no_new_client() {
         .expect("store");
     let limit = Limit::new("p", Quota::gcra(10, minute, 10))
         .expect("valid limit")
-        .penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
+        .with_penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
     let limiter = Limiter::new(store.clone(), limit);
     for i in 0..2_000 {
         let key = format!("flood-{i}");
@@ -468,8 +472,8 @@ fn a_penalty_state_not_stored_is_counted() {
     let hour = Duration::from_secs(3600);
     metrics::with_local_recorder(&recorder, || {
         futures::executor::block_on(async {
-            limiter.block("p", "b0", hour).await.unwrap();
-            assert!(limiter.block("p", "b1", hour).await.is_err());
+            limiter.admin().block("p", "b0", hour).await.unwrap();
+            assert!(limiter.admin().block("p", "b1", hour).await.is_err());
         })
     });
     let text = handle.render();
@@ -532,7 +536,7 @@ fn concurrent_floods_at_the_bound_keep_it() {
         .expect("store");
     let penalized = Limit::new("p", Quota::gcra(2, minute, 2))
         .expect("valid limit")
-        .penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
+        .with_penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
     let limiter = Limiter::builder(store.clone())
         .limit(penalized)
         .limit(Limit::new("w", Quota::fixed_window(5, minute)).expect("limit"))
@@ -547,7 +551,7 @@ fn concurrent_floods_at_the_bound_keep_it() {
                         let key = format!("t{t}-{i}");
                         if t == 3 {
                             // blocks beyond half the bound are errors
-                            let _ = limiter.block("p", &key, minute).await;
+                            let _ = limiter.admin().block("p", &key, minute).await;
                         } else {
                             for _ in 0..3 {
                                 limiter.check(&key, 1).await.unwrap();

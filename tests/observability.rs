@@ -52,7 +52,7 @@ fn decisions_are_counted_by_limit_and_outcome() {
             limiter.check("client", 1).await.expect("decision");
         }
         limiter.check("client", 5000).await.expect("decision");
-        limiter.peek("client").await.expect("a peek");
+        limiter.peek("client", 1).await.expect("a peek");
         // port 1 refuses connections: a store error
         let down = RedisStore::new("redis://127.0.0.1:1/").expect("store");
         let limit = Limit::new("remote", Quota::per_minute(1).sliding_log()).expect("limit");

@@ -162,7 +162,7 @@ async fn a_quota_change_keeps_what_is_left() {
                 .await
                 .expect("decision")
                 .is_allowed());
-            let look = after.peek(&key).await.expect("decision");
+            let look = after.peek(&key, 1).await.expect("decision");
             assert_eq!(
                 look.remaining(),
                 expected,
@@ -172,7 +172,7 @@ async fn a_quota_change_keeps_what_is_left() {
             let taken = after.check(&key, 1).await.expect("decision");
             assert_eq!(taken.is_allowed(), expected > 0, "{name}: {taken:?}");
             let taken = u64::from(taken.is_allowed());
-            let left_for_old = before.peek(&key).await.expect("decision").remaining();
+            let left_for_old = before.peek(&key, 1).await.expect("decision").remaining();
             assert!(
                 left_for_old <= old.capacity() - spent - taken,
                 "{old:?} reads {left_for_old} left after {new:?} took {taken}, on {name}"
@@ -211,7 +211,7 @@ async fn a_capacity_cut_never_hands_the_larger_bucket_a_full_one() {
             limiter.check(&key, cost).await.expect("decision");
         }
         // the last grant emptied the bucket 2 refill periods ago
-        let look = old.peek(&key).await.expect("peek");
+        let look = old.peek(&key, 1).await.expect("peek");
         assert_eq!(look.remaining(), 2, "{name}: {look:?}");
     }
 }
@@ -222,15 +222,15 @@ async fn peek_tells_whether_a_request_would_pass_and_consumes_nothing() {
     let stores = Stores::new("peek");
     for (name, limiter) in stores.limiters(Quota::sliding_log(3, Duration::from_secs(60))) {
         stores.at(0);
-        let fresh = limiter.peek("p").await.expect("peek");
+        let fresh = limiter.peek("p", 1).await.expect("peek");
         assert!(
             fresh.is_allowed() && fresh.remaining() == 3,
             "{name}: {fresh:?}"
         );
         assert!(limiter.check("p", 2).await.expect("check").is_allowed());
         stores.at(10 * S);
-        assert!(limiter.peek("p").await.expect("peek").is_allowed());
-        let two = limiter.peek_cost("p", 2).await.expect("peek");
+        assert!(limiter.peek("p", 1).await.expect("peek").is_allowed());
+        let two = limiter.peek("p", 2).await.expect("peek");
         assert_eq!(
             two.retry_after(),
             Some(Duration::from_secs(50)),
@@ -238,7 +238,7 @@ async fn peek_tells_whether_a_request_would_pass_and_consumes_nothing() {
         );
         assert!(limiter.check("p", 1).await.expect("check").is_allowed());
         for _ in 0..3 {
-            let look = limiter.peek("p").await.expect("peek");
+            let look = limiter.peek("p", 1).await.expect("peek");
             assert_eq!(
                 look.verdict(),
                 Verdict::Denied {
@@ -248,7 +248,7 @@ async fn peek_tells_whether_a_request_would_pass_and_consumes_nothing() {
             );
             assert_eq!(look.remaining(), 0);
         }
-        let never = limiter.peek_cost("p", 4).await.expect("peek");
+        let never = limiter.peek("p", 4).await.expect("peek");
         assert_eq!(never.verdict(), Verdict::CostExceedsCapacity, "{name}");
         // the looks consumed nothing: the grant at 0 frees 2 at 60 s
         stores.at(60 * S);
@@ -278,13 +278,13 @@ async fn a_backward_clock_step_refuses_nothing_the_recorded_grants_allow() {
             stores.at(98 * S);
             let d = limiter.check("c", 1).await.expect("check");
             assert!(
-                d.is_allowed() && d.wait().is_zero(),
+                d.is_allowed() && d.delay().is_zero(),
                 "{quota:?} on {name}: {d:?}"
             );
             assert_eq!(d.remaining(), 8, "{quota:?} on {name}: {d:?}");
             let d = limiter.check("c", 8).await.expect("check");
             assert!(
-                d.is_allowed() && d.wait().is_zero(),
+                d.is_allowed() && d.delay().is_zero(),
                 "{quota:?} on {name}: {d:?}"
             );
             let full = limiter.check("c", 1).await.expect("check");
@@ -306,7 +306,7 @@ async fn reservations_survive_a_backward_clock_step() {
             .await
             .expect("reserve");
         assert_eq!(
-            reserved.wait(),
+            reserved.delay(),
             Duration::from_secs(1),
             "{name}: {reserved:?}"
         );
@@ -322,7 +322,7 @@ async fn reservations_survive_a_backward_clock_step() {
             .await
             .expect("reserve");
         assert_eq!(
-            next.wait(),
+            next.delay(),
             Duration::from_secs(2),
             "{name}: queued behind: {next:?}"
         );
@@ -683,13 +683,13 @@ async fn a_state_from_a_clock_far_ahead_counts_as_now_and_never_freezes_its_key(
                     stores.at(t);
                     let again = limiter.check("f", 1).await.expect("check");
                     assert!(
-                        again.is_allowed() && again.wait().is_zero(),
+                        again.is_allowed() && again.delay().is_zero(),
                         "{ctx}: refused at {} us until {t} us, then {again:?}",
                         t - retry
                     );
                 } else {
                     assert!(
-                        d.is_allowed() && d.wait().is_zero(),
+                        d.is_allowed() && d.delay().is_zero(),
                         "{ctx} at {t} us: {d:?}"
                     );
                     assert!(t > 0, "{ctx}: the writer's grants were forgotten: {d:?}");
@@ -900,8 +900,8 @@ async fn far_ahead_states_under_several_limits_agree_on_both_stores() {
         redis.check("k", 4).await.expect("redis"),
     );
     assert!(m.is_allowed() && m == r, "{m:?} {r:?}");
-    let m = memory.check_refundable("k", 1).await.expect("memory");
-    let r = redis.check_refundable("k", 1).await.expect("redis");
+    let m = memory.refundable().check("k", 1).await.expect("memory");
+    let r = redis.refundable().check("k", 1).await.expect("redis");
     assert!(
         m.is_allowed() && m.decision() == r.decision(),
         "{m:?} {r:?}"
@@ -917,8 +917,8 @@ async fn far_ahead_states_under_several_limits_agree_on_both_stores() {
         let t = step * 50 * MS;
         stores.at(t);
         let (m, r) = (
-            memory.peek("k").await.expect("memory"),
-            redis.peek("k").await.expect("redis"),
+            memory.peek("k", 1).await.expect("memory"),
+            redis.peek("k", 1).await.expect("redis"),
         );
         assert_eq!(m, r, "peek at {t} us");
         let (m, r) = if step % 3 == 0 {

@@ -1,4 +1,4 @@
-//! Penalties and bans (`Limit::penalty`): one table of refusals, blocks,
+//! Penalties and bans (`Limit::with_penalty`): one table of refusals, blocks,
 //! escalation, forgetting and the admin operations, run unchanged on the
 //! memory store, a real Redis and (with the `cluster` feature) a Redis
 //! Cluster, on one manual clock; exact counting under 100 concurrent tasks
@@ -24,7 +24,7 @@ fn secs(n: u64) -> Duration {
 fn login() -> Limit {
     Limit::new("login", Quota::sliding_log(2, secs(60)))
         .expect("limit")
-        .penalty(
+        .with_penalty(
             Penalty::new(3, secs(60), [secs(10), secs(100)])
                 .expect("penalty")
                 .forget_after(secs(1000)),
@@ -137,10 +137,10 @@ async fn run_table(store: &str, limiter: &Limiter, clock: &ManualClock) {
         };
         match step {
             Check(e) => expect_decision(&limiter.check("mallory", 1).await.expect("check"), e),
-            Peek(e) => expect_decision(&limiter.peek("mallory").await.expect("peek"), e),
+            Peek(e) => expect_decision(&limiter.peek("mallory", 1).await.expect("peek"), e),
             Take(n, retry) => {
                 let taken = limiter.take_up_to("mallory", 5).await.expect("take");
-                assert_eq!(taken.granted(), n, "{ctx}");
+                assert_eq!(taken.granted_amount(), n, "{ctx}");
                 assert_eq!(
                     taken.decision().retry_after(),
                     retry.map(secs),
@@ -148,7 +148,11 @@ async fn run_table(store: &str, limiter: &Limiter, clock: &ManualClock) {
                 );
             }
             Inspect(blocked, offences, refusals) => {
-                let seen = limiter.inspect("login", "mallory").await.expect("inspect");
+                let seen = limiter
+                    .admin()
+                    .inspect("login", "mallory")
+                    .await
+                    .expect("inspect");
                 assert_eq!(seen.blocked_for, blocked.map(secs), "{ctx}: {seen:?}");
                 assert_eq!(
                     (seen.offences, seen.refusals),
@@ -162,12 +166,17 @@ async fn run_table(store: &str, limiter: &Limiter, clock: &ManualClock) {
                 );
             }
             Block(n) => limiter
+                .admin()
                 .block("login", "mallory", secs(n))
                 .await
                 .expect("block"),
             Unblock(was) => {
                 assert_eq!(
-                    limiter.unblock("login", "mallory").await.expect("unblock"),
+                    limiter
+                        .admin()
+                        .unblock("login", "mallory")
+                        .await
+                        .expect("unblock"),
                     was,
                     "{ctx}"
                 )
@@ -211,7 +220,7 @@ async fn only_the_limit_that_refused_counts_and_a_block_charges_no_other() {
     let strict = Limit::new("strict", Quota::sliding_log(1, secs(60))).expect("limit");
     let penalized = Limit::new("loose", Quota::sliding_log(3, secs(60)))
         .expect("limit")
-        .penalty(Penalty::new(1, secs(60), [secs(30)]).expect("penalty"));
+        .with_penalty(Penalty::new(1, secs(60), [secs(30)]).expect("penalty"));
     let limits = [penalized, strict];
     for (store, limiter) in [
         (
@@ -228,15 +237,23 @@ async fn only_the_limit_that_refused_counts_and_a_block_charges_no_other() {
         // refused by `strict` alone: `loose` counts nothing
         let d = limiter.check("k", 1).await.expect("check");
         assert_eq!(d.retry_after(), Some(secs(60)), "{store}");
-        let seen = limiter.inspect("loose", "k").await.expect("inspect");
+        let seen = limiter
+            .admin()
+            .inspect("loose", "k")
+            .await
+            .expect("inspect");
         assert_eq!((seen.refusals, seen.offences), (0, 0), "{store}");
         // a block: both statuses read, the decision refused for the longer
         clock.set(T0 + (10 * S) as i64);
-        limiter.block("loose", "k", secs(90)).await.expect("block");
+        limiter
+            .admin()
+            .block("loose", "k", secs(90))
+            .await
+            .expect("block");
         let d = limiter.check("k", 1).await.expect("check");
         assert_eq!(d.retry_after(), Some(secs(90)), "{store}: {d:?}");
         assert!(d.statuses()[0].is_blocked() && !d.statuses()[1].is_blocked());
-        assert_eq!(d.statuses()[1].wait(), Some(secs(50)), "{store}");
+        assert_eq!(d.statuses()[1].available_in(), Some(secs(50)), "{store}");
         // after the block and the window: one grant each, nothing was charged
         clock.set(T0 + (100 * S) as i64);
         let d = limiter.check("k", 1).await.expect("check");
@@ -251,9 +268,9 @@ async fn penalty_operations_need_a_penalty() {
     let plain = Limit::new("plain", Quota::per_minute(1).gcra()).expect("limit");
     let limiter = limiter(MemoryStore::new(), &[plain]);
     for result in [
-        limiter.block("plain", "k", secs(1)).await.err(),
-        limiter.unblock("plain", "k").await.err(),
-        limiter.inspect("plain", "k").await.err(),
+        limiter.admin().block("plain", "k", secs(1)).await.err(),
+        limiter.admin().unblock("plain", "k").await.err(),
+        limiter.admin().inspect("plain", "k").await.err(),
     ] {
         assert!(
             matches!(result, Some(tower_ratelimit::Error::Config(_))),
@@ -274,7 +291,9 @@ async fn concurrent_refusals_make_exactly_one_offence_per_n() {
     let prefix = unique_prefix("penalties-concurrent");
     let limit = Limit::new("burst", Quota::sliding_log(1, secs(3600)))
         .expect("limit")
-        .penalty(Penalty::new(N, secs(3600), [secs(10), secs(20), secs(30)]).expect("penalty"));
+        .with_penalty(
+            Penalty::new(N, secs(3600), [secs(10), secs(20), secs(30)]).expect("penalty"),
+        );
     let memory = MemoryStore::with_clock(clock.clone());
     let build = |store: MemoryStore| {
         Limiter::builder(store)
@@ -319,7 +338,7 @@ async fn concurrent_refusals_make_exactly_one_offence_per_n() {
             // N - 1 refusals counted, the N-th blocks with the rest
             assert_eq!(counted, N as usize - 1, "{store}, round {round}");
             assert_eq!(blocked, TASKS - expected_granted - counted);
-            let seen = a.inspect("burst", "hot").await.expect("inspect");
+            let seen = a.admin().inspect("burst", "hot").await.expect("inspect");
             assert_eq!((seen.offences, seen.refusals), (round, 0), "{store}");
             assert_eq!(
                 seen.blocked_for,
@@ -351,6 +370,7 @@ async fn a_penalty_key_deleted_or_garbled_reads_as_fresh() {
         limiter.check("mallory", 1).await.expect("check");
     }
     assert!(limiter
+        .admin()
         .inspect("login", "mallory")
         .await
         .expect("inspect")
@@ -383,6 +403,7 @@ async fn a_penalty_key_deleted_or_garbled_reads_as_fresh() {
     for (i, spoil) in garbage.iter().enumerate() {
         spoil(&mut conn);
         let seen = limiter
+            .admin()
             .inspect("login", "mallory")
             .await
             .expect("no script error");
@@ -393,7 +414,11 @@ async fn a_penalty_key_deleted_or_garbled_reads_as_fresh() {
         );
         let d = limiter.check("mallory", 1).await.expect("no script error");
         assert!(!d.is_allowed() && !d.statuses()[0].is_blocked(), "case {i}");
-        let seen = limiter.inspect("login", "mallory").await.expect("inspect");
+        let seen = limiter
+            .admin()
+            .inspect("login", "mallory")
+            .await
+            .expect("inspect");
         assert_eq!(seen.refusals, 1, "case {i}: a good state written over it");
     }
     let _: () = conn.del(&key).expect("del");
@@ -409,7 +434,7 @@ async fn a_penalty_works_with_a_quota_kept_in_the_store() {
     let kept = Limit::new("kept", Quota::sliding_log(5, secs(60)))
         .expect("limit")
         .quota_from_store()
-        .penalty(Penalty::new(2, secs(60), [secs(40)]).expect("penalty"));
+        .with_penalty(Penalty::new(2, secs(60), [secs(40)]).expect("penalty"));
     let other = Limit::new("other", Quota::sliding_log(100, secs(60))).expect("limit");
     for limits in [vec![kept.clone()], vec![other, kept]] {
         for (store, limiter) in [
@@ -426,25 +451,34 @@ async fn a_penalty_works_with_a_quota_kept_in_the_store() {
             let n = limits.len();
             let ctx = format!("{store}, {n} limits");
             limiter
+                .admin()
                 .set_stored_quota("kept", Quota::sliding_log(1, secs(60)))
                 .await
                 .expect("set");
             let key = format!("k{n}");
             let d = limiter.check(&key, 1).await.expect("check");
             assert!(d.is_allowed(), "{ctx}: {d:?}");
-            assert_eq!(d.statuses()[n - 1].limit(), 1, "{ctx}: the kept quota");
+            assert_eq!(d.statuses()[n - 1].capacity(), 1, "{ctx}: the kept quota");
             let d = limiter.check(&key, 1).await.expect("check");
             assert_eq!(d.retry_after(), Some(secs(60)), "{ctx}: refusal 1");
             let d = limiter.check(&key, 1).await.expect("check");
             assert_eq!(d.retry_after(), Some(secs(40)), "{ctx}: refusal 2 blocks");
             assert!(d.statuses()[n - 1].is_blocked(), "{ctx}");
-            let seen = limiter.inspect("kept", &key).await.expect("inspect");
+            let seen = limiter
+                .admin()
+                .inspect("kept", &key)
+                .await
+                .expect("inspect");
             assert_eq!(
                 (seen.offences, seen.blocked_for),
                 (1, Some(secs(40))),
                 "{ctx}"
             );
-            limiter.remove_stored_quota("kept").await.expect("remove");
+            limiter
+                .admin()
+                .remove_stored_quota("kept")
+                .await
+                .expect("remove");
         }
     }
 }
@@ -475,7 +509,11 @@ async fn blocks_are_cached_until_an_unblock_and_counted_refusals_never_are() {
         "{d:?}"
     );
     assert_eq!(d.retry_after(), Some(secs(10)));
-    assert!(limiter.unblock("login", "eve").await.expect("unblock"));
+    assert!(limiter
+        .admin()
+        .unblock("login", "eve")
+        .await
+        .expect("unblock"));
     let d = limiter.check("eve", 1).await.expect("check");
     assert!(
         !d.from_local_cache() && !d.statuses()[0].is_blocked(),
@@ -501,22 +539,31 @@ async fn a_refund_is_unaffected_by_a_block() {
         ),
     ] {
         clock.set(T0);
-        let grant = limiter.check_refundable("zoe", 2).await.expect("check");
+        let grant = limiter.refundable().check("zoe", 2).await.expect("check");
         assert!(grant.is_allowed(), "{store}");
         limiter
+            .admin()
             .block("login", "zoe", secs(30))
             .await
             .expect("block");
         assert!(grant.refund().await.expect("refund"), "{store}");
-        let seen = limiter.inspect("login", "zoe").await.expect("inspect");
+        let seen = limiter
+            .admin()
+            .inspect("login", "zoe")
+            .await
+            .expect("inspect");
         assert_eq!(seen.blocked_for, Some(secs(30)), "{store}: the block stays");
         assert!(seen.decision.statuses()[0].is_blocked(), "{store}");
         // a reset forgets the quota's state, not the penalty
         limiter.reset("zoe").await.expect("reset");
         let d = limiter.check("zoe", 1).await.expect("check");
         assert!(d.statuses()[0].is_blocked(), "{store}: still blocked");
-        assert!(limiter.unblock("login", "zoe").await.expect("unblock"));
-        let d = limiter.peek("zoe").await.expect("peek");
+        assert!(limiter
+            .admin()
+            .unblock("login", "zoe")
+            .await
+            .expect("unblock"));
+        let d = limiter.peek("zoe", 1).await.expect("peek");
         assert_eq!(d.remaining(), 2, "{store}: the grant came back whole");
     }
 }
@@ -556,6 +603,7 @@ async fn a_block_written_by_a_clock_a_year_ahead_ends_within_its_length() {
             ahead.check("ahead", 1).await.expect("check");
         }
         ahead
+            .admin()
             .block("login", "by-hand", secs(100))
             .await
             .expect("block");
@@ -573,7 +621,11 @@ async fn a_block_written_by_a_clock_a_year_ahead_ends_within_its_length() {
             let cached = limiter.check(key, 1).await.expect("check");
             assert_eq!(cached.from_local_cache(), store == "redis", "{ctx}");
             assert_eq!(cached.retry_after(), Some(ban), "{ctx}: {cached:?}");
-            let seen = limiter.inspect("login", key).await.expect("inspect");
+            let seen = limiter
+                .admin()
+                .inspect("login", key)
+                .await
+                .expect("inspect");
             assert_eq!(seen.blocked_for, Some(ban), "{ctx}: {seen:?}");
         }
         // the cache holds each for its retry only: then the store is asked

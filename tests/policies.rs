@@ -364,7 +364,7 @@ fn inconsistent_tiers_are_a_config_error() {
         .choose_tier(|_| None);
     assert!(matches!(build(twice), Err(ConfigError::Tiers(_))));
     let too_small = RateLimitLayer::builder()
-        .cost(3)
+        .fixed_cost(3)
         .rule(
             Rule::new(limit("r", Quota::per_minute(5).sliding_log()), Global)
                 .tier("tiny", Quota::per_minute(2).sliding_log())
@@ -373,7 +373,7 @@ fn inconsistent_tiers_are_a_config_error() {
         .build();
     assert!(matches!(
         too_small,
-        Err(ConfigError::CostExceedsCapacity { .. })
+        Err(ConfigError::FixedCostExceedsCapacity { .. })
     ));
     let bad_quota = Rule::new(base(), Global)
         .tier("zero", Quota::per_minute(0).sliding_log())
@@ -445,7 +445,7 @@ async fn cancelled_delay(store: impl Store + Clone) {
     let look = common::patient_limiter(store, jobs);
     let mut retry = None;
     for _ in 0..100 {
-        retry = look.peek(b"global").await.expect("peek").retry_after();
+        retry = look.peek(b"global", 1).await.expect("peek").retry_after();
         if retry <= Some(Duration::from_secs(60)) {
             break;
         }

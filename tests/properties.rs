@@ -534,8 +534,8 @@ proptest! {
                 now += step as i128;
                 clock.set(now as i64);
                 let (m, r) = &limiters[usize::from(newer)];
-                let look = m.peek("k").await.expect("memory");
-                prop_assert_eq!(&look, &r.peek("k").await.expect("redis"), "peek, step {}", i);
+                let look = m.peek("k", 1).await.expect("memory");
+                prop_assert_eq!(&look, &r.peek("k", 1).await.expect("redis"), "peek, step {}", i);
                 let bound = old_model.remaining(now).max(new_model.remaining(now)).max(0);
                 prop_assert!(
                     look.remaining() as i128 <= bound,

@@ -41,7 +41,7 @@ type Row = (i64, Op, Option<Expect>, u64);
 
 fn verdict(d: &tower_ratelimit::Decision) -> Expect {
     match d.verdict() {
-        Verdict::Allowed => Allowed(d.wait().as_micros() as i64),
+        Verdict::Allowed => Allowed(d.delay().as_micros() as i64),
         Verdict::Denied { retry_after } => Denied(retry_after.as_micros() as i64),
         other => panic!("unexpected verdict {other:?}"),
     }
@@ -61,7 +61,8 @@ async fn run(limit: &Limit, table: &[Row]) {
                 Take(cost, max_wait) => {
                     let max_wait = Duration::from_micros(max_wait as u64);
                     let grant = limiter
-                        .decide_refundable(&["k"], cost, max_wait)
+                        .refundable()
+                        .decide(&["k"], cost, max_wait)
                         .await
                         .expect("decision");
                     let d = grant.decision();
@@ -77,7 +78,7 @@ async fn run(limit: &Limit, table: &[Row]) {
                     assert_eq!(grants[n].is_refunded(), granted, "{ctx}");
                 }
                 Look(cost) => {
-                    let d = limiter.peek_cost("k", cost).await.expect("peek");
+                    let d = limiter.peek("k", cost).await.expect("peek");
                     assert_eq!(Some(verdict(&d)), expect, "verdict, {ctx}: {d:?}");
                     assert_eq!(d.remaining(), remaining, "remaining, {ctx}: {d:?}");
                 }
@@ -254,13 +255,13 @@ async fn a_refund_gives_back_in_every_limit_of_the_grant() {
     let memory = two_limits(MemoryStore::with_clock(clock.clone()));
     let redis = two_limits(redis_store_with_clock(&prefix, &clock));
     for (store, limiter) in [("memory", memory), ("redis", redis)] {
-        let first = limiter.check_refundable("k", 2).await.unwrap();
+        let first = limiter.refundable().check("k", 2).await.unwrap();
         assert!(first.is_allowed(), "{store}");
-        let look = limiter.peek_cost("k", 0).await.unwrap();
+        let look = limiter.peek("k", 0).await.unwrap();
         assert_eq!(look.statuses()[0].remaining(), 0, "{store}: {look:?}");
         assert_eq!(look.statuses()[1].remaining(), 1, "{store}: {look:?}");
         assert!(first.refund().await.unwrap(), "{store}");
-        let look = limiter.peek_cost("k", 0).await.unwrap();
+        let look = limiter.peek("k", 0).await.unwrap();
         assert_eq!(look.statuses()[0].remaining(), 2, "{store}: {look:?}");
         assert_eq!(look.statuses()[1].remaining(), 3, "{store}: {look:?}");
     }
@@ -281,37 +282,40 @@ async fn a_cancelled_acquire_returns_its_slot() {
         let cancelled = tokio::time::timeout(Duration::from_millis(50), waiting).await;
         assert!(cancelled.is_err(), "{store}: the acquire was still waiting");
         // the refund of a store that must be awaited runs on a task
-        let mut look = limiter.peek_cost("q", 1).await.unwrap();
+        let mut look = limiter.peek("q", 1).await.unwrap();
         for _ in 0..100 {
             if look.retry_after() <= Some(Duration::from_secs(60)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            look = limiter.peek_cost("q", 1).await.unwrap();
+            look = limiter.peek("q", 1).await.unwrap();
         }
         // without the refund the next slot would be two minutes away
         let wait = look.retry_after().expect("still one minute away");
         assert!(wait <= Duration::from_secs(60), "{store}: {look:?}");
 
         let grant = limiter
-            .decide_refundable(&["r"], 1, Duration::ZERO)
+            .refundable()
+            .decide(&["r"], 1, Duration::ZERO)
             .await
             .unwrap();
         assert!(grant.is_allowed());
-        let waiting = limiter.acquire_refundable("r", 1, Duration::from_secs(120));
+        let waiting = limiter
+            .refundable()
+            .acquire("r", 1, Duration::from_secs(120));
         assert!(
             tokio::time::timeout(Duration::from_millis(50), waiting)
                 .await
                 .is_err(),
             "{store}"
         );
-        let mut look = limiter.peek_cost("r", 1).await.unwrap();
+        let mut look = limiter.peek("r", 1).await.unwrap();
         for _ in 0..100 {
             if look.retry_after() <= Some(Duration::from_secs(60)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            look = limiter.peek_cost("r", 1).await.unwrap();
+            look = limiter.peek("r", 1).await.unwrap();
         }
         assert!(
             look.retry_after() <= Some(Duration::from_secs(60)),

@@ -90,15 +90,15 @@ fn a_shadow_limit_never_refuses_and_reports_what_it_would_refuse() {
                 let d = limiter.check("alice", 1).await.expect("decision");
                 assert!(d.is_allowed(), "{store}: {d:?}");
                 assert!(d.statuses()[0].is_shadow(), "{store}");
-                assert!(!d.statuses()[0].violated(), "{store}");
+                assert!(!d.statuses()[0].is_violated(), "{store}");
                 would.push(d.statuses()[0].would_refuse());
             }
             assert_eq!(would, [false, true, true], "{store}");
             // it records: the first request counted, the others took nothing
-            let look = limiter.peek_cost("alice", 0).await.expect("peek");
+            let look = limiter.peek("alice", 0).await.expect("peek");
             assert_eq!(look.statuses()[0].remaining(), 0, "{store}");
             // a look says the same: it would pass, the limit would refuse
-            let look = limiter.peek("alice").await.expect("peek");
+            let look = limiter.peek("alice", 1).await.expect("peek");
             assert!(
                 look.is_allowed() && look.statuses()[0].would_refuse(),
                 "{store}"
@@ -142,7 +142,11 @@ fn enforced_limits_still_count_and_refuse_beside_a_shadow_limit() {
         ]);
         runtime().block_on(async {
             for i in 0..3 {
-                let grant = limiter.check_refundable("bob", 1).await.expect("decision");
+                let grant = limiter
+                    .refundable()
+                    .check("bob", 1)
+                    .await
+                    .expect("decision");
                 let d = grant.decision();
                 assert!(d.is_allowed(), "{store}, request {i}: {d:?}");
                 assert_eq!(d.statuses().len(), 2);
@@ -153,7 +157,7 @@ fn enforced_limits_still_count_and_refuse_beside_a_shadow_limit() {
                 if i == 2 {
                     // a refund gives back what was taken: not from the trial
                     assert!(grant.refund().await.unwrap());
-                    let look = limiter.peek_cost("bob", 0).await.unwrap();
+                    let look = limiter.peek("bob", 0).await.unwrap();
                     assert_eq!(look.statuses()[0].remaining(), 1, "{store}: {look:?}");
                     assert_eq!(look.statuses()[1].remaining(), 0, "{store}: {look:?}");
                     assert!(limiter.check("bob", 1).await.unwrap().is_allowed());
@@ -163,7 +167,7 @@ fn enforced_limits_still_count_and_refuse_beside_a_shadow_limit() {
             let d = limiter.check("bob", 1).await.expect("decision");
             assert!(!d.is_allowed(), "{store}: {d:?}");
             assert_eq!(
-                d.violated().map(|s| s.name()).collect::<Vec<_>>(),
+                d.violated_limits().map(|s| s.name()).collect::<Vec<_>>(),
                 ["enforced"],
                 "{store}"
             );
@@ -220,7 +224,7 @@ fn a_shadow_limit_never_delays_a_request_nor_lengthens_its_retry() {
         let limiter = make().limiter(vec![enforced, trial]);
         runtime().block_on(async {
             let first = limiter.acquire("u", 1, minute).await.expect("first");
-            assert!(first.is_allowed() && first.wait().is_zero(), "{store}");
+            assert!(first.is_allowed() && first.delay().is_zero(), "{store}");
             let second = tokio::time::timeout(
                 std::time::Duration::from_secs(5),
                 limiter.acquire("u", 1, minute),
@@ -230,9 +234,9 @@ fn a_shadow_limit_never_delays_a_request_nor_lengthens_its_retry() {
             .expect("second");
             assert!(second.is_allowed(), "{store}: {second:?}");
             assert!(
-                second.wait().is_zero(),
+                second.delay().is_zero(),
                 "{store}: the shadow limit delayed the grant by {:?}",
-                second.wait()
+                second.delay()
             );
             assert!(
                 second.statuses()[1].would_refuse(),

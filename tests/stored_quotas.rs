@@ -29,23 +29,28 @@ use common::{limiter_of as limiter, two_instances as instances};
 async fn a_stored_quota_set_in_one_instance_decides_in_the_other() {
     for (store, a, b) in instances("stored-set", &[limit("reports", 2)]) {
         assert_eq!(
-            a.stored_quota("reports").await.expect("read"),
+            a.admin().stored_quota("reports").await.expect("read"),
             None,
             "{store}"
         );
         let d = b.check("acme", 1).await.expect("decides");
-        assert_eq!((d.limit(), d.remaining()), (2, 1), "{store}: its own quota");
+        assert_eq!(
+            (d.capacity(), d.remaining()),
+            (2, 1),
+            "{store}: its own quota"
+        );
 
-        a.set_stored_quota("reports", reports(5))
+        a.admin()
+            .set_stored_quota("reports", reports(5))
             .await
             .expect("set");
         assert_eq!(
-            b.stored_quota("reports").await.expect("read"),
+            b.admin().stored_quota("reports").await.expect("read"),
             Some(reports(5))
         );
         let d = b.check("acme", 1).await.expect("decides");
         assert_eq!(
-            (d.limit(), d.remaining()),
+            (d.capacity(), d.remaining()),
             (5, 3),
             "{store}: the stored quota, 1 used"
         );
@@ -58,10 +63,18 @@ async fn a_stored_quota_set_in_one_instance_decides_in_the_other() {
         );
 
         // removed: the own quota again, what was used still counts
-        assert!(b.remove_stored_quota("reports").await.expect("remove"));
-        assert!(!b.remove_stored_quota("reports").await.expect("remove"));
+        assert!(b
+            .admin()
+            .remove_stored_quota("reports")
+            .await
+            .expect("remove"));
+        assert!(!b
+            .admin()
+            .remove_stored_quota("reports")
+            .await
+            .expect("remove"));
         let d = a.check("other", 1).await.expect("decides");
-        assert_eq!((d.limit(), d.remaining()), (2, 1), "{store}");
+        assert_eq!((d.capacity(), d.remaining()), (2, 1), "{store}");
         assert!(
             !a.check("acme", 1).await.expect("decides").is_allowed(),
             "{store}"
@@ -73,20 +86,22 @@ async fn a_stored_quota_set_in_one_instance_decides_in_the_other() {
 async fn set_if_absent_keeps_the_first() {
     for (store, a, b) in instances("stored-nx", &[limit("reports", 2)]) {
         assert!(a
+            .admin()
             .set_stored_quota_if_absent("reports", reports(7))
             .await
             .expect("set"));
         assert!(!b
+            .admin()
             .set_stored_quota_if_absent("reports", reports(9))
             .await
             .expect("set"));
         assert_eq!(
-            b.stored_quota("reports").await.expect("read"),
+            b.admin().stored_quota("reports").await.expect("read"),
             Some(reports(7)),
             "{store}"
         );
         assert_eq!(
-            b.check("k", 1).await.expect("decides").limit(),
+            b.check("k", 1).await.expect("decides").capacity(),
             7,
             "{store}"
         );
@@ -96,50 +111,69 @@ async fn set_if_absent_keeps_the_first() {
 #[tokio::test]
 async fn an_override_applies_to_its_key_only_and_its_removal_carries_state() {
     for (store, a, b) in instances("stored-override", &[limit("sms", 3)]) {
-        a.set_stored_quota("sms", reports(4)).await.expect("set");
-        a.set_override("sms", "+15550100", reports(10), None)
+        a.admin()
+            .set_stored_quota("sms", reports(4))
+            .await
+            .expect("set");
+        a.admin()
+            .set_override("sms", "+15550100", reports(10), None)
             .await
             .expect("override");
         assert_eq!(
-            b.stored_override("sms", "+15550100").await.expect("read"),
+            b.admin()
+                .stored_override("sms", "+15550100")
+                .await
+                .expect("read"),
             Some(reports(10))
         );
         assert_eq!(
-            b.stored_override("sms", "+15550199").await.expect("read"),
+            b.admin()
+                .stored_override("sms", "+15550199")
+                .await
+                .expect("read"),
             None
         );
         let d = b.check("+15550100", 6).await.expect("decides");
-        assert!(d.is_allowed() && d.limit() == 10, "{store}: {d:?}");
+        assert!(d.is_allowed() && d.capacity() == 10, "{store}: {d:?}");
         let d = b.check("+15550199", 1).await.expect("decides");
         assert_eq!(
-            (d.limit(), d.remaining()),
+            (d.capacity(), d.remaining()),
             (4, 3),
             "{store}: others keep the limit's"
         );
 
-        assert!(a.remove_override("sms", "+15550100").await.expect("remove"));
-        assert!(!a.remove_override("sms", "+15550100").await.expect("remove"));
+        assert!(a
+            .admin()
+            .remove_override("sms", "+15550100")
+            .await
+            .expect("remove"));
+        assert!(!a
+            .admin()
+            .remove_override("sms", "+15550100")
+            .await
+            .expect("remove"));
         // back to 4, with 6 used: refused
         let d = b.check("+15550100", 1).await.expect("decides");
-        assert!(!d.is_allowed() && d.limit() == 4, "{store}: {d:?}");
+        assert!(!d.is_allowed() && d.capacity() == 4, "{store}: {d:?}");
     }
 }
 
 #[tokio::test]
 async fn an_override_with_a_ttl_ends_by_itself() {
     for (store, a, b) in instances("stored-ttl", &[limit("sms", 1)]) {
-        a.set_override("sms", "vip", reports(100), Some(Duration::from_millis(200)))
+        a.admin()
+            .set_override("sms", "vip", reports(100), Some(Duration::from_millis(200)))
             .await
             .expect("override");
         assert_eq!(
-            b.check("vip", 1).await.expect("decides").limit(),
+            b.check("vip", 1).await.expect("decides").capacity(),
             100,
             "{store}"
         );
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let d = b.check("vip", 0).await.expect("decides");
-            if d.limit() == 1 {
+            if d.capacity() == 1 {
                 break;
             }
             assert!(
@@ -149,7 +183,7 @@ async fn an_override_with_a_ttl_ends_by_itself() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(
-            b.stored_override("sms", "vip").await.expect("read"),
+            b.admin().stored_override("sms", "vip").await.expect("read"),
             None,
             "{store}"
         );
@@ -161,23 +195,31 @@ async fn several_limits_each_read_their_own_stored_quota() {
     let plain = Limit::new("plain", Quota::fixed_window(50, HOUR)).expect("limit");
     let limits = [limit("first", 2), plain, limit("third", 3)];
     for (store, a, b) in instances("stored-many", &limits) {
-        a.set_stored_quota("third", reports(30)).await.expect("set");
+        a.admin()
+            .set_stored_quota("third", reports(30))
+            .await
+            .expect("set");
         let d = b.check("k", 1).await.expect("decides");
-        let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
+        let caps: Vec<u64> = d.statuses().iter().map(|s| s.capacity()).collect();
         assert_eq!(caps, [2, 50, 30], "{store}");
-        a.set_override("first", "k", reports(20), None)
+        a.admin()
+            .set_override("first", "k", reports(20), None)
             .await
             .expect("override");
         let d = b.check("k", 1).await.expect("decides");
-        let caps: Vec<u64> = d.statuses().iter().map(|s| s.limit()).collect();
+        let caps: Vec<u64> = d.statuses().iter().map(|s| s.capacity()).collect();
         assert_eq!(caps, [20, 50, 30], "{store}");
         let remaining: Vec<u64> = d.statuses().iter().map(|s| s.remaining()).collect();
         assert_eq!(remaining, [18, 48, 28], "{store}");
         // take and refund decide with the same quotas
         let taken = b.take_up_to("k", 100).await.expect("takes");
-        assert_eq!(taken.granted(), 18, "{store}");
+        assert_eq!(taken.granted_amount(), 18, "{store}");
         assert!(taken.refund().await.expect("refunds"), "{store}");
-        assert_eq!(b.peek("k").await.expect("looks").remaining(), 18, "{store}");
+        assert_eq!(
+            b.peek("k", 1).await.expect("looks").remaining(),
+            18,
+            "{store}"
+        );
     }
 }
 
@@ -191,31 +233,39 @@ async fn a_stored_quota_of_another_algorithm_does_not_decide() {
     let windows = limiter(common::redis_store(&prefix), &[window]);
     let buckets = limiter(common::redis_store(&prefix), &[gcra]);
     buckets
+        .admin()
         .set_stored_quota("mixed", Quota::gcra(500, HOUR, 500))
         .await
         .expect("set");
-    assert_eq!(buckets.check("k", 1).await.expect("decides").limit(), 500);
-    assert_eq!(windows.check("k", 1).await.expect("decides").limit(), 2);
+    assert_eq!(
+        buckets.check("k", 1).await.expect("decides").capacity(),
+        500
+    );
+    assert_eq!(windows.check("k", 1).await.expect("decides").capacity(), 2);
 }
 
 #[tokio::test]
 async fn bad_requests_change_nothing() {
     for (store, a, _) in instances("stored-bad", &[limit("reports", 2)]) {
         let other = a
+            .admin()
             .set_stored_quota("reports", Quota::sliding_log(5, HOUR))
             .await;
         assert!(matches!(other, Err(Error::Config(_))), "{store}: {other:?}");
-        let unknown = a.set_stored_quota("nope", reports(5)).await;
+        let unknown = a.admin().set_stored_quota("nope", reports(5)).await;
         assert!(matches!(unknown, Err(Error::Config(_))), "{store}");
-        let zero = a.set_override("reports", "k", reports(0), None).await;
+        let zero = a
+            .admin()
+            .set_override("reports", "k", reports(0), None)
+            .await;
         assert!(matches!(zero, Err(Error::Config(_))), "{store}");
         assert_eq!(
-            a.stored_quota("reports").await.expect("read"),
+            a.admin().stored_quota("reports").await.expect("read"),
             None,
             "{store}"
         );
         assert_eq!(
-            a.check("k", 1).await.expect("decides").limit(),
+            a.check("k", 1).await.expect("decides").capacity(),
             2,
             "{store}"
         );
@@ -224,7 +274,7 @@ async fn bad_requests_change_nothing() {
     let fixed = Limit::new("fixed", reports(2)).expect("limit");
     let plain = limiter(MemoryStore::new(), &[fixed]);
     assert!(matches!(
-        plain.set_stored_quota("fixed", reports(3)).await,
+        plain.admin().set_stored_quota("fixed", reports(3)).await,
         Err(Error::Config(_))
     ));
 }
@@ -268,6 +318,7 @@ async fn the_headers_of_a_layer_follow_the_stored_quota() {
         (200, Some("\"api\";q=2;w=3600".into()))
     );
     limiter(store, &[api])
+        .admin()
         .set_stored_quota("api", reports(9))
         .await
         .expect("set");
@@ -280,7 +331,8 @@ async fn the_headers_of_a_layer_follow_the_stored_quota() {
 #[tokio::test]
 async fn a_reset_forgets_the_state_and_keeps_the_override() {
     for (store, a, b) in instances("stored-reset", &[limit("sms", 1)]) {
-        a.set_override("sms", "vip", reports(3), None)
+        a.admin()
+            .set_override("sms", "vip", reports(3), None)
             .await
             .expect("override");
         assert!(
@@ -289,7 +341,7 @@ async fn a_reset_forgets_the_state_and_keeps_the_override() {
         );
         b.reset("vip").await.expect("reset");
         let d = a.check("vip", 3).await.expect("decides");
-        assert!(d.is_allowed() && d.limit() == 3, "{store}: {d:?}");
+        assert!(d.is_allowed() && d.capacity() == 3, "{store}: {d:?}");
     }
 }
 
@@ -306,7 +358,10 @@ async fn changing_the_stored_quota_under_load_admits_at_most_the_larger() {
                 let mut n = 0u64;
                 while !stop.load(Ordering::Acquire) && n < 200 {
                     let quota = reports(if n.is_multiple_of(2) { 50 } else { 30 });
-                    a.set_stored_quota("swap", quota).await.expect("set");
+                    a.admin()
+                        .set_stored_quota("swap", quota)
+                        .await
+                        .expect("set");
                     n += 1;
                     tokio::time::sleep(Duration::from_micros(500)).await;
                 }
@@ -323,7 +378,7 @@ async fn changing_the_stored_quota_under_load_admits_at_most_the_larger() {
                         if d.is_allowed() {
                             granted.fetch_add(1, Ordering::Relaxed);
                         }
-                        seen.insert(d.limit());
+                        seen.insert(d.capacity());
                         tokio::time::sleep(Duration::from_micros(200)).await;
                     }
                     seen
@@ -359,13 +414,13 @@ async fn poll_limit(limiter: &Limiter, key: &str, want: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let d = limiter.check(key, 0).await.expect("decides");
-        if d.limit() == want {
+        if d.capacity() == want {
             return;
         }
         assert!(
             Instant::now() < deadline,
             "{what}: still {} after 10 s, not {want}",
-            d.limit()
+            d.capacity()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -382,14 +437,16 @@ async fn a_hash_deleted_behind_the_library_gives_way_to_the_own_quota() {
     let limits = [limit("reports", 2)];
     let a = limiter(common::redis_store(&prefix), &limits);
     let b = limiter(common::redis_store(&prefix), &limits);
-    a.set_stored_quota("reports", reports(5))
+    a.admin()
+        .set_stored_quota("reports", reports(5))
         .await
         .expect("set");
-    a.set_override("reports", "vip", reports(40), None)
+    a.admin()
+        .set_override("reports", "vip", reports(40), None)
         .await
         .expect("override");
-    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 5);
-    assert_eq!(b.check("vip", 1).await.expect("decides").limit(), 40);
+    assert_eq!(b.check("acme", 1).await.expect("decides").capacity(), 5);
+    assert_eq!(b.check("vip", 1).await.expect("decides").capacity(), 40);
 
     // evicted, flushed: gone without the library's knowing
     let mut conn = common::connection();
@@ -399,14 +456,15 @@ async fn a_hash_deleted_behind_the_library_gives_way_to_the_own_quota() {
         .expect("DEL");
     poll_limit(&b, "acme", 2, "the limit's quota").await;
     poll_limit(&b, "vip", 2, "the override").await;
-    assert_eq!(a.stored_quota("reports").await.expect("read"), None);
-    assert_eq!(a.check("other", 1).await.expect("decides").limit(), 2);
+    assert_eq!(a.admin().stored_quota("reports").await.expect("read"), None);
+    assert_eq!(a.check("other", 1).await.expect("decides").capacity(), 2);
 
     // and through the library again: at once
-    a.set_stored_quota("reports", reports(6))
+    a.admin()
+        .set_stored_quota("reports", reports(6))
         .await
         .expect("set");
-    assert_eq!(b.check("acme", 0).await.expect("decides").limit(), 6);
+    assert_eq!(b.check("acme", 0).await.expect("decides").capacity(), 6);
 }
 
 #[tokio::test]
@@ -425,20 +483,23 @@ async fn a_hash_edited_by_hand_is_picked_up() {
             .query(conn)
             .expect("HGET")
     };
-    a.set_stored_quota("reports", reports(9))
+    a.admin()
+        .set_stored_quota("reports", reports(9))
         .await
         .expect("set");
     let nine = form(&mut conn, "");
-    a.set_stored_quota("reports", reports(5))
+    a.admin()
+        .set_stored_quota("reports", reports(5))
         .await
         .expect("set");
-    a.set_override("reports", "vip", reports(30), None)
+    a.admin()
+        .set_override("reports", "vip", reports(30), None)
         .await
         .expect("override");
     let vip = format!("{prefix}:{{vip}}:reports:fw");
     let thirty = form(&mut conn, &vip);
-    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 5);
-    assert_eq!(b.check("vip", 1).await.expect("decides").limit(), 30);
+    assert_eq!(b.check("acme", 1).await.expect("decides").capacity(), 5);
+    assert_eq!(b.check("vip", 1).await.expect("decides").capacity(), 30);
 
     // the limit's quota, set by hand
     let _: i64 = redis::cmd("HSET")
@@ -464,7 +525,10 @@ async fn a_hash_edited_by_hand_is_picked_up() {
     poll_limit(&b, "acme", 30, "an override set by hand").await;
     poll_limit(&b, "vip", 9, "an override removed by hand").await;
     assert_eq!(
-        a.stored_override("reports", "acme").await.expect("read"),
+        a.admin()
+            .stored_override("reports", "acme")
+            .await
+            .expect("read"),
         Some(reports(30))
     );
 }
@@ -482,13 +546,15 @@ async fn a_fresh_library_reads_the_kept_quotas() {
     };
     let limits = [limit("reports", 2)];
     let (a, b) = (limiter(store(), &limits), limiter(store(), &limits));
-    a.set_stored_quota("reports", reports(5))
+    a.admin()
+        .set_stored_quota("reports", reports(5))
         .await
         .expect("set");
-    a.set_override("reports", "vip", reports(40), None)
+    a.admin()
+        .set_override("reports", "vip", reports(40), None)
         .await
         .expect("override");
-    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 5);
+    assert_eq!(b.check("acme", 1).await.expect("decides").capacity(), 5);
 
     let mut conn = redis::Client::open(server.url.as_str())
         .expect("client")
@@ -503,16 +569,21 @@ async fn a_fresh_library_reads_the_kept_quotas() {
     // a decision first: it loads the library again, whose VM has read nothing
     flush(&mut conn);
     let d = b.check("acme", 1).await.expect("decides");
-    assert_eq!((d.limit(), d.remaining()), (5, 3));
-    assert_eq!(b.check("vip", 1).await.expect("decides").limit(), 40);
+    assert_eq!((d.capacity(), d.remaining()), (5, 3));
+    assert_eq!(b.check("vip", 1).await.expect("decides").capacity(), 40);
     // a change first: it loads the library, the next decision reads it
     flush(&mut conn);
-    a.set_stored_quota("reports", reports(7))
+    a.admin()
+        .set_stored_quota("reports", reports(7))
         .await
         .expect("set");
-    assert_eq!(b.check("acme", 1).await.expect("decides").limit(), 7);
-    assert!(a.remove_override("reports", "vip").await.expect("remove"));
-    assert_eq!(b.check("vip", 0).await.expect("decides").limit(), 7);
+    assert_eq!(b.check("acme", 1).await.expect("decides").capacity(), 7);
+    assert!(a
+        .admin()
+        .remove_override("reports", "vip")
+        .await
+        .expect("remove"));
+    assert_eq!(b.check("vip", 0).await.expect("decides").capacity(), 7);
 }
 
 /// Kept values no limit has, written by hand into a limit's hash (`HSET
@@ -570,7 +641,7 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
     for (case, &(value, decides)) in cases.iter().enumerate() {
         // through the library, which drops the hash's mirror, then by hand:
         // the next decision reads the hash as written
-        a.remove_stored_quota("bad").await.expect("remove");
+        a.admin().remove_stored_quota("bad").await.expect("remove");
         let _: i64 = redis::cmd("HSET")
             .arg(&hash)
             .arg("")
@@ -592,7 +663,7 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
         );
         for d in bad_ones {
             let d = d.unwrap_or_else(|e| panic!("{value:?}: the limit's decision failed: {e}"));
-            assert_eq!(d.limit(), capacity, "{value:?}");
+            assert_eq!(d.capacity(), capacity, "{value:?}");
         }
         for d in good_ones {
             let d = d.unwrap_or_else(|e| panic!("{value:?}: another limit's decision failed: {e}"));
@@ -600,14 +671,15 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
         }
         // (one of another algorithm reads as what it is)
         let other_algorithm = value.starts_with("4:");
-        let read = a.stored_quota("bad").await.expect("read");
+        let read = a.admin().stored_quota("bad").await.expect("read");
         if !other_algorithm {
             assert_eq!(read.is_some(), decides.is_some(), "{value:?}: {read:?}");
         }
         let _: i64 = redis::cmd("DEL").arg(&hash).query(&mut conn).expect("DEL");
 
         // as a key's override, in force over a valid quota of the limit
-        a.set_stored_quota("bad", Quota::gcra(60, HOUR, 3))
+        a.admin()
+            .set_stored_quota("bad", Quota::gcra(60, HOUR, 3))
             .await
             .expect("set");
         let vip = format!("vip{case}");
@@ -622,8 +694,12 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
             .check(&vip, 1)
             .await
             .unwrap_or_else(|e| panic!("{value:?}: {e}"));
-        assert_eq!(d.limit(), decides.unwrap_or(3), "{value:?} as an override");
-        let read = a.stored_override("bad", &vip).await.expect("read");
+        assert_eq!(
+            d.capacity(),
+            decides.unwrap_or(3),
+            "{value:?} as an override"
+        );
+        let read = a.admin().stored_override("bad", &vip).await.expect("read");
         if !other_algorithm {
             assert_eq!(read.is_some(), decides.is_some(), "{value:?}: {read:?}");
         }
@@ -643,7 +719,10 @@ async fn a_kept_value_that_is_not_valid_is_logged_once() {
     let a = limiter(common::redis_store(&prefix), &[warned]);
     let hash = quota_hash(&prefix, "warned");
     let mut conn = common::connection();
-    a.remove_stored_quota("warned").await.expect("remove");
+    a.admin()
+        .remove_stored_quota("warned")
+        .await
+        .expect("remove");
     for (field, value) in [
         (String::new(), "3:1:0:0:0:"),
         (format!("{prefix}:{{vip}}:warned:gcra"), "3:0:0:0:0:"),
@@ -657,7 +736,7 @@ async fn a_kept_value_that_is_not_valid_is_logged_once() {
     }
     for key in ["a", "b", "vip", "vip", "c"] {
         let d = a.check(key, 1).await.expect("decides");
-        assert_eq!(d.limit(), 20, "{key}: the limit's own quota");
+        assert_eq!(d.capacity(), 20, "{key}: the limit's own quota");
     }
     let warnings: Vec<String> = events
         .warnings()
@@ -686,24 +765,28 @@ async fn ended_overrides_are_removed_from_the_hash() {
     };
     let short = Some(Duration::from_millis(500));
     for (key, ttl) in [("vip", short), ("gone", short), ("lasting", None)] {
-        a.set_override("reports", key, reports(40), ttl)
+        a.admin()
+            .set_override("reports", key, reports(40), ttl)
             .await
             .expect("override");
     }
     assert_eq!(fields(), 3);
     // decided while it lasts (the hash read into the script's mirror)
-    assert_eq!(a.check("vip", 1).await.expect("decides").limit(), 40);
+    assert_eq!(a.check("vip", 1).await.expect("decides").capacity(), 40);
     clock.advance(Duration::from_millis(600));
-    assert_eq!(a.check("vip", 1).await.expect("decides").limit(), 2);
+    assert_eq!(a.check("vip", 1).await.expect("decides").capacity(), 2);
     assert_eq!(fields(), 2, "the ended override of the key decided is gone");
     clock.advance(Duration::from_secs(1));
-    assert_eq!(a.check("acme", 1).await.expect("decides").limit(), 2);
+    assert_eq!(a.check("acme", 1).await.expect("decides").capacity(), 2);
     assert_eq!(fields(), 1, "the other ended one is gone at the next read");
     assert_eq!(
-        a.stored_override("reports", "lasting").await.expect("read"),
+        a.admin()
+            .stored_override("reports", "lasting")
+            .await
+            .expect("read"),
         Some(reports(40))
     );
-    assert_eq!(a.check("lasting", 1).await.expect("decides").limit(), 40);
+    assert_eq!(a.check("lasting", 1).await.expect("decides").capacity(), 40);
 
     // a hash too large to mirror (each decision reads its key's override):
     // removed by the first decision of its key after its end
@@ -712,11 +795,13 @@ async fn ended_overrides_are_removed_from_the_hash() {
         &[limit("big", 2)],
     );
     for i in 0..300 {
-        big.set_override("big", format!("k{i}"), reports(40), None)
+        big.admin()
+            .set_override("big", format!("k{i}"), reports(40), None)
             .await
             .expect("override");
     }
-    big.set_override("big", "vip", reports(40), short)
+    big.admin()
+        .set_override("big", "vip", reports(40), short)
         .await
         .expect("override");
     let mut conn = common::connection();
@@ -727,8 +812,8 @@ async fn ended_overrides_are_removed_from_the_hash() {
             .expect("HLEN")
     };
     assert_eq!(fields(), 301);
-    assert_eq!(big.check("vip", 1).await.expect("decides").limit(), 40);
+    assert_eq!(big.check("vip", 1).await.expect("decides").capacity(), 40);
     clock.advance(Duration::from_millis(600));
-    assert_eq!(big.check("vip", 1).await.expect("decides").limit(), 2);
+    assert_eq!(big.check("vip", 1).await.expect("decides").capacity(), 2);
     assert_eq!(fields(), 300);
 }

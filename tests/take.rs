@@ -25,14 +25,14 @@ async fn run(limit: &Limit, table: &[Row]) {
             let grant = limiter.take_up_to("k", most).await.expect("take");
             let d = grant.decision();
             let ctx = format!("{} on {store}, row {i}: {d:?}", limit.name());
-            assert_eq!(d.granted(), granted, "granted, {ctx}");
+            assert_eq!(d.granted_amount(), granted, "granted, {ctx}");
             assert_eq!(d.is_allowed(), granted > 0 || most == 0, "{ctx}");
             assert_eq!(
                 d.retry_after().map(|r| r.as_micros() as i64),
                 retry,
                 "retry_after, {ctx}"
             );
-            assert_eq!(d.wait(), Duration::ZERO, "taken at once, {ctx}");
+            assert_eq!(d.delay(), Duration::ZERO, "taken at once, {ctx}");
         }
     }
 }
@@ -107,16 +107,16 @@ async fn take_up_to_takes_the_least_any_limit_has_and_can_give_it_back() {
     for (store, limiter) in [("memory", memory), ("redis", redis)] {
         clock.set(T0);
         assert_eq!(
-            limiter.take_up_to("k", 10).await.unwrap().granted(),
+            limiter.take_up_to("k", 10).await.unwrap().granted_amount(),
             5,
             "{store}"
         );
         // 500 ms later the burst has 5 again, the minute 3
         clock.set(T0 + 500 * MS);
         let grant = limiter.take_up_to("k", 10).await.unwrap();
-        assert_eq!(grant.granted(), 3, "{store}");
+        assert_eq!(grant.granted_amount(), 3, "{store}");
         assert!(grant.refund().await.unwrap(), "{store}");
-        let look = limiter.peek_cost("k", 0).await.unwrap();
+        let look = limiter.peek("k", 0).await.unwrap();
         assert_eq!(look.statuses()[0].remaining(), 5, "{store}: {look:?}");
         assert_eq!(look.statuses()[1].remaining(), 3, "{store}: {look:?}");
     }

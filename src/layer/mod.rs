@@ -63,7 +63,7 @@
 //! | a resolved limit's plan (feature `resolver`, `Rule::resolved`) is not found: unknown lookup key, lookup failed or timed out, lookup key too long | as no key for that limit, per [`MissingKey`]; the failures logged at `warn` at most once per interval |
 //! | exempt ([`RateLimitLayerBuilder::skip_if`]; one limit: [`Rule::skip_if`]) | forwarded without a decision (that limit left out), nothing counted |
 //! | deny-listed ([`RateLimitLayerBuilder::deny_if`]) | 403 Forbidden with a generic problem body, without asking the store; counted `deny_listed` under every limit of the layer; before exemptions (a request both deny-listed and exempt is refused) |
-//! | a key blocked by a limit's [penalty](crate::Limit::penalty) | 429 like any refusal: `Retry-After` the time left of the block, `RateLimit` remaining 0; answered from the cache of denials while the block lasts (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)) |
+//! | a key blocked by a limit's [penalty](crate::Limit::with_penalty) | 429 like any refusal: `Retry-After` the time left of the block, `RateLimit` remaining 0; answered from the cache of denials while the block lasts (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)) |
 //! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned, and the response's rate-limit fields show what remains after it |
 //! | a [concurrency limit](crate::Limit::concurrency) grants | its permit (a lease, renewed meanwhile) is held from the decision through the handler until the response body has been sent, then given back; at once when the request is dropped (the client went away), the inner service fails or the body is dropped; at the latest at the limit's [maximum hold](crate::Limit::hold_at_most) ([`DEFAULT_MAX_HOLD`](crate::DEFAULT_MAX_HOLD)), when the body ends with an error; a request it refuses gets 429 with `Retry-After` until the oldest lease would expire (an upper bound); in delay mode it waits instead, decided again at pauses of 10 ms to 200 ms, until a permit is free or `max_delay` is over |
 //! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_header`], [`Rule::cost_from_body`]) | the request's own cost is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own; a key in debt gets 429 until paid back. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs of the responses admitted before it ran out and still unsettled |
@@ -377,8 +377,8 @@ impl RateLimitLayerBuilder {
     /// [`skip_if`](Self::skip_if), and checked before them: known abusers,
     /// banned address ranges. Counted `deny_listed` under every limit of
     /// the layer (see [`crate::metrics`]). For bans that come and go, see
-    /// [`Limit::penalty`](crate::Limit::penalty) and
-    /// [`Limiter::block`](crate::Limiter::block).
+    /// [`Limit::with_penalty`](crate::Limit::with_penalty) and
+    /// [`Admin::block`](crate::Admin::block).
     ///
     /// ```
     /// use axum::{routing::get, Router};
@@ -415,7 +415,7 @@ impl RateLimitLayerBuilder {
 
     /// Every request costs `cost` (default 1); checked against every limit's
     /// capacity when built.
-    pub fn cost(mut self, cost: u64) -> Self {
+    pub fn fixed_cost(mut self, cost: u64) -> Self {
         self.fixed_cost = cost;
         self.cost = None;
         self
@@ -423,7 +423,10 @@ impl RateLimitLayerBuilder {
 
     /// The cost of each request is computed from it (weighted endpoints).
     /// A cost over a limit's capacity is answered 429 without `Retry-After`.
-    pub fn cost_fn(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+    pub fn cost_from_request(
+        mut self,
+        cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static,
+    ) -> Self {
         self.cost = Some(Arc::new(cost));
         self
     }
@@ -578,7 +581,7 @@ impl RateLimitLayerBuilder {
             let every = rules.iter().flat_map(CompiledRule::limits);
             for limit in every {
                 if limit.capacity() < self.fixed_cost {
-                    return Err(ConfigError::CostExceedsCapacity {
+                    return Err(ConfigError::FixedCostExceedsCapacity {
                         cost: self.fixed_cost,
                         limit: limit.name().to_owned(),
                         capacity: limit.capacity(),

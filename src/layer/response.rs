@@ -144,7 +144,7 @@ impl Fields {
                     decision
                         .statuses()
                         .iter()
-                        .map(|s| (s.name(), s.limit(), s.window())),
+                        .map(|s| (s.name(), s.capacity(), s.window())),
                 ),
             };
             fields.state = state_value(decision);
@@ -152,7 +152,7 @@ impl Fields {
         if set.legacy {
             fields.legacy = decision
                 .binding()
-                .map(|b| (b.limit(), b.remaining(), b.reset_after()));
+                .map(|b| (b.capacity(), b.remaining(), b.reset_after()));
         }
         let empty = fields.policy.is_none() && fields.state.is_none() && fields.legacy.is_none();
         (!empty).then_some(fields)
@@ -224,7 +224,7 @@ pub(crate) fn problem(
 /// unless the cost can never fit, and a quota-exceeded problem naming the
 /// violated limits.
 pub(crate) fn too_many_requests(decision: &Decision) -> Response {
-    let violated: Vec<&str> = decision.violated().map(|s| s.name()).collect();
+    let violated: Vec<&str> = decision.violated_limits().map(|s| s.name()).collect();
     problem(
         StatusCode::TOO_MANY_REQUESTS,
         QUOTA_EXCEEDED,
@@ -331,7 +331,7 @@ impl Answers {
             Answers::Http => too_many_requests(decision),
             #[cfg(feature = "grpc")]
             Answers::Grpc => {
-                let violated: Vec<&str> = decision.violated().map(|s| s.name()).collect();
+                let violated: Vec<&str> = decision.violated_limits().map(|s| s.name()).collect();
                 super::grpc::answer(
                     tonic::Code::ResourceExhausted,
                     refusal_detail(decision, &violated),

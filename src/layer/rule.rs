@@ -179,7 +179,7 @@ impl Rule {
     /// and the module docs for the bound.
     ///
     /// The request's own cost (the layer's
-    /// [`cost`](super::RateLimitLayerBuilder::cost), 1 by default) is
+    /// [`fixed_cost`](super::RateLimitLayerBuilder::fixed_cost), 1 by default) is
     /// taken when it arrives, so a key already in debt is refused; once the
     /// response is known, what its cost exceeds that by is charged (see
     /// [`Limiter::charge`](crate::Limiter::charge)), whatever is left, on a
@@ -341,8 +341,8 @@ impl Rule {
                 limit = limit.shadow();
             }
             // one key, one penalty state, whatever the tier
-            if let Some(penalty) = current.penalty_of() {
-                limit = limit.penalty(penalty.clone());
+            if let Some(penalty) = current.penalty() {
+                limit = limit.with_penalty(penalty.clone());
             }
             tiers.push(Tier::new(Some(tier), limit.into(), keyless));
         }

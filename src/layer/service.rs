@@ -81,7 +81,7 @@ fn refused<B>(
     decision: &Decision,
     shown: &Decision,
 ) -> Response<ResponseBody<B>> {
-    let violated: SmallVec<[&str; 2]> = decision.violated().map(|s| s.name()).collect();
+    let violated: SmallVec<[&str; 2]> = decision.violated_limits().map(|s| s.name()).collect();
     tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
     let mut response = rejection(config, Rejection::Limited(decision), || {
         Answers::to(parts).refused(decision)
@@ -442,10 +442,10 @@ where
                 &decision.without_shadow(),
             ));
         }
-        let refund = if decision.wait().is_zero() {
+        let refund = if decision.delay().is_zero() {
             refund
         } else {
-            Box::pin(wait_for(decision.wait(), refund)).await
+            Box::pin(wait_for(decision.delay(), refund)).await
         };
         drop(place);
         // the permits of concurrency limits, held (and renewed) from now

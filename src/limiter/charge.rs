@@ -36,7 +36,7 @@ impl Limiter {
     /// let limiter = Limiter::new(MemoryStore::new(), tokens);
     /// assert!(limiter.check("acme", 1).await?.is_allowed()); // may it start?
     /// limiter.charge("acme", 10_499).await?; // it used 10 500 in all
-    /// assert!(!limiter.peek("acme").await?.is_allowed()); // in debt until paid back
+    /// assert!(!limiter.peek("acme", 1).await?.is_allowed()); // in debt until paid back
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```

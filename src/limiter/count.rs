@@ -22,7 +22,7 @@ pub(super) fn count(checks: &[Check<'_>], result: &Result<Decision, Error>, outc
     match result {
         Ok(decision) if !decision.is_allowed() => {
             for (check, status) in checks.iter().zip(decision.statuses()) {
-                if status.violated() {
+                if status.is_violated() {
                     check.limit.metric_keys().increment(outcome);
                 }
             }

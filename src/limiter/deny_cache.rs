@@ -18,10 +18,10 @@
 //! forgets the key's entries, and a denial decided on a request sent before
 //! such a forget is not cached.
 //!
-//! A denial of a hot limit (`Limit::hot`) is held at most the limit's
+//! A denial of a hot limit (`Limit::with_hot_key`) is held at most the limit's
 //! batch hold: within it, other instances give their unused permits back.
 //!
-//! A limit with a penalty (`Limit::penalty`) counts its refusals in the
+//! A limit with a penalty (`Limit::with_penalty`) counts its refusals in the
 //! store, so its denials are cached only while it blocks the key: then the
 //! denial holds until the block ends (its `retry_after` is at least that),
 //! and refusals during a block are not counted anyway. Another denial of it

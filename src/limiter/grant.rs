@@ -13,8 +13,8 @@ use crate::{Error, Limit, Limiter};
 /// The limits and keys a grant was charged to, owned.
 pub(crate) type Charged = Vec<(Limit, Vec<u8>)>;
 
-/// A decision of [`Limiter::check_refundable`],
-/// [`acquire_refundable`](Limiter::acquire_refundable) or
+/// A decision of [`Refundable::check`] (`limiter.refundable().check(..)`),
+/// [`Refundable::acquire`], [`Refundable::decide`] or
 /// [`take_up_to`](Limiter::take_up_to) that can give its grant back with
 /// [`refund`](Self::refund): for requests whose outcome says they should not
 /// count (a successful login under a limit of failed ones), taken when they
@@ -34,14 +34,14 @@ pub(crate) type Charged = Vec<(Limit, Vec<u8>)>;
 /// // at most 5 failed logins per user per 15 minutes
 /// let quota = Quota::rate(5, Duration::from_secs(15 * 60)).sliding_log();
 /// let failures = Limiter::new(MemoryStore::new(), Limit::new("login", quota)?);
-/// let grant = failures.check_refundable("alice", 1).await?;
+/// let grant = failures.refundable().check("alice", 1).await?;
 /// assert!(grant.is_allowed());
 /// let password_was_right = true;
 /// if password_was_right {
 ///     assert!(grant.refund().await?); // a success does not count
 /// }
 /// assert!(!grant.refund().await?); // given back once only
-/// assert_eq!(failures.peek("alice").await?.remaining(), 5);
+/// assert_eq!(failures.peek("alice", 1).await?.remaining(), 5);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
@@ -71,9 +71,9 @@ impl Grant {
         self.decision.is_allowed()
     }
 
-    /// The amount granted (see [`Decision::granted`]).
-    pub fn granted(&self) -> u64 {
-        self.decision.granted()
+    /// The amount granted (see [`Decision::granted_amount`]).
+    pub fn granted_amount(&self) -> u64 {
+        self.decision.granted_amount()
     }
 
     /// Gives the grant back: `Ok(true)` when this call did, `Ok(false)` when
@@ -94,6 +94,79 @@ impl Grant {
         self.refund
             .as_ref()
             .is_some_and(|r| r.done.load(Ordering::Acquire))
+    }
+}
+
+/// The decisions of a [`Limiter`] whose grant can be given back: the same
+/// `check`, `acquire` and `decide`, answering a [`Grant`] instead of a
+/// [`Decision`]; from [`Limiter::refundable`].
+///
+/// Whether a grant can be given back is a value chosen before the call, not
+/// a second name per decision: `limiter.check(k, 1)` and
+/// `limiter.refundable().check(k, 1)`. The plain forms stay as they were
+/// (a `Decision`, no limit or key cloned): only a `Grant` owns the limits
+/// and keys it was charged to, to give back later. (A request value awaited
+/// either way, `limiter.check(k, 1).refundable().await`, would need a
+/// future type that can be named, which an `async fn`'s is not in stable
+/// Rust: it would box every plain check.)
+#[derive(Debug, Clone, Copy)]
+pub struct Refundable<'a> {
+    limiter: &'a Limiter,
+}
+
+impl Limiter {
+    /// The decisions whose grant can be given back once ([`Grant::refund`]):
+    /// take when a request arrives, give back when its outcome says it
+    /// should not count (see [`Refundable`]).
+    pub fn refundable(&self) -> Refundable<'_> {
+        Refundable { limiter: self }
+    }
+}
+
+impl Refundable<'_> {
+    /// Like [`Limiter::check`], and the grant can be given back once
+    /// ([`Grant::refund`]).
+    pub async fn check(self, key: impl AsRef<[u8]>, cost: u64) -> Result<Grant, Error> {
+        self.decide(&[key], cost, Duration::ZERO).await
+    }
+
+    /// Like [`Limiter::acquire`], and the grant can be given back once
+    /// ([`Grant::refund`]). Dropping the future while it sleeps gives the
+    /// reservation back.
+    pub async fn acquire(
+        self,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Grant, Error> {
+        let Grant { decision, refund } = self.decide(&[key], cost, max_wait).await?;
+        let refund = if decision.is_allowed() && !decision.delay().is_zero() {
+            // cancelled while it sleeps: the reservation goes back
+            let guard = RefundOnDrop::new(refund);
+            tokio::time::sleep(decision.delay()).await;
+            guard.disarm()
+        } else {
+            refund
+        };
+        Ok(Grant::new(decision, refund))
+    }
+
+    /// Like [`Limiter::decide`], and the grant can be given back once
+    /// ([`Grant::refund`]). Returns at once; when the decision is a
+    /// reservation, the caller waits (and may give it back instead).
+    pub async fn decide<K: AsRef<[u8]>>(
+        self,
+        keys: &[K],
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Grant, Error> {
+        let limiter = self.limiter;
+        Limiter::within_max_wait(max_wait)?;
+        let limits = limiter.current();
+        let checks = Limiter::keyed_checks(&limits, keys, cost)?;
+        let decision = limiter.run(&checks, max_wait, false).await?;
+        let refund = Refund::of(limiter, &decision, Limiter::charged(&checks, &decision));
+        Ok(Grant::new(decision, refund))
     }
 }
 

@@ -1,4 +1,4 @@
-//! Hot keys (see [`Limit::hot`]): permits taken from the store in batches
+//! Hot keys (see [`Limit::with_hot_key`]): permits taken from the store in batches
 //! and granted in this process.
 //!
 //! The pools are the store's (`Backend::hot_pools`): every limiter and
@@ -131,7 +131,7 @@ impl HotPools {
     }
 
     /// Whether `check` may be served from a batch: a hot limit not in
-    /// shadow mode (`Limit::hot` refuses a concurrency limit and a penalty,
+    /// shadow mode (`Limit::with_hot_key` refuses a concurrency limit and a penalty,
     /// and a penalty added later turns it off), and a cost one batch can
     /// hold.
     pub(crate) fn serves(check: &Check<'_>) -> bool {

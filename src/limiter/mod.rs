@@ -1,4 +1,7 @@
-//! The programmatic API: [`Limiter`] with `check`, `acquire`, `peek`, `reset`.
+//! The programmatic API: [`Limiter`] with the decisions a request makes
+//! (`check`, `acquire`, `peek`, `take_up_to`, `reset`, ...), and beside it
+//! [`Admin`] (`admin/`), what an operator does (kept quotas, overrides,
+//! penalties).
 //!
 //! A decision goes one way: the public methods here build the checks (one
 //! per limit, with its key and cost), [`run`](Limiter::run) picks the plain
@@ -6,7 +9,17 @@
 //! measured, traced and cached in `call.rs` (with the cache of denials,
 //! `deny_cache.rs`), and a grant that can be given back is a [`Grant`]
 //! (`grant.rs`).
+//!
+//! One name per decision kind: whether its grant can be given back is a
+//! value chosen before the call, [`Limiter::refundable`] (a [`Refundable`]
+//! view whose `check`, `acquire` and `decide` answer a [`Grant`]), not a
+//! `_refundable` twin of each method. The plain forms answer a [`Decision`]
+//! and clone no limit or key: the hot path pays nothing for refunds. (A
+//! request value awaited either way, `limiter.check(k, 1).refundable()`,
+//! would need its future's type named for `IntoFuture`, which an `async
+//! fn`'s cannot be in stable Rust without boxing every check.)
 
+mod admin;
 mod call;
 mod charge;
 pub(crate) mod count;
@@ -14,22 +27,20 @@ mod deny_cache;
 mod grant;
 mod hot;
 mod lease;
-mod penalties;
 mod shadow;
-mod stored;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
+pub use self::admin::{Admin, Inspection};
 use self::deny_cache::DenyCache;
-pub use self::grant::Grant;
+pub use self::grant::{Grant, Refundable};
 pub(crate) use self::grant::{Refund, RefundOnDrop};
 pub(crate) use self::hot::HotPools;
 pub use self::lease::Lease;
 pub(crate) use self::lease::LeaseGuard;
-pub use self::penalties::Inspection;
 use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;
@@ -88,7 +99,7 @@ struct Inner {
     timeout: Duration,
     /// Denials known to hold, for a remote store (see [`DenyCache`]).
     denials: Option<DenyCache>,
-    /// Batches of hot keys' permits, for a remote store (see [`Limit::hot`]):
+    /// Batches of hot keys' permits, for a remote store (see [`Limit::with_hot_key`]):
     /// the store's, shared by every limiter over it.
     hot: Option<Arc<HotPools>>,
 }
@@ -173,9 +184,9 @@ impl LimiterBuilder {
     /// cost its `retry_after` is a lower bound. It never refuses what the
     /// store would grant, unless another process resets the key, raises
     /// the quota or lifts a key's block meanwhile (a
-    /// [`reset`](Limiter::reset) or [`unblock`](Limiter::unblock) through
+    /// [`reset`](Limiter::reset) or [`unblock`](Admin::unblock) through
     /// this limiter clears the key's entries). A limit with a
-    /// [penalty](crate::Limit::penalty) has its denials cached only while
+    /// [penalty](crate::Limit::with_penalty) has its denials cached only while
     /// it blocks the key (its other refusals are counted by the store). At
     /// most 10 000 entries are kept.
     pub fn cache_denials(mut self, cache: bool) -> Self {
@@ -288,7 +299,7 @@ impl Limiter {
         self.decide(&[key], cost, Duration::ZERO).await
     }
 
-    /// Whether a request of cost 1 for `key` would be granted now, and the
+    /// Whether a request of `cost` for `key` would be granted now, and the
     /// current state of every limit, consuming nothing: the same decision as
     /// [`check`](Self::check) would make, without its effect. An exhausted
     /// limit answers [`Verdict::Denied`](crate::Verdict::Denied) with the exact
@@ -299,73 +310,23 @@ impl Limiter {
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("otp", Quota::per_minute(2).sliding_log())?);
-    /// assert!(limiter.peek("alice").await?.is_allowed());
+    /// assert!(limiter.peek("alice", 1).await?.is_allowed());
     /// limiter.check("alice", 2).await?;
-    /// let look = limiter.peek("alice").await?;
+    /// let look = limiter.peek("alice", 1).await?;
     /// assert!(!look.is_allowed() && look.remaining() == 0);
-    /// assert!(limiter.peek_cost("alice", 0).await?.is_allowed());
+    /// assert!(limiter.peek("alice", 0).await?.is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub async fn peek(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
-        self.peek_cost(key, 1).await
-    }
-
-    /// Like [`peek`](Self::peek), for a request of `cost`.
-    pub async fn peek_cost(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+    pub async fn peek(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         let limits = self.current();
         let checks = Self::checks(limits.iter().map(|l| (&**l, key.as_ref())), cost);
         self.run(&checks, Duration::ZERO, true).await
     }
 
-    /// Like [`check`](Self::check), and the grant can be given back once
-    /// ([`Grant::refund`]): take when a request arrives, give back when its
-    /// outcome says it should not count.
-    pub async fn check_refundable(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Grant, Error> {
-        self.decide_refundable(&[key], cost, Duration::ZERO).await
-    }
-
-    /// Like [`acquire`](Self::acquire), and the grant can be given back once
-    /// ([`Grant::refund`]). Dropping the future while it sleeps gives the
-    /// reservation back.
-    pub async fn acquire_refundable(
-        &self,
-        key: impl AsRef<[u8]>,
-        cost: u64,
-        max_wait: Duration,
-    ) -> Result<Grant, Error> {
-        let Grant { decision, refund } = self.decide_refundable(&[key], cost, max_wait).await?;
-        let refund = if decision.is_allowed() && !decision.wait().is_zero() {
-            // cancelled while it sleeps: the reservation goes back
-            let guard = RefundOnDrop::new(refund);
-            tokio::time::sleep(decision.wait()).await;
-            guard.disarm()
-        } else {
-            refund
-        };
-        Ok(Grant::new(decision, refund))
-    }
-
-    /// Like [`decide`](Self::decide), and the grant can be given back once
-    /// ([`Grant::refund`]). Returns at once; when the decision is a
-    /// reservation, the caller waits (and may give it back instead).
-    pub async fn decide_refundable<K: AsRef<[u8]>>(
-        &self,
-        keys: &[K],
-        cost: u64,
-        max_wait: Duration,
-    ) -> Result<Grant, Error> {
-        Self::within_max_wait(max_wait)?;
-        let limits = self.current();
-        let checks = Self::keyed_checks(&limits, keys, cost)?;
-        let decision = self.run(&checks, max_wait, false).await?;
-        let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
-        Ok(Grant::new(decision, refund))
-    }
-
     /// Takes as much as every limit has left for `key` now, at most `most`
     /// (a batch endpoint taking what it may), in one round trip:
-    /// [`Decision::granted`] says how much. When nothing is left, the
+    /// [`Decision::granted_amount`] says how much. When nothing is left, the
     /// decision is the denial of 1, with the exact `retry_after` until one
     /// is there; a `most` of 0 takes nothing and is allowed. The grant can
     /// be given back once ([`Grant::refund`]). Limits in
@@ -376,17 +337,17 @@ impl Limiter {
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("rows", Quota::per_minute(10).sliding_log())?);
-    /// assert_eq!(limiter.take_up_to("tenant", 4).await?.granted(), 4);
-    /// assert_eq!(limiter.take_up_to("tenant", 100).await?.granted(), 6);
+    /// assert_eq!(limiter.take_up_to("tenant", 4).await?.granted_amount(), 4);
+    /// assert_eq!(limiter.take_up_to("tenant", 100).await?.granted_amount(), 6);
     /// let none = limiter.take_up_to("tenant", 100).await?;
-    /// assert!(!none.is_allowed() && none.granted() == 0);
+    /// assert!(!none.is_allowed() && none.granted_amount() == 0);
     /// assert!(none.decision().retry_after().is_some());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
     pub async fn take_up_to(&self, key: impl AsRef<[u8]>, most: u64) -> Result<Grant, Error> {
         if most == 0 {
-            return self.check_refundable(key, 0).await;
+            return self.refundable().check(key, 0).await;
         }
         let keys = [key];
         let limits = self.current();
@@ -394,7 +355,7 @@ impl Limiter {
         // limits in shadow mode never refuse, so they take no part
         checks.retain(|c| !c.limit.is_shadow());
         if checks.is_empty() {
-            let mut decision = self.check_refundable(&keys[0], 0).await?.into_decision();
+            let mut decision = self.refundable().check(&keys[0], 0).await?.into_decision();
             decision.granted = most;
             return Ok(Grant::new(decision, None));
         }
@@ -432,7 +393,7 @@ impl Limiter {
     /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("jobs", Quota::per_second(100).allow_burst(1).gcra())?);
     /// limiter.check("queue", 1).await?;
     /// let d = limiter.acquire("queue", 1, Duration::from_secs(1)).await?; // sleeps ~10 ms
-    /// assert!(d.is_allowed() && d.wait() > Duration::ZERO);
+    /// assert!(d.is_allowed() && d.delay() > Duration::ZERO);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
@@ -447,10 +408,10 @@ impl Limiter {
         let key = key.as_ref();
         let checks = Self::checks(limits.iter().map(|l| (&**l, key)), cost);
         let decision = self.run(&checks, max_wait, false).await?;
-        if decision.is_allowed() && !decision.wait().is_zero() {
+        if decision.is_allowed() && !decision.delay().is_zero() {
             let charged = Self::charged(&checks, &decision);
             let guard = RefundOnDrop::new(Refund::of(self, &decision, charged));
-            tokio::time::sleep(decision.wait()).await;
+            tokio::time::sleep(decision.delay()).await;
             drop(guard.disarm());
         }
         Ok(decision)
@@ -458,7 +419,7 @@ impl Limiter {
 
     /// The general form: one key per limit (or one key for all), a cost, and
     /// how far in the future a grant may be reserved. Returns at once; when the
-    /// decision is a reservation ([`Decision::wait`] > 0), the caller waits.
+    /// decision is a reservation ([`Decision::delay`] > 0), the caller waits.
     ///
     /// A `max_wait` over [`MAX_WAIT`] is refused ([`Error::WaitTooLong`]).
     pub async fn decide<K: AsRef<[u8]>>(

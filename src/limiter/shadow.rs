@@ -117,7 +117,7 @@ impl Limiter {
             Some(self.run_once(&enforced, max_wait, dry, true).await?)
         };
         let (by, refused) = match &decided {
-            Some(d) if d.is_allowed() => (d.wait(), false),
+            Some(d) if d.is_allowed() => (d.delay(), false),
             Some(_) => (Duration::ZERO, true),
             None => (Duration::ZERO, false),
         };

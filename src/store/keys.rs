@@ -1,6 +1,6 @@
 //! Storage keys: `<prefix>:{<escaped key>}:<limit name>:<part>`, the part
 //! an algorithm's (`gcra`, `log`, ...) or `pen`, the state of the limit's
-//! [penalty](crate::Limit::penalty).
+//! [penalty](crate::Limit::with_penalty).
 //!
 //! Everything between the braces is the Redis Cluster hash tag: the user key
 //! alone, so every limit of one key (10 per second AND 1000 per day for one

@@ -25,8 +25,17 @@ pub(crate) use self::backend::{
     Answer, Check, Deadline, PenaltyChange, QuotaChange, QuotaRegistry, Settle, Settled,
 };
 
-/// A place to keep limit state. Implemented by [`MemoryStore`] and
-/// [`RedisStore`]; sealed so that both can evolve together with the algorithms.
+/// A place to keep limit state: [`MemoryStore`] or [`RedisStore`].
+///
+/// Sealed: no other crate can implement it. Its operations are a supertrait
+/// private to this crate, so that both stores can evolve together with the
+/// algorithms (the same arithmetic in Rust and in Lua); a user chooses one
+/// of the two and passes it to [`Limiter`](crate::Limiter) or the layer.
+///
+/// ```compile_fail
+/// struct Mine;
+/// impl tower_ratelimit::Store for Mine {} // sealed: Mine cannot be a store
+/// ```
 pub trait Store: backend::Backend + Send + Sync + 'static {}
 
 /// The operations of a store ([`Backend`](backend::Backend)) and what they
@@ -209,7 +218,7 @@ pub(crate) mod backend {
     }
 
     /// An operation on a key's penalty state (see
-    /// [`Limit::penalty`](crate::Limit::penalty)).
+    /// [`Limit::with_penalty`](crate::Limit::with_penalty)).
     #[derive(Debug, Clone, Copy)]
     #[allow(unreachable_pub)]
     pub enum PenaltyChange {
@@ -387,7 +396,7 @@ pub(crate) mod backend {
         fn quotas(&self) -> Option<&QuotaRegistry> {
             None
         }
-        /// The batches of hot keys' permits (see `Limit::hot`) of every
+        /// The batches of hot keys' permits (see `Limit::with_hot_key`) of every
         /// limiter over this store: one set per store, shared by its clones
         /// and every limiter and layer over it, so that a process holds one
         /// batch per hot limit and key, which the bound `HotKey` states

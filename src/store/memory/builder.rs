@@ -74,7 +74,7 @@ impl MemoryStoreBuilder {
     /// concurrency limit's lease states are rate states of a sliding log:
     /// a lease state given up frees its permits early.
     ///
-    /// Penalty states (see [`Limit::penalty`](crate::Limit::penalty)) count
+    /// Penalty states (see [`Limit::with_penalty`](crate::Limit::with_penalty)) count
     /// in the bound and are never given up: a new one in a full store takes
     /// the place of a rate state of any shard. They take at most half the
     /// bound, so that no flood of them (made-up keys refused until blocked)

@@ -199,7 +199,7 @@ impl MemoryStore {
     }
 
     /// Number of stored key states (one per key and limit, and one per key
-    /// and limit with a [penalty](crate::Limit::penalty) while it holds
+    /// and limit with a [penalty](crate::Limit::with_penalty) while it holds
     /// refusals, offences or a block), including expired ones not yet
     /// swept.
     pub fn len(&self) -> usize {

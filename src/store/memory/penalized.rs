@@ -1,4 +1,4 @@
-//! Penalties (see `Limit::penalty`) in the memory store: each key's
+//! Penalties (see `Limit::with_penalty`) in the memory store: each key's
 //! [`PenState`] by limit name, in one of [`SHARDS`] maps, each under a lock
 //! of its own, held across the whole decision of a penalized limit, so that
 //! its refusals are counted exactly (the script's atomicity). The steps are
@@ -373,7 +373,7 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone());
         let limit = Limit::new("l", Quota::fixed_window(1, minute))
             .expect("limit")
-            .penalty(
+            .with_penalty(
                 Penalty::new(1, minute, [minute])
                     .expect("penalty")
                     .forget_after(minute),

@@ -1,19 +1,19 @@
-//! Penalties and bans (see [`Limit::penalty`]): block, unblock and inspect
+//! Penalties and bans (see [`Limit::with_penalty`]): block, unblock and inspect
 //! a key, each naming the limit, as the kept quotas' operations do.
 
 use std::time::Duration;
 
-use super::Limiter;
+use super::Admin;
 use crate::decision::Decision;
 use crate::store::{Check, Deadline, PenaltyChange};
 use crate::{ConfigError, Error, Limit};
 
-/// What [`Limiter::inspect`] finds of a key in a limit with a penalty.
+/// What [`Admin::inspect`] finds of a key in a limit with a penalty.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Inspection {
     /// The limit's answer for a cost of 1 now, taking nothing (a
-    /// [`peek`](Limiter::peek) by this limit alone): its `remaining`, and
+    /// [`peek`](crate::Limiter::peek) by this limit alone): its `remaining`, and
     /// while blocked the refusal with the time left of the block.
     pub decision: Decision,
     /// The time left of the key's block, if it is blocked.
@@ -24,18 +24,19 @@ pub struct Inspection {
     pub refusals: u32,
 }
 
-/// The longest block [`Limiter::block`] accepts: ten years.
+/// The longest block [`Admin::block`] accepts: ten years.
 const LONGEST_BLOCK: Duration = Duration::from_secs(10 * 366 * 86_400);
 
-impl Limiter {
+impl Admin<'_> {
     /// This limiter's limit named `name`, if it has a penalty.
     fn penalized(&self, name: &str) -> Result<Limit, Error> {
-        self.limits()
+        self.limiter
+            .limits()
             .into_iter()
             .find(|l| l.name() == name && l.pen_params().is_some())
             .ok_or_else(|| {
                 ConfigError::Penalty(format!(
-                    "the limiter has no limit {name:?} with a penalty (see Limit::penalty)"
+                    "the limiter has no limit {name:?} with a penalty (see Limit::with_penalty)"
                 ))
                 .into()
             })
@@ -47,14 +48,14 @@ impl Limiter {
         key: &[u8],
         change: PenaltyChange,
     ) -> Result<(crate::penalty::PenState, i64), Error> {
-        let key = super::non_empty(key)?;
+        let key = crate::limiter::non_empty(key)?;
         let check = Check {
             limit,
             key,
             cost: 0,
         };
-        let store = &self.inner.store;
-        let deadline = Deadline::after(self.inner.timeout);
+        let store = &self.limiter.inner.store;
+        let deadline = Deadline::after(self.limiter.inner.timeout);
         let changed = store.penalty(&check, change, deadline).get().await?;
         changed.ok_or_else(|| ConfigError::Penalty("the limit has no penalty".into()).into())
     }
@@ -63,7 +64,7 @@ impl Limiter {
     /// hand): every instance refuses it until then, as after an offence.
     /// It counts as no offence and drops the refusals counted so far; a
     /// block already in force is replaced (so this also shortens one). The
-    /// limit must have a [penalty](Limit::penalty) (it keeps the state);
+    /// limit must have a [penalty](Limit::with_penalty) (it keeps the state);
     /// [`Error::Config`] otherwise, or for a zero duration or one over ten
     /// years. A [`MemoryStore`](crate::MemoryStore) at its bound keeps the
     /// block in place of a rate state it gives up; one whose penalty
@@ -77,19 +78,19 @@ impl Limiter {
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// let hour = Duration::from_secs(3600);
     /// let api = Limit::new("api", Quota::per_second(10).gcra())?
-    ///     .penalty(Penalty::new(100, hour, [hour])?);
+    ///     .with_penalty(Penalty::new(100, hour, [hour])?);
     /// let limiter = Limiter::new(MemoryStore::new(), api);
-    /// limiter.block("api", "203.0.113.9", hour).await?;
-    /// let seen = limiter.inspect("api", "203.0.113.9").await?;
+    /// limiter.admin().block("api", "203.0.113.9", hour).await?;
+    /// let seen = limiter.admin().inspect("api", "203.0.113.9").await?;
     /// assert!(seen.blocked_for.is_some() && seen.offences == 0);
     /// assert!(!limiter.check("203.0.113.9", 1).await?.is_allowed());
-    /// assert!(limiter.unblock("api", "203.0.113.9").await?);
+    /// assert!(limiter.admin().unblock("api", "203.0.113.9").await?);
     /// assert!(limiter.check("203.0.113.9", 1).await?.is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
     pub async fn block(
-        &self,
+        self,
         limit: &str,
         key: impl AsRef<[u8]>,
         duration: Duration,
@@ -110,16 +111,16 @@ impl Limiter {
     /// Forgives `key` in the limit `limit`: lifts its block and forgets
     /// the refusals counted and the offences (the next offence is a first
     /// one again). Whether it was blocked. The limit must have a
-    /// [penalty](Limit::penalty) ([`Error::Config`] otherwise).
+    /// [penalty](Limit::with_penalty) ([`Error::Config`] otherwise).
     ///
     /// Cached denials of the key in this limiter are dropped (see
     /// [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials));
     /// another instance that cached the block's refusal answers it from its
     /// cache until the block would have ended.
-    pub async fn unblock(&self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+    pub async fn unblock(self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let limit = self.penalized(limit)?;
         let key = key.as_ref();
-        if let Some(denials) = &self.inner.denials {
+        if let Some(denials) = &self.limiter.inner.denials {
             denials.forget(key);
         }
         let (before, now) = self
@@ -132,8 +133,8 @@ impl Limiter {
     /// now (taking nothing, counting no refusal), whether it is blocked and
     /// for how long, its offences and the refusals counted towards the
     /// next. Two store calls. The limit must have a
-    /// [penalty](Limit::penalty) ([`Error::Config`] otherwise).
-    pub async fn inspect(&self, limit: &str, key: impl AsRef<[u8]>) -> Result<Inspection, Error> {
+    /// [penalty](Limit::with_penalty) ([`Error::Config`] otherwise).
+    pub async fn inspect(self, limit: &str, key: impl AsRef<[u8]>) -> Result<Inspection, Error> {
         let limit = self.penalized(limit)?;
         let key = key.as_ref();
         let (state, now) = self
@@ -144,7 +145,10 @@ impl Limiter {
             key,
             cost: 1,
         }];
-        let decision = self.run_once(&check, Duration::ZERO, true, false).await?;
+        let decision = self
+            .limiter
+            .run_once(&check, Duration::ZERO, true, false)
+            .await?;
         let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
         let p = limit.pen_params();
         let (offences, refusals) = p.map_or((0, 0), |p| {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::Limiter;
+use super::Admin;
 use crate::store::{Check, Deadline, QuotaChange};
 use crate::{ConfigError, Error, Limit, Quota};
 
@@ -21,12 +21,13 @@ fn kept_check<'a>(own: &'a Limit, key: Option<&'a [u8]>) -> Check<'a> {
 /// limit's quota is copied to every slot (16384 writes).
 const STORED_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl Limiter {
+impl Admin<'_> {
     /// This limiter's limit named `name`, if it takes its quota from the
     /// store; with `quota`, also that quota as the limit (validated, of the
     /// limit's algorithm).
     fn kept(&self, name: &str, quota: Option<Quota>) -> Result<(Limit, Option<Limit>), Error> {
         let Some(own) = self
+            .limiter
             .limits()
             .into_iter()
             .find(|l| l.name() == name && l.is_quota_from_store())
@@ -57,16 +58,16 @@ impl Limiter {
     }
 
     fn stored_deadline(&self) -> Deadline {
-        Deadline::after(self.inner.timeout.max(STORED_TIMEOUT))
+        Deadline::after(self.limiter.inner.timeout.max(STORED_TIMEOUT))
     }
 
     async fn read(&self, name: &str, key: Option<&[u8]>) -> Result<Option<Quota>, Error> {
         if let Some(key) = key {
-            super::non_empty(key)?;
+            crate::limiter::non_empty(key)?;
         }
         let (own, _) = self.kept(name, None)?;
         let check = kept_check(&own, key);
-        let store = &self.inner.store;
+        let store = &self.limiter.inner.store;
         let deadline = self.stored_deadline();
         store
             .read_quota(&check, key.is_some(), deadline)
@@ -83,7 +84,7 @@ impl Limiter {
         if_absent: bool,
     ) -> Result<bool, Error> {
         if let Some(key) = key {
-            super::non_empty(key)?;
+            crate::limiter::non_empty(key)?;
         }
         let (own, kept) = self.kept(name, quota)?;
         let change = match &kept {
@@ -95,7 +96,7 @@ impl Limiter {
             None => QuotaChange::Remove,
         };
         let check = kept_check(&own, key);
-        let store = &self.inner.store;
+        let store = &self.limiter.inner.store;
         let deadline = self.stored_deadline();
         let written = store.write_quota(&check, key.is_some(), change, deadline);
         written.get().await
@@ -104,7 +105,7 @@ impl Limiter {
     /// The quota kept in the store for the limit `limit` (Redisson's
     /// `getConfig`), if any: an equal one (a bucket's rate and period in
     /// lowest terms). See [`Limit::quota_from_store`].
-    pub async fn stored_quota(&self, limit: &str) -> Result<Option<Quota>, Error> {
+    pub async fn stored_quota(self, limit: &str) -> Result<Option<Quota>, Error> {
         self.read(limit, None).await
     }
 
@@ -119,7 +120,7 @@ impl Limiter {
     /// so that each decision reads it in its own slot; a change that fails
     /// part way (an error) may leave slots with the old quota: set it
     /// again.
-    pub async fn set_stored_quota(&self, limit: &str, quota: Quota) -> Result<(), Error> {
+    pub async fn set_stored_quota(self, limit: &str, quota: Quota) -> Result<(), Error> {
         self.write(limit, None, Some(quota), None, false).await?;
         Ok(())
     }
@@ -127,7 +128,7 @@ impl Limiter {
     /// [`set_stored_quota`](Self::set_stored_quota) unless a quota is kept
     /// already (Redisson's `trySetRate`); whether it was set.
     pub async fn set_stored_quota_if_absent(
-        &self,
+        self,
         limit: &str,
         quota: Quota,
     ) -> Result<bool, Error> {
@@ -136,7 +137,7 @@ impl Limiter {
 
     /// Removes the quota kept for the limit `limit`: its own quota decides
     /// again, state carried over. Whether one was kept.
-    pub async fn remove_stored_quota(&self, limit: &str) -> Result<bool, Error> {
+    pub async fn remove_stored_quota(self, limit: &str) -> Result<bool, Error> {
         self.write(limit, None, None, None, false).await
     }
 
@@ -145,9 +146,9 @@ impl Limiter {
     /// limit's stored and own quotas for that key only, in every instance's
     /// next decision. Same conditions as
     /// [`set_stored_quota`](Self::set_stored_quota). Kept beside the key's
-    /// state (one slot on a cluster); [`reset`](Self::reset) leaves it.
+    /// state (one slot on a cluster); [`reset`](crate::Limiter::reset) leaves it.
     pub async fn set_override(
-        &self,
+        self,
         limit: &str,
         key: impl AsRef<[u8]>,
         quota: Quota,
@@ -161,7 +162,7 @@ impl Limiter {
 
     /// `key`'s override in the limit `limit`, if one is in force.
     pub async fn stored_override(
-        &self,
+        self,
         limit: &str,
         key: impl AsRef<[u8]>,
     ) -> Result<Option<Quota>, Error> {
@@ -170,7 +171,7 @@ impl Limiter {
 
     /// Removes `key`'s override in the limit `limit`: the key returns to the
     /// limit's quota, its state carried over. Whether one was in force.
-    pub async fn remove_override(&self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+    pub async fn remove_override(self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let key = key.as_ref();
         self.write(limit, Some(key), None, None, false).await
     }

@@ -1,0 +1,47 @@
+//! What an operator does, apart from what a request does: [`Admin`], the
+//! handle [`Limiter::admin`] lends.
+//!
+//! A [`Limiter`]'s own methods are the decisions a request makes (`check`,
+//! `acquire`, `peek`, `take_up_to`, `reset`, ...). Managing the limits
+//! behind them lives here: the quotas kept in the store and their per-key
+//! overrides (`stored.rs`, see [`Limit::quota_from_store`](crate::Limit::quota_from_store)),
+//! and the penalties and bans (`penalties.rs`, see
+//! [`Limit::with_penalty`](crate::Limit::with_penalty)): block, unblock, inspect. Each
+//! operation names the limit it acts on.
+//!
+//! The handle borrows the limiter (nothing is cloned to make it); keep a
+//! [`Limiter`] (cheap to clone) where an admin endpoint needs one.
+
+mod penalties;
+mod stored;
+
+pub use self::penalties::Inspection;
+use super::Limiter;
+
+/// The operator's handle on a [`Limiter`]: kept quotas, overrides,
+/// penalties; from [`Limiter::admin`].
+///
+/// ```
+/// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let limit = Limit::new("reports", Quota::per_hour(10).fixed_window())?.quota_from_store();
+/// let limiter = Limiter::new(MemoryStore::new(), limit);
+/// let admin = limiter.admin();
+/// admin.set_stored_quota("reports", Quota::per_hour(500).fixed_window()).await?;
+/// assert_eq!(limiter.check("acme", 1).await?.remaining(), 499);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Admin<'a> {
+    limiter: &'a Limiter,
+}
+
+impl Limiter {
+    /// The operator's handle: quotas kept in the store, per-key overrides,
+    /// blocks and inspection (see [`Admin`]).
+    pub fn admin(&self) -> Admin<'_> {
+        Admin { limiter: self }
+    }
+}
