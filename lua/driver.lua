@@ -2,19 +2,22 @@
 --
 -- KEYS:  the keys of each limit in order (sliding log: 2, others: 1), all
 --        sharing one hash tag so the decision runs on one cluster slot.
--- ARGV:  [options] "o:now:max_wait:dry:slack[:op:at]", only when any
---            differs from 0:
+-- ARGV:  [options] "o:<slot 1>:<slot 2>:...", only when any differs from
+--            0, by slot (OPT_ in wire.lua, written from
+--            src/algorithm/wire.rs, as OP_, PEN_ and LIMIT_ are):
 --            now (us since the epoch; 0 = read Redis TIME, the production
 --            path), max_wait (us: a grant may be reserved this far ahead),
 --            dry (1 = decide, grant nothing: a peek), slack (us keys outlive
---            their state), op (absent or 0: decide; 1: refund; 2: take
---            what is available; 3: change a kept quota; 4: charge; 5:
---            renew; 6: a key's penalty state; 7: several decisions; see
---            below), at (us, for a refund or a renewal: the time of the
---            grant, `now + wait` of its reply)
---        then one per limit: "algorithm:p1:p2:p3:p4:cost" (algorithm 1
+--            their state), op (absent or 0: decide; else an OP_ of
+--            wire.lua: refund, take what is available, change a kept
+--            quota, charge, renew, a key's penalty state, several
+--            decisions; see below), at (us, for a refund or a renewal: the
+--            time of the grant, `now + wait` of its reply; for a penalty,
+--            what to do), block (us, a penalty's block)
+--        then one per limit: "algorithm:p1:p2:p3:cost" (algorithm 1
 --            sliding log, 2 token bucket, 3 gcra, 4 fixed window, 5 sliding
---            window; cost 0 changes nothing), with "c" first for a limit
+--            window; p3 0 for the algorithms of two parameters; cost 0
+--            changes nothing), with "c" first for a limit
 --            whose quota may be kept in the store: one more key follows
 --            its own, the hash of its kept quotas (see `configured`),
 --            and before that "p<refusals>:<within>:<forget>:<block>...;"
@@ -32,8 +35,12 @@
 -- Reply: little-endian doubles, all integers: outcome (0 granted, 1 denied,
 --          2 a cost exceeds a capacity), wait (us until the grant for 0;
 --          retry-after for 1; -1 for 2), now (us, the decision's clock),
---          then per limit: wait_i (us until it alone allows, -1 never),
---          remaining, reset_after (us). (One string costs Redis less than an
+--          then per limit its status, four doubles: its kind (LIMIT_ in
+--          wire.lua), then for LIMIT_ALLOWS its wait (us until it alone
+--          allows), remaining and reset (us); for LIMIT_NEVER (its cost
+--          exceeds its capacity) 0, remaining and reset; for LIMIT_BLOCKED
+--          (see "Penalties") the time left of the block, 0, and the time
+--          left. (One string costs Redis less than an
 --          array of integers.) Then "i=<quota>;" for each limit i (from 1)
 --          that a quota kept in the store decided, and before it "i=!;"
 --          for each limit whose kept quota or override in force was
@@ -89,15 +96,14 @@
 -- state dated after the store's clock is moved back to it whole when read
 -- and written so (see `pen_load`): a block written by a clock a year ahead
 -- ends at most its own length (the penalty's longest block, or a block by
--- hand's) from now, not a year away. A
--- blocked limit's status is: wait and reset the time left, remaining
--- BLOCKED (see wire.lua); a decision refused by a block waits the longest
--- of its limits' waits, the blocked ones' being those times left. The key expires when its state equals a fresh
--- one.
+-- hand's) from now, not a year away. A blocked limit's status is
+-- LIMIT_BLOCKED (see "Reply"); a decision refused by a block
+-- waits the longest of its limits' waits, the blocked ones' being their
+-- times left. The key expires when its state equals a fresh one.
 --
--- Penalty (op 6): KEYS a penalty key, ARGV the options, with opts[6] 0
--- read, 1 block for opts[7] us (no offence; the refusals counted go), 2
--- forget (delete), and for a block the limit's string. Reply: until,
+-- Penalty (OP_PENALTY): KEYS a penalty key, ARGV the options, with
+-- opts[OPT_AT] PEN_READ, PEN_BLOCK for opts[OPT_BLOCK] us (no offence; the
+-- refusals counted go) or PEN_FORGET (delete), then the limit's string. Reply: until,
 -- offences, refusals, since (after a block, before a forget) and the
 -- store's clock, little-endian doubles.
 --
@@ -125,8 +131,8 @@
 -- (`algorithms`, by id, and each one's `nkeys` come from wire.lua)
 
 -- A limit's string, parsed once: an array, [1] the algorithm's `one`,
--- [2..5] its parameters ([2] its capacity: no larger cost ever fits; see
--- `Params::wire`), [6] the cost, then constants its algorithm's
+-- [2..4] its parameters ([2] its capacity: no larger cost ever fits; see
+-- `Params::wire`), [5] the cost, then constants its algorithm's
 -- `derive` adds, and by name its algorithm `alg`, the cost and the horizon
 -- `h` (see "Clock steps").
 local specs, n_specs = {}, 0
@@ -157,7 +163,7 @@ local function spec(s)
   end
   local f = ints(s)
   local alg = algorithms[f[1]]
-  v = { alg.one, f[2], f[3], f[4], f[5], f[6], alg = alg, cost = f[6], id = first }
+  v = { alg.one, f[2], f[3], f[4], f[5], alg = alg, cost = f[5], id = first }
   v.h = alg.horizon(v)
   if alg.derive then alg.derive(v) end
   if n_specs >= 1024 then specs, n_specs = {}, 0 end
@@ -170,15 +176,16 @@ end
 -- (`MAX_WINDOW_MICROS` in src/limit.rs).
 local KEPT_WINDOW = 316224000000000
 
--- Whether a kept quota's algorithm `id` and fields a, b, c, d are what
+-- Whether a kept quota's algorithm `id` and fields a, b, c (and d, of the
+-- form 0.1 wrote: nil for today's) are what
 -- `Limit::stored_form` writes for some valid limit: exactly what
 -- `Params::from_stored` (src/algorithm/mod.rs) accepts, the parameters
 -- `derive` in src/limit.rs makes of a quota (amounts and windows at least
 -- 1, windows at most KEPT_WINDOW, a bucket's rate and period in lowest
 -- terms, the products the scripts form below 2^53, unused fields 0).
 local function valid_kept(id, a, b, c, d)
-  if not (a and b and c and d and int(a) and int(b) and int(c) and int(d)) or a < 1
-      or b < 1 or d ~= 0 then
+  if not (a and b and c and int(a) and int(b) and int(c)) or a < 1 or b < 1
+      or (d ~= nil and d ~= 0) then
     return false
   end
   if id == 1 or id == 4 then return b <= KEPT_WINDOW and c == 0 end
@@ -200,7 +207,8 @@ end
 local NOT_VALID = { id = 0, ends = 1 / 0 }
 
 -- A quota kept in the store, `q` (see `configured`): NOT_VALID when it is
--- not a valid limit's string less its cost (`valid_kept`), maybe followed
+-- not a valid limit's string less its cost (`valid_kept`; the form 0.1
+-- wrote, with a fourth parameter 0, is read as today's), maybe followed
 -- by '@' and when it ends, else its algorithm's id (the string's first
 -- byte), when it ends (us, store time; infinity when it does not), its note
 -- as limit 1 of a reply, and by cost text the spec that decides with it.
@@ -210,7 +218,9 @@ local function kept_quota(q)
   local k = kept[q]
   if k ~= nil then return k end
   k = NOT_VALID
-  local params, rest = string.match(q, '^(%d:%d+:%d+:%d+:%d+:)(.*)$')
+  -- the form of 0.1 (a fourth parameter, 0), else today's
+  local params, d, rest = string.match(q, '^(%d:%d+:%d+:%d+:)(%d+):(.*)$')
+  if not params then params, rest = string.match(q, '^(%d:%d+:%d+:%d+:)(.*)$') end
   local ends, lasts = 1 / 0, rest == ''
   if rest and not lasts then
     ends = tonumber(string.match(rest, '^@(%d+)$'))
@@ -218,7 +228,7 @@ local function kept_quota(q)
   end
   if lasts then
     local f = ints(params)
-    if valid_kept(f[1], f[2], f[3], f[4], f[5]) then
+    if valid_kept(f[1], f[2], f[3], f[4], tonumber(d)) then
       k = { id = string.byte(q, 1), params = params, note = '1=' .. params .. ';', ends = ends,
         text = q }
     end
@@ -286,7 +296,7 @@ end
 -- less the "c"; see `Limit::quota_from_store`): keys[k] is a hash of the
 -- quotas kept for the limit: field '' the limit's, field <its first state
 -- key> that key's override, each a limit's string less its cost
--- (`Limit::stored_form`, "algorithm:p1:p2:p3:p4:"), an override with '@'
+-- (`Limit::stored_form`, "algorithm:p1:p2:p3:"), an override with '@'
 -- and the store time it ends (us) when it does; read through its mirror
 -- (see `mirror`). An override that has ended is deleted from the hash
 -- when read: by the first decision of its key after its end, or by the
@@ -427,7 +437,7 @@ local formats = {}
 
 -- The decision's clock: the `now` option, or Redis TIME (the production path).
 local function clock(opts)
-  local store_now = opts[1]
+  local store_now = opts[OPT_NOW]
   if store_now == 0 then
     local t = redis.call('TIME')
     store_now = t[1] * 1000000 + t[2]
@@ -439,17 +449,17 @@ end
 local function penalty(keys, args, opts)
   if not rcall then bind() end
   local store_now = clock(opts)
-  local key, what = keys[1], opts[6]
+  local key, what = keys[1], opts[OPT_AT]
   local ps, moved = pen_load(key, store_now)
-  if what == 2 then
+  if what == PEN_FORGET then
     rcall('DEL', key)
   else
     local s = spec(args[2])
     if not (s and s.pen) then return redis.error_reply('not a limit with a penalty') end
-    if what == 1 then
-      ps[1], ps[3], ps[4], moved = store_now + opts[7], 0, store_now, true
+    if what == PEN_BLOCK then
+      ps[1], ps[3], ps[4], moved = store_now + opts[OPT_BLOCK], 0, store_now, true
     end
-    if moved then pen_save(key, ps, s.pen, store_now, store_now - opts[4]) end
+    if moved then pen_save(key, ps, s.pen, store_now, store_now - opts[OPT_SLACK]) end
   end
   return spack('<ddddd', ps[1], ps[2], ps[3], ps[4], store_now)
 end
@@ -490,7 +500,7 @@ end
 -- store's clock, if the limit still holds it (see "Renew" above).
 local function settle(keys, args, opts, op)
   local store_now = clock(opts)
-  local from, at = store_now - opts[4], opts[6]
+  local from, at = store_now - opts[OPT_SLACK], opts[OPT_AT]
   local next_key = 1
   local held = { store_now }
   for i = 2, #args do
@@ -503,7 +513,7 @@ local function settle(keys, args, opts, op)
     alg.prepare(st, s, now)
     held[i] = 0
     if s.cost > 0 then
-      if op == 1 then
+      if op == OP_REFUND then
         alg.refund(st, s, now, at, s.cost)
       elseif alg == sliding_log and alg.refund(st, s, now, at, s.cost) then
         alg.grant(st, s, store_now, s.cost)
@@ -512,7 +522,7 @@ local function settle(keys, args, opts, op)
     end
     alg.save(st, s, now, from)
   end
-  if op == 1 then return '' end
+  if op == OP_REFUND then return '' end
   return struct.pack('<' .. string.rep('d', #args), unpack(held))
 end
 
@@ -540,8 +550,8 @@ local function earliest(limits, now, cost)
 end
 
 -- Grants each limit's cost (or `cost`) at `at` when `grant`, saves every
--- state and returns the reply: outcome, wait, now, then each limit's wait,
--- remaining and reset as of `as_of`.
+-- state and returns the reply: outcome, wait, now, then each limit's
+-- status as of `as_of` (see "Reply").
 local function finish(limits, outcome, wait, now, grant, at, cost, as_of, from)
   local reply = { outcome, wait, now }
   for i = 1, #limits do
@@ -550,10 +560,15 @@ local function finish(limits, outcome, wait, now, grant, at, cost, as_of, from)
     if grant and c > 0 then l.alg.grant(l.st, l.s, at, c) end
     l.alg.save(l.st, l.s, now, from)
     local remaining, reset = l.alg.status(l.st, l.s, now, as_of)
-    if l.left then remaining, reset = BLOCKED, l.left end
-    local t = -1
-    if l.t >= 0 then t = l.t - now end
-    reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = t, remaining, reset
+    local kind, t = LIMIT_ALLOWS, 0
+    if l.left then
+      kind, t, remaining, reset = LIMIT_BLOCKED, l.left, 0, l.left
+    elseif l.t >= 0 then
+      t = l.t - now
+    else
+      kind = LIMIT_NEVER
+    end
+    reply[4 * i], reply[4 * i + 1], reply[4 * i + 2], reply[4 * i + 3] = kind, t, remaining, reset
   end
   return reply
 end
@@ -563,7 +578,7 @@ local function take(keys, args, opts)
   local store_now = clock(opts)
   local n = #args - 1
   local limits, now, notes, blocked = load_limits(keys, args, 2, n, store_now,
-    store_now - opts[4])
+    store_now - opts[OPT_SLACK])
   local k = limits[1].cost
   for i = 1, n do
     local l = limits[i]
@@ -578,21 +593,22 @@ local function take(keys, args, opts)
   local outcome, wait = verdict(at, now, 0)
   if blocked and outcome == 0 then outcome, wait = 1, at - now end
   local reply = finish(limits, outcome, wait, now, outcome == 0 and k > 0, now, cost, now,
-    store_now - opts[4])
-  reply[3 * n + 4] = k
-  return struct.pack('<' .. string.rep('d', 4 + 3 * n), unpack(reply)) .. notes
+    store_now - opts[OPT_SLACK])
+  reply[4 * n + 4] = k
+  return struct.pack('<' .. string.rep('d', 4 + 4 * n), unpack(reply)) .. notes
 end
 
 -- Op 4: charges each limit's cost where a cost of 1 would be granted,
 -- whatever is left (see "Charge" above).
 local function charge(keys, args, opts)
   local store_now = clock(opts)
-  local limits, now = load_limits(keys, args, 2, #args - 1, store_now, store_now - opts[4])
+  local limits, now = load_limits(keys, args, 2, #args - 1, store_now,
+    store_now - opts[OPT_SLACK])
   for i = 1, #limits do
     local l = limits[i]
     l.alg.prepare(l.st, l.s, now)
     if l.cost > 0 then l.alg.grant(l.st, l.s, l.alg.earliest(l.st, l.s, now, 1), l.cost) end
-    l.alg.save(l.st, l.s, now, store_now - opts[4])
+    l.alg.save(l.st, l.s, now, store_now - opts[OPT_SLACK])
   end
   return ''
 end
@@ -608,7 +624,8 @@ local function count_refusals(limits, reply, now, max_wait, store_now, from)
     if l.pen and l.t - now > max_wait then
       if pen_refuse(l.ps, l.pen, store_now) then
         local left = l.ps[1] - store_now
-        reply[3 * i + 1], reply[3 * i + 2], reply[3 * i + 3] = left, BLOCKED, left
+        reply[4 * i], reply[4 * i + 1], reply[4 * i + 2], reply[4 * i + 3] =
+          LIMIT_BLOCKED, left, 0, left
         blocked = true
       end
       pen_save(l.pk, l.ps, l.pen, store_now, from)
@@ -616,7 +633,7 @@ local function count_refusals(limits, reply, now, max_wait, store_now, from)
   end
   if not blocked then return end
   local wait = 0
-  for i = 1, #limits do wait = max(wait, reply[3 * i + 1]) end
+  for i = 1, #limits do wait = max(wait, reply[4 * i + 1]) end
   reply[2] = wait
 end
 
@@ -641,7 +658,7 @@ local function decide_limits(limits, now, max_wait, dry, from, notes, blocked, s
   local n = #limits
   local format = formats[n]
   if not format then
-    format = '<' .. string.rep('d', 3 + 3 * n)
+    format = '<' .. string.rep('d', 3 + 4 * n)
     formats[n] = format
   end
   local packed = struct.pack(format, unpack(reply))
@@ -662,7 +679,7 @@ end
 --: template one
 local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
   --: locals
-  local cost, i = s[6], 1
+  local cost, i = s[5], 1
   local nx = STORED and not dry and absent > absent_above
   -- the key's value: false (absent) while taken so, nil to be read
   local v = nil
@@ -698,11 +715,15 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
   end
   local remaining, reset
   --: inline status(now, at) -> remaining, reset
-  if t >= 0 then t = t - now end
+  local kind = LIMIT_ALLOWS
+  if t >= 0 then t = t - now else kind, t = LIMIT_NEVER, 0 end
   -- a quota kept in the store decided: its note follows (packed with the
-  -- rest: a concatenation would make a second string)
-  if note then return spack('<ddddddc0', outcome, wait, now, t, remaining, reset, note) end
-  return spack('<dddddd', outcome, wait, now, t, remaining, reset)
+  -- rest: a concatenation would make a second string). The outcome and the
+  -- clock follow the reply, for a caller in the library (`penalized_one`).
+  if note then
+    return spack('<dddddddc0', outcome, wait, now, kind, t, remaining, reset, note), outcome, now
+  end
+  return spack('<ddddddd', outcome, wait, now, kind, t, remaining, reset), outcome, now
 end
 --: end
 
@@ -713,19 +734,19 @@ function penalized_one(keys, s, store_now, max_wait, dry, from)
   local own, pen, key = s.own, s.pen, keys[s.pk]
   local ps, moved = pen_load(key, store_now)
   if moved then pen_save(key, ps, pen, store_now, from) end
+  -- (outcome 1: denied, see wire.lua)
   if ps[1] > store_now then
     local left = ps[1] - store_now
-    return spack('<dddddd', 1, left, store_now, left, BLOCKED, left)
+    return spack('<ddddddd', 1, left, store_now, LIMIT_BLOCKED, left, 0, left), 1, store_now
   end
-  local r = own[1](keys, own, store_now, max_wait, dry, from)
-  -- the outcome is the first double: 1 (denied) ends in the byte 0x3f
-  if dry or string.byte(r, 8) ~= 63 then return r end
+  local r, outcome, now = own[1](keys, own, store_now, max_wait, dry, from)
+  if dry or outcome ~= 1 then return r, outcome, now end
   local offence = pen_refuse(ps, pen, store_now)
   pen_save(key, ps, pen, store_now, from)
-  if not offence then return r end
+  if not offence then return r, outcome, now end
   local left = ps[1] - store_now
-  local _, _, now = sunpack('<ddd', r)
-  return spack('<dddddd', 1, left, now, left, BLOCKED, left) .. ssub(r, 49)
+  -- its notes (after the seven doubles) stay
+  return spack('<ddddddd', 1, left, now, LIMIT_BLOCKED, left, 0, left) .. ssub(r, 57), 1, now
 end
 
 -- The decision of one limit whose quota may be kept in the store, by the
@@ -750,19 +771,19 @@ local function decide(keys, args)
   local first, opts = 1, NO_OPTIONS
   if string.byte(args[1], 1) == 111 then -- 'o'
     opts = ints(string.sub(args[1], 3))
-    local op = opts[5]
-    if op == 2 then return take(keys, args, opts) end
-    if op == 3 then return change(keys, args) end
-    if op == 4 then return charge(keys, args, opts) end
-    if op == 1 or op == 5 then return settle(keys, args, opts, op) end
-    if op == 6 then return penalty(keys, args, opts) end
-    if op == 7 then return batch(keys, args) end
+    local op = opts[OPT_OP]
+    if op == OP_TAKE then return take(keys, args, opts) end
+    if op == OP_CHANGE then return change(keys, args) end
+    if op == OP_CHARGE then return charge(keys, args, opts) end
+    if op == OP_REFUND or op == OP_RENEW then return settle(keys, args, opts, op) end
+    if op == OP_PENALTY then return penalty(keys, args, opts) end
+    if op == OP_BATCH then return batch(keys, args) end
     first = 2
   end
   local store_now = clock(opts)
-  local max_wait, dry = opts[2], opts[3] == 1
+  local max_wait, dry = opts[OPT_MAX_WAIT], opts[OPT_DRY] == 1
   -- expiries count from here: the store's clock, less the slack
-  local from = store_now - opts[4]
+  local from = store_now - opts[OPT_SLACK]
   local n = #args - first + 1
   if n == 1 then
     local s = spec(args[first])
@@ -833,7 +854,7 @@ function batch(keys, args)
     for i = 1, na do as[i] = args[a + i] end
     for i = na + 1, nas do as[i] = nil end
     nas = na
-    if string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[5] then
+    if string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[OPT_OP] then
       return redis.error_reply(NOT_BATCHED)
     end
     -- a string the library cannot read fails the run's decisions

@@ -31,9 +31,11 @@ pub(crate) mod wire;
 pub(crate) use self::driver::{charge, decide, take, Operand};
 #[cfg(feature = "redis")]
 pub(crate) use self::reply::ignored;
+#[cfg(feature = "redis")]
+pub(crate) use self::reply::packed_len;
 #[allow(unreachable_pub)] // `Reply` is named by the store trait `Backend`, never exported
 pub use self::reply::Reply;
-pub(crate) use self::reply::{Outcome, Statuses};
+pub(crate) use self::reply::{Outcome, Status, Statuses};
 
 use crate::quota::Algorithm;
 
@@ -74,22 +76,25 @@ impl Params {
 
     /// The parameters as a limit's string sends them to the scripts, after
     /// the algorithm's id (see `lua/driver.lua`): the one place their order
-    /// is written. The first is the capacity (the driver reads it as such),
-    /// the fourth is unused.
-    pub(crate) fn wire(&self) -> [i64; 4] {
+    /// is written. The first is the capacity (the driver reads it as such);
+    /// the third is 0 for the algorithms of two parameters (a sliding log,
+    /// a fixed window), so that every limit's string has one shape.
+    pub(crate) fn wire(&self) -> [i64; 3] {
         match *self {
-            Params::SlidingLog(p) => [p.limit, p.window, 0, 0],
-            Params::TokenBucket(p) => [p.capacity, p.rate, p.period, 0],
-            Params::Gcra(p) => [p.burst, p.rate, p.period, 0],
-            Params::FixedWindow(p) => [p.limit, p.window, 0, 0],
-            Params::SlidingWindow(p) => [p.limit, p.window, p.step, 0],
+            Params::SlidingLog(p) => [p.limit, p.window, 0],
+            Params::TokenBucket(p) => [p.capacity, p.rate, p.period],
+            Params::Gcra(p) => [p.burst, p.rate, p.period],
+            Params::FixedWindow(p) => [p.limit, p.window, 0],
+            Params::SlidingWindow(p) => [p.limit, p.window, p.step],
         }
     }
 }
 
 impl Params {
     /// Reads what [`Limit::stored_form`](crate::Limit) writes,
-    /// `algorithm:p1:p2:p3:p4:`: `None` for anything else, and for
+    /// `algorithm:p1:p2:p3:`, or what 0.1 wrote,
+    /// `algorithm:p1:p2:p3:0:` (a fourth slot, always 0, since removed):
+    /// `None` for anything else, and for
     /// parameters no valid limit has (those `derive` in src/limit.rs would
     /// not make of any quota: a zero, a window over ten years, a bucket's
     /// rate and period not in lowest terms, a product the scripts form over
@@ -111,9 +116,14 @@ impl Params {
                 .filter(|&x| x < EXACT)
         });
         let mut next = || fields.next().flatten();
-        let (id, a, b, c, d) = (next()?, next()?, next()?, next()?, next()?);
+        let (id, a, b, c) = (next()?, next()?, next()?, next()?);
+        // the old form's fourth slot, 0
+        let old = fields.next();
         // the algorithm's id is one digit (the scripts compare its byte)
-        if fields.next().is_some() || text.get(1) != Some(&b':') {
+        if old.is_some_and(|d| d != Some(0))
+            || fields.next().is_some()
+            || text.get(1) != Some(&b':')
+        {
             return None;
         }
         let positive = |x: i64| (x > 0).then_some(x);
@@ -145,7 +155,7 @@ impl Params {
         };
         // the fields as this limit writes them, and a limit derives them
         let (derived, _) = crate::limit::derive(&params.quota()).ok()?;
-        (derived == params && params.wire() == [a, b, c, d]).then_some(params)
+        (derived == params && params.wire() == [a, b, c]).then_some(params)
     }
 
     /// The time in which a spent capacity comes back in full, in

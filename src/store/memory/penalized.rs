@@ -22,7 +22,7 @@ use crate::store::Check;
 
 /// What a blocked limit's status says for `remaining` on the wire (see
 /// `algorithm::wire::BLOCKED`).
-use crate::algorithm::wire::BLOCKED;
+use crate::algorithm::Status;
 
 /// One shard's penalty states: by limit name and key, the state and when
 /// it becomes fresh (store time, us).
@@ -134,10 +134,9 @@ impl Ran for (Reply, i64) {
     }
 }
 
-/// A blocked limit's status: its wait and reset the time left of the
-/// block, its `remaining` the wire's mark of a block.
-fn blocked_status(left: i64) -> [i64; 3] {
-    [left, BLOCKED, left]
+/// A blocked limit's status: the time left of the block.
+fn blocked_status(left: i64) -> Status {
+    Status::Blocked { left }
 }
 
 impl MemoryStore {
@@ -228,7 +227,11 @@ impl MemoryStore {
                 lefts.push(None);
                 continue;
             };
-            let refused = reply.limits.get(i).is_some_and(|l| l[0] > max_wait);
+            let refused = reply
+                .limits
+                .get(i)
+                .and_then(Status::wait)
+                .is_some_and(|w| w > max_wait);
             if !refused {
                 lefts.push(None);
                 continue;
@@ -286,10 +289,15 @@ fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
             *status = blocked_status(left);
         }
     }
-    if reply.limits.iter().any(|l| l[0] < 0) {
+    if reply.limits.iter().any(|l| l.wait().is_none()) {
         (reply.outcome, reply.wait) = (Outcome::Never, -1);
     } else {
-        let wait = reply.limits.iter().map(|l| l[0]).max().unwrap_or(0);
+        let wait = reply
+            .limits
+            .iter()
+            .filter_map(Status::wait)
+            .max()
+            .unwrap_or(0);
         (reply.outcome, reply.wait) = (Outcome::Denied, wait);
     }
 }

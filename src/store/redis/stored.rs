@@ -18,6 +18,7 @@ use std::sync::{Mutex, PoisonError};
 
 use super::encode::Encoded;
 use super::RedisStore;
+use crate::algorithm::wire::{Op, Opt, Options, PenaltyOp};
 use crate::algorithm::Params;
 use crate::penalty::PenState;
 use crate::store::{Check, Deadline, PenaltyChange, QuotaChange};
@@ -261,13 +262,18 @@ impl RedisStore {
         };
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
         let (what, us) = match change {
-            PenaltyChange::Read => (0, 0),
-            PenaltyChange::Block(us) => (1, us),
-            PenaltyChange::Unblock => (2, 0),
+            PenaltyChange::Read => (PenaltyOp::Read, 0),
+            PenaltyChange::Block(us) => (PenaltyOp::Block, us),
+            PenaltyChange::Unblock => (PenaltyOp::Forget, 0),
         };
-        let slack = self.inner.slack;
-        let options = format!("o:{now}:0:0:{slack}:6:{what}:{us}");
-        let encoded = Encoded::penalty(key, options.as_bytes(), check.limit.wire());
+        let mut options = Vec::new();
+        Options::op(Op::Penalty)
+            .with(Opt::Now, now)
+            .with(Opt::Slack, self.inner.slack)
+            .with(Opt::At, what as i64)
+            .with(Opt::Block, us)
+            .write(&mut options);
+        let encoded = Encoded::penalty(key, &options, check.limit.wire());
         let reply = self.run_encoded(&encoded, deadline).await?;
         let values: Vec<i64> = reply
             .chunks_exact(8)
@@ -301,7 +307,7 @@ impl RedisStore {
     /// `extra` doubles follow the statuses (a take's amount). Reads nothing
     /// from a reply without notes, the usual one.
     pub(super) fn report_ignored(&self, packed: &[u8], checks: &[Check<'_>], extra: usize) {
-        if packed.len() <= 8 * (3 + 3 * checks.len() + extra) {
+        if packed.len() <= crate::algorithm::packed_len(checks.len(), extra) {
             return;
         }
         static WARNED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
