@@ -38,7 +38,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 /// The library's files, in the order Redis reads them.
-const FILES: [&str; 8] = [
+const FILES: [&str; 13] = [
     "common",
     "sliding_log",
     "token_bucket",
@@ -47,6 +47,11 @@ const FILES: [&str; 8] = [
     "sliding_window",
     "wire",
     "driver",
+    "kept",
+    "penalty",
+    "limits",
+    "one",
+    "dispatch",
 ];
 
 struct Step {

@@ -167,7 +167,7 @@ async fn decisions_waiting_for_a_server_that_stopped_fail_by_their_deadline() {
 /// A batch may be the first call a freshly loaded library runs (a server
 /// restarted, its functions flushed, while decisions queue): it decides
 /// each of its decisions. Sent by hand in the library's wire format (op 7
-/// of `lua/driver.lua`): three GCRA decisions of 5 per second on three
+/// of `lua/dispatch.lua`): three GCRA decisions of 5 per second on three
 /// keys, as one run.
 #[test]
 fn a_batch_can_be_the_first_call_of_the_library() {
@@ -214,7 +214,7 @@ fn a_batch_can_be_the_first_call_of_the_library() {
 /// One decision of a batch that the library cannot make fails alone: its
 /// reply is `!` and the error's text, nothing is written for it, and every
 /// other decision of the call is decided as its own call would decide it.
-/// Sent by hand in the library's wire format (op 7 of `lua/driver.lua`),
+/// Sent by hand in the library's wire format (op 7 of `lua/dispatch.lua`),
 /// since no value a limiter sends or reads makes a decision fail (a limit's
 /// string of an algorithm that does not exist stands for what was not
 /// foreseen): GCRA decisions of 5 per second, one of them on a key that

@@ -1,5 +1,5 @@
 //! The one Rust decision loop over a decision's limits: the mirror of
-//! `lua/driver.lua` (decide, take, charge), each algorithm's steps in its
+//! `lua/limits.lua` (decide, take, charge), each algorithm's steps in its
 //! own file.
 
 use super::{Outcome, Params, Reply, State, Status, Statuses};
@@ -12,7 +12,7 @@ pub(crate) struct Operand<'p> {
     pub(crate) cost: i64,
 }
 
-/// One atomic decision over several limits: the mirror of `lua/driver.lua`.
+/// One atomic decision over several limits: the mirror of `lua/limits.lua`.
 /// The states are prepared as of `now`, the latest of the store's clock and
 /// every key's `written` as believed; on a grant (unless `dry`) they are
 /// updated, and the caller saves them.
@@ -71,7 +71,7 @@ pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool
 
 /// Charges each limit its cost whatever is left, where a cost of 1 would be
 /// granted (now, or the earliest time a spent limit allows one): the mirror
-/// of `charge` (op 4) in `lua/driver.lua`. A limit may end in debt, and
+/// of `charge` (op 4) in `lua/limits.lua`. A limit may end in debt, and
 /// refuses until it is paid back.
 pub(crate) fn charge(ops: &mut [Operand<'_>], now: i64) {
     for op in ops.iter_mut().filter(|op| op.cost > 0) {
@@ -81,7 +81,7 @@ pub(crate) fn charge(ops: &mut [Operand<'_>], now: i64) {
 }
 
 /// Takes what is available, at most `most` in every limit: the mirror of
-/// `take` (op 2) in `lua/driver.lua`. Grants k = min(`most`, what every
+/// `take` (op 2) in `lua/limits.lua`. Grants k = min(`most`, what every
 /// limit has left now) at once; when k = 0, decides a cost of 1 without
 /// granting it. Returns the reply and k (each operand's cost is set to
 /// what it was charged).

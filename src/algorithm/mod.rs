@@ -1,7 +1,7 @@
 //! The in-process mirror of `lua/`: one file per algorithm with the same state,
 //! the same integer arithmetic and the same function names as its script,
 //! the one loop over a decision's limits in `driver.rs` ([`decide`], the
-//! mirror of `lua/driver.lua`), and the reply it makes in `reply.rs`.
+//! mirror of `lua/limits.lua`), and the reply it makes in `reply.rs`.
 //!
 //! Every algorithm answers three questions about its state:
 //! - `earliest(now, cost)`: the first time >= now at which `cost` fits
@@ -98,7 +98,7 @@ impl Params {
     /// parameters no valid limit has (those `derive` in src/limit.rs would
     /// not make of any quota: a zero, a window over ten years, a bucket's
     /// rate and period not in lowest terms, a product the scripts form over
-    /// 2^53, an unused field not 0). `valid_kept` in `lua/driver.lua`
+    /// 2^53, an unused field not 0). `valid_kept` in `lua/kept.lua`
     /// accepts exactly these, so that a value written by hand or by another
     /// program decides in neither or both.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -251,7 +251,7 @@ pub(crate) fn horizon(p: &Params) -> i64 {
     }
 }
 
-/// A key's clock as a decision believes it (`believed` in `lua/driver.lua`):
+/// A key's clock as a decision believes it (`believed` in `lua/common.lua`):
 /// the clock of its writer at its last write, `written`, when that lies
 /// ahead of the store's clock `store_now` by at most the limit's [`horizon`], else `store_now`.
 #[inline]
@@ -438,7 +438,7 @@ impl State {
     }
 
     /// Moves a grant of `cost` made at `at` to `to`, when the state still
-    /// holds it: a sliding log's lease renewed (op 5 of `lua/driver.lua`);
+    /// holds it: a sliding log's lease renewed (op 5 of `lua/limits.lua`);
     /// whether it did. Other algorithms hold no leases: `false`.
     pub(crate) fn renew(&mut self, at: i64, to: i64, cost: i64) -> bool {
         let State::SlidingLog(s) = self else {

@@ -391,7 +391,12 @@ mod tests {
         }
         let grant = format!("outcome == {} and not dry", Outcome::Granted as i64);
         // the loop over several limits and the one-limit template
-        let driver = include_str!("../../lua/driver.lua");
+        let driver = [
+            include_str!("../../lua/driver.lua"),
+            include_str!("../../lua/limits.lua"),
+            include_str!("../../lua/one.lua"),
+        ]
+        .concat();
         assert_eq!(
             driver.matches(&grant).count(),
             2,

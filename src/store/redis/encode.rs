@@ -84,7 +84,7 @@ impl Encoded {
     }
 
     /// Several decisions' calls as one ([`Op::Batch`], see
-    /// `lua/driver.lua`): every key in order; the options, then runs of
+    /// `lua/dispatch.lua`): every key in order; the options, then runs of
     /// decisions with the same arguments (consecutive ones, so that the
     /// order stays): `#<keys>:<arguments>:<count>` and the run's arguments
     /// once. The decisions of a batch usually share their limit: its string
@@ -122,7 +122,7 @@ impl Encoded {
     }
 
     /// A change of a kept quota ([`Op::Change`], see
-    /// `lua/driver.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
+    /// `lua/kept.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
     /// or `HDEL`) and its arguments after the key.
     pub(super) fn change(hash: &[u8], command: &str, args: &[&[u8]]) -> Encoded {
         let mut options = Vec::new();
@@ -133,7 +133,7 @@ impl Encoded {
     }
 
     /// An operation on a key's penalty state ([`Op::Penalty`] of the library's
-    /// options, see `lua/driver.lua`): the key `key`, the options (with
+    /// options, see `lua/penalty.lua`): the key `key`, the options (with
     /// what to do) and the limit's string with a cost of 0.
     pub(super) fn penalty(key: &[u8], options: &[u8], wire: &str) -> Encoded {
         let limit = format!("{wire}0");
@@ -224,7 +224,7 @@ impl RedisStore {
     /// The hash of the quotas kept in the store for the limit `name`, as a
     /// decision in the slot of the hash tag `tag` reads it: field `""` the
     /// limit's, and per key an override under the key's first state key
-    /// (see `lua/driver.lua`). One hash, `<prefix>:q:<name>`, or on a
+    /// (see `lua/kept.lua`). One hash, `<prefix>:q:<name>`, or on a
     /// cluster one per slot, `<prefix>:q:{<slot's tag>}:<name>` (see
     /// `cluster::slot_tag`), each with the limit's quota and the overrides
     /// of the keys in that slot.
