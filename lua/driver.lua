@@ -40,8 +40,7 @@
 -- when the hash holds more than FIELDS_MIRRORED fields). The overrides of
 -- a hash with more than that are read by each decision (one HGET).
 -- Reply: little-endian doubles, all integers: outcome (0 granted, 1 denied,
---          2 a cost exceeds a capacity), wait (us until the grant for 0;
---          retry-after for 1; -1 for 2), now (us, the decision's clock),
+--          2 a cost exceeds a capacity), now (us, the decision's clock),
 --          then per limit its status, four doubles: its kind (LIMIT_ in
 --          wire.lua), then for LIMIT_ALLOWS its wait (us until it alone
 --          allows), remaining and reset (us); for LIMIT_NEVER (its cost
@@ -52,7 +51,9 @@
 --          that a quota kept in the store decided, and before it "i=!;"
 --          for each limit whose kept quota or override in force was
 --          ignored: not valid (see `valid_kept`) or of another algorithm.
--- All limits are granted together at one time T = max wait_i, or none is.
+-- All limits are granted together at one time T = now + max wait_i, or
+-- none is: the decision's wait (until the grant, or a retry) is the longest
+-- of its limits' waits, which the Rust side reads off the statuses.
 --
 -- Clock steps: every key records the clock of its last write (`written`). A key's
 -- clock is believed at most the limit's horizon H ahead of the store's clock,

@@ -135,10 +135,10 @@ local function earliest(limits, now, cost)
 end
 
 -- Grants each limit's cost (or `cost`) at `at` when `grant`, saves every
--- state and returns the reply: outcome, wait, now, then each limit's
--- status as of `as_of` (see "Reply" in driver.lua).
-local function finish(limits, outcome, wait, now, grant, at, cost, as_of, from)
-  local reply = { outcome, wait, now }
+-- state and returns the reply: outcome, now, then each limit's status as
+-- of `as_of` (see "Reply" in driver.lua).
+local function finish(limits, outcome, now, grant, at, cost, as_of, from)
+  local reply = { outcome, now }
   for i = 1, #limits do
     local l = limits[i]
     local c = cost or l.cost
@@ -153,7 +153,7 @@ local function finish(limits, outcome, wait, now, grant, at, cost, as_of, from)
     else
       kind = LIMIT_NEVER
     end
-    reply[4 * i], reply[4 * i + 1], reply[4 * i + 2], reply[4 * i + 3] = kind, t, remaining, reset
+    reply[4 * i - 1], reply[4 * i], reply[4 * i + 1], reply[4 * i + 2] = kind, t, remaining, reset
   end
   return reply
 end
@@ -175,12 +175,12 @@ local function take(keys, args, opts)
   -- k = 0: a cost of 1 decided, not granted (the denial says when)
   local cost = max(k, 1)
   local at = earliest(limits, now, cost)
-  local outcome, wait = verdict(at, now, 0)
-  if blocked and outcome == 0 then outcome, wait = 1, at - now end
-  local reply = finish(limits, outcome, wait, now, outcome == 0 and k > 0, now, cost, now,
+  local outcome = verdict(at, now, 0)
+  if blocked and outcome == 0 then outcome = 1 end
+  local reply = finish(limits, outcome, now, outcome == 0 and k > 0, now, cost, now,
     store_now - opts[OPT_SLACK])
-  reply[4 * n + 4] = k
-  return struct.pack('<' .. string.rep('d', 4 + 4 * n), unpack(reply)) .. notes
+  reply[4 * n + 3] = k
+  return struct.pack('<' .. string.rep('d', 3 + 4 * n), unpack(reply)) .. notes
 end
 
 -- Op 4: charges each limit's cost where a cost of 1 would be granted,
@@ -210,19 +210,19 @@ local function decide_limits(limits, now, max_wait, dry, from, notes, blocked, s
     l.alg.prepare(l.st, l.s, now)
   end
   local at = earliest(limits, now, nil)
-  local outcome, wait = verdict(at, now, max_wait)
-  if blocked and outcome == 0 then outcome, wait = 1, at - now end
+  local outcome = verdict(at, now, max_wait)
+  if blocked and outcome == 0 then outcome = 1 end
   local grant = outcome == 0 and not dry
   local as_of = now
   if grant then as_of = at end
-  local reply = finish(limits, outcome, wait, now, grant, at, nil, as_of, from)
+  local reply = finish(limits, outcome, now, grant, at, nil, as_of, from)
   if outcome == 1 and not dry and not blocked then
     count_refusals(limits, reply, now, max_wait, store_now, from)
   end
   local n = #limits
   local format = formats[n]
   if not format then
-    format = '<' .. string.rep('d', 3 + 4 * n)
+    format = '<' .. string.rep('d', 2 + 4 * n)
     formats[n] = format
   end
   local packed = struct.pack(format, unpack(reply))

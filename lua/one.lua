@@ -19,7 +19,7 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
   -- the key's value: false (absent) while taken so, nil to be read
   local v = nil
   if nx then v = false end
-  local now, t, outcome, wait, at
+  local now, t, outcome, at
   while true do
     --: inline load(keys, i, v)
     now = store_now -- believed(store_now, written, s.h), written out
@@ -27,12 +27,12 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
     --: inline prepare(now)
     -- a fresh state (one that allows any cost up to the capacity now, as
     -- prepare says) grants such a cost now: earliest would find now
-    t, outcome, wait = now, 0, 0
+    t, outcome = now, 0
     if not fresh or cost > s[2] or max_wait < 0 then
       if cost > 0 then
         --: inline earliest(now, cost) -> t
       end
-      outcome, wait = verdict(t, now, max_wait)
+      outcome = verdict(t, now, max_wait)
     end
     at = now
     if outcome == 0 and not dry then
@@ -53,11 +53,8 @@ local function ALG_one(keys, s, store_now, max_wait, dry, from, note)
   local kind = LIMIT_ALLOWS
   if t >= 0 then t = t - now else kind, t = LIMIT_NEVER, 0 end
   -- a quota kept in the store decided: its note follows (packed with the
-  -- rest: a concatenation would make a second string). The outcome and the
-  -- clock follow the reply, for a caller in the library (`penalized_one`).
-  if note then
-    return spack('<dddddddc0', outcome, wait, now, kind, t, remaining, reset, note), outcome, now
-  end
-  return spack('<ddddddd', outcome, wait, now, kind, t, remaining, reset), outcome, now
+  -- rest: a concatenation would make a second string)
+  if note then return spack('<ddddddc0', outcome, now, kind, t, remaining, reset, note) end
+  return spack('<dddddd', outcome, now, kind, t, remaining, reset)
 end
 --: end

@@ -102,7 +102,7 @@ end
 -- Counts a refusal in each penalized limit of `limits` that refused by
 -- itself (see "Penalties") at store time `store_now`; one that made an
 -- offence is blocked in `reply` (its status: its own quota's wait no longer
--- counts), and the wait is the longest of the statuses' then.
+-- counts; the decision's wait is the longest of the statuses').
 local function count_refusals(limits, reply, now, max_wait, store_now, from)
   local blocked = false
   for i = 1, #limits do
@@ -110,17 +110,12 @@ local function count_refusals(limits, reply, now, max_wait, store_now, from)
     if l.pen and l.t - now > max_wait then
       if pen_refuse(l.ps, l.pen, store_now) then
         local left = l.ps[1] - store_now
-        reply[4 * i], reply[4 * i + 1], reply[4 * i + 2], reply[4 * i + 3] =
+        reply[4 * i - 1], reply[4 * i], reply[4 * i + 1], reply[4 * i + 2] =
           LIMIT_BLOCKED, left, 0, left
-        blocked = true
       end
       pen_save(l.pk, l.ps, l.pen, store_now, from)
     end
   end
-  if not blocked then return end
-  local wait = 0
-  for i = 1, #limits do wait = max(wait, reply[4 * i + 1]) end
-  reply[2] = wait
 end
 
 -- The decision of one limit with a penalty (see "Penalties"): refused at
@@ -133,14 +128,17 @@ function penalized_one(keys, s, store_now, max_wait, dry, from)
   -- (outcome 1: denied, see wire.lua)
   if ps[1] > store_now then
     local left = ps[1] - store_now
-    return spack('<ddddddd', 1, left, store_now, LIMIT_BLOCKED, left, 0, left), 1, store_now
+    return spack('<dddddd', 1, store_now, LIMIT_BLOCKED, left, 0, left)
   end
-  local r, outcome, now = own[1](keys, own, store_now, max_wait, dry, from)
-  if dry or outcome ~= 1 then return r, outcome, now end
+  local r = own[1](keys, own, store_now, max_wait, dry, from)
+  if dry then return r end
+  -- its outcome and clock, the reply's first two numbers
+  local outcome, now = sunpack('<dd', r)
+  if outcome ~= 1 then return r end
   local offence = pen_refuse(ps, pen, store_now)
   pen_save(key, ps, pen, store_now, from)
-  if not offence then return r, outcome, now end
+  if not offence then return r end
   local left = ps[1] - store_now
-  -- its notes (after the seven doubles) stay
-  return spack('<ddddddd', 1, left, now, LIMIT_BLOCKED, left, 0, left) .. ssub(r, 57), 1, now
+  -- its notes (after the six doubles) stay
+  return spack('<dddddd', 1, now, LIMIT_BLOCKED, left, 0, left) .. ssub(r, 49)
 end

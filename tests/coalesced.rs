@@ -197,17 +197,17 @@ fn a_batch_can_be_the_first_call_of_the_library() {
         .arg("3:5:1:1000000:1")
         .query(&mut conn)
         .expect("a batch as the first call");
-    // each decision: its length (a double), then outcome, wait, now, its
-    // limit's status: kind, wait, remaining and reset (doubles)
-    assert_eq!(reply.len(), 3 * (8 + 56), "three replies");
-    for decision in reply.chunks(8 + 56) {
+    // each decision: its length (a double), then outcome, now, its
+    // limit's kind, wait, remaining and reset (doubles)
+    assert_eq!(reply.len(), 3 * (8 + 48), "three replies");
+    for decision in reply.chunks(8 + 48) {
         let double = |i: usize| {
             let bytes: [u8; 8] = decision[8 * i..8 * i + 8].try_into().expect("8 bytes");
             f64::from_le_bytes(bytes)
         };
-        assert_eq!(double(0), 56.0, "a reply of seven doubles");
+        assert_eq!(double(0), 48.0, "a reply of six doubles");
         assert_eq!(double(1), 0.0, "granted");
-        assert_eq!(double(6), 4.0, "4 of 5 left");
+        assert_eq!(double(5), 4.0, "4 of 5 left");
     }
 }
 
@@ -270,10 +270,10 @@ fn a_decision_the_library_cannot_make_fails_alone_and_writes_nothing() {
     assert_eq!(replies.len(), 5, "one reply per decision");
     for i in [0, 1, 4] {
         let r = &replies[i];
-        assert_eq!(r.len(), 56, "decision {i}: a reply of seven doubles");
+        assert_eq!(r.len(), 48, "decision {i}: a reply of six doubles");
         let double = |j: usize| f64::from_le_bytes(r[8 * j..8 * j + 8].try_into().expect("8"));
         assert_eq!(
-            (double(0), double(5)),
+            (double(0), double(4)),
             (0.0, 4.0),
             "decision {i}: granted, 4 left"
         );

@@ -83,7 +83,7 @@ impl Status {
 /// its notes.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn packed_len(limits: usize, extra: usize) -> usize {
-    8 * (3 + STATUS_FIELDS * limits + extra)
+    8 * (2 + STATUS_FIELDS * limits + extra)
 }
 
 /// How a decision ended: the first number of the scripts' reply.
@@ -173,11 +173,13 @@ impl Reply {
         exact.then_some((reply, x as i64))
     }
 
-    /// Parses the driver's reply: outcome, wait and now, then per limit its
-    /// kind (see [`StatusKind`]), wait, remaining and reset: little-endian
+    /// Parses the driver's reply: outcome and now, then per limit its kind
+    /// (see [`StatusKind`]), wait, remaining and reset: little-endian
     /// doubles (see [`packed_len`]), each an integer below 2^53 in
     /// magnitude; then `i=<stored form>;` for each limit `i` (from 1) a
-    /// quota kept in the store decided.
+    /// quota kept in the store decided. The decision's wait is the longest
+    /// of its limits' (all are granted at once, or none), -1 when it is
+    /// never granted.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_packed(bytes: &[u8], limits: usize) -> Option<Self> {
         let (bytes, tail) = bytes.split_at_checked(packed_len(limits, 0))?;
@@ -189,11 +191,17 @@ impl Reply {
             exact.then_some(x as i64)
         });
         let mut next = || values.next().flatten();
-        let (outcome, wait, now) = (Outcome::from_code(next()?)?, next()?, next()?);
-        let mut per = SmallVec::with_capacity(limits);
+        let (outcome, now) = (Outcome::from_code(next()?)?, next()?);
+        let mut per: Statuses = SmallVec::with_capacity(limits);
         for _ in 0..limits {
             per.push(Status::from_fields(next()?, next()?, next()?, next()?)?);
         }
+        let wait = match outcome {
+            Outcome::Never => -1,
+            Outcome::Granted | Outcome::Denied => {
+                per.iter().filter_map(Status::wait).max().unwrap_or(0)
+            }
+        };
         Some(Self {
             outcome,
             wait,

@@ -319,9 +319,9 @@ pub(crate) fn lua() -> String {
     );
     let _ = writeln!(
         out,
-        "-- A reply's status of each limit, {STATUS_FIELDS} doubles: its kind \
-         (`wire::StatusKind`),\n\
-         -- then its wait (us), remaining and reset (us) (see driver.lua). build.rs\n\
+        "-- A decision's reply: its outcome and clock, then each limit's status,\n\
+         -- {STATUS_FIELDS} doubles: its kind (`wire::StatusKind`), then its wait (us),\n\
+         -- remaining and reset (us) (see driver.lua). build.rs\n\
          -- pastes these into the one-limit template as literals (it is expanded\n\
          -- in the algorithms' files, before this one):"
     );
