@@ -496,6 +496,23 @@ mod tests {
     use super::{cdiv, fdiv, Params};
     use proptest::prelude::*;
 
+    /// A kept quota reads in the form the crate writes, three parameters,
+    /// and in the one 0.1 wrote, with a fourth slot that must be 0.
+    #[test]
+    #[cfg(feature = "redis")]
+    fn kept_quotas_read_in_both_forms() {
+        let gcra = Params::Gcra(super::gcra::Params {
+            burst: 5,
+            rate: 1,
+            period: 1_000_000,
+        });
+        assert_eq!(Params::from_stored(b"3:5:1:1000000:"), Some(gcra));
+        assert_eq!(Params::from_stored(b"3:5:1:1000000:0:"), Some(gcra));
+        assert_eq!(Params::from_stored(b"3:5:1:1000000:7:"), None);
+        assert_eq!(Params::from_stored(b"3:5:1:1000000:0:0:"), None);
+        assert_eq!(Params::from_stored(b"3:5:1:"), None);
+    }
+
     /// The driver's one-limit decision grants a cost up to the capacity at
     /// once from a fresh state, reading the capacity as the first parameter.
     #[test]

@@ -257,3 +257,49 @@ pub(crate) fn ignored(bytes: &[u8], limits: usize, extra: usize) -> Vec<usize> {
         .filter(|&i| i < limits)
         .collect()
 }
+
+#[cfg(all(test, feature = "redis"))]
+mod tests {
+    use super::*;
+
+    fn packed(values: &[i64]) -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|&x| (x as f64).to_le_bytes())
+            .collect()
+    }
+
+    /// Each limit's status says what it is (no sentinel), and the
+    /// decision's wait is the longest of its limits' (-1 when never).
+    #[test]
+    fn statuses_are_typed_and_the_wait_is_the_longest() {
+        // denied at 100: a limit blocked for 50 more, one that allows in 10
+        let reply =
+            Reply::from_packed(&packed(&[1, 100, 2, 50, 0, 50, 0, 10, 3, 20]), 2).expect("a reply");
+        assert_eq!(reply.outcome, Outcome::Denied);
+        assert_eq!(reply.wait, 50);
+        assert_eq!(
+            &reply.limits[..],
+            &[
+                Status::Blocked { left: 50 },
+                Status::Allows {
+                    wait: 10,
+                    remaining: 3,
+                    reset: 20
+                }
+            ]
+        );
+        let never = Reply::from_packed(&packed(&[2, 100, 1, 0, 4, 9]), 1).expect("a reply");
+        assert_eq!(never.wait, -1);
+        assert_eq!(
+            never.limits[0],
+            Status::Never {
+                remaining: 4,
+                reset: 9
+            }
+        );
+        assert_eq!(never.limits[0].wait(), None);
+        // a kind the crate does not know is no reply
+        assert_eq!(Reply::from_packed(&packed(&[0, 100, 7, 0, 4, 9]), 1), None);
+    }
+}
