@@ -38,9 +38,10 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 /// The library's files, in the order Redis reads them.
-const FILES: [&str; 13] = [
+const FILES: [&str; 14] = [
     "common",
     "sliding_log",
+    "sliding_log_steps",
     "token_bucket",
     "gcra",
     "fixed_window",
