@@ -2,7 +2,7 @@
 //! [`PenState`] by limit name, in one of [`SHARDS`] maps, each under a lock
 //! of its own, held across the whole decision of a penalized limit, so that
 //! its refusals are counted exactly (the script's atomicity). The steps are
-//! those of `penalized_one` and the loop in `lua/driver.lua`: a blocked key
+//! those of `penalized_one` and the loop in `lua/penalty.lua`: a blocked key
 //! is refused without its quota being consulted (one limit) or charged
 //! (several), a refusal by the limit itself is counted, the N-th within the
 //! time blocks. Only limits with a penalty take these locks (always before a
@@ -15,14 +15,10 @@ use smallvec::SmallVec;
 
 use super::table::{Hasher, Key};
 use super::{Inner, MemoryStore, SHARDS};
-use crate::algorithm::{Outcome, Reply};
+use crate::algorithm::{Outcome, Reply, Status};
 use crate::penalty::{PenParams, PenState};
 use crate::store::backend::PenaltyChange;
 use crate::store::Check;
-
-/// What a blocked limit's status says for `remaining` on the wire (see
-/// `algorithm::wire::BLOCKED`).
-use crate::algorithm::Status;
 
 /// One shard's penalty states: by limit name and key, the state and when
 /// it becomes fresh (store time, us).
