@@ -28,21 +28,31 @@
 //! algorithm with `--: stored`, else `false`); then
 //! `local gcra = { load = gcra_load, ..., one = gcra_one }` (`--: one tb
 //! token_bucket` names the table). Arguments and results are bound by name,
-//! so a template and a step that disagree fail the build.
+//! so a template and a step that disagree fail the build. The template's
+//! instances come before `lua/wire.lua`'s locals are in scope: its
+//! integer constants (`local A, B = 1, 2` there, written from
+//! `src/algorithm/wire.rs`) are pasted into them as literals (a literal is
+//! an operand, an upvalue must be loaded first).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 /// The library's files, in the order Redis reads them.
-const FILES: [&str; 8] = [
+const FILES: [&str; 14] = [
     "common",
     "sliding_log",
+    "sliding_log_steps",
     "token_bucket",
     "gcra",
     "fixed_window",
     "sliding_window",
     "wire",
     "driver",
+    "kept",
+    "penalty",
+    "limits",
+    "one",
+    "dispatch",
 ];
 
 struct Step {
@@ -136,9 +146,11 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
     // templates, wherever they are.
     let mut algorithms: HashMap<String, Algorithm> = HashMap::new();
     let mut templates: HashMap<String, Vec<String>> = HashMap::new();
+    let mut constants: HashMap<String, String> = HashMap::new();
     let mut i = 0;
     while i < lines.len() {
         let Some(d) = directive(lines[i]) else {
+            constant(lines[i], &mut constants);
             i += 1;
             continue;
         };
@@ -234,7 +246,7 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                 let template = templates
                     .get("one")
                     .ok_or_else(|| (i, "`--: one` without `--: template one`".to_owned()))?;
-                instance(&mut out, alg, a, template).map_err(|e| (i, e))?;
+                instance(&mut out, alg, a, template, &constants).map_err(|e| (i, e))?;
                 let mut steps: Vec<&String> = a.steps.keys().collect();
                 steps.sort();
                 let _ = writeln!(out, "local {table} = {{");
@@ -314,14 +326,60 @@ fn function(out: &mut String, alg: &str, name: &str, a: &Algorithm) {
     out.push_str("end\n");
 }
 
+/// Reads `local A, B = 1, 2` at the start of a line, integers only, into
+/// `constants` (name to its literal).
+fn constant(line: &str, constants: &mut HashMap<String, String>) {
+    let Some((names, values)) = line
+        .strip_prefix("local ")
+        .and_then(|l| l.split_once(" = "))
+    else {
+        return;
+    };
+    let names: Vec<&str> = names.split(", ").collect();
+    let values: Vec<&str> = values.split(", ").collect();
+    let word = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let int = |v: &str| v.parse::<i64>().is_ok();
+    if names.len() == values.len() && names.iter().all(|n| word(n)) && values.iter().all(|v| int(v))
+    {
+        for (name, value) in names.iter().zip(values) {
+            constants.insert((*name).to_owned(), value.to_owned());
+        }
+    }
+}
+
+/// `line` with each identifier that names one of `constants` replaced by
+/// its literal.
+fn literals(line: &str, constants: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut word = String::new();
+    for c in line.chars().chain(std::iter::once('\n')) {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c);
+            continue;
+        }
+        out.push_str(constants.get(&word).map_or(&word, |v| v));
+        word.clear();
+        out.push(c);
+    }
+    out.pop();
+    out
+}
+
 /// The template with `ALG_` named for the algorithm, `--: locals` its
-/// parameters and state as locals, and each `--: inline` the step's body.
-fn instance(out: &mut String, alg: &str, a: &Algorithm, template: &[String]) -> Result<(), String> {
+/// parameters and state as locals, and each `--: inline` the step's body;
+/// the `constants` of `lua/wire.lua` as literals (see the top).
+fn instance(
+    out: &mut String,
+    alg: &str,
+    a: &Algorithm,
+    template: &[String],
+    constants: &HashMap<String, String>,
+) -> Result<(), String> {
     for line in template {
         let indent: String = line.chars().take_while(|c| c.is_whitespace()).collect();
         match directive(line) {
             None => {
-                let line = line
+                let line = literals(line, constants)
                     .replace("ALG_", &format!("{alg}_"))
                     .replace("STORED", if a.stored { "true" } else { "false" });
                 out.push_str(&line);

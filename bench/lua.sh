@@ -34,7 +34,10 @@
 #
 # the quotas of bench/peers (`ours-redis*` modes), the arguments as
 # `Limit::wire()` and `RedisStore::encode` write them for one check of cost
-# 1. Each round runs peer, then each algorithm for each version, with the
+# 1, in the wire of each version: shown as before the wire's fourth
+# parameter slot went (always 0); a library with `OPT_NOW` in it (its wire
+# written from src/algorithm/wire.rs) gets them without it,
+# `3:65535:1:1000:1`. Each round runs peer, then each algorithm for each version, with the
 # peer again before every algorithm, so that every figure has a peer figure
 # measured just before it. Reported: usec_per_call of FCALL or EVALSHA in
 # INFO commandstats per run, then per mode the median over rounds, the
@@ -126,12 +129,24 @@ make_library() {
 }
 
 VERSIONS=(work "$@")
-declare -A FN LIB
+declare -A FN LIB WIRE
 for v in "${VERSIONS[@]}"; do
   FN[$v]=$(make_library "$v")
   LIB[$v]=$OUT/$(echo "$v" | tr -c 'A-Za-z0-9_.\n-' _).lib
-  log "version $v: ${FN[$v]}"
+  WIRE[$v]=1
+  grep -q OPT_NOW "${LIB[$v]}" && WIRE[$v]=2
+  log "version $v: ${FN[$v]} (wire ${WIRE[$v]})"
 done
+
+# the arguments in the wire of version $1 (see the top): without the
+# fourth parameter slot for wire 2
+in_wire() {
+  if [ "${WIRE[$1]}" = 2 ]; then
+    sed -E 's/(^| )(c?[1-5]:[0-9]+:[0-9]+:[0-9]+):0:([0-9]*)( |$)/\1\2:\3\4/g'
+  else
+    cat
+  fi
+}
 printf "#!lua name=bench_empty\nredis.register_function{function_name = 'bench_empty', callback = function() return '' end, flags = { 'allow-oom' }}\n" >"$OUT/empty.lib"
 PEER_SHA=$(rc -x SCRIPT LOAD <"$PEER_SCRIPT")
 EMPTY_SHA=$(rc SCRIPT LOAD "return ''")
@@ -162,7 +177,7 @@ command_of() {
     log) echo "FCALL $fn 2 bench:{k{k}}:hello:log bench:{k{k}}:hello:meta 1:1000:1000000:0:0:1" ;;
     gcra-stored | gcra-kept | gcra-override | gcra-override-all) echo "FCALL $fn 2 bench:{k{k}}:hello:gcra bench:q:hello c3:65535:1:1000:0:1" ;;
     *) echo "unknown algorithm $alg" >&2; exit 1 ;;
-  esac
+  esac | in_wire "${mode%/*}"
 }
 
 # usec_per_call (or, under callgrind, instructions per call) of FCALL and
@@ -192,13 +207,13 @@ run() {
   rc FLUSHALL >/dev/null
   # the quota a `gcra-kept` limit finds kept (its own, as `stored_form` writes it)
   case $mode in
-    */gcra-kept) rc HSET bench:q:hello '' 3:65535:1:1000:0: >/dev/null ;;
+    */gcra-kept) echo "HSET bench:q:hello '' 3:65535:1:1000:0:" | in_wire "${mode%/*}" | rc >/dev/null ;;
     */gcra-override | */gcra-override-all)
       local n=100
       [ "${mode##*/}" = gcra-override-all ] && n=$KEYS
       for i in $(seq 0 $((n - 1))); do
         echo "HSET bench:q:hello bench:{k$i}:hello:gcra 3:65535:1:1000:0:"
-      done | rc >/dev/null ;;
+      done | in_wire "${mode%/*}" | rc >/dev/null ;;
   esac
   # shellcheck disable=SC2086
   taskset -c "$LOAD_CPU" python3 "$ROOT/bench/lua_load.py" "$PORT" $((N / 10)) "$C" "$KEYS" $cmd >/dev/null

@@ -4,7 +4,10 @@ revision, decision by decision, on random inputs.
 
     bench/lua_diff.py [--rev REV] [--cases N] [--seed S] [--commands] [--alg A]
 
-Starts a private redis-server, loads both libraries as RedisStore would, and
+Starts a private redis-server, loads both libraries exactly as RedisStore
+loads them (what `cargo run --example lua_library` prints: lua/ assembled by
+build.rs; a revision is built from `git archive` in a target folder of its
+own under target/lua-bench/, which bench/lua.sh shares), and
 runs random cases through both, each on its own copy of the same keys: a
 random limit of each algorithm (parameters as `derive` in src/quota.rs
 allows), the keys first given identical random history (decisions of other
@@ -12,7 +15,11 @@ limits on them: a rolling deploy; values of the right tag and length with
 garbage fields; values of another type), then steps of random time (forward,
 and sometimes back), cost, max_wait, dry run and expiry slack, now and then a
 refund or a take, or the limit decided next to a second one. After every step
-the two replies must be equal, byte for byte, and so must the keys: their
+the two replies must say the same (each read in its library's wire: a
+library with `OPT_NOW` in it, written from src/algorithm/wire.rs, sends a
+limit's three parameters and replies a typed status per limit; one before
+sends four parameters, the fourth 0, and three doubles per limit with -1 for
+"never" and for a block), and so must the keys: their
 values (a sliding log's members and scores) and their expiries to the
 millisecond, as Redis was told them (every decision sets keys an hour of
 expiry slack, so that none expires in real time during a case): every write command the scripts issue is
@@ -36,7 +43,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["common", "sliding_log", "token_bucket", "gcra", "fixed_window", "sliding_window", "driver"]
 EXACT = 2 ** 53
 HOUR = 3_600_000_000  # us
 KEY_PARTS = {1: ["log", "meta"], 2: ["tb"], 3: ["gcra"], 4: ["fw"], 5: ["sw"]}
@@ -91,22 +97,31 @@ class Conn:
 
 
 def library(rev):
-    code = b""
-    for f in FILES:
-        if rev == "work":
-            code += open(os.path.join(ROOT, "lua", f + ".lua"), "rb").read()
-        else:
-            code += subprocess.check_output(["git", "-C", ROOT, "show", "%s:lua/%s.lua" % (rev, f)])
-    import hashlib
-    name = "tower_ratelimit_" + hashlib.sha1(code).hexdigest()[:16]
-    lib = b"#!lua name=" + name.encode() + b"\n" + code + b"\n" + (
-        "redis.register_function{function_name = '%s', callback = decide, flags = { 'allow-oom' }}\n" % name
-    ).encode()
-    return name, lib
+    """The library of `rev` ("work": the work tree) as RedisStore loads it
+    (`cargo run --example lua_library`): its function's name, its text, and
+    its wire (2: op codes and typed statuses written from
+    src/algorithm/wire.rs; 1: before)."""
+    tree, target = ROOT, None
+    if rev != "work":
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", rev)
+        tree = tempfile.mkdtemp(prefix="lua-diff-")
+        archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        # a target folder per tree: one shared with the work tree could give
+        # every tree the work tree's library
+        target = os.path.join(ROOT, "target", "lua-bench", safe)
+    env = dict(os.environ)
+    if target:
+        env["CARGO_TARGET_DIR"] = target
+    lib = subprocess.check_output(["cargo", "run", "-q", "--example", "lua_library"], cwd=tree, env=env)
+    first = lib.split(b"\n", 1)[0]
+    assert first.startswith(b"#!lua name="), first
+    name = first[len(b"#!lua name="):].decode()
+    return name, lib, 2 if b"OPT_NOW" in lib else 1
 
 
 def rand_limit(rng, alg=None):
-    """(algorithm, p1..p4) as src/quota.rs derives them."""
+    """(algorithm, p1, p2, p3) as src/limit.rs derives them."""
     alg = alg or rng.randint(1, 5)
     big = rng.random() < 0.1
     w = rng.choice([1, 7, 1000, 999_999, 1_000_000, 60_000_000, rng.randint(1, 5_000_000)])
@@ -116,12 +131,12 @@ def rand_limit(rng, alg=None):
     if big and alg != 1:
         n = rng.randint(1, 10 ** 6)
     if alg == 1:
-        return (1, rng.choice([1, 2, 3, 5, 10]), w, 0, 0)
+        return (1, rng.choice([1, 2, 3, 5, 10]), w, 0)
     if alg in (4,):
-        return (4, n, w, 0, 0)
+        return (4, n, w, 0)
     if alg == 5:
         n = min(n, EXACT // 2 ** 20 - 1)
-        return (5, n, w, -(-w // 2 ** 20), 0)
+        return (5, n, w, -(-w // 2 ** 20))
     # buckets: amount, per, period reduced by gcd, amount * period + per < 2^53
     from math import gcd
     per = rng.choice([1, 3, 7, 1000, rng.randint(1, 10 ** 6)])
@@ -132,11 +147,47 @@ def rand_limit(rng, alg=None):
         amount = max(1, amount // 1000)
         if amount == 1 and period + per >= EXACT:
             period = period // 1000 + 1
-    return (alg, amount, per, period, 0)
+    return (alg, amount, per, period)
 
 
-def spec_text(limit, cost):
-    return "%d:%d:%d:%d:%d:%d" % (limit + (cost,))
+def spec_text(limit, cost, wire):
+    """A limit's string with its cost, in the wire of a library."""
+    if wire == 1:
+        return "%d:%d:%d:%d:0:%d" % (limit + (cost,))
+    return "%d:%d:%d:%d:%d" % (limit + (cost,))
+
+
+def decision(reply, wire, limits, extra):
+    """A decision's reply, read in its wire: ((outcome, wait, now), per limit
+    (kind, wait, remaining, reset) with kind 0 allows, 1 never, 2 blocked,
+    `extra` doubles after, the notes); anything else as it is. Wire 2
+    leaves the decision's wait out: the longest of its limits' (-1 for
+    outcome 2), as src/algorithm/reply.rs reads it."""
+    if isinstance(reply, Exception):
+        return ("error", str(reply))
+    if not isinstance(reply, bytes):
+        return reply
+    per, head = (3, 3) if wire == 1 else (4, 2)
+    n = head + per * limits + extra
+    if len(reply) < 8 * n:
+        return reply
+    d = struct.unpack("<%dd" % n, reply[:8 * n])
+    statuses = []
+    for i in range(limits):
+        f = d[head + per * i:head + per * (i + 1)]
+        if wire == 2:
+            statuses.append(tuple(f))
+        elif f[1] == -1:
+            statuses.append((2.0, f[0], 0.0, f[2]))
+        elif f[0] == -1:
+            statuses.append((1.0, 0.0, f[1], f[2]))
+        else:
+            statuses.append((0.0,) + tuple(f))
+    top = d[:3]
+    if wire == 2:
+        wait = -1.0 if d[0] == 2 else max([s[1] for s in statuses if s[0] != 1] + [0.0])
+        top = (d[0], wait, d[1])
+    return (top, statuses, d[head + per * limits:], reply[8 * n:])
 
 
 def garbage(rng, alg):
@@ -223,13 +274,14 @@ def main():
                 break
             except OSError:
                 time.sleep(0.05)
-        names = {}
+        names, wires = {}, {}
         for side, rev in (("refx", args.rev), ("work", "work")):
-            name, lib = library(rev)
+            name, lib, wire = library(rev)
             r = c("FUNCTION", "LOAD", "REPLACE", lib)
             if isinstance(r, Exception):
                 raise SystemExit("%s: %s" % (rev, r))
-            names[side] = name
+            names[side], wires[side] = name, wire
+            print("%s: %s, wire %d" % (rev, name, wire))
         mon = Monitor(port)
         rng = random.Random(args.seed)
         failures = steps = 0
@@ -275,7 +327,8 @@ def main():
                 kind = rng.random()
                 if kind < 0.6:
                     prior = rand_limit(rng, alg)
-                    argv = ["o:%d:%d:0:%d" % (now, rng.choice([0, 10 ** 6]), HOUR), spec_text(prior, rng.randint(1, 3))]
+                    argv = ["o:%d:%d:0:%d" % (now, rng.choice([0, 10 ** 6]), HOUR),
+                            spec_text(prior, rng.randint(1, 3), wires["refx"])]
                     for side in ("refx", "work"):
                         call("refx", keysets[side][:len(KEY_PARTS[alg])], argv)
                     now += rng.randint(0, 2 * limit[2] if alg in (1, 4, 5) else 10 ** 6)
@@ -304,20 +357,26 @@ def main():
                 # (keys must not expire in real time between the two calls)
                 slack = HOUR + rng.choice([0, 0, 1500, 10 ** 6])
                 op = rng.random()
-                specs = [spec_text(limit, cost)]
-                if other:
-                    specs.append(spec_text(other, rng.choice([0, 1])))
+                other_cost = rng.choice([0, 1])
+                take = False
                 if op < 0.08:
                     at = now - rng.choice([0, rng.randint(0, w)])
                     opts = "o:%d:0:0:%d:1:%d" % (now, slack, at)
                 elif op < 0.14:
                     opts = "o:%d:0:0:%d:2:0" % (now, slack)
+                    take = True
                 elif (now, max_wait, dry, slack) == (0, 0, 0, 0):
                     opts = None
                 else:
                     opts = "o:%d:%d:%d:%d" % (now, max_wait, dry, slack)
-                argv = ([opts] if opts else []) + specs
-                results = {side: call(side, keysets[side], argv) for side in ("refx", "work")}
+                results = {}
+                for side in ("refx", "work"):
+                    specs = [spec_text(limit, cost, wires[side])]
+                    if other:
+                        specs.append(spec_text(other, other_cost, wires[side]))
+                    argv = ([opts] if opts else []) + specs
+                    reply, writes = call(side, keysets[side], argv)
+                    results[side] = (decision(reply, wires[side], len(specs), 1 if take else 0), writes)
                 states = {side: snapshot(keysets[side]) for side in ("refx", "work")}
                 steps += 1
                 problems = []
@@ -351,14 +410,16 @@ def main():
                     t = c("TIME")
                     time.sleep((10 ** 6 - int(t[1])) / 1e6 + rng.choice([0.0015, 0.004, 0.02, 0.06]))
                 before = c("TIME")
-                reply = c("FCALL", names["work"], len(ks), *ks, spec_text(limit, rng.choice([0, 1, 1, 2])))
+                reply = c("FCALL", names["work"], len(ks), *ks,
+                          spec_text(limit, rng.choice([0, 1, 1, 2]), wires["work"]))
+                reply = decision(reply, wires["work"], 1, 0)
                 after = c("TIME")
                 steps += 1
                 problems = []
-                if isinstance(reply, Exception) or len(reply) != 48:
+                if not isinstance(reply, tuple) or reply[2:] != ((), b""):
                     problems.append("reply %r" % (reply,))
                 else:
-                    now = struct.unpack("<6d", reply)[2]
+                    now = reply[0][2]
                     lo = int(before[0]) * 10 ** 6 + int(before[1])
                     hi = int(after[0]) * 10 ** 6 + int(after[1])
                     if not lo <= now <= hi:

@@ -4,7 +4,7 @@
 --       of `len` us beginning at `start` (us) and of the one before it
 -- Params: n = N (limit), w = W (window, us), u = U (weight step, us:
 --         ceil(W / 2^20), so weights have 2^20 steps and N * 2^20 < 2^53);
---         s[7] = ceil(W / U), the steps of a whole window
+--         s[6] = ceil(W / U), the steps of a whole window
 
 -- Estimate at t: cur + prev * ceil(rem / U) / ceil(W / U), rem = time left in
 -- the current window. A cost c fits when prev * ceil(rem/U) <= (N - cur - c) * ceil(W/U).
@@ -89,7 +89,7 @@ end
           t = ws
           break
         end
-        local x = (n - c0 - cost) * s[7] -- steps = fdiv(x, p0)
+        local x = (n - c0 - cost) * s[6] -- steps = fdiv(x, p0)
         local m = x % p0
         if m < 0 then m = m + p0 elseif m >= p0 then m = m - p0 end
         x = ws + w - (x - m) / p0 * u
@@ -147,9 +147,9 @@ end
       m = x % u
       if m < 0 then m = m + u elseif m >= u then m = m - u end
       x = p0 * ((x - m) / u) -- -(p0 * cdiv(rem, u))
-      m = x % s[7]
-      if m < 0 then m = m + s[7] elseif m >= s[7] then m = m - s[7] end
-      remaining = remaining + (x - m) / s[7]
+      m = x % s[6]
+      if m < 0 then m = m + s[6] elseif m >= s[6] then m = m - s[6] end
+      remaining = remaining + (x - m) / s[6]
     end
     if remaining < 0 then remaining = 0 end
     reset = 0
@@ -170,6 +170,6 @@ end
 --: end
 
 --: one sw sliding_window
-sliding_window.derive = function(s) s[7] = cdiv(s[3], s[4]) end
+sliding_window.derive = function(s) s[6] = cdiv(s[3], s[4]) end
 -- the longest wait: two windows (the estimate weighs the previous one)
 sliding_window.horizon = function(s) return 2 * s[3] end

@@ -14,9 +14,19 @@
 -- common.lua decides it and the driver tests `outcome == 0`: as
 -- literals (a literal is an operand, an upvalue must be loaded first).
 -- A penalized limit's penalty key ends in `:pen` (made on the
--- Rust side). A blocked limit's status says -1 for its remaining
--- count (`algorithm::wire::BLOCKED`).
-local BLOCKED = -1
+-- Rust side).
+-- A call's options, `o:<slot 1>:<slot 2>:...` (`wire::Opt`), by slot:
+local OPT_NOW, OPT_MAX_WAIT, OPT_DRY, OPT_SLACK, OPT_OP, OPT_AT, OPT_BLOCK = 1, 2, 3, 4, 5, 6, 7
+-- The operations, in slot OPT_OP (`wire::Op`; absent or 0: decide):
+local OP_REFUND, OP_TAKE, OP_CHANGE, OP_CHARGE, OP_RENEW, OP_PENALTY, OP_BATCH = 1, 2, 3, 4, 5, 6, 7
+-- What a penalty call (OP_PENALTY) does, in slot OPT_AT (`wire::PenaltyOp`):
+local PEN_READ, PEN_BLOCK, PEN_FORGET = 0, 1, 2
+-- A decision's reply: its outcome and clock, then each limit's status,
+-- 4 doubles: its kind (`wire::StatusKind`), then its wait (us),
+-- remaining and reset (us) (see driver.lua). build.rs
+-- pastes these into the one-limit template as literals (it is expanded
+-- in the algorithms' files, before this one):
+local LIMIT_ALLOWS, LIMIT_NEVER, LIMIT_BLOCKED = 0, 1, 2
 local algorithms = { sliding_log, token_bucket, gcra, fixed_window, sliding_window }
 sliding_log.nkeys = 2
 token_bucket.nkeys = 1

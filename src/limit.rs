@@ -44,11 +44,11 @@ pub struct Limit {
     params: Params,
     policy_window: Duration,
     policy_window_us: u64,
-    /// `algorithm:p1:p2:p3:p4:`, what the Redis decision function reads before
+    /// `algorithm:p1:p2:p3:`, what the Redis decision function reads before
     /// the cost (see `lua/driver.lua`): the same on every call, so made once.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     wire: Arc<str>,
-    /// `algorithm:p1:p2:p3:p4:`, the wire string less its prefixes (see
+    /// `algorithm:p1:p2:p3:`, the wire string less its prefixes (see
     /// [`stored_form`](Self::stored_form)).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     stored: Arc<str>,
@@ -93,8 +93,8 @@ impl Limit {
             return Err(ConfigError::InvalidName(name));
         }
         let (params, policy_window) = derive(&quota)?;
-        let [a, b, c, d] = params.wire();
-        let wire: Arc<str> = format!("{}:{a}:{b}:{c}:{d}:", params.algorithm().id()).into();
+        let [a, b, c] = params.wire();
+        let wire: Arc<str> = format!("{}:{a}:{b}:{c}:", params.algorithm().id()).into();
         let name = intern(&name);
         Ok(Self {
             #[cfg(feature = "metrics")]
@@ -495,7 +495,7 @@ impl Limit {
 
     /// How the store keeps this limit's quota (for another limit of the
     /// same name to decide with): its wire string, less the cost and the
-    /// `c`: `algorithm:p1:p2:p3:p4:`, which the scripts complete with a
+    /// `c`: `algorithm:p1:p2:p3:`, which the scripts complete with a
     /// cost (see `lua/driver.lua`) and [`Params::from_stored`] reads back.
     #[cfg(feature = "redis")]
     pub(crate) fn stored_form(&self) -> &str {

@@ -4,7 +4,7 @@
 //!
 //! The state of a key's penalty, [`PenState`], is four integers kept
 //! beside the limit's state (in Redis one more key in the same hash tag,
-//! `<limit's keys>:pen`, see `lua/driver.lua`), all in store time
+//! `<limit's keys>:pen`, see `lua/penalty.lua`), all in store time
 //! (microseconds): when the block ends (`until`), the offences not yet
 //! forgotten, the refusals counted towards the next offence and the time
 //! of the first of them, or, while none is counted, when the last block
@@ -171,7 +171,7 @@ impl PenParams {
 }
 
 /// A key's penalty state: `pen_load`, `pen_refuse` and `pen_save` in
-/// `lua/driver.lua` keep the same four fields (a value that is not four
+/// `lua/penalty.lua` keep the same four fields (a value that is not four
 /// integers in [0, 2^53) reads as a fresh state).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[allow(unreachable_pub)] // named by the store trait `Backend`, never exported

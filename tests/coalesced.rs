@@ -179,7 +179,7 @@ async fn decisions_waiting_for_a_server_that_stopped_fail_by_their_deadline() {
 /// A batch may be the first call a freshly loaded library runs (a server
 /// restarted, its functions flushed, while decisions queue): it decides
 /// each of its decisions. Sent by hand in the library's wire format (op 7
-/// of `lua/driver.lua`): three GCRA decisions of 5 per second on three
+/// of `lua/dispatch.lua`): three GCRA decisions of 5 per second on three
 /// keys, as one run.
 #[test]
 fn a_batch_can_be_the_first_call_of_the_library() {
@@ -206,11 +206,11 @@ fn a_batch_can_be_the_first_call_of_the_library() {
         .arg(&["first:{a}", "first:{b}", "first:{c}"][..])
         .arg("o:0:0:0:0:7")
         .arg("#1:1:3")
-        .arg("3:5:1:1000000:0:1")
+        .arg("3:5:1:1000000:1")
         .query(&mut conn)
         .expect("a batch as the first call");
-    // each decision: its length (a double), then outcome, wait, now, its
-    // limit's wait, remaining and reset (doubles)
+    // each decision: its length (a double), then outcome, now, its
+    // limit's kind, wait, remaining and reset (doubles)
     assert_eq!(reply.len(), 3 * (8 + 48), "three replies");
     for decision in reply.chunks(8 + 48) {
         let double = |i: usize| {
@@ -226,7 +226,7 @@ fn a_batch_can_be_the_first_call_of_the_library() {
 /// One decision of a batch that the library cannot make fails alone: its
 /// reply is `!` and the error's text, nothing is written for it, and every
 /// other decision of the call is decided as its own call would decide it.
-/// Sent by hand in the library's wire format (op 7 of `lua/driver.lua`),
+/// Sent by hand in the library's wire format (op 7 of `lua/dispatch.lua`),
 /// since no value a limiter sends or reads makes a decision fail (a limit's
 /// string of an algorithm that does not exist stands for what was not
 /// foreseen): GCRA decisions of 5 per second, one of them on a key that
@@ -252,8 +252,8 @@ fn a_decision_the_library_cannot_make_fails_alone_and_writes_nothing() {
         .arg("garbage")
         .query(&mut conn)
         .expect("HSET");
-    let gcra = "3:5:1:1000000:0:1";
-    let unknown = "9:5:1:1000000:0:1";
+    let gcra = "3:5:1:1000000:1";
+    let unknown = "9:5:1:1000000:1";
     let keys = ["t:{a}", "t:{f}", "t:{c}", "t:{d}", "t:{d}2", "t:{e}"];
     let reply: Vec<u8> = redis::cmd("FCALL")
         .arg(RedisStore::function_name())

@@ -1,8 +1,8 @@
 //! The one Rust decision loop over a decision's limits: the mirror of
-//! `lua/driver.lua` (decide, take, charge), each algorithm's steps in its
+//! `lua/limits.lua` (decide, take, charge), each algorithm's steps in its
 //! own file.
 
-use super::{Outcome, Params, Reply, State, Statuses};
+use super::{Outcome, Params, Reply, State, Status, Statuses};
 
 /// One limit's part in a decision: its working state (see
 /// [`State::prepare`]), parameters and cost.
@@ -12,7 +12,7 @@ pub(crate) struct Operand<'p> {
     pub(crate) cost: i64,
 }
 
-/// One atomic decision over several limits: the mirror of `lua/driver.lua`.
+/// One atomic decision over several limits: the mirror of `lua/limits.lua`.
 /// The states are prepared as of `now`, the latest of the store's clock and
 /// every key's `written` as believed; on a grant (unless `dry`) they are
 /// updated, and the caller saves them.
@@ -20,8 +20,8 @@ pub(crate) struct Operand<'p> {
 pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool) -> Reply {
     let mut at = now;
     let mut never = false;
-    // Per limit: [wait or -1, remaining, reset]; the wait is known first.
-    let mut limits = Statuses::new();
+    // Per limit: its wait (`None`: never), known first.
+    let mut waits: smallvec::SmallVec<[Option<i64>; 2]> = smallvec::SmallVec::new();
     for op in ops.iter() {
         let t = if op.cost > 0 {
             op.state.earliest(op.p, now, op.cost)
@@ -32,7 +32,7 @@ pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool
             None => never = true,
             Some(t) => at = at.max(t),
         }
-        limits.push([t.map_or(-1, |t| t - now), 0, 0]);
+        waits.push(t.map(|t| t - now));
     }
     let (outcome, wait) = if never {
         (Outcome::Never, -1)
@@ -41,7 +41,8 @@ pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool
     } else {
         (Outcome::Granted, at - now)
     };
-    for (op, status) in ops.iter_mut().zip(&mut limits) {
+    let mut limits = Statuses::with_capacity(ops.len());
+    for (op, wait) in ops.iter_mut().zip(waits) {
         let mut as_of = now;
         if outcome == Outcome::Granted && !dry {
             as_of = at;
@@ -50,7 +51,14 @@ pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool
             }
         }
         let (remaining, reset) = op.state.status(op.p, now, as_of);
-        (status[1], status[2]) = (remaining, reset);
+        limits.push(match wait {
+            Some(wait) => Status::Allows {
+                wait,
+                remaining,
+                reset,
+            },
+            None => Status::Never { remaining, reset },
+        });
     }
     Reply {
         outcome,
@@ -63,7 +71,7 @@ pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool
 
 /// Charges each limit its cost whatever is left, where a cost of 1 would be
 /// granted (now, or the earliest time a spent limit allows one): the mirror
-/// of `charge` (op 4) in `lua/driver.lua`. A limit may end in debt, and
+/// of `charge` (op 4) in `lua/limits.lua`. A limit may end in debt, and
 /// refuses until it is paid back.
 pub(crate) fn charge(ops: &mut [Operand<'_>], now: i64) {
     for op in ops.iter_mut().filter(|op| op.cost > 0) {
@@ -73,7 +81,7 @@ pub(crate) fn charge(ops: &mut [Operand<'_>], now: i64) {
 }
 
 /// Takes what is available, at most `most` in every limit: the mirror of
-/// `take` (op 2) in `lua/driver.lua`. Grants k = min(`most`, what every
+/// `take` (op 2) in `lua/limits.lua`. Grants k = min(`most`, what every
 /// limit has left now) at once; when k = 0, decides a cost of 1 without
 /// granting it. Returns the reply and k (each operand's cost is set to
 /// what it was charged).

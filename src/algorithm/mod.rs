@@ -1,7 +1,7 @@
 //! The in-process mirror of `lua/`: one file per algorithm with the same state,
 //! the same integer arithmetic and the same function names as its script,
 //! the one loop over a decision's limits in `driver.rs` ([`decide`], the
-//! mirror of `lua/driver.lua`), and the reply it makes in `reply.rs`.
+//! mirror of `lua/limits.lua`), and the reply it makes in `reply.rs`.
 //!
 //! Every algorithm answers three questions about its state:
 //! - `earliest(now, cost)`: the first time >= now at which `cost` fits
@@ -31,9 +31,11 @@ pub(crate) mod wire;
 pub(crate) use self::driver::{charge, decide, take, Operand};
 #[cfg(feature = "redis")]
 pub(crate) use self::reply::ignored;
+#[cfg(feature = "redis")]
+pub(crate) use self::reply::packed_len;
 #[allow(unreachable_pub)] // `Reply` is named by the store trait `Backend`, never exported
 pub use self::reply::Reply;
-pub(crate) use self::reply::{Outcome, Statuses};
+pub(crate) use self::reply::{Outcome, Status, Statuses};
 
 use crate::quota::Algorithm;
 
@@ -74,26 +76,29 @@ impl Params {
 
     /// The parameters as a limit's string sends them to the scripts, after
     /// the algorithm's id (see `lua/driver.lua`): the one place their order
-    /// is written. The first is the capacity (the driver reads it as such),
-    /// the fourth is unused.
-    pub(crate) fn wire(&self) -> [i64; 4] {
+    /// is written. The first is the capacity (the driver reads it as such);
+    /// the third is 0 for the algorithms of two parameters (a sliding log,
+    /// a fixed window), so that every limit's string has one shape.
+    pub(crate) fn wire(&self) -> [i64; 3] {
         match *self {
-            Params::SlidingLog(p) => [p.limit, p.window, 0, 0],
-            Params::TokenBucket(p) => [p.capacity, p.rate, p.period, 0],
-            Params::Gcra(p) => [p.burst, p.rate, p.period, 0],
-            Params::FixedWindow(p) => [p.limit, p.window, 0, 0],
-            Params::SlidingWindow(p) => [p.limit, p.window, p.step, 0],
+            Params::SlidingLog(p) => [p.limit, p.window, 0],
+            Params::TokenBucket(p) => [p.capacity, p.rate, p.period],
+            Params::Gcra(p) => [p.burst, p.rate, p.period],
+            Params::FixedWindow(p) => [p.limit, p.window, 0],
+            Params::SlidingWindow(p) => [p.limit, p.window, p.step],
         }
     }
 }
 
 impl Params {
     /// Reads what [`Limit::stored_form`](crate::Limit) writes,
-    /// `algorithm:p1:p2:p3:p4:`: `None` for anything else, and for
+    /// `algorithm:p1:p2:p3:`, or what 0.1 wrote,
+    /// `algorithm:p1:p2:p3:0:` (a fourth slot, always 0, since removed):
+    /// `None` for anything else, and for
     /// parameters no valid limit has (those `derive` in src/limit.rs would
     /// not make of any quota: a zero, a window over ten years, a bucket's
     /// rate and period not in lowest terms, a product the scripts form over
-    /// 2^53, an unused field not 0). `valid_kept` in `lua/driver.lua`
+    /// 2^53, an unused field not 0). `valid_kept` in `lua/kept.lua`
     /// accepts exactly these, so that a value written by hand or by another
     /// program decides in neither or both.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -111,9 +116,14 @@ impl Params {
                 .filter(|&x| x < EXACT)
         });
         let mut next = || fields.next().flatten();
-        let (id, a, b, c, d) = (next()?, next()?, next()?, next()?, next()?);
+        let (id, a, b, c) = (next()?, next()?, next()?, next()?);
+        // the old form's fourth slot, 0
+        let old = fields.next();
         // the algorithm's id is one digit (the scripts compare its byte)
-        if fields.next().is_some() || text.get(1) != Some(&b':') {
+        if old.is_some_and(|d| d != Some(0))
+            || fields.next().is_some()
+            || text.get(1) != Some(&b':')
+        {
             return None;
         }
         let positive = |x: i64| (x > 0).then_some(x);
@@ -145,7 +155,7 @@ impl Params {
         };
         // the fields as this limit writes them, and a limit derives them
         let (derived, _) = crate::limit::derive(&params.quota()).ok()?;
-        (derived == params && params.wire() == [a, b, c, d]).then_some(params)
+        (derived == params && params.wire() == [a, b, c]).then_some(params)
     }
 
     /// The time in which a spent capacity comes back in full, in
@@ -241,7 +251,7 @@ pub(crate) fn horizon(p: &Params) -> i64 {
     }
 }
 
-/// A key's clock as a decision believes it (`believed` in `lua/driver.lua`):
+/// A key's clock as a decision believes it (`believed` in `lua/common.lua`):
 /// the clock of its writer at its last write, `written`, when that lies
 /// ahead of the store's clock `store_now` by at most the limit's [`horizon`], else `store_now`.
 #[inline]
@@ -428,7 +438,7 @@ impl State {
     }
 
     /// Moves a grant of `cost` made at `at` to `to`, when the state still
-    /// holds it: a sliding log's lease renewed (op 5 of `lua/driver.lua`);
+    /// holds it: a sliding log's lease renewed (op 5 of `lua/limits.lua`);
     /// whether it did. Other algorithms hold no leases: `false`.
     pub(crate) fn renew(&mut self, at: i64, to: i64, cost: i64) -> bool {
         let State::SlidingLog(s) = self else {
@@ -499,6 +509,23 @@ impl Stored {
 mod tests {
     use super::{cdiv, fdiv, Params};
     use proptest::prelude::*;
+
+    /// A kept quota reads in the form the crate writes, three parameters,
+    /// and in the one 0.1 wrote, with a fourth slot that must be 0.
+    #[test]
+    #[cfg(feature = "redis")]
+    fn kept_quotas_read_in_both_forms() {
+        let gcra = Params::Gcra(super::gcra::Params {
+            burst: 5,
+            rate: 1,
+            period: 1_000_000,
+        });
+        assert_eq!(Params::from_stored(b"3:5:1:1000000:"), Some(gcra));
+        assert_eq!(Params::from_stored(b"3:5:1:1000000:0:"), Some(gcra));
+        assert_eq!(Params::from_stored(b"3:5:1:1000000:7:"), None);
+        assert_eq!(Params::from_stored(b"3:5:1:1000000:0:0:"), None);
+        assert_eq!(Params::from_stored(b"3:5:1:"), None);
+    }
 
     /// The driver's one-limit decision grants a cost up to the capacity at
     /// once from a fresh state, reading the capacity as the first parameter.

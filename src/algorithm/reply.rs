@@ -3,10 +3,88 @@
 
 use smallvec::SmallVec;
 
+use super::wire::{StatusKind, STATUS_FIELDS};
 use super::{Params, EXACT};
 
 /// Per-limit statuses of a reply: inline for the usual one or two limits.
-pub(crate) type Statuses = SmallVec<[[i64; 3]; 2]>;
+pub(crate) type Statuses = SmallVec<[Status; 2]>;
+
+/// One limit's part in a decision's reply, in the units of the scripts
+/// (microseconds, counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Decided by its quota: it alone allows its cost after `wait`; then
+    /// `remaining` is left, and all of its capacity after `reset`.
+    Allows {
+        wait: i64,
+        remaining: i64,
+        reset: i64,
+    },
+    /// Its cost exceeds its capacity: it never allows it.
+    Never { remaining: i64, reset: i64 },
+    /// Blocked by its penalty for `left` more (its quota not asked): it
+    /// allows nothing until then.
+    Blocked { left: i64 },
+}
+
+impl Status {
+    /// How long until it alone allows its cost (a block's time left);
+    /// `None` never.
+    pub(crate) fn wait(&self) -> Option<i64> {
+        match *self {
+            Status::Allows { wait, .. } => Some(wait),
+            Status::Never { .. } => None,
+            Status::Blocked { left } => Some(left),
+        }
+    }
+
+    /// What is left of its capacity (nothing while blocked).
+    pub(crate) fn remaining(&self) -> i64 {
+        match *self {
+            Status::Allows { remaining, .. } | Status::Never { remaining, .. } => remaining,
+            Status::Blocked { .. } => 0,
+        }
+    }
+
+    /// How long until all of its capacity is back (a block's time left).
+    pub(crate) fn reset(&self) -> i64 {
+        match *self {
+            Status::Allows { reset, .. } | Status::Never { reset, .. } => reset,
+            Status::Blocked { left } => left,
+        }
+    }
+
+    /// `cost` given back, never above `capacity` (a grant refunded after
+    /// the reply was made); nothing for a blocked limit.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn give_back(&mut self, cost: i64, capacity: i64) {
+        if let Status::Allows { remaining, .. } | Status::Never { remaining, .. } = self {
+            *remaining = remaining.saturating_add(cost).min(capacity);
+        }
+    }
+
+    /// The status the scripts write as `kind`, `wait`, `remaining`,
+    /// `reset`.
+    fn from_fields(kind: i64, wait: i64, remaining: i64, reset: i64) -> Option<Self> {
+        Some(match StatusKind::from_code(kind)? {
+            StatusKind::Allows => Status::Allows {
+                wait,
+                remaining,
+                reset,
+            },
+            StatusKind::Never => Status::Never { remaining, reset },
+            StatusKind::Blocked => Status::Blocked { left: wait },
+        })
+    }
+}
+
+/// The length of a packed reply's doubles over `limits` limits, with
+/// `extra` doubles after the statuses (a take's amount): what precedes
+/// its notes.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn packed_len(limits: usize, extra: usize) -> usize {
+    8 * (2 + STATUS_FIELDS * limits + extra)
+}
 
 /// How a decision ended: the first number of the scripts' reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +120,7 @@ pub struct Reply {
     /// The decision's clock: the store's, or a key's clock ahead of it as
     /// believed (see [`believed`]).
     pub(crate) now: i64,
-    /// Per limit: (wait or -1, remaining, reset_after).
+    /// Per limit, its status.
     pub(crate) limits: Statuses,
     /// Per limit, the parameters of the quota kept in the store that
     /// decided in place of the limit's own (see
@@ -85,7 +163,7 @@ impl Reply {
     /// taken, then the stored quotas used (see [`from_packed`](Self::from_packed)).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_packed_take(bytes: &[u8], limits: usize) -> Option<(Self, i64)> {
-        let split = 8 * (3 + 3 * limits);
+        let split = packed_len(limits, 0);
         let (decision, rest) = bytes.split_at_checked(split)?;
         let (taken, tail) = rest.split_at_checked(8)?;
         let mut reply = Self::from_packed(decision, limits)?;
@@ -95,12 +173,16 @@ impl Reply {
         exact.then_some((reply, x as i64))
     }
 
-    /// Parses the driver's reply: `3 + 3 * limits` little-endian doubles, each
-    /// an integer below 2^53 in magnitude, then `i=<stored form>;` for each
-    /// limit `i` (from 1) a quota kept in the store decided.
+    /// Parses the driver's reply: outcome and now, then per limit its kind
+    /// (see [`StatusKind`]), wait, remaining and reset: little-endian
+    /// doubles (see [`packed_len`]), each an integer below 2^53 in
+    /// magnitude; then `i=<stored form>;` for each limit `i` (from 1) a
+    /// quota kept in the store decided. The decision's wait is the longest
+    /// of its limits' (all are granted at once, or none), -1 when it is
+    /// never granted.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_packed(bytes: &[u8], limits: usize) -> Option<Self> {
-        let (bytes, tail) = bytes.split_at_checked(8 * (3 + 3 * limits))?;
+        let (bytes, tail) = bytes.split_at_checked(packed_len(limits, 0))?;
         let stored = stored_quotas(tail, limits)?;
         let mut values = bytes.chunks_exact(8).map(|chunk| {
             let x = f64::from_le_bytes(chunk.try_into().ok()?);
@@ -109,11 +191,17 @@ impl Reply {
             exact.then_some(x as i64)
         });
         let mut next = || values.next().flatten();
-        let (outcome, wait, now) = (Outcome::from_code(next()?)?, next()?, next()?);
-        let mut per = SmallVec::with_capacity(limits);
+        let (outcome, now) = (Outcome::from_code(next()?)?, next()?);
+        let mut per: Statuses = SmallVec::with_capacity(limits);
         for _ in 0..limits {
-            per.push([next()?, next()?, next()?]);
+            per.push(Status::from_fields(next()?, next()?, next()?, next()?)?);
         }
+        let wait = match outcome {
+            Outcome::Never => -1,
+            Outcome::Granted | Outcome::Denied => {
+                per.iter().filter_map(Status::wait).max().unwrap_or(0)
+            }
+        };
         Some(Self {
             outcome,
             wait,
@@ -154,7 +242,7 @@ fn stored_quotas(tail: &[u8], limits: usize) -> Option<Option<Box<[Option<Params
 /// doubles follow the statuses (a take's amount).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn ignored(bytes: &[u8], limits: usize, extra: usize) -> Vec<usize> {
-    let Some(tail) = bytes.get(8 * (3 + 3 * limits + extra)..) else {
+    let Some(tail) = bytes.get(packed_len(limits, extra)..) else {
         return Vec::new();
     };
     tail.split(|&b| b == b';')
@@ -168,4 +256,50 @@ pub(crate) fn ignored(bytes: &[u8], limits: usize, extra: usize) -> Vec<usize> {
         })
         .filter(|&i| i < limits)
         .collect()
+}
+
+#[cfg(all(test, feature = "redis"))]
+mod tests {
+    use super::*;
+
+    fn packed(values: &[i64]) -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|&x| (x as f64).to_le_bytes())
+            .collect()
+    }
+
+    /// Each limit's status says what it is (no sentinel), and the
+    /// decision's wait is the longest of its limits' (-1 when never).
+    #[test]
+    fn statuses_are_typed_and_the_wait_is_the_longest() {
+        // denied at 100: a limit blocked for 50 more, one that allows in 10
+        let reply =
+            Reply::from_packed(&packed(&[1, 100, 2, 50, 0, 50, 0, 10, 3, 20]), 2).expect("a reply");
+        assert_eq!(reply.outcome, Outcome::Denied);
+        assert_eq!(reply.wait, 50);
+        assert_eq!(
+            &reply.limits[..],
+            &[
+                Status::Blocked { left: 50 },
+                Status::Allows {
+                    wait: 10,
+                    remaining: 3,
+                    reset: 20
+                }
+            ]
+        );
+        let never = Reply::from_packed(&packed(&[2, 100, 1, 0, 4, 9]), 1).expect("a reply");
+        assert_eq!(never.wait, -1);
+        assert_eq!(
+            never.limits[0],
+            Status::Never {
+                remaining: 4,
+                reset: 9
+            }
+        );
+        assert_eq!(never.limits[0].wait(), None);
+        // a kind the crate does not know is no reply
+        assert_eq!(Reply::from_packed(&packed(&[0, 100, 7, 0, 4, 9]), 1), None);
+    }
 }

@@ -7,9 +7,197 @@
 use super::Outcome;
 use crate::quota::Algorithm;
 
-/// What a blocked limit's status says for `remaining` in a reply (never a
-/// count: counts are not negative); see `Limit::penalty`.
-pub(crate) const BLOCKED: i64 = -1;
+/// What a call of the library does: the `op` option (slot
+/// [`Opt::Op`]); a call without options decides.
+#[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Give back the grants made at store time [`Opt::At`].
+    Refund = 1,
+    /// Take what is available, at most the cost.
+    Take = 2,
+    /// Change a kept quota (`HSET`, `HSETNX` or `HDEL` on its hash).
+    Change = 3,
+    /// Charge each cost, whatever is left.
+    Charge = 4,
+    /// Move the grants made at store time [`Opt::At`] to now.
+    Renew = 5,
+    /// Read or change a key's penalty state ([`PenaltyOp`] in slot
+    /// [`Opt::At`]).
+    Penalty = 6,
+    /// Several decisions in one call.
+    Batch = 7,
+}
+
+impl Op {
+    /// Every operation, for `lua/wire.lua`.
+    #[cfg(test)]
+    const ALL: [Op; 7] = [
+        Op::Refund,
+        Op::Take,
+        Op::Change,
+        Op::Charge,
+        Op::Renew,
+        Op::Penalty,
+        Op::Batch,
+    ];
+
+    /// Its name in the scripts, after `OP_`.
+    #[cfg(test)]
+    fn lua_name(self) -> &'static str {
+        match self {
+            Op::Refund => "REFUND",
+            Op::Take => "TAKE",
+            Op::Change => "CHANGE",
+            Op::Charge => "CHARGE",
+            Op::Renew => "RENEW",
+            Op::Penalty => "PENALTY",
+            Op::Batch => "BATCH",
+        }
+    }
+}
+
+/// The slots of a call's options, `o:<slot 1>:<slot 2>:...` (the scripts
+/// index them from 1); a slot not written reads as absent, and the options
+/// travel only when one differs from 0.
+#[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Opt {
+    /// The decision's clock (us since the epoch); 0: Redis `TIME`.
+    Now = 1,
+    /// A grant may be reserved this far ahead (us).
+    MaxWait = 2,
+    /// 1: decide, grant nothing (a peek).
+    Dry = 3,
+    /// How long (us) keys outlive their state.
+    Slack = 4,
+    /// The operation ([`Op`]); absent or 0: decide.
+    Op = 5,
+    /// The time of the grant (a refund, a renewal: `now + wait` of its
+    /// reply), or for a penalty what to do ([`PenaltyOp`]).
+    At = 6,
+    /// For a penalty's block: its length (us).
+    Block = 7,
+}
+
+impl Opt {
+    /// Every slot, in order.
+    #[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
+    const ALL: [Opt; 7] = [
+        Opt::Now,
+        Opt::MaxWait,
+        Opt::Dry,
+        Opt::Slack,
+        Opt::Op,
+        Opt::At,
+        Opt::Block,
+    ];
+
+    /// Its name in the scripts, after `OPT_`.
+    #[cfg(test)]
+    fn lua_name(self) -> &'static str {
+        match self {
+            Opt::Now => "NOW",
+            Opt::MaxWait => "MAX_WAIT",
+            Opt::Dry => "DRY",
+            Opt::Slack => "SLACK",
+            Opt::Op => "OP",
+            Opt::At => "AT",
+            Opt::Block => "BLOCK",
+        }
+    }
+}
+
+/// What a penalty call ([`Op::Penalty`]) does, in slot [`Opt::At`].
+#[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PenaltyOp {
+    /// Read the state.
+    Read = 0,
+    /// Block for [`Opt::Block`] us.
+    Block = 1,
+    /// Forget the state (delete it).
+    Forget = 2,
+}
+
+/// A call's options as the scripts read them: `o` and each slot up to the
+/// last one set.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Options {
+    slots: [i64; Opt::ALL.len()],
+    len: usize,
+}
+
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+impl Options {
+    /// Options with `value` in `slot`.
+    pub(crate) fn with(mut self, slot: Opt, value: i64) -> Self {
+        let i = slot as usize - 1;
+        self.slots[i] = value;
+        self.len = self.len.max(i + 1);
+        self
+    }
+
+    /// Options of the operation `op`.
+    pub(crate) fn op(op: Op) -> Self {
+        Self::default().with(Opt::Op, op as i64)
+    }
+
+    /// Appends `o:<slot 1>:...` to `out`.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        let mut digits = itoa::Buffer::new();
+        out.push(b'o');
+        for value in &self.slots[..self.len] {
+            out.push(b':');
+            out.extend_from_slice(digits.format(*value).as_bytes());
+        }
+    }
+}
+
+/// What one limit's status in a decision's reply says it is (its first
+/// field; see [`Status`](super::Status)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatusKind {
+    /// Decided by its quota: then its wait, remaining and reset.
+    Allows = 0,
+    /// Its cost exceeds its capacity: never allowed; then 0, remaining
+    /// and reset.
+    Never = 1,
+    /// Blocked by its penalty: then the time left of the block, 0, and
+    /// the time left again.
+    Blocked = 2,
+}
+
+impl StatusKind {
+    /// Every kind, for `lua/wire.lua`.
+    #[cfg(test)]
+    const ALL: [StatusKind; 3] = [StatusKind::Allows, StatusKind::Never, StatusKind::Blocked];
+
+    /// The kind the scripts write as `code`.
+    pub(crate) fn from_code(code: i64) -> Option<Self> {
+        match code {
+            0 => Some(StatusKind::Allows),
+            1 => Some(StatusKind::Never),
+            2 => Some(StatusKind::Blocked),
+            _ => None,
+        }
+    }
+
+    /// Its name in the scripts, after `LIMIT_`.
+    #[cfg(test)]
+    fn lua_name(self) -> &'static str {
+        match self {
+            StatusKind::Allows => "ALLOWS",
+            StatusKind::Never => "NEVER",
+            StatusKind::Blocked => "BLOCKED",
+        }
+    }
+}
+
+/// The doubles of one limit's status in a reply: its kind, wait,
+/// remaining and reset.
+pub(crate) const STATUS_FIELDS: usize = 4;
 
 /// The suffix of a penalized limit's penalty key, after its name (see
 /// `lua/driver.lua`).
@@ -99,13 +287,53 @@ pub(crate) fn lua() -> String {
         Outcome::Never as i64,
         Outcome::Granted as i64,
     );
-    let _ = write!(
+    let _ = writeln!(
         out,
         "-- A penalized limit's penalty key ends in `:{PENALTY_KEY}` (made on the\n\
-         -- Rust side). A blocked limit's status says {BLOCKED} for its remaining\n\
-         -- count (`algorithm::wire::BLOCKED`).\n\
-         local BLOCKED = {BLOCKED}\n",
+         -- Rust side).\n\
+         -- A call's options, `o:<slot 1>:<slot 2>:...` (`wire::Opt`), by slot:"
     );
+    let slots: Vec<String> = Opt::ALL
+        .iter()
+        .map(|o| format!("OPT_{}", o.lua_name()))
+        .collect();
+    let values: Vec<String> = Opt::ALL.iter().map(|o| (*o as i64).to_string()).collect();
+    let _ = writeln!(out, "local {} = {}", slots.join(", "), values.join(", "));
+    let _ = writeln!(
+        out,
+        "-- The operations, in slot OPT_OP (`wire::Op`; absent or 0: decide):"
+    );
+    let ops: Vec<String> = Op::ALL
+        .iter()
+        .map(|o| format!("OP_{}", o.lua_name()))
+        .collect();
+    let values: Vec<String> = Op::ALL.iter().map(|o| (*o as i64).to_string()).collect();
+    let _ = writeln!(out, "local {} = {}", ops.join(", "), values.join(", "));
+    let _ = writeln!(
+        out,
+        "-- What a penalty call (OP_PENALTY) does, in slot OPT_AT (`wire::PenaltyOp`):\n\
+         local PEN_READ, PEN_BLOCK, PEN_FORGET = {}, {}, {}",
+        PenaltyOp::Read as i64,
+        PenaltyOp::Block as i64,
+        PenaltyOp::Forget as i64,
+    );
+    let _ = writeln!(
+        out,
+        "-- A decision's reply: its outcome and clock, then each limit's status,\n\
+         -- {STATUS_FIELDS} doubles: its kind (`wire::StatusKind`), then its wait (us),\n\
+         -- remaining and reset (us) (see driver.lua). build.rs\n\
+         -- pastes these into the one-limit template as literals (it is expanded\n\
+         -- in the algorithms' files, before this one):"
+    );
+    let kinds: Vec<String> = StatusKind::ALL
+        .iter()
+        .map(|k| format!("LIMIT_{}", k.lua_name()))
+        .collect();
+    let values: Vec<String> = StatusKind::ALL
+        .iter()
+        .map(|k| (*k as i64).to_string())
+        .collect();
+    let _ = writeln!(out, "local {} = {}", kinds.join(", "), values.join(", "));
     let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.lua_name()).collect();
     let _ = writeln!(out, "local algorithms = {{ {} }}", names.join(", "));
     for algorithm in ALGORITHMS {
@@ -162,8 +390,13 @@ mod tests {
             assert!(common.contains(&line), "lua/common.lua lacks `{line}`");
         }
         let grant = format!("outcome == {} and not dry", Outcome::Granted as i64);
-        let driver = include_str!("../../lua/driver.lua");
         // the loop over several limits and the one-limit template
+        let driver = [
+            include_str!("../../lua/driver.lua"),
+            include_str!("../../lua/limits.lua"),
+            include_str!("../../lua/one.lua"),
+        ]
+        .concat();
         assert_eq!(
             driver.matches(&grant).count(),
             2,
@@ -178,6 +411,10 @@ mod tests {
                 include_str!("../../lua/sliding_window.lua"),
             ),
             ("sliding_log", include_str!("../../lua/sliding_log.lua")),
+            (
+                "sliding_log_steps",
+                include_str!("../../lua/sliding_log_steps.lua"),
+            ),
         ] {
             assert!(
                 !code.contains("outcome"),

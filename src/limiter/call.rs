@@ -195,8 +195,7 @@ impl Limiter {
             algorithm::Outcome::Never => (Verdict::CostExceedsCapacity, 0),
         };
         let mut decision = Decision::unbound(verdict, wait);
-        for (i, (check, &[wait, remaining, reset])) in checks.iter().zip(&reply.limits).enumerate()
-        {
+        for (i, (check, status)) in checks.iter().zip(&reply.limits).enumerate() {
             let limit = check.limit;
             // a quota kept in the store, when one decided
             let (capacity, window_us) = match reply.stored(i) {
@@ -206,10 +205,11 @@ impl Limiter {
                 ),
                 None => (limit.capacity(), limit.policy_window_us()),
             };
-            let blocked = remaining == algorithm::wire::BLOCKED;
+            let blocked = matches!(status, algorithm::Status::Blocked { .. });
+            let wait = status.wait();
             let violated = match reply.outcome {
-                algorithm::Outcome::Never => wait < 0,
-                algorithm::Outcome::Denied => wait > max_wait,
+                algorithm::Outcome::Never => wait.is_none(),
+                algorithm::Outcome::Denied => wait.is_some_and(|w| w > max_wait),
                 algorithm::Outcome::Granted => false,
             };
             // a limit in shadow mode never refuses
@@ -219,9 +219,9 @@ impl Limiter {
                 algorithm: limit.quota().algorithm(),
                 limit: capacity,
                 window_us,
-                remaining: if blocked { 0 } else { us(remaining) },
-                wait_us: if wait >= 0 { us(wait) } else { u64::MAX },
-                reset_us: us(reset),
+                remaining: us(status.remaining()),
+                wait_us: wait.map_or(u64::MAX, us),
+                reset_us: us(status.reset()),
                 violated: violated && !shadow,
                 shadow,
                 would_refuse: violated && shadow,

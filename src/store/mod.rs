@@ -176,7 +176,7 @@ pub(crate) mod backend {
     }
 
     impl Settled {
-        /// Reads the reply of a renewal (op 5 of `lua/driver.lua`): the
+        /// Reads the reply of a renewal (op 5 of `lua/limits.lua`): the
         /// store's clock, then per limit 1 when it held its grant, else 0,
         /// as little-endian doubles.
         #[cfg_attr(not(feature = "redis"), allow(dead_code))]

@@ -532,7 +532,10 @@ mod several_shards {
         let Answer::Now(Ok(reply)) = store.decide(checks, 0, false, deadline) else {
             panic!("the memory store answers at once");
         };
-        (reply.granted(), reply.limits.iter().map(|l| l[1]).collect())
+        (
+            reply.granted(),
+            reply.limits.iter().map(|l| l.remaining()).collect(),
+        )
     }
 
     /// A decision over limits whose keys lie in one shard or in two (each

@@ -2,7 +2,7 @@
 //! [`PenState`] by limit name, in one of [`SHARDS`] maps, each under a lock
 //! of its own, held across the whole decision of a penalized limit, so that
 //! its refusals are counted exactly (the script's atomicity). The steps are
-//! those of `penalized_one` and the loop in `lua/driver.lua`: a blocked key
+//! those of `penalized_one` and the loop in `lua/penalty.lua`: a blocked key
 //! is refused without its quota being consulted (one limit) or charged
 //! (several), a refusal by the limit itself is counted, the N-th within the
 //! time blocks. Only limits with a penalty take these locks (always before a
@@ -16,15 +16,11 @@ use smallvec::SmallVec;
 
 use super::table::{Hasher, Key};
 use super::{Inner, MemoryStore, SHARDS};
-use crate::algorithm::{Outcome, Reply};
+use crate::algorithm::{Outcome, Reply, Status};
 use crate::penalty::{PenParams, PenState};
 use crate::store::backend::PenaltyChange;
 use crate::store::Check;
 use crate::Error;
-
-/// What a blocked limit's status says for `remaining` on the wire (see
-/// `algorithm::wire::BLOCKED`).
-use crate::algorithm::wire::BLOCKED;
 
 /// One shard's penalty states: by limit name and key, the state and when
 /// it becomes fresh (store time, us).
@@ -189,10 +185,9 @@ impl Ran for (Reply, i64) {
     }
 }
 
-/// A blocked limit's status: its wait and reset the time left of the
-/// block, its `remaining` the wire's mark of a block.
-fn blocked_status(left: i64) -> [i64; 3] {
-    [left, BLOCKED, left]
+/// A blocked limit's status: the time left of the block.
+fn blocked_status(left: i64) -> Status {
+    Status::Blocked { left }
 }
 
 impl MemoryStore {
@@ -283,7 +278,11 @@ impl MemoryStore {
                 lefts.push(None);
                 continue;
             };
-            let refused = reply.limits.get(i).is_some_and(|l| l[0] > max_wait);
+            let refused = reply
+                .limits
+                .get(i)
+                .and_then(Status::wait)
+                .is_some_and(|w| w > max_wait);
             if !refused {
                 lefts.push(None);
                 continue;
@@ -347,10 +346,15 @@ fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
             *status = blocked_status(left);
         }
     }
-    if reply.limits.iter().any(|l| l[0] < 0) {
+    if reply.limits.iter().any(|l| l.wait().is_none()) {
         (reply.outcome, reply.wait) = (Outcome::Never, -1);
     } else {
-        let wait = reply.limits.iter().map(|l| l[0]).max().unwrap_or(0);
+        let wait = reply
+            .limits
+            .iter()
+            .filter_map(Status::wait)
+            .max()
+            .unwrap_or(0);
         (reply.outcome, reply.wait) = (Outcome::Denied, wait);
     }
 }

@@ -1,6 +1,6 @@
 //! Coalesced decisions. While a decision's call is in flight, the decisions
 //! that arrive meanwhile wait, and go out together as one call of the
-//! library (op 7 of `lua/driver.lua`) when it lands: each decided on its own,
+//! library (op 7 of `lua/dispatch.lua`) when it lands: each decided on its own,
 //! as its own call would decide it, and each caller given its own reply.
 //! No timer and no added wait at low load: a decision that finds nothing in
 //! flight goes out at once. Under load, one call carries what arrived during
@@ -291,7 +291,7 @@ impl RedisStore {
 }
 
 /// The replies of a batch of `n` decisions: each after its length, a
-/// little-endian double (see op 7 in `lua/driver.lua`). A decision the
+/// little-endian double (see op 7 in `lua/dispatch.lua`). A decision the
 /// library failed on (its reply is `!` and the error's text) gets that
 /// error, as [`Error::Redis`] (as its own call would have, a script
 /// error); the others their replies.

@@ -144,7 +144,14 @@ impl RedisStore {
         )
         .await;
         let mut failure = None;
-        let mut limits: crate::algorithm::Statuses = smallvec::smallvec![[0i64; 3]; checks.len()];
+        let mut limits: crate::algorithm::Statuses = smallvec::smallvec![
+            crate::algorithm::Status::Allows {
+                wait: 0,
+                remaining: 0,
+                reset: 0,
+            };
+            checks.len()
+        ];
         let mut stored: Option<Box<[Option<Params>]>> = None;
         let (mut never, mut wait, mut now) = (false, 0i64, 0i64);
         for (group, reply) in groups.iter().zip(&replies) {
@@ -159,8 +166,10 @@ impl RedisStore {
                             }
                         }
                         limits[index] = *status;
-                        never |= status[0] < 0;
-                        wait = wait.max(status[0]);
+                        match status.wait() {
+                            Some(w) => wait = wait.max(w),
+                            None => never = true,
+                        }
                     }
                 }
                 Err(_) => failure = Some(()),
@@ -182,8 +191,9 @@ impl RedisStore {
                         for (j, (&index, check)) in group.iter().zip(subset).enumerate() {
                             let capacity =
                                 reply.stored(j).unwrap_or(check.limit.params()).capacity();
-                            let remaining = &mut limits[index][1];
-                            *remaining = remaining.saturating_add(check.cost).min(capacity);
+                            if let Some(status) = limits.get_mut(index) {
+                                status.give_back(check.cost, capacity);
+                            }
                         }
                     }
                     Err(error) => tracing::warn!(

@@ -7,24 +7,24 @@ use std::ops::Range;
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use crate::algorithm::wire::PENALTY_KEY;
+use crate::algorithm::wire::{Op, Opt, Options, PENALTY_KEY};
 use crate::store::{keys, Check};
 
-/// What one call of the library does (the op of its options, see
-/// `lua/driver.lua`; op 3 is [`Encoded::change`]).
+/// What one call of the library does (the [`Op`] of its options, see
+/// `lua/driver.lua`; [`Op::Change`] is [`Encoded::change`]).
 #[derive(Clone, Copy)]
 pub(super) enum Operation {
     /// Decide, reserving up to `max_wait` us ahead; a `dry` run grants
-    /// nothing (op 0).
+    /// nothing (no op).
     Decide { max_wait: i64, dry: bool },
-    /// Give back the grants made at store time `at` (op 1).
+    /// Give back the grants made at store time `at` ([`Op::Refund`]).
     Refund { at: i64 },
-    /// Take what is available, at most each check's cost (op 2).
+    /// Take what is available, at most each check's cost ([`Op::Take`]).
     Take,
-    /// Charge each check's cost, whatever is left (op 4).
+    /// Charge each check's cost, whatever is left ([`Op::Charge`]).
     Charge,
     /// Move the grants made at store time `at` to now, where still held
-    /// (op 5).
+    /// ([`Op::Renew`]).
     Renew { at: i64 },
 }
 
@@ -83,8 +83,8 @@ impl Encoded {
         out
     }
 
-    /// Several decisions' calls as one (op 7 of the library's options, see
-    /// `lua/driver.lua`): every key in order; the options, then runs of
+    /// Several decisions' calls as one ([`Op::Batch`], see
+    /// `lua/dispatch.lua`): every key in order; the options, then runs of
     /// decisions with the same arguments (consecutive ones, so that the
     /// order stays): `#<keys>:<arguments>:<count>` and the run's arguments
     /// once. The decisions of a batch usually share their limit: its string
@@ -111,7 +111,9 @@ impl Encoded {
             })
             .collect();
         let keys: Vec<&[u8]> = parts.iter().flat_map(|part| part.keys()).collect();
-        let mut args: Vec<&[u8]> = vec![b"o:0:0:0:0:7"];
+        let mut options = Vec::new();
+        Options::op(Op::Batch).write(&mut options);
+        let mut args: Vec<&[u8]> = vec![&options];
         for (&(start, _), head) in runs.iter().zip(&heads) {
             args.push(head.as_bytes());
             args.extend(parts[start].args());
@@ -119,18 +121,19 @@ impl Encoded {
         Encoded::of(&keys, &args)
     }
 
-    /// A change of a kept quota (op 3 of the library's options, see
-    /// `lua/driver.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
+    /// A change of a kept quota ([`Op::Change`], see
+    /// `lua/kept.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
     /// or `HDEL`) and its arguments after the key.
     pub(super) fn change(hash: &[u8], command: &str, args: &[&[u8]]) -> Encoded {
-        let mut all: SmallVec<[&[u8]; 4]> =
-            smallvec::smallvec![&b"o:0:0:0:0:3"[..], command.as_bytes()];
+        let mut options = Vec::new();
+        Options::op(Op::Change).write(&mut options);
+        let mut all: SmallVec<[&[u8]; 4]> = smallvec::smallvec![&options[..], command.as_bytes()];
         all.extend_from_slice(args);
         Encoded::of(&[hash], &all)
     }
 
-    /// An operation on a key's penalty state (op 6 of the library's
-    /// options, see `lua/driver.lua`): the key `key`, the options (with
+    /// An operation on a key's penalty state ([`Op::Penalty`] of the library's
+    /// options, see `lua/penalty.lua`): the key `key`, the options (with
     /// what to do) and the limit's string with a cost of 0.
     pub(super) fn penalty(key: &[u8], options: &[u8], wire: &str) -> Encoded {
         let limit = format!("{wire}0");
@@ -221,7 +224,7 @@ impl RedisStore {
     /// The hash of the quotas kept in the store for the limit `name`, as a
     /// decision in the slot of the hash tag `tag` reads it: field `""` the
     /// limit's, and per key an override under the key's first state key
-    /// (see `lua/driver.lua`). One hash, `<prefix>:q:<name>`, or on a
+    /// (see `lua/kept.lua`). One hash, `<prefix>:q:<name>`, or on a
     /// cluster one per slot, `<prefix>:q:{<slot's tag>}:<name>` (see
     /// `cluster::slot_tag`), each with the limit's quota and the overrides
     /// of the keys in that slot.
@@ -254,27 +257,28 @@ impl RedisStore {
         let mut out = self.encode_keys(checks, true);
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
         let slack = self.inner.slack;
-        let start = out.buf.len();
-        let mut digits = itoa::Buffer::new();
-        let mut options = |out: &mut Encoded, fields: &[i64]| {
-            out.buf.push(b'o');
-            for field in fields {
-                out.buf.push(b':');
-                out.buf.extend_from_slice(digits.format(*field).as_bytes());
-            }
-            out.args.push(start..out.buf.len());
-        };
-        match operation {
+        let base = Options::default()
+            .with(Opt::Now, now)
+            .with(Opt::Slack, slack);
+        let options = match operation {
             // The options travel only when one differs from the production default.
             Operation::Decide { max_wait, dry } => {
-                if (now, max_wait, dry, slack) != (0, 0, false, 0) {
-                    options(&mut out, &[now, max_wait, i64::from(dry), slack]);
-                }
+                ((now, max_wait, dry, slack) != (0, 0, false, 0)).then(|| {
+                    base.with(Opt::MaxWait, max_wait)
+                        .with(Opt::Dry, i64::from(dry))
+                })
             }
-            Operation::Refund { at } => options(&mut out, &[now, 0, 0, slack, 1, at]),
-            Operation::Take => options(&mut out, &[now, 0, 0, slack, 2, 0]),
-            Operation::Charge => options(&mut out, &[now, 0, 0, slack, 4, 0]),
-            Operation::Renew { at } => options(&mut out, &[now, 0, 0, slack, 5, at]),
+            Operation::Refund { at } => {
+                Some(base.with(Opt::Op, Op::Refund as i64).with(Opt::At, at))
+            }
+            Operation::Take => Some(base.with(Opt::Op, Op::Take as i64)),
+            Operation::Charge => Some(base.with(Opt::Op, Op::Charge as i64)),
+            Operation::Renew { at } => Some(base.with(Opt::Op, Op::Renew as i64).with(Opt::At, at)),
+        };
+        if let Some(options) = options {
+            let start = out.buf.len();
+            options.write(&mut out.buf);
+            out.args.push(start..out.buf.len());
         }
         let mut digits = itoa::Buffer::new();
         for check in checks {

@@ -283,7 +283,7 @@ impl RedisStore {
     }
 
     /// A settlement of checks whose keys share a slot (the library's ops 1,
-    /// 4 and 5, see `lua/driver.lua`): one call.
+    /// 4 and 5, see `lua/limits.lua`): one call.
     async fn settle_group(
         &self,
         checks: &[Check<'_>],
@@ -392,7 +392,7 @@ impl Backend for RedisStore {
         }))
     }
 
-    /// The library's take operation (op 2, see `lua/driver.lua`): one call
+    /// The library's take operation (op 2, see `lua/limits.lua`): one call
     /// through [`invoke`](RedisStore::invoke).
     fn take<'a>(
         &'a self,

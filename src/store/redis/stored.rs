@@ -5,7 +5,7 @@
 //! first state key, in the hash of that key's slot. Each value is the
 //! limit's stored form (`Limit::stored_form`), an override's followed by
 //! `@` and the store time (us) it ends, when it does: a decision reads both
-//! through a mirror of the hash in the Lua VM (see `lua/driver.lua`). Every
+//! through a mirror of the hash in the Lua VM (see `lua/kept.lua`). Every
 //! write here goes through the library (op 3 of its options), which drops
 //! that mirror, so a change is in force for the next decision on each
 //! server it wrote; reads here are plain `HGET`s. An ended override is
@@ -18,6 +18,7 @@ use std::sync::{Mutex, PoisonError};
 
 use super::encode::Encoded;
 use super::RedisStore;
+use crate::algorithm::wire::{Op, Opt, Options, PenaltyOp};
 use crate::algorithm::Params;
 use crate::penalty::PenState;
 use crate::store::{Check, Deadline, PenaltyChange, QuotaChange};
@@ -181,7 +182,7 @@ impl RedisStore {
     }
 
     /// Runs `command` (`HSET`, `HSETNX` or `HDEL`) with `args` on the hash
-    /// `hash` through the library (op 3, see `lua/driver.lua`), which drops
+    /// `hash` through the library (op 3, see `lua/kept.lua`), which drops
     /// its mirror of the hash: the command's answer.
     async fn change(
         &self,
@@ -245,7 +246,7 @@ impl RedisStore {
 
 impl RedisStore {
     /// Applies `change` to `check`'s penalty state through the library
-    /// (op 6, see `lua/driver.lua`).
+    /// (op 6, see `lua/penalty.lua`).
     pub(super) async fn penalty_now(
         &self,
         check: &Check<'_>,
@@ -261,13 +262,18 @@ impl RedisStore {
         };
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
         let (what, us) = match change {
-            PenaltyChange::Read => (0, 0),
-            PenaltyChange::Block(us) => (1, us),
-            PenaltyChange::Unblock => (2, 0),
+            PenaltyChange::Read => (PenaltyOp::Read, 0),
+            PenaltyChange::Block(us) => (PenaltyOp::Block, us),
+            PenaltyChange::Unblock => (PenaltyOp::Forget, 0),
         };
-        let slack = self.inner.slack;
-        let options = format!("o:{now}:0:0:{slack}:6:{what}:{us}");
-        let encoded = Encoded::penalty(key, options.as_bytes(), check.limit.wire());
+        let mut options = Vec::new();
+        Options::op(Op::Penalty)
+            .with(Opt::Now, now)
+            .with(Opt::Slack, self.inner.slack)
+            .with(Opt::At, what as i64)
+            .with(Opt::Block, us)
+            .write(&mut options);
+        let encoded = Encoded::penalty(key, &options, check.limit.wire());
         let reply = self.run_encoded(&encoded, deadline).await?;
         let values: Vec<i64> = reply
             .chunks_exact(8)
@@ -297,11 +303,11 @@ impl RedisStore {
     /// Logs, once per limit name and process, that a decision's reply
     /// `packed` over `checks` says a limit's quota kept in the store, or
     /// its key's override, was ignored (not valid, or of another algorithm:
-    /// see `valid_kept` in `lua/driver.lua`); the limit's own quota decided.
+    /// see `valid_kept` in `lua/kept.lua`); the limit's own quota decided.
     /// `extra` doubles follow the statuses (a take's amount). Reads nothing
     /// from a reply without notes, the usual one.
     pub(super) fn report_ignored(&self, packed: &[u8], checks: &[Check<'_>], extra: usize) {
-        if packed.len() <= 8 * (3 + 3 * checks.len() + extra) {
+        if packed.len() <= crate::algorithm::packed_len(checks.len(), extra) {
             return;
         }
         static WARNED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
@@ -343,7 +349,7 @@ fn read_count(reply: &[u8]) -> Result<i64, Error> {
 
 /// A kept value's stored form, and when it ends (`@<us>` after it, digits
 /// below 2^53); `None` for a value whose end the library cannot read (see
-/// `kept_quota` in `lua/driver.lua`).
+/// `kept_quota` in `lua/kept.lua`).
 fn split_ends(value: &[u8]) -> Option<(&[u8], Option<i64>)> {
     match value.iter().position(|&b| b == b'@') {
         Some(at) => {
