@@ -323,7 +323,11 @@ impl RateLimitLayerBuilder {
         let rules = self
             .rules
             .into_iter()
-            .map(|rule| rule.compile(&self.on_missing, fixed_cost))
+            .map(|#[allow(unused_mut)] mut rule| {
+                #[cfg(feature = "resolver")]
+                super::resolved::choose_plan_tiers(&mut rule)?;
+                rule.compile(&self.on_missing, fixed_cost)
+            })
             .collect::<Result<Vec<CompiledRule>, ConfigError>>()?;
         if self.cost.is_none() {
             let every = rules.iter().flat_map(CompiledRule::limits);

@@ -82,12 +82,10 @@ mod after;
 mod body;
 mod builder;
 mod future;
-#[cfg(feature = "grpc")]
-mod grpc;
 mod info;
 mod outage;
 #[cfg(feature = "resolver")]
-mod plan;
+mod resolved;
 mod response;
 mod rule;
 mod service;
@@ -102,15 +100,15 @@ pub use self::body::ResponseBody;
 pub use self::builder::RateLimitLayerBuilder;
 pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
-#[cfg(feature = "resolver")]
-#[cfg_attr(docsrs, doc(cfg(feature = "resolver")))]
-pub use self::plan::{Plan, PlanResolver, PlanResolverBuilder};
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };
 pub use self::rule::Rule;
 pub use self::service::RateLimit;
+#[cfg(feature = "resolver")]
+#[cfg_attr(docsrs, doc(cfg(feature = "resolver")))]
+pub use crate::plan::{Plan, PlanResolver, PlanResolverBuilder};
 
 use self::body::RejectionResponse;
 use self::outage::OutageLog;

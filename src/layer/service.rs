@@ -379,14 +379,14 @@ where
         let mut parts = parts;
         #[cfg(feature = "resolver")]
         if config.rules.iter().any(|rule| rule.is_resolved()) {
-            Box::pin(super::plan::resolve(&config, &mut parts)).await;
+            Box::pin(super::resolved::resolve(&config, &mut parts)).await;
         }
         let chosen = match choose(&config, &parts) {
             Ok(chosen) => chosen,
             Err(answer) => return Ok(answer),
         };
         #[cfg(feature = "resolver")]
-        super::plan::forget(&mut parts);
+        super::resolved::forget(&mut parts);
         let cost = cost_of(&config, &parts);
         let checks = checks_of(&chosen, cost);
         // a place among the requests that may wait, while one is free
