@@ -81,9 +81,11 @@
 mod after;
 mod body;
 mod builder;
+mod choose;
 mod future;
 mod info;
 mod outage;
+mod refusal;
 #[cfg(feature = "resolver")]
 mod resolved;
 mod response;
