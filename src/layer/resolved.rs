@@ -38,7 +38,8 @@ impl Rule {
     }
 }
 
-/// Before [`Rule::compile`] (the layer's builder): a resolved rule's tier is its plan's.
+/// Before [`Rule::compile`] (in the layer's builder): a resolved rule's
+/// tier is its plan's.
 pub(crate) fn choose_plan_tiers(rule: &mut Rule) -> Result<(), ConfigError> {
     let Some(plans) = rule.plan.clone() else {
         return Ok(());

@@ -68,7 +68,7 @@ impl Limit {
     /// the holder loses it. In a layer, a request holds its permit from
     /// its decision until its response body ends, so a client that stops
     /// reading a streamed body would hold it for as long as it keeps the
-    /// connection open; at `max_hold` (by default [`DEFAULT_MAX_HOLD`](super::DEFAULT_MAX_HOLD),
+    /// connection open; at `max_hold` (by default [`DEFAULT_MAX_HOLD`],
     /// 10 minutes) the permit comes back and the body ends with an error
     /// at its next poll, which closes the connection. A
     /// [`Lease`](crate::Lease) is bounded only when this is set: its holder
@@ -86,6 +86,8 @@ impl Limit {
     /// assert_eq!(downloads.max_hold(), Some(Duration::from_secs(120)));
     /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
+    ///
+    /// [`DEFAULT_MAX_HOLD`]: super::DEFAULT_MAX_HOLD
     pub fn hold_at_most(mut self, max_hold: Duration) -> Result<Self, ConfigError> {
         if !self.leases {
             return Err(ConfigError::MaxHold(format!(

@@ -35,7 +35,9 @@ impl LimiterBuilder {
     }
 
     /// Bounds every store call (default [`DEFAULT_TIMEOUT`]); a call that takes
-    /// longer fails with [`Error::Timeout`](crate::Error::Timeout).
+    /// longer fails with [`Error::Timeout`].
+    ///
+    /// [`Error::Timeout`]: crate::Error::Timeout
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -50,7 +52,7 @@ impl LimiterBuilder {
     /// without a round trip, and a flood on one key costs the store one
     /// decision per retry period. Such a decision repeats the store's last
     /// answer, aged: its waits count down, its `remaining` is the one the
-    /// store reported (see [`Decision::from_local_cache`](crate::Decision::from_local_cache)); for a larger
+    /// store reported (see [`Decision::from_local_cache`]); for a larger
     /// cost its `retry_after` is a lower bound. It never refuses what the
     /// store would grant, unless another process resets the key, raises
     /// the quota or lifts a key's block meanwhile (a
@@ -59,6 +61,8 @@ impl LimiterBuilder {
     /// [penalty](crate::Limit::with_penalty) has its denials cached only while
     /// it blocks the key (its other refusals are counted by the store). At
     /// most 10 000 entries are kept.
+    ///
+    /// [`Decision::from_local_cache`]: crate::Decision::from_local_cache
     pub fn cache_denials(mut self, cache: bool) -> Self {
         self.cache_denials = cache;
         self

@@ -1,5 +1,5 @@
 //! Plans from an async lookup (feature `resolver`): a [`PlanResolver`]
-//! gives a [`Rule`](crate::layer::Rule) the key its requests count under and their tier from an
+//! gives a [`Rule`] the key its requests count under and their tier from an
 //! answer looked up per client (an API key to its tenant and plan, in a
 //! database or from another service), cached.
 //!
@@ -8,6 +8,8 @@
 //! resolved rule's key (`request.rs`). The layer's side, the rule made from
 //! a resolver and the lookups in the response future, is
 //! `layer/resolved.rs`.
+//!
+//! [`Rule`]: crate::layer::Rule
 
 mod builder;
 mod failures;
@@ -43,9 +45,12 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 ///
 /// The key is what the limit counts per: a tenant id makes every API key
 /// of the tenant share one limit. The tier is a name given to
-/// [`Rule::tier`](crate::layer::Rule::tier), or none for the rule's own limit; a name the rule has no
+/// [`Rule::tier`], or none for the rule's own limit; a name the rule has no
 /// tier for counts under the default tier too (logged once at `warn`), as
-/// with [`Rule::choose_tier`](crate::layer::Rule::choose_tier).
+/// with [`Rule::choose_tier`].
+///
+/// [`Rule::tier`]: crate::layer::Rule::tier
+/// [`Rule::choose_tier`]: crate::layer::Rule::choose_tier
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     key: Box<[u8]>,
@@ -86,8 +91,8 @@ type Lookup = dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = Answer> + Send>> + 
 type Cached = Option<Arc<Plan>>;
 
 /// Looks a request's [`Plan`] up asynchronously, from a key of the request
-/// (such as its API key), and caches the answers: a [`Rule`](crate::layer::Rule) made with
-/// [`Rule::resolved`](crate::layer::Rule::resolved) counts requests under the plan's key, in the plan's
+/// (such as its API key), and caches the answers: a [`Rule`] made with
+/// [`Rule::resolved`] counts requests under the plan's key, in the plan's
 /// tier. Feature `resolver`.
 ///
 /// Built with [`builder`](Self::builder) from the extractor of the lookup
@@ -130,6 +135,8 @@ type Cached = Option<Arc<Plan>>;
 /// per-minute and a per-day limit per tenant) look each key up once.
 ///
 /// [`MissingKey`]: crate::layer::MissingKey
+/// [`Rule`]: crate::layer::Rule
+/// [`Rule::resolved`]: crate::layer::Rule::resolved
 ///
 /// ```
 /// use std::collections::HashMap;
