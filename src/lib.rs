@@ -110,6 +110,8 @@ mod clock;
 mod config;
 mod decision;
 mod error;
+#[cfg(feature = "grpc")]
+mod grpc;
 mod hot;
 pub mod key;
 pub mod layer;
@@ -118,6 +120,8 @@ mod limiter;
 mod live;
 pub mod metrics;
 mod penalty;
+#[cfg(feature = "resolver")]
+mod plan;
 mod quota;
 pub mod store;
 mod text;

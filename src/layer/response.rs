@@ -317,7 +317,7 @@ impl Answers {
     /// The answers a request with this head gets.
     pub(crate) fn to(parts: &http::request::Parts) -> Answers {
         #[cfg(feature = "grpc")]
-        if super::grpc::is_call(&parts.headers) {
+        if crate::grpc::is_call(&parts.headers) {
             return Answers::Grpc;
         }
         let _ = parts;
@@ -332,7 +332,7 @@ impl Answers {
             #[cfg(feature = "grpc")]
             Answers::Grpc => {
                 let violated: Vec<&str> = decision.violated_limits().map(|s| s.name()).collect();
-                super::grpc::answer(
+                grpc_answer(
                     tonic::Code::ResourceExhausted,
                     refusal_detail(decision, &violated),
                     decision.retry_after(),
@@ -348,7 +348,7 @@ impl Answers {
             Answers::Http => store_unavailable(retry_after),
             #[cfg(feature = "grpc")]
             Answers::Grpc => {
-                let mut response = super::grpc::answer(
+                let mut response = grpc_answer(
                     tonic::Code::Unavailable,
                     UNAVAILABLE_DETAIL.to_owned(),
                     Some(retry_after),
@@ -367,7 +367,7 @@ impl Answers {
         match self {
             Answers::Http => forbidden(),
             #[cfg(feature = "grpc")]
-            Answers::Grpc => super::grpc::answer(
+            Answers::Grpc => grpc_answer(
                 tonic::Code::PermissionDenied,
                 FORBIDDEN_DETAIL.to_owned(),
                 None,
@@ -381,13 +381,20 @@ impl Answers {
         match self {
             Answers::Http => missing_key(status, limit),
             #[cfg(feature = "grpc")]
-            Answers::Grpc => super::grpc::answer(
-                super::grpc::missing_key_code(status),
+            Answers::Grpc => grpc_answer(
+                crate::grpc::missing_key_code(status),
                 missing_key_detail(limit),
                 None,
             ),
         }
     }
+}
+
+/// A gRPC answer ([`crate::grpc::answer`]) with the body of the layer's
+/// rejections.
+#[cfg(feature = "grpc")]
+fn grpc_answer(code: tonic::Code, message: String, retry: Option<Duration>) -> Response {
+    crate::grpc::answer(code, message, retry).map(Body::new)
 }
 
 #[cfg(test)]

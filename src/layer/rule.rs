@@ -99,7 +99,7 @@ pub struct Rule {
     pub(crate) choose: Option<TierChoice>,
     /// Where the key and tier come from instead ([`Rule::resolved`]).
     #[cfg(feature = "resolver")]
-    pub(crate) plan: Option<super::plan::PlanResolver>,
+    pub(crate) plan: Option<crate::plan::PlanResolver>,
 }
 
 impl std::fmt::Debug for Rule {
@@ -266,12 +266,10 @@ impl Rule {
     /// a live limit is told what the layer needs of its values: a fixed
     /// `cost` it holds, the algorithm of its tiers.
     pub(crate) fn compile(
-        #[allow(unused_mut)] mut self,
+        self,
         layer_missing: &MissingKey,
         cost: Option<u64>,
     ) -> Result<CompiledRule, ConfigError> {
-        #[cfg(feature = "resolver")]
-        super::plan::choose_plan_tiers(&mut self)?;
         let name = self.limit.name().to_owned();
         let current = Limit::clone(&self.limit.load());
         if current.is_concurrency() && self.cost_after.any() {
@@ -422,7 +420,7 @@ pub(crate) struct CompiledRule {
     pub(crate) cost_after: CostAfter,
     choose: Option<TierChoice>,
     #[cfg(feature = "resolver")]
-    pub(crate) plan: Option<super::plan::PlanResolver>,
+    pub(crate) plan: Option<crate::plan::PlanResolver>,
 }
 
 impl CompiledRule {

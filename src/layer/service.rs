@@ -1,24 +1,23 @@
-//! The [`RateLimit`] service and its response future.
+//! The [`RateLimit`] service and its response future; the limits that
+//! apply to a request are chosen in `choose.rs`, the layer's own answers
+//! made in `refusal.rs`.
 
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use super::body::RejectionResponse;
+use http::request::Parts;
 use http::{Request, Response};
+use smallvec::SmallVec;
 use tower_service::Service;
 
-use crate::key::KeyBuf;
-use http::request::Parts;
-
-use super::response::{insert_headers, insert_retry_after, Answers, Fields};
-use smallvec::SmallVec;
-
 use super::after::After;
+use super::choose::{checks_of, choose, cost_of};
 use super::future::ResponseFuture;
-use super::{Config, MissingKey, OnStoreError, RateLimitInfo, Rejection, ResponseBody};
-use crate::limiter::{Checks, Refund, RefundOnDrop};
-use crate::live::Current;
-use crate::{Decision, Error, Grant, Limiter};
+use super::refusal::{after_failure, deny_listed, refused, AfterFailure};
+use super::response::Fields;
+use super::{Config, RateLimitInfo, ResponseBody};
+use crate::limiter::{Refund, RefundOnDrop};
+use crate::{Error, Grant};
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
 ///
@@ -58,115 +57,6 @@ impl<S> RateLimit<S> {
     /// Unwraps the inner service.
     pub fn into_inner(self) -> S {
         self.inner
-    }
-}
-
-fn rejection<B>(
-    config: &Config,
-    why: Rejection<'_>,
-    default: impl FnOnce() -> RejectionResponse,
-) -> Response<ResponseBody<B>> {
-    let response = match &config.rejector {
-        Some(handler) => handler(&why),
-        None => default(),
-    };
-    response.map(ResponseBody::rejection)
-}
-
-/// The 429 (or gRPC status) for a refused decision of the request with head
-/// `parts` (`shown`: the decision without its shadow limits).
-fn refused<B>(
-    config: &Config,
-    parts: &Parts,
-    decision: &Decision,
-    shown: &Decision,
-) -> Response<ResponseBody<B>> {
-    let violated: SmallVec<[&str; 2]> = decision.violated_limits().map(|s| s.name()).collect();
-    tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
-    let mut response = rejection(config, Rejection::Limited(decision), || {
-        Answers::to(parts).refused(decision)
-    });
-    insert_retry_after(response.headers_mut(), decision);
-    insert_headers(response.headers_mut(), shown, &config.headers);
-    response
-}
-
-/// The 403 (or `PERMISSION_DENIED`) for a request of the deny-list, counted
-/// under every limit of the layer.
-#[cold]
-fn deny_listed<B>(config: &Config, parts: &Parts) -> Response<ResponseBody<B>> {
-    tracing::debug!(target: "tower_ratelimit", "request refused by the deny-list");
-    for rule in &config.rules {
-        crate::limiter::count::count_one(&rule.limit().load(), crate::metrics::Outcome::DenyListed);
-    }
-    rejection(config, Rejection::DenyListed, || {
-        Answers::to(parts).forbidden()
-    })
-}
-
-/// The limits that apply to a request: (limit, key, rule) each, or the
-/// answer to a request without a key that its rule refuses.
-type Chosen<'a> = SmallVec<[(Current<'a>, KeyBuf, usize); 2]>;
-
-// (the answer is returned once per refused request: not worth a box)
-#[allow(clippy::result_large_err)]
-fn choose<'a, B>(
-    config: &'a Config,
-    parts: &Parts,
-) -> Result<Chosen<'a>, Response<ResponseBody<B>>> {
-    let mut chosen = Chosen::new();
-    for (i, rule) in config.rules.iter().enumerate() {
-        if rule.skip.as_ref().is_some_and(|skip| skip(parts)) {
-            continue;
-        }
-        let tier = rule.tier(parts);
-        let mut key = KeyBuf::new();
-        // (an empty key is none: see `Error::EmptyKey`)
-        let found = rule.key.extract_into(parts, &mut key) && !key.is_empty();
-        match (found, &rule.on_missing) {
-            (true, _) => chosen.push((tier.limit(), key, i)),
-            (false, MissingKey::Skip) => {}
-            (false, MissingKey::Shared(key)) => {
-                chosen.push((tier.keyless(), KeyBuf::from(key.as_bytes()), i));
-            }
-            (false, MissingKey::Reject(status)) => {
-                let name = rule.limit().name();
-                tracing::debug!(target: "tower_ratelimit", limit = name, "request without a rate-limit key");
-                let why = Rejection::MissingKey(name);
-                let answer = || Answers::to(parts).missing_key(*status, name);
-                return Err(rejection(config, why, answer));
-            }
-        }
-    }
-    Ok(chosen)
-}
-
-/// What a store failure leads to, per [`OnStoreError`].
-enum AfterFailure<'a, B> {
-    /// Decide with the in-process fallback.
-    Fallback(&'a Limiter),
-    /// Answer this (fail closed).
-    Answer(Response<ResponseBody<B>>),
-    /// Forward without a decision (fail open).
-    Pass,
-}
-
-fn after_failure<'a, B>(config: &'a Config, parts: &Parts, error: &Error) -> AfterFailure<'a, B> {
-    match (config.on_error, &config.fallback) {
-        (OnStoreError::FallbackToMemory, Some(fallback)) => {
-            config.outage.failure(error, "deciding in memory");
-            AfterFailure::Fallback(fallback)
-        }
-        (OnStoreError::FailClosed { retry_after }, _) => {
-            config.outage.failure(error, "refusing requests");
-            let why = Rejection::StoreFailed(error);
-            let answer = || Answers::to(parts).store_unavailable(retry_after);
-            AfterFailure::Answer(rejection(config, why, answer))
-        }
-        _ => {
-            config.outage.failure(error, "letting requests through");
-            AfterFailure::Pass
-        }
     }
 }
 
@@ -293,22 +183,6 @@ fn decide_at_once<B>(config: &Config, parts: &Parts) -> AtOnce<B> {
     AtOnce::Forward(RateLimitInfo::new(Some(decision), false), fields)
 }
 
-/// A request's cost: the layer's function of the request, or its fixed cost.
-fn cost_of(config: &Config, parts: &Parts) -> u64 {
-    config
-        .cost
-        .as_ref()
-        .map_or(config.fixed_cost, |cost| cost(parts))
-}
-
-/// The chosen limits and keys as the limiter decides them, at `cost`.
-fn checks_of<'a>(chosen: &'a Chosen<'_>, cost: u64) -> Checks<'a> {
-    let pairs = chosen
-        .iter()
-        .map(|(limit, key, _)| (&**limit, key.as_bytes()));
-    Limiter::checks(pairs, cost)
-}
-
 /// Forwards a request decided within `call`, with `info` among its
 /// extensions (put into the parts before they are rejoined: the request is
 /// not moved again): to the inner service itself when it is ready now, else
@@ -379,14 +253,14 @@ where
         let mut parts = parts;
         #[cfg(feature = "resolver")]
         if config.rules.iter().any(|rule| rule.is_resolved()) {
-            Box::pin(super::plan::resolve(&config, &mut parts)).await;
+            Box::pin(super::resolved::resolve(&config, &mut parts)).await;
         }
         let chosen = match choose(&config, &parts) {
             Ok(chosen) => chosen,
             Err(answer) => return Ok(answer),
         };
         #[cfg(feature = "resolver")]
-        super::plan::forget(&mut parts);
+        super::resolved::forget(&mut parts);
         let cost = cost_of(&config, &parts);
         let checks = checks_of(&chosen, cost);
         // a place among the requests that may wait, while one is free

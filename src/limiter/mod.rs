@@ -1,7 +1,8 @@
 //! The programmatic API: [`Limiter`] with the decisions a request makes
 //! (`check`, `acquire`, `peek`, `take_up_to`, `reset`, ...), and beside it
 //! [`Admin`] (`admin/`), what an operator does (kept quotas, overrides,
-//! penalties).
+//! penalties). How a limiter is made ([`LimiterBuilder`], the limits
+//! registered on the store) is `builder.rs`.
 //!
 //! A decision goes one way: the public methods here build the checks (one
 //! per limit, with its key and cost), [`run`](Limiter::run) picks the plain
@@ -20,6 +21,7 @@
 //! fn`'s cannot be in stable Rust without boxing every check.)
 
 mod admin;
+mod builder;
 mod call;
 mod charge;
 pub(crate) mod count;
@@ -35,6 +37,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 pub use self::admin::{Admin, Inspection};
+pub use self::builder::LimiterBuilder;
 use self::deny_cache::DenyCache;
 pub use self::grant::{Grant, Refundable};
 pub(crate) use self::grant::{Refund, RefundOnDrop};
@@ -45,7 +48,7 @@ use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;
 use crate::store::{Answer, Check, Store};
-use crate::{ConfigError, Error, Limit, LimitSource};
+use crate::{Error, Limit, LimitSource};
 
 /// Runs `work` without awaiting it (from `Drop`): in place when it is done
 /// on its first poll (`at_once`: a store that answers at once), else on a
@@ -72,16 +75,6 @@ pub(crate) type Checks<'a> = SmallVec<[Check<'a>; 2]>;
 
 /// The limits of one decision as read when it began (see [`LimitSource`]).
 type Limits<'a> = SmallVec<[Current<'a>; 2]>;
-
-/// For a store shared over a network, the clock of what this process
-/// keeps of its decisions: the store's own when it has one.
-fn local_clock(store: &dyn Store) -> Option<Arc<dyn crate::Clock>> {
-    store.remote().then(|| {
-        store
-            .clock()
-            .unwrap_or_else(|| Arc::new(crate::SystemClock::new()))
-    })
-}
 
 /// Default bound on one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -139,125 +132,7 @@ impl std::fmt::Debug for Limiter {
     }
 }
 
-/// Configures a [`Limiter`].
-#[must_use]
-pub struct LimiterBuilder {
-    store: Arc<dyn Store>,
-    limits: Vec<LimitSource>,
-    timeout: Duration,
-    cache_denials: bool,
-}
-
-impl std::fmt::Debug for LimiterBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LimiterBuilder")
-            .field("limits", &self.limits)
-            .finish()
-    }
-}
-
-impl LimiterBuilder {
-    /// Adds a limit, fixed or [live](crate::LiveLimit). All limits are
-    /// decided together.
-    pub fn limit(mut self, limit: impl Into<LimitSource>) -> Self {
-        self.limits.push(limit.into());
-        self
-    }
-
-    /// Bounds every store call (default [`DEFAULT_TIMEOUT`]); a call that takes
-    /// longer fails with [`Error::Timeout`].
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Answer denials known to hold from a local cache (default: yes, for a
-    /// store shared over a network; the in-memory store needs none).
-    ///
-    /// A request denied with `retry_after` R is denied again, for the same
-    /// limits and keys and the same or a larger cost, until R has passed,
-    /// whatever other instances do: so until then the limiter answers it
-    /// without a round trip, and a flood on one key costs the store one
-    /// decision per retry period. Such a decision repeats the store's last
-    /// answer, aged: its waits count down, its `remaining` is the one the
-    /// store reported (see [`Decision::from_local_cache`]); for a larger
-    /// cost its `retry_after` is a lower bound. It never refuses what the
-    /// store would grant, unless another process resets the key, raises
-    /// the quota or lifts a key's block meanwhile (a
-    /// [`reset`](Limiter::reset) or [`unblock`](Admin::unblock) through
-    /// this limiter clears the key's entries). A limit with a
-    /// [penalty](crate::Limit::with_penalty) has its denials cached only while
-    /// it blocks the key (its other refusals are counted by the store). At
-    /// most 10 000 entries are kept.
-    pub fn cache_denials(mut self, cache: bool) -> Self {
-        self.cache_denials = cache;
-        self
-    }
-
-    /// Builds the limiter: at least one limit, unique names.
-    pub fn build(self) -> Result<Limiter, ConfigError> {
-        if self.limits.is_empty() {
-            return Err(ConfigError::NoLimits);
-        }
-        for (i, limit) in self.limits.iter().enumerate() {
-            if self.limits[..i].iter().any(|l| l.name() == limit.name()) {
-                return Err(ConfigError::DuplicateName(limit.name().to_owned()));
-            }
-        }
-        register(&*self.store, &self.limits);
-        let clock = local_clock(&*self.store);
-        Ok(Limiter {
-            inner: Arc::new(Inner {
-                denials: clock
-                    .clone()
-                    .filter(|_| self.cache_denials)
-                    .map(DenyCache::new),
-                hot: self.store.hot_pools(),
-                store: self.store,
-                limits: self.limits,
-                timeout: self.timeout,
-            }),
-        })
-    }
-}
-
 impl Limiter {
-    /// A limiter with one limit, fixed or [live](crate::LiveLimit).
-    pub fn new(store: impl Store, limit: impl Into<LimitSource>) -> Self {
-        let limit = limit.into();
-        register(&store, std::slice::from_ref(&limit));
-        let clock = local_clock(&store);
-        Self {
-            inner: Arc::new(Inner {
-                denials: clock.map(DenyCache::new),
-                hot: store.hot_pools(),
-                store: Arc::new(store),
-                limits: vec![limit],
-                timeout: DEFAULT_TIMEOUT,
-            }),
-        }
-    }
-
-    /// A builder over a store that is already shared.
-    pub(crate) fn builder_shared(store: Arc<dyn Store>) -> LimiterBuilder {
-        LimiterBuilder {
-            store,
-            limits: Vec::new(),
-            timeout: DEFAULT_TIMEOUT,
-            cache_denials: true,
-        }
-    }
-
-    /// Configures a limiter with several limits or a custom timeout.
-    pub fn builder(store: impl Store) -> LimiterBuilder {
-        LimiterBuilder {
-            store: Arc::new(store),
-            limits: Vec::new(),
-            timeout: DEFAULT_TIMEOUT,
-            cache_denials: true,
-        }
-    }
-
     /// The limits, in order, as they are now (a [live](crate::LiveLimit)
     /// one's current value).
     pub fn limits(&self) -> Vec<Limit> {
@@ -585,19 +460,6 @@ impl Limiter {
             return Box::pin(self.run_shadow_ahead(checks, max_wait, dry)).await;
         }
         self.run_once(checks, max_wait, dry, true).await
-    }
-}
-
-/// Registers the fixed limits among `limits` on the store, which warns about
-/// a name used with two quotas (a live limit changes its quota by design).
-fn register(store: &dyn Store, limits: &[LimitSource]) {
-    if let Some(quotas) = store.quotas() {
-        let fixed: Vec<Limit> = limits
-            .iter()
-            .filter(|l| l.live().is_none())
-            .map(|l| Limit::clone(&l.load()))
-            .collect();
-        quotas.register(&fixed);
     }
 }
 

@@ -10,7 +10,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
-use super::table::{Found, Hasher, Shard, Table};
+use super::key::Hasher;
+use super::table::{Found, Shard, Table};
 use super::write::Put;
 use super::{lock, MemoryStore};
 use crate::algorithm::{self, Operand, Reply, State};

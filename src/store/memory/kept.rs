@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
-use super::table::{Hasher, Key};
+use super::key::{Hasher, Key};
 use super::{lock, Inner, MemoryStore};
 use crate::algorithm::{Params, Reply};
 use crate::store::{Check, QuotaChange};

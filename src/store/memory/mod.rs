@@ -14,6 +14,7 @@
 mod builder;
 mod decide;
 mod kept;
+mod key;
 mod penalized;
 mod reclaim;
 mod table;
@@ -28,8 +29,9 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use self::kept::may_be_kept;
+use self::key::Hasher;
 use self::penalized::{is_penalized, Run};
-use self::table::{Found, Hasher, Shard, Table};
+use self::table::{Found, Shard, Table};
 use super::backend::Backend;
 use super::keys::{bounded_keys, bounded_one, is_bounded};
 use super::{Answer, Check, Deadline, PenaltyChange, QuotaChange, Settle, Settled, Store};
@@ -512,7 +514,7 @@ mod tests {
 mod several_shards {
     use std::time::Duration;
 
-    use super::table::Hasher;
+    use super::key::Hasher;
     use super::{Answer, Backend, Check, Deadline, MemoryStore};
     use crate::{Limit, Quota};
 

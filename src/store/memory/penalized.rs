@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
 
-use super::table::{Hasher, Key};
+use super::key::{Hasher, Key};
 use super::{Inner, MemoryStore, SHARDS};
 use crate::algorithm::{Outcome, Reply, Status};
 use crate::penalty::{PenParams, PenState};

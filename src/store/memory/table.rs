@@ -5,9 +5,8 @@
 //! that found no state to give up.
 
 use hashbrown::HashTable;
-use smallvec::SmallVec;
 
-use super::SHARDS;
+use super::key::{Hasher, Key};
 use crate::algorithm::Params;
 use crate::algorithm::{State, Stored};
 use crate::quota::Algorithm;
@@ -19,9 +18,6 @@ const CHUNK: usize = 1024;
 /// Slots of each table of a shard a full store compares to choose the
 /// state it gives up (see `Inner::give_up`).
 pub(super) const SAMPLE: usize = 8;
-
-/// A user key: stored inline up to 24 bytes, on the heap beyond.
-pub(super) type Key = SmallVec<[u8; 24]>;
 
 /// One key's state under one limit.
 pub(super) struct Slot {
@@ -307,22 +303,6 @@ impl Shard {
             .get_mut(t)
             .and_then(|table| table.remove(i, hasher))
             .is_some()
-    }
-}
-
-/// Randomly keyed foldhash: crafted keys cannot all land in one bucket.
-pub(super) struct Hasher(pub(super) foldhash::quality::RandomState);
-
-impl Hasher {
-    #[inline]
-    pub(super) fn hash(&self, key: &[u8]) -> u64 {
-        use std::hash::BuildHasher;
-        self.0.hash_one(key)
-    }
-
-    /// The shard of a hash: bits the tables' own indexing does not use.
-    pub(super) fn shard(hash: u64) -> usize {
-        (hash >> 32) as usize % SHARDS
     }
 }
 

@@ -6,7 +6,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::{MutexGuard, TryLockError};
 
-use super::table::{Closeness, Found, Hasher, Key, Shard, Slot, Table, SAMPLE};
+use super::key::{Hasher, Key};
+use super::table::{Closeness, Found, Shard, Slot, Table, SAMPLE};
 use super::{Inner, SHARDS};
 use crate::algorithm::State;
 use crate::store::Check;

@@ -8,7 +8,8 @@ use std::time::Duration;
 use deadpool_redis::{Manager, Pool, Runtime};
 use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 
-use super::conn::{Connector, Lanes};
+use super::conn::Lanes;
+use super::connector::Connector;
 use super::script::UNTRIED;
 use super::{Inner, RedisStore};
 use crate::clock::Clock;
@@ -223,13 +224,13 @@ impl RedisStoreBuilder {
     }
 
     /// No response timeout in redis-rs: every command is bounded by the
-    /// limiter's timeout (connection attempts by [`super::conn::CONNECT_TIMEOUT`]),
+    /// limiter's timeout (connection attempts by [`super::connector::CONNECT_TIMEOUT`]),
     /// and a connection that leaves a request unanswered that long is
     /// discarded by the lanes.
     fn connection_config() -> AsyncConnectionConfig {
         AsyncConnectionConfig::new()
             .set_response_timeout(None)
-            .set_connection_timeout(Some(super::conn::CONNECT_TIMEOUT))
+            .set_connection_timeout(Some(super::connector::CONNECT_TIMEOUT))
     }
 
     fn connector(&self) -> Result<Connector, ConfigError> {
@@ -277,7 +278,7 @@ impl RedisStoreBuilder {
                     infos.push(info);
                 }
                 let builder = redis::cluster::ClusterClientBuilder::new(infos)
-                    .connection_timeout(super::conn::CONNECT_TIMEOUT)
+                    .connection_timeout(super::connector::CONNECT_TIMEOUT)
                     .response_timeout(RESPONSE_TIMEOUT)
                     // redis-rs waits 1.28 s and more between retries (a
                     // failover, TRYAGAIN while a slot moves); a decision is

@@ -5,7 +5,8 @@
 //! `builder.rs` configures it, `encode.rs` writes each call's keys and
 //! arguments, `batch.rs` coalesces decisions under load, `script.rs` runs
 //! the library (loading it where missing),
-//! `conn.rs` keeps the connections healthy, `cluster.rs` splits a decision
+//! `connector.rs` makes the connections, `conn.rs` keeps them healthy,
+//! `cluster.rs` splits a decision
 //! whose keys live in several slots.
 
 mod batch;
@@ -13,6 +14,7 @@ mod builder;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod conn;
+mod connector;
 mod encode;
 mod script;
 mod stored;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::conn::Conn;
+use super::connector::Conn;
 use super::encode::Encoded;
 use super::RedisStore;
 

@@ -1,15 +1,15 @@
 //! gRPC answers (feature `grpc`): the layer's refusals as gRPC statuses in a
-//! trailers-only response, for requests that are gRPC calls.
+//! trailers-only response, for requests that are gRPC calls. The layer
+//! (`layer/response.rs`) chooses them per request and boxes their bodies.
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
-
-use super::body::{RejectionBody, RejectionResponse};
 
 /// Whether a request is a gRPC call: its `content-type` is
 /// `application/grpc`, or `application/grpc+proto`, `application/grpc;...`
@@ -33,14 +33,18 @@ pub(crate) fn is_call(headers: &HeaderMap) -> bool {
 /// `cache-control: no-store`, as every HTTP refusal of the layer (a proxy
 /// or cache must not answer a later call with it). The body is empty, so
 /// the headers end the stream.
-pub(crate) fn answer(code: Code, message: String, retry: Option<Duration>) -> RejectionResponse {
+pub(crate) fn answer(
+    code: Code,
+    message: String,
+    retry: Option<Duration>,
+) -> Response<Full<Bytes>> {
     let status = match retry {
         Some(delay) => {
             Status::with_error_details(code, message, ErrorDetails::with_retry_info(Some(delay)))
         }
         None => Status::new(code, message),
     };
-    let mut response = RejectionResponse::new(RejectionBody::new(Full::new(bytes::Bytes::new())));
+    let mut response = Response::new(Full::new(Bytes::new()));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -53,7 +57,7 @@ pub(crate) fn answer(code: Code, message: String, retry: Option<Duration>) -> Re
 }
 
 /// The gRPC code of a missing key answered with `status`
-/// ([`MissingKey::Reject`](super::MissingKey::Reject)), after the
+/// ([`MissingKey::Reject`](crate::layer::MissingKey::Reject)), after the
 /// correspondence of HTTP statuses and gRPC codes that gRPC documents:
 /// 401 is `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, 404 `NOT_FOUND`, 429
 /// `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`; any other status (400, the

@@ -1,0 +1,88 @@
+//! The layer's own answers: a refusal, a deny-listed request, a store
+//! failure (per [`OnStoreError`]); a custom handler's when there is one.
+
+use http::request::Parts;
+use http::Response;
+use smallvec::SmallVec;
+
+use super::body::RejectionResponse;
+use super::response::{insert_headers, insert_retry_after, Answers};
+use super::{Config, OnStoreError, Rejection, ResponseBody};
+use crate::{Decision, Error, Limiter};
+
+/// The layer's answer for `why`: the custom handler's, else `default`.
+pub(super) fn rejection<B>(
+    config: &Config,
+    why: Rejection<'_>,
+    default: impl FnOnce() -> RejectionResponse,
+) -> Response<ResponseBody<B>> {
+    let response = match &config.rejector {
+        Some(handler) => handler(&why),
+        None => default(),
+    };
+    response.map(ResponseBody::rejection)
+}
+
+/// The 429 (or gRPC status) for a refused decision of the request with head
+/// `parts` (`shown`: the decision without its shadow limits).
+pub(super) fn refused<B>(
+    config: &Config,
+    parts: &Parts,
+    decision: &Decision,
+    shown: &Decision,
+) -> Response<ResponseBody<B>> {
+    let violated: SmallVec<[&str; 2]> = decision.violated_limits().map(|s| s.name()).collect();
+    tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
+    let mut response = rejection(config, Rejection::Limited(decision), || {
+        Answers::to(parts).refused(decision)
+    });
+    insert_retry_after(response.headers_mut(), decision);
+    insert_headers(response.headers_mut(), shown, &config.headers);
+    response
+}
+
+/// The 403 (or `PERMISSION_DENIED`) for a request of the deny-list, counted
+/// under every limit of the layer.
+#[cold]
+pub(super) fn deny_listed<B>(config: &Config, parts: &Parts) -> Response<ResponseBody<B>> {
+    tracing::debug!(target: "tower_ratelimit", "request refused by the deny-list");
+    for rule in &config.rules {
+        crate::limiter::count::count_one(&rule.limit().load(), crate::metrics::Outcome::DenyListed);
+    }
+    rejection(config, Rejection::DenyListed, || {
+        Answers::to(parts).forbidden()
+    })
+}
+
+/// What a store failure leads to, per [`OnStoreError`].
+pub(super) enum AfterFailure<'a, B> {
+    /// Decide with the in-process fallback.
+    Fallback(&'a Limiter),
+    /// Answer this (fail closed).
+    Answer(Response<ResponseBody<B>>),
+    /// Forward without a decision (fail open).
+    Pass,
+}
+
+pub(super) fn after_failure<'a, B>(
+    config: &'a Config,
+    parts: &Parts,
+    error: &Error,
+) -> AfterFailure<'a, B> {
+    match (config.on_error, &config.fallback) {
+        (OnStoreError::FallbackToMemory, Some(fallback)) => {
+            config.outage.failure(error, "deciding in memory");
+            AfterFailure::Fallback(fallback)
+        }
+        (OnStoreError::FailClosed { retry_after }, _) => {
+            config.outage.failure(error, "refusing requests");
+            let why = Rejection::StoreFailed(error);
+            let answer = || Answers::to(parts).store_unavailable(retry_after);
+            AfterFailure::Answer(rejection(config, why, answer))
+        }
+        _ => {
+            config.outage.failure(error, "letting requests through");
+            AfterFailure::Pass
+        }
+    }
+}

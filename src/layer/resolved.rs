@@ -1,0 +1,107 @@
+//! How it joins the layer: for a layer with a resolved rule, the response
+//! future first asks each such rule's resolver for the request's plan (the
+//! cache, or the lookup), and puts the answers among the request's
+//! extensions (a private type, taken out again before the request goes on).
+//! The rule's key extractor and tier choice then read them there, so the
+//! rest of the layer (exemptions, the missing-key policy, tiers) applies to
+//! a resolved rule as to any other.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use http::request::Parts;
+
+use super::rule::Rule;
+use super::Config;
+use crate::plan::{PlanKey, PlanResolver, Resolved};
+use crate::ConfigError;
+
+impl Rule {
+    /// `limit`, counted per the key of each request's [`Plan`](crate::layer::Plan), in the
+    /// plan's tier: both from `plans`, an async lookup with its cache
+    /// (feature `resolver`). Add the tiers plans name with
+    /// [`tier`](Self::tier); the tier is never chosen with
+    /// [`choose_tier`](Self::choose_tier) (a [`ConfigError::Tiers`] when
+    /// the layer is built). A request whose plan is not found (no lookup
+    /// key, an unknown one, a failed or slow lookup) has no key for this
+    /// limit: its [`MissingKey`](super::MissingKey) policy applies.
+    ///
+    /// A layer with a resolved rule decides in its response future, never
+    /// within `call` (as it does for other layers over a
+    /// [`MemoryStore`](crate::MemoryStore)): the lookup is awaited there.
+    /// See [`PlanResolver`] for an example.
+    #[cfg_attr(docsrs, doc(cfg(feature = "resolver")))]
+    pub fn resolved(limit: impl Into<crate::LimitSource>, plans: PlanResolver) -> Self {
+        let mut rule = Rule::new(limit, PlanKey(plans.clone()));
+        rule.plan = Some(plans);
+        rule
+    }
+}
+
+/// Before [`Rule::compile`] (in the layer's builder): a resolved rule's
+/// tier is its plan's.
+pub(crate) fn choose_plan_tiers(rule: &mut Rule) -> Result<(), ConfigError> {
+    let Some(plans) = rule.plan.clone() else {
+        return Ok(());
+    };
+    let name = rule.limit.name().to_owned();
+    if rule.choose.is_some() {
+        return Err(ConfigError::Tiers(format!(
+            "limit {name:?} takes its tier from a plan resolver: choose_tier cannot choose it too"
+        )));
+    }
+    if rule.tiers.is_empty() {
+        // every request in the limit's own quota, whatever tier plans name
+        return Ok(());
+    }
+    let known: Vec<String> = rule.tiers.iter().map(|(tier, _)| tier.clone()).collect();
+    let warned = AtomicBool::new(false);
+    rule.choose = Some(Arc::new(tier_choice(move |parts: &Parts| {
+        let tier = Resolved::of(parts, &plans)?.tier()?;
+        if !known.iter().any(|known| known == tier) && !warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                target: "tower_ratelimit",
+                limit = %name,
+                tier,
+                "a plan names a tier limit {name:?} does not have: its requests count in the \
+                 default tier (logged once per limit)"
+            );
+        }
+        Some(tier)
+    })));
+    Ok(())
+}
+
+/// A tier choice, its signature spelled out (a closure's own inference
+/// does not tie the returned name's lifetime to the request's).
+fn tier_choice<F>(choose: F) -> F
+where
+    F: for<'a> Fn(&'a Parts) -> Option<&'a str>,
+{
+    choose
+}
+
+/// Looks up the plans of `parts`' resolved rules (each resolver once, the
+/// rules the request is exempt from left out) and puts them among its
+/// extensions, for the rules' keys and tiers; [`forget`] takes them out.
+/// Each resolver waits at most its timeout, one after the other.
+pub(crate) async fn resolve(config: &Config, parts: &mut Parts) {
+    let mut resolved = Resolved::default();
+    for rule in &config.rules {
+        let Some(plans) = &rule.plan else { continue };
+        if resolved.0.iter().any(|(id, _)| *id == plans.id())
+            || rule.skip.as_ref().is_some_and(|skip| skip(parts))
+        {
+            continue;
+        }
+        let plan = plans.plan_of(parts).await;
+        resolved.0.push((plans.id(), plan));
+    }
+    parts.extensions.insert(resolved);
+}
+
+/// Takes the plans [`resolve`] put among the extensions out again: the
+/// inner service never sees them.
+pub(crate) fn forget(parts: &mut Parts) {
+    parts.extensions.remove::<Resolved>();
+}

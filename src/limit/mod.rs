@@ -1,0 +1,189 @@
+//! A named, validated quota ([`Limit`]): its name, interned (`intern.rs`),
+//! and the integer parameters the algorithms decide with, derived once
+//! (`derive.rs`); what it does besides counting its quota (leases, shadow
+//! mode, a stored quota, a penalty, hot keys) in `options.rs`.
+
+mod derive;
+mod intern;
+mod options;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) use self::derive::derive;
+pub(crate) use self::intern::intern;
+
+use crate::algorithm::Params;
+use crate::hot::HotKey;
+use crate::penalty::{PenParams, Penalty};
+use crate::quota::Quota;
+use crate::ConfigError;
+
+/// How long a layer holds a permit of a [concurrency limit](Limit::concurrency)
+/// at most, unless the limit says otherwise ([`Limit::hold_at_most`]).
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
+
+/// A named, validated quota. Cheap to clone.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::{ConfigError, Limit, Quota};
+///
+/// let sms = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?;
+/// assert_eq!(sms.name(), "sms");
+/// assert!(matches!(
+///     Limit::new("sms", Quota::sliding_log(0, Duration::from_secs(60))),
+///     Err(ConfigError::ZeroAmount { .. })
+/// ));
+/// # Ok::<(), ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Limit {
+    /// Interned (see [`intern`]): a decision names its limits without
+    /// counting references.
+    name: &'static str,
+    quota: Quota,
+    params: Params,
+    policy_window: Duration,
+    policy_window_us: u64,
+    /// `algorithm:p1:p2:p3:`, what the Redis decision function reads before
+    /// the cost (see `lua/driver.lua`): the same on every call, so made once.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    wire: Arc<str>,
+    /// `algorithm:p1:p2:p3:`, the wire string less its prefixes (see
+    /// [`stored_form`](Self::stored_form)).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    stored: Arc<str>,
+    /// The penalty, if any (see [`Limit::with_penalty`]), with its integers.
+    penalty: Option<Arc<(Penalty, PenParams)>>,
+    /// Shadow mode: decides and records, never refuses.
+    shadow: bool,
+    /// Whether a quota kept in the store (or a key's override) decides in
+    /// place of `quota` (see [`Limit::quota_from_store`]).
+    from_store: bool,
+    /// A concurrency limit: its grants are leases, given back when the
+    /// work ends (see [`Limit::concurrency`]).
+    leases: bool,
+    /// How long a permit of a concurrency limit may be held at most (see
+    /// [`Limit::hold_at_most`]); `None`: [`DEFAULT_MAX_HOLD`] in a layer,
+    /// no bound for a [`Lease`](crate::Lease).
+    max_hold: Option<Duration>,
+    /// Batches of permits granted in this process (see [`Limit::with_hot_key`]).
+    hot: Option<HotKey>,
+    /// Its `tower_ratelimit_decisions_total` keys, made once.
+    #[cfg(feature = "metrics")]
+    metric_keys: Arc<crate::metrics::LimitKeys>,
+}
+
+impl Limit {
+    /// Validates `quota` and names it. The name becomes part of every storage
+    /// key and of the `RateLimit-Policy` header: 1 to 64 characters from
+    /// `A-Z a-z 0-9 _ . -`.
+    ///
+    /// Names are configuration: the process keeps one copy of each distinct
+    /// name for its whole life (a decision then names its limits without a
+    /// reference count). Make limits with a bounded set of names, not one
+    /// name per client.
+    pub fn new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
+        let name: String = name.into();
+        let valid_name = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !valid_name {
+            return Err(ConfigError::InvalidName(name));
+        }
+        let (params, policy_window) = derive(&quota)?;
+        let [a, b, c] = params.wire();
+        let wire: Arc<str> = format!("{}:{a}:{b}:{c}:", params.algorithm().id()).into();
+        let name = intern(&name);
+        Ok(Self {
+            #[cfg(feature = "metrics")]
+            metric_keys: Arc::new(crate::metrics::LimitKeys::new(name)),
+            name,
+            quota,
+            params,
+            policy_window,
+            policy_window_us: u64::try_from(policy_window.as_micros()).unwrap_or(u64::MAX),
+            stored: wire.clone(),
+            wire,
+            penalty: None,
+            shadow: false,
+            from_store: false,
+            leases: false,
+            max_hold: None,
+            hot: None,
+        })
+    }
+
+    /// The same limit under another name, for state kept apart from it
+    /// (the name need not be valid: it never comes from a user).
+    pub(crate) fn renamed(&self, name: String) -> Self {
+        let mut limit = self.clone();
+        limit.name = intern(&name);
+        #[cfg(feature = "metrics")]
+        {
+            limit.metric_keys = Arc::new(crate::metrics::LimitKeys::new(limit.name));
+        }
+        limit
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        self.name
+    }
+
+    /// The name, interned: the same pointer for every limit of that name.
+    pub(crate) fn shared_name(&self) -> &'static str {
+        self.name
+    }
+
+    #[cfg(feature = "metrics")]
+    pub(crate) fn metric_keys(&self) -> &crate::metrics::LimitKeys {
+        &self.metric_keys
+    }
+
+    /// The quota.
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// The most one request can ever be granted.
+    pub fn capacity(&self) -> u64 {
+        self.quota.amount
+    }
+
+    /// The time in which a spent capacity comes back in full: the window for
+    /// window algorithms, capacity / rate for the bucket algorithms. Used as the
+    /// `w` of `RateLimit-Policy`.
+    pub fn policy_window(&self) -> Duration {
+        self.policy_window
+    }
+
+    /// [`policy_window`](Self::policy_window) in microseconds (it is whole).
+    pub(crate) fn policy_window_us(&self) -> u64 {
+        self.policy_window_us
+    }
+
+    pub(crate) fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// The limit's argument to the Redis decision function, less the cost:
+    /// `c` first for a limit whose quota may be kept in the store, and
+    /// before that its penalty's `p...;` when it has one.
+    #[cfg(feature = "redis")]
+    pub(crate) fn wire(&self) -> &str {
+        &self.wire
+    }
+
+    /// How the store keeps this limit's quota (for another limit of the
+    /// same name to decide with): its wire string, less the cost and the
+    /// `c`: `algorithm:p1:p2:p3:`, which the scripts complete with a
+    /// cost (see `lua/driver.lua`) and [`Params::from_stored`] reads back.
+    #[cfg(feature = "redis")]
+    pub(crate) fn stored_form(&self) -> &str {
+        &self.stored
+    }
+}

@@ -1,0 +1,157 @@
+//! How a [`Limiter`] is made: its builder, and the registration of its
+//! limits on the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::deny_cache::DenyCache;
+use super::{Inner, Limiter, DEFAULT_TIMEOUT};
+use crate::store::Store;
+use crate::{ConfigError, Limit, LimitSource};
+
+/// Configures a [`Limiter`].
+#[must_use]
+pub struct LimiterBuilder {
+    store: Arc<dyn Store>,
+    limits: Vec<LimitSource>,
+    timeout: Duration,
+    cache_denials: bool,
+}
+
+impl std::fmt::Debug for LimiterBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl LimiterBuilder {
+    /// Adds a limit, fixed or [live](crate::LiveLimit). All limits are
+    /// decided together.
+    pub fn limit(mut self, limit: impl Into<LimitSource>) -> Self {
+        self.limits.push(limit.into());
+        self
+    }
+
+    /// Bounds every store call (default [`DEFAULT_TIMEOUT`]); a call that takes
+    /// longer fails with [`Error::Timeout`].
+    ///
+    /// [`Error::Timeout`]: crate::Error::Timeout
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Answer denials known to hold from a local cache (default: yes, for a
+    /// store shared over a network; the in-memory store needs none).
+    ///
+    /// A request denied with `retry_after` R is denied again, for the same
+    /// limits and keys and the same or a larger cost, until R has passed,
+    /// whatever other instances do: so until then the limiter answers it
+    /// without a round trip, and a flood on one key costs the store one
+    /// decision per retry period. Such a decision repeats the store's last
+    /// answer, aged: its waits count down, its `remaining` is the one the
+    /// store reported (see [`Decision::from_local_cache`]); for a larger
+    /// cost its `retry_after` is a lower bound. It never refuses what the
+    /// store would grant, unless another process resets the key, raises
+    /// the quota or lifts a key's block meanwhile (a
+    /// [`reset`](Limiter::reset) or [`unblock`](crate::Admin::unblock) through
+    /// this limiter clears the key's entries). A limit with a
+    /// [penalty](crate::Limit::with_penalty) has its denials cached only while
+    /// it blocks the key (its other refusals are counted by the store). At
+    /// most 10 000 entries are kept.
+    ///
+    /// [`Decision::from_local_cache`]: crate::Decision::from_local_cache
+    pub fn cache_denials(mut self, cache: bool) -> Self {
+        self.cache_denials = cache;
+        self
+    }
+
+    /// Builds the limiter: at least one limit, unique names.
+    pub fn build(self) -> Result<Limiter, ConfigError> {
+        if self.limits.is_empty() {
+            return Err(ConfigError::NoLimits);
+        }
+        for (i, limit) in self.limits.iter().enumerate() {
+            if self.limits[..i].iter().any(|l| l.name() == limit.name()) {
+                return Err(ConfigError::DuplicateName(limit.name().to_owned()));
+            }
+        }
+        register(&*self.store, &self.limits);
+        let clock = local_clock(&*self.store);
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                denials: clock
+                    .clone()
+                    .filter(|_| self.cache_denials)
+                    .map(DenyCache::new),
+                hot: self.store.hot_pools(),
+                store: self.store,
+                limits: self.limits,
+                timeout: self.timeout,
+            }),
+        })
+    }
+}
+
+impl Limiter {
+    /// A limiter with one limit, fixed or [live](crate::LiveLimit).
+    pub fn new(store: impl Store, limit: impl Into<LimitSource>) -> Self {
+        let limit = limit.into();
+        register(&store, std::slice::from_ref(&limit));
+        let clock = local_clock(&store);
+        Self {
+            inner: Arc::new(Inner {
+                denials: clock.map(DenyCache::new),
+                hot: store.hot_pools(),
+                store: Arc::new(store),
+                limits: vec![limit],
+                timeout: DEFAULT_TIMEOUT,
+            }),
+        }
+    }
+
+    /// A builder over a store that is already shared.
+    pub(crate) fn builder_shared(store: Arc<dyn Store>) -> LimiterBuilder {
+        LimiterBuilder {
+            store,
+            limits: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            cache_denials: true,
+        }
+    }
+
+    /// Configures a limiter with several limits or a custom timeout.
+    pub fn builder(store: impl Store) -> LimiterBuilder {
+        LimiterBuilder {
+            store: Arc::new(store),
+            limits: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            cache_denials: true,
+        }
+    }
+}
+
+/// Registers the fixed limits among `limits` on the store, which warns about
+/// a name used with two quotas (a live limit changes its quota by design).
+fn register(store: &dyn Store, limits: &[LimitSource]) {
+    if let Some(quotas) = store.quotas() {
+        let fixed: Vec<Limit> = limits
+            .iter()
+            .filter(|l| l.live().is_none())
+            .map(|l| Limit::clone(&l.load()))
+            .collect();
+        quotas.register(&fixed);
+    }
+}
+
+/// For a store shared over a network, the clock of what this process
+/// keeps of its decisions: the store's own when it has one.
+fn local_clock(store: &dyn Store) -> Option<Arc<dyn crate::Clock>> {
+    store.remote().then(|| {
+        store
+            .clock()
+            .unwrap_or_else(|| Arc::new(crate::SystemClock::new()))
+    })
+}

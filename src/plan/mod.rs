@@ -1,0 +1,337 @@
+//! Plans from an async lookup (feature `resolver`): a [`PlanResolver`]
+//! gives a [`Rule`] the key its requests count under and their tier from an
+//! answer looked up per client (an API key to its tenant and plan, in a
+//! database or from another service), cached.
+//!
+//! Here: the resolver and its cache; its builder (`builder.rs`); the log and
+//! count of failed lookups (`failures.rs`); the plans of one request and a
+//! resolved rule's key (`request.rs`). The layer's side, the rule made from
+//! a resolver and the lookups in the response future, is
+//! `layer/resolved.rs`.
+//!
+//! [`Rule`]: crate::layer::Rule
+
+mod builder;
+mod failures;
+mod request;
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use moka::future::Cache;
+
+use crate::key::{KeyBuf, KeyExtractor};
+
+pub use self::builder::PlanResolverBuilder;
+pub(crate) use self::request::{PlanKey, Resolved};
+
+use self::failures::{count_lookup, Failure, FailureLog};
+
+const DEFAULT_MAX_ENTRIES: u64 = 10_000;
+const DEFAULT_TTL: Duration = Duration::from_secs(60);
+const DEFAULT_UNKNOWN_TTL: Duration = Duration::from_secs(10);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+const DEFAULT_MAX_KEY_LEN: usize = 256;
+const DEFAULT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// The longest lookup timeout a resolver accepts.
+const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+/// What a lookup answers for a known client: the key its requests count
+/// under, and their tier.
+///
+/// The key is what the limit counts per: a tenant id makes every API key
+/// of the tenant share one limit. The tier is a name given to
+/// [`Rule::tier`], or none for the rule's own limit; a name the rule has no
+/// tier for counts under the default tier too (logged once at `warn`), as
+/// with [`Rule::choose_tier`].
+///
+/// [`Rule::tier`]: crate::layer::Rule::tier
+/// [`Rule::choose_tier`]: crate::layer::Rule::choose_tier
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    key: Box<[u8]>,
+    tier: Option<Box<str>>,
+}
+
+impl Plan {
+    /// Requests count under `key`, in the default tier.
+    pub fn new(key: impl Into<Vec<u8>>) -> Self {
+        Self {
+            key: key.into().into_boxed_slice(),
+            tier: None,
+        }
+    }
+
+    /// Requests count in the tier named `tier`.
+    pub fn with_tier(mut self, tier: impl Into<String>) -> Self {
+        self.tier = Some(tier.into().into_boxed_str());
+        self
+    }
+
+    /// The key requests count under.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The tier's name; `None` for the default tier.
+    pub fn tier(&self) -> Option<&str> {
+        self.tier.as_deref()
+    }
+}
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+type Answer = Result<Option<Plan>, BoxError>;
+type Lookup = dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync;
+/// A cached answer: the plan, or `None` for a lookup key that belongs to
+/// no client (cached too).
+type Cached = Option<Arc<Plan>>;
+
+/// Looks a request's [`Plan`] up asynchronously, from a key of the request
+/// (such as its API key), and caches the answers: a [`Rule`] made with
+/// [`Rule::resolved`] counts requests under the plan's key, in the plan's
+/// tier. Feature `resolver`.
+///
+/// Built with [`builder`](Self::builder) from the extractor of the lookup
+/// key and the lookup: an async function of the lookup key's bytes that
+/// answers `Ok(Some(plan))` for a known client, `Ok(None)` for a key that
+/// belongs to none, or an error.
+///
+/// A request has no key for the rule (and gets the rule's [`MissingKey`]
+/// policy, the layer's or its own, exactly as a request without a key) when:
+///
+/// - it has no lookup key, or an empty one;
+/// - its lookup key is longer than [`max_key_len`](PlanResolverBuilder::max_key_len)
+///   bytes (256 by default): never looked up, never cached;
+/// - the lookup answers `None` (an unknown API key);
+/// - the lookup fails, or does not answer within the
+///   [`timeout`](PlanResolverBuilder::timeout) (1 s by default; the lookup's
+///   future is dropped then).
+///
+/// Answers are cached, per lookup key, in a cache of at most
+/// [`max_entries`](PlanResolverBuilder::max_entries) (10 000 by default):
+/// plans for [`ttl`](PlanResolverBuilder::ttl) (60 s by default), unknown
+/// keys for [`unknown_ttl`](PlanResolverBuilder::unknown_ttl) (10 s by
+/// default), so that a flood of one invented key costs one lookup per
+/// `unknown_ttl`. Failures are not cached: the next request for the key
+/// looks it up again. Concurrent requests for a key that is not cached wait
+/// for one lookup, never more than the timeout. A client inventing keys
+/// costs one lookup per key and cannot grow the cache beyond its bound;
+/// entries are evicted by moka's TinyLFU policy, which keeps the keys in
+/// frequent use over keys seen once. To bound the lookups themselves, limit
+/// per client IP in a layer outside this one (a layer's limits are chosen
+/// together, so its per-IP limit does not stop its own lookups).
+///
+/// Failures are logged (target `tower_ratelimit`) at `warn`, at most one
+/// line per [`error_log_interval`](PlanResolverBuilder::error_log_interval)
+/// (10 s by default), with the number of requests they left without a key;
+/// lookup keys are never logged. With the `metrics` feature, the counter
+/// [`PLAN_LOOKUPS`](crate::metrics::PLAN_LOOKUPS) counts lookups by result.
+///
+/// A clone shares the cache: rules made with clones of one resolver (a
+/// per-minute and a per-day limit per tenant) look each key up once.
+///
+/// [`MissingKey`]: crate::layer::MissingKey
+/// [`Rule`]: crate::layer::Rule
+/// [`Rule::resolved`]: crate::layer::Rule::resolved
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use axum::{body::Body, routing::get, Router};
+/// use http::{HeaderName, Request, StatusCode};
+/// use tower::ServiceExt;
+/// use tower_ratelimit::key::Header;
+/// use tower_ratelimit::layer::{Plan, PlanResolver, RateLimitLayer, Rule};
+/// use tower_ratelimit::{Limit, Quota};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// // API key -> (tenant, plan): a database in production.
+/// let clients = Arc::new(HashMap::from([
+///     ("key-a1", ("acme", None)),
+///     ("key-a2", ("acme", None)),
+///     ("key-b", ("globex", Some("pro"))),
+/// ]));
+/// let plans = PlanResolver::builder(Header::new(HeaderName::from_static("x-api-key")), move |api_key| {
+///     let clients = clients.clone();
+///     async move {
+///         let client = std::str::from_utf8(&api_key).ok().and_then(|k| clients.get(k));
+///         Ok::<_, std::io::Error>(client.map(|&(tenant, tier)| match tier {
+///             Some(tier) => Plan::new(tenant).with_tier(tier),
+///             None => Plan::new(tenant),
+///         }))
+///     }
+/// })
+/// .ttl(Duration::from_secs(30))
+/// .timeout(Duration::from_millis(200))
+/// .build()?;
+///
+/// let reports = Rule::resolved(Limit::new("reports", Quota::per_hour(2).fixed_window())?, plans)
+///     .tier("pro", Quota::per_hour(1_000).fixed_window());
+/// let app = Router::new()
+///     .route("/", get(|| async { "report" }))
+///     .layer(RateLimitLayer::builder().rule(reports).build()?);
+/// let send = |api_key: &str| {
+///     let request = Request::get("/").header("x-api-key", api_key).body(Body::empty()).unwrap();
+///     app.clone().oneshot(request)
+/// };
+///
+/// // the two keys of acme share its limit of 2 an hour; globex is on "pro"
+/// assert_eq!(send("key-a1").await?.status(), StatusCode::OK);
+/// assert_eq!(send("key-a2").await?.status(), StatusCode::OK);
+/// assert_eq!(send("key-a1").await?.status(), StatusCode::TOO_MANY_REQUESTS);
+/// for _ in 0..3 {
+///     assert_eq!(send("key-b").await?.status(), StatusCode::OK);
+/// }
+/// // an unknown key has no key for the limit: 400 by default
+/// assert_eq!(send("made-up").await?.status(), StatusCode::BAD_REQUEST);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct PlanResolver(Arc<Inner>);
+
+struct Inner {
+    /// Tells the answers of this resolver apart from other resolvers' in
+    /// one request.
+    id: u64,
+    lookup_key: Box<dyn KeyExtractor>,
+    lookup_kind: String,
+    lookup: Box<Lookup>,
+    cache: Cache<Vec<u8>, Cached>,
+    timeout: Duration,
+    max_key_len: usize,
+    failures: FailureLog,
+}
+
+impl std::fmt::Debug for PlanResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // (never the cached keys: they are secrets)
+        f.debug_struct("PlanResolver")
+            .field("lookup_key", &self.0.lookup_kind)
+            .field("timeout", &self.0.timeout)
+            .field("max_key_len", &self.0.max_key_len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PlanResolver {
+    /// A resolver that reads the lookup key with `lookup_key` (such as
+    /// [`Header`](crate::key::Header) `x-api-key`) and looks its plan up
+    /// with `lookup`, with the defaults: see [`PlanResolverBuilder`].
+    ///
+    /// `lookup` is called only when the key's answer is not cached, and at
+    /// most once at a time per key; it should be async all the way (a
+    /// blocking call inside it blocks a runtime worker: run such a call
+    /// with `tokio::task::spawn_blocking`).
+    pub fn builder<K, F, Fut, E>(lookup_key: K, lookup: F) -> PlanResolverBuilder
+    where
+        K: KeyExtractor,
+        F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<Plan>, E>> + Send + 'static,
+        E: StdError + Send + Sync + 'static,
+    {
+        let lookup_kind = lookup_key.key_kind();
+        let lookup = move |key: Vec<u8>| {
+            let answer = lookup(key);
+            Box::pin(async move { answer.await.map_err(BoxError::from) })
+                as Pin<Box<dyn Future<Output = Answer> + Send>>
+        };
+        PlanResolverBuilder {
+            lookup_key: Box::new(lookup_key),
+            lookup_kind,
+            lookup: Box::new(lookup),
+            max_entries: DEFAULT_MAX_ENTRIES,
+            ttl: DEFAULT_TTL,
+            unknown_ttl: DEFAULT_UNKNOWN_TTL,
+            timeout: DEFAULT_TIMEOUT,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            log_interval: DEFAULT_LOG_INTERVAL,
+        }
+    }
+
+    /// Forgets the cached answer for `lookup_key` (an API key revoked, a
+    /// tenant moved to another plan): its next request looks it up again.
+    pub async fn invalidate(&self, lookup_key: &[u8]) {
+        self.0.cache.invalidate(lookup_key).await;
+    }
+
+    /// Forgets every cached answer.
+    pub fn invalidate_all(&self) {
+        self.0.cache.invalidate_all();
+    }
+
+    /// How many answers the cache holds, plans and unknown keys. The cache
+    /// applies evictions and expiries in batches: this applies those that
+    /// are due first, so the count is at most the bound.
+    pub async fn cached(&self) -> u64 {
+        self.0.cache.run_pending_tasks().await;
+        self.0.cache.entry_count()
+    }
+
+    /// The plan of a request: `None` when it has no key for the rule (see
+    /// the type's docs).
+    pub(crate) async fn plan_of(&self, parts: &Parts) -> Cached {
+        let inner = &*self.0;
+        let mut key = KeyBuf::new();
+        if !inner.lookup_key.extract_into(parts, &mut key) || key.is_empty() {
+            return None;
+        }
+        if key.len() > inner.max_key_len {
+            tracing::debug!(
+                target: "tower_ratelimit",
+                bytes = key.len(),
+                "a lookup key longer than {} bytes: not looked up, the request has no key",
+                inner.max_key_len
+            );
+            count_lookup("oversized");
+            return None;
+        }
+        // One deadline for the lookup and for this request's wait: the
+        // lookup's own timeout ends it first, and its failure reaches every
+        // request waiting for it.
+        let deadline = tokio::time::Instant::now() + inner.timeout;
+        let lookup = async {
+            let answer = tokio::time::timeout_at(deadline, (inner.lookup)(key.as_bytes().to_vec()));
+            match answer.await {
+                Ok(Ok(plan)) => {
+                    count_lookup(if plan.is_some() { "found" } else { "unknown" });
+                    Ok(plan.map(Arc::new))
+                }
+                Ok(Err(error)) => {
+                    count_lookup("failed");
+                    Err(Failure::Failed(error))
+                }
+                Err(_) => {
+                    count_lookup("timed_out");
+                    Err(Failure::TimedOut(inner.timeout))
+                }
+            }
+        };
+        let cached = inner.cache.try_get_with_by_ref(key.as_bytes(), lookup);
+        match tokio::time::timeout_at(deadline, cached).await {
+            Ok(Ok(plan)) => plan,
+            Ok(Err(failure)) => {
+                inner.failures.record(&failure);
+                None
+            }
+            // a lookup taken over from a request that went away, still
+            // running at this request's deadline
+            Err(_) => {
+                inner.failures.record(&Failure::TimedOut(inner.timeout));
+                None
+            }
+        }
+    }
+
+    /// Tells the answers of this resolver apart from other resolvers' in
+    /// one request.
+    pub(crate) fn id(&self) -> u64 {
+        self.0.id
+    }
+}

@@ -1,0 +1,44 @@
+//! The plans of one request, and the key of a resolved rule read from them.
+
+use http::request::Parts;
+use smallvec::SmallVec;
+
+use super::{Cached, Plan, PlanResolver};
+use crate::key::{KeyBuf, KeyExtractor};
+
+/// The plans of one request, per resolver: put among its extensions while
+/// the layer chooses its limits.
+#[derive(Clone, Default)]
+pub(crate) struct Resolved(pub(crate) SmallVec<[(u64, Cached); 1]>);
+
+impl Resolved {
+    /// The plan `resolver` found for the request.
+    pub(crate) fn of<'a>(parts: &'a Parts, resolver: &PlanResolver) -> Option<&'a Plan> {
+        let resolved = parts.extensions.get::<Resolved>()?;
+        let (_, plan) = resolved.0.iter().find(|(id, _)| *id == resolver.0.id)?;
+        plan.as_deref()
+    }
+}
+
+/// A resolved rule's key: the key of the plan its resolver found.
+pub(crate) struct PlanKey(pub(crate) PlanResolver);
+
+impl KeyExtractor for PlanKey {
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        Resolved::of(parts, &self.0).map(|plan| plan.key.to_vec())
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
+        match Resolved::of(parts, &self.0) {
+            Some(plan) => {
+                key.extend_from_slice(&plan.key);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn key_kind(&self) -> String {
+        format!("Plan({})", self.0 .0.lookup_kind)
+    }
+}

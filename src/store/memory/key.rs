@@ -1,0 +1,25 @@
+//! A user key as the memory store keeps it, and the hash that finds its
+//! shard and slot.
+
+use smallvec::SmallVec;
+
+use super::SHARDS;
+
+/// A user key: stored inline up to 24 bytes, on the heap beyond.
+pub(super) type Key = SmallVec<[u8; 24]>;
+
+/// Randomly keyed foldhash: crafted keys cannot all land in one bucket.
+pub(super) struct Hasher(pub(super) foldhash::quality::RandomState);
+
+impl Hasher {
+    #[inline]
+    pub(super) fn hash(&self, key: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.0.hash_one(key)
+    }
+
+    /// The shard of a hash: bits the tables' own indexing does not use.
+    pub(super) fn shard(hash: u64) -> usize {
+        (hash >> 32) as usize % SHARDS
+    }
+}
