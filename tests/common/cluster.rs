@@ -577,6 +577,17 @@ impl TestCluster {
             if let Some(bad) = view.iter().find(|n| n.running && n.failing) {
                 return Err(format!("{node:?} flags running {:?} as failing", bad.node));
             }
+            // (a primary that comes back after its failover reports itself a
+            // primary without slots until it learns it was replaced)
+            if let Some(bad) = view
+                .iter()
+                .find(|n| n.running && n.role == Role::Primary && n.slots.is_empty())
+            {
+                return Err(format!(
+                    "{node:?} sees {:?} as a primary without slots",
+                    bad.node
+                ));
+            }
             if let Some(bad) = view.iter().find(|n| !n.slots.is_empty() && !n.running) {
                 return Err(format!("{node:?} sees killed {:?} serve slots", bad.node));
             }
