@@ -431,7 +431,9 @@ async fn give_back<B>(
         .filter(|&j| refunded(j))
         .collect();
     if !given_back.is_empty() {
-        match refund.run_some(refunded).await {
+        // (the predicates, the user's closures, are asked once per limit)
+        let result = refund.run_some(|j| given_back.contains(&j)).await;
+        match result {
             Ok(true) => {}
             Ok(false) => given_back.clear(),
             Err(error) => {
