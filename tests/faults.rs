@@ -37,6 +37,12 @@ struct Call {
     kind: Kind,
 }
 
+/// Held by each test of this file while it runs: each measures calls
+/// against a 100 ms timeout under load of its own, on a machine of two
+/// cores, and two at once made each other's calls late (a flood beside
+/// another test's load timed out 2 of 1,805 ordinary calls once).
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn kind(result: &Result<tower_ratelimit::Decision, Error>) -> Kind {
     match result {
         Ok(_) => Kind::Decided,
@@ -144,6 +150,7 @@ fn assert_all_answered(calls: &[Call], what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_every_request_is_answered_and_decisions_resume() {
+    let _alone = ALONE.lock().await;
     let mut server = TestRedis::spawn();
     let limiter = limiter(&server.url, "killed");
     decides(&limiter, "probe", Duration::from_secs(5)).await;
@@ -181,6 +188,7 @@ async fn redis_killed_under_load_every_request_is_answered_and_decisions_resume(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sleeping_redis_costs_at_most_one_timeout_per_request_and_none_after() {
+    let _alone = ALONE.lock().await;
     let server = TestRedis::spawn_with("--enable-debug-command yes");
     let limiter = limiter(&server.url, "asleep");
     decides(&limiter, "probe", Duration::from_secs(5)).await;
@@ -229,6 +237,7 @@ async fn a_sleeping_redis_costs_at_most_one_timeout_per_request_and_none_after()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_the_server_kills_or_closes_when_idle_cost_no_request() {
+    let _alone = ALONE.lock().await;
     let server = TestRedis::spawn();
     let limiter = limiter(&server.url, "killed-conns");
     decides(&limiter, "probe", Duration::from_secs(5)).await;
@@ -274,6 +283,7 @@ async fn connections_the_server_kills_or_closes_when_idle_cost_no_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_go_silent_are_replaced_through_new_ones() {
+    let _alone = ALONE.lock().await;
     let server = TestRedis::spawn();
     let proxy = common::proxy::FaultProxy::to_port(server.port);
     let limiter = limiter(&proxy.url(), "silent");
@@ -309,6 +319,7 @@ async fn connections_that_go_silent_are_replaced_through_new_ones() {
 /// healthy Redis, fails no request and replaces no connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_that_go_away_neither_open_the_circuit_nor_replace_connections() {
+    let _alone = ALONE.lock().await;
     let server = TestRedis::spawn();
     let limiter = limiter(&server.url, "abandoned");
     decides(&limiter, "probe", Duration::from_secs(5)).await;
