@@ -228,8 +228,10 @@ pub(crate) struct Config {
     /// Requests that may wait in delay mode at once (see
     /// [`RateLimitLayerBuilder::max_waiting`]); `None` without delay mode.
     pub(crate) waiting: Option<Arc<tokio::sync::Semaphore>>,
-    /// Decided inside `call`: the store answers at once, and no grant is
-    /// reserved ahead, given back or decided again (shadow limits).
+    /// Decided inside `call` (see `service.rs`): the store (and the
+    /// fallback, in memory) answers at once, and no grant is reserved
+    /// ahead, given back or decided again (shadow limits), and no plan is
+    /// resolved: nothing in the decision is awaited.
     pub(crate) at_once: bool,
     pub(crate) headers: HeaderSet,
     pub(crate) rejector: Option<Rejector>,

@@ -164,9 +164,10 @@ impl Refundable<'_> {
         Limiter::within_max_wait(max_wait)?;
         let limits = limiter.current();
         let checks = Limiter::keyed_checks(&limits, keys, cost)?;
-        let decision = limiter.run(&checks, max_wait, false).await?;
-        let refund = Refund::of(limiter, &decision, Limiter::charged(&checks, &decision));
-        Ok(Grant::new(decision, refund))
+        limiter
+            .answer(&checks, super::Ask::ahead(max_wait, true))
+            .get()
+            .await
     }
 }
 

@@ -292,9 +292,10 @@ impl Limiter {
             return result;
         }
         let result = self
-            .decision_at_store(&cold, 0, false, true, deadline)
+            .decision_at_store(&cold, super::Ask::NOW, deadline)
             .get()
-            .await;
+            .await
+            .map(super::Grant::into_decision);
         let local: SmallVec<[(usize, LimitStatus); 2]> = permits
             .iter()
             .map(|(i, p)| (*i, p.status.clone()))

@@ -402,7 +402,7 @@ impl Limiter {
         let keys = [key];
         let limits = self.current();
         let checks = Self::keyed_checks(&limits, &keys, 1)?;
-        let decision = self.run(&checks, Duration::ZERO, false).await?;
+        let decision = self.decided(&checks, super::Ask::NOW).await?;
         let charged = Self::charged(&checks, &decision);
         Ok(Lease::of(self, decision, &charged))
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{Checks, Limiter};
+use super::{Ask, Checks, Grant, Limiter};
 use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
 use crate::metrics::Outcome;
 use crate::store::Check;
@@ -20,15 +20,22 @@ impl Limiter {
     pub(super) async fn run_shadow(
         &self,
         checks: &[Check<'_>],
-        max_wait: Duration,
-        dry: bool,
+        ask: Ask,
     ) -> Result<Decision, Error> {
+        let Ask { max_wait, dry, .. } = ask;
         // the checks still decided, by their index in `checks`
         let mut active: SmallVec<[usize; 2]> = (0..checks.len()).collect();
         let mut left_out: SmallVec<[(usize, LimitStatus); 1]> = SmallVec::new();
         loop {
             let round: Checks<'_> = active.iter().map(|&i| checks[i]).collect();
-            let result = self.run_once(&round, max_wait, dry, false).await;
+            let round_ask = Ask {
+                max_wait,
+                dry,
+                refundable: false,
+                counted: false,
+            };
+            let result = self.decision_at_store(&round, round_ask, self.deadline());
+            let result = result.get().await.map(Grant::into_decision);
             let decision = match result {
                 Ok(decision) => decision,
                 Err(error) => {
@@ -106,22 +113,34 @@ impl Limiter {
     pub(super) async fn run_shadow_ahead(
         &self,
         checks: &[Check<'_>],
-        max_wait: Duration,
-        dry: bool,
+        ask: Ask,
     ) -> Result<Decision, Error> {
+        let Ask { max_wait, dry, .. } = ask;
         let (shadow, enforced): (Checks<'_>, Checks<'_>) =
             checks.iter().copied().partition(|c| c.limit.is_shadow());
         let decided = if enforced.is_empty() {
             None
         } else {
-            Some(self.run_once(&enforced, max_wait, dry, true).await?)
+            let enforced_ask = Ask {
+                max_wait,
+                dry,
+                refundable: false,
+                counted: true,
+            };
+            let decided = self.decision_at_store(&enforced, enforced_ask, self.deadline());
+            Some(decided.get().await?.into_decision())
         };
         let (by, refused) = match &decided {
             Some(d) if d.is_allowed() => (d.delay(), false),
             Some(_) => (Duration::ZERO, true),
             None => (Duration::ZERO, false),
         };
-        let looked = self.run_shadow(&shadow, by, dry || refused).await?;
+        let shadow_ask = Ask {
+            max_wait: by,
+            dry: dry || refused,
+            ..ask
+        };
+        let looked = self.run_shadow(&shadow, shadow_ask).await?;
         if refused && !dry {
             for (check, status) in shadow.iter().zip(&looked.statuses) {
                 if status.would_refuse {
