@@ -197,6 +197,17 @@ pub enum Rejection<'a> {
     /// The layer's deny-list refused the request
     /// ([`RateLimitLayerBuilder::deny_if`]).
     DenyListed,
+    /// The request's estimate is over the share of limit `limit`'s capacity
+    /// one request may take ([`RateLimitLayerBuilder::settle_estimates`]):
+    /// 413 by default.
+    EstimateTooLarge {
+        /// The limit.
+        limit: &'a str,
+        /// The request's estimate.
+        estimate: u64,
+        /// The most one request may take of it.
+        most: u64,
+    },
 }
 
 type Rejector = Arc<dyn Fn(&Rejection<'_>) -> RejectionResponse + Send + Sync>;
@@ -233,6 +244,8 @@ pub(crate) struct Config {
     /// ahead, given back or decided again (shadow limits), and no plan is
     /// resolved: nothing in the decision is awaited.
     pub(crate) at_once: bool,
+    /// Settling estimates: the share of a budget one request may take.
+    pub(crate) estimates: Option<f64>,
     pub(crate) headers: HeaderSet,
     pub(crate) rejector: Option<Rejector>,
     pub(crate) outage: OutageLog,

@@ -388,6 +388,20 @@ impl Answers {
             ),
         }
     }
+
+    /// An estimate over what one request may take of `limit`: 413, or
+    /// `INVALID_ARGUMENT`.
+    pub(crate) fn estimate_too_large(self, limit: &str, estimate: u64, most: u64) -> Response {
+        let detail = format!(
+            "The request's estimated cost {estimate} is over the {most} one request may take \
+             of rate limit {limit}."
+        );
+        match self {
+            Answers::Http => problem(StatusCode::PAYLOAD_TOO_LARGE, "about:blank", detail, None),
+            #[cfg(feature = "grpc")]
+            Answers::Grpc => grpc_answer(tonic::Code::InvalidArgument, detail, None),
+        }
+    }
 }
 
 /// A gRPC answer ([`crate::grpc::answer`]) with the body of the layer's

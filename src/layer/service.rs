@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::after::After;
 use super::choose::{checks_of, choose, cost_of};
 use super::future::ResponseFuture;
-use super::refusal::{after_failure, deny_listed, refused, AfterFailure};
+use super::refusal::{after_failure, deny_listed, estimate_too_large, refused, AfterFailure};
 use super::response::Fields;
 use super::{Config, RateLimitInfo, ResponseBody};
 use crate::limiter::{Ask, Refund, RefundOnDrop};
@@ -207,6 +207,11 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
         };
     }
     let cost = cost_of(config, parts);
+    if let Some(share) = config.estimates {
+        if let Some(answer) = estimate_too_large(config, parts, &chosen, cost, share) {
+            return Step::Answer(answer);
+        }
+    }
     let checks = checks_of(&chosen, cost);
     // a place among the requests that may wait, while one is free
     let place = config

@@ -240,6 +240,11 @@ impl Refund {
     }
 
     /// The limiter that granted it.
+    /// When the grant was made, in store time.
+    pub(crate) fn at(&self) -> i64 {
+        self.at
+    }
+
     pub(crate) fn limiter(&self) -> &Limiter {
         &self.limiter
     }

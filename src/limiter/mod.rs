@@ -27,6 +27,7 @@ mod admin;
 mod builder;
 mod call;
 mod charge;
+pub(crate) use self::charge::share_of;
 pub(crate) mod count;
 mod deny_cache;
 mod grant;
