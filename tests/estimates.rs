@@ -71,14 +71,12 @@ fn call(estimate: u64, used: Option<u64>) -> Request<Body> {
     request.body(Body::empty()).expect("request")
 }
 
+/// Makes a layer (a new handle on one test's store) settling estimates
+/// with a share.
+type MakeLayer = Arc<dyn Fn() -> Box<dyn FnOnce(f64) -> RateLimitLayer> + Send + Sync>;
+
 /// Both stores, each made anew per test: the memory store and a Redis one.
-fn stores(
-    test: &str,
-) -> Vec<(
-    &'static str,
-    Arc<dyn Fn() -> Box<dyn FnOnce(f64) -> RateLimitLayer> + Send + Sync>,
-    Limiter,
-)> {
+fn stores(test: &str) -> Vec<(&'static str, MakeLayer, Limiter)> {
     let memory = MemoryStore::new();
     let prefix = unique_prefix(test);
     let memory_looker = patient_limiter(memory.clone(), tokens());

@@ -107,9 +107,9 @@ impl Limiter {
         let decided: BoxFuture<'a, Result<Decision, Error>> = match route {
             Route::Store => return self.decision_at_store(checks, ask, self.deadline()),
             Route::WaitForPermit => Box::pin(self.wait_for_permit(checks, ask)),
-            Route::Shadow if waits => Box::pin(self.run_shadow_ahead(checks, ask)),
-            Route::Shadow => Box::pin(self.run_shadow(checks, ask)),
-            Route::Hot(hot) => Box::pin(self.decide_hot(hot, checks)),
+            Route::Shadow if waits => Box::pin(super::shadow::decide_ahead(self, checks, ask)),
+            Route::Shadow => Box::pin(super::shadow::decide(self, checks, ask)),
+            Route::Hot(hot) => Box::pin(hot.decide(self, checks)),
         };
         Answer::Later(Box::pin(async move {
             let decision = decided.await?;

@@ -111,16 +111,7 @@ impl Grant {
 /// Rust: it would box every plain check.)
 #[derive(Debug, Clone, Copy)]
 pub struct Refundable<'a> {
-    limiter: &'a Limiter,
-}
-
-impl Limiter {
-    /// The decisions whose grant can be given back once ([`Grant::refund`]):
-    /// take when a request arrives, give back when its outcome says it
-    /// should not count (see [`Refundable`]).
-    pub fn refundable(&self) -> Refundable<'_> {
-        Refundable { limiter: self }
-    }
+    pub(super) limiter: &'a Limiter,
 }
 
 impl Refundable<'_> {

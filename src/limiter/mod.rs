@@ -339,6 +339,38 @@ impl Limiter {
         !self.inner.store.remote()
     }
 
+    /// The decisions whose grant can be given back once ([`Grant::refund`]):
+    /// take when a request arrives, give back when its outcome says it
+    /// should not count (see [`Refundable`]).
+    pub fn refundable(&self) -> Refundable<'_> {
+        Refundable { limiter: self }
+    }
+
+    /// Takes a permit of each of the limiter's
+    /// [concurrency limits](Limit::concurrency) for `key`, with the
+    /// limiter's other limits in the same atomic decision (each charged
+    /// 1), and returns a [`Lease`] that holds the permits until it is
+    /// dropped or released. When any limit refuses, the lease holds nothing
+    /// ([`Lease::is_held`] is `false`) and its decision says when to retry.
+    /// A limiter without a concurrency limit is an [`Error::Config`].
+    pub async fn acquire_lease(&self, key: impl AsRef<[u8]>) -> Result<Lease, Error> {
+        if !self.current().iter().any(|l| l.is_concurrency()) {
+            return Err(Error::Config(crate::ConfigError::NoConcurrencyLimit));
+        }
+        let keys = [key];
+        let limits = self.current();
+        let checks = Self::keyed_checks(&limits, &keys, 1)?;
+        let decision = self.decided(&checks, Ask::NOW).await?;
+        let charged = Self::charged(&checks, &decision);
+        Ok(Lease::of(self, decision, &charged))
+    }
+
+    /// The operator's handle: quotas kept in the store, per-key overrides,
+    /// blocks and inspection (see [`Admin`]).
+    pub fn admin(&self) -> Admin<'_> {
+        Admin { limiter: self }
+    }
+
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = non_empty(key.as_ref())?;
