@@ -4,6 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::algorithm::calendar::Calendar;
+#[cfg(doc)]
+use crate::CalendarRate;
+
 /// The algorithm a [`Quota`] uses. In configuration files (feature `serde`)
 /// it is written `sliding-log`, `token-bucket`, `gcra`, `fixed-window` or
 /// `sliding-window` (snake case is accepted too).
@@ -75,6 +79,9 @@ pub struct Quota {
     pub(crate) window: Duration,
     /// The rate (GCRA) or refill (token bucket) per window; 0 for windows.
     pub(crate) extra: u64,
+    /// A calendar quota's periods (see [`CalendarRate`]); `None` for
+    /// windows aligned to the epoch.
+    pub(crate) calendar: Option<Calendar>,
 }
 
 impl Quota {
@@ -113,6 +120,7 @@ impl Quota {
             amount: limit,
             window,
             extra: 0,
+            calendar: None,
         }
     }
 
@@ -128,6 +136,7 @@ impl Quota {
             amount: capacity,
             window: period,
             extra: refill,
+            calendar: None,
         }
     }
 
@@ -141,6 +150,7 @@ impl Quota {
             amount: burst,
             window: period,
             extra: rate,
+            calendar: None,
         }
     }
 
@@ -152,6 +162,7 @@ impl Quota {
             amount: limit,
             window,
             extra: 0,
+            calendar: None,
         }
     }
 
@@ -164,6 +175,7 @@ impl Quota {
             amount: limit,
             window,
             extra: 0,
+            calendar: None,
         }
     }
 
@@ -183,7 +195,8 @@ impl Quota {
     }
 }
 
-/// As written with the named steps: `GCRA, 10 per 1s, bursts of 20`.
+/// As written with the named steps: `GCRA, 10 per 1s, bursts of 20`;
+/// `fixed window, 500 per Day (UTC+05:30)`.
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.algorithm {
@@ -192,11 +205,27 @@ impl fmt::Display for Quota {
                 "{}, {} per {:?}, bursts of {}",
                 self.algorithm, self.extra, self.window, self.amount
             ),
-            _ => write!(
-                f,
-                "{}, {} per {:?}",
-                self.algorithm, self.amount, self.window
-            ),
+            _ => match self.calendar {
+                Some(c) => {
+                    write!(f, "{}, {} per {:?}", self.algorithm, self.amount, c.period)?;
+                    let (east, s) = (c.offset >= 0, c.offset.unsigned_abs() / 1_000_000);
+                    match s {
+                        0 => f.write_str(" (UTC)"),
+                        _ => write!(
+                            f,
+                            " (UTC{}{:02}:{:02})",
+                            if east { '+' } else { '-' },
+                            s / 3600,
+                            s / 60 % 60
+                        ),
+                    }
+                }
+                None => write!(
+                    f,
+                    "{}, {} per {:?}",
+                    self.algorithm, self.amount, self.window
+                ),
+            },
         }
     }
 }
@@ -279,6 +308,7 @@ impl Burst {
             amount: self.burst,
             window: self.rate.period,
             extra: self.rate.amount,
+            calendar: None,
         }
     }
 
@@ -290,6 +320,7 @@ impl Burst {
             amount: self.burst,
             window: self.rate.period,
             extra: self.rate.amount,
+            calendar: None,
         }
     }
 }
@@ -301,6 +332,7 @@ impl Quota {
             amount: rate.amount,
             window: rate.period,
             extra: 0,
+            calendar: None,
         }
     }
 

@@ -49,8 +49,11 @@ impl Params {
             Params::SlidingLog(p) => [p.limit, p.window, 0],
             Params::TokenBucket(p) => [p.capacity, p.rate, p.period],
             Params::Gcra(p) => [p.burst, p.rate, p.period],
-            Params::FixedWindow(p) => [p.limit, p.window, 0],
-            Params::SlidingWindow(p) => [p.limit, p.window, p.step],
+            // a calendar quota's third parameter is its code, negative
+            Params::FixedWindow(p) => [p.limit, p.window, p.calendar.map_or(0, |c| c.code())],
+            Params::SlidingWindow(p) => {
+                [p.limit, p.window, p.calendar.map_or(p.step, |c| c.code())]
+            }
         }
     }
 }
@@ -107,14 +110,17 @@ impl Params {
                 rate: positive(b)?,
                 period: positive(c)?,
             }),
+            // (never a calendar quota: its code is negative)
             4 => Params::FixedWindow(fixed_window::Params {
                 limit: positive(a)?,
                 window: positive(b)?,
+                calendar: None,
             }),
             5 => Params::SlidingWindow(sliding_window::Params {
                 limit: positive(a)?,
                 window: positive(b)?,
                 step: positive(c)?,
+                calendar: None,
             }),
             _ => return None,
         };
@@ -147,8 +153,14 @@ impl Params {
             Params::SlidingLog(p) => Quota::sliding_log(n(p.limit), us(p.window)),
             Params::TokenBucket(p) => Quota::token_bucket(n(p.capacity), n(p.rate), us(p.period)),
             Params::Gcra(p) => Quota::gcra(n(p.rate), us(p.period), n(p.burst)),
-            Params::FixedWindow(p) => Quota::fixed_window(n(p.limit), us(p.window)),
-            Params::SlidingWindow(p) => Quota::sliding_window(n(p.limit), us(p.window)),
+            Params::FixedWindow(p) => Quota {
+                calendar: p.calendar,
+                ..Quota::fixed_window(n(p.limit), us(p.window))
+            },
+            Params::SlidingWindow(p) => Quota {
+                calendar: p.calendar,
+                ..Quota::sliding_window(n(p.limit), us(p.window))
+            },
         }
     }
 }

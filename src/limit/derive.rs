@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::algorithm::calendar::DAY;
 use crate::algorithm::{self, Params};
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
@@ -54,6 +55,14 @@ pub(crate) fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
         return Err(ConfigError::ZeroAmount { what: amount_name });
     }
     let amount = u128::from(q.amount);
+    if let Some(c) = q.calendar {
+        // whole seconds under a day, as the wire writes it
+        if c.offset.unsigned_abs() >= DAY.unsigned_abs() || c.offset % 1_000_000 != 0 {
+            return Err(ConfigError::OutOfRange(
+                "a calendar quota's offset from UTC must be whole seconds under a day".to_owned(),
+            ));
+        }
+    }
     let params = match q.algorithm {
         Algorithm::SlidingLog | Algorithm::FixedWindow => {
             let limit = exact(amount, "the limit")?;
@@ -61,7 +70,11 @@ pub(crate) fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
             if q.algorithm == Algorithm::SlidingLog {
                 Params::SlidingLog(algorithm::sliding_log::Params { limit, window })
             } else {
-                Params::FixedWindow(algorithm::fixed_window::Params { limit, window })
+                Params::FixedWindow(algorithm::fixed_window::Params {
+                    limit,
+                    window,
+                    calendar: q.calendar,
+                })
             }
         }
         Algorithm::SlidingWindow => {
@@ -71,6 +84,7 @@ pub(crate) fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
                 limit: exact(amount, "the limit")?,
                 window: exact(window, "the window in microseconds")?,
                 step: exact(window.div_ceil(steps), "the weight step")?,
+                calendar: q.calendar,
             })
         }
         Algorithm::TokenBucket | Algorithm::Gcra => {
