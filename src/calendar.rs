@@ -3,9 +3,10 @@
 //! UTC or at a fixed offset from it. The windows are found by the store's
 //! clock (`src/algorithm/calendar.rs`, `cal` in `lua/common.lua`).
 
+use std::fmt;
 use std::time::Duration;
 
-use crate::algorithm::calendar::{Calendar, DAY};
+use crate::algorithm::calendar::Calendar;
 use crate::quota::{Algorithm, Quota};
 
 /// A calendar period: the window of a calendar quota (see
@@ -25,6 +26,18 @@ pub enum Period {
     Month,
     /// From the first of January at midnight to the next: 365 or 366 days.
     Year,
+}
+
+/// As in configuration files: `day`, `week`, `month`, `year`.
+impl fmt::Display for Period {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Period::Day => "day",
+            Period::Week => "week",
+            Period::Month => "month",
+            Period::Year => "year",
+        })
+    }
 }
 
 /// The first step of a calendar quota: an amount per calendar [`Period`],
@@ -58,7 +71,9 @@ pub enum Period {
 /// period weighs in proportion to how much of it lies within one such
 /// period before now. Months have their real lengths, leap years count,
 /// and the store's clock (Redis `TIME`, the memory store's [`Clock`])
-/// decides which period a decision falls in.
+/// decides which period a decision falls in. A calendar quota is a
+/// limit's own: it cannot be kept in the store
+/// ([`Admin::set_stored_quota`](crate::Admin::set_stored_quota) refuses it).
 ///
 /// [`Clock`]: crate::Clock
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,20 +92,21 @@ impl CalendarRate {
     }
 
     /// Periods that begin at midnight `by` east of UTC (UTC+hh:mm), which
-    /// is `by` before midnight UTC. `by` is whole seconds, under a day
-    /// ([`Limit::new`](crate::Limit::new) says otherwise).
+    /// is `by` before midnight UTC. `by` is whole minutes, under a day (as
+    /// every offset in use since 1972 is);
+    /// [`Limit::new`](crate::Limit::new) refuses another.
     pub const fn east_of_utc(self, by: Duration) -> Self {
-        self.offset(micros(by))
+        self.offset(minutes(by))
     }
 
     /// Periods that begin at midnight `by` west of UTC (UTC-hh:mm), which
-    /// is `by` after midnight UTC. `by` is whole seconds, under a day.
+    /// is `by` after midnight UTC. `by` is whole minutes, under a day.
     pub const fn west_of_utc(self, by: Duration) -> Self {
-        self.offset(-micros(by))
+        self.offset(-minutes(by))
     }
 
-    const fn offset(mut self, offset: i64) -> Self {
-        self.calendar.offset = offset;
+    const fn offset(mut self, minutes: i16) -> Self {
+        self.calendar.offset = minutes;
         self
     }
 
@@ -116,12 +132,13 @@ impl CalendarRate {
     }
 }
 
-/// `by` in microseconds, or a day when longer (which `Limit::new` refuses).
-const fn micros(by: Duration) -> i64 {
-    if by.as_micros() > DAY as u128 {
-        DAY
+/// `by` in minutes; `i16::MAX`, which `Limit::new` refuses, when not whole
+/// minutes under a day.
+const fn minutes(by: Duration) -> i16 {
+    if by.subsec_nanos() == 0 && by.as_secs().is_multiple_of(60) && by.as_secs() < 86_400 {
+        (by.as_secs() / 60) as i16
     } else {
-        by.as_micros() as i64
+        i16::MAX
     }
 }
 
@@ -171,6 +188,6 @@ impl Quota {
     /// How far east of UTC a calendar quota's periods begin, in seconds
     /// (west is negative); 0 for the others.
     pub fn utc_offset_secs(&self) -> i64 {
-        self.calendar.map_or(0, |c| c.offset / 1_000_000)
+        self.calendar.map_or(0, |c| i64::from(c.offset) * 60)
     }
 }

@@ -24,7 +24,8 @@ pub enum Algorithm {
     TokenBucket,
     /// Generic cell rate algorithm (leaky bucket as a meter).
     Gcra,
-    /// Fixed window counter aligned to the Unix epoch.
+    /// Fixed window counter aligned to the Unix epoch (or to calendar
+    /// periods, see [`CalendarRate`]).
     #[cfg_attr(feature = "serde", serde(alias = "fixed_window"))]
     FixedWindow,
     /// Sliding window counter: two counters, an approximation of the log.
@@ -189,14 +190,16 @@ impl Quota {
         self.amount
     }
 
-    /// The window, or the refill period / rate period for bucket algorithms.
+    /// The window, or the refill period / rate period for bucket
+    /// algorithms; a calendar quota's longest period (see
+    /// [`calendar`](Self::calendar)).
     pub fn window(&self) -> Duration {
         self.window
     }
 }
 
 /// As written with the named steps: `GCRA, 10 per 1s, bursts of 20`;
-/// `fixed window, 500 per Day (UTC+05:30)`.
+/// `fixed window, 500 per day (UTC+05:30)`.
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.algorithm {
@@ -207,16 +210,16 @@ impl fmt::Display for Quota {
             ),
             _ => match self.calendar {
                 Some(c) => {
-                    write!(f, "{}, {} per {:?}", self.algorithm, self.amount, c.period)?;
-                    let (east, s) = (c.offset >= 0, c.offset.unsigned_abs() / 1_000_000);
-                    match s {
+                    write!(f, "{}, {} per {}", self.algorithm, self.amount, c.period)?;
+                    let (east, m) = (c.offset >= 0, c.offset.unsigned_abs());
+                    match m {
                         0 => f.write_str(" (UTC)"),
                         _ => write!(
                             f,
                             " (UTC{}{:02}:{:02})",
                             if east { '+' } else { '-' },
-                            s / 3600,
-                            s / 60 % 60
+                            m / 60,
+                            m % 60
                         ),
                     }
                 }

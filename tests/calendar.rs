@@ -378,23 +378,50 @@ async fn the_layer_answers_with_the_months_end() {
 }
 
 /// A calendar quota reads back as it was written; an offset of a day or
-/// more, or of a fraction of a second, is refused.
+/// more, or not of whole minutes, is refused.
 #[test]
 fn calendar_quotas_read_as_sentences() {
     let q = Quota::per_month(10_000).fixed_window();
-    assert_eq!(q.to_string(), "fixed window, 10000 per Month (UTC)");
+    assert_eq!(q.to_string(), "fixed window, 10000 per month (UTC)");
     assert_eq!(q.calendar(), Some(Period::Month));
     let q = Quota::per_calendar_day(500)
         .west_of_utc(Duration::from_secs(3 * 3600 + 1800))
         .sliding_window();
     assert_eq!(
         q.to_string(),
-        "sliding window counter, 500 per Day (UTC-03:30)"
+        "sliding window counter, 500 per day (UTC-03:30)"
     );
     assert_eq!(q.utc_offset_secs(), -12_600);
     // `per_day` is unchanged: 24 hours from the epoch, no calendar
     assert_eq!(Quota::per_day(5).fixed_window().calendar(), None);
-    for bad in [Duration::from_secs(86_400), Duration::from_millis(1500)] {
+    for bad in [
+        Duration::from_secs(86_400),
+        Duration::from_secs(90),
+        Duration::from_millis(60_500),
+    ] {
         assert!(Limit::new("x", Quota::per_week(1).east_of_utc(bad).fixed_window()).is_err());
+    }
+}
+
+/// A calendar quota is not kept in the store, on either store: the
+/// scripts would not read its code back.
+#[tokio::test]
+async fn a_calendar_quota_is_not_kept_in_the_store() {
+    let limit = Limit::new("plan", Quota::per_month(10).fixed_window())
+        .expect("limit")
+        .quota_from_store();
+    let clock = ManualClock::new(midnight(2027, Month::March, 1, 0));
+    for (store, limiter) in limiters_on_clock(&unique_prefix("calendar"), &limit, &clock) {
+        let kept = limiter
+            .admin()
+            .set_stored_quota("plan", Quota::per_month(20).fixed_window())
+            .await;
+        assert!(
+            matches!(kept, Err(tower_ratelimit::Error::Config(_))),
+            "{store}: {kept:?}"
+        );
+        // its own quota decides
+        let d = limiter.check("k", 1).await.expect("decision");
+        assert_eq!((d.capacity(), d.remaining()), (10, 9), "{store}");
     }
 }

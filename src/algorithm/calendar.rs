@@ -10,12 +10,13 @@ use crate::calendar::Period;
 /// A day in microseconds.
 pub(crate) const DAY: i64 = 86_400_000_000;
 
-/// A calendar quota's periods: which, and how far east of UTC (us; west is
-/// negative) its days begin.
+/// A calendar quota's periods: which, and how far east of UTC (minutes;
+/// west is negative) its days begin. (Four bytes: a `Limit` is copied
+/// whole, and every limit's quota and parameters hold one.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Calendar {
     pub(crate) period: Period,
-    pub(crate) offset: i64,
+    pub(crate) offset: i16,
 }
 
 impl Calendar {
@@ -29,7 +30,12 @@ impl Calendar {
             Period::Month => 3,
             Period::Year => 4,
         };
-        -(period + 10 * (self.offset / 1_000_000 + 86_400))
+        -(period + 10 * (i64::from(self.offset) * 60 + 86_400))
+    }
+
+    /// The offset in microseconds.
+    fn offset_us(self) -> i64 {
+        i64::from(self.offset) * 60_000_000
     }
 
     /// The longest of its windows (us): what the limit's window says, and
@@ -46,7 +52,7 @@ impl Calendar {
     /// The window that holds `at`: its start, its length and the length of
     /// the one before it (us).
     pub(crate) fn window(self, at: i64) -> (i64, i64, i64) {
-        let z = fdiv(at + self.offset, DAY);
+        let z = fdiv(at + self.offset_us(), DAY);
         // in days from the epoch: its start, the next one's, the one before's
         let (s, e, b) = match self.period {
             Period::Day => (z, z + 1, z - 1),
@@ -74,7 +80,7 @@ impl Calendar {
                 (first_of(y, 1), first_of(y + 1, 1), first_of(y - 1, 1))
             }
         };
-        let start = s * DAY - self.offset;
+        let start = s * DAY - self.offset_us();
         (start, (e - s) * DAY, (s - b) * DAY)
     }
 }
@@ -115,8 +121,8 @@ mod tests {
 
     /// The model: the window of `period` that holds `at` at `offset`
     /// seconds east of UTC, from the `time` crate's civil dates.
-    fn model(period: Period, offset: i32, at: i64) -> (i64, i64) {
-        let off = UtcOffset::from_whole_seconds(offset).expect("offset");
+    fn model(period: Period, offset: i16, at: i64) -> (i64, i64) {
+        let off = UtcOffset::from_whole_seconds(i32::from(offset) * 60).expect("offset");
         let local = OffsetDateTime::from_unix_timestamp_nanos(i128::from(at) * 1000)
             .expect("time")
             .to_offset(off);
@@ -151,16 +157,13 @@ mod tests {
         let years = [(1896, 1904), (1968, 2040), (2096, 2104)];
         for ((from, to), offset) in years
             .iter()
-            .flat_map(|y| [0, 19_800, -28_800, 50_400].map(|o| (*y, o)))
+            .flat_map(|y| [0, 330, -480, 840].map(|o| (*y, o)))
         {
-            let mut day = first_of(from, 1) * DAY - i64::from(offset) * 1_000_000;
+            let mut day = first_of(from, 1) * DAY - i64::from(offset) * 60_000_000;
             while day < first_of(to, 1) * DAY {
                 for at in [day, day + DAY - 1] {
                     for period in periods {
-                        let c = Calendar {
-                            period,
-                            offset: i64::from(offset) * 1_000_000,
-                        };
+                        let c = Calendar { period, offset };
                         let (start, len, before) = c.window(at);
                         assert_eq!(
                             (start, start + len),

@@ -43,7 +43,9 @@ impl Params {
     /// the algorithm's id (see `lua/driver.lua`): the one place their order
     /// is written. The first is the capacity (the driver reads it as such);
     /// the third is 0 for the algorithms of two parameters (a sliding log,
-    /// a fixed window), so that every limit's string has one shape.
+    /// a fixed window), so that every limit's string has one shape, and a
+    /// calendar quota's code for a window algorithm (negative, see
+    /// `calendar.rs`).
     pub(crate) fn wire(&self) -> [i64; 3] {
         match *self {
             Params::SlidingLog(p) => [p.limit, p.window, 0],
@@ -51,9 +53,11 @@ impl Params {
             Params::Gcra(p) => [p.burst, p.rate, p.period],
             // a calendar quota's third parameter is its code, negative
             Params::FixedWindow(p) => [p.limit, p.window, p.calendar.map_or(0, |c| c.code())],
-            Params::SlidingWindow(p) => {
-                [p.limit, p.window, p.calendar.map_or(p.step, |c| c.code())]
-            }
+            Params::SlidingWindow(p) => [
+                p.limit,
+                p.window,
+                p.calendar.map_or(i64::from(p.step), |c| c.code()),
+            ],
         }
     }
 }
@@ -119,7 +123,7 @@ impl Params {
             5 => Params::SlidingWindow(sliding_window::Params {
                 limit: positive(a)?,
                 window: positive(b)?,
-                step: positive(c)?,
+                step: i32::try_from(positive(c)?).ok()?,
                 calendar: None,
             }),
             _ => return None,

@@ -13,7 +13,7 @@ pub(crate) struct Params {
     pub(crate) window: i64,
     /// One 2^-20 of the window, rounded up: the unit of the previous
     /// window's weight (a calendar quota's: of the previous period's).
-    pub(crate) step: i64,
+    pub(crate) step: i32,
     /// A calendar quota's periods, in place of windows aligned to the epoch.
     pub(crate) calendar: Option<Calendar>,
 }
@@ -49,7 +49,7 @@ impl Params {
     /// it: `step` and ceil(W / step) (see `lua/sliding_window.lua`).
     fn steps(&self, len: i64) -> (i64, i64) {
         let u = match self.calendar {
-            None => self.step,
+            None => i64::from(self.step),
             Some(_) => cdiv(len, 1 << 20),
         };
         (u, cdiv(len, u))

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use crate::algorithm::calendar::DAY;
 use crate::algorithm::{self, Params};
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
@@ -56,10 +55,10 @@ pub(crate) fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
     }
     let amount = u128::from(q.amount);
     if let Some(c) = q.calendar {
-        // whole seconds under a day, as the wire writes it
-        if c.offset.unsigned_abs() >= DAY.unsigned_abs() || c.offset % 1_000_000 != 0 {
+        // whole minutes under a day (see `CalendarRate::east_of_utc`)
+        if c.offset.unsigned_abs() >= 24 * 60 {
             return Err(ConfigError::OutOfRange(
-                "a calendar quota's offset from UTC must be whole seconds under a day".to_owned(),
+                "a calendar quota's offset from UTC must be whole minutes under a day".to_owned(),
             ));
         }
     }
@@ -83,7 +82,10 @@ pub(crate) fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
             Params::SlidingWindow(algorithm::sliding_window::Params {
                 limit: exact(amount, "the limit")?,
                 window: exact(window, "the window in microseconds")?,
-                step: exact(window.div_ceil(steps), "the weight step")?,
+                // (under 2^29: the window is at most ten years)
+                step: i32::try_from(window.div_ceil(steps)).map_err(|_| {
+                    ConfigError::OutOfRange("the weight step is too large".to_owned())
+                })?,
                 calendar: q.calendar,
             })
         }
