@@ -425,3 +425,83 @@ async fn a_calendar_quota_is_not_kept_in_the_store() {
         assert_eq!((d.capacity(), d.remaining()), (10, 9), "{store}");
     }
 }
+
+/// A calendar quota of `amount` per `period` (0 day, 1 week, 2 month, 3
+/// year) at `offset` minutes, by its algorithm (`sliding`).
+fn calendar_quota((period, sliding, offset, amount): (usize, bool, i16, u64)) -> Quota {
+    let period = [Period::Day, Period::Week, Period::Month, Period::Year][period];
+    let rate = Quota::per_calendar(amount, period);
+    let by = Duration::from_secs(u64::from(offset.unsigned_abs()) * 60);
+    let rate = if offset >= 0 {
+        rate.east_of_utc(by)
+    } else {
+        rate.west_of_utc(by)
+    };
+    if sliding {
+        rate.sliding_window()
+    } else {
+        rate.fixed_window()
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(40))]
+
+    /// One to three calendar quotas (both algorithms, every period, offsets
+    /// east and west), decided together from just before one of the
+    /// boundaries above, with reservations and steps of a second, an hour
+    /// or days: the memory store and Redis make the same decisions.
+    #[test]
+    fn memory_and_redis_agree_on_calendar_quotas(
+        quotas in proptest::collection::vec(
+            (0usize..4, proptest::bool::ANY, -720i16..=840, 1u64..12), 1..4),
+        from in 0usize..11,
+        steps in proptest::collection::vec((
+            proptest::prop_oneof![0i64..1_000_000, 0i64..3_600_000_000, 0i64..10 * DAY],
+            0u64..6,
+            proptest::prop_oneof![proptest::strategy::Just(0u64), 0u64..3_600_000_000],
+            0usize..3,
+        ), 1..30),
+    ) {
+        let limits: Vec<Limit> = quotas
+            .iter()
+            .enumerate()
+            .map(|(i, q)| Limit::new(format!("c{i}"), calendar_quota(*q)).expect("valid"))
+            .collect();
+        let (b, _, _, _) = boundaries()[from];
+        let clock = ManualClock::new(b - 3_600_000_000);
+        let prefix = unique_prefix("calendar-prop");
+        let with = |builder: tower_ratelimit::LimiterBuilder| {
+            limits
+                .iter()
+                .cloned()
+                .fold(builder.timeout(common::PATIENT).cache_denials(false), |b, l| b.limit(l))
+                .build()
+                .expect("limiter")
+        };
+        let memory = with(tower_ratelimit::Limiter::builder(MemoryStore::with_clock(clock.clone())));
+        let redis = with(tower_ratelimit::Limiter::builder(common::redis_store_with_clock(&prefix, &clock)));
+        // 0: one key for every limit; 1, 2: a key per limit from two
+        let names = |keys: usize| -> Vec<String> {
+            (0..limits.len())
+                .map(|l| if keys == 0 { "shared".to_owned() } else { format!("k{}", (l + keys) % 2) })
+                .collect()
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let mut now = b - 3_600_000_000;
+            for (i, &(step, cost, max_wait, keys)) in steps.iter().enumerate() {
+                now += step;
+                clock.set(now);
+                let wait = Duration::from_micros(max_wait);
+                let m = memory.decide(&names(keys), cost, wait).await.expect("memory");
+                let r = redis.decide(&names(keys), cost, wait).await.expect("redis");
+                proptest::prop_assert_eq!(&m, &r, "step {} (cost {}, max_wait {})", i, cost, max_wait);
+            }
+            Ok(())
+        })?;
+    }
+}
