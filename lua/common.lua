@@ -126,33 +126,38 @@ local function month_of(z)
   return yoe + era * 400, mp + 3
 end
 
--- The window of calendar code c that holds `at`: its start, its length and
--- the length of the one before it (us). The last one found is kept: the
--- steps of a decision ask for the same window again and again.
-local cal_c, cal_s, cal_e, cal_b = 0, 0, 0, 0
+-- The window of calendar code c that holds `at`: its start, its length,
+-- the length of the one before it and of the one after it (us). The last
+-- one found is kept: the steps of a decision, and decisions in a row, ask
+-- for the same window again and again.
+local cal_c, cal_s, cal_e, cal_b, cal_n = 0, 0, 0, 0, 0
 local function cal(at, c)
-  if c == cal_c and at >= cal_s and at < cal_e then return cal_s, cal_e - cal_s, cal_s - cal_b end
+  if c == cal_c and at >= cal_s and at < cal_e then
+    return cal_s, cal_e - cal_s, cal_s - cal_b, cal_n - cal_e
+  end
   local period = fmod(-c, 10)
   local offset = (fdiv(-c, 10) - 86400) * 1000000
   local z = fdiv(at + offset, DAY)
-  local s, e, b -- in days: its start, the next one's, the one before's
+  local s, e, b, n -- in days: its start, the next one's, the one before's, its end
   if period == 1 then
-    s, e, b = z, z + 1, z - 1
+    s, e, b, n = z, z + 1, z - 1, z + 2
   elseif period == 2 then
     s = z - fmod(z + 3, 7) -- 1970-01-01 was a Thursday
-    e, b = s + 7, s - 7
+    e, b, n = s + 7, s - 7, s + 14
   else
     local y, m = month_of(z)
     if period == 4 then
-      s, e, b = first_of(y, 1), first_of(y + 1, 1), first_of(y - 1, 1)
+      s, e, b, n = first_of(y, 1), first_of(y + 1, 1), first_of(y - 1, 1), first_of(y + 2, 1)
     else
-      s, e, b = first_of(y, m), 0, 0
+      s = first_of(y, m)
       if m == 12 then e = first_of(y + 1, 1) else e = first_of(y, m + 1) end
       if m == 1 then b = first_of(y - 1, 12) else b = first_of(y, m - 1) end
+      if m >= 11 then n = first_of(y + 1, m - 10) else n = first_of(y, m + 2) end
     end
   end
-  cal_c, cal_s, cal_e, cal_b = c, s * DAY - offset, e * DAY - offset, b * DAY - offset
-  return cal_s, cal_e - cal_s, cal_s - cal_b
+  cal_c, cal_s, cal_e = c, s * DAY - offset, e * DAY - offset
+  cal_b, cal_n = b * DAY - offset, n * DAY - offset
+  return cal_s, cal_e - cal_s, cal_s - cal_b, cal_n - cal_e
 end
 
 -- A decision's outcome and wait from T, the earliest time at which all its

@@ -38,8 +38,7 @@ end
 -- calendar quota's windows differ in length).
 local function sw_until(start, w, u)
   if u > 0 then return start + 2 * w end
-  local _, len = cal(start, u)
-  local _, next_len = cal(start + len, u)
+  local _, len, _, next_len = cal(start, u)
   return start + len + min(len, next_len)
 end
 

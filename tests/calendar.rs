@@ -197,8 +197,10 @@ async fn fixed_windows_turn_at_the_models_boundaries_on_both_stores() {
 }
 
 /// One decision on a fresh key at each of 60 instants from 1971 to 2250,
-/// for every period at four offsets, on both stores: the reset is the
-/// model's period end.
+/// for every period at four offsets and both algorithms, on both stores:
+/// the reset is the model's period end (a fixed window's), or when the
+/// count stops weighing (a sliding window's: the period's length after the
+/// next period begins, or that one's end if sooner).
 #[tokio::test]
 async fn every_instant_falls_in_the_models_period_on_both_stores() {
     let clock = ManualClock::new(0);
@@ -216,18 +218,29 @@ async fn every_instant_falls_in_the_models_period_on_both_stores() {
             from + ((x >> 11) % (to - from) as u64) as i64
         })
         .collect();
-    for period in periods {
+    for (period, sliding) in periods.into_iter().flat_map(|p| [(p, false), (p, true)]) {
         for offset in [0, 5 * 3600 + 1800, -8 * 3600, 14 * 3600] {
-            let limit = Limit::new("cal", calendar(period, offset).fixed_window()).expect("limit");
+            let rate = calendar(period, offset);
+            let quota = if sliding {
+                rate.sliding_window()
+            } else {
+                rate.fixed_window()
+            };
+            let limit = Limit::new("cal", quota).expect("limit");
             for (store, limiter) in limiters_on_clock(&unique_prefix("calendar"), &limit, &clock) {
                 for (i, &at) in instants.iter().enumerate() {
                     clock.set(at);
                     let d = limiter.check(&format!("k{i}"), 1).await.expect("decision");
-                    let (_, end) = model(period, offset, at);
+                    let (start, end) = model(period, offset, at);
+                    let next_end = model(period, offset, end).1;
+                    let expected = match sliding {
+                        false => end,
+                        true => end + (end - start).min(next_end - end),
+                    };
                     assert_eq!(
                         d.reset_after().as_micros() as i64,
-                        end - at,
-                        "{period:?} at {offset} s on {store}, at {at} us"
+                        expected - at,
+                        "{period:?}, sliding {sliding}, at {offset} s on {store}, at {at} us"
                     );
                 }
             }
