@@ -105,6 +105,7 @@
 #![forbid(unsafe_code)]
 
 mod algorithm;
+mod calendar;
 mod clock;
 #[cfg(feature = "serde")]
 mod config;
@@ -138,6 +139,7 @@ mod text;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub use calendar::{CalendarRate, Period};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};

@@ -4,6 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::algorithm::calendar::Calendar;
+#[cfg(doc)]
+use crate::CalendarRate;
+
 /// The algorithm a [`Quota`] uses. In configuration files (feature `serde`)
 /// it is written `sliding-log`, `token-bucket`, `gcra`, `fixed-window` or
 /// `sliding-window` (snake case is accepted too).
@@ -20,7 +24,8 @@ pub enum Algorithm {
     TokenBucket,
     /// Generic cell rate algorithm (leaky bucket as a meter).
     Gcra,
-    /// Fixed window counter aligned to the Unix epoch.
+    /// Fixed window counter aligned to the Unix epoch (or to calendar
+    /// periods, see [`CalendarRate`]).
     #[cfg_attr(feature = "serde", serde(alias = "fixed_window"))]
     FixedWindow,
     /// Sliding window counter: two counters, an approximation of the log.
@@ -75,6 +80,9 @@ pub struct Quota {
     pub(crate) window: Duration,
     /// The rate (GCRA) or refill (token bucket) per window; 0 for windows.
     pub(crate) extra: u64,
+    /// A calendar quota's periods (see [`CalendarRate`]); `None` for
+    /// windows aligned to the epoch.
+    pub(crate) calendar: Option<Calendar>,
 }
 
 impl Quota {
@@ -113,6 +121,7 @@ impl Quota {
             amount: limit,
             window,
             extra: 0,
+            calendar: None,
         }
     }
 
@@ -128,6 +137,7 @@ impl Quota {
             amount: capacity,
             window: period,
             extra: refill,
+            calendar: None,
         }
     }
 
@@ -141,6 +151,7 @@ impl Quota {
             amount: burst,
             window: period,
             extra: rate,
+            calendar: None,
         }
     }
 
@@ -152,6 +163,7 @@ impl Quota {
             amount: limit,
             window,
             extra: 0,
+            calendar: None,
         }
     }
 
@@ -164,6 +176,7 @@ impl Quota {
             amount: limit,
             window,
             extra: 0,
+            calendar: None,
         }
     }
 
@@ -177,13 +190,16 @@ impl Quota {
         self.amount
     }
 
-    /// The window, or the refill period / rate period for bucket algorithms.
+    /// The window, or the refill period / rate period for bucket
+    /// algorithms; a calendar quota's longest period (see
+    /// [`calendar`](Self::calendar)).
     pub fn window(&self) -> Duration {
         self.window
     }
 }
 
-/// As written with the named steps: `GCRA, 10 per 1s, bursts of 20`.
+/// As written with the named steps: `GCRA, 10 per 1s, bursts of 20`;
+/// `fixed window, 500 per day (UTC+05:30)`.
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.algorithm {
@@ -192,11 +208,27 @@ impl fmt::Display for Quota {
                 "{}, {} per {:?}, bursts of {}",
                 self.algorithm, self.extra, self.window, self.amount
             ),
-            _ => write!(
-                f,
-                "{}, {} per {:?}",
-                self.algorithm, self.amount, self.window
-            ),
+            _ => match self.calendar {
+                Some(c) => {
+                    write!(f, "{}, {} per {}", self.algorithm, self.amount, c.period)?;
+                    let (east, m) = (c.offset >= 0, c.offset.unsigned_abs());
+                    match m {
+                        0 => f.write_str(" (UTC)"),
+                        _ => write!(
+                            f,
+                            " (UTC{}{:02}:{:02})",
+                            if east { '+' } else { '-' },
+                            m / 60,
+                            m % 60
+                        ),
+                    }
+                }
+                None => write!(
+                    f,
+                    "{}, {} per {:?}",
+                    self.algorithm, self.amount, self.window
+                ),
+            },
         }
     }
 }
@@ -279,6 +311,7 @@ impl Burst {
             amount: self.burst,
             window: self.rate.period,
             extra: self.rate.amount,
+            calendar: None,
         }
     }
 
@@ -290,6 +323,7 @@ impl Burst {
             amount: self.burst,
             window: self.rate.period,
             extra: self.rate.amount,
+            calendar: None,
         }
     }
 }
@@ -301,6 +335,7 @@ impl Quota {
             amount: rate.amount,
             window: rate.period,
             extra: 0,
+            calendar: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Mirror of `lua/fixed_window.lua`: a count for the window starting at `start`.
 
 use super::as_of;
+use super::calendar::Calendar;
 
 /// The integers this algorithm decides with: at most `limit` permits per
 /// window of `window` microseconds.
@@ -8,8 +9,29 @@ use super::as_of;
 pub(crate) struct Params {
     /// The most granted per window.
     pub(crate) limit: i64,
-    /// The window, in microseconds, aligned to the epoch.
+    /// The window, in microseconds, aligned to the epoch; a calendar
+    /// quota's longest.
     pub(crate) window: i64,
+    /// A calendar quota's periods, in place of windows aligned to the epoch.
+    pub(crate) calendar: Option<Calendar>,
+}
+
+impl Params {
+    /// The window that holds `at`: its start and length (us).
+    pub(crate) fn window_at(&self, at: i64) -> (i64, i64) {
+        match self.calendar {
+            None => (at - at.rem_euclid(self.window), self.window),
+            Some(c) => {
+                let (start, len, _) = c.window(at);
+                (start, len)
+            }
+        }
+    }
+
+    /// The length of the window that begins at `start` (us).
+    fn len_at(&self, start: i64) -> i64 {
+        self.calendar.map_or(self.window, |c| c.window(start).1)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,16 +67,17 @@ impl FixedWindow {
         let (Some((s, len, count)), moved) = as_of(raw, written, now) else {
             return (fresh, false);
         };
-        if len == w && !moved {
+        // one of this limit's windows
+        let own = match p.calendar {
+            None => len == w,
+            Some(_) => p.window_at(s) == (s, len),
+        };
+        if own && !moved {
             return (Self { start: s, count }, false);
         }
         // (a moved window need not start where one of this limit's does)
-        let r = if s > now {
-            s - s.rem_euclid(w)
-        } else {
-            now - now.rem_euclid(w)
-        };
-        if s < r + w && r < s + len {
+        let (r, rl) = p.window_at(s.max(now));
+        if s < r + rl && r < s + len {
             return (Self { start: r, count }, moved);
         }
         (fresh, false)
@@ -69,19 +92,23 @@ impl FixedWindow {
     }
 
     pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
-        let (n, w) = (p.limit, p.window);
+        let n = p.limit;
         if cost > n {
             return None;
         }
-        let start = (now - now.rem_euclid(w)).max(self.start);
+        // the window of now, or the counted one after it
+        let (mut start, mut len) = p.window_at(now);
+        if self.start > start {
+            (start, len) = (self.start, p.len_at(self.start));
+        }
         if self.count_in(start) + cost <= n {
             return Some(now.max(start));
         }
-        Some(start + w)
+        Some(start + len)
     }
 
     pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
-        let start = at - at.rem_euclid(p.window);
+        let (start, _) = p.window_at(at);
         self.count = self.count_in(start) + cost;
         self.start = start;
     }
@@ -89,7 +116,7 @@ impl FixedWindow {
     /// Gives back `cost` granted at `at` (as `fw_refund`): only when `at`
     /// lies in the window the state counts, never below zero.
     pub(crate) fn refund(&mut self, p: &Params, at: i64, cost: i64) -> bool {
-        if self.start < 0 || self.count == 0 || at - at.rem_euclid(p.window) != self.start {
+        if self.start < 0 || self.count == 0 || p.window_at(at).0 != self.start {
             return false;
         }
         self.count = (self.count - cost).max(0);
@@ -97,12 +124,12 @@ impl FixedWindow {
     }
 
     pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
-        let (n, w) = (p.limit, p.window);
-        let start = at - at.rem_euclid(w);
+        let n = p.limit;
+        let (start, len) = p.window_at(at);
         if self.start > start {
-            (0, self.start + w - now)
+            (0, self.start + p.len_at(self.start) - now)
         } else if self.start == start {
-            ((n - self.count).max(0), start + w - now)
+            ((n - self.count).max(0), start + len - now)
         } else {
             (n, 0)
         }
@@ -110,6 +137,6 @@ impl FixedWindow {
 
     /// The working state as the store keeps it.
     pub(crate) fn save(&self, p: &Params) -> Raw {
-        (self.start, p.window, self.count)
+        (self.start, p.len_at(self.start), self.count)
     }
 }

@@ -20,6 +20,7 @@
 //! reading limit's units, and `save` writes it back; the stored form says
 //! when the state becomes equal to a fresh one (the key's expiry).
 
+pub(crate) mod calendar;
 mod driver;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
@@ -401,11 +402,13 @@ mod tests {
             Params::FixedWindow(super::fixed_window::Params {
                 limit: 3,
                 window: 7,
+                calendar: None,
             }),
             Params::SlidingWindow(super::sliding_window::Params {
                 limit: 3,
                 window: 7,
                 step: 1,
+                calendar: None,
             }),
         ];
         for p in all {

@@ -43,14 +43,21 @@ impl Params {
     /// the algorithm's id (see `lua/driver.lua`): the one place their order
     /// is written. The first is the capacity (the driver reads it as such);
     /// the third is 0 for the algorithms of two parameters (a sliding log,
-    /// a fixed window), so that every limit's string has one shape.
+    /// a fixed window), so that every limit's string has one shape, and a
+    /// calendar quota's code for a window algorithm (negative, see
+    /// `calendar.rs`).
     pub(crate) fn wire(&self) -> [i64; 3] {
         match *self {
             Params::SlidingLog(p) => [p.limit, p.window, 0],
             Params::TokenBucket(p) => [p.capacity, p.rate, p.period],
             Params::Gcra(p) => [p.burst, p.rate, p.period],
-            Params::FixedWindow(p) => [p.limit, p.window, 0],
-            Params::SlidingWindow(p) => [p.limit, p.window, p.step],
+            // a calendar quota's third parameter is its code, negative
+            Params::FixedWindow(p) => [p.limit, p.window, p.calendar.map_or(0, |c| c.code())],
+            Params::SlidingWindow(p) => [
+                p.limit,
+                p.window,
+                p.calendar.map_or(i64::from(p.step), |c| c.code()),
+            ],
         }
     }
 }
@@ -107,14 +114,17 @@ impl Params {
                 rate: positive(b)?,
                 period: positive(c)?,
             }),
+            // (never a calendar quota: its code is negative)
             4 => Params::FixedWindow(fixed_window::Params {
                 limit: positive(a)?,
                 window: positive(b)?,
+                calendar: None,
             }),
             5 => Params::SlidingWindow(sliding_window::Params {
                 limit: positive(a)?,
                 window: positive(b)?,
-                step: positive(c)?,
+                step: i32::try_from(positive(c)?).ok()?,
+                calendar: None,
             }),
             _ => return None,
         };
@@ -147,8 +157,14 @@ impl Params {
             Params::SlidingLog(p) => Quota::sliding_log(n(p.limit), us(p.window)),
             Params::TokenBucket(p) => Quota::token_bucket(n(p.capacity), n(p.rate), us(p.period)),
             Params::Gcra(p) => Quota::gcra(n(p.rate), us(p.period), n(p.burst)),
-            Params::FixedWindow(p) => Quota::fixed_window(n(p.limit), us(p.window)),
-            Params::SlidingWindow(p) => Quota::sliding_window(n(p.limit), us(p.window)),
+            Params::FixedWindow(p) => Quota {
+                calendar: p.calendar,
+                ..Quota::fixed_window(n(p.limit), us(p.window))
+            },
+            Params::SlidingWindow(p) => Quota {
+                calendar: p.calendar,
+                ..Quota::sliding_window(n(p.limit), us(p.window))
+            },
         }
     }
 }

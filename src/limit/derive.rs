@@ -54,6 +54,14 @@ pub(crate) fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
         return Err(ConfigError::ZeroAmount { what: amount_name });
     }
     let amount = u128::from(q.amount);
+    if let Some(c) = q.calendar {
+        // whole minutes under a day (see `CalendarRate::east_of_utc`)
+        if c.offset.unsigned_abs() >= 24 * 60 {
+            return Err(ConfigError::OutOfRange(
+                "a calendar quota's offset from UTC must be whole minutes under a day".to_owned(),
+            ));
+        }
+    }
     let params = match q.algorithm {
         Algorithm::SlidingLog | Algorithm::FixedWindow => {
             let limit = exact(amount, "the limit")?;
@@ -61,7 +69,11 @@ pub(crate) fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
             if q.algorithm == Algorithm::SlidingLog {
                 Params::SlidingLog(algorithm::sliding_log::Params { limit, window })
             } else {
-                Params::FixedWindow(algorithm::fixed_window::Params { limit, window })
+                Params::FixedWindow(algorithm::fixed_window::Params {
+                    limit,
+                    window,
+                    calendar: q.calendar,
+                })
             }
         }
         Algorithm::SlidingWindow => {
@@ -70,7 +82,11 @@ pub(crate) fn derive(q: &Quota) -> Result<(Params, Duration), ConfigError> {
             Params::SlidingWindow(algorithm::sliding_window::Params {
                 limit: exact(amount, "the limit")?,
                 window: exact(window, "the window in microseconds")?,
-                step: exact(window.div_ceil(steps), "the weight step")?,
+                // (under 2^29: the window is at most ten years)
+                step: i32::try_from(window.div_ceil(steps)).map_err(|_| {
+                    ConfigError::OutOfRange("the weight step is too large".to_owned())
+                })?,
+                calendar: q.calendar,
             })
         }
         Algorithm::TokenBucket | Algorithm::Gcra => {
