@@ -125,6 +125,9 @@ mod plan;
 mod quota;
 pub mod store;
 mod text;
+#[cfg(feature = "watch")]
+#[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
+pub mod watch;
 
 /// The README's examples, compiled as doctests so they stay true.
 #[cfg(all(
