@@ -1,7 +1,8 @@
 //! Keys from requests: what a limit counts per. Built-ins for the client IP
 //! (behind trusted proxies, IPv6 grouped by prefix), a header (API key), a
 //! request extension (a user id set by an auth layer), the matched route and
-//! a path parameter (with the `axum` feature), one global key, and tuples of
+//! a path parameter (with the `axum` feature), a field of a JSON body
+//! ([`JsonField`], read by [`ReadBody`]), one global key, and tuples of
 //! those (user id + action).
 //!
 //! An extractor answers `None` when the request has no such key (no header, no
@@ -9,6 +10,7 @@
 
 #[cfg(feature = "axum")]
 mod axum;
+mod body;
 mod forwarded;
 mod ip;
 mod warnings;
@@ -27,6 +29,9 @@ use smallvec::SmallVec;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[allow(deprecated)]
 pub use self::axum::{MatchedRoute, PathParam, Route};
+pub use self::body::{
+    JsonField, ReadBody, ReadBodyService, ReplayBody, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY,
+};
 pub use self::ip::{ClientIpResolver, IpConfigError, ProxyHeader};
 use self::warnings::Warnings;
 
