@@ -186,8 +186,11 @@ impl LimitsFile {
             file.is_some_and(|file| file == "..data") || file == name.as_deref()
         };
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let relevant = event
-                .is_ok_and(|event| !event.kind.is_access() && event.paths.iter().any(&concerns));
+            // (events lost to an overflow, or an error: read it to be sure)
+            let relevant = event.map_or(true, |event| {
+                event.need_rescan()
+                    || (!event.kind.is_access() && event.paths.iter().any(&concerns))
+            });
             if relevant {
                 // a reading already pending reads this change too
                 let _ = changed.try_send(());

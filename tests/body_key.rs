@@ -12,7 +12,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use common::{redis_store, unique_prefix};
+use common::{redis_store, unique_prefix, PATIENT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
 use tower_ratelimit::key::{JsonField, ReadBody};
@@ -34,12 +34,14 @@ fn app(store: impl Store + Clone, max_bytes: usize, timeout: Duration) -> Router
     let read = ReadBody::new().max_bytes(max_bytes).timeout(timeout);
     let strict = RateLimitLayer::builder()
         .store(store.clone())
+        .timeout(PATIENT)
         .limit(login(), username())
         .build()
         .expect("a layer");
     let lenient = Limit::new("lenient", Quota::per_minute(2).sliding_log()).expect("valid");
     let lenient = RateLimitLayer::builder()
         .store(store)
+        .timeout(PATIENT)
         .rule(Rule::new(lenient, username()).on_missing_key(MissingKey::Skip))
         .build()
         .expect("a layer");

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderName, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use common::{redis_store_with_clock, unique_prefix};
+use common::{patient_limiter, redis_store_with_clock, unique_prefix, PATIENT};
 use tower::ServiceExt;
 use tower_ratelimit::key::Header;
 use tower_ratelimit::layer::RateLimitLayer;
@@ -45,12 +45,14 @@ trait StoreBox {
 impl<S: Store + Clone> StoreBox for S {
     fn layer(&self, limit: Limit) -> RateLimitLayer {
         let key = Header::new(HeaderName::from_static("x-user"));
-        let builder = RateLimitLayer::builder().store(self.clone());
+        let builder = RateLimitLayer::builder()
+            .store(self.clone())
+            .timeout(PATIENT);
         builder.limit(limit, key).build().expect("a layer")
     }
 
     fn limiter(&self, limit: Limit) -> Limiter {
-        Limiter::new(self.clone(), limit)
+        patient_limiter(self.clone(), limit)
     }
 }
 
