@@ -66,11 +66,7 @@ impl RateLimitLayerBuilder {
             fixed_cost: 1,
             max_delay: Duration::ZERO,
             max_waiting: DEFAULT_MAX_WAITING,
-            headers: HeaderSet {
-                ietf: true,
-                legacy: false,
-                policy: None,
-            },
+            headers: HeaderSet::default(),
             rejector: None,
             log_interval: DEFAULT_LOG_INTERVAL,
         }
