@@ -19,6 +19,7 @@ use super::refusal::{after_failure, deny_listed, estimate_too_large, refused, Af
 use super::response::Fields;
 use super::{Config, RateLimitInfo, ResponseBody};
 use crate::limiter::{Ask, Refund, RefundOnDrop};
+use crate::store::Answer;
 use crate::Grant;
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
@@ -223,8 +224,13 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
         None => std::time::Duration::ZERO,
     };
     let ask = Ask::ahead(delay, config.refundable);
-    let decided = config.limiter.answer(&checks, ask);
-    let (grant, store_failed) = match decided.get().await {
+    // (matched here rather than through `Answer::get`: one future less
+    // around a decision made at once)
+    let decided = match config.limiter.answer(&checks, ask) {
+        Answer::Now(result) => result,
+        Answer::Later(future) => future.await,
+    };
+    let (grant, store_failed) = match decided {
         Ok(grant) => {
             config.outage.success();
             (grant, false)
@@ -244,13 +250,17 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
     if !decision.is_allowed() {
         return Step::Answer(refused(config, parts, decision, &decision.without_shadow()));
     }
-    // the rule of each limit the grant was charged to
-    let charged_rules = chosen
-        .iter()
-        .zip(decision.statuses())
-        .filter(|(_, status)| !status.would_refuse())
-        .map(|((_, _, rule), _)| *rule)
-        .collect();
+    // the rule of each limit the grant was charged to, for what follows a
+    // grant that can be given back
+    let charged_rules = match grant.refund {
+        Some(_) => chosen
+            .iter()
+            .zip(decision.statuses())
+            .filter(|(_, status)| !status.would_refuse())
+            .map(|((_, _, rule), _)| *rule)
+            .collect(),
+        None => SmallVec::new(),
+    };
     Step::Granted(Granted {
         grant,
         charged_rules,
