@@ -6,7 +6,6 @@ use http::Response;
 use smallvec::SmallVec;
 
 use super::body::RejectionResponse;
-use super::choose::Chosen;
 use super::response::HeaderSet;
 use super::response::{insert_headers, insert_retry_after, too_many_requests_text, Answers};
 use super::{Config, OnStoreError, Rejection, ResponseBody};
@@ -87,36 +86,6 @@ pub(super) fn after_failure<'a, B>(
             AfterFailure::Pass
         }
     }
-}
-
-/// The 413 (or `INVALID_ARGUMENT`) for a request whose estimate `cost` is
-/// over `share` of the capacity of a limit it is checked against whose rule
-/// reads the cost after the response (see
-/// [`settle_estimates`](super::RateLimitLayerBuilder::settle_estimates));
-/// `None` when it is within every one.
-pub(super) fn estimate_too_large<B>(
-    config: &Config,
-    parts: &Parts,
-    chosen: &Chosen<'_>,
-    cost: u64,
-    share: f64,
-) -> Option<Response<ResponseBody<B>>> {
-    chosen.iter().find_map(|(limit, _, rule)| {
-        let budget = config.rules.get(*rule)?.cost_after.any();
-        let most = crate::limiter::share_of(limit.capacity(), share);
-        (budget && cost > most).then(|| {
-            let limit = limit.name();
-            tracing::debug!(target: "tower_ratelimit", limit, cost, most, "an estimate over its share of a budget");
-            let why = Rejection::EstimateTooLarge {
-                limit,
-                estimate: cost,
-                most,
-            };
-            rejection(config, why, || {
-                Answers::to(parts).estimate_too_large(limit, cost, most)
-            })
-        })
-    })
 }
 
 /// The layer's refusal of a [`Decision`], as a response a handler returns

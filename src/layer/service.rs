@@ -13,9 +13,9 @@ use smallvec::SmallVec;
 use tower_service::Service;
 
 use super::after::After;
-use super::choose::{checks_of, choose, cost_of};
+use super::choose::{checks_of, choose, cost_of, estimate_too_large};
 use super::future::ResponseFuture;
-use super::refusal::{after_failure, deny_listed, estimate_too_large, refused, AfterFailure};
+use super::refusal::{after_failure, deny_listed, refused, AfterFailure};
 use super::response::Fields;
 use super::{Config, RateLimitInfo, ResponseBody};
 use crate::limiter::{Ask, Refund, RefundOnDrop};
@@ -100,7 +100,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    /// One path: [`decide`], then [`respond`]. Where nothing can make the
+    /// One path: `decide`, then `respond`. Where nothing can make the
     /// decision wait (a store that answers at once, no refund, no delay,
     /// no shadow limit, no resolved plan: `Config::at_once`), it is polled
     /// here, once, and the response future is the inner service's own (or
