@@ -415,7 +415,7 @@ impl RateLimitLayerBuilder {
                     ..self.headers
                 },
                 rejector: self.rejector,
-                outage: OutageLog::new(self.log_interval),
+                outage: OutageLog::new(self.log_interval, store.kind()),
             }),
         })
     }
