@@ -12,7 +12,7 @@ use tower_ratelimit::metrics::{
     Outcome, DECISIONS, LIMIT_CAPACITY, LIMIT_WINDOW, MEMORY_STORE_KEYS, NEAR_LIMIT, OVERSHOOT,
     STORE_DURATION, STORE_OUTAGE,
 };
-use tower_ratelimit::{Limit, Limiter, LiveLimit, MemoryStore, Quota, RedisStore};
+use tower_ratelimit::{HotKey, Limit, Limiter, LiveLimit, MemoryStore, Quota, RedisStore};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -185,6 +185,40 @@ fn charges_after_the_fact_record_what_they_may_overshoot() {
     });
     assert_eq!(overshoot("_count"), Some(2.0));
     assert_eq!(overshoot("_sum"), Some(130.0));
+}
+
+#[test]
+fn a_hot_keys_batch_records_what_it_may_overshoot() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let overshoot = |suffix: &str| {
+        let name = format!("{OVERSHOOT}{suffix}");
+        sample(
+            &handle,
+            &name,
+            &[("limit", "global"), ("source", "hot_batch")],
+        )
+    };
+    let redis = common::TestRedis::spawn();
+    runtime().block_on(async {
+        let store = RedisStore::new(redis.url.as_str()).expect("store");
+        let hot = HotKey::new(25, Duration::from_secs(60)).expect("hot key");
+        let global = Limit::new("global", Quota::per_minute(100).sliding_window())
+            .and_then(|limit| limit.with_hot_key(hot))
+            .expect("limit");
+        let limiter = Limiter::new(store, global);
+        // the first takes a batch of 25, the next 24 are granted from it
+        for _ in 0..25 {
+            assert!(limiter
+                .check("all", 1)
+                .await
+                .expect("decision")
+                .is_allowed());
+        }
+    });
+    assert_eq!(overshoot("_count"), Some(1.0));
+    assert_eq!(overshoot("_sum"), Some(25.0));
 }
 
 #[test]
