@@ -86,13 +86,14 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 use tower_ratelimit::key::{ClientIp, ClientIpResolver, KeyExtractor, RequestExtension};
 use tower_ratelimit::layer::{
     OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
 };
+use tower_ratelimit::metrics::{OVERSHOOT, STORE_DURATION};
 use tower_ratelimit::watch::{FileWatch, LimitsFile};
 use tower_ratelimit::{
     Limit, LiveLimit, LiveLimits, MemoryStore, Penalty, Quota, RedisStore, RedisStoreBuilder, Store,
@@ -739,8 +740,17 @@ async fn main() -> Result<(), Error> {
     }
     let limits = Limits::new(limits_file)?;
     // The limiter reports through the `metrics` facade; this exporter
-    // renders what it records for `GET /metrics`.
-    let metrics = PrometheusBuilder::new().install_recorder()?;
+    // renders what it records for `GET /metrics`, its histograms with
+    // buckets (Prometheus sums them across instances; see
+    // examples/grafana-dashboard.json and examples/prometheus-alerts.yml).
+    let seconds = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+    ];
+    let amounts = [1.0, 10.0, 100.0, 1000.0, 10_000.0, 100_000.0];
+    let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(STORE_DURATION.into()), &seconds)?
+        .set_buckets_for_metric(Matcher::Full(OVERSHOOT.into()), &amounts)?
+        .install_recorder()?;
     let on_store_error = match std::env::var("ON_STORE_ERROR").as_deref() {
         Ok("open") => OnStoreError::FailOpen,
         Ok("memory") => OnStoreError::FallbackToMemory,

@@ -478,7 +478,7 @@ impl RateLimitLayerBuilder {
                     ..self.headers
                 },
                 rejector: self.rejector,
-                outage: OutageLog::new(self.log_interval),
+                outage: OutageLog::new(self.log_interval, store.kind()),
             }),
         })
     }

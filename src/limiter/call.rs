@@ -364,11 +364,10 @@ impl Pending<'_> {
     /// a denial cached.
     #[inline(always)]
     fn finish(self, reply: Result<Reply, Error>, span: tracing::Span) -> Result<Grant, Error> {
-        let store = &self.limiter.inner.store;
-        self.timer.finish(|| store.kind(), "decide");
+        self.limiter.called(self.timer, "decide", reply.is_err());
         #[cfg(feature = "metrics")]
         if let Ok(reply) = &reply {
-            store.report_size(reply.now);
+            self.limiter.inner.store.report_size(reply.now);
         }
         let checks = self.checks;
         let result = reply.and_then(|reply| Limiter::decision_of(checks, reply, self.max_wait));

@@ -83,6 +83,10 @@ impl Limiter {
             let error = match result {
                 Ok(_) => {
                     crate::metrics::charged(if tries == 1 { "charged" } else { "retried" });
+                    for check in &checks {
+                        let limit = check.limit.shared_name();
+                        crate::metrics::overshoot(limit, "charge", check.cost);
+                    }
                     return Ok(());
                 }
                 Err(error) => error,

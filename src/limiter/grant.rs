@@ -384,8 +384,16 @@ impl Limiter {
             Settle::Charge => "charge",
             Settle::Renew { .. } => "renew",
         };
-        timer.finish(|| store.kind(), operation);
+        self.called(timer, operation, result.is_err());
         result
+    }
+
+    /// A store call's end: measured (since `timer`), and whether it
+    /// `failed` shown (see [`crate::metrics::STORE_OUTAGE`]).
+    pub(super) fn called(&self, timer: StoreTimer, operation: &'static str, failed: bool) {
+        let store = &self.inner.store;
+        timer.finish(|| store.kind(), operation);
+        self.inner.outage.set(|| store.kind(), failed);
     }
 
     fn owned_checks(charged: &[(Limit, Vec<u8>)], cost: i64) -> Checks<'_> {

@@ -388,10 +388,9 @@ impl HotPools {
             cost: i64::try_from(hot_key.permits()).unwrap_or(i64::MAX),
         }];
         let sent = hot.now();
-        let store = &limiter.inner.store;
         let timer = StoreTimer::start();
-        let taken = store.take(&batch, deadline).get().await;
-        timer.finish(|| store.kind(), "take");
+        let taken = limiter.inner.store.take(&batch, deadline).get().await;
+        limiter.called(timer, "take", taken.is_err());
         let taken = taken.and_then(|(reply, k)| Ok((Limiter::decision_of(&batch, reply, 0)?, k)));
         let (decision, k) = match taken {
             Ok(taken) => taken,
@@ -415,6 +414,7 @@ impl HotPools {
                 batch.refused_until = sent.saturating_add(wait);
                 return Ok(None);
             }
+            crate::metrics::overshoot(check.limit.shared_name(), "hot_batch", k);
             batch.generation += 1;
             batch.left = k;
             batch.until = sent.saturating_add(hot_key.hold_us());

@@ -100,6 +100,8 @@ struct Inner {
     /// Batches of hot keys' permits, for a remote store (see [`Limit::with_hot_key`]):
     /// the store's, shared by every limiter over it.
     hot: Option<Arc<HotPools>>,
+    /// Whether the store's calls fail, for the metrics.
+    outage: crate::metrics::OutageGauge,
 }
 
 /// One or more limits over one store. Cheap to clone (an `Arc`), `Send` and
