@@ -1,16 +1,86 @@
-//! What a layer settles once a response is known: the leases of
+//! What a layer settles once a response is known: a refund per the
+//! response (`give_back`), a reservation's wait (`wait_for`), the leases of
 //! concurrency limits, held until its body ends, and the costs charged
 //! after it ([`Rule::cost_from_response`](super::Rule::cost_from_response),
 //! [`Rule::cost_from_body`](super::Rule::cost_from_body)).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::response::Parts as ResponseParts;
+use http::Response;
 use smallvec::SmallVec;
 
-use super::rule::BodyCost;
-use super::Config;
-use crate::limiter::{run_detached, LeaseGuard, Refund};
+use super::{Config, Rule};
+use crate::limiter::{run_detached, LeaseGuard, Refund, RefundOnDrop};
 use crate::Limiter;
+
+/// How a rule's cost after the response is read (see
+/// [`Rule::cost_from_response`], [`Rule::cost_from_body`]).
+#[derive(Clone, Default)]
+pub(crate) struct CostAfter {
+    pub(crate) head: Option<HeadCost>,
+    pub(crate) body: Option<BodyCost>,
+}
+
+pub(crate) type HeadCost = Arc<dyn Fn(&ResponseParts) -> Option<u64> + Send + Sync>;
+pub(crate) type BodyCost = Arc<dyn Fn(&bytes::Bytes) -> u64 + Send + Sync>;
+
+impl CostAfter {
+    /// Whether the rule charges anything after the response.
+    pub(crate) fn any(&self) -> bool {
+        self.head.is_some() || self.body.is_some()
+    }
+}
+
+/// Costs read from the response.
+impl Rule {
+    /// Charges this limit, after the response, the cost `cost` reads from
+    /// its head (`None`: nothing more), such as the tokens an LLM reports:
+    /// see [`cost_from_header`](Self::cost_from_header) for the common case
+    /// and the module docs for the bound.
+    ///
+    /// The request's own cost (the layer's
+    /// [`fixed_cost`](super::RateLimitLayerBuilder::fixed_cost), 1 by default) is
+    /// taken when it arrives, so a key already in debt is refused; once the
+    /// response is known, what its cost exceeds that by is charged (see
+    /// [`Limiter::charge`](crate::Limiter::charge)), whatever is left, on a
+    /// task of its own: the response is not held up. With
+    /// [`cost_from_body`](Self::cost_from_body) too, both are added, and the
+    /// charge is made when the body ends. The response's RateLimit fields
+    /// show the limit as the request found it, before its own charge.
+    pub fn cost_from_response(
+        mut self,
+        cost: impl Fn(&ResponseParts) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.cost_after.head = Some(Arc::new(cost));
+        self
+    }
+
+    /// [`cost_from_response`](Self::cost_from_response) read from the
+    /// response header `name`, a decimal integer (absent or unreadable:
+    /// nothing more).
+    pub fn cost_from_header(self, name: http::HeaderName) -> Self {
+        self.cost_from_response(move |response| {
+            let value = response.headers.get(&name)?.to_str().ok()?;
+            value.trim().parse().ok()
+        })
+    }
+
+    /// Charges this limit, after the response, the cost `cost` counts in
+    /// each chunk of its body as it streams (the bytes served:
+    /// `|chunk| chunk.len() as u64`), when the body ends or is dropped (a
+    /// client gone mid-stream pays for what it was sent). As with
+    /// [`cost_from_response`](Self::cost_from_response), the request's own
+    /// cost is taken when it arrives and only the excess is charged.
+    pub fn cost_from_body(
+        mut self,
+        cost: impl Fn(&bytes::Bytes) -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        self.cost_after.body = Some(Arc::new(cost));
+        self
+    }
+}
 
 /// Held by a response body until it ends or is dropped; then charges what
 /// the response cost beyond what its request paid (and, settling
@@ -155,4 +225,62 @@ impl Drop for After {
         // the leases go back once the charges are on their way
         drop(self.lease.take());
     }
+}
+
+/// Waits out a reservation; a request dropped while it waits gives its
+/// slot back.
+pub(super) async fn wait_for(wait: std::time::Duration, refund: Option<Refund>) -> Option<Refund> {
+    let reservation = RefundOnDrop::new(refund);
+    tokio::time::sleep(wait).await;
+    reservation.disarm()
+}
+
+/// Gives the grant back in the limits whose refund predicate (the layer's
+/// or the rule's) says the response does not count, before the response
+/// is returned, so that the client's next request sees it; with the
+/// indices in `refund.charged()` of the limits it was given back in.
+pub(super) async fn give_back<B>(
+    config: &Config,
+    refund: &Refund,
+    charged_rules: &[usize],
+    response: Response<B>,
+) -> (Response<B>, SmallVec<[usize; 2]>) {
+    let (head, body) = response.into_parts();
+    let all = config
+        .refund_if
+        .as_ref()
+        .is_some_and(|refund| refund(&head));
+    // (a lease is given back when the body ends, not here)
+    let leased = |j: usize| {
+        refund
+            .charged()
+            .get(j)
+            .is_some_and(|(l, _)| l.is_concurrency())
+    };
+    let refunded = |j: usize| {
+        !leased(j)
+            && (all
+                || charged_rules
+                    .get(j)
+                    .and_then(|&rule| config.rules.get(rule)?.refund_if.as_ref())
+                    .is_some_and(|refund| refund(&head)))
+    };
+    let mut given_back: SmallVec<[usize; 2]> = (0..refund.charged().len())
+        .filter(|&j| refunded(j))
+        .collect();
+    if !given_back.is_empty() {
+        // (the predicates, the user's closures, are asked once per limit)
+        let result = refund.run_some(|j| given_back.contains(&j)).await;
+        match result {
+            Ok(true) => {}
+            Ok(false) => given_back.clear(),
+            Err(error) => {
+                given_back.clear();
+                config
+                    .outage
+                    .failure(&error, "a request that should not count was counted");
+            }
+        }
+    }
+    (Response::from_parts(head, body), given_back)
 }

@@ -1,13 +1,15 @@
 //! The limits that apply to a request: per rule, its exemption, tier and
 //! key (or the missing-key policy), and the request's cost.
 
+use std::sync::Arc;
+
 use http::request::Parts;
 use http::Response;
 use smallvec::SmallVec;
 
 use super::refusal::rejection;
 use super::response::Answers;
-use super::{Config, MissingKey, Rejection, ResponseBody};
+use super::{Config, MissingKey, RateLimitLayerBuilder, Rejection, ResponseBody};
 use crate::key::KeyBuf;
 use crate::limiter::Checks;
 use crate::live::Current;
@@ -94,4 +96,75 @@ pub(super) fn estimate_too_large<B>(
             })
         })
     })
+}
+
+/// A request's cost, and costs as estimates settled after the response.
+impl RateLimitLayerBuilder {
+    /// Every request costs `cost` (default 1); checked against every limit's
+    /// capacity when built.
+    pub fn fixed_cost(mut self, cost: u64) -> Self {
+        self.fixed_cost = cost;
+        self.cost = None;
+        self
+    }
+
+    /// The cost of each request is computed from it (weighted endpoints).
+    /// A cost over a limit's capacity is answered 429 without `Retry-After`.
+    pub fn cost_from_request(
+        mut self,
+        cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// [`cost_from_request`](Self::cost_from_request) read from the request
+    /// header `name`, a decimal integer (an LLM call's `max_tokens`, say);
+    /// absent or unreadable: the [fixed cost](Self::fixed_cost), 1 unless set.
+    pub fn cost_from_request_header(self, name: http::HeaderName) -> Self {
+        let fixed = self.fixed_cost;
+        self.cost_from_request(move |parts| {
+            let value = parts.headers.get(&name).and_then(|v| v.to_str().ok());
+            value.and_then(|v| v.trim().parse().ok()).unwrap_or(fixed)
+        })
+    }
+
+    /// Takes each request's cost as an estimate, settled after the response
+    /// to the actual cost that its rules read from it
+    /// ([`Rule::cost_from_response`], [`Rule::cost_from_body`]): what the
+    /// estimate was over is given back, what it was under is charged. A
+    /// request dropped before its response keeps its estimate; a response
+    /// that tells no cost keeps it too.
+    ///
+    /// `max_share` (in (0, 1]) bounds what one request may take of each
+    /// budget (the limits of rules that read a cost after the response):
+    /// an estimate over `max_share` of a limit's capacity is answered
+    /// 413 (a problem body; [`Rejection::EstimateTooLarge`](super::Rejection::EstimateTooLarge)), taking nothing,
+    /// and a cost over the estimate is charged at most `max_share` of
+    /// the capacity more. So a limit's overshoot is at most the sum, over
+    /// the requests in flight, of their cost less their estimate, and at
+    /// most `max_share` of its capacity for each. Outside (0, 1], or
+    /// without a rule that reads a cost after the response, the layer
+    /// does not build ([`ConfigError::Layer`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::HeaderName;
+    /// use tower_ratelimit::key::Global;
+    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// // 100 000 tokens a day; a call pays its max_tokens, then what it used
+    /// let tokens = Limit::new("tokens", Quota::per_day(100_000).fixed_window())?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::new(tokens, Global).cost_from_header(HeaderName::from_static("x-tokens-used")))
+    ///     .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
+    ///     .settle_estimates(0.05)
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn settle_estimates(mut self, max_share: f64) -> Self {
+        self.estimates = Some(max_share);
+        self
+    }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::response::Parts as ResponseParts;
 
+use super::after::CostAfter;
 use super::MissingKey;
 use crate::key::{KeyExtractor, KeyKind};
 use crate::live::Current;
@@ -13,24 +14,6 @@ use crate::{ConfigError, Limit, LimitSource, Quota};
 pub(crate) type RequestPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 pub(crate) type ResponsePredicate = Arc<dyn Fn(&ResponseParts) -> bool + Send + Sync>;
 type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync>;
-
-/// How a rule's cost after the response is read (see
-/// [`Rule::cost_from_response`], [`Rule::cost_from_body`]).
-#[derive(Clone, Default)]
-pub(crate) struct CostAfter {
-    pub(crate) head: Option<HeadCost>,
-    pub(crate) body: Option<BodyCost>,
-}
-
-pub(crate) type HeadCost = Arc<dyn Fn(&ResponseParts) -> Option<u64> + Send + Sync>;
-pub(crate) type BodyCost = Arc<dyn Fn(&bytes::Bytes) -> u64 + Send + Sync>;
-
-impl CostAfter {
-    /// Whether the rule charges anything after the response.
-    pub(crate) fn any(&self) -> bool {
-        self.head.is_some() || self.body.is_some()
-    }
-}
 
 /// One limit of a [`RateLimitLayer`](super::RateLimitLayer): the limit, the
 /// key it counts per, and policies of its own. Added with
@@ -170,52 +153,6 @@ impl Rule {
         refund: impl Fn(&ResponseParts) -> bool + Send + Sync + 'static,
     ) -> Self {
         self.refund_if = Some(Arc::new(refund));
-        self
-    }
-
-    /// Charges this limit, after the response, the cost `cost` reads from
-    /// its head (`None`: nothing more), such as the tokens an LLM reports:
-    /// see [`cost_from_header`](Self::cost_from_header) for the common case
-    /// and the module docs for the bound.
-    ///
-    /// The request's own cost (the layer's
-    /// [`fixed_cost`](super::RateLimitLayerBuilder::fixed_cost), 1 by default) is
-    /// taken when it arrives, so a key already in debt is refused; once the
-    /// response is known, what its cost exceeds that by is charged (see
-    /// [`Limiter::charge`](crate::Limiter::charge)), whatever is left, on a
-    /// task of its own: the response is not held up. With
-    /// [`cost_from_body`](Self::cost_from_body) too, both are added, and the
-    /// charge is made when the body ends. The response's RateLimit fields
-    /// show the limit as the request found it, before its own charge.
-    pub fn cost_from_response(
-        mut self,
-        cost: impl Fn(&ResponseParts) -> Option<u64> + Send + Sync + 'static,
-    ) -> Self {
-        self.cost_after.head = Some(Arc::new(cost));
-        self
-    }
-
-    /// [`cost_from_response`](Self::cost_from_response) read from the
-    /// response header `name`, a decimal integer (absent or unreadable:
-    /// nothing more).
-    pub fn cost_from_header(self, name: http::HeaderName) -> Self {
-        self.cost_from_response(move |response| {
-            let value = response.headers.get(&name)?.to_str().ok()?;
-            value.trim().parse().ok()
-        })
-    }
-
-    /// Charges this limit, after the response, the cost `cost` counts in
-    /// each chunk of its body as it streams (the bytes served:
-    /// `|chunk| chunk.len() as u64`), when the body ends or is dropped (a
-    /// client gone mid-stream pays for what it was sent). As with
-    /// [`cost_from_response`](Self::cost_from_response), the request's own
-    /// cost is taken when it arrives and only the excess is charged.
-    pub fn cost_from_body(
-        mut self,
-        cost: impl Fn(&bytes::Bytes) -> u64 + Send + Sync + 'static,
-    ) -> Self {
-        self.cost_after.body = Some(Arc::new(cost));
         self
     }
 

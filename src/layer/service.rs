@@ -12,13 +12,13 @@ use http::{Request, Response};
 use smallvec::SmallVec;
 use tower_service::Service;
 
-use super::after::After;
+use super::after::{give_back, wait_for, After};
 use super::choose::{checks_of, choose, cost_of, estimate_too_large};
 use super::future::ResponseFuture;
 use super::refusal::{after_failure, deny_listed, refused, AfterFailure};
 use super::response::Fields;
 use super::{Config, RateLimitInfo, ResponseBody};
-use crate::limiter::{Ask, Refund, RefundOnDrop};
+use crate::limiter::Ask;
 use crate::store::Answer;
 use crate::Grant;
 
@@ -412,62 +412,4 @@ where
         fields.apply(response.headers_mut());
     }
     Ok(response.map(|body| ResponseBody::settled_after(body, after)))
-}
-
-/// Waits out a reservation; a request dropped while it waits gives its
-/// slot back.
-async fn wait_for(wait: std::time::Duration, refund: Option<Refund>) -> Option<Refund> {
-    let reservation = RefundOnDrop::new(refund);
-    tokio::time::sleep(wait).await;
-    reservation.disarm()
-}
-
-/// Gives the grant back in the limits whose refund predicate (the layer's
-/// or the rule's) says the response does not count, before the response
-/// is returned, so that the client's next request sees it; with the
-/// indices in `refund.charged()` of the limits it was given back in.
-async fn give_back<B>(
-    config: &Config,
-    refund: &Refund,
-    charged_rules: &[usize],
-    response: Response<B>,
-) -> (Response<B>, SmallVec<[usize; 2]>) {
-    let (head, body) = response.into_parts();
-    let all = config
-        .refund_if
-        .as_ref()
-        .is_some_and(|refund| refund(&head));
-    // (a lease is given back when the body ends, not here)
-    let leased = |j: usize| {
-        refund
-            .charged()
-            .get(j)
-            .is_some_and(|(l, _)| l.is_concurrency())
-    };
-    let refunded = |j: usize| {
-        !leased(j)
-            && (all
-                || charged_rules
-                    .get(j)
-                    .and_then(|&rule| config.rules.get(rule)?.refund_if.as_ref())
-                    .is_some_and(|refund| refund(&head)))
-    };
-    let mut given_back: SmallVec<[usize; 2]> = (0..refund.charged().len())
-        .filter(|&j| refunded(j))
-        .collect();
-    if !given_back.is_empty() {
-        // (the predicates, the user's closures, are asked once per limit)
-        let result = refund.run_some(|j| given_back.contains(&j)).await;
-        match result {
-            Ok(true) => {}
-            Ok(false) => given_back.clear(),
-            Err(error) => {
-                given_back.clear();
-                config
-                    .outage
-                    .failure(&error, "a request that should not count was counted");
-            }
-        }
-    }
-    (Response::from_parts(head, body), given_back)
 }

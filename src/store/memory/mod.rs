@@ -11,6 +11,7 @@
 //! back through `write.rs`. Expired states are reclaimed a few at a time by
 //! the decisions that add keys, and in the background (`reclaim.rs`).
 
+mod backend;
 mod builder;
 mod decide;
 mod kept;
@@ -26,19 +27,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use smallvec::SmallVec;
-
-use self::kept::may_be_kept;
 use self::key::Hasher;
-use self::penalized::{is_penalized, Run};
 use self::table::{Found, Shard, Table};
-use super::backend::Backend;
-use super::keys::{bounded_keys, bounded_one, is_bounded};
-use super::{Answer, Check, Deadline, PenaltyChange, QuotaChange, Settle, Settled, Store};
+use super::{Check, Settle, Settled};
 use crate::algorithm::{self, Reply, State};
 use crate::clock::{Clock, SystemClock};
-use crate::penalty::PenState;
-use crate::Error;
 
 /// Number of independently locked shards.
 const SHARDS: usize = 32;
@@ -353,118 +346,14 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Store for MemoryStore {}
-
-impl Backend for MemoryStore {
-    fn decide<'a>(
-        &'a self,
-        checks: &'a [Check<'a>],
-        max_wait: i64,
-        dry: bool,
-        _: Deadline,
-    ) -> Answer<'a, Result<Reply, Error>> {
-        // one limit that none of the steps below changes: straight to the
-        // decision, without the steps' closures
-        if let [check] = checks {
-            if is_bounded(check) && !is_penalized(check) && !may_be_kept(check) {
-                return Answer::Now(Ok(self.decide_now(checks, max_wait, dry)));
-            }
-        }
-        Answer::Now(Ok(bounded_keys(checks, |checks| {
-            self.with_penalties(checks, Run::Decide { max_wait, dry }, |checks, blocked| {
-                self.with_kept(checks, |checks| {
-                    self.decide_now(checks, max_wait, dry || blocked)
-                })
-            })
-        })))
-    }
-
-    fn reset<'a>(&'a self, checks: &'a [Check<'a>], _: Deadline) -> Answer<'a, Result<(), Error>> {
-        bounded_keys(checks, |checks| self.reset_now(checks));
-        Answer::Now(Ok(()))
-    }
-
-    fn settle<'a>(
-        &'a self,
-        checks: &'a [Check<'a>],
-        how: Settle,
-        _: Deadline,
-    ) -> Answer<'a, Result<Settled, Error>> {
-        Answer::Now(Ok(bounded_keys(checks, |checks| {
-            self.with_kept(checks, |checks| self.settle_now(checks, how))
-        })))
-    }
-
-    fn take<'a>(
-        &'a self,
-        checks: &'a [Check<'a>],
-        _: Deadline,
-    ) -> Answer<'a, Result<(Reply, i64), Error>> {
-        let most = checks.first().map_or(0, |c| c.cost);
-        Answer::Now(Ok(bounded_keys(checks, |checks| {
-            self.with_penalties(checks, Run::Take, |checks, blocked| {
-                if !blocked {
-                    return self.with_kept(checks, |checks| self.take_now(checks, most));
-                }
-                // blocked: a cost of 1 decided, not granted (as k = 0 is)
-                let ones: SmallVec<[Check<'_>; 2]> =
-                    checks.iter().map(|c| Check { cost: 1, ..*c }).collect();
-                (self.with_kept(&ones, |c| self.decide_now(c, 0, true)), 0)
-            })
-        })))
-    }
-
-    fn penalty<'a>(
-        &'a self,
-        check: &'a Check<'a>,
-        change: PenaltyChange,
-        _: Deadline,
-    ) -> Answer<'a, Result<Option<(PenState, i64)>, Error>> {
-        let changed = bounded_one(check, |check| self.change_pen_now(check, change));
-        Answer::Now(changed.transpose().map(Option::flatten))
-    }
-
-    fn read_quota<'a>(
-        &'a self,
-        check: &'a Check<'a>,
-        keyed: bool,
-        _: Deadline,
-    ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
-        let read = bounded_one(check, |check| self.read_quota_now(check, keyed));
-        Answer::Now(Ok(read.flatten()))
-    }
-
-    fn write_quota<'a>(
-        &'a self,
-        check: &'a Check<'a>,
-        keyed: bool,
-        change: QuotaChange<'a>,
-        _: Deadline,
-    ) -> Answer<'a, Result<bool, Error>> {
-        let written = bounded_one(check, |check| self.write_quota_now(check, keyed, change));
-        Answer::Now(Ok(written.unwrap_or(false)))
-    }
-
-    fn kind(&self) -> &'static str {
-        "memory"
-    }
-
-    fn quotas(&self) -> Option<&super::QuotaRegistry> {
-        Some(&self.inner.quotas)
-    }
-
-    #[cfg(feature = "metrics")]
-    fn report_size(&self, now: i64) {
-        self.inner.size_gauge.report(now, || self.len());
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::{lock, Answer, Backend, Check, Deadline, MemoryStore};
+    use super::{lock, Check, MemoryStore};
+    use crate::store::backend::Backend;
     use crate::store::keys::MAX_RAW_KEY;
+    use crate::store::{Answer, Deadline};
     use crate::{Limit, Quota};
 
     /// The longest key stored in any table of `store`, and how many are.
@@ -515,7 +404,9 @@ mod several_shards {
     use std::time::Duration;
 
     use super::key::Hasher;
-    use super::{Answer, Backend, Check, Deadline, MemoryStore};
+    use super::{Check, MemoryStore};
+    use crate::store::backend::Backend;
+    use crate::store::{Answer, Deadline};
     use crate::{Limit, Quota};
 
     /// Two keys of `store` whose states are in one shard (`same`), or in two.

@@ -2,13 +2,15 @@
 //! pooled connection (`EVALSHA` of the same code where Functions are missing),
 //! or per batch of the decisions that arrived while one was in flight.
 //!
-//! `builder.rs` configures it, `encode.rs` writes each call's keys and
+//! `builder.rs` configures it, `backend.rs` is its side of the store
+//! trait (decide, reset, settle, take), `encode.rs` writes each call's keys and
 //! arguments, `batch.rs` coalesces decisions under load, `script.rs` runs
 //! the library (loading it where missing),
 //! `connector.rs` makes the connections, `conn.rs` keeps them healthy,
 //! `cluster.rs` splits a decision
 //! whose keys live in several slots.
 
+mod backend;
 mod batch;
 mod builder;
 #[cfg(feature = "cluster")]
@@ -24,14 +26,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use deadpool_redis::Pool;
 
+use self::backend::read_reply;
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::conn::Lanes;
 use self::encode::Operation;
 use self::script::DELIVERY;
-use super::backend::Backend;
-use super::{Answer, Check, Deadline, MemoryStore, QuotaChange, Settle, Settled, Store};
-use crate::algorithm::Reply;
+use super::{Check, Deadline, MemoryStore, Settle, Settled};
 use crate::clock::Clock;
 use crate::{ConfigError, Error};
 
@@ -296,175 +297,5 @@ impl RedisStore {
         deadline: Deadline,
     ) -> Result<Vec<u8>, Error> {
         self.call(&self.encode(checks, operation), deadline).await
-    }
-}
-
-/// Reads `packed`, the library's reply to a call over `limits` limits, with
-/// `read`; a reply it cannot read is an [`Error::UnexpectedReply`] (`what`:
-/// the operation, as the error names it).
-fn read_reply<T>(
-    packed: &[u8],
-    limits: usize,
-    read: fn(&[u8], usize) -> Option<T>,
-    what: &str,
-) -> Result<T, Error> {
-    read(packed, limits).ok_or_else(|| {
-        Error::UnexpectedReply(format!("{} bytes for {what}{limits} limits", packed.len()))
-    })
-}
-
-impl Store for RedisStore {}
-
-impl Backend for RedisStore {
-    fn decide<'a>(
-        &'a self,
-        checks: &'a [Check<'a>],
-        max_wait: i64,
-        dry: bool,
-        deadline: Deadline,
-    ) -> Answer<'a, Result<Reply, Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(async move {
-            #[cfg(feature = "cluster")]
-            if let Some(groups) = self.slot_groups(checks) {
-                // boxed: the common decision's future stays small
-                return Box::pin(self.decide_across_slots(checks, &groups, dry, deadline)).await;
-            }
-            // keys in one slot: one call
-            let operation = Operation::Decide { max_wait, dry };
-            let encoded = self.encode(checks, operation);
-            let packed = if self.inner.coalesce {
-                let slot = self.slot_of(checks);
-                self.decide_coalesced(encoded, slot, deadline).await?
-            } else {
-                self.call(&encoded, deadline).await?
-            };
-            self.report_ignored(&packed, checks, 0);
-            read_reply(&packed, checks.len(), Reply::from_packed, "")
-        }))
-    }
-
-    fn reset<'a>(
-        &'a self,
-        checks: &'a [Check<'a>],
-        deadline: Deadline,
-    ) -> Answer<'a, Result<(), Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(async move {
-            let mut cmd = redis::cmd("DEL");
-            for key in self.encode_keys(checks, false).keys() {
-                cmd.arg(key);
-            }
-            let cmd = &cmd;
-            self.inner
-                .lanes
-                .run(deadline, |mut conn| async move {
-                    cmd.query_async::<()>(&mut conn).await
-                })
-                .await
-        }))
-    }
-
-    fn settle<'a>(
-        &'a self,
-        checks: &'a [Check<'a>],
-        how: Settle,
-        deadline: Deadline,
-    ) -> Answer<'a, Result<Settled, Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(async move {
-            #[cfg(feature = "cluster")]
-            if let Some(groups) = self.slot_groups(checks) {
-                return self
-                    .settle_across_slots(checks, &groups, how, deadline)
-                    .await;
-            }
-            self.settle_group(checks, how, deadline).await
-        }))
-    }
-
-    /// The library's take operation (op 2, see `lua/limits.lua`): one call
-    /// through [`invoke`](RedisStore::invoke).
-    fn take<'a>(
-        &'a self,
-        checks: &'a [Check<'a>],
-        deadline: Deadline,
-    ) -> Answer<'a, Result<(Reply, i64), Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(async move {
-            let packed = self.invoke(checks, Operation::Take, deadline).await?;
-            self.report_ignored(&packed, checks, 1);
-            read_reply(
-                &packed,
-                checks.len(),
-                Reply::from_packed_take,
-                "taking from ",
-            )
-        }))
-    }
-
-    fn read_quota<'a>(
-        &'a self,
-        check: &'a Check<'a>,
-        keyed: bool,
-        deadline: Deadline,
-    ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(self.read_quota_now(check, keyed, deadline)))
-    }
-
-    fn write_quota<'a>(
-        &'a self,
-        check: &'a Check<'a>,
-        keyed: bool,
-        change: QuotaChange<'a>,
-        deadline: Deadline,
-    ) -> Answer<'a, Result<bool, Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(
-            self.write_quota_now(check, keyed, change, deadline),
-        ))
-    }
-
-    fn penalty<'a>(
-        &'a self,
-        check: &'a Check<'a>,
-        change: crate::store::PenaltyChange,
-        deadline: Deadline,
-    ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(self.penalty_now(check, change, deadline)))
-    }
-
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        self.inner.clock.clone()
-    }
-
-    fn remote(&self) -> bool {
-        true
-    }
-
-    fn fallback(&self) -> Option<MemoryStore> {
-        Some(self.inner.fallback.get_or_init(MemoryStore::new).clone())
-    }
-
-    fn hot_pools(&self) -> Option<Arc<crate::limiter::HotPools>> {
-        let pools = self.inner.hot.get_or_init(|| {
-            let clock = self
-                .inner
-                .clock
-                .clone()
-                .unwrap_or_else(|| Arc::new(crate::SystemClock::new()));
-            Arc::new(crate::limiter::HotPools::new(clock))
-        });
-        Some(pools.clone())
-    }
-
-    fn kind(&self) -> &'static str {
-        "redis"
-    }
-
-    fn quotas(&self) -> Option<&super::QuotaRegistry> {
-        Some(&self.inner.quotas)
     }
 }
