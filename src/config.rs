@@ -86,7 +86,7 @@ impl LimitConfig {
     }
 
     fn build(self) -> Result<Limit, ConfigError> {
-        let bucket = matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+        let bucket = self.algorithm.rate_name().is_some();
         let (takes, amount_field, window_field): (&[&'static str], _, _) = if bucket {
             (&["rate", "per", "burst"], "burst", "per")
         } else {
@@ -134,26 +134,17 @@ impl LimitConfig {
             Some(n) => Ok(n),
             None => Err(self.field(field, "is missing")),
         };
-        let quota = match self.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => {
-                let rate = nonzero("rate", self.rate)?;
-                let burst = nonzero("burst", self.burst)?;
-                let step = Quota::rate(rate, window).allow_burst(burst);
-                if self.algorithm == Algorithm::Gcra {
-                    step.gcra()
-                } else {
-                    step.token_bucket()
-                }
-            }
-            Algorithm::SlidingLog => {
-                Quota::rate(nonzero("limit", self.limit)?, window).sliding_log()
-            }
-            Algorithm::FixedWindow => {
-                Quota::rate(nonzero("limit", self.limit)?, window).fixed_window()
-            }
-            Algorithm::SlidingWindow => {
-                Quota::rate(nonzero("limit", self.limit)?, window).sliding_window()
-            }
+        let (amount, extra) = if bucket {
+            let rate = nonzero("rate", self.rate)?;
+            (nonzero("burst", self.burst)?, rate)
+        } else {
+            (nonzero("limit", self.limit)?, 0)
+        };
+        let quota = Quota {
+            algorithm: self.algorithm,
+            amount,
+            window,
+            extra,
         };
         let shadow = self.shadow;
         let limit = Limit::new(self.name.clone(), quota).map_err(|e| match e {

@@ -30,13 +30,7 @@ pub enum Algorithm {
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Algorithm::SlidingLog => "sliding log",
-            Algorithm::TokenBucket => "token bucket",
-            Algorithm::Gcra => "GCRA",
-            Algorithm::FixedWindow => "fixed window",
-            Algorithm::SlidingWindow => "sliding window counter",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -186,13 +180,13 @@ impl Quota {
 /// As written with the named steps: `GCRA, 10 per 1s, bursts of 20`.
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => write!(
+        match self.refill() {
+            Some(rate) => write!(
                 f,
                 "{}, {} per {:?}, bursts of {}",
-                self.algorithm, self.extra, self.window, self.amount
+                self.algorithm, rate, self.window, self.amount
             ),
-            _ => write!(
+            None => write!(
                 f,
                 "{}, {} per {:?}",
                 self.algorithm, self.amount, self.window
@@ -307,7 +301,7 @@ impl Quota {
     /// For the bucket algorithms, the amount that comes back per
     /// [`window`](Self::window) (the rate); `None` for window algorithms.
     pub fn refill(&self) -> Option<u64> {
-        matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Gcra).then_some(self.extra)
+        self.algorithm.rate_name().map(|_| self.extra)
     }
 }
 

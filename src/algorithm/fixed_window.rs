@@ -1,6 +1,6 @@
 //! Mirror of `lua/fixed_window.lua`: a count for the window starting at `start`.
 
-use super::as_of;
+use super::{as_of, Algo, ConfigError, Quota};
 
 /// The integers this algorithm decides with: at most `limit` permits per
 /// window of `window` microseconds.
@@ -32,17 +32,50 @@ impl super::Raw for Raw {
 }
 
 impl FixedWindow {
-    /// The working state of what the store keeps (`None`: fresh), see
-    /// `State::prepare`; `true` when it was moved back to `now` and still
-    /// holds something.
-    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn count_in(&self, start: i64) -> i64 {
+        if self.start == start {
+            self.count
+        } else {
+            0
+        }
+    }
+}
+
+impl Algo for FixedWindow {
+    type Params = Params;
+    type Stored = Raw;
+    const NAME: &'static str = "fixed window";
+    const KEYS: &'static [&'static str] = &["fw"];
+    const AMOUNT: &'static str = "limit";
+    const RATE: Option<&'static str> = None;
+
+    fn derive(q: &Quota, window: u128) -> Result<Params, ConfigError> {
+        let (limit, window) = super::params::windowed(q, window)?;
+        Ok(Params { limit, window })
+    }
+
+    fn capacity(p: &Params) -> i64 {
+        p.limit
+    }
+
+    /// One window.
+    fn horizon(p: &Params) -> i64 {
+        p.window
+    }
+
+    fn wire(p: &Params) -> [i64; 3] {
+        [p.limit, p.window, 0]
+    }
+
+    /// `None`: fresh.
+    fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
         let w = p.window;
         let fresh = Self {
             start: -1,
             count: 0,
         };
         // absent, or its window is over
-        let (Some((s, len, count)), moved) = as_of(raw, written, now) else {
+        let (Some((s, len, count)), moved) = as_of(raw.copied(), written, now) else {
             return (fresh, false);
         };
         if len == w && !moved {
@@ -60,15 +93,7 @@ impl FixedWindow {
         (fresh, false)
     }
 
-    fn count_in(&self, start: i64) -> i64 {
-        if self.start == start {
-            self.count
-        } else {
-            0
-        }
-    }
-
-    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+    fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
         let (n, w) = (p.limit, p.window);
         if cost > n {
             return None;
@@ -80,7 +105,7 @@ impl FixedWindow {
         Some(start + w)
     }
 
-    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
+    fn grant(&mut self, p: &Params, at: i64, cost: i64) {
         let start = at - at.rem_euclid(p.window);
         self.count = self.count_in(start) + cost;
         self.start = start;
@@ -88,7 +113,7 @@ impl FixedWindow {
 
     /// Gives back `cost` granted at `at` (as `fw_refund`): only when `at`
     /// lies in the window the state counts, never below zero.
-    pub(crate) fn refund(&mut self, p: &Params, at: i64, cost: i64) -> bool {
+    fn refund(&mut self, p: &Params, _now: i64, at: i64, cost: i64) -> bool {
         if self.start < 0 || self.count == 0 || at - at.rem_euclid(p.window) != self.start {
             return false;
         }
@@ -96,7 +121,7 @@ impl FixedWindow {
         true
     }
 
-    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+    fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         let (n, w) = (p.limit, p.window);
         let start = at - at.rem_euclid(w);
         if self.start > start {
@@ -109,7 +134,7 @@ impl FixedWindow {
     }
 
     /// The working state as the store keeps it.
-    pub(crate) fn save(&self, p: &Params) -> Raw {
+    fn save(self, p: &Params, _now: i64) -> Raw {
         (self.start, p.window, self.count)
     }
 }

@@ -1,6 +1,9 @@
 //! Mirror of `lua/sliding_window.lua`: previous and current window counts.
 
-use super::{as_of, cdiv, fdiv};
+use super::{as_of, cdiv, fdiv, Algo, ConfigError, Quota};
+
+/// The weights of a window's estimate have 2^20 steps per window.
+const WEIGHT_STEPS: u64 = 1 << 20;
 
 /// The integers this algorithm decides with: about `limit` permits in any
 /// window of `window` microseconds, weighed in steps of `step`.
@@ -36,24 +39,8 @@ impl super::Raw for Raw {
 }
 
 impl SlidingWindow {
-    /// The working state of what the store keeps (`None`: fresh), see
-    /// `State::prepare`; `true` when it was moved back to `now` and still
-    /// holds something.
-    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
-        let (mut s, moved) = Self::read(p, raw, written, now);
-        // rolled forward to the window of now: from here `start` is at or
-        // after it (a past window's count is previous, if it was the window
-        // before, else gone; this changes no decision)
-        let current = now - now.rem_euclid(p.window);
-        if s.start < current {
-            (s.prev, s.cur) = s.counts(p, current);
-            s.start = current;
-        }
-        (s, moved)
-    }
-
     /// What the store keeps, as counts of this limit's windows.
-    fn read(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn read(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
         let w = p.window;
         let mut s = Self {
             start: -1,
@@ -61,7 +48,7 @@ impl SlidingWindow {
             cur: 0,
         };
         // absent, or both windows over
-        let (Some((start, len, prev, cur)), moved) = as_of(raw, written, now) else {
+        let (Some((start, len, prev, cur)), moved) = as_of(raw.copied(), written, now) else {
             return (s, false);
         };
         if len == w && !moved {
@@ -100,8 +87,60 @@ impl SlidingWindow {
             (0, 0)
         }
     }
+}
 
-    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+impl Algo for SlidingWindow {
+    type Params = Params;
+    type Stored = Raw;
+    const NAME: &'static str = "sliding window counter";
+    const KEYS: &'static [&'static str] = &["sw"];
+    const AMOUNT: &'static str = "limit";
+    const RATE: Option<&'static str> = None;
+
+    fn derive(q: &Quota, window: u128) -> Result<Params, ConfigError> {
+        let steps = u128::from(WEIGHT_STEPS);
+        super::params::exact(u128::from(q.amount) * steps, "the limit times 2^20")?;
+        let (limit, window_us) = super::params::windowed(q, window)?;
+        Ok(Params {
+            limit,
+            window: window_us,
+            step: super::params::exact(window.div_ceil(steps), "the weight step")?,
+        })
+    }
+
+    fn capacity(p: &Params) -> i64 {
+        p.limit
+    }
+
+    /// Two windows: the estimate spans the previous one.
+    fn horizon(p: &Params) -> i64 {
+        2 * p.window
+    }
+
+    /// One window (its horizon spans two).
+    fn policy_window(p: &Params) -> i64 {
+        p.window
+    }
+
+    fn wire(p: &Params) -> [i64; 3] {
+        [p.limit, p.window, p.step]
+    }
+
+    /// `None`: fresh.
+    fn prepare(p: &Params, stored: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
+        let (mut s, moved) = Self::read(p, stored, written, now);
+        // rolled forward to the window of now: from here `start` is at or
+        // after it (a past window's count is previous, if it was the window
+        // before, else gone; this changes no decision)
+        let current = now - now.rem_euclid(p.window);
+        if s.start < current {
+            (s.prev, s.cur) = s.counts(p, current);
+            s.start = current;
+        }
+        (s, moved)
+    }
+
+    fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
         let (n, w, u) = (p.limit, p.window, p.step);
         if cost > n {
             return None;
@@ -126,7 +165,7 @@ impl SlidingWindow {
         Some(from.max(start))
     }
 
-    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
+    fn grant(&mut self, p: &Params, at: i64, cost: i64) {
         let start = at - at.rem_euclid(p.window);
         let (prev, cur) = self.counts(p, start);
         (self.start, self.prev, self.cur) = (start, prev, cur + cost);
@@ -135,7 +174,7 @@ impl SlidingWindow {
     /// Gives back `cost` granted at `at` (as `sw_refund`): from the current
     /// or the previous window, whichever holds `at`; nothing if older.
     /// Never below zero.
-    pub(crate) fn refund(&mut self, p: &Params, at: i64, cost: i64) -> bool {
+    fn refund(&mut self, p: &Params, _now: i64, at: i64, cost: i64) -> bool {
         if self.start < 0 {
             return false;
         }
@@ -151,7 +190,7 @@ impl SlidingWindow {
         }
     }
 
-    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+    fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         let (n, w, u) = (p.limit, p.window, p.step);
         let start = at - at.rem_euclid(w);
         if self.start > start {
@@ -170,7 +209,7 @@ impl SlidingWindow {
     }
 
     /// The working state as the store keeps it.
-    pub(crate) fn save(&self, p: &Params) -> Raw {
+    fn save(self, p: &Params, _now: i64) -> Raw {
         (self.start, p.window, self.prev, self.cur)
     }
 }

@@ -1,16 +1,14 @@
 //! A named, validated quota ([`Limit`]): its name, interned (`intern.rs`),
 //! and the integer parameters the algorithms decide with, derived once
-//! (`derive.rs`); what it does besides counting its quota (leases, shadow
+//! ([`Params::derive`]); what it does besides counting its quota (leases, shadow
 //! mode, a stored quota, a penalty, hot keys) in `options.rs`.
 
-mod derive;
 mod intern;
 mod options;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use self::derive::derive;
 pub(crate) use self::intern::intern;
 
 use crate::algorithm::Params;
@@ -94,7 +92,7 @@ impl Limit {
         if !valid_name {
             return Err(ConfigError::InvalidName(name));
         }
-        let (params, policy_window) = derive(&quota)?;
+        let (params, policy_window) = Params::derive(&quota)?;
         let [a, b, c] = params.wire();
         let wire: Arc<str> = format!("{}:{a}:{b}:{c}:", params.algorithm().id()).into();
         let name = intern(&name);
