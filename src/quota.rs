@@ -102,12 +102,7 @@ impl Quota {
     /// Costs one sorted-set entry per grant: prefer [`Quota::sliding_window`]
     /// for limits in the hundred thousands.
     pub fn sliding_log(limit: u64, window: Duration) -> Self {
-        Self {
-            algorithm: Algorithm::SlidingLog,
-            amount: limit,
-            window,
-            extra: 0,
-        }
+        Quota::rate(limit, window).sliding_log()
     }
 
     /// A bucket of `capacity` tokens, refilled by `refill` tokens every `period`
@@ -117,12 +112,9 @@ impl Quota {
     /// `Quota::rate(refill, period).allow_burst(capacity).token_bucket()`,
     /// which cannot be misread.
     pub fn token_bucket(capacity: u64, refill: u64, period: Duration) -> Self {
-        Self {
-            algorithm: Algorithm::TokenBucket,
-            amount: capacity,
-            window: period,
-            extra: refill,
-        }
+        Quota::rate(refill, period)
+            .allow_burst(capacity)
+            .token_bucket()
     }
 
     /// `rate` permits per `period` on average, with bursts of up to `burst`.
@@ -130,35 +122,20 @@ impl Quota {
     /// Positional: prefer `Quota::rate(rate, period).allow_burst(burst).gcra()`
     /// (or `Quota::per_second(rate)...`), which cannot be misread.
     pub fn gcra(rate: u64, period: Duration, burst: u64) -> Self {
-        Self {
-            algorithm: Algorithm::Gcra,
-            amount: burst,
-            window: period,
-            extra: rate,
-        }
+        Quota::rate(rate, period).allow_burst(burst).gcra()
     }
 
     /// At most `limit` permits per window, windows aligned to the Unix epoch.
     /// The same as `Quota::rate(limit, window).fixed_window()`.
     pub fn fixed_window(limit: u64, window: Duration) -> Self {
-        Self {
-            algorithm: Algorithm::FixedWindow,
-            amount: limit,
-            window,
-            extra: 0,
-        }
+        Quota::rate(limit, window).fixed_window()
     }
 
     /// At most about `limit` permits in any window of length `window`, estimated
     /// from two counters: O(1) memory whatever the limit.
     /// The same as `Quota::rate(limit, window).sliding_window()`.
     pub fn sliding_window(limit: u64, window: Duration) -> Self {
-        Self {
-            algorithm: Algorithm::SlidingWindow,
-            amount: limit,
-            window,
-            extra: 0,
-        }
+        Quota::rate(limit, window).sliding_window()
     }
 
     /// The algorithm.
@@ -268,19 +245,18 @@ pub struct Burst {
 impl Burst {
     /// GCRA (see [`Quota::gcra`]): the rate on average, `burst` at once.
     pub const fn gcra(self) -> Quota {
-        Quota {
-            algorithm: Algorithm::Gcra,
-            amount: self.burst,
-            window: self.rate.period,
-            extra: self.rate.amount,
-        }
+        self.quota(Algorithm::Gcra)
     }
 
     /// A token bucket of `burst` tokens refilled at the rate (see
     /// [`Quota::token_bucket`]).
     pub const fn token_bucket(self) -> Quota {
+        self.quota(Algorithm::TokenBucket)
+    }
+
+    const fn quota(self, algorithm: Algorithm) -> Quota {
         Quota {
-            algorithm: Algorithm::TokenBucket,
+            algorithm,
             amount: self.burst,
             window: self.rate.period,
             extra: self.rate.amount,

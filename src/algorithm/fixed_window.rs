@@ -1,16 +1,10 @@
 //! Mirror of `lua/fixed_window.lua`: a count for the window starting at `start`.
 
-use super::{as_of, Algo, ConfigError, Quota};
+use super::{as_of, Algo};
 
-/// The integers this algorithm decides with: at most `limit` permits per
-/// window of `window` microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    /// The most granted per window.
-    pub(crate) limit: i64,
-    /// The window, in microseconds, aligned to the epoch.
-    pub(crate) window: i64,
-}
+/// The integers it decides with: at most `limit` permits per window of
+/// `window` microseconds, aligned to the epoch.
+pub(crate) type Params = super::params::Window;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
@@ -48,24 +42,6 @@ impl Algo for FixedWindow {
     const KEYS: &'static [&'static str] = &["fw"];
     const AMOUNT: &'static str = "limit";
     const RATE: Option<&'static str> = None;
-
-    fn derive(q: &Quota, window: u128) -> Result<Params, ConfigError> {
-        let (limit, window) = super::params::windowed(q, window)?;
-        Ok(Params { limit, window })
-    }
-
-    fn capacity(p: &Params) -> i64 {
-        p.limit
-    }
-
-    /// One window.
-    fn horizon(p: &Params) -> i64 {
-        p.window
-    }
-
-    fn wire(p: &Params) -> [i64; 3] {
-        [p.limit, p.window, 0]
-    }
 
     /// `None`: fresh.
     fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {

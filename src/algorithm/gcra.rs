@@ -1,19 +1,11 @@
 //! Mirror of `lua/gcra.lua`: `level / den` permits left at the writer's
 //! clock, worked on as the theoretical arrival time `tat + frac/N` us.
 
-use super::{as_of, cdiv, fdiv, rescale, Algo, ConfigError, Quota, EXACT};
+use super::{as_of, cdiv, fdiv, rescale, Algo, EXACT};
 
-/// The integers this algorithm decides with: `rate` permits per `period`
-/// microseconds, bursts of `burst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    /// The most granted at once.
-    pub(crate) burst: i64,
-    /// Permits per `period` (reduced by their gcd).
-    pub(crate) rate: i64,
-    /// Microseconds per `rate` permits (reduced by their gcd).
-    pub(crate) period: i64,
-}
+/// The integers it decides with: bursts of `capacity`, `rate` permits per
+/// `period` microseconds.
+pub(crate) type Params = super::params::Bucket;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Gcra {
@@ -59,40 +51,18 @@ impl Algo for Gcra {
     const AMOUNT: &'static str = "burst";
     const RATE: Option<&'static str> = Some("rate");
 
-    fn derive(q: &Quota, window: u128) -> Result<Params, ConfigError> {
-        let (burst, rate, period) = super::params::bucket(q, window)?;
-        Ok(Params {
-            burst,
-            rate,
-            period,
-        })
-    }
-
-    fn capacity(p: &Params) -> i64 {
-        p.burst
-    }
-
-    /// A full burst's emission.
-    fn horizon(p: &Params) -> i64 {
-        cdiv(p.burst * p.period, p.rate)
-    }
-
-    fn wire(p: &Params) -> [i64; 3] {
-        [p.burst, p.rate, p.period]
-    }
-
     /// `None`: fresh.
     fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
         let mut s = Self {
             tat: now,
             frac: 0,
-            bmax: p.burst,
+            bmax: p.capacity,
         };
         let (raw, moved) = as_of(raw.copied(), written, now);
         if let Some(raw) = raw {
             s.bmax = s.bmax.max(raw.bmax);
-            let debt = if fdiv(raw.level, raw.den) < p.burst {
-                p.burst * p.period - rescale(raw.level, raw.den, p.period)
+            let debt = if fdiv(raw.level, raw.den) < p.capacity {
+                p.capacity * p.period - rescale(raw.level, raw.den, p.period)
             } else {
                 0
             };
@@ -107,7 +77,7 @@ impl Algo for Gcra {
     }
 
     fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
-        let (b, n, w) = (p.burst, p.rate, p.period);
+        let (b, n, w) = (p.capacity, p.rate, p.period);
         if cost > b {
             return None;
         }
@@ -142,7 +112,7 @@ impl Algo for Gcra {
     }
 
     fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
-        let (b, n, w) = (p.burst, p.rate, p.period);
+        let (b, n, w) = (p.capacity, p.rate, p.period);
         let used = if self.tat >= at {
             (self.tat - at) * n + self.frac
         } else {
@@ -160,9 +130,9 @@ impl Algo for Gcra {
     /// The working state as the store keeps it, as of `now`.
     fn save(self, p: &Params, now: i64) -> Raw {
         let debt = (self.tat - now) * p.rate + self.frac;
-        let extra = (self.bmax - p.burst).min(fdiv(EXACT - 1, p.period));
+        let extra = (self.bmax - p.capacity).min(fdiv(EXACT - 1, p.period));
         Raw {
-            level: p.burst * p.period - debt,
+            level: p.capacity * p.period - debt,
             den: p.period,
             exp: self.ceil() + 1 + cdiv(extra * p.period, p.rate),
             bmax: self.bmax,

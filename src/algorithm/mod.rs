@@ -18,6 +18,7 @@ pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 pub(crate) mod wire;
 
+use self::params::Shape;
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
 
@@ -61,7 +62,7 @@ registry! {
 /// when the state becomes equal to a fresh one (the key's expiry).
 pub(crate) trait Algo: Sized + std::fmt::Debug + Clone + Eq {
     /// The integers it decides with, derived once from a quota.
-    type Params: Copy + std::fmt::Debug + Eq;
+    type Params: Shape;
     /// What the store keeps of a key: the fields its script writes.
     type Stored: Raw + std::fmt::Debug + Clone + Eq;
     /// Its name in prose (how [`Algorithm`] displays).
@@ -74,23 +75,6 @@ pub(crate) trait Algo: Sized + std::fmt::Debug + Clone + Eq {
     /// A bucket's rate (a quota's `extra`, per period), by what it is
     /// called; `None` for a window, which takes none.
     const RATE: Option<&'static str>;
-
-    /// Its parameters for a quota whose window (`window` microseconds, at
-    /// most ten years) and amount are checked (see [`Params::derive`]).
-    fn derive(q: &Quota, window: u128) -> Result<Self::Params, ConfigError>;
-    /// The most one decision can be granted: a larger cost never fits.
-    fn capacity(p: &Self::Params) -> i64;
-    /// The longest wait it asks by itself (`horizon` in its script).
-    fn horizon(p: &Self::Params) -> i64;
-    /// The time in which a spent capacity comes back in full: the `w` of
-    /// `RateLimit-Policy`.
-    fn policy_window(p: &Self::Params) -> i64 {
-        Self::horizon(p)
-    }
-    /// Its parameters as a limit's string sends them, after its id (see
-    /// `lua/driver.lua`): the capacity first (the driver reads it as such),
-    /// 0 in a slot it does not use.
-    fn wire(p: &Self::Params) -> [i64; 3];
 
     /// The working state of `stored` (`None`: fresh), written at its
     /// writer's clock `written`, as of `now`; `true` when it was moved back
@@ -172,7 +156,7 @@ pub(crate) fn rescale(x: i64, from: i64, to: i64) -> i64 {
 
 /// A key's clock as a decision believes it (`believed` in `lua/common.lua`):
 /// the clock of its writer at its last write, `written`, when that lies
-/// ahead of the store's clock `store_now` by at most the limit's horizon ([`Algo::horizon`]), else `store_now`.
+/// ahead of the store's clock `store_now` by at most the limit's horizon ([`Params::horizon`]), else `store_now`.
 #[inline]
 pub(crate) fn believed(store_now: i64, written: i64, p: &Params) -> i64 {
     if written > store_now && written.saturating_sub(store_now) <= p.horizon() {
@@ -220,7 +204,7 @@ mod tests {
     #[cfg(feature = "redis")]
     fn kept_quotas_read_in_both_forms() {
         let gcra = Params::Gcra(super::gcra::Params {
-            burst: 5,
+            capacity: 5,
             rate: 1,
             period: 1_000_000,
         });
@@ -246,7 +230,7 @@ mod tests {
                 period: 7,
             }),
             Params::Gcra(super::gcra::Params {
-                burst: 3,
+                capacity: 3,
                 rate: 5,
                 period: 7,
             }),

@@ -28,7 +28,37 @@ pub(super) fn exact(value: u128, what: &str) -> Result<i64, ConfigError> {
     i64::try_from(value).map_err(|_| ConfigError::OutOfRange(format!("{what} is too large")))
 }
 
-/// A window algorithm's limit and window (microseconds).
+/// The parameters of the algorithms of one shape: a window's ([`Window`]),
+/// a bucket's ([`Bucket`]), a sliding window counter's.
+pub(crate) trait Shape: Copy + std::fmt::Debug + Eq {
+    /// The parameters of a quota whose window (`window` microseconds, at
+    /// most ten years) and amount are checked (see [`Params::derive`]).
+    fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError>;
+    /// The most one decision can be granted: a larger cost never fits.
+    fn capacity(&self) -> i64;
+    /// The longest wait a limit asks by itself (`horizon` in its script):
+    /// one window, a full bucket's refill.
+    fn horizon(&self) -> i64;
+    /// The time in which a spent capacity comes back in full: the `w` of
+    /// `RateLimit-Policy`.
+    fn policy_window(&self) -> i64 {
+        self.horizon()
+    }
+    /// The parameters as a limit's string sends them, after its id (see
+    /// `lua/driver.lua`): the capacity first (the driver reads it as such),
+    /// 0 in a slot it does not use.
+    fn wire(&self) -> [i64; 3];
+}
+
+/// A window's parameters (a sliding log's, a fixed window's): at most
+/// `limit` permits per `window` microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub(crate) limit: i64,
+    pub(crate) window: i64,
+}
+
+/// A window's limit and window (microseconds).
 pub(super) fn windowed(q: &Quota, window: u128) -> Result<(i64, i64), ConfigError> {
     Ok((
         exact(u128::from(q.amount), "the limit")?,
@@ -36,24 +66,68 @@ pub(super) fn windowed(q: &Quota, window: u128) -> Result<(i64, i64), ConfigErro
     ))
 }
 
-/// A bucket's capacity, rate and period (microseconds), the rate and period
-/// reduced by their gcd.
-pub(super) fn bucket(q: &Quota, window: u128) -> Result<(i64, i64, i64), ConfigError> {
-    let (amount_name, rate_name) = (q.algorithm.amount_name(), q.algorithm.rate_name());
-    if q.extra == 0 {
-        return Err(ConfigError::ZeroAmount {
-            what: rate_name.unwrap_or("rate"),
-        });
+impl Shape for Window {
+    fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
+        let (limit, window) = windowed(q, window)?;
+        Ok(Self { limit, window })
     }
-    let amount = u128::from(q.amount);
-    let g = gcd(u128::from(q.extra), window);
-    let (per, period) = (u128::from(q.extra) / g, window / g);
-    let capacity = exact(amount, amount_name)?;
-    let rate = exact(per, rate_name.unwrap_or("rate"))?;
-    let reduced = exact(period, "the reduced period in microseconds")?;
-    // The largest products the scripts form: capacity * period (+ rate).
-    exact(amount * period + per, "capacity times reduced period")?;
-    Ok((capacity, rate, reduced))
+
+    fn capacity(&self) -> i64 {
+        self.limit
+    }
+
+    fn horizon(&self) -> i64 {
+        self.window
+    }
+
+    fn wire(&self) -> [i64; 3] {
+        [self.limit, self.window, 0]
+    }
+}
+
+/// A bucket's parameters (a token bucket's, GCRA's): `capacity` at once,
+/// `rate` back per `period` microseconds (the two reduced by their gcd).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bucket {
+    pub(crate) capacity: i64,
+    pub(crate) rate: i64,
+    pub(crate) period: i64,
+}
+
+impl Shape for Bucket {
+    fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
+        let (amount_name, rate_name) = (q.algorithm.amount_name(), q.algorithm.rate_name());
+        let rate_name = rate_name.unwrap_or("rate");
+        if q.extra == 0 {
+            return Err(ConfigError::ZeroAmount { what: rate_name });
+        }
+        let amount = u128::from(q.amount);
+        let g = gcd(u128::from(q.extra), window);
+        let (per, period) = (u128::from(q.extra) / g, window / g);
+        let capacity = exact(amount, amount_name)?;
+        let rate = exact(per, rate_name)?;
+        let period_us = exact(period, "the reduced period in microseconds")?;
+        // The largest products the scripts form: capacity * period (+ rate).
+        exact(amount * period + per, "capacity times reduced period")?;
+        Ok(Self {
+            capacity,
+            rate,
+            period: period_us,
+        })
+    }
+
+    fn capacity(&self) -> i64 {
+        self.capacity
+    }
+
+    /// A full bucket's refill (a full burst's emission).
+    fn horizon(&self) -> i64 {
+        super::cdiv(self.capacity * self.period, self.rate)
+    }
+
+    fn wire(&self) -> [i64; 3] {
+        [self.capacity, self.rate, self.period]
+    }
 }
 
 impl Params {

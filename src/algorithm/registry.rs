@@ -76,7 +76,7 @@ macro_rules! registry {
             /// Its parameters for `q`, whose window and amount are checked.
             pub(super) fn params(self, q: &Quota, window: u128) -> Result<Params, ConfigError> {
                 match self {
-                    $(Algorithm::$alg => <$module::$state as Algo>::derive(q, window).map(Params::$alg),)*
+                    $(Algorithm::$alg => <<$module::$state as Algo>::Params as Shape>::derive(q, window).map(Params::$alg),)*
                 }
             }
         }
@@ -87,31 +87,31 @@ macro_rules! registry {
                 match self { $(Params::$alg(_) => Algorithm::$alg,)* }
             }
 
-            /// The most one decision can be granted ([`Algo::capacity`]).
+            /// The most one decision can be granted ([`Shape::capacity`]).
             pub(crate) fn capacity(&self) -> i64 {
-                match self { $(Params::$alg(p) => <$module::$state as Algo>::capacity(p),)* }
+                match self { $(Params::$alg(p) => p.capacity(),)* }
             }
 
             /// The longest wait a limit asks by itself, its horizon: a key's
             /// clock is believed that far ahead of the store's, no further
-            /// (see "Clock steps" in `lua/driver.lua`, and [`Algo::horizon`]).
+            /// (see "Clock steps" in `lua/driver.lua`, and [`Shape::horizon`]).
             #[inline]
             pub(crate) fn horizon(&self) -> i64 {
-                match self { $(Params::$alg(p) => <$module::$state as Algo>::horizon(p),)* }
+                match self { $(Params::$alg(p) => p.horizon(),)* }
             }
 
             /// The time in which a spent capacity comes back in full, in
-            /// microseconds ([`Algo::policy_window`]): the `w` of
+            /// microseconds ([`Shape::policy_window`]): the `w` of
             /// `RateLimit-Policy` (see [`Limit::policy_window`](crate::Limit::policy_window)).
             pub(crate) fn policy_window_us(&self) -> u64 {
-                let us = match self { $(Params::$alg(p) => <$module::$state as Algo>::policy_window(p),)* };
+                let us = match self { $(Params::$alg(p) => p.policy_window(),)* };
                 u64::try_from(us).unwrap_or(0)
             }
 
             /// The parameters as a limit's string sends them to the scripts,
-            /// after the algorithm's id ([`Algo::wire`]).
+            /// after the algorithm's id ([`Shape::wire`]).
             pub(crate) fn wire(&self) -> [i64; 3] {
-                match self { $(Params::$alg(p) => <$module::$state as Algo>::wire(p),)* }
+                match self { $(Params::$alg(p) => p.wire(),)* }
             }
         }
 

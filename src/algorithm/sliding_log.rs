@@ -2,17 +2,11 @@
 
 use std::collections::VecDeque;
 
-use super::{Algo, ConfigError, Quota};
+use super::Algo;
 
-/// The integers this algorithm decides with: at most `limit` permits in any
-/// window of `window` microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    /// The most granted in any window.
-    pub(crate) limit: i64,
-    /// The window, in microseconds.
-    pub(crate) window: i64,
-}
+/// The integers it decides with: at most `limit` permits in any window of
+/// `window` microseconds.
+pub(crate) type Params = super::params::Window;
 
 /// Grants, oldest first, the sum of their costs, and the longest window in
 /// use with the time until which it is honoured (`wmax`, `wexp` in Redis).
@@ -138,24 +132,6 @@ impl Algo for SlidingLog {
     const KEYS: &'static [&'static str] = &["log", "meta"];
     const AMOUNT: &'static str = "limit";
     const RATE: Option<&'static str> = None;
-
-    fn derive(q: &Quota, window: u128) -> Result<Params, ConfigError> {
-        let (limit, window) = super::params::windowed(q, window)?;
-        Ok(Params { limit, window })
-    }
-
-    fn capacity(p: &Params) -> i64 {
-        p.limit
-    }
-
-    /// One window.
-    fn horizon(p: &Params) -> i64 {
-        p.window
-    }
-
-    fn wire(p: &Params) -> [i64; 3] {
-        [p.limit, p.window, 0]
-    }
 
     /// The working state of what the store keeps (its grants moved, not
     /// copied), as the script's `prepare`: drops grants no window in use

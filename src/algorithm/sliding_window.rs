@@ -1,5 +1,6 @@
 //! Mirror of `lua/sliding_window.lua`: previous and current window counts.
 
+use super::params::Shape;
 use super::{as_of, cdiv, fdiv, Algo, ConfigError, Quota};
 
 /// The weights of a window's estimate have 2^20 steps per window.
@@ -16,6 +17,37 @@ pub(crate) struct Params {
     /// One 2^-20 of the window, rounded up: the unit of the previous
     /// window's weight.
     pub(crate) step: i64,
+}
+
+impl Shape for Params {
+    fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
+        let steps = u128::from(WEIGHT_STEPS);
+        super::params::exact(u128::from(q.amount) * steps, "the limit times 2^20")?;
+        let (limit, window_us) = super::params::windowed(q, window)?;
+        Ok(Self {
+            limit,
+            window: window_us,
+            step: super::params::exact(window.div_ceil(steps), "the weight step")?,
+        })
+    }
+
+    fn capacity(&self) -> i64 {
+        self.limit
+    }
+
+    /// Two windows: the estimate spans the previous one.
+    fn horizon(&self) -> i64 {
+        2 * self.window
+    }
+
+    /// One window (its horizon spans two).
+    fn policy_window(&self) -> i64 {
+        self.window
+    }
+
+    fn wire(&self) -> [i64; 3] {
+        [self.limit, self.window, self.step]
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,35 +128,6 @@ impl Algo for SlidingWindow {
     const KEYS: &'static [&'static str] = &["sw"];
     const AMOUNT: &'static str = "limit";
     const RATE: Option<&'static str> = None;
-
-    fn derive(q: &Quota, window: u128) -> Result<Params, ConfigError> {
-        let steps = u128::from(WEIGHT_STEPS);
-        super::params::exact(u128::from(q.amount) * steps, "the limit times 2^20")?;
-        let (limit, window_us) = super::params::windowed(q, window)?;
-        Ok(Params {
-            limit,
-            window: window_us,
-            step: super::params::exact(window.div_ceil(steps), "the weight step")?,
-        })
-    }
-
-    fn capacity(p: &Params) -> i64 {
-        p.limit
-    }
-
-    /// Two windows: the estimate spans the previous one.
-    fn horizon(p: &Params) -> i64 {
-        2 * p.window
-    }
-
-    /// One window (its horizon spans two).
-    fn policy_window(p: &Params) -> i64 {
-        p.window
-    }
-
-    fn wire(p: &Params) -> [i64; 3] {
-        [p.limit, p.window, p.step]
-    }
 
     /// `None`: fresh.
     fn prepare(p: &Params, stored: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {

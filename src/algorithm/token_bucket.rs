@@ -1,18 +1,10 @@
 //! Mirror of `lua/token_bucket.lua`: `level / den` tokens at `ts`.
 
-use super::{as_of, cdiv, fdiv, rescale, Algo, ConfigError, Quota, EXACT};
+use super::{as_of, cdiv, fdiv, rescale, Algo, EXACT};
 
-/// The integers this algorithm decides with: a bucket of `capacity` tokens,
-/// `rate` back every `period` microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    /// The bucket's size.
-    pub(crate) capacity: i64,
-    /// Tokens back per `period` (reduced by their gcd).
-    pub(crate) rate: i64,
-    /// Microseconds per `rate` tokens (reduced by their gcd).
-    pub(crate) period: i64,
-}
+/// The integers it decides with: a bucket of `capacity` tokens, `rate`
+/// back every `period` microseconds.
+pub(crate) type Params = super::params::Bucket;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TokenBucket {
@@ -67,28 +59,6 @@ impl Algo for TokenBucket {
     const KEYS: &'static [&'static str] = &["tb"];
     const AMOUNT: &'static str = "capacity";
     const RATE: Option<&'static str> = Some("refill");
-
-    fn derive(q: &Quota, window: u128) -> Result<Params, ConfigError> {
-        let (capacity, rate, period) = super::params::bucket(q, window)?;
-        Ok(Params {
-            capacity,
-            rate,
-            period,
-        })
-    }
-
-    fn capacity(p: &Params) -> i64 {
-        p.capacity
-    }
-
-    /// A full bucket's refill.
-    fn horizon(p: &Params) -> i64 {
-        cdiv(p.capacity * p.period, p.rate)
-    }
-
-    fn wire(p: &Params) -> [i64; 3] {
-        [p.capacity, p.rate, p.period]
-    }
 
     /// `None`: a full bucket.
     fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
