@@ -10,10 +10,10 @@
 local KEPT_WINDOW = 316224000000000
 
 -- Whether a kept quota's algorithm `id` and fields a, b, c (and d, of the
--- form 0.1 wrote: nil for today's) are what
--- `Limit::stored_form` writes for some valid limit: exactly what
--- `Params::from_stored` (src/algorithm/mod.rs) accepts, the parameters
--- `derive` in src/limit.rs makes of a quota (amounts and windows at least
+-- form 0.1 wrote: nil for today's) are what `write_stored_form`
+-- (src/store/redis/encode.rs) writes for some valid limit: exactly what
+-- `Params::from_stored` (src/algorithm/params.rs) accepts, the parameters
+-- `Params::derive` there makes of a quota (amounts and windows at least
 -- 1, windows at most KEPT_WINDOW, a bucket's rate and period in lowest
 -- terms, the products the scripts form below 2^53, unused fields 0).
 local function valid_kept(id, a, b, c, d)
@@ -129,7 +129,8 @@ end
 -- less the "c"; see `Limit::quota_from_store`): keys[k] is a hash of the
 -- quotas kept for the limit: field '' the limit's, field <its first state
 -- key> that key's override, each a limit's string less its cost
--- (`Limit::stored_form`, "algorithm:p1:p2:p3:"), an override with '@'
+-- (`write_stored_form` in src/store/redis/encode.rs,
+-- "algorithm:p1:p2:p3:"), an override with '@'
 -- and the store time it ends (us) when it does; read through its mirror
 -- (see `mirror`). An override that has ended is deleted from the hash
 -- when read: by the first decision of its key after its end, or by the

@@ -156,8 +156,8 @@ impl Params {
         Ok((params, Duration::from_micros(params.policy_window_us())))
     }
 
-    /// Reads what a limit's stored form writes (see
-    /// `RedisStore`'s `stored_form`), `algorithm:p1:p2:p3:`, or what 0.1
+    /// Reads a limit's stored form (`write_stored_form` in
+    /// `store/redis/encode.rs`), `algorithm:p1:p2:p3:`, or what 0.1
     /// wrote, `algorithm:p1:p2:p3:0:` (a fourth slot, always 0, since
     /// removed): `None` for anything else, and for parameters no valid
     /// limit has (those [`derive`](Self::derive) would not make of any
