@@ -2,6 +2,7 @@
 //! here only) and its arguments (the options and each limit's wire string
 //! with its cost), written into one buffer.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use smallvec::SmallVec;
@@ -183,14 +184,28 @@ pub(super) fn write_limit(out: &mut Vec<u8>, limit: &Limit, digits: &mut itoa::B
 /// Appends how the store keeps a quota of parameters `p` (for a limit of
 /// the same name to decide with, see `lua/kept.lua`):
 /// `algorithm:p1:p2:p3:`, which the scripts complete with a cost and
-/// [`Params::from_stored`] reads back.
+/// [`Params::from_stored`] reads back. A limit's form is the same on every
+/// call and its digits cost more to write than to find: each thread keeps
+/// the forms it wrote last, a few by their parameters.
 pub(super) fn write_stored_form(out: &mut Vec<u8>, p: &Params, digits: &mut itoa::Buffer) {
-    out.extend_from_slice(digits.format(p.algorithm().id()).as_bytes());
-    out.push(b':');
-    for x in p.wire() {
-        out.extend_from_slice(digits.format(x).as_bytes());
-        out.push(b':');
-    }
+    type Forms = [(Option<Params>, Vec<u8>); 4];
+    thread_local!(static FORMS: RefCell<Forms> = const {
+        RefCell::new([const { (None, Vec::new()) }; 4])
+    });
+    FORMS.with_borrow_mut(|forms| {
+        let (params, form) = &mut forms[usize::try_from(p.capacity()).unwrap_or(0) % 4];
+        if *params != Some(*p) {
+            form.clear();
+            form.extend_from_slice(digits.format(p.algorithm().id()).as_bytes());
+            form.push(b':');
+            for x in p.wire() {
+                form.extend_from_slice(digits.format(x).as_bytes());
+                form.push(b':');
+            }
+            *params = Some(*p);
+        }
+        out.extend_from_slice(form);
+    });
 }
 
 impl RedisStore {
