@@ -21,11 +21,14 @@ local function valid_kept(id, a, b, c, d)
       or (d ~= nil and d ~= 0) then
     return false
   end
-  if id == 1 or id == 4 then return b <= KEPT_WINDOW and c == 0 end
-  if id == 5 then -- a sliding window's weight step: ceil(window / 2^20)
+  -- by the shape of the algorithm's parameters (`Shape` in
+  -- src/algorithm/params.rs)
+  local shape = algorithms[id] and algorithms[id].shape
+  if shape == "window" then return b <= KEPT_WINDOW and c == 0 end
+  if shape == "weighted" then -- a sliding window's weight step: ceil(window / 2^20)
     return b <= KEPT_WINDOW and a * 1048576 < EXACT and c == cdiv(b, 1048576)
   end
-  if id == 2 or id == 3 then -- a capacity a, b per period c
+  if shape == "bucket" then -- a capacity a, b per period c
     if c < 1 or c > KEPT_WINDOW or a * c + b >= EXACT then return false end
     local x, y = b, c
     while y > 0 do x, y = y, fmod(x, y) end

@@ -31,6 +31,9 @@ pub(super) fn exact(value: u128, what: &str) -> Result<i64, ConfigError> {
 /// The parameters of the algorithms of one shape: a window's ([`Window`]),
 /// a bucket's ([`Bucket`]), a sliding window counter's.
 pub(crate) trait Shape: Copy + std::fmt::Debug + Eq {
+    /// Its name in `lua/wire.lua`, which `valid_kept` in `lua/kept.lua`
+    /// checks a kept quota's parameters by.
+    const KIND: &'static str;
     /// The parameters of a quota whose window (`window` microseconds, at
     /// most ten years) and amount are checked (see [`Params::derive`]).
     fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError>;
@@ -67,6 +70,8 @@ pub(super) fn windowed(q: &Quota, window: u128) -> Result<(i64, i64), ConfigErro
 }
 
 impl Shape for Window {
+    const KIND: &'static str = "window";
+
     fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
         let (limit, window) = windowed(q, window)?;
         Ok(Self { limit, window })
@@ -95,6 +100,8 @@ pub(crate) struct Bucket {
 }
 
 impl Shape for Bucket {
+    const KIND: &'static str = "bucket";
+
     fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
         let (amount_name, rate_name) = (q.algorithm.amount_name(), q.algorithm.rate_name());
         let rate_name = rate_name.unwrap_or("rate");

@@ -52,6 +52,12 @@ macro_rules! registry {
                 match self { $(Algorithm::$alg => <$module::$state as Algo>::KEYS,)* }
             }
 
+            /// The shape of its parameters ([`Shape::KIND`]).
+            #[cfg_attr(not(test), allow(dead_code))]
+            pub(crate) fn shape(self) -> &'static str {
+                match self { $(Algorithm::$alg => <<$module::$state as Algo>::Params as Shape>::KIND,)* }
+            }
+
             /// Its name in prose ([`Algo::NAME`]).
             pub(crate) fn name(self) -> &'static str {
                 match self { $(Algorithm::$alg => <$module::$state as Algo>::NAME,)* }

@@ -20,6 +20,8 @@ pub(crate) struct Params {
 }
 
 impl Shape for Params {
+    const KIND: &'static str = "weighted";
+
     fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
         let steps = u128::from(WEIGHT_STEPS);
         super::params::exact(u128::from(q.amount) * steps, "the limit times 2^20")?;

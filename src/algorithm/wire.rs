@@ -289,9 +289,10 @@ pub(crate) fn lua() -> String {
     for algorithm in ALGORITHMS {
         let _ = writeln!(
             out,
-            "{}.nkeys = {}",
+            "{0}.nkeys, {0}.shape = {1}, \"{2}\"",
             algorithm.lua_name(),
-            algorithm.key_parts().len()
+            algorithm.key_parts().len(),
+            algorithm.shape()
         );
     }
     out
