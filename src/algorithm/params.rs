@@ -61,20 +61,14 @@ pub(crate) struct Window {
     pub(crate) window: i64,
 }
 
-/// A window's limit and window (microseconds).
-pub(super) fn windowed(q: &Quota, window: u128) -> Result<(i64, i64), ConfigError> {
-    Ok((
-        exact(u128::from(q.amount), "the limit")?,
-        exact(window, "the window in microseconds")?,
-    ))
-}
-
 impl Shape for Window {
     const KIND: &'static str = "window";
 
     fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
-        let (limit, window) = windowed(q, window)?;
-        Ok(Self { limit, window })
+        Ok(Self {
+            limit: exact(u128::from(q.amount), "the limit")?,
+            window: exact(window, "the window in microseconds")?,
+        })
     }
 
     fn capacity(&self) -> i64 {
@@ -199,7 +193,8 @@ impl Params {
             return None;
         }
         // the fields as a limit writes them, and one derives them
-        let (params, _) = Self::derive(&quota_of(Algorithm::by_id(id)?, [a, b, c])).ok()?;
+        let algorithm = *super::ALGORITHMS.iter().find(|a| i64::from(a.id()) == id)?;
+        let (params, _) = Self::derive(&quota_of(algorithm, [a, b, c])).ok()?;
         (params.wire() == [a, b, c]).then_some(params)
     }
 

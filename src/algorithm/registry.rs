@@ -29,7 +29,7 @@ macro_rules! registry {
         }
 
         /// Every algorithm, in the order of their ids (1, 2, ...).
-        #[cfg_attr(not(test), allow(dead_code))]
+        #[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
         pub(crate) const ALGORITHMS: &[Algorithm] = &[$(Algorithm::$alg),*];
 
         impl Algorithm {
@@ -71,12 +71,6 @@ macro_rules! registry {
             /// What its rate is called: `Some` for a bucket ([`Algo::RATE`]).
             pub(crate) fn rate_name(self) -> Option<&'static str> {
                 match self { $(Algorithm::$alg => <$module::$state as Algo>::RATE,)* }
-            }
-
-            /// The algorithm of id `id`.
-            #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-            pub(crate) fn by_id(id: i64) -> Option<Self> {
-                match id { $($id => Some(Algorithm::$alg),)* _ => None }
             }
 
             /// Its parameters for `q`, whose window and amount are checked.

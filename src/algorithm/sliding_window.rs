@@ -25,10 +25,10 @@ impl Shape for Params {
     fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
         let steps = u128::from(WEIGHT_STEPS);
         super::params::exact(u128::from(q.amount) * steps, "the limit times 2^20")?;
-        let (limit, window_us) = super::params::windowed(q, window)?;
+        let super::params::Window { limit, window: us } = Shape::derive(q, window)?;
         Ok(Self {
             limit,
-            window: window_us,
+            window: us,
             step: super::params::exact(window.div_ceil(steps), "the weight step")?,
         })
     }
