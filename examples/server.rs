@@ -86,13 +86,15 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 use tower_ratelimit::key::{ClientIp, ClientIpResolver, KeyExtractor, RequestExtension};
 use tower_ratelimit::layer::{
     OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
 };
+use tower_ratelimit::metrics::{OVERSHOOT, STORE_DURATION};
+use tower_ratelimit::watch::{FileWatch, LimitsFile};
 use tower_ratelimit::{
     Limit, LiveLimit, LiveLimits, MemoryStore, Penalty, Quota, RedisStore, RedisStoreBuilder, Store,
 };
@@ -103,9 +105,8 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// effect on the next request of every route, with no restart.
 struct Limits {
     all: LiveLimits,
-    /// The text of `LIMITS_FILE` as last read: a change in its folder that
-    /// leaves it as it was reads it and stops there.
-    last: std::sync::Mutex<Option<String>>,
+    /// Follows `LIMITS_FILE` (the crate logs each reading) while it is kept.
+    _watch: Option<Arc<FileWatch>>,
 }
 
 impl Limits {
@@ -121,124 +122,30 @@ impl Limits {
         ])
     }
 
-    /// The limits of a TOML file: `[[limits]]` tables named `per-ip`,
-    /// `hello` and `sms`.
-    fn parse(text: &str) -> Result<Vec<Limit>, Error> {
-        #[derive(Deserialize)]
-        struct File {
-            limits: Vec<Limit>,
-        }
-        let file: File = toml::from_str(text)?;
-        Ok(file.limits)
-    }
-
-    /// The built-in limits, or those of the file at `path`.
-    fn new(path: Option<&std::path::Path>) -> Result<Limits, Error> {
+    /// The built-in limits, or those of the file at `path`, read again
+    /// whenever it changes (a Kubernetes ConfigMap mount included) and on
+    /// `SIGHUP`.
+    fn new(path: Option<std::path::PathBuf>) -> Result<Limits, Error> {
         let all = LiveLimits::new(Self::built_in()?)?;
-        let mut last = None;
-        if let Some(path) = path {
-            let read = std::fs::read_to_string(path)
-                .map_err(Error::from)
-                .and_then(|text| {
-                    all.update(Self::parse(&text)?)?;
-                    last = Some(text);
-                    Ok(())
-                });
-            read.map_err(|e| format!("LIMITS_FILE {}: {e}", path.display()))?;
-        }
+        let Some(path) = path else {
+            return Ok(Limits { all, _watch: None });
+        };
+        let watch = Arc::new(LimitsFile::new(path).watch(&all)?);
+        let on_hangup = watch.clone();
+        let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let _ = on_hangup.reload(); // logged by the crate
+            }
+        });
         Ok(Limits {
             all,
-            last: std::sync::Mutex::new(last),
+            _watch: Some(watch),
         })
     }
 
     fn get(&self, name: &str) -> Result<LiveLimit, Error> {
         Ok(self.all.get(name).ok_or("no such limit")?)
-    }
-
-    /// Reads the file at `path` again: the new limits take effect at once,
-    /// or, when the file is wrong, the current ones stay and the log says
-    /// why (the limit and the field). Unless `always` (a `SIGHUP`), a text
-    /// the same as the last one read is left there.
-    fn reload(&self, path: &std::path::Path, always: bool) {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) => {
-                return tracing::error!(
-                    "LIMITS_FILE {}: not applied, the limits stay as they were: {e}",
-                    path.display()
-                )
-            }
-        };
-        {
-            let mut last = self
-                .last
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !always && last.as_deref() == Some(text.as_str()) {
-                return;
-            }
-            *last = Some(text.clone());
-        }
-        match Self::parse(&text).and_then(|limits| Ok(self.all.update(limits)?)) {
-            Ok(changed) if changed.is_empty() => {
-                tracing::info!("LIMITS_FILE {}: read again, no change", path.display())
-            }
-            Ok(changed) => tracing::info!(
-                "LIMITS_FILE {}: in force now for {}",
-                path.display(),
-                changed.join(", ")
-            ),
-            Err(e) => tracing::error!(
-                "LIMITS_FILE {}: not applied, the limits stay as they were: {e}",
-                path.display()
-            ),
-        }
-    }
-
-    /// Reloads the file at `path` whenever it changes and on `SIGHUP`, for
-    /// as long as the server runs. The folder is watched, not the file:
-    /// any change in it (other than a read) reads the file again, which
-    /// takes effect when its text differs. So a file written in place, one
-    /// replaced as editors and config managers do, and a Kubernetes
-    /// ConfigMap mount (`limits.toml -> ..data/limits.toml`, where the
-    /// kubelet renames a new `..data` symlink over the old one: no event
-    /// names `limits.toml`) are all followed.
-    fn watch(self: Arc<Self>, path: std::path::PathBuf) -> Result<(), Error> {
-        use notify::Watcher;
-        // true: read the file even if unchanged (a SIGHUP)
-        let (changed, mut changes) = tokio::sync::mpsc::channel::<bool>(1);
-        let on_event = changed.clone();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                if event.is_ok_and(|event| !event.kind.is_access()) {
-                    // a reload already pending reads this change too
-                    let _ = on_event.try_send(false);
-                }
-            })?;
-        let folder = match path.parent() {
-            Some(folder) if !folder.as_os_str().is_empty() => folder.to_owned(),
-            _ => std::path::PathBuf::from("."),
-        };
-        watcher.watch(&folder, notify::RecursiveMode::NonRecursive)?;
-        let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-        tokio::spawn(async move {
-            while hangups.recv().await.is_some() {
-                let _ = changed.send(true).await;
-            }
-        });
-        tokio::spawn(async move {
-            let _watching = watcher;
-            while let Some(mut always) = changes.recv().await {
-                // an editor's save is several events: read once they settle
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                while let Ok(more) = changes.try_recv() {
-                    always |= more;
-                }
-                self.reload(&path, always);
-            }
-        });
-        Ok(())
     }
 }
 
@@ -825,14 +732,25 @@ async fn main() -> Result<(), Error> {
     };
     let client_ip = ClientIp::with_resolver(resolver);
     let limits_file = std::env::var_os("LIMITS_FILE").map(std::path::PathBuf::from);
-    let limits = Arc::new(Limits::new(limits_file.as_deref())?);
-    if let Some(path) = limits_file {
-        tracing::info!("limits: from {} (reloaded when it changes)", path.display());
-        limits.clone().watch(path)?;
+    if let Some(path) = &limits_file {
+        tracing::info!(
+            "limits: from {} (read again when it changes)",
+            path.display()
+        );
     }
+    let limits = Limits::new(limits_file)?;
     // The limiter reports through the `metrics` facade; this exporter
-    // renders what it records for `GET /metrics`.
-    let metrics = PrometheusBuilder::new().install_recorder()?;
+    // renders what it records for `GET /metrics`, its histograms with
+    // buckets (Prometheus sums them across instances; see
+    // examples/grafana-dashboard.json and examples/prometheus-alerts.yml).
+    let seconds = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+    ];
+    let amounts = [1.0, 10.0, 100.0, 1000.0, 10_000.0, 100_000.0];
+    let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(STORE_DURATION.into()), &seconds)?
+        .set_buckets_for_metric(Matcher::Full(OVERSHOOT.into()), &amounts)?
+        .install_recorder()?;
     let on_store_error = match std::env::var("ON_STORE_ERROR").as_deref() {
         Ok("open") => OnStoreError::FailOpen,
         Ok("memory") => OnStoreError::FallbackToMemory,

@@ -98,6 +98,68 @@ local function fmod(a, b) -- a mod b in [0, b), exact
   return a - fdiv(a, b) * b
 end
 
+-- Calendar quotas (src/algorithm/calendar.rs mirrors this): a window
+-- algorithm's third parameter `c`, when negative, is -(period + 10 *
+-- (offset + 86400)): the period 1 day, 2 week (from Monday), 3 month, 4
+-- year, its days beginning at midnight `offset` seconds east of UTC. Civil
+-- dates from days and back after Howard Hinnant's algorithms, every
+-- division an `fdiv`: exact, as all values stay far below 2^53.
+local DAY = 86400000000 -- us
+
+-- Days from the epoch to the first day of month m (1 to 12) of year y.
+local function first_of(y, m)
+  local mp = m + 9 -- months from March: January and February end the year before
+  if m > 2 then mp = m - 3 else y = y - 1 end
+  local era = fdiv(y, 400)
+  local yoe = y - era * 400
+  return era * 146097 + yoe * 365 + fdiv(yoe, 4) - fdiv(yoe, 100) + fdiv(153 * mp + 2, 5) - 719468
+end
+
+-- The year and month (1 to 12) of day z from the epoch.
+local function month_of(z)
+  z = z + 719468
+  local era = fdiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = fdiv(doe - fdiv(doe, 1460) + fdiv(doe, 36524) - fdiv(doe, 146096), 365)
+  local mp = fdiv(5 * (doe - 365 * yoe - fdiv(yoe, 4) + fdiv(yoe, 100)) + 2, 153)
+  if mp >= 10 then return yoe + era * 400 + 1, mp - 9 end
+  return yoe + era * 400, mp + 3
+end
+
+-- The window of calendar code c that holds `at`: its start, its length,
+-- the length of the one before it and of the one after it (us). The last
+-- one found is kept: the steps of a decision, and decisions in a row, ask
+-- for the same window again and again.
+local cal_c, cal_s, cal_e, cal_b, cal_n = 0, 0, 0, 0, 0
+local function cal(at, c)
+  if c == cal_c and at >= cal_s and at < cal_e then
+    return cal_s, cal_e - cal_s, cal_s - cal_b, cal_n - cal_e
+  end
+  local period = fmod(-c, 10)
+  local offset = (fdiv(-c, 10) - 86400) * 1000000
+  local z = fdiv(at + offset, DAY)
+  local s, e, b, n -- in days: its start, the next one's, the one before's, its end
+  if period == 1 then
+    s, e, b, n = z, z + 1, z - 1, z + 2
+  elseif period == 2 then
+    s = z - fmod(z + 3, 7) -- 1970-01-01 was a Thursday
+    e, b, n = s + 7, s - 7, s + 14
+  else
+    local y, m = month_of(z)
+    if period == 4 then
+      s, e, b, n = first_of(y, 1), first_of(y + 1, 1), first_of(y - 1, 1), first_of(y + 2, 1)
+    else
+      s = first_of(y, m)
+      if m == 12 then e = first_of(y + 1, 1) else e = first_of(y, m + 1) end
+      if m == 1 then b = first_of(y - 1, 12) else b = first_of(y, m - 1) end
+      if m >= 11 then n = first_of(y + 1, m - 10) else n = first_of(y, m + 2) end
+    end
+  end
+  cal_c, cal_s, cal_e = c, s * DAY - offset, e * DAY - offset
+  cal_b, cal_n = b * DAY - offset, n * DAY - offset
+  return cal_s, cal_e - cal_s, cal_s - cal_b, cal_n - cal_e
+end
+
 -- A decision's outcome and wait from T, the earliest time at which all its
 -- limits allow it (-1: never, a cost over a capacity), the clock `now` and
 -- the longest wait allowed. The outcomes are `algorithm::Outcome`'s: 0

@@ -23,8 +23,9 @@
 --            do), block (us, a penalty's block)
 --        then one per limit: "algorithm:p1:p2:p3:cost" (algorithm 1
 --            sliding log, 2 token bucket, 3 gcra, 4 fixed window, 5 sliding
---            window; p3 0 for the algorithms of two parameters; cost 0
---            changes nothing), with "c" first for a limit
+--            window; p3 0 for the algorithms of two parameters, and a
+--            calendar quota's code, negative, for a window (see `cal` in
+--            common.lua); cost 0 changes nothing), with "c" first for a limit
 --            whose quota may be kept in the store: one more key follows
 --            its own, the hash of its kept quotas (see `configured`),
 --            and before that "p<refusals>:<within>:<forget>:<block>...;"

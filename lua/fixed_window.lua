@@ -3,7 +3,9 @@
 -- KEYS: counter (STRING 'F' start len count written): the count of the window of
 --       `len` us beginning at `start` (us); a start ahead of `written` holds
 --       reservations, and later grants queue behind it.
--- Params: n = N (limit), w = W (window, us)
+-- Params: n = N (limit), w = W (window, us), code = a calendar quota's
+--         code (see `cal` in common.lua; 0: windows aligned to the epoch,
+--         else W is its longest window)
 -- The window start and length are stored with the count, so a late expiry
 -- never makes an old count look current, and a limiter with another W counts
 -- the stored grants in its own window whenever the two windows overlap (the
@@ -14,7 +16,7 @@
 -- `kept` whether it is the stored one, unmoved, with this limit's length
 -- (its key already expires at the window's end).
 --: state fw: key written raw r_start r_len r_count start count kept dirty fresh
---: params fw: n w
+--: params fw: n w code
 
 --: stored fw F: r_start r_len+ r_count written
 
@@ -26,15 +28,22 @@
   if moved then r_start, written = r_start - (written - now), now end
   -- present, and its window not over
   if raw and r_start + r_len > now then
-    if r_len == w and not moved then
+    -- one of this limit's windows
+    local own = r_len == w
+    if code < 0 then
+      local ks, kl = cal(r_start, code)
+      own = ks == r_start and kl == r_len
+    end
+    if own and not moved then
       start, count, kept = r_start, r_count, true
     else
       -- the window of this limit that holds the stored one's grants, if any
       -- (a moved window need not start where one of this limit's does)
       local at = now
       if r_start > now then at = r_start end
-      local ws = at - fmod(at, w)
-      if r_start < ws + w and ws < r_start + r_len then
+      local ws, wl
+      if code < 0 then ws, wl = cal(at, code) else ws, wl = at - fmod(at, w), w end
+      if r_start < ws + wl and ws < r_start + r_len then
         start, count, dirty = ws, r_count, moved
       end
     end
@@ -48,45 +57,69 @@
   if cost > n then
     t = -1
   else
-    local m = now % w -- the window of now: now - fmod(now, w)
-    if m < 0 then m = m + w elseif m >= w then m = m - w end
-    local ws, used = now - m, 0
-    if start >= ws then ws, used = start, count end
+    local ws, wl, used -- the window of now, or the counted one after it
+    if code < 0 then
+      ws, wl = cal(now, code)
+    else
+      local m = now % w -- the window of now: now - fmod(now, w)
+      if m < 0 then m = m + w elseif m >= w then m = m - w end
+      ws, wl = now - m, w
+    end
+    used = 0
+    if start >= ws then
+      if start > ws and code < 0 then ws, wl = cal(start, code) end
+      ws, used = start, count
+    end
     if used + cost <= n then
       t = now
       if ws > now then t = ws end
     else
-      t = ws + w
+      t = ws + wl
     end
   end
 --: end
 
 --: step fw grant(at, cost)
-  local m = at % w -- the window of at: at - fmod(at, w)
-  if m < 0 then m = m + w elseif m >= w then m = m - w end
-  if start == at - m then
+  local ws
+  if code < 0 then
+    ws = cal(at, code)
+  else
+    local m = at % w -- the window of at: at - fmod(at, w)
+    if m < 0 then m = m + w elseif m >= w then m = m - w end
+    ws = at - m
+  end
+  if start == ws then
     count = count + cost
   else
-    start, count, kept = at - m, cost, false
+    start, count, kept = ws, cost, false
   end
   dirty = true
 --: end
 
 -- Gives back `cost` granted at `at`, if `at` lies in the counted window.
 --: step fw refund(now, at, cost)
-  if start >= 0 and count > 0 and at - fmod(at, w) == start then
+  local ws
+  if code < 0 then ws = cal(at, code) else ws = at - fmod(at, w) end
+  if start >= 0 and count > 0 and ws == start then
     count, dirty = max(0, count - cost), true
   end
 --: end
 
 -- Permits left in the window of `at`, and microseconds until it ends.
 --: step fw status(now, at) -> remaining, reset
-  local m = at % w
-  if m < 0 then m = m + w elseif m >= w then m = m - w end
-  if start > at - m then
-    remaining, reset = 0, start + w - now
-  elseif start == at - m then
-    remaining, reset = n - count, start + w - now
+  local ws, wl
+  if code < 0 then
+    ws, wl = cal(at, code)
+  else
+    local m = at % w
+    if m < 0 then m = m + w elseif m >= w then m = m - w end
+    ws, wl = at - m, w
+  end
+  if start > ws then
+    if code < 0 then ws, wl = cal(start, code) end
+    remaining, reset = 0, start + wl - now
+  elseif start == ws then
+    remaining, reset = n - count, start + wl - now
     if remaining < 0 then remaining = 0 end
   else
     remaining, reset = n, 0
@@ -95,9 +128,11 @@
 
 --: step fw save(now, from, nx) -> was
   if dirty then
-    local v = spack('<c1dddd', 'F', start, w, count, now)
+    local ws, wl = start, w
+    if code < 0 then ws, wl = cal(start, code) end
+    local v = spack('<c1dddd', 'F', start, wl, count, now)
     -- (a state still of the window it was read in keeps the key's expiry)
-    was = put(key, v, nx, (nx or not kept) and px(start + w, from))
+    was = put(key, v, nx, (nx or not kept) and px(start + wl, from))
   end
 --: end
 

@@ -4,7 +4,11 @@
 --       of `len` us beginning at `start` (us) and of the one before it
 -- Params: n = N (limit), w = W (window, us), u = U (weight step, us:
 --         ceil(W / 2^20), so weights have 2^20 steps and N * 2^20 < 2^53);
---         s[6] = ceil(W / U), the steps of a whole window
+--         s[6] = ceil(W / U), the steps of a whole window. A calendar
+--         quota's u is its code instead (negative: see `cal` in
+--         common.lua), W its longest window, and each window's U and
+--         steps are those of the window before it, which weighs in
+--         proportion to how much of it lies within its own length of now.
 
 -- Estimate at t: cur + prev * ceil(rem / U) / ceil(W / U), rem = time left in
 -- the current window. A cost c fits when prev * ceil(rem/U) <= (N - cur - c) * ceil(W/U).
@@ -29,6 +33,15 @@ local function sw_counts(start, prev, cur, at, w)
   return 0, 0
 end
 
+-- When the count of the window at `start` stops weighing: its length
+-- after the next window begins, or that window's end if sooner (a
+-- calendar quota's windows differ in length).
+local function sw_until(start, w, u)
+  if u > 0 then return start + 2 * w end
+  local _, len, _, next_len = cal(start, u)
+  return start + len + min(len, next_len)
+end
+
 --: stored sw S: r_start r_len+ r_prev r_cur written
 
 -- After prepare the counted window starts at or after the window of now:
@@ -42,7 +55,13 @@ end
   if moved then r_start, written = r_start - (written - now), now end
   -- present, and not both windows over
   if raw and r_start + 2 * r_len > now then
-    if r_len == w and not moved then
+    -- one of this limit's windows
+    local own = r_len == w
+    if u < 0 then
+      local ks, kl = cal(r_start, u)
+      own = ks == r_start and kl == r_len
+    end
+    if own and not moved then
       start, prev, cur, kept = r_start, r_prev, r_cur, true
     else
       -- each stored count into the newest of this limit's windows that
@@ -50,14 +69,15 @@ end
       -- this limit's does)
       local at = now
       if r_start > now then at = r_start end
-      local ws = at - fmod(at, w)
+      local ws, wl, wb
+      if u < 0 then ws, wl, wb = cal(at, u) else ws, wl, wb = at - fmod(at, w), w, w end
       for k = 1, 2 do
         local c, s0 = r_cur, r_start
         if k == 2 then c, s0 = r_prev, r_start - r_len end
         if c > 0 then
-          if s0 < ws + w and ws < s0 + r_len then
+          if s0 < ws + wl and ws < s0 + r_len then
             cur = cur + c
-          elseif s0 < ws and ws - w < s0 + r_len then
+          elseif s0 < ws and ws - wb < s0 + r_len then
             prev = prev + c
           end
         end
@@ -65,11 +85,17 @@ end
       if prev + cur > 0 then start, dirty = ws, moved end
     end
   end
-  local m = now % w -- the window of now: now - fmod(now, w)
-  if m < 0 then m = m + w elseif m >= w then m = m - w end
-  if start < now - m then
-    if start >= 0 then prev, cur = sw_counts(start, prev, cur, now - m, w) end
-    start, kept = now - m, false
+  local ws, wl, wb -- the window of now
+  if u < 0 then
+    ws, wl, wb = cal(now, u)
+  else
+    local m = now % w -- the window of now: now - fmod(now, w)
+    if m < 0 then m = m + w elseif m >= w then m = m - w end
+    ws, wb = now - m, w
+  end
+  if start < ws then
+    if start >= 0 then prev, cur = sw_counts(start, prev, cur, ws, wb) end
+    start, kept = ws, false
   end
   -- nothing counted: any cost up to N fits now
   fresh = prev == 0 and cur == 0 and start <= now
@@ -81,7 +107,11 @@ end
   if cost > n then
     t = -1
   else
+    -- each window's start and length, the one before's length, and its
+    -- weight step and steps
     local ws, p0, c0 = start, prev, cur
+    local wl, wb, uu, wu = w, w, u, s[6]
+    if u < 0 then ws, wl, wb = cal(start, u) end
     t = nil
     for _ = 1, 3 do
       if c0 + cost <= n then
@@ -89,17 +119,19 @@ end
           t = ws
           break
         end
-        local x = (n - c0 - cost) * s[6] -- steps = fdiv(x, p0)
+        if u < 0 then uu = cdiv(wb, 1048576) wu = cdiv(wb, uu) end
+        local x = (n - c0 - cost) * wu -- steps = fdiv(x, p0)
         local m = x % p0
         if m < 0 then m = m + p0 elseif m >= p0 then m = m - p0 end
-        x = ws + w - (x - m) / p0 * u
+        x = ws + wb - (x - m) / p0 * uu
         if x < ws then x = ws end
-        if x < ws + w then
+        if x < ws + wl then
           t = x
           break
         end
       end
-      ws, p0, c0 = ws + w, c0, 0
+      ws, p0, c0 = ws + wl, c0, 0
+      if u < 0 then ws, wl, wb = cal(ws, u) end
     end
     if not t then t = ws end
     if t < now then t = now end
@@ -107,11 +139,17 @@ end
 --: end
 
 --: step sw grant(at, cost)
-  local m = at % w -- the window of at: at - fmod(at, w)
-  if m < 0 then m = m + w elseif m >= w then m = m - w end
-  if start ~= at - m then
-    prev, cur = sw_counts(start, prev, cur, at - m, w)
-    start, kept = at - m, false
+  local ws, wl, wb
+  if u < 0 then
+    ws, wl, wb = cal(at, u)
+  else
+    local m = at % w -- the window of at: at - fmod(at, w)
+    if m < 0 then m = m + w elseif m >= w then m = m - w end
+    ws, wb = at - m, w
+  end
+  if start ~= ws then
+    prev, cur = sw_counts(start, prev, cur, ws, wb)
+    start, kept = ws, false
   end
   cur, dirty = cur + cost, true
 --: end
@@ -120,10 +158,11 @@ end
 -- window, whichever holds `at`; nothing if older.
 --: step sw refund(now, at, cost)
   if start >= 0 then
-    local ws = at - fmod(at, w)
+    local ws, wl
+    if u < 0 then ws, wl = cal(at, u) else ws, wl = at - fmod(at, w), w end
     if ws == start and cur > 0 then
       cur, dirty = max(0, cur - cost), true
-    elseif ws == start - w and prev > 0 then
+    elseif ws + wl == start and prev > 0 then
       prev, dirty = max(0, prev - cost), true
     end
   end
@@ -131,45 +170,55 @@ end
 
 -- Permits the estimate leaves as of `at`, and microseconds until it is 0.
 --: step sw status(now, at) -> remaining, reset
-  local m = at % w -- the window of at: at - fmod(at, w)
-  if m < 0 then m = m + w elseif m >= w then m = m - w end
-  local ws = at - m
+  local m, ws, wl, wb
+  if u < 0 then
+    ws, wl, wb = cal(at, u)
+  else
+    m = at % w -- the window of at: at - fmod(at, w)
+    if m < 0 then m = m + w elseif m >= w then m = m - w end
+    ws, wl, wb = at - m, w, w
+  end
   if start > ws then
-    remaining, reset = 0, start + 2 * w - now
+    remaining, reset = 0, sw_until(start, w, u) - now
   else
     local p0, c0 = prev, cur
-    if start ~= ws then p0, c0 = sw_counts(start, prev, cur, ws, w) end
+    if start ~= ws then p0, c0 = sw_counts(start, prev, cur, ws, wb) end
     remaining = n - c0
     if p0 ~= 0 then
-      -- less what p0 weighs with rem = ws + w - at us left in the window:
-      -- cdiv(p0 * cdiv(rem, u), ceil(W / U))
-      local x = at - ws - w
-      m = x % u
-      if m < 0 then m = m + u elseif m >= u then m = m - u end
-      x = p0 * ((x - m) / u) -- -(p0 * cdiv(rem, u))
-      m = x % s[6]
-      if m < 0 then m = m + s[6] elseif m >= s[6] then m = m - s[6] end
-      remaining = remaining + (x - m) / s[6]
+      -- less what p0 weighs with rem = ws + wb - at us left of it, at
+      -- least 0: cdiv(p0 * cdiv(rem, uu), ceil(wb / uu))
+      local uu, wu = u, s[6]
+      if u < 0 then uu = cdiv(wb, 1048576) wu = cdiv(wb, uu) end
+      local x = at - ws - wb
+      if x > 0 then x = 0 end
+      m = x % uu
+      if m < 0 then m = m + uu elseif m >= uu then m = m - uu end
+      x = p0 * ((x - m) / uu) -- -(p0 * cdiv(rem, uu))
+      m = x % wu
+      if m < 0 then m = m + wu elseif m >= wu then m = m - wu end
+      remaining = remaining + (x - m) / wu
     end
     if remaining < 0 then remaining = 0 end
     reset = 0
     if c0 > 0 then
-      reset = ws + 2 * w - now
+      reset = sw_until(ws, w, u) - now
     elseif p0 > 0 then
-      reset = ws + w - now
+      reset = ws + min(wb, wl) - now
     end
   end
 --: end
 
 --: step sw save(now, from, nx) -> was
   if dirty then
-    local v = spack('<c1ddddd', 'S', start, w, prev, cur, now)
+    local ws, wl = start, w
+    if u < 0 then ws, wl = cal(start, u) end
+    local v = spack('<c1ddddd', 'S', start, wl, prev, cur, now)
     -- (a state still of the window it was read in keeps the key's expiry)
-    was = put(key, v, nx, (nx or not kept) and px(start + 2 * w, from))
+    was = put(key, v, nx, (nx or not kept) and px(start + 2 * wl, from))
   end
 --: end
 
 --: one sw sliding_window
-sliding_window.derive = function(s) s[6] = cdiv(s[3], s[4]) end
+sliding_window.derive = function(s) if s[4] > 0 then s[6] = cdiv(s[3], s[4]) end end
 -- the longest wait: two windows (the estimate weighs the previous one)
 sliding_window.horizon = function(s) return 2 * s[3] end

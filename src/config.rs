@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::{Algorithm, ConfigError, Limit, Penalty, Quota};
+use crate::{Algorithm, ConfigError, Limit, Penalty, Period, Quota};
 
 /// A limit as written in a configuration file. Every field but `name` and
 /// `algorithm` is optional here so that a missing or misplaced one is
@@ -20,6 +20,10 @@ struct LimitConfig {
     rate: Option<u64>,
     per: Option<HumanDuration>,
     burst: Option<u64>,
+    /// A calendar quota's period, in place of `window` (see [`Period`]).
+    calendar: Option<Period>,
+    /// A calendar quota's offset from UTC, `"+05:30"`; UTC if absent.
+    utc_offset: Option<String>,
     /// Shadow mode (see [`Limit::shadow`]).
     #[serde(default)]
     shadow: bool,
@@ -87,12 +91,20 @@ impl LimitConfig {
 
     fn build(self) -> Result<Limit, ConfigError> {
         let bucket = self.algorithm.rate_name().is_some();
+        // (a sliding log or a bucket has no calendar: `calendar` is refused
+        // as a field that does not apply)
+        let calendar =
+            self.calendar.is_some() && !bucket && self.algorithm != Algorithm::SlidingLog;
         let (takes, amount_field, window_field): (&[&'static str], _, _) = if bucket {
             (&["rate", "per", "burst"], "burst", "per")
+        } else if calendar {
+            (&["limit", "calendar"], "limit", "calendar")
         } else {
             (&["limit", "window"], "limit", "window")
         };
         let present = [
+            ("calendar", self.calendar.is_some()),
+            ("utc_offset", self.utc_offset.is_some() && !calendar),
             ("limit", self.limit.is_some()),
             ("window", self.window.is_some()),
             ("rate", self.rate.is_some()),
@@ -122,9 +134,11 @@ impl LimitConfig {
                 ));
             }
         }
-        let window = match if bucket { &self.per } else { &self.window } {
-            Some(duration) => duration.parse().map_err(|e| self.field(window_field, e))?,
-            None => return Err(self.field(window_field, "is missing")),
+        let window = match (if bucket { &self.per } else { &self.window }, calendar) {
+            // (a calendar quota has no window to read)
+            (_, true) => Duration::from_secs(1),
+            (Some(duration), _) => duration.parse().map_err(|e| self.field(window_field, e))?,
+            (None, _) => return Err(self.field(window_field, "is missing")),
         };
         if window.is_zero() {
             return Err(self.field(window_field, "must be longer than zero"));
@@ -140,11 +154,30 @@ impl LimitConfig {
         } else {
             (nonzero("limit", self.limit)?, 0)
         };
-        let quota = Quota {
-            algorithm: self.algorithm,
-            amount,
-            window,
-            extra,
+        let quota = match self.calendar.filter(|_| calendar) {
+            Some(period) => {
+                let offset = match &self.utc_offset {
+                    Some(text) => utc_offset(text).map_err(|e| self.field("utc_offset", e))?,
+                    None => 0,
+                };
+                let by = Duration::from_secs(offset.unsigned_abs());
+                let rate = Quota::per_calendar(amount, period);
+                let rate = match offset {
+                    0.. => rate.east_of_utc(by),
+                    _ => rate.west_of_utc(by),
+                };
+                Quota {
+                    algorithm: self.algorithm,
+                    ..rate.fixed_window()
+                }
+            }
+            None => Quota {
+                algorithm: self.algorithm,
+                amount,
+                window,
+                extra,
+                calendar: None,
+            },
         };
         let shadow = self.shadow;
         let limit = Limit::new(self.name.clone(), quota).map_err(|e| match e {
@@ -165,9 +198,31 @@ impl LimitConfig {
     }
 }
 
+/// `"+05:30"`, `"-08:00"`, `"+09"` or `"UTC"`: seconds east of UTC.
+fn utc_offset(text: &str) -> Result<i64, String> {
+    let bad = || format!("is not an offset from UTC ({text:?}); write it like \"+05:30\"");
+    if text == "UTC" || text == "Z" {
+        return Ok(0);
+    }
+    let (sign, rest) = match text.split_at_checked(1) {
+        Some(("+", rest)) => (1, rest),
+        Some(("-", rest)) => (-1, rest),
+        _ => return Err(bad()),
+    };
+    let (h, m) = rest.split_once(':').unwrap_or((rest, "00"));
+    let two = |s: &str| (s.len() == 2).then(|| s.parse::<i64>().ok()).flatten();
+    match (two(h), two(m)) {
+        (Some(h), Some(m)) if h < 24 && m < 60 => Ok(sign * (h * 3600 + m * 60)),
+        _ => Err(bad()),
+    }
+}
+
 /// A limit in a configuration file: its `name`, its `algorithm`
 /// (`sliding-log`, `fixed-window`, `sliding-window`, `token-bucket` or
-/// `gcra`), and its amounts. Window algorithms take `limit` and `window`;
+/// `gcra`), and its amounts. Window algorithms take `limit` and `window`
+/// (a fixed or sliding window may take `calendar` instead: `day`, `week`,
+/// `month` or `year`, and `utc_offset` such as `"+05:30"` if not UTC; see
+/// [`CalendarRate`](crate::CalendarRate));
 /// the bucket algorithms take `rate` per `per`, and `burst`; `shadow = true`
 /// puts it in [shadow mode](Limit::shadow); `penalty` gives it a
 /// [penalty](Limit::with_penalty): `refusals`, `within`, `blocks` and, if not the
@@ -194,6 +249,13 @@ impl LimitConfig {
 /// limit = 5
 /// window = "15m"
 /// penalty = { refusals = 1, within = "15m", blocks = ["1m", "10m", "1h"] }
+///
+/// [[limits]]
+/// name = "plan"
+/// algorithm = "fixed-window"
+/// limit = 10000
+/// calendar = "month"
+/// utc_offset = "+09:00"
 /// ```
 ///
 /// The same validation as [`Limit::new`] applies; errors name the limit and

@@ -236,6 +236,14 @@ impl Decision {
         self.statuses.get(self.binding as usize)
     }
 
+    /// The layer's refusal of this decision as a response (429,
+    /// `Retry-After`, the `RateLimit` fields and a problem body), for a
+    /// handler that calls the limiter itself; `None` when it was allowed.
+    /// See [`Refusal`](crate::layer::Refusal).
+    pub fn refusal(&self) -> Option<crate::layer::Refusal> {
+        crate::layer::Refusal::of(self)
+    }
+
     /// Every limit's status, in the limiter's order.
     pub fn statuses(&self) -> &[LimitStatus] {
         &self.statuses

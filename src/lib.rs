@@ -95,6 +95,7 @@
 //! | `tls` | no | `rediss://` URLs for every store kind (rustls with ring, the system's root certificates, [`RedisStoreBuilder::tls_root_certificate`]); implies `redis` |
 //! | `metrics` | no | counters, histograms and gauges through the `metrics` facade: see [`metrics`] |
 //! | `serde` | no | [`Limit`] deserializes from configuration files, windows as human durations (`"15m"`) |
+//! | `watch` | no | `watch::LimitsFile`: a file of limits applied to [`LiveLimits`] and read again whenever it changes |
 //! | `resolver` | no | `layer::PlanResolver`: a rule's key and tier from an async lookup (API key to tenant and plan), in a bounded cache with a TTL (`moka`) |
 //!
 //! Without default features the crate is the in-memory limiter and the Tower
@@ -105,6 +106,7 @@
 #![forbid(unsafe_code)]
 
 mod algorithm;
+mod calendar;
 mod clock;
 #[cfg(feature = "serde")]
 mod config;
@@ -125,6 +127,9 @@ mod plan;
 mod quota;
 pub mod store;
 mod text;
+#[cfg(feature = "watch")]
+#[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
+pub mod watch;
 
 /// The README's examples, compiled as doctests so they stay true.
 #[cfg(all(
@@ -138,6 +143,7 @@ mod text;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub use calendar::{CalendarRate, Period};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};

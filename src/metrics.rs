@@ -11,6 +11,11 @@
 //! | [`CHARGES`] | counter | `result` (`charged`, `retried`, `failed`) | costs charged after the fact ([`Limiter::charge`](crate::Limiter::charge), a rule's cost from its response): `retried` charged after a failed try, `failed` not charged |
 //! | [`PENALTIES_NOT_STORED`] | counter | `limit` | new penalty states (a block, refusals or offences counted) a [`MemoryStore`](crate::MemoryStore) did not keep: they take at most half its `max_keys`, and it gives up none of them (a block by [`Admin::block`](crate::Admin::block) then fails with [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored)) |
 //! | [`PLAN_LOOKUPS`] | counter | `result` (`found`, `unknown`, `failed`, `timed_out`, `oversized`) | lookups of plan resolvers (feature `resolver`), cache hits not counted; `oversized`: a lookup key too long, refused without a lookup |
+//! | [`LIMIT_CAPACITY`] | gauge | `limit` | the capacity of the quota that last decided for the limit |
+//! | [`LIMIT_WINDOW`] | gauge | `limit` | that quota's [policy window](crate::Limit::policy_window), in seconds |
+//! | [`NEAR_LIMIT`] | counter | `limit` | grants that left the limit under a fifth of its capacity (`remaining × 5 < capacity`) |
+//! | [`OVERSHOOT`] | histogram | `limit`, `source` (`charge`, `hot_batch`) | how far a limit may be put past its capacity, per event (see below) |
+//! | [`STORE_OUTAGE`] | gauge | `store` (`redis`, `memory`) | 1 while the store's calls fail, 0 once one answers |
 //!
 //! A decision counts once under each limit it involved: under every limit
 //! when it is allowed or the store failed, under the limits that refused it
@@ -24,6 +29,32 @@
 //! refuses counts `deny_listed` under every limit of the layer (no decision
 //! is made); a key blocked by a [penalty](crate::Limit::with_penalty) counts
 //! `denied` (or `local_cache`) like any refusal.
+//!
+//! The quota gauges show what decided: a limit's quota, its new value after
+//! a [live change](crate::LiveLimit) (from the first decision the new
+//! value makes), and a [quota kept in the store](crate::Limit::quota_from_store)
+//! when one decided. They are set when that quota differs from the one they
+//! show, not on every decision (with overrides per key, the last that
+//! decided). A grant near the limit counts under every limit of the
+//! decision it left under a fifth of its capacity.
+//!
+//! [`OVERSHOOT`] records, neither store's reply telling a limit's debt, the
+//! most each event can put a limit past its capacity: `charge`, each cost
+//! charged after the fact ([`Limiter::charge`](crate::Limiter::charge), a
+//! rule's cost from its response), at most the capacity, per limit charged
+//! (the debt it leaves is at most this); `hot_batch`, the permits a
+//! [hot key](crate::Limit::with_hot_key)'s batch took from the store (an
+//! instance grants at most its batch beyond what the store counts).
+//!
+//! The cache of denials' hits are the decisions counted with the outcome
+//! `local_cache` under [`DECISIONS`]: no metric of their own.
+//!
+//! [`STORE_OUTAGE`] is set by each limiter's store calls (decisions,
+//! batches, refunds, charges) and by each layer's outage log (see
+//! [`OnStoreError`](crate::layer::OnStoreError)), when what they see
+//! changes: per store kind, so two stores of one kind share it (the last
+//! change shows). A memory store never fails: under a layer's memory
+//! fallback, `store="memory"` stays 0 while `store="redis"` is 1.
 //!
 //! Adding an outcome where it happens is one call with its [`Outcome`]; the
 //! label set is fixed here, so dashboards can be built before a limiter
@@ -57,6 +88,18 @@ pub const CHARGES: &str = "tower_ratelimit_charges_total";
 pub const PENALTIES_NOT_STORED: &str = "tower_ratelimit_memory_store_penalties_not_stored_total";
 /// Counter of plan lookups (feature `resolver`), labelled `result`.
 pub const PLAN_LOOKUPS: &str = "tower_ratelimit_plan_lookups_total";
+/// Gauge of a limit's capacity, labelled `limit`.
+pub const LIMIT_CAPACITY: &str = "tower_ratelimit_limit_capacity";
+/// Gauge of a limit's policy window in seconds, labelled `limit`.
+pub const LIMIT_WINDOW: &str = "tower_ratelimit_limit_window_seconds";
+/// Counter of grants that left under a fifth of a limit's capacity,
+/// labelled `limit`.
+pub const NEAR_LIMIT: &str = "tower_ratelimit_near_limit_total";
+/// Histogram of what may put a limit over its capacity, labelled `limit`
+/// and `source`.
+pub const OVERSHOOT: &str = "tower_ratelimit_overshoot";
+/// Gauge, 1 while a store's calls fail, else 0, labelled `store`.
+pub const STORE_OUTAGE: &str = "tower_ratelimit_store_outage";
 
 /// The `outcome` label of [`DECISIONS`]: every value it can take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -122,32 +165,140 @@ impl std::fmt::Display for Outcome {
 static METADATA: ::metrics::Metadata<'static> =
     ::metrics::Metadata::new(module_path!(), ::metrics::Level::INFO, Some(module_path!()));
 
-/// One limit's [`DECISIONS`] keys, one per [`Outcome`], built once with the
-/// limit: a decision then looks up the recorder in effect (global or local,
-/// as the `metrics` macros do) with a key whose labels and hash are already
-/// made, instead of building and hashing a new key per decision.
+/// One limit's metric keys, built once with the limit: its [`DECISIONS`]
+/// keys, one per [`Outcome`], its [`NEAR_LIMIT`] key and its quota gauges'.
+/// A decision then looks up the recorder in effect (global or local, as the
+/// `metrics` macros do) with a key whose labels and hash are already made,
+/// instead of building and hashing a new key per decision.
 #[cfg(feature = "metrics")]
 #[derive(Debug)]
-pub(crate) struct LimitKeys([::metrics::Key; Outcome::ALL.len()]);
+pub(crate) struct LimitKeys {
+    decisions: [::metrics::Key; Outcome::ALL.len()],
+    near_limit: ::metrics::Key,
+    capacity: ::metrics::Key,
+    window: ::metrics::Key,
+    /// The capacity and the window (us) last set in the quota gauges;
+    /// `u64::MAX` before the first decision.
+    quota: [std::sync::atomic::AtomicU64; 2],
+    /// Held while the gauges are set, so they end with what `quota` holds.
+    setting: std::sync::Mutex<()>,
+}
 
 #[cfg(feature = "metrics")]
 impl LimitKeys {
     pub(crate) fn new(name: &'static str) -> Self {
-        Self(Outcome::ALL.map(|outcome| {
-            let labels = vec![
-                ::metrics::Label::from_static_parts("limit", name),
-                ::metrics::Label::from_static_parts("outcome", outcome.as_str()),
-            ];
-            ::metrics::Key::from_parts(DECISIONS, labels)
-        }))
+        use ::metrics::{Key, Label};
+        let limit = || Label::from_static_parts("limit", name);
+        Self {
+            decisions: Outcome::ALL.map(|outcome| {
+                let outcome = Label::from_static_parts("outcome", outcome.as_str());
+                Key::from_parts(DECISIONS, vec![limit(), outcome])
+            }),
+            near_limit: Key::from_parts(NEAR_LIMIT, vec![limit()]),
+            capacity: Key::from_parts(LIMIT_CAPACITY, vec![limit()]),
+            window: Key::from_parts(LIMIT_WINDOW, vec![limit()]),
+            quota: [u64::MAX, u64::MAX].map(std::sync::atomic::AtomicU64::new),
+            setting: std::sync::Mutex::new(()),
+        }
     }
 
     /// Counts one decision of the limit with `outcome`.
     pub(crate) fn increment(&self, outcome: Outcome) {
-        let key = &self.0[outcome as usize];
+        let key = &self.decisions[outcome as usize];
         ::metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
     }
+
+    /// Reads the limit's `status` after a decision (`granted` or not): a
+    /// grant that left under a fifth of the capacity counts under
+    /// [`NEAR_LIMIT`]; the quota gauges are set when the quota that decided
+    /// differs from the one they show. Otherwise two loads and compares.
+    pub(crate) fn observe(&self, status: &crate::LimitStatus, granted: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if granted && status.remaining.saturating_mul(5) < status.limit {
+            let key = &self.near_limit;
+            ::metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+        }
+        let [capacity, window] = &self.quota;
+        if capacity.load(Relaxed) == status.limit && window.load(Relaxed) == status.window_us {
+            return;
+        }
+        let _setting = self
+            .setting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        capacity.store(status.limit, Relaxed);
+        window.store(status.window_us, Relaxed);
+        ::metrics::with_recorder(|recorder| {
+            let seconds = status.window_us as f64 / 1e6;
+            recorder
+                .register_gauge(&self.capacity, &METADATA)
+                .set(status.limit as f64);
+            recorder
+                .register_gauge(&self.window, &METADATA)
+                .set(seconds);
+        });
+    }
 }
+
+/// Whether a store's calls fail, as [`STORE_OUTAGE`] shows it: set when
+/// that changes (a load and a compare otherwise).
+#[derive(Debug, Default)]
+pub(crate) struct OutageGauge {
+    /// 0 before the first call, 1 answering, 2 failing.
+    #[cfg(feature = "metrics")]
+    state: std::sync::atomic::AtomicU8,
+    /// Held while the gauge is set, so it ends with what `state` holds.
+    #[cfg(feature = "metrics")]
+    setting: std::sync::Mutex<()>,
+}
+
+impl OutageGauge {
+    /// A call to the store of kind `store` answered, or `failed`.
+    #[cfg(feature = "metrics")]
+    #[inline]
+    pub(crate) fn set(&self, store: impl FnOnce() -> &'static str, failed: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let state = 1 + u8::from(failed);
+        if self.state.load(Relaxed) == state {
+            return;
+        }
+        let _setting = self
+            .setting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.state.swap(state, Relaxed) != state {
+            store_outage(store(), failed);
+        }
+    }
+
+    /// Without metrics: nothing.
+    #[cfg(not(feature = "metrics"))]
+    #[inline(always)]
+    pub(crate) fn set(&self, _: impl FnOnce() -> &'static str, _: bool) {}
+}
+
+/// Sets [`STORE_OUTAGE`] of the store kind `store`: 1 when `failing`.
+#[cfg(feature = "metrics")]
+pub(crate) fn store_outage(store: &'static str, failing: bool) {
+    ::metrics::gauge!(STORE_OUTAGE, "store" => store).set(f64::from(u8::from(failing)));
+}
+
+/// Without metrics: nothing.
+#[cfg(not(feature = "metrics"))]
+#[inline(always)]
+pub(crate) fn store_outage(_: &'static str, _: bool) {}
+
+/// Records under [`OVERSHOOT`] what `source` (`charge`, `hot_batch`) may
+/// put `limit` over its capacity: `amount`.
+#[cfg(feature = "metrics")]
+pub(crate) fn overshoot(limit: &'static str, source: &'static str, amount: i64) {
+    ::metrics::histogram!(OVERSHOOT, "limit" => limit, "source" => source).record(amount as f64);
+}
+
+/// Without metrics: nothing.
+#[cfg(not(feature = "metrics"))]
+#[inline(always)]
+pub(crate) fn overshoot(_: &'static str, _: &'static str, _: i64) {}
 
 /// Measures one store call.
 pub(crate) struct StoreTimer {

@@ -4,6 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::algorithm::calendar::Calendar;
+#[cfg(doc)]
+use crate::CalendarRate;
+
 /// The algorithm a [`Quota`] uses. In configuration files (feature `serde`)
 /// it is written `sliding-log`, `token-bucket`, `gcra`, `fixed-window` or
 /// `sliding-window` (snake case is accepted too).
@@ -20,7 +24,8 @@ pub enum Algorithm {
     TokenBucket,
     /// Generic cell rate algorithm (leaky bucket as a meter).
     Gcra,
-    /// Fixed window counter aligned to the Unix epoch.
+    /// Fixed window counter aligned to the Unix epoch (or to calendar
+    /// periods, see [`CalendarRate`]).
     #[cfg_attr(feature = "serde", serde(alias = "fixed_window"))]
     FixedWindow,
     /// Sliding window counter: two counters, an approximation of the log.
@@ -69,6 +74,9 @@ pub struct Quota {
     pub(crate) window: Duration,
     /// The rate (GCRA) or refill (token bucket) per window; 0 for windows.
     pub(crate) extra: u64,
+    /// A calendar quota's periods (see [`CalendarRate`]); `None` for
+    /// windows aligned to the epoch.
+    pub(crate) calendar: Option<Calendar>,
 }
 
 impl Quota {
@@ -148,13 +156,16 @@ impl Quota {
         self.amount
     }
 
-    /// The window, or the refill period / rate period for bucket algorithms.
+    /// The window, or the refill period / rate period for bucket
+    /// algorithms; a calendar quota's longest period (see
+    /// [`calendar`](Self::calendar)).
     pub fn window(&self) -> Duration {
         self.window
     }
 }
 
-/// As written with the named steps: `GCRA, 10 per 1s, bursts of 20`.
+/// As written with the named steps: `GCRA, 10 per 1s, bursts of 20`;
+/// `fixed window, 500 per day (UTC+05:30)`.
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.refill() {
@@ -163,11 +174,27 @@ impl fmt::Display for Quota {
                 "{}, {} per {:?}, bursts of {}",
                 self.algorithm, rate, self.window, self.amount
             ),
-            None => write!(
-                f,
-                "{}, {} per {:?}",
-                self.algorithm, self.amount, self.window
-            ),
+            None => match self.calendar {
+                Some(c) => {
+                    write!(f, "{}, {} per {}", self.algorithm, self.amount, c.period)?;
+                    let (east, m) = (c.offset >= 0, c.offset.unsigned_abs());
+                    match m {
+                        0 => f.write_str(" (UTC)"),
+                        _ => write!(
+                            f,
+                            " (UTC{}{:02}:{:02})",
+                            if east { '+' } else { '-' },
+                            m / 60,
+                            m % 60
+                        ),
+                    }
+                }
+                None => write!(
+                    f,
+                    "{}, {} per {:?}",
+                    self.algorithm, self.amount, self.window
+                ),
+            },
         }
     }
 }
@@ -260,6 +287,7 @@ impl Burst {
             amount: self.burst,
             window: self.rate.period,
             extra: self.rate.amount,
+            calendar: None,
         }
     }
 }
@@ -271,6 +299,7 @@ impl Quota {
             amount: rate.amount,
             window: rate.period,
             extra: 0,
+            calendar: None,
         }
     }
 

@@ -208,3 +208,79 @@ fn a_penalty_reads_from_its_table() {
         );
     }
 }
+
+/// A calendar quota: `calendar` in place of `window`, `utc_offset` if not
+/// UTC; mistakes name the field.
+#[test]
+fn calendar_quotas_read_with_their_offset() {
+    let limits = parse(
+        r#"
+        [[limits]]
+        name = "plan"
+        algorithm = "fixed-window"
+        limit = 10000
+        calendar = "month"
+
+        [[limits]]
+        name = "sms"
+        algorithm = "sliding-window"
+        limit = 500
+        calendar = "day"
+        utc_offset = "+05:30"
+
+        [[limits]]
+        name = "weekly"
+        algorithm = "fixed-window"
+        limit = 7
+        calendar = "week"
+        utc_offset = "-08"
+        "#,
+    )
+    .expect("a valid file");
+    let read: Vec<Quota> = limits.iter().map(|l| *l.quota()).collect();
+    let hours = |h: u64, m: u64| Duration::from_secs(h * 3600 + m * 60);
+    assert_eq!(
+        read,
+        [
+            Quota::per_month(10_000).fixed_window(),
+            Quota::per_calendar_day(500)
+                .east_of_utc(hours(5, 30))
+                .sliding_window(),
+            Quota::per_week(7).west_of_utc(hours(8, 0)).fixed_window(),
+        ]
+    );
+    for (body, field) in [
+        (
+            "algorithm = \"sliding-log\"\nlimit = 3\ncalendar = \"day\"",
+            "calendar",
+        ),
+        (
+            "algorithm = \"fixed-window\"\nlimit = 3\ncalendar = \"day\"\nwindow = \"1d\"",
+            "window",
+        ),
+        (
+            "algorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1d\"\nutc_offset = \"+01:00\"",
+            "utc_offset",
+        ),
+        (
+            "algorithm = \"fixed-window\"\nlimit = 3\ncalendar = \"day\"\nutc_offset = \"+5:30\"",
+            "utc_offset",
+        ),
+        (
+            "algorithm = \"fixed-window\"\nlimit = 3\ncalendar = \"day\"\nutc_offset = \"+24:00\"",
+            "utc_offset",
+        ),
+        (
+            "algorithm = \"fixed-window\"\nlimit = 0\ncalendar = \"day\"",
+            "limit",
+        ),
+    ] {
+        let text = format!("[[limits]]\nname = \"sms\"\n{body}\n");
+        let error = parse(&text)
+            .err()
+            .unwrap_or_else(|| panic!("accepted:\n{text}"));
+        assert!(error.contains(&format!("`{field}`")), "{text}\n{error}");
+    }
+    let period = parse("[[limits]]\nname = \"a\"\nalgorithm = \"fixed-window\"\nlimit = 3\ncalendar = \"fortnight\"\n");
+    assert!(period.is_err_and(|e| e.contains("fortnight") && e.contains("month")));
+}

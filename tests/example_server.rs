@@ -901,6 +901,196 @@ fn metrics_are_served_in_the_prometheus_format() {
     assert!(body.contains("tower_ratelimit_memory_store_keys"), "{body}");
 }
 
+/// The metric names (`tower_ratelimit_...`) in `expr`.
+fn metric_names(expr: &str, names: &mut std::collections::BTreeSet<String>) {
+    for (at, _) in expr.match_indices("tower_ratelimit_") {
+        let name: String = expr[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        names.insert(name);
+    }
+}
+
+/// Every `expr` string anywhere in the dashboard's JSON.
+fn dashboard_exprs(value: &serde_json::Value, exprs: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (key, value) in fields {
+                match (key.as_str(), value) {
+                    ("expr", serde_json::Value::String(expr)) => exprs.push(expr.clone()),
+                    _ => dashboard_exprs(value, exprs),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| dashboard_exprs(v, exprs)),
+        _ => {}
+    }
+}
+
+/// Every rule's `expr` in the alert rules: inline, or a block (`|`, `>`)
+/// of the lines indented deeper than the key.
+fn alert_exprs(yaml: &str) -> Vec<String> {
+    let mut exprs = vec![];
+    let mut lines = yaml.lines().peekable();
+    while let Some(line) = lines.next() {
+        let indent = line.len() - line.trim_start().len();
+        let Some(rest) = line.trim_start().strip_prefix("expr:") else {
+            continue;
+        };
+        let rest = rest.trim();
+        if !rest.starts_with('|') && !rest.starts_with('>') {
+            exprs.push(rest.to_owned());
+            continue;
+        }
+        let mut block = String::new();
+        while let Some(next) = lines.peek() {
+            let deeper = next.len() - next.trim_start().len() > indent;
+            if !deeper && !next.trim().is_empty() {
+                break;
+            }
+            block.push_str(next.trim());
+            block.push(' ');
+            lines.next();
+        }
+        exprs.push(block);
+    }
+    exprs
+}
+
+/// The metric names the example dashboard and the alert rules query.
+fn queried_metrics() -> std::collections::BTreeSet<String> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let json = std::fs::read_to_string(format!("{dir}/grafana-dashboard.json")).expect("dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&json).expect("the dashboard is JSON");
+    let mut exprs = vec![];
+    dashboard_exprs(&dashboard, &mut exprs);
+    let yaml = std::fs::read_to_string(format!("{dir}/prometheus-alerts.yml")).expect("rules");
+    let rules = alert_exprs(&yaml);
+    assert!(exprs.len() >= 10 && rules.len() >= 5, "{exprs:?} {rules:?}");
+    let mut names = std::collections::BTreeSet::new();
+    for expr in exprs.iter().chain(&rules) {
+        metric_names(expr, &mut names);
+    }
+    names
+}
+
+/// The queried metric names that `/metrics` text `body` does not export:
+/// a name is exported when a sample of it is (a histogram's `_bucket`,
+/// `_sum` and `_count` are its samples), a `_bucket` only by a histogram.
+fn missing(queried: &std::collections::BTreeSet<String>, body: &str) -> Vec<String> {
+    let samples: std::collections::BTreeSet<&str> = body
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .collect();
+    queried
+        .iter()
+        .filter(|name| {
+            let histogram = name
+                .strip_suffix("_bucket")
+                .is_none_or(|base| body.contains(&format!("# TYPE {base} histogram")));
+            !samples.contains(name.as_str()) || !histogram
+        })
+        .cloned()
+        .collect()
+}
+
+/// Traffic through every kind of metric the dashboard shows, once the
+/// server decides (a new Redis connection may take a first request's
+/// 100 ms): decisions allowed and refused, a burst of `/api/hello` (grants
+/// near the limit), and a completion charged after its response.
+fn drive_every_metric(port: u16) {
+    assert!(
+        eventually(|| status(port, "POST", "/sms/+15550177") == 202),
+        "the server never decided"
+    );
+    for _ in 0..4 {
+        status(port, "POST", "/sms/+15550100");
+    }
+    let (code, response) = send_with(port, "POST", "/api/complete", &[], "a short prompt");
+    assert_eq!(code, 200, "{response}");
+}
+
+fn every_queried_metric_is_exported(port: u16) {
+    let queried = queried_metrics();
+    for name in [
+        "tower_ratelimit_decisions_total",
+        "tower_ratelimit_near_limit_total",
+        "tower_ratelimit_store_outage",
+        "tower_ratelimit_store_duration_seconds_bucket",
+    ] {
+        assert!(queried.contains(name), "{name} is not queried: {queried:?}");
+    }
+    drive_every_metric(port);
+    // (the completion's charge lands on a task of its own, after the
+    // response; a burst each round until one spends `/api/hello`)
+    let mut body = String::new();
+    let exported = eventually(|| {
+        for _ in 0..12 {
+            status(port, "GET", "/api/hello");
+        }
+        body = send(port, "GET", "/metrics").1;
+        missing(&queried, &body).is_empty()
+    });
+    assert!(
+        exported,
+        "not exported: {:?}\n{body}",
+        missing(&queried, &body)
+    );
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_query_only_exported_metrics_in_memory() {
+    let server = Server::start(None);
+    every_queried_metric_is_exported(server.port);
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_query_only_exported_metrics_on_redis() {
+    let redis = TestRedis::spawn();
+    let server = Server::start(Some(&redis.url));
+    every_queried_metric_is_exported(server.port);
+}
+
+/// The value of the sample of `name` with `label` in `/metrics`.
+fn gauge(port: u16, name: &str, label: &str) -> Option<f64> {
+    let body = send(port, "GET", "/metrics").1;
+    body.lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")) && line.contains(label))
+        .find_map(|line| line.rsplit_once(' ')?.1.parse().ok())
+}
+
+/// The outage gauge of the example server (failing closed): 0, 1 while
+/// Redis is down, 0 once it answers again.
+#[test]
+fn the_store_outage_gauge_follows_a_redis_outage() {
+    let mut redis = TestRedis::spawn();
+    let server = Server::start(Some(&redis.url));
+    let outage = || {
+        gauge(
+            server.port,
+            "tower_ratelimit_store_outage",
+            "store=\"redis\"",
+        )
+    };
+    // (a first request may miss the 100 ms while the connection is made)
+    assert!(
+        eventually(|| status(server.port, "GET", "/api/hello") == 200),
+        "the server never decided"
+    );
+    assert_eq!(outage(), Some(0.0));
+    redis.stop();
+    assert_eq!(status(server.port, "GET", "/api/hello"), 503);
+    assert_eq!(outage(), Some(1.0));
+    redis.restart();
+    assert!(
+        eventually(|| status(server.port, "GET", "/api/hello") == 200),
+        "the server never decided again"
+    );
+    assert_eq!(outage(), Some(0.0));
+}
+
 /// Two exports at once per client, across two servers on one Redis: a third
 /// is refused while both stream; the permits come back when they end.
 #[test]

@@ -1,14 +1,18 @@
 //! Metrics through the `metrics` facade and a tracing span per decision,
 //! read back through the Prometheus exporter an application would install.
 
+mod common;
 mod events;
 
 use std::time::Duration;
 
 use events::Events;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tower_ratelimit::metrics::{Outcome, DECISIONS, MEMORY_STORE_KEYS, STORE_DURATION};
-use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, RedisStore};
+use tower_ratelimit::metrics::{
+    Outcome, DECISIONS, LIMIT_CAPACITY, LIMIT_WINDOW, MEMORY_STORE_KEYS, NEAR_LIMIT, OVERSHOOT,
+    STORE_DURATION, STORE_OUTAGE,
+};
+use tower_ratelimit::{HotKey, Limit, Limiter, LiveLimit, MemoryStore, Quota, RedisStore};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -103,6 +107,148 @@ fn the_memory_store_size_is_a_gauge_summed_over_stores() {
         drop(a);
         // a dropped store takes its share back
         assert_eq!(keys(), Some(2.0));
+    });
+}
+
+#[test]
+fn grants_near_the_limit_are_counted_and_the_quota_is_a_gauge() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let near = || sample(&handle, NEAR_LIMIT, &[("limit", "pages")]);
+    let capacity = || sample(&handle, LIMIT_CAPACITY, &[("limit", "pages")]);
+    let window = || sample(&handle, LIMIT_WINDOW, &[("limit", "pages")]);
+    let pages = |n| Limit::new("pages", Quota::per_minute(n).sliding_log()).expect("limit");
+    runtime().block_on(async {
+        let live = LiveLimit::new(pages(10));
+        let limiter = Limiter::new(MemoryStore::new(), live.clone());
+        for _ in 0..8 {
+            limiter.check("client", 1).await.expect("decision");
+        }
+        // 9 .. 2 left: none under a fifth of 10
+        assert_eq!(near(), None);
+        assert_eq!((capacity(), window()), (Some(10.0), Some(60.0)));
+        for _ in 0..3 {
+            limiter.check("client", 1).await.expect("decision");
+        }
+        // 1 and 0 left; the refusal is not a grant
+        assert_eq!(near(), Some(2.0));
+        // a live change shows from its first decision
+        live.set(pages(50)).expect("a new quota");
+        limiter.check("client", 1).await.expect("decision");
+        assert_eq!(capacity(), Some(50.0));
+        assert_eq!(near(), Some(2.0), "39 of 50 left");
+    });
+}
+
+#[test]
+fn a_quota_kept_in_the_store_is_the_gauge_when_it_decides() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let capacity = || sample(&handle, LIMIT_CAPACITY, &[("limit", "reports")]);
+    let window = || sample(&handle, LIMIT_WINDOW, &[("limit", "reports")]);
+    runtime().block_on(async {
+        let hour = Duration::from_secs(3600);
+        let limit = Limit::new("reports", Quota::fixed_window(5, hour))
+            .expect("limit")
+            .quota_from_store();
+        let limiter = Limiter::new(MemoryStore::new(), limit);
+        limiter.check("acme", 1).await.expect("decision");
+        assert_eq!((capacity(), window()), (Some(5.0), Some(3600.0)));
+        let kept = Quota::fixed_window(100, Duration::from_secs(60));
+        limiter
+            .admin()
+            .set_stored_quota("reports", kept)
+            .await
+            .expect("kept");
+        limiter.check("acme", 1).await.expect("decision");
+        assert_eq!((capacity(), window()), (Some(100.0), Some(60.0)));
+    });
+}
+
+#[test]
+fn charges_after_the_fact_record_what_they_may_overshoot() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let overshoot = |suffix: &str| {
+        let name = format!("{OVERSHOOT}{suffix}");
+        sample(&handle, &name, &[("limit", "tokens"), ("source", "charge")])
+    };
+    runtime().block_on(async {
+        let tokens = Limit::new("tokens", Quota::per_hour(100).sliding_window()).expect("limit");
+        let limiter = Limiter::new(MemoryStore::new(), tokens);
+        limiter.charge("acme", 30).await.expect("charged");
+        // at most the capacity per charge
+        limiter.charge("acme", 500).await.expect("charged");
+    });
+    assert_eq!(overshoot("_count"), Some(2.0));
+    assert_eq!(overshoot("_sum"), Some(130.0));
+}
+
+#[test]
+fn a_hot_keys_batch_records_what_it_may_overshoot() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let overshoot = |suffix: &str| {
+        let name = format!("{OVERSHOOT}{suffix}");
+        sample(
+            &handle,
+            &name,
+            &[("limit", "global"), ("source", "hot_batch")],
+        )
+    };
+    let redis = common::TestRedis::spawn();
+    runtime().block_on(async {
+        let store = RedisStore::new(redis.url.as_str()).expect("store");
+        let hot = HotKey::new(25, Duration::from_secs(60)).expect("hot key");
+        let global = Limit::new("global", Quota::per_minute(100).sliding_window())
+            .and_then(|limit| limit.with_hot_key(hot))
+            .expect("limit");
+        let limiter = Limiter::new(store, global);
+        // the first takes a batch of 25, the next 24 are granted from it
+        for _ in 0..25 {
+            assert!(limiter
+                .check("all", 1)
+                .await
+                .expect("decision")
+                .is_allowed());
+        }
+    });
+    assert_eq!(overshoot("_count"), Some(1.0));
+    assert_eq!(overshoot("_sum"), Some(25.0));
+}
+
+#[test]
+fn the_store_outage_is_a_gauge_while_redis_is_down() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let outage = || sample(&handle, STORE_OUTAGE, &[("store", "redis")]);
+    let mut redis = common::TestRedis::spawn();
+    runtime().block_on(async {
+        let store = RedisStore::new(redis.url.as_str()).expect("store");
+        let limit = Limit::new("outage", Quota::per_minute(100).sliding_log()).expect("limit");
+        let limiter = Limiter::new(store, limit);
+        limiter.check("client", 1).await.expect("decision");
+        assert_eq!(outage(), Some(0.0));
+        redis.stop();
+        assert!(limiter.check("client", 1).await.is_err());
+        assert_eq!(outage(), Some(1.0));
+        redis.restart();
+        // (the connection comes back within a few tries)
+        let mut answered = false;
+        for _ in 0..100 {
+            if limiter.check("client", 1).await.is_ok() {
+                answered = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(answered, "Redis never answered again");
+        assert_eq!(outage(), Some(0.0));
     });
 }
 

@@ -3,7 +3,7 @@
 use super::{as_of, Algo};
 
 /// The integers it decides with: at most `limit` permits per window of
-/// `window` microseconds, aligned to the epoch.
+/// `window` microseconds, aligned to the epoch or to calendar periods.
 pub(crate) type Params = super::params::Window;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,35 +54,40 @@ impl Algo for FixedWindow {
         let (Some((s, len, count)), moved) = as_of(raw.copied(), written, now) else {
             return (fresh, false);
         };
-        if len == w && !moved {
+        // one of this limit's windows
+        let own = match p.calendar {
+            None => len == w,
+            Some(_) => p.window_at(s) == (s, len),
+        };
+        if own && !moved {
             return (Self { start: s, count }, false);
         }
         // (a moved window need not start where one of this limit's does)
-        let r = if s > now {
-            s - s.rem_euclid(w)
-        } else {
-            now - now.rem_euclid(w)
-        };
-        if s < r + w && r < s + len {
+        let (r, rl) = p.window_at(s.max(now));
+        if s < r + rl && r < s + len {
             return (Self { start: r, count }, moved);
         }
         (fresh, false)
     }
 
     fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
-        let (n, w) = (p.limit, p.window);
+        let n = p.limit;
         if cost > n {
             return None;
         }
-        let start = (now - now.rem_euclid(w)).max(self.start);
+        // the window of now, or the counted one after it
+        let (mut start, mut len) = p.window_at(now);
+        if self.start > start {
+            (start, len) = (self.start, p.len_at(self.start));
+        }
         if self.count_in(start) + cost <= n {
             return Some(now.max(start));
         }
-        Some(start + w)
+        Some(start + len)
     }
 
     fn grant(&mut self, p: &Params, at: i64, cost: i64) {
-        let start = at - at.rem_euclid(p.window);
+        let (start, _) = p.window_at(at);
         self.count = self.count_in(start) + cost;
         self.start = start;
     }
@@ -90,7 +95,7 @@ impl Algo for FixedWindow {
     /// Gives back `cost` granted at `at` (as `fw_refund`): only when `at`
     /// lies in the window the state counts, never below zero.
     fn refund(&mut self, p: &Params, _now: i64, at: i64, cost: i64) -> bool {
-        if self.start < 0 || self.count == 0 || at - at.rem_euclid(p.window) != self.start {
+        if self.start < 0 || self.count == 0 || p.window_at(at).0 != self.start {
             return false;
         }
         self.count = (self.count - cost).max(0);
@@ -98,12 +103,12 @@ impl Algo for FixedWindow {
     }
 
     fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
-        let (n, w) = (p.limit, p.window);
-        let start = at - at.rem_euclid(w);
+        let n = p.limit;
+        let (start, len) = p.window_at(at);
         if self.start > start {
-            (0, self.start + w - now)
+            (0, self.start + p.len_at(self.start) - now)
         } else if self.start == start {
-            ((n - self.count).max(0), start + w - now)
+            ((n - self.count).max(0), start + len - now)
         } else {
             (n, 0)
         }
@@ -111,6 +116,6 @@ impl Algo for FixedWindow {
 
     /// The working state as the store keeps it.
     fn save(self, p: &Params, _now: i64) -> Raw {
-        (self.start, p.window, self.count)
+        (self.start, p.len_at(self.start), self.count)
     }
 }

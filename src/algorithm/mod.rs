@@ -6,6 +6,7 @@
 //! the list the enums the rest of the crate holds ([`Params`], [`State`],
 //! [`Stored`]) and the one `match` over them per step.
 
+pub(crate) mod calendar;
 mod driver;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
@@ -223,6 +224,7 @@ mod tests {
             Params::SlidingLog(super::sliding_log::Params {
                 limit: 3,
                 window: 7,
+                calendar: None,
             }),
             Params::TokenBucket(super::token_bucket::Params {
                 capacity: 3,
@@ -237,11 +239,13 @@ mod tests {
             Params::FixedWindow(super::fixed_window::Params {
                 limit: 3,
                 window: 7,
+                calendar: None,
             }),
             Params::SlidingWindow(super::sliding_window::Params {
                 limit: 3,
                 window: 7,
                 step: 1,
+                calendar: None,
             }),
         ];
         for p in all {

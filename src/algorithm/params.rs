@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::calendar::Calendar;
 use super::{Params, State, Stored, EXACT};
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
@@ -54,11 +55,32 @@ pub(crate) trait Shape: Copy + std::fmt::Debug + Eq {
 }
 
 /// A window's parameters (a sliding log's, a fixed window's): at most
-/// `limit` permits per `window` microseconds.
+/// `limit` permits per `window` microseconds (a calendar quota's longest).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Window {
     pub(crate) limit: i64,
     pub(crate) window: i64,
+    /// A fixed window's calendar periods, in place of windows aligned to
+    /// the epoch (a sliding log has none).
+    pub(crate) calendar: Option<Calendar>,
+}
+
+impl Window {
+    /// The window that holds `at`: its start and length (us).
+    pub(crate) fn window_at(&self, at: i64) -> (i64, i64) {
+        match self.calendar {
+            None => (at - at.rem_euclid(self.window), self.window),
+            Some(c) => {
+                let (start, len, _) = c.window(at);
+                (start, len)
+            }
+        }
+    }
+
+    /// The length of the window that begins at `start` (us).
+    pub(crate) fn len_at(&self, start: i64) -> i64 {
+        self.calendar.map_or(self.window, |c| c.window(start).1)
+    }
 }
 
 impl Shape for Window {
@@ -68,6 +90,8 @@ impl Shape for Window {
         Ok(Self {
             limit: exact(u128::from(q.amount), "the limit")?,
             window: exact(window, "the window in microseconds")?,
+            // (a sliding log's quota has none: see `CalendarRate`)
+            calendar: q.calendar,
         })
     }
 
@@ -79,8 +103,14 @@ impl Shape for Window {
         self.window
     }
 
+    /// A calendar quota's third parameter is its code, negative (see
+    /// `calendar.rs`).
     fn wire(&self) -> [i64; 3] {
-        [self.limit, self.window, 0]
+        [
+            self.limit,
+            self.window,
+            self.calendar.map_or(0, |c| c.code()),
+        ]
     }
 }
 
@@ -153,6 +183,15 @@ impl Params {
                 what: q.algorithm.amount_name(),
             });
         }
+        if let Some(c) = q.calendar {
+            // whole minutes under a day (see `CalendarRate::east_of_utc`)
+            if c.offset.unsigned_abs() >= 24 * 60 {
+                return Err(ConfigError::OutOfRange(
+                    "a calendar quota's offset from UTC must be whole minutes under a day"
+                        .to_owned(),
+                ));
+            }
+        }
         let params = q.algorithm.params(q, window)?;
         Ok((params, Duration::from_micros(params.policy_window_us())))
     }
@@ -220,6 +259,8 @@ fn quota_of(algorithm: Algorithm, [a, b, c]: [i64; 3]) -> Quota {
         amount: n(a),
         window: Duration::from_micros(n(window)),
         extra,
+        // (a kept quota is never a calendar quota: its code is negative)
+        calendar: None,
     }
 }
 

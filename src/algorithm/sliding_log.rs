@@ -274,6 +274,7 @@ mod tests {
         let p = Params {
             limit: 10,
             window: 1_000,
+            calendar: None,
         };
         let (mut log, _) = SlidingLog::prepare(&p, None, 0, 0);
         log.grant(5, 10);

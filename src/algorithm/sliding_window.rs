@@ -1,5 +1,6 @@
 //! Mirror of `lua/sliding_window.lua`: previous and current window counts.
 
+use super::calendar::Calendar;
 use super::params::Shape;
 use super::{as_of, cdiv, fdiv, Algo, ConfigError, Quota};
 
@@ -12,11 +13,51 @@ const WEIGHT_STEPS: u64 = 1 << 20;
 pub(crate) struct Params {
     /// The most granted per estimated window.
     pub(crate) limit: i64,
-    /// The window, in microseconds.
+    /// The window, in microseconds; a calendar quota's longest.
     pub(crate) window: i64,
     /// One 2^-20 of the window, rounded up: the unit of the previous
-    /// window's weight.
-    pub(crate) step: i64,
+    /// window's weight (a calendar quota's: of the previous period's).
+    pub(crate) step: i32,
+    /// A calendar quota's periods, in place of windows aligned to the epoch.
+    pub(crate) calendar: Option<Calendar>,
+}
+
+impl Params {
+    /// The window that holds `at`: its start, its length and the length of
+    /// the one before it (us).
+    pub(crate) fn window_at(&self, at: i64) -> (i64, i64, i64) {
+        match self.calendar {
+            None => (at - at.rem_euclid(self.window), self.window, self.window),
+            Some(c) => c.window(at),
+        }
+    }
+
+    /// The length of the window that begins at `start` and of the one
+    /// before it (us).
+    fn lengths(&self, start: i64) -> (i64, i64) {
+        self.calendar.map_or((self.window, self.window), |c| {
+            let (_, len, before) = c.window(start);
+            (len, before)
+        })
+    }
+
+    /// When the count of the window that begins at `start` stops weighing:
+    /// its length after the next window begins, or that window's end if
+    /// sooner.
+    fn weighs_until(&self, start: i64) -> i64 {
+        let (len, _) = self.lengths(start);
+        start + len + len.min(self.lengths(start + len).0)
+    }
+
+    /// The weight step of a previous window of `len` us and the steps in
+    /// it: `step` and ceil(W / step) (see `lua/sliding_window.lua`).
+    fn steps(&self, len: i64) -> (i64, i64) {
+        let u = match self.calendar {
+            None => i64::from(self.step),
+            Some(_) => cdiv(len, 1 << 20),
+        };
+        (u, cdiv(len, u))
+    }
 }
 
 impl Shape for Params {
@@ -25,11 +66,18 @@ impl Shape for Params {
     fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
         let steps = u128::from(WEIGHT_STEPS);
         super::params::exact(u128::from(q.amount) * steps, "the limit times 2^20")?;
-        let super::params::Window { limit, window: us } = Shape::derive(q, window)?;
+        let super::params::Window {
+            limit,
+            window: us,
+            calendar,
+        } = Shape::derive(q, window)?;
         Ok(Self {
             limit,
             window: us,
-            step: super::params::exact(window.div_ceil(steps), "the weight step")?,
+            // (under 2^29: the window is at most ten years)
+            step: i32::try_from(window.div_ceil(steps))
+                .map_err(|_| ConfigError::OutOfRange("the weight step is too large".to_owned()))?,
+            calendar,
         })
     }
 
@@ -47,8 +95,14 @@ impl Shape for Params {
         self.window
     }
 
+    /// A calendar quota's third parameter is its code, negative (see
+    /// `calendar.rs`).
     fn wire(&self) -> [i64; 3] {
-        [self.limit, self.window, self.step]
+        [
+            self.limit,
+            self.window,
+            self.calendar.map_or(i64::from(self.step), |c| c.code()),
+        ]
     }
 }
 
@@ -85,21 +139,22 @@ impl SlidingWindow {
         let (Some((start, len, prev, cur)), moved) = as_of(raw.copied(), written, now) else {
             return (s, false);
         };
-        if len == w && !moved {
+        // one of this limit's windows
+        let own = match p.calendar {
+            None => len == w,
+            Some(_) => matches!(p.window_at(start), (s, l, _) if (s, l) == (start, len)),
+        };
+        if own && !moved {
             (s.start, s.prev, s.cur) = (start, prev, cur);
             return (s, false);
         }
         // (a moved window need not start where one of this limit's does)
-        let r = if start > now {
-            start - start.rem_euclid(w)
-        } else {
-            now - now.rem_euclid(w)
-        };
+        let (r, rl, rb) = p.window_at(start.max(now));
         for (count, from, to) in [(cur, start, start + len), (prev, start - len, start)] {
             if count > 0 {
-                if from < r + w && r < to {
+                if from < r + rl && r < to {
                     s.cur += count;
-                } else if from < r && r - w < to {
+                } else if from < r && r - rb < to {
                     s.prev += count;
                 }
             }
@@ -111,11 +166,12 @@ impl SlidingWindow {
         (s, false)
     }
 
-    /// (previous, current) counts as seen from the window beginning at `start`.
-    fn counts(&self, p: &Params, start: i64) -> (i64, i64) {
+    /// (previous, current) counts as seen from the window beginning at
+    /// `start`, after one of `before` us.
+    fn counts(&self, start: i64, before: i64) -> (i64, i64) {
         if self.start == start {
             (self.prev, self.cur)
-        } else if self.start == start - p.window {
+        } else if self.start == start - before {
             (self.cur, 0)
         } else {
             (0, 0)
@@ -137,42 +193,49 @@ impl Algo for SlidingWindow {
         // rolled forward to the window of now: from here `start` is at or
         // after it (a past window's count is previous, if it was the window
         // before, else gone; this changes no decision)
-        let current = now - now.rem_euclid(p.window);
+        let (current, _, before) = p.window_at(now);
         if s.start < current {
-            (s.prev, s.cur) = s.counts(p, current);
+            (s.prev, s.cur) = s.counts(current, before);
             s.start = current;
         }
         (s, moved)
     }
 
     fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
-        let (n, w, u) = (p.limit, p.window, p.step);
+        let n = p.limit;
         if cost > n {
             return None;
         }
-        let wu = cdiv(w, u);
-        let mut start = (now - now.rem_euclid(w)).max(self.start);
+        // the window of now, or the counted one after it
+        let (mut start, mut len, mut before) = p.window_at(now);
+        if self.start > start {
+            start = self.start;
+            (len, before) = p.lengths(start);
+        }
         let from = now.max(start);
         for _ in 0..3 {
-            let (prev, cur) = self.counts(p, start);
+            let (prev, cur) = self.counts(start, before);
             if cur + cost <= n {
                 if prev == 0 {
                     return Some(from.max(start));
                 }
+                // the previous window weighs until `before` after `start`
+                let (u, wu) = p.steps(before);
                 let steps = fdiv((n - cur - cost) * wu, prev);
-                let t = start.max(start + w - steps * u);
-                if t < start + w {
+                let t = start.max(start + before - steps * u);
+                if t < start + len {
                     return Some(from.max(t));
                 }
             }
-            start += w;
+            start += len;
+            (len, before) = p.lengths(start);
         }
         Some(from.max(start))
     }
 
     fn grant(&mut self, p: &Params, at: i64, cost: i64) {
-        let start = at - at.rem_euclid(p.window);
-        let (prev, cur) = self.counts(p, start);
+        let (start, _, before) = p.window_at(at);
+        let (prev, cur) = self.counts(start, before);
         (self.start, self.prev, self.cur) = (start, prev, cur + cost);
     }
 
@@ -183,11 +246,11 @@ impl Algo for SlidingWindow {
         if self.start < 0 {
             return false;
         }
-        let start = at - at.rem_euclid(p.window);
+        let (start, len, _) = p.window_at(at);
         if start == self.start && self.cur > 0 {
             self.cur = (self.cur - cost).max(0);
             true
-        } else if start == self.start - p.window && self.prev > 0 {
+        } else if start + len == self.start && self.prev > 0 {
             self.prev = (self.prev - cost).max(0);
             true
         } else {
@@ -196,17 +259,19 @@ impl Algo for SlidingWindow {
     }
 
     fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
-        let (n, w, u) = (p.limit, p.window, p.step);
-        let start = at - at.rem_euclid(w);
+        let n = p.limit;
+        let (start, len, before) = p.window_at(at);
         if self.start > start {
-            return (0, self.start + 2 * w - now);
+            return (0, p.weighs_until(self.start) - now);
         }
-        let (prev, cur) = self.counts(p, start);
-        let used = cur + cdiv(prev * cdiv(start + w - at, u), cdiv(w, u));
+        let (prev, cur) = self.counts(start, before);
+        // the previous window weighs until `before` after `start`
+        let (u, wu) = p.steps(before);
+        let used = cur + cdiv(prev * cdiv((start + before - at).max(0), u), wu);
         let reset = if cur > 0 {
-            start + 2 * w - now
+            p.weighs_until(start) - now
         } else if prev > 0 {
-            start + w - now
+            start + before.min(len) - now
         } else {
             0
         };
@@ -215,6 +280,6 @@ impl Algo for SlidingWindow {
 
     /// The working state as the store keeps it.
     fn save(self, p: &Params, _now: i64) -> Raw {
-        (self.start, p.window, self.prev, self.cur)
+        (self.start, p.lengths(self.start).0, self.prev, self.cur)
     }
 }

@@ -1,7 +1,8 @@
 //! Keys from requests: what a limit counts per. Built-ins for the client IP
 //! (behind trusted proxies, IPv6 grouped by prefix), a header (API key), a
 //! request extension (a user id set by an auth layer), the matched route and
-//! a path parameter (with the `axum` feature), one global key, and tuples of
+//! a path parameter (with the `axum` feature), a field of a JSON body
+//! ([`JsonField`], read by [`ReadBody`]), one global key, and tuples of
 //! those (user id + action).
 //!
 //! An extractor answers `None` when the request has no such key (no header, no
@@ -9,6 +10,8 @@
 
 #[cfg(feature = "axum")]
 mod axum;
+mod body;
+mod buf;
 mod forwarded;
 mod ip;
 mod warnings;
@@ -21,12 +24,15 @@ use std::net::SocketAddr;
 use ::axum::extract::ConnectInfo;
 use http::request::Parts;
 use http::HeaderName;
-use smallvec::SmallVec;
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[allow(deprecated)]
 pub use self::axum::{MatchedRoute, PathParam, Route};
+pub use self::body::{
+    JsonField, ReadBody, ReadBodyService, ReplayBody, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY,
+};
+pub use self::buf::KeyBuf;
 pub use self::ip::{ClientIpResolver, IpConfigError, ProxyHeader};
 use self::warnings::Warnings;
 
@@ -109,64 +115,6 @@ impl KeyKind {
 impl std::fmt::Display for KeyKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.text)
-    }
-}
-
-/// The bytes of one rate-limit key, held inline up to 48 bytes: what
-/// [`KeyExtractor::extract_into`] writes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KeyBuf(SmallVec<[u8; 48]>);
-
-impl KeyBuf {
-    /// An empty key.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Appends `bytes`.
-    #[inline]
-    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-    }
-
-    /// Appends one byte.
-    #[inline]
-    pub fn push(&mut self, byte: u8) {
-        self.0.push(byte);
-    }
-
-    /// The key's bytes.
-    #[inline]
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-
-    /// The key's length in bytes.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether the key is empty.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Empties the key, keeping its storage.
-    pub fn clear(&mut self) {
-        self.0.clear();
-    }
-}
-
-impl std::fmt::Write for KeyBuf {
-    fn write_str(&mut self, text: &str) -> std::fmt::Result {
-        self.extend_from_slice(text.as_bytes());
-        Ok(())
-    }
-}
-
-impl From<&[u8]> for KeyBuf {
-    fn from(bytes: &[u8]) -> Self {
-        Self(SmallVec::from_slice(bytes))
     }
 }
 

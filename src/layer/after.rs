@@ -13,22 +13,28 @@ use crate::limiter::{run_detached, LeaseGuard, Refund};
 use crate::Limiter;
 
 /// Held by a response body until it ends or is dropped; then charges what
-/// the response cost beyond what its request paid, and gives the leases
-/// back.
+/// the response cost beyond what its request paid (and, settling
+/// estimates, gives back what it paid beyond its cost), and gives the
+/// leases back.
 pub(crate) struct After {
     limiter: Limiter,
     /// What the request paid when it arrived.
     paid: u64,
+    /// When it was granted (what a refund gives back at).
+    at: i64,
+    /// Settling estimates: the share of each limit's capacity a charge
+    /// after the response may add ([`RateLimitLayerBuilder::settle_estimates`](super::RateLimitLayerBuilder::settle_estimates)).
+    estimates: Option<f64>,
     charges: SmallVec<[Charge; 1]>,
     /// Dropped last: a lease is held until the charges are on their way.
     lease: Option<LeaseGuard>,
 }
 
 /// One rule's charge: its limits and keys, the cost read from the
-/// response's head, and the body's count so far.
+/// response's head (`None`: not told), and the body's count so far.
 struct Charge {
     charged: Vec<(crate::Limit, Vec<u8>)>,
-    head: u64,
+    head: Option<u64>,
     body: Option<(BodyCost, u64)>,
 }
 
@@ -54,7 +60,7 @@ impl After {
             if !after.any() {
                 continue;
             }
-            let head_cost = after.head.as_ref().and_then(|cost| cost(head)).unwrap_or(0);
+            let head_cost = after.head.as_ref().and_then(|cost| cost(head));
             match charges
                 .iter_mut()
                 .find(|c| c.same_rule_as(after.body.as_ref(), head_cost))
@@ -71,6 +77,8 @@ impl After {
             Box::new(Self {
                 limiter: refund.limiter().clone(),
                 paid,
+                at: refund.at(),
+                estimates: config.estimates,
                 charges,
                 lease,
             })
@@ -104,23 +112,40 @@ impl After {
 impl Charge {
     /// Whether a rule with `body` and `head` charges as this one (one
     /// store call for both).
-    fn same_rule_as(&self, body: Option<&BodyCost>, head: u64) -> bool {
+    fn same_rule_as(&self, body: Option<&BodyCost>, head: Option<u64>) -> bool {
         body.is_none() && self.body.is_none() && self.head == head
     }
 }
 
 impl Drop for After {
     fn drop(&mut self) {
+        let (paid, at, estimates) = (self.paid, self.at, self.estimates);
         for charge in std::mem::take(&mut self.charges) {
+            // the cost, when the response told it
+            let told = charge.head.is_some() || charge.body.is_some();
             let body = charge.body.map_or(0, |(_, sum)| sum);
-            let extra = charge.head.saturating_add(body).saturating_sub(self.paid);
-            if extra == 0 {
+            let cost = charge.head.unwrap_or(0).saturating_add(body);
+            let extra = cost.saturating_sub(paid);
+            // an estimate over the cost gives the rest back
+            let over = match estimates {
+                Some(_) if told => paid.saturating_sub(cost),
+                _ => 0,
+            };
+            if extra == 0 && over == 0 {
                 continue;
             }
             let limiter = self.limiter.clone();
             let work = async move {
                 // (a failure is logged and counted by the limiter)
-                let _ = limiter.charge_charged(&charge.charged, extra).await;
+                if extra > 0 {
+                    let share = estimates.unwrap_or(1.0);
+                    let _ = limiter.charge_charged(&charge.charged, extra, share).await;
+                } else if let Ok(over) = i64::try_from(over) {
+                    let refunded = limiter.refund_charged(&charge.charged, over, at).await;
+                    if let Err(error) = refunded {
+                        tracing::warn!(target: "tower_ratelimit", %error, "an estimate's surplus could not be given back: it stays counted");
+                    }
+                }
             };
             run_detached(work, self.limiter.answers_at_once(), || {
                 crate::metrics::charged("failed");

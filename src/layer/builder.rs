@@ -35,6 +35,7 @@ pub struct RateLimitLayerBuilder {
     fixed_cost: u64,
     max_delay: Duration,
     max_waiting: usize,
+    estimates: Option<f64>,
     headers: HeaderSet,
     rejector: Option<Rejector>,
     log_interval: Duration,
@@ -57,6 +58,7 @@ impl RateLimitLayerBuilder {
             skip: None,
             deny: None,
             refund_if: None,
+            estimates: None,
             timeout: DEFAULT_TIMEOUT,
             on_error: OnStoreError::default(),
             on_missing: MissingKey::default(),
@@ -64,11 +66,7 @@ impl RateLimitLayerBuilder {
             fixed_cost: 1,
             max_delay: Duration::ZERO,
             max_waiting: DEFAULT_MAX_WAITING,
-            headers: HeaderSet {
-                ietf: true,
-                legacy: false,
-                policy: None,
-            },
+            headers: HeaderSet::default(),
             rejector: None,
             log_interval: DEFAULT_LOG_INTERVAL,
         }
@@ -176,6 +174,56 @@ impl RateLimitLayerBuilder {
         cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static,
     ) -> Self {
         self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// [`cost_from_request`](Self::cost_from_request) read from the request
+    /// header `name`, a decimal integer (an LLM call's `max_tokens`, say);
+    /// absent or unreadable: the [fixed cost](Self::fixed_cost), 1 unless set.
+    pub fn cost_from_request_header(self, name: http::HeaderName) -> Self {
+        let fixed = self.fixed_cost;
+        self.cost_from_request(move |parts| {
+            let value = parts.headers.get(&name).and_then(|v| v.to_str().ok());
+            value.and_then(|v| v.trim().parse().ok()).unwrap_or(fixed)
+        })
+    }
+
+    /// Takes each request's cost as an estimate, settled after the response
+    /// to the actual cost that its rules read from it
+    /// ([`Rule::cost_from_response`], [`Rule::cost_from_body`]): what the
+    /// estimate was over is given back, what it was under is charged. A
+    /// request dropped before its response keeps its estimate; a response
+    /// that tells no cost keeps it too.
+    ///
+    /// `max_share` (in (0, 1]) bounds what one request may take of each
+    /// budget (the limits of rules that read a cost after the response):
+    /// an estimate over `max_share` of a limit's capacity is answered
+    /// 413 (a problem body; [`Rejection::EstimateTooLarge`](super::Rejection::EstimateTooLarge)), taking nothing,
+    /// and a cost over the estimate is charged at most `max_share` of
+    /// the capacity more. So a limit's overshoot is at most the sum, over
+    /// the requests in flight, of their cost less their estimate, and at
+    /// most `max_share` of its capacity for each. Outside (0, 1], or
+    /// without a rule that reads a cost after the response, the layer
+    /// does not build ([`ConfigError::Layer`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::HeaderName;
+    /// use tower_ratelimit::key::Global;
+    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// // 100 000 tokens a day; a call pays its max_tokens, then what it used
+    /// let tokens = Limit::new("tokens", Quota::per_day(100_000).fixed_window())?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::new(tokens, Global).cost_from_header(HeaderName::from_static("x-tokens-used")))
+    ///     .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
+    ///     .settle_estimates(0.05)
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn settle_estimates(mut self, max_share: f64) -> Self {
+        self.estimates = Some(max_share);
         self
     }
 
@@ -311,6 +359,20 @@ impl RateLimitLayerBuilder {
                 "max_waiting must be at least 1".to_owned(),
             ));
         }
+        if let Some(share) = self.estimates {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(ConfigError::Layer(format!(
+                    "the share of a budget one estimate may take must be in (0, 1], not {share}"
+                )));
+            }
+            if !self.rules.iter().any(|rule| rule.cost_after.any()) {
+                return Err(ConfigError::Layer(
+                    "estimates are settled by a rule that reads the cost after the response \
+                     (cost_from_response, cost_from_body): there is none"
+                        .to_owned(),
+                ));
+            }
+        }
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         if let MissingKey::Reject(status) = &self.on_missing {
             if status.is_success() || status.is_informational() {
@@ -405,6 +467,7 @@ impl RateLimitLayerBuilder {
                 cost: self.cost,
                 fixed_cost: self.fixed_cost,
                 max_delay: self.max_delay,
+                estimates: self.estimates,
                 waiting: (!self.max_delay.is_zero()).then(|| {
                     let permits = self.max_waiting.min(tokio::sync::Semaphore::MAX_PERMITS);
                     Arc::new(tokio::sync::Semaphore::new(permits))
@@ -415,7 +478,7 @@ impl RateLimitLayerBuilder {
                     ..self.headers
                 },
                 rejector: self.rejector,
-                outage: OutageLog::new(self.log_interval),
+                outage: OutageLog::new(self.log_interval, store.kind()),
             }),
         })
     }

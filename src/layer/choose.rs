@@ -65,3 +65,33 @@ pub(super) fn checks_of<'a>(chosen: &'a Chosen<'_>, cost: u64) -> Checks<'a> {
         .map(|(limit, key, _)| (&**limit, key.as_bytes()));
     Limiter::checks(pairs, cost)
 }
+
+/// The 413 (or `INVALID_ARGUMENT`) for a request whose estimate `cost` is
+/// over `share` of the capacity of a limit it is checked against whose rule
+/// reads the cost after the response (see
+/// [`settle_estimates`](super::RateLimitLayerBuilder::settle_estimates));
+/// `None` when it is within every one.
+pub(super) fn estimate_too_large<B>(
+    config: &Config,
+    parts: &Parts,
+    chosen: &Chosen<'_>,
+    cost: u64,
+    share: f64,
+) -> Option<Response<ResponseBody<B>>> {
+    chosen.iter().find_map(|(limit, _, rule)| {
+        let budget = config.rules.get(*rule)?.cost_after.any();
+        let most = crate::limiter::share_of(limit.capacity(), share);
+        (budget && cost > most).then(|| {
+            let limit = limit.name();
+            tracing::debug!(target: "tower_ratelimit", limit, cost, most, "an estimate over its share of a budget");
+            let why = Rejection::EstimateTooLarge {
+                limit,
+                estimate: cost,
+                most,
+            };
+            rejection(config, why, || {
+                Answers::to(parts).estimate_too_large(limit, cost, most)
+            })
+        })
+    })
+}

@@ -102,6 +102,7 @@ pub use self::body::ResponseBody;
 pub use self::builder::RateLimitLayerBuilder;
 pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
+pub use self::refusal::Refusal;
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
@@ -197,6 +198,17 @@ pub enum Rejection<'a> {
     /// The layer's deny-list refused the request
     /// ([`RateLimitLayerBuilder::deny_if`]).
     DenyListed,
+    /// The request's estimate is over the share of limit `limit`'s capacity
+    /// one request may take ([`RateLimitLayerBuilder::settle_estimates`]):
+    /// 413 by default.
+    EstimateTooLarge {
+        /// The limit.
+        limit: &'a str,
+        /// The request's estimate.
+        estimate: u64,
+        /// The most one request may take of it.
+        most: u64,
+    },
 }
 
 type Rejector = Arc<dyn Fn(&Rejection<'_>) -> RejectionResponse + Send + Sync>;
@@ -228,9 +240,13 @@ pub(crate) struct Config {
     /// Requests that may wait in delay mode at once (see
     /// [`RateLimitLayerBuilder::max_waiting`]); `None` without delay mode.
     pub(crate) waiting: Option<Arc<tokio::sync::Semaphore>>,
-    /// Decided inside `call`: the store answers at once, and no grant is
-    /// reserved ahead, given back or decided again (shadow limits).
+    /// Decided inside `call` (see `service.rs`): the store (and the
+    /// fallback, in memory) answers at once, and no grant is reserved
+    /// ahead, given back or decided again (shadow limits), and no plan is
+    /// resolved: nothing in the decision is awaited.
     pub(crate) at_once: bool,
+    /// Settling estimates: the share of a budget one request may take.
+    pub(crate) estimates: Option<f64>,
     pub(crate) headers: HeaderSet,
     pub(crate) rejector: Option<Rejector>,
     pub(crate) outage: OutageLog,

@@ -24,16 +24,19 @@ pub(crate) struct OutageLog {
     /// When the last line about this outage was logged.
     last_line: Mutex<Instant>,
     interval: Duration,
+    /// The store's kind, for [`STORE_OUTAGE`](crate::metrics::STORE_OUTAGE).
+    store: &'static str,
 }
 
 impl OutageLog {
-    pub(crate) fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration, store: &'static str) -> Self {
         Self {
             failing: AtomicBool::new(false),
             total: AtomicU64::new(0),
             unreported: AtomicU64::new(0),
             last_line: Mutex::new(Instant::now()),
             interval,
+            store,
         }
     }
 
@@ -42,6 +45,7 @@ impl OutageLog {
         if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
             let failed = self.total.swap(0, Ordering::AcqRel);
             self.unreported.store(0, Ordering::Relaxed);
+            crate::metrics::store_outage(self.store, false);
             tracing::info!(
                 target: "tower_ratelimit",
                 failed_requests = failed,
@@ -58,6 +62,7 @@ impl OutageLog {
     fn failure_at(&self, error: &Error, action: &str, now: Instant) {
         self.total.fetch_add(1, Ordering::AcqRel);
         if !self.failing.swap(true, Ordering::AcqRel) {
+            crate::metrics::store_outage(self.store, true);
             *self
                 .last_line
                 .lock()
@@ -139,7 +144,7 @@ mod tests {
         let lines = Lines::default();
         let _guard =
             tracing::subscriber::set_default(tracing_subscriber::registry().with(lines.clone()));
-        let log = OutageLog::new(Duration::from_secs(10));
+        let log = OutageLog::new(Duration::from_secs(10), "redis");
         let error = Error::Timeout(Duration::from_millis(100));
         steps(&log, &error, &lines);
         let lines = lines.0.lock().unwrap().clone();

@@ -6,7 +6,8 @@ use http::Response;
 use smallvec::SmallVec;
 
 use super::body::RejectionResponse;
-use super::response::{insert_headers, insert_retry_after, Answers};
+use super::response::HeaderSet;
+use super::response::{insert_headers, insert_retry_after, too_many_requests_text, Answers};
 use super::{Config, OnStoreError, Rejection, ResponseBody};
 use crate::{Decision, Error, Limiter};
 
@@ -84,5 +85,63 @@ pub(super) fn after_failure<'a, B>(
             config.outage.failure(error, "letting requests through");
             AfterFailure::Pass
         }
+    }
+}
+
+/// The layer's refusal of a [`Decision`], as a response a handler returns
+/// when it calls a [`Limiter`] itself: 429 (without `Retry-After` when the
+/// cost can never fit), `Retry-After`, `Cache-Control: no-store`, the
+/// `RateLimit-Policy` and `RateLimit` fields (shadow limits left out), and
+/// the `quota-exceeded` problem body, as the layer answers. Made by
+/// [`Decision::refusal`]; returned from an axum handler (it implements
+/// `IntoResponse`, feature `axum`) or turned into an `http::Response` of
+/// any body made from a `String`.
+///
+/// ```
+/// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let limiter = Limiter::new(MemoryStore::new(), Limit::new("login", Quota::per_minute(1).sliding_log())?);
+/// assert!(limiter.check("ann", 1).await?.refusal().is_none()); // allowed
+/// let refusal = limiter.check("ann", 1).await?.refusal().expect("refused");
+/// let response: http::Response<String> = refusal.into();
+/// assert_eq!(response.status(), 429);
+/// assert_eq!(response.headers()["retry-after"], "60");
+/// assert_eq!(response.headers()["ratelimit"], "\"login\";r=0;t=60");
+/// assert!(response.body().contains("quota-exceeded"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Refusal(Response<String>);
+
+impl Refusal {
+    /// The refusal of `decision`; `None` when it was allowed.
+    pub(crate) fn of(decision: &Decision) -> Option<Refusal> {
+        if decision.is_allowed() {
+            return None;
+        }
+        let mut response = too_many_requests_text(decision);
+        insert_retry_after(response.headers_mut(), decision);
+        insert_headers(
+            response.headers_mut(),
+            &decision.without_shadow(),
+            &HeaderSet::default(),
+        );
+        Some(Refusal(response))
+    }
+}
+
+impl<B: From<String>> From<Refusal> for Response<B> {
+    fn from(refusal: Refusal) -> Self {
+        refusal.0.map(B::from)
+    }
+}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum::response::IntoResponse for Refusal {
+    fn into_response(self) -> axum::response::Response {
+        self.into()
     }
 }

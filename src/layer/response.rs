@@ -42,6 +42,17 @@ pub(crate) struct HeaderSet {
     pub(crate) policy: Option<(usize, HeaderValue)>,
 }
 
+impl Default for HeaderSet {
+    /// The IETF fields, not the legacy ones, the policy made per response.
+    fn default() -> Self {
+        Self {
+            ietf: true,
+            legacy: false,
+            policy: None,
+        }
+    }
+}
+
 /// `RateLimit-Policy` for these limits: (name, quota, window) each. The
 /// same for every response of a layer that decides all its limits, so the
 /// layer computes it once (see [`HeaderSet::policy`]).
@@ -200,6 +211,16 @@ pub(crate) fn problem(
     detail: String,
     extra: Option<(&str, serde_json::Value)>,
 ) -> Response {
+    problem_text(status, kind, detail, extra).map(Body::from)
+}
+
+/// [`problem`] with the body as text.
+fn problem_text(
+    status: StatusCode,
+    kind: &str,
+    detail: String,
+    extra: Option<(&str, serde_json::Value)>,
+) -> http::Response<String> {
     let mut body = serde_json::json!({
         "type": kind,
         "title": status.canonical_reason().unwrap_or("Error"),
@@ -209,7 +230,7 @@ pub(crate) fn problem(
     if let (Some((name, value)), Some(map)) = (extra, body.as_object_mut()) {
         map.insert(name.to_owned(), value);
     }
-    let mut response = Response::new(Body::from(body.to_string()));
+    let mut response = http::Response::new(body.to_string());
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(
@@ -224,8 +245,13 @@ pub(crate) fn problem(
 /// unless the cost can never fit, and a quota-exceeded problem naming the
 /// violated limits.
 pub(crate) fn too_many_requests(decision: &Decision) -> Response {
+    too_many_requests_text(decision).map(Body::from)
+}
+
+/// [`too_many_requests`] with the body as text.
+pub(crate) fn too_many_requests_text(decision: &Decision) -> http::Response<String> {
     let violated: Vec<&str> = decision.violated_limits().map(|s| s.name()).collect();
-    problem(
+    problem_text(
         StatusCode::TOO_MANY_REQUESTS,
         QUOTA_EXCEEDED,
         refusal_detail(decision, &violated),
@@ -386,6 +412,20 @@ impl Answers {
                 missing_key_detail(limit),
                 None,
             ),
+        }
+    }
+
+    /// An estimate over what one request may take of `limit`: 413, or
+    /// `INVALID_ARGUMENT`.
+    pub(crate) fn estimate_too_large(self, limit: &str, estimate: u64, most: u64) -> Response {
+        let detail = format!(
+            "The request's estimated cost {estimate} is over the {most} one request may take \
+             of rate limit {limit}."
+        );
+        match self {
+            Answers::Http => problem(StatusCode::PAYLOAD_TOO_LARGE, "about:blank", detail, None),
+            #[cfg(feature = "grpc")]
+            Answers::Grpc => grpc_answer(tonic::Code::InvalidArgument, detail, None),
         }
     }
 }

@@ -1,7 +1,9 @@
-//! The [`RateLimit`] service and its response future; the limits that
-//! apply to a request are chosen in `choose.rs`, the layer's own answers
-//! made in `refusal.rs`.
+//! The [`RateLimit`] service: one path for every request, [`decide`]
+//! (the limits chosen in `choose.rs`, the limiter's one call, the layer's
+//! own answers made in `refusal.rs`) then [`respond`] (forwarded in place,
+//! or served in `serve_granted` when something follows the grant).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -11,13 +13,14 @@ use smallvec::SmallVec;
 use tower_service::Service;
 
 use super::after::After;
-use super::choose::{checks_of, choose, cost_of};
+use super::choose::{checks_of, choose, cost_of, estimate_too_large};
 use super::future::ResponseFuture;
 use super::refusal::{after_failure, deny_listed, refused, AfterFailure};
 use super::response::Fields;
 use super::{Config, RateLimitInfo, ResponseBody};
-use crate::limiter::{Refund, RefundOnDrop};
-use crate::{Error, Grant};
+use crate::limiter::{Ask, Refund, RefundOnDrop};
+use crate::store::Answer;
+use crate::Grant;
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
 ///
@@ -62,7 +65,7 @@ impl<S> RateLimit<S> {
 
 /// Readies `inner` and calls it: readiness is taken only once the request
 /// is about to be served.
-async fn forward<S, R>(mut inner: S, request: R) -> Result<S::Response, S::Error>
+async fn ready_and_call<S, R>(mut inner: S, request: R) -> Result<S::Response, S::Error>
 where
     S: Service<R>,
 {
@@ -97,24 +100,40 @@ where
         Poll::Ready(Ok(()))
     }
 
+    /// One path: `decide`, then `respond`. Where nothing can make the
+    /// decision wait (a store that answers at once, no refund, no delay,
+    /// no shadow limit, no resolved plan: `Config::at_once`), it is polled
+    /// here, once, and the response future is the inner service's own (or
+    /// the layer's answer); otherwise both steps run in a boxed future.
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let RateLimit { inner, config } = self;
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         if config.deny.as_ref().is_some_and(|deny| deny(&parts)) {
             return ResponseFuture::ready(Ok(deny_listed(config, &parts)));
         }
         if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
             // exempt: never counted, never refused
-            return forward_now(inner, parts, body, RateLimitInfo::new(None, false), None);
+            let info = RateLimitInfo::new(None, false);
+            return forward(inner, parts, body, info, None);
         }
-        if !config.at_once {
-            return call_later(inner, config, parts, body, None);
+        if config.at_once {
+            let decided = {
+                let decided = std::pin::pin!(decide(config, &mut parts));
+                decided.poll(&mut Context::from_waker(Waker::noop()))
+            };
+            if let Poll::Ready(step) = decided {
+                return respond(inner, config, parts, body, step);
+            }
+            // (not reached: `at_once` holds only where nothing is awaited;
+            // were it, the request would be decided again below: counted
+            // twice, never admitted over a limit)
         }
-        match decide_at_once(config, &parts) {
-            AtOnce::Answer(answer) => ResponseFuture::ready(Ok(answer)),
-            AtOnce::Forward(info, fields) => forward_now(inner, parts, body, info, fields),
-            AtOnce::Later(failed) => call_later(inner, config, parts, body, failed),
-        }
+        let mut inner = inner.clone();
+        let config = config.clone();
+        ResponseFuture::boxed(async move {
+            let step = decide(&config, &mut parts).await;
+            respond(&mut inner, &config, parts, body, step).await
+        })
     }
 }
 
@@ -146,48 +165,153 @@ impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
 {
 }
 
-/// What [`decide_at_once`] found.
-enum AtOnce<B> {
-    /// Answer this (refused, or no key where the rule requires one).
+/// What the layer decided of a request.
+enum Step<B> {
+    /// Answer this: refused, no key where the rule requires one, or the
+    /// store failed and the layer fails closed.
     Answer(Response<ResponseBody<B>>),
-    /// Forward the request with this information and these fields.
-    Forward(RateLimitInfo, Option<Fields>),
-    /// Decide in the response future after all: the decision is not made
-    /// at once (a limit in shadow mode), or the store failed (`Some`), and
-    /// what follows a failure is decided there.
-    Later(Option<Box<Error>>),
+    /// Forward undecided: no limit applies, or the store failed open.
+    Pass { store_failed: bool },
+    /// Forward the granted request.
+    Granted(Granted),
 }
 
-/// The decision within `call`, over a store that answers at once with
-/// nothing reserved ahead or given back: the steps of [`call_later`]'s
-/// common path, not awaited.
-fn decide_at_once<B>(config: &Config, parts: &Parts) -> AtOnce<B> {
+/// A granted request: its grant, the rule of each limit charged, its cost,
+/// whether the store failed (decided by the fallback), and its place among
+/// the requests that may wait (delay mode), held until the wait ends.
+struct Granted {
+    grant: Grant,
+    charged_rules: SmallVec<[usize; 2]>,
+    cost: u64,
+    store_failed: bool,
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// The decision of a request: its limits chosen (a resolved rule's plan
+/// read first), decided by the limiter in one call (by the fallback when
+/// the store fails, per `OnStoreError`), a refusal answered.
+async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
+    // the plans of resolved rules, read while choosing (boxed: rare)
+    #[cfg(feature = "resolver")]
+    if config.rules.iter().any(|rule| rule.is_resolved()) {
+        Box::pin(super::resolved::resolve(config, parts)).await;
+    }
     let chosen = match choose(config, parts) {
         Ok(chosen) => chosen,
-        Err(answer) => return AtOnce::Answer(answer),
+        Err(answer) => return Step::Answer(answer),
     };
+    #[cfg(feature = "resolver")]
+    super::resolved::forget(parts);
     if chosen.is_empty() {
-        return AtOnce::Forward(RateLimitInfo::new(None, false), None);
+        return Step::Pass {
+            store_failed: false,
+        };
     }
-    let checks = checks_of(&chosen, cost_of(config, parts));
-    let decision = match config.limiter.decide_checks_now(&checks) {
-        Some(Ok(decision)) => decision,
-        Some(Err(error)) => return AtOnce::Later(Some(Box::new(error))),
-        None => return AtOnce::Later(None),
+    let cost = cost_of(config, parts);
+    if let Some(share) = config.estimates {
+        if let Some(answer) = estimate_too_large(config, parts, &chosen, cost, share) {
+            return Step::Answer(answer);
+        }
+    }
+    let checks = checks_of(&chosen, cost);
+    // a place among the requests that may wait, while one is free
+    let place = config
+        .waiting
+        .as_ref()
+        .and_then(|waiting| waiting.clone().try_acquire_owned().ok());
+    let delay = match place {
+        Some(_) => config.max_delay,
+        None => std::time::Duration::ZERO,
     };
-    config.outage.success();
+    let ask = Ask::ahead(delay, config.refundable);
+    // (matched here rather than through `Answer::get`: one future less
+    // around a decision made at once)
+    let decided = match config.limiter.answer(&checks, ask) {
+        Answer::Now(result) => result,
+        Answer::Later(future) => future.await,
+    };
+    let (grant, store_failed) = match decided {
+        Ok(grant) => {
+            config.outage.success();
+            (grant, false)
+        }
+        Err(error) => match after_failure(config, parts, &error) {
+            AfterFailure::Fallback(fallback) => {
+                match Box::pin(fallback.answer(&checks, ask).get()).await {
+                    Ok(grant) => (grant, true),
+                    Err(_) => return Step::Pass { store_failed: true },
+                }
+            }
+            AfterFailure::Answer(answer) => return Step::Answer(answer),
+            AfterFailure::Pass => return Step::Pass { store_failed: true },
+        },
+    };
+    let decision = grant.decision();
     if !decision.is_allowed() {
-        return AtOnce::Answer(refused(config, parts, &decision, &decision));
+        return Step::Answer(refused(config, parts, decision, &decision.without_shadow()));
     }
-    let fields = Fields::of(&decision, &config.headers);
-    AtOnce::Forward(RateLimitInfo::new(Some(decision), false), fields)
+    // the rule of each limit the grant was charged to, for what follows a
+    // grant that can be given back
+    let charged_rules = match grant.refund {
+        Some(_) => chosen
+            .iter()
+            .zip(decision.statuses())
+            .filter(|(_, status)| !status.would_refuse())
+            .map(|((_, _, rule), _)| *rule)
+            .collect(),
+        None => SmallVec::new(),
+    };
+    Step::Granted(Granted {
+        grant,
+        charged_rules,
+        cost,
+        store_failed,
+        place,
+    })
 }
 
-/// Forwards a request decided within `call`, with `info` among its
-/// extensions (put into the parts before they are rejoined: the request is
-/// not moved again): to the inner service itself when it is ready now, else
-/// to a clone readied in the future.
-fn forward_now<S, ReqBody, ResBody>(
+/// The response future of a decided request: the layer's answer, or the
+/// request forwarded; a grant with nothing after it (no wait, nothing to
+/// give back) is forwarded in place, the others in [`serve_granted`].
+fn respond<S, ReqBody, ResBody>(
+    inner: &mut S,
+    config: &Arc<Config>,
+    parts: Parts,
+    body: ReqBody,
+    step: Step<ResBody>,
+) -> ResponseFuture<S::Future, ResBody, S::Error>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    match step {
+        Step::Answer(answer) => ResponseFuture::ready(Ok(answer)),
+        Step::Pass { store_failed } => {
+            let info = RateLimitInfo::new(None, store_failed);
+            forward(inner, parts, body, info, None)
+        }
+        Step::Granted(granted)
+            if granted.grant.refund.is_none() && granted.grant.decision.delay().is_zero() =>
+        {
+            let decision = granted.grant.into_decision();
+            let fields = Fields::of(&decision.without_shadow(), &config.headers);
+            let info = RateLimitInfo::new(Some(decision), granted.store_failed);
+            forward(inner, parts, body, info, fields)
+        }
+        Step::Granted(granted) => {
+            let inner = inner.clone();
+            let config = config.clone();
+            ResponseFuture::boxed(serve_granted(inner, config, parts, body, granted))
+        }
+    }
+}
+
+/// Forwards a request with `info` among its extensions (put into the parts
+/// before they are rejoined: the request is not moved again): to the inner
+/// service itself when it is ready now, else to a clone readied in the
+/// future.
+fn forward<S, ReqBody, ResBody>(
     inner: &mut S,
     mut parts: Parts,
     body: ReqBody,
@@ -214,7 +338,8 @@ where
             let clone = inner.clone();
             let readying = std::mem::replace(inner, clone);
             ResponseFuture::boxed(async move {
-                let mut response = forward(readying, request).await?.map(ResponseBody::inner);
+                let response = ready_and_call(readying, request).await?;
+                let mut response = response.map(ResponseBody::inner);
                 if let Some(fields) = fields {
                     fields.apply(response.headers_mut());
                 }
@@ -224,152 +349,69 @@ where
     }
 }
 
-/// Decides inside the response future: the store is awaited, or a grant
-/// may be reserved ahead, given back or decided again. `failed`: the store
-/// already failed this request's decision within `call` (see
-/// [`decide_at_once`]); what follows is decided here, once.
-///
-/// The boxed future holds only the request, its keys and the awaits of the
-/// common path (the decision, the inner service); the rare ones (a store
-/// failure, a reservation's wait, a refund) are boxed apart. Every request
-/// pays for this future's size: it is allocated and moved once.
-fn call_later<S, ReqBody, ResBody>(
-    inner: &mut S,
-    config: &Arc<Config>,
+/// Serves a grant with something after it: a reservation's wait, a
+/// permit held through the response, a refund per the response, a charge
+/// settled after it.
+async fn serve_granted<S, ReqBody, ResBody>(
+    mut inner: S,
+    config: Arc<Config>,
     parts: Parts,
     body: ReqBody,
-    failed: Option<Box<Error>>,
-) -> ResponseFuture<S::Future, ResBody, S::Error>
+    granted: Granted,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Inner<ReqBody, ResBody>,
-    ReqBody: Send + 'static,
-    ResBody: Send + 'static,
 {
-    let mut inner = inner.clone();
-    let config = config.clone();
-    ResponseFuture::boxed(async move {
-        // the plans of resolved rules, read while choosing (boxed: rare)
-        #[cfg(feature = "resolver")]
-        let mut parts = parts;
-        #[cfg(feature = "resolver")]
-        if config.rules.iter().any(|rule| rule.is_resolved()) {
-            Box::pin(super::resolved::resolve(&config, &mut parts)).await;
+    let Granted {
+        grant: Grant { decision, refund },
+        charged_rules,
+        cost,
+        store_failed,
+        place,
+    } = granted;
+    let refund = if decision.delay().is_zero() {
+        refund
+    } else {
+        wait_for(decision.delay(), refund).await
+    };
+    drop(place);
+    // the permits of concurrency limits, held (and renewed) from now
+    // until the response body ends: given back at once when this
+    // future is dropped (the client went away) or the inner service
+    // fails, and at the latest at their maximum hold
+    let lease = refund
+        .as_ref()
+        .and_then(|refund| refund.hold_leases(crate::DEFAULT_MAX_HOLD));
+    let shown = decision.without_shadow();
+    let mut fields = Fields::of(&shown, &config.headers);
+    // what the fields show after a refund, kept where one may follow
+    let shown = (refund.is_some() && config.refunds_on_response).then(|| shown.into_owned());
+    let mut request = Request::from_parts(parts, body);
+    let info = RateLimitInfo::new(Some(decision), store_failed);
+    request.extensions_mut().insert(info);
+    // readied only now (see `RateLimit::poll_ready`); called in place,
+    // so that the request is not moved into a second future
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    // (the response is large: moved as few times as the types allow)
+    let mut response = inner.call(request).await?;
+    let mut after = None;
+    if let Some(refund) = refund {
+        let given_back;
+        (response, given_back) = give_back(&config, &refund, &charged_rules, response).await;
+        if let (Some(mut shown), false) = (shown, given_back.is_empty()) {
+            shown.given_back(given_back.iter().map(|&j| refund.charged()[j].0.name()));
+            fields = Fields::of(&shown, &config.headers);
         }
-        let chosen = match choose(&config, &parts) {
-            Ok(chosen) => chosen,
-            Err(answer) => return Ok(answer),
-        };
-        #[cfg(feature = "resolver")]
-        super::resolved::forget(&mut parts);
-        let cost = cost_of(&config, &parts);
-        let checks = checks_of(&chosen, cost);
-        // a place among the requests that may wait, while one is free
-        let place = config
-            .waiting
-            .as_ref()
-            .and_then(|waiting| waiting.clone().try_acquire_owned().ok());
-        let delay = if place.is_some() {
-            config.max_delay
-        } else {
-            std::time::Duration::ZERO
-        };
-        let refundable = config.refundable;
-        let mut store_failed = false;
-        let decided = match failed {
-            Some(error) => Some(Err(*error)),
-            None => {
-                let decision = config.limiter.decide_checks(&checks, delay, refundable);
-                decision.await
-            }
-        };
-        let decided = match decided {
-            None => None,
-            Some(Ok(grant)) => {
-                config.outage.success();
-                Some(grant)
-            }
-            Some(Err(error)) => {
-                store_failed = true;
-                match after_failure(&config, &parts, &error) {
-                    AfterFailure::Fallback(fallback) => {
-                        let fallback = fallback.decide_checks(&checks, delay, refundable);
-                        match Box::pin(fallback).await {
-                            Some(Ok(grant)) => Some(grant),
-                            _ => None,
-                        }
-                    }
-                    AfterFailure::Answer(answer) => return Ok(answer),
-                    AfterFailure::Pass => None,
-                }
-            }
-        };
-        drop(checks);
-        let Some(Grant { decision, refund }) = decided else {
-            let request = Request::from_parts(parts, body);
-            return Box::pin(pass(inner, request, store_failed)).await;
-        };
-        if !decision.is_allowed() {
-            return Ok(refused(
-                &config,
-                &parts,
-                &decision,
-                &decision.without_shadow(),
-            ));
+        if config.settles_after {
+            let (head, body) = response.into_parts();
+            after = After::of(&config, &refund, &charged_rules, &head, cost, lease);
+            response = Response::from_parts(head, body);
         }
-        let refund = if decision.delay().is_zero() {
-            refund
-        } else {
-            Box::pin(wait_for(decision.delay(), refund)).await
-        };
-        drop(place);
-        // the permits of concurrency limits, held (and renewed) from now
-        // until the response body ends: given back at once when this
-        // future is dropped (the client went away) or the inner service
-        // fails, and at the latest at their maximum hold
-        let lease = refund
-            .as_ref()
-            .and_then(|refund| refund.hold_leases(crate::DEFAULT_MAX_HOLD));
-        // the rule of each limit the grant was charged to
-        let charged_rules: SmallVec<[usize; 2]> = chosen
-            .iter()
-            .zip(decision.statuses())
-            .filter(|(_, status)| !status.would_refuse())
-            .map(|((_, _, rule), _)| *rule)
-            .collect();
-        drop(chosen);
-        let shown = decision.without_shadow();
-        let fields = Fields::of(&shown, &config.headers);
-        // what the fields show after a refund, kept where one may follow
-        let shown = (refund.is_some() && config.refunds_on_response).then(|| shown.into_owned());
-        let mut request = Request::from_parts(parts, body);
-        let info = RateLimitInfo::new(Some(decision), store_failed);
-        request.extensions_mut().insert(info);
-        // readied only now (see `RateLimit::poll_ready`); called in place,
-        // so that the request is not moved into a second future
-        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-        // (the response is large: moved as few times as the types allow)
-        let mut response = inner.call(request).await?;
-        let mut after = None;
-        let mut fields = fields;
-        if let Some(refund) = refund {
-            let given_back;
-            (response, given_back) =
-                Box::pin(give_back(&config, &refund, &charged_rules, response)).await;
-            if let (Some(mut shown), false) = (shown, given_back.is_empty()) {
-                shown.given_back(given_back.iter().map(|&j| refund.charged()[j].0.name()));
-                fields = Fields::of(&shown, &config.headers);
-            }
-            if config.settles_after {
-                let (head, body) = response.into_parts();
-                after = After::of(&config, &refund, &charged_rules, &head, cost, lease);
-                response = Response::from_parts(head, body);
-            }
-        }
-        if let Some(fields) = fields {
-            fields.apply(response.headers_mut());
-        }
-        Ok(response.map(|body| ResponseBody::settled_after(body, after)))
-    })
+    }
+    if let Some(fields) = fields {
+        fields.apply(response.headers_mut());
+    }
+    Ok(response.map(|body| ResponseBody::settled_after(body, after)))
 }
 
 /// Waits out a reservation; a request dropped while it waits gives its
@@ -378,23 +420,6 @@ async fn wait_for(wait: std::time::Duration, refund: Option<Refund>) -> Option<R
     let reservation = RefundOnDrop::new(refund);
     tokio::time::sleep(wait).await;
     reservation.disarm()
-}
-
-/// Forwards a request the layer did not decide (exempt, every limit
-/// skipped, or the store failed open).
-async fn pass<S, ReqBody, ResBody>(
-    inner: S,
-    mut request: Request<ReqBody>,
-    store_failed: bool,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-{
-    request
-        .extensions_mut()
-        .insert(RateLimitInfo::new(None, store_failed));
-    let response = forward(inner, request).await?;
-    Ok(response.map(ResponseBody::inner))
 }
 
 /// Gives the grant back in the limits whose refund predicate (the layer's

@@ -141,7 +141,8 @@ impl Limit {
     }
 
     /// The time in which a spent capacity comes back in full: the window for
-    /// window algorithms, capacity / rate for the bucket algorithms. Used as the
+    /// window algorithms (a calendar quota's longest period: 31 days for a
+    /// month), capacity / rate for the bucket algorithms. Used as the
     /// `w` of `RateLimit-Policy`.
     pub fn policy_window(&self) -> Duration {
         self.policy_window

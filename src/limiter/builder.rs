@@ -90,6 +90,7 @@ impl LimiterBuilder {
                 store: self.store,
                 limits: self.limits,
                 timeout: self.timeout,
+                outage: Default::default(),
             }),
         })
     }
@@ -108,6 +109,7 @@ impl Limiter {
                 store: Arc::new(store),
                 limits: vec![limit],
                 timeout: DEFAULT_TIMEOUT,
+                outage: Default::default(),
             }),
         }
     }

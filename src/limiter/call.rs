@@ -1,7 +1,8 @@
-//! One call of the store for a decision: made (at once on a store that
-//! answers at once, else awaited by its deadline), measured, traced,
-//! counted, answered from the cache of denials when it can be, and its
-//! reply read into a [`Decision`].
+//! The one way every decision is made ([`Limiter::answer`]): its checks
+//! classified once and dispatched; the store's call made (at once on a
+//! store that answers at once, else awaited by its deadline), measured,
+//! traced, counted, answered from the cache of denials when it can be, and
+//! its reply read into a [`Decision`].
 
 use std::time::Duration;
 
@@ -9,11 +10,11 @@ use tracing::Instrument;
 
 use super::deny_cache::{DenyCache, Sent};
 use super::hot::HotPools;
-use super::{Checks, Limiter};
+use super::{Checks, Grant, Limiter, Refund};
 use crate::algorithm::{self, Reply};
 use crate::decision::{Decision, LimitStatus, Verdict};
 use crate::metrics::{Outcome, StoreTimer};
-use crate::store::{Answer, Check, Deadline};
+use crate::store::{Answer, BoxFuture, Check, Deadline};
 use crate::{Error, Limit};
 
 /// The limit names of a decision, for its span.
@@ -31,52 +32,152 @@ impl std::fmt::Display for LimitNames<'_, '_> {
     }
 }
 
-impl Limiter {
-    /// One decision, awaited: see [`decision`](Self::decision).
-    pub(super) async fn run_once(
-        &self,
-        checks: &[Check<'_>],
-        max_wait: Duration,
-        dry: bool,
-        plain: bool,
-    ) -> Result<Decision, Error> {
-        let max_wait = i64::try_from(max_wait.as_micros()).unwrap_or(i64::MAX);
-        self.decision(checks, max_wait, dry, plain).get().await
-    }
+/// How a decision is asked: how far ahead its grant may be reserved,
+/// whether it only looks (`dry`), whether its grant can be given back, and
+/// whether it is counted in the metrics (a shadow round is not: see
+/// `shadow.rs`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    pub(crate) max_wait: Duration,
+    pub(crate) dry: bool,
+    pub(crate) refundable: bool,
+    pub(crate) counted: bool,
+}
 
-    /// One decision: a plain one with a hot limit partly from local
-    /// batches (see `hot.rs`), else [`decision_at_store`](Self::decision_at_store).
-    pub(super) fn decision<'a>(
+impl Ask {
+    /// Now, taking, counted, not to be given back.
+    pub(crate) const NOW: Ask = Ask {
+        max_wait: Duration::ZERO,
+        dry: false,
+        refundable: false,
+        counted: true,
+    };
+
+    /// Reserved up to `max_wait` ahead; given back when `refundable`.
+    pub(crate) fn ahead(max_wait: Duration, refundable: bool) -> Ask {
+        Ask {
+            max_wait,
+            refundable,
+            ..Ask::NOW
+        }
+    }
+}
+
+/// What a decision's checks need, found once: the store alone, or a
+/// component around it.
+enum Route<'a> {
+    /// The store's one call (through the cache of denials).
+    Store,
+    /// A concurrency limit that may wait: decided again until a permit is
+    /// free (see [`Limiter::wait_for_permit`]).
+    WaitForPermit,
+    /// Limits in shadow mode (see `shadow.rs`).
+    Shadow,
+    /// Hot limits granted from local batches (see `hot.rs`).
+    Hot(&'a HotPools),
+}
+
+impl Limiter {
+    /// The one way every decision is made: its checks classified once and
+    /// decided by the store or by the component their kind needs; ready at
+    /// once when the store answers at once (in memory), else a future.
+    pub(crate) fn answer<'a>(
         &'a self,
         checks: &'a [Check<'a>],
-        max_wait: i64,
-        dry: bool,
-        plain: bool,
-    ) -> Answer<'a, Result<Decision, Error>> {
+        ask: Ask,
+    ) -> Answer<'a, Result<Grant, Error>> {
         if checks.iter().any(|c| c.key.is_empty()) {
             return Answer::Now(Err(Error::EmptyKey));
         }
-        if let Some(hot) = &self.inner.hot {
-            if !dry && plain && max_wait == 0 && checks.iter().any(HotPools::serves) {
-                return Answer::Later(Box::pin(self.decide_hot(hot, checks)));
+        let waits = !ask.max_wait.is_zero();
+        let route = if waits && checks.iter().any(|c| c.limit.is_concurrency()) {
+            Route::WaitForPermit
+        } else if checks.iter().any(|c| c.limit.is_shadow()) {
+            Route::Shadow
+        } else {
+            match &self.inner.hot {
+                Some(hot)
+                    if !ask.dry && ask.counted && !waits && checks.iter().any(HotPools::serves) =>
+                {
+                    Route::Hot(hot)
+                }
+                _ => Route::Store,
             }
-        }
-        self.decision_at_store(checks, max_wait, dry, plain, self.deadline())
+        };
+        let decided: BoxFuture<'a, Result<Decision, Error>> = match route {
+            Route::Store => return self.decision_at_store(checks, ask, self.deadline()),
+            Route::WaitForPermit => Box::pin(self.wait_for_permit(checks, ask)),
+            Route::Shadow if waits => Box::pin(super::shadow::decide_ahead(self, checks, ask)),
+            Route::Shadow => Box::pin(super::shadow::decide(self, checks, ask)),
+            Route::Hot(hot) => Box::pin(hot.decide(self, checks)),
+        };
+        Answer::Later(Box::pin(async move {
+            let decision = decided.await?;
+            Ok(self.grant(checks, decision, ask.refundable))
+        }))
     }
 
-    /// One decision: the store call, in a `rate_limit` span (only while
-    /// `debug` is enabled), measured and (when `plain`) counted (see
-    /// [`crate::metrics`]), answered from the cache of denials when it can
-    /// be; at once when the store answers at once. A store that waits
+    /// The decision of `checks` as [`answer`](Self::answer) makes it,
+    /// awaited.
+    pub(crate) async fn decided(&self, checks: &[Check<'_>], ask: Ask) -> Result<Decision, Error> {
+        match self.answer(checks, ask) {
+            Answer::Now(result) => result.map(Grant::into_decision),
+            Answer::Later(grant) => grant.await.map(Grant::into_decision),
+        }
+    }
+
+    /// `decision` of `checks` as a grant, given back only when `refundable`.
+    fn grant(&self, checks: &[Check<'_>], decision: Decision, refundable: bool) -> Grant {
+        let refund = if refundable {
+            Refund::of(self, &decision, Self::charged(checks, &decision))
+        } else {
+            None
+        };
+        Grant::new(decision, refund)
+    }
+
+    /// A decision with a [concurrency limit](Limit::concurrency) that may
+    /// wait `max_wait`: no reservation ahead (a lease renewed meanwhile
+    /// would run beside the reserved one), but the decision made again, at
+    /// pauses of 10 ms doubling up to 200 ms, until it is granted, refused
+    /// for good, or `max_wait` has passed (the last refusal is the answer).
+    async fn wait_for_permit(&self, checks: &[Check<'_>], ask: Ask) -> Result<Decision, Error> {
+        let until = tokio::time::Instant::now() + ask.max_wait;
+        let mut pause = Duration::from_millis(10);
+        let now = Ask {
+            max_wait: Duration::ZERO,
+            refundable: false,
+            ..ask
+        };
+        loop {
+            let decision = self.decided(checks, now).await?;
+            let waited = tokio::time::Instant::now() + pause;
+            if decision.is_allowed() || decision.retry_after().is_none() || waited > until {
+                return Ok(decision);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// One decision by the store: the store call, in a `rate_limit` span
+    /// (only while `debug` is enabled), measured and (when counted) counted
+    /// (see [`crate::metrics`]), answered from the cache of denials when it
+    /// can be; at once when the store answers at once. A store that waits
     /// answers by `deadline` (a started one: what is left of it).
     pub(super) fn decision_at_store<'a>(
         &'a self,
         checks: &'a [Check<'a>],
-        max_wait: i64,
-        dry: bool,
-        plain: bool,
+        ask: Ask,
         deadline: Deadline,
-    ) -> Answer<'a, Result<Decision, Error>> {
+    ) -> Answer<'a, Result<Grant, Error>> {
+        let Ask {
+            dry,
+            counted: plain,
+            refundable,
+            ..
+        } = ask;
+        let max_wait = i64::try_from(ask.max_wait.as_micros()).unwrap_or(i64::MAX);
         // A denial known to hold needs no round trip (not for a look, which
         // must see what the store says now; a cost over a capacity is
         // answered "never" by the store; a quota kept in the store may be
@@ -104,7 +205,8 @@ impl Limiter {
             if let Some(denied) = denials.lookup(key, cost, max_wait, sent.at) {
                 let result = Ok(denied);
                 super::count::count(checks, &result, Outcome::LocalCache);
-                return Answer::Now(result);
+                // (a denial: nothing to give back)
+                return Answer::Now(result.map(|denied| Grant::new(denied, None)));
             }
         }
         // (checked first: without a subscriber, tracing's `log` fallback,
@@ -125,6 +227,7 @@ impl Limiter {
             max_wait,
             dry,
             plain,
+            refundable,
             denials,
             cache_key,
             sent,
@@ -247,6 +350,7 @@ struct Pending<'a> {
     max_wait: i64,
     dry: bool,
     plain: bool,
+    refundable: bool,
     denials: Option<&'a DenyCache>,
     /// The denial cache's key, when it was built before the call.
     cache_key: Option<Vec<u8>>,
@@ -259,12 +363,11 @@ impl Pending<'_> {
     /// The decision of the store's `reply`: measured, traced, counted, and
     /// a denial cached.
     #[inline(always)]
-    fn finish(self, reply: Result<Reply, Error>, span: tracing::Span) -> Result<Decision, Error> {
-        let store = &self.limiter.inner.store;
-        self.timer.finish(|| store.kind(), "decide");
+    fn finish(self, reply: Result<Reply, Error>, span: tracing::Span) -> Result<Grant, Error> {
+        self.limiter.called(self.timer, "decide", reply.is_err());
         #[cfg(feature = "metrics")]
         if let Ok(reply) = &reply {
-            store.report_size(reply.now);
+            self.limiter.inner.store.report_size(reply.now);
         }
         let checks = self.checks;
         let result = reply.and_then(|reply| Limiter::decision_of(checks, reply, self.max_wait));
@@ -285,6 +388,7 @@ impl Pending<'_> {
                 denials.insert(key, checks, self.cost, self.sent, decision);
             }
         }
-        result
+        let limiter = self.limiter;
+        result.map(|decision| limiter.grant(checks, decision, self.refundable))
     }
 }

@@ -49,18 +49,24 @@ impl Limiter {
             .filter(|limit| !limit.is_concurrency())
             .map(|limit| ((**limit).clone(), key.to_vec()))
             .collect();
-        self.charge_charged(&charged, cost).await
+        self.charge_charged(&charged, cost, 1.0).await
     }
 
-    /// Charges `cost` (at most each limit's capacity) to `charged`, tried
-    /// again while the timeout lasts (see [`charge`](Self::charge)).
-    pub(crate) async fn charge_charged(&self, charged: &Charged, cost: u64) -> Result<(), Error> {
+    /// Charges `cost` (at most `share` of each limit's capacity, 1.0: all
+    /// of it) to `charged`, tried again while the timeout lasts (see
+    /// [`charge`](Self::charge)).
+    pub(crate) async fn charge_charged(
+        &self,
+        charged: &Charged,
+        cost: u64,
+        share: f64,
+    ) -> Result<(), Error> {
         let checks: Vec<Check<'_>> = charged
             .iter()
             .map(|(limit, key)| Check {
                 limit,
                 key,
-                cost: i64::try_from(cost.min(limit.capacity())).unwrap_or(0),
+                cost: i64::try_from(cost.min(share_of(limit.capacity(), share))).unwrap_or(0),
             })
             .filter(|check| check.cost > 0)
             .collect();
@@ -77,6 +83,10 @@ impl Limiter {
             let error = match result {
                 Ok(_) => {
                     crate::metrics::charged(if tries == 1 { "charged" } else { "retried" });
+                    for check in &checks {
+                        let limit = check.limit.shared_name();
+                        crate::metrics::overshoot(limit, "charge", check.cost);
+                    }
                     return Ok(());
                 }
                 Err(error) => error,
@@ -98,4 +108,16 @@ impl Limiter {
             pause *= 2;
         }
     }
+}
+
+/// `share` (in (0, 1]) of `capacity`, rounded down, at least 1.
+pub(crate) fn share_of(capacity: u64, share: f64) -> u64 {
+    // (exact for capacities below 2^53, the validated range)
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let most = (capacity as f64 * share).floor() as u64;
+    most.clamp(1, capacity.max(1))
 }

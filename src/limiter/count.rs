@@ -16,20 +16,24 @@ pub(super) fn outcome_of(result: &Result<Decision, Error>) -> Outcome {
     }
 }
 
-/// Counts a decision of `checks` with `outcome`.
+/// Counts a decision of `checks` with `outcome`, and reads each limit's
+/// status (near the limit, the quota that decided: see
+/// [`LimitKeys::observe`](crate::metrics::LimitKeys::observe)).
 #[cfg(feature = "metrics")]
 pub(super) fn count(checks: &[Check<'_>], result: &Result<Decision, Error>, outcome: Outcome) {
-    match result {
-        Ok(decision) if !decision.is_allowed() => {
-            for (check, status) in checks.iter().zip(decision.statuses()) {
-                if status.is_violated() {
-                    check.limit.metric_keys().increment(outcome);
-                }
-            }
+    let Ok(decision) = result else {
+        for check in checks {
+            check.limit.metric_keys().increment(outcome);
         }
-        _ => checks
-            .iter()
-            .for_each(|check| check.limit.metric_keys().increment(outcome)),
+        return;
+    };
+    let granted = decision.is_allowed();
+    for (check, status) in checks.iter().zip(decision.statuses()) {
+        let keys = check.limit.metric_keys();
+        if granted || status.is_violated() {
+            keys.increment(outcome);
+        }
+        keys.observe(status, granted);
     }
 }
 

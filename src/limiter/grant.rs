@@ -111,16 +111,7 @@ impl Grant {
 /// Rust: it would box every plain check.)
 #[derive(Debug, Clone, Copy)]
 pub struct Refundable<'a> {
-    limiter: &'a Limiter,
-}
-
-impl Limiter {
-    /// The decisions whose grant can be given back once ([`Grant::refund`]):
-    /// take when a request arrives, give back when its outcome says it
-    /// should not count (see [`Refundable`]).
-    pub fn refundable(&self) -> Refundable<'_> {
-        Refundable { limiter: self }
-    }
+    pub(super) limiter: &'a Limiter,
 }
 
 impl Refundable<'_> {
@@ -164,9 +155,10 @@ impl Refundable<'_> {
         Limiter::within_max_wait(max_wait)?;
         let limits = limiter.current();
         let checks = Limiter::keyed_checks(&limits, keys, cost)?;
-        let decision = limiter.run(&checks, max_wait, false).await?;
-        let refund = Refund::of(limiter, &decision, Limiter::charged(&checks, &decision));
-        Ok(Grant::new(decision, refund))
+        limiter
+            .answer(&checks, super::Ask::ahead(max_wait, true))
+            .get()
+            .await
     }
 }
 
@@ -239,6 +231,11 @@ impl Refund {
     }
 
     /// The limiter that granted it.
+    /// When the grant was made, in store time.
+    pub(crate) fn at(&self) -> i64 {
+        self.at
+    }
+
     pub(crate) fn limiter(&self) -> &Limiter {
         &self.limiter
     }
@@ -387,8 +384,16 @@ impl Limiter {
             Settle::Charge => "charge",
             Settle::Renew { .. } => "renew",
         };
-        timer.finish(|| store.kind(), operation);
+        self.called(timer, operation, result.is_err());
         result
+    }
+
+    /// A store call's end: measured (since `timer`), and whether it
+    /// `failed` shown (see [`crate::metrics::STORE_OUTAGE`]).
+    pub(super) fn called(&self, timer: StoreTimer, operation: &'static str, failed: bool) {
+        let store = &self.inner.store;
+        timer.finish(|| store.kind(), operation);
+        self.inner.outage.set(|| store.kind(), failed);
     }
 
     fn owned_checks(charged: &[(Limit, Vec<u8>)], cost: i64) -> Checks<'_> {

@@ -247,25 +247,26 @@ impl Permit {
     }
 }
 
-impl Limiter {
+impl HotPools {
     /// The decision of `checks`, some of them hot: each hot one granted
     /// from its batch (refilled from the store when empty), the others
     /// decided by the store as usual; if they refuse, the permits go back
     /// to their batches.
-    pub(super) async fn decide_hot(
+    pub(super) async fn decide(
         &self,
-        hot: &HotPools,
+        limiter: &Limiter,
         checks: &[Check<'_>],
     ) -> Result<Decision, Error> {
+        let hot = self;
         // one deadline for the whole decision: the refills of its hot
         // limits and the store's decision of the rest (started by the first
         // refill: a permit from a batch reads no clock)
-        let mut deadline = self.deadline();
+        let mut deadline = limiter.deadline();
         let mut permits: SmallVec<[(usize, Permit); 2]> = SmallVec::new();
         let mut cold = Checks::new();
         for (i, check) in checks.iter().enumerate() {
             if HotPools::serves(check) {
-                match self.permit(hot, check, &mut deadline).await {
+                match self.permit(limiter, check, &mut deadline).await {
                     Ok(Some(permit)) => {
                         permits.push((i, permit));
                         continue;
@@ -291,10 +292,11 @@ impl Limiter {
             super::count::count(checks, &result, Outcome::Allowed);
             return result;
         }
-        let result = self
-            .decision_at_store(&cold, 0, false, true, deadline)
+        let result = limiter
+            .decision_at_store(&cold, super::Ask::NOW, deadline)
             .get()
-            .await;
+            .await
+            .map(super::Grant::into_decision);
         let local: SmallVec<[(usize, LimitStatus); 2]> = permits
             .iter()
             .map(|(i, p)| (*i, p.status.clone()))
@@ -334,10 +336,11 @@ impl Limiter {
     /// little left after a refill).
     async fn permit(
         &self,
-        hot: &HotPools,
+        limiter: &Limiter,
         check: &Check<'_>,
         deadline: &mut Deadline,
     ) -> Result<Option<Permit>, Error> {
+        let hot = self;
         let Some(pool) = hot.pool(check) else {
             return Ok(None);
         };
@@ -372,8 +375,8 @@ impl Limiter {
         // over) goes back before another is taken: one batch at a time
         if let Some(ended) = pool.end(now, None) {
             // (on a task of its own: this request waits for its batch only)
-            let (limiter, ended_pool) = (self.clone(), pool.clone());
-            let give_back = async move { limiter.give_back(&ended_pool, ended).await };
+            let (limiter, ended_pool) = (limiter.clone(), pool.clone());
+            let give_back = async move { HotPools::give_back(&limiter, &ended_pool, ended).await };
             super::run_detached(give_back, false, || {});
         }
         let Some(hot_key) = check.limit.hot_key() else {
@@ -385,11 +388,10 @@ impl Limiter {
             cost: i64::try_from(hot_key.permits()).unwrap_or(i64::MAX),
         }];
         let sent = hot.now();
-        let store = &self.inner.store;
         let timer = StoreTimer::start();
-        let taken = store.take(&batch, deadline).get().await;
-        timer.finish(|| store.kind(), "take");
-        let taken = taken.and_then(|(reply, k)| Ok((Self::decision_of(&batch, reply, 0)?, k)));
+        let taken = limiter.inner.store.take(&batch, deadline).get().await;
+        limiter.called(timer, "take", taken.is_err());
+        let taken = taken.and_then(|(reply, k)| Ok((Limiter::decision_of(&batch, reply, 0)?, k)));
         let (decision, k) = match taken {
             Ok(taken) => taken,
             Err(error) => {
@@ -412,6 +414,7 @@ impl Limiter {
                 batch.refused_until = sent.saturating_add(wait);
                 return Ok(None);
             }
+            crate::metrics::overshoot(check.limit.shared_name(), "hot_batch", k);
             batch.generation += 1;
             batch.left = k;
             batch.until = sent.saturating_add(hot_key.hold_us());
@@ -423,19 +426,19 @@ impl Limiter {
             });
             batch.generation
         };
-        self.end_later(&pool, generation, hot_key.hold());
+        Self::end_later(limiter, &pool, generation, hot_key.hold());
         Ok(pool.take(check.cost, hot.now()))
     }
 
     /// Gives back what an ended batch of `pool` did not grant.
-    async fn give_back(&self, pool: &Pool, (limit, at, left): (Limit, i64, i64)) {
+    async fn give_back(limiter: &Limiter, pool: &Pool, (limit, at, left): (Limit, i64, i64)) {
         let check = [Check {
             limit: &limit,
             key: &pool.key,
             cost: left,
         }];
-        let refunded = self
-            .settle_checks(&check, Settle::Refund { at }, self.inner.timeout)
+        let refunded = limiter
+            .settle_checks(&check, Settle::Refund { at }, limiter.inner.timeout)
             .await;
         if let Err(error) = refunded {
             tracing::debug!(target: "tower_ratelimit", %error, "could not give back a hot key's unused permits");
@@ -444,12 +447,12 @@ impl Limiter {
 
     /// Wakes when batch `generation` of `pool` ends, to give back what it
     /// did not grant (without a runtime, the next refill does).
-    fn end_later(&self, pool: &Arc<Pool>, generation: u64, hold: Duration) {
+    fn end_later(limiter: &Limiter, pool: &Arc<Pool>, generation: u64, hold: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let (pool, inner): (Weak<Pool>, Weak<Inner>) =
-            (Arc::downgrade(pool), Arc::downgrade(&self.inner));
+            (Arc::downgrade(pool), Arc::downgrade(&limiter.inner));
         runtime.spawn(async move {
             tokio::time::sleep(hold).await;
             let (Some(pool), Some(inner)) = (pool.upgrade(), inner.upgrade()) else {
@@ -460,7 +463,7 @@ impl Limiter {
                 return;
             };
             if let Some(ended) = pool.end(hot.now(), Some(generation)) {
-                limiter.give_back(&pool, ended).await;
+                HotPools::give_back(&limiter, &pool, ended).await;
             }
         });
     }

@@ -387,27 +387,6 @@ async fn renewals(held: Weak<Held>) {
     }
 }
 
-impl Limiter {
-    /// Takes a permit of each of the limiter's
-    /// [concurrency limits](Limit::concurrency) for `key`, with the
-    /// limiter's other limits in the same atomic decision (each charged
-    /// 1), and returns a [`Lease`] that holds the permits until it is
-    /// dropped or released. When any limit refuses, the lease holds nothing
-    /// ([`Lease::is_held`] is `false`) and its decision says when to retry.
-    /// A limiter without a concurrency limit is an [`Error::Config`].
-    pub async fn acquire_lease(&self, key: impl AsRef<[u8]>) -> Result<Lease, Error> {
-        if !self.current().iter().any(|l| l.is_concurrency()) {
-            return Err(Error::Config(crate::ConfigError::NoConcurrencyLimit));
-        }
-        let keys = [key];
-        let limits = self.current();
-        let checks = Self::keyed_checks(&limits, &keys, 1)?;
-        let decision = self.run(&checks, Duration::ZERO, false).await?;
-        let charged = Self::charged(&checks, &decision);
-        Ok(Lease::of(self, decision, &charged))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use smallvec::SmallVec;

@@ -5,11 +5,14 @@
 //! registered on the store) is `builder.rs`.
 //!
 //! A decision goes one way: the public methods here build the checks (one
-//! per limit, with its key and cost), [`run`](Limiter::run) picks the plain
-//! path or the shadow protocol (`shadow.rs`), each store call is made,
-//! measured, traced and cached in `call.rs` (with the cache of denials,
-//! `deny_cache.rs`), and a grant that can be given back is a [`Grant`]
-//! (`grant.rs`).
+//! per limit, with its key and cost) and call [`answer`](Limiter::answer)
+//! (`call.rs`), which classifies them once and dispatches: to the store's
+//! one call (measured, traced, counted, and answered from the cache of
+//! denials, `deny_cache.rs`, when it can be), or to the component their
+//! kind needs (shadow limits, `shadow.rs`; hot keys' batches, `hot.rs`; a
+//! concurrency limit that may wait). The answer is ready at once when the
+//! store answered at once, else a future; a grant that can be given back
+//! is a [`Grant`] (`grant.rs`).
 //!
 //! One name per decision kind: whether its grant can be given back is a
 //! value chosen before the call, [`Limiter::refundable`] (a [`Refundable`]
@@ -24,6 +27,7 @@ mod admin;
 mod builder;
 mod call;
 mod charge;
+pub(crate) use self::charge::share_of;
 pub(crate) mod count;
 mod deny_cache;
 mod grant;
@@ -38,6 +42,7 @@ use smallvec::SmallVec;
 
 pub use self::admin::{Admin, Inspection};
 pub use self::builder::LimiterBuilder;
+pub(crate) use self::call::Ask;
 use self::deny_cache::DenyCache;
 pub use self::grant::{Grant, Refundable};
 pub(crate) use self::grant::{Refund, RefundOnDrop};
@@ -47,7 +52,7 @@ pub(crate) use self::lease::LeaseGuard;
 use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;
-use crate::store::{Answer, Check, Store};
+use crate::store::{Check, Store};
 use crate::{Error, Limit, LimitSource};
 
 /// Runs `work` without awaiting it (from `Drop`): in place when it is done
@@ -95,6 +100,8 @@ struct Inner {
     /// Batches of hot keys' permits, for a remote store (see [`Limit::with_hot_key`]):
     /// the store's, shared by every limiter over it.
     hot: Option<Arc<HotPools>>,
+    /// Whether the store's calls fail, for the metrics.
+    outage: crate::metrics::OutageGauge,
 }
 
 /// One or more limits over one store. Cheap to clone (an `Arc`), `Send` and
@@ -154,24 +161,9 @@ impl Limiter {
     /// consumes nothing; to ask whether a request would pass, use
     /// [`peek`](Self::peek).
     pub async fn check(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
-        // One limit over a store that answers at once: straight through.
-        if let [limit] = &self.inner.limits[..] {
-            let limit = limit.load();
-            if !limit.is_shadow() {
-                let check = [Check {
-                    limit: &limit,
-                    key: key.as_ref(),
-                    cost: Self::cost(cost),
-                }];
-                // (matched here rather than through `Answer::get`: one
-                // future less around a decision made at once)
-                return match self.decision(&check, 0, false, true) {
-                    Answer::Now(result) => result,
-                    Answer::Later(decision) => decision.await,
-                };
-            }
-        }
-        self.decide(&[key], cost, Duration::ZERO).await
+        let limits = self.current();
+        let checks = Self::checks(limits.iter().map(|l| (&**l, key.as_ref())), cost);
+        self.decided(&checks, Ask::NOW).await
     }
 
     /// Whether a request of `cost` for `key` would be granted now, and the
@@ -196,7 +188,11 @@ impl Limiter {
     pub async fn peek(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         let limits = self.current();
         let checks = Self::checks(limits.iter().map(|l| (&**l, key.as_ref())), cost);
-        self.run(&checks, Duration::ZERO, true).await
+        let look = Ask {
+            dry: true,
+            ..Ask::NOW
+        };
+        self.decided(&checks, look).await
     }
 
     /// Takes as much as every limit has left for `key` now, at most `most`
@@ -282,7 +278,7 @@ impl Limiter {
         let limits = self.current();
         let key = key.as_ref();
         let checks = Self::checks(limits.iter().map(|l| (&**l, key)), cost);
-        let decision = self.run(&checks, max_wait, false).await?;
+        let decision = self.decided(&checks, Ask::ahead(max_wait, false)).await?;
         if decision.is_allowed() && !decision.delay().is_zero() {
             let charged = Self::charged(&checks, &decision);
             let guard = RefundOnDrop::new(Refund::of(self, &decision, charged));
@@ -306,7 +302,7 @@ impl Limiter {
         Self::within_max_wait(max_wait)?;
         let limits = self.current();
         let checks = Self::keyed_checks(&limits, keys, cost)?;
-        self.run(&checks, max_wait, false).await
+        self.decided(&checks, Ask::ahead(max_wait, false)).await
     }
 
     /// [`Error::WaitTooLong`] for a `max_wait` over [`MAX_WAIT`].
@@ -339,52 +335,42 @@ impl Limiter {
         Ok(Self::checks(pairs, cost))
     }
 
-    /// Decides `checks`, a limit and a key each (a layer's limits with this
-    /// request's tiers and keys, see [`checks`](Self::checks)); `None` when
-    /// there are none. With `refundable`, the grant can be given back.
-    pub(crate) async fn decide_checks(
-        &self,
-        checks: &[Check<'_>],
-        max_wait: Duration,
-        refundable: bool,
-    ) -> Option<Result<Grant, Error>> {
-        if checks.is_empty() {
-            return None;
-        }
-        let decision = match self.run(checks, max_wait, false).await {
-            Ok(decision) => decision,
-            Err(error) => return Some(Err(error)),
-        };
-        let refund = if refundable {
-            Refund::of(self, &decision, Self::charged(checks, &decision))
-        } else {
-            None
-        };
-        Some(Ok(Grant::new(decision, refund)))
-    }
-
-    /// [`decide_checks`](Self::decide_checks) without a future, for a store
-    /// that answers at once, no refund and no reservation: the decision, or
-    /// `None` when it must be awaited (another store, a limit in shadow
-    /// mode, whose refusals may need a second decision).
-    pub(crate) fn decide_checks_now(
-        &self,
-        checks: &[Check<'_>],
-    ) -> Option<Result<Decision, Error>> {
-        if checks.iter().any(|c| c.limit.is_shadow()) {
-            return None;
-        }
-        match self.decision(checks, 0, false, true) {
-            Answer::Now(result) => Some(result),
-            // dropped before it was polled: nothing was sent
-            Answer::Later(_) => None,
-        }
-    }
-
     /// Whether every decision of this limiter's store is made at once (in
     /// memory): the layer then decides inside `call`.
     pub(crate) fn answers_at_once(&self) -> bool {
         !self.inner.store.remote()
+    }
+
+    /// The decisions whose grant can be given back once ([`Grant::refund`]):
+    /// take when a request arrives, give back when its outcome says it
+    /// should not count (see [`Refundable`]).
+    pub fn refundable(&self) -> Refundable<'_> {
+        Refundable { limiter: self }
+    }
+
+    /// Takes a permit of each of the limiter's
+    /// [concurrency limits](Limit::concurrency) for `key`, with the
+    /// limiter's other limits in the same atomic decision (each charged
+    /// 1), and returns a [`Lease`] that holds the permits until it is
+    /// dropped or released. When any limit refuses, the lease holds nothing
+    /// ([`Lease::is_held`] is `false`) and its decision says when to retry.
+    /// A limiter without a concurrency limit is an [`Error::Config`].
+    pub async fn acquire_lease(&self, key: impl AsRef<[u8]>) -> Result<Lease, Error> {
+        if !self.current().iter().any(|l| l.is_concurrency()) {
+            return Err(Error::Config(crate::ConfigError::NoConcurrencyLimit));
+        }
+        let keys = [key];
+        let limits = self.current();
+        let checks = Self::keyed_checks(&limits, &keys, 1)?;
+        let decision = self.decided(&checks, Ask::NOW).await?;
+        let charged = Self::charged(&checks, &decision);
+        Ok(Lease::of(self, decision, &charged))
+    }
+
+    /// The operator's handle: quotas kept in the store, per-key overrides,
+    /// blocks and inspection (see [`Admin`]).
+    pub fn admin(&self) -> Admin<'_> {
+        Admin { limiter: self }
     }
 
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
@@ -399,67 +385,6 @@ impl Limiter {
         let result = self.inner.store.reset(&checks, self.deadline()).get().await;
         timer.finish(|| self.inner.store.kind(), "reset");
         result
-    }
-
-    /// One decision, with limits in shadow mode kept from refusing (see
-    /// [`Limit::shadow`]).
-    ///
-    /// Every decision's future holds this one, and is allocated and moved
-    /// per decision: the checks are borrowed, not moved down (an `async
-    /// fn` keeps a moved argument's slot beside its callee's future), and
-    /// the shadow path is boxed.
-    async fn run(
-        &self,
-        checks: &[Check<'_>],
-        max_wait: Duration,
-        dry: bool,
-    ) -> Result<Decision, Error> {
-        if !max_wait.is_zero() && checks.iter().any(|c| c.limit.is_concurrency()) {
-            // boxed: rare
-            return Box::pin(self.wait_for_permit(checks, max_wait, dry)).await;
-        }
-        self.run_now_or_ahead(checks, max_wait, dry).await
-    }
-
-    /// A decision with a [concurrency limit](Limit::concurrency) that may
-    /// wait `max_wait`: no reservation ahead (a lease renewed meanwhile
-    /// would run beside the reserved one), but the decision made again, at
-    /// pauses of 10 ms doubling up to 200 ms, until it is granted, refused
-    /// for good, or `max_wait` has passed (the last refusal is the answer).
-    async fn wait_for_permit(
-        &self,
-        checks: &[Check<'_>],
-        max_wait: Duration,
-        dry: bool,
-    ) -> Result<Decision, Error> {
-        let until = tokio::time::Instant::now() + max_wait;
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let decision = self.run_now_or_ahead(checks, Duration::ZERO, dry).await?;
-            let waited = tokio::time::Instant::now() + pause;
-            if decision.is_allowed() || decision.retry_after().is_none() || waited > until {
-                return Ok(decision);
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
-    }
-
-    /// The decision of `checks`, reserved up to `max_wait` ahead.
-    async fn run_now_or_ahead(
-        &self,
-        checks: &[Check<'_>],
-        max_wait: Duration,
-        dry: bool,
-    ) -> Result<Decision, Error> {
-        if checks.iter().any(|c| c.limit.is_shadow()) {
-            // boxed: its future is nearly twice the plain one's
-            if max_wait.is_zero() {
-                return Box::pin(self.run_shadow(checks, max_wait, dry)).await;
-            }
-            return Box::pin(self.run_shadow_ahead(checks, max_wait, dry)).await;
-        }
-        self.run_once(checks, max_wait, dry, true).await
     }
 }
 

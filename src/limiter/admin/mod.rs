@@ -35,13 +35,5 @@ use super::Limiter;
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Admin<'a> {
-    limiter: &'a Limiter,
-}
-
-impl Limiter {
-    /// The operator's handle: quotas kept in the store, per-key overrides,
-    /// blocks and inspection (see [`Admin`]).
-    pub fn admin(&self) -> Admin<'_> {
-        Admin { limiter: self }
-    }
+    pub(in crate::limiter) limiter: &'a Limiter,
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::Admin;
 use crate::decision::Decision;
+use crate::limiter::Ask;
 use crate::store::{Check, Deadline, PenaltyChange};
 use crate::{ConfigError, Error, Limit};
 
@@ -145,10 +146,14 @@ impl Admin<'_> {
             key,
             cost: 1,
         }];
-        let decision = self
-            .limiter
-            .run_once(&check, Duration::ZERO, true, false)
-            .await?;
+        let look = Ask {
+            dry: true,
+            counted: false,
+            ..Ask::NOW
+        };
+        let deadline = self.limiter.deadline();
+        let decision = self.limiter.decision_at_store(&check, look, deadline);
+        let decision = decision.get().await?.into_decision();
         let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
         let p = limit.pen_params();
         let (offences, refusals) = p.map_or((0, 0), |p| {

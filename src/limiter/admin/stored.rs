@@ -50,6 +50,14 @@ impl Admin<'_> {
             ))
             .into());
         }
+        if quota.calendar().is_some() {
+            // its code is negative on the wire, where a kept quota's
+            // parameters are digits (`Params::from_stored`, `valid_kept`)
+            return Err(ConfigError::Stored(format!(
+                "limit {name:?}: a calendar quota cannot be kept in the store"
+            ))
+            .into());
+        }
         let mut kept = Limit::new(name, quota)?.quota_from_store();
         if own.is_shadow() {
             kept = kept.shadow();

@@ -117,7 +117,7 @@ impl RedisStore {
             }
             Err(encoded) => {
                 let _flight = InFlight(self, slot);
-                self.run_call(&encoded, deadline).await
+                self.call(&encoded, deadline).await
             }
         }
     }
@@ -249,7 +249,7 @@ impl RedisStore {
             .max_by_key(|d| d.at())
             .unwrap_or_else(|| Deadline::after(std::time::Duration::ZERO).start());
         if let [waiter] = waiting.as_mut_slice() {
-            let result = self.run_call(&waiter.encoded, deadline).await;
+            let result = self.call(&waiter.encoded, deadline).await;
             if let Some(waiter) = waiting.pop() {
                 let _ = waiter.reply.send(result);
             }
@@ -258,7 +258,7 @@ impl RedisStore {
         let parts: Vec<&Encoded> = waiting.iter().map(|w| &w.encoded).collect();
         let batch = Encoded::batch(&parts);
         let replies = self
-            .run_call(&batch, deadline)
+            .call(&batch, deadline)
             .await
             .and_then(|packed| split(&packed, waiting.len()));
         match replies {
@@ -273,20 +273,6 @@ impl RedisStore {
                 }
             }
         }
-    }
-
-    /// Runs the library's function for `encoded` over a lane's connection.
-    pub(super) async fn run_call(
-        &self,
-        encoded: &Encoded,
-        deadline: Deadline,
-    ) -> Result<Vec<u8>, Error> {
-        self.inner
-            .lanes
-            .run(deadline, |mut conn| async move {
-                self.call(&mut conn, encoded).await
-            })
-            .await
     }
 }
 

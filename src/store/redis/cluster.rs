@@ -26,6 +26,7 @@ use smallvec::SmallVec;
 
 use super::RedisStore;
 use crate::algorithm::{Outcome, Params, Reply};
+use crate::store::backend::Backend;
 use crate::store::{keys, Check, Deadline, Settle, Settled};
 use crate::Error;
 
@@ -140,7 +141,7 @@ impl RedisStore {
         let replies = futures_util::future::join_all(
             subsets
                 .iter()
-                .map(|subset| self.decide_group(subset, 0, dry, deadline)),
+                .map(|subset| self.decide(subset, 0, dry, deadline).get()),
         )
         .await;
         let mut failure = None;

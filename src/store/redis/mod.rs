@@ -264,26 +264,6 @@ impl RedisStore {
         0
     }
 
-    /// One decision over checks whose keys share a slot: one call.
-    async fn decide_group(
-        &self,
-        checks: &[Check<'_>],
-        max_wait: i64,
-        dry: bool,
-        deadline: Deadline,
-    ) -> Result<Reply, Error> {
-        let operation = Operation::Decide { max_wait, dry };
-        let packed = if self.inner.coalesce {
-            let encoded = self.encode(checks, operation);
-            let slot = self.slot_of(checks);
-            self.decide_coalesced(encoded, slot, deadline).await?
-        } else {
-            self.invoke(checks, operation, deadline).await?
-        };
-        self.report_ignored(&packed, checks, 0);
-        read_reply(&packed, checks.len(), Reply::from_packed, "")
-    }
-
     /// A settlement of checks whose keys share a slot (the library's ops 1,
     /// 4 and 5, see `lua/limits.lua`): one call.
     async fn settle_group(
@@ -315,8 +295,7 @@ impl RedisStore {
         operation: Operation,
         deadline: Deadline,
     ) -> Result<Vec<u8>, Error> {
-        self.run_call(&self.encode(checks, operation), deadline)
-            .await
+        self.call(&self.encode(checks, operation), deadline).await
     }
 }
 
@@ -351,7 +330,17 @@ impl Backend for RedisStore {
                 // boxed: the common decision's future stays small
                 return Box::pin(self.decide_across_slots(checks, &groups, dry, deadline)).await;
             }
-            self.decide_group(checks, max_wait, dry, deadline).await
+            // keys in one slot: one call
+            let operation = Operation::Decide { max_wait, dry };
+            let encoded = self.encode(checks, operation);
+            let packed = if self.inner.coalesce {
+                let slot = self.slot_of(checks);
+                self.decide_coalesced(encoded, slot, deadline).await?
+            } else {
+                self.call(&encoded, deadline).await?
+            };
+            self.report_ignored(&packed, checks, 0);
+            read_reply(&packed, checks.len(), Reply::from_packed, "")
         }))
     }
 

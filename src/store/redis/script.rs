@@ -11,6 +11,8 @@ use redis::Script;
 use super::connector::Conn;
 use super::encode::Encoded;
 use super::RedisStore;
+use crate::store::Deadline;
+use crate::Error;
 
 /// The decision code: the helpers, the algorithms, the wire (their ids and
 /// key counts, written from `algorithm::wire`), then the driver, which
@@ -60,9 +62,11 @@ const FUNCTIONS: u8 = 1;
 const SCRIPTS: u8 = 2;
 
 impl RedisStore {
-    /// Runs the decision code: `FCALL`, loading the library when the server
-    /// lacks it (a new server, a flushed one, a promoted replica), or
-    /// `EVALSHA` on a server without Functions (before Redis 7).
+    /// Runs the decision code for `encoded` over a lane's connection (see
+    /// `Lanes::run`), by `deadline`: `FCALL`, loading the library when the
+    /// server lacks it (a new server, a flushed one, a promoted replica), or
+    /// `EVALSHA` on a server without Functions (before Redis 7). The one way
+    /// every operation but a reset reaches Redis.
     ///
     /// Only the common path, one `FCALL` that finds the library, lives in
     /// this future; loading the library and `EVALSHA` are boxed in
@@ -71,39 +75,45 @@ impl RedisStore {
     /// decision.
     pub(super) async fn call(
         &self,
-        conn: &mut Conn,
         encoded: &Encoded,
-    ) -> redis::RedisResult<Vec<u8>> {
-        let mode = self.inner.mode.load(Ordering::Relaxed);
-        if mode == SCRIPTS || self.load_failed_lately() {
-            return Box::pin(self.call_slowly(conn, encoded, None)).await;
-        }
-        let delivery = &*DELIVERY;
-        // sized up front, so that the command's buffers are allocated once
-        let count = encoded.key_count() + encoded.arg_count();
-        let data = encoded.byte_len() + delivery.function.len() + 32;
-        let mut fcall = redis::Cmd::with_capacity(count + 3, data);
-        fcall
-            .arg("FCALL")
-            .arg(&delivery.function)
-            .arg(encoded.key_count());
-        for arg in encoded.keys().chain(encoded.args()) {
-            fcall.arg(arg);
-        }
-        match conn.query::<Vec<u8>>(&fcall).await {
-            Ok(values) => {
-                // written once, not by every decision: a store to the line
-                // that every thread reads
-                if mode != FUNCTIONS {
-                    self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
+        deadline: Deadline,
+    ) -> Result<Vec<u8>, Error> {
+        self.inner
+            .lanes
+            .run(deadline, |mut conn| async move {
+                let conn = &mut conn;
+                let mode = self.inner.mode.load(Ordering::Relaxed);
+                if mode == SCRIPTS || self.load_failed_lately() {
+                    return Box::pin(self.call_slowly(conn, encoded, None)).await;
                 }
-                Ok(values)
-            }
-            Err(e) if is_missing_function(&e) || is_unknown_command(&e) => {
-                Box::pin(self.call_slowly(conn, encoded, Some((fcall, e)))).await
-            }
-            Err(e) => Err(e),
-        }
+                let delivery = &*DELIVERY;
+                // sized up front, so that the command's buffers are allocated once
+                let count = encoded.key_count() + encoded.arg_count();
+                let data = encoded.byte_len() + delivery.function.len() + 32;
+                let mut fcall = redis::Cmd::with_capacity(count + 3, data);
+                fcall
+                    .arg("FCALL")
+                    .arg(&delivery.function)
+                    .arg(encoded.key_count());
+                for arg in encoded.keys().chain(encoded.args()) {
+                    fcall.arg(arg);
+                }
+                match conn.query::<Vec<u8>>(&fcall).await {
+                    Ok(values) => {
+                        // written once, not by every decision: a store to the line
+                        // that every thread reads
+                        if mode != FUNCTIONS {
+                            self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
+                        }
+                        Ok(values)
+                    }
+                    Err(e) if is_missing_function(&e) || is_unknown_command(&e) => {
+                        Box::pin(self.call_slowly(conn, encoded, Some((fcall, e)))).await
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .await
     }
 
     /// [`call`](Self::call) after its `FCALL` failed (`failed`: the command

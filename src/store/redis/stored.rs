@@ -199,19 +199,9 @@ impl RedisStore {
         deadline: Deadline,
     ) -> Result<i64, Error> {
         let reply = self
-            .run_encoded(&Encoded::change(hash, command, args), deadline)
+            .call(&Encoded::change(hash, command, args), deadline)
             .await?;
         read_count(&reply)
-    }
-
-    /// Runs one encoded call of the library on a lane's connection.
-    async fn run_encoded(&self, encoded: &Encoded, deadline: Deadline) -> Result<Vec<u8>, Error> {
-        self.inner
-            .lanes
-            .run(deadline, |mut conn| async move {
-                self.call(&mut conn, encoded).await
-            })
-            .await
     }
 
     /// Sets (`Some`) or deletes (`None`) the limit's own quota in every hash
@@ -233,17 +223,8 @@ impl RedisStore {
                     None => Encoded::change(hash, "HDEL", &[b""]),
                 })
                 .collect();
-            let calls = &calls;
-            self.inner
-                .lanes
-                .run(deadline, |conn| async move {
-                    let sent = calls.iter().map(|encoded| {
-                        let mut conn = conn.clone();
-                        async move { self.call(&mut conn, encoded).await }
-                    });
-                    futures_util::future::try_join_all(sent).await
-                })
-                .await?;
+            let sent = calls.iter().map(|encoded| self.call(encoded, deadline));
+            futures_util::future::try_join_all(sent).await?;
         }
         #[cfg(not(feature = "cluster"))]
         let _ = (copies, value, deadline);
@@ -281,7 +262,7 @@ impl RedisStore {
             .with(Opt::Block, us)
             .write(&mut options);
         let encoded = Encoded::penalty(key, &options, check.limit);
-        let reply = self.run_encoded(&encoded, deadline).await?;
+        let reply = self.call(&encoded, deadline).await?;
         let values: Vec<i64> = reply
             .chunks_exact(8)
             .filter_map(|c| c.try_into().ok().map(f64::from_le_bytes))

@@ -1,0 +1,388 @@
+//! Keys from a request's body: [`ReadBody`] reads the start of the body
+//! before the rate-limit layer decides, and gives the body back whole;
+//! [`JsonField`] keys by a field of it.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::request::Parts;
+use http::Request;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use pin_project_lite::pin_project;
+use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
+
+use super::{extract_via_buf, KeyBuf, KeyExtractor};
+
+/// The default of [`ReadBody::max_bytes`]: 16 KiB.
+pub const DEFAULT_MAX_BODY: usize = 16 * 1024;
+/// The default of [`ReadBody::timeout`]: 5 s.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What [`ReadBody`] read: the whole body, or `None` when it was longer
+/// than the bound, too slow, or failed.
+#[derive(Clone)]
+struct BodyRead(Option<Bytes>);
+
+/// A Tower layer that reads the start of each request's body, at most
+/// [`max_bytes`](Self::max_bytes) within [`timeout`](Self::timeout), for
+/// keys such as [`JsonField`] to read, and gives the inner service the body
+/// back unchanged (the bytes read, then the rest). Put it around the
+/// rate-limit layer with [`around`](Self::around): keys are read before the
+/// decision.
+///
+/// A body over the bound (by its `Content-Length`, then not read at all, or
+/// as it arrives), one that is not whole within the timeout (a client
+/// sending slowly holds the request at most that long before the decision),
+/// or one that fails has no key: the rule's
+/// [`MissingKey`](crate::layer::MissingKey) applies (400 by default). So
+/// the bound caps both the memory a request holds before it is limited and
+/// the time; a rule keyed by the body belongs beside one keyed by the client
+/// IP, which counts the requests that have none.
+///
+/// The inner service's body type `B` is the layer's: it must be made from a
+/// [`ReplayBody<B>`] (axum's `Body` is, with the `axum` feature).
+#[derive(Debug, Clone, Copy)]
+pub struct ReadBody {
+    max_bytes: usize,
+    timeout: Duration,
+}
+
+impl Default for ReadBody {
+    fn default() -> Self {
+        Self {
+            max_bytes: DEFAULT_MAX_BODY,
+            timeout: DEFAULT_BODY_TIMEOUT,
+        }
+    }
+}
+
+impl ReadBody {
+    /// At most [`DEFAULT_MAX_BODY`] within [`DEFAULT_BODY_TIMEOUT`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The most bytes read; a longer body has no key.
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// How long the body may take to arrive; a slower one has no key.
+    pub fn timeout(mut self, wait: Duration) -> Self {
+        self.timeout = wait;
+        self
+    }
+
+    /// `layer` with this one around it: the body is read, then `layer`
+    /// decides. The one value to give axum's `Router::layer` (or
+    /// `route_layer`).
+    pub fn around<L>(self, layer: L) -> tower_layer::Stack<L, ReadBody> {
+        tower_layer::Stack::new(layer, self)
+    }
+
+    /// Reads the start of `body`: the whole of it, or `None`; and the body
+    /// to forward.
+    async fn read<B>(self, mut body: B) -> (Option<Bytes>, B)
+    where
+        B: Body<Data = Bytes> + From<ReplayBody<B>> + Unpin,
+    {
+        if body.size_hint().lower() > self.max_bytes as u64 {
+            return (None, body);
+        }
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let (mut chunks, mut len) = (VecDeque::new(), 0);
+        // (whole, a frame or error to give back after the chunks, ended)
+        let (whole, after, ended) = loop {
+            match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) => break (false, None, false),
+                Ok(None) => break (true, None, true),
+                Ok(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        len += data.len();
+                        chunks.push_back(data);
+                        if len > self.max_bytes {
+                            break (false, None, false);
+                        }
+                    }
+                    // trailers: the data is whole
+                    Err(frame) => break (true, Some(Ok(frame)), false),
+                },
+                Ok(Some(Err(error))) => break (false, Some(Err(error)), true),
+            }
+        };
+        let read = whole.then(|| match chunks.len() {
+            1 => chunks[0].clone(),
+            _ => chunks
+                .iter()
+                .fold(BytesMut::with_capacity(len), |mut all, chunk| {
+                    all.extend_from_slice(chunk);
+                    all
+                })
+                .freeze(),
+        });
+        let rest = (!ended).then_some(body);
+        let replay = ReplayBody {
+            chunks,
+            after,
+            rest,
+        };
+        (read, B::from(replay))
+    }
+}
+
+impl<S> tower_layer::Layer<S> for ReadBody {
+    type Service = ReadBodyService<S>;
+
+    fn layer(&self, inner: S) -> ReadBodyService<S> {
+        ReadBodyService { inner, read: *self }
+    }
+}
+
+/// The service of [`ReadBody`].
+#[derive(Debug, Clone)]
+pub struct ReadBodyService<S> {
+    inner: S,
+    read: ReadBody,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> tower_service::Service<Request<B>> for ReadBodyService<S>
+where
+    S: tower_service::Service<Request<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Body<Data = Bytes> + From<ReplayBody<B>> + Unpin + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // the clone that was made ready calls; a fresh one waits its turn
+        let fresh = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        let read = self.read;
+        Box::pin(async move {
+            let (mut parts, body) = request.into_parts();
+            let (bytes, body) = read.read(body).await;
+            parts.extensions.insert(BodyRead(bytes));
+            inner.call(Request::from_parts(parts, body)).await
+        })
+    }
+}
+
+pin_project! {
+    /// A body given back by [`ReadBody`]: the chunks it read, then the
+    /// rest of the original body, frame for frame.
+    pub struct ReplayBody<B: Body> {
+        chunks: VecDeque<Bytes>,
+        after: Option<Result<Frame<Bytes>, B::Error>>,
+        #[pin]
+        rest: Option<B>,
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        if let Some(chunk) = this.chunks.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        if let Some(after) = this.after.take() {
+            return Poll::Ready(Some(after));
+        }
+        match this.rest.as_pin_mut() {
+            Some(rest) => rest.poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+            && self.after.is_none()
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read: u64 = self.chunks.iter().map(|c| c.len() as u64).sum();
+        let Some(rest) = &self.rest else {
+            return SizeHint::with_exact(read);
+        };
+        let rest = rest.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(read));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(read));
+        }
+        hint
+    }
+}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl From<ReplayBody<axum::body::Body>> for axum::body::Body {
+    fn from(body: ReplayBody<axum::body::Body>) -> Self {
+        axum::body::Body::new(body)
+    }
+}
+
+type Normalize = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// The key is a string field of a JSON object body (such as the `username`
+/// of a login), as read by a [`ReadBody`] around the layer: one call keys a
+/// rule by it. A body without that field, with it twice (parsers disagree
+/// about which one counts), with it not a string, not a JSON object, or not
+/// read has no key (the rule's [`MissingKey`](crate::layer::MissingKey)
+/// applies). Without a `ReadBody` around the layer, every request has none,
+/// and one `warn` line says so.
+///
+/// Key by the form your handler matches: when it trims and lowercases the
+/// name, so must the key ([`normalize`](Self::normalize)), or ` Ann` and
+/// `ann` are counted apart for one account. Every distinct value is a key,
+/// so limit the senders too (a rule keyed by the client IP).
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use axum::{routing::post, Router};
+/// use tower_ratelimit::key::{ClientIp, JsonField, ReadBody};
+/// use tower_ratelimit::layer::RateLimitLayer;
+/// use tower_ratelimit::{Limit, Quota};
+///
+/// let logins = Limit::new("login", Quota::per_minute(5).sliding_log())?;
+/// let username = JsonField::new("username").normalize(|name| Some(name.trim().to_lowercase()));
+/// let limited = RateLimitLayer::builder()
+///     .limit(logins, (username, ClientIp::peer()))
+///     .build()?;
+/// // the handler still reads the whole body
+/// let app: Router = Router::new()
+///     .route("/login", post(|body: String| async move { body }))
+///     .layer(ReadBody::new().max_bytes(4096).around(limited));
+/// # }
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct JsonField {
+    field: Arc<str>,
+    normalize: Option<Normalize>,
+    warned: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for JsonField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("JsonField").field(&self.field).finish()
+    }
+}
+
+impl JsonField {
+    /// The top-level field `field` of the body's JSON object.
+    pub fn new(field: impl Into<String>) -> Self {
+        Self {
+            field: Arc::from(field.into()),
+            normalize: None,
+            warned: Arc::default(),
+        }
+    }
+
+    /// Keys by `normalize(value)` instead of the value; `None` is no key.
+    pub fn normalize(
+        mut self,
+        normalize: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.normalize = Some(Arc::new(normalize));
+        self
+    }
+
+    /// The field's value in `body`, if it is there once, as a string.
+    fn value(&self, body: &[u8]) -> Option<String> {
+        let mut json = serde_json::Deserializer::from_slice(body);
+        let value = FieldOf(&self.field).deserialize(&mut json).ok()?;
+        json.end().ok()?;
+        match value? {
+            serde_json::Value::String(text) => Some(text),
+            _ => None,
+        }
+    }
+}
+
+impl KeyExtractor for JsonField {
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        extract_via_buf(self, parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
+        let Some(BodyRead(read)) = parts.extensions.get::<BodyRead>() else {
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    target: "tower_ratelimit",
+                    field = %self.field,
+                    "JsonField: no body was read, so no request has this key; put \
+                     ReadBody around the rate-limit layer (ReadBody::new().around(layer))"
+                );
+            }
+            return false;
+        };
+        let value = read.as_deref().and_then(|body| self.value(body));
+        let value = match (&self.normalize, value) {
+            (Some(normalize), Some(value)) => normalize(&value),
+            (None, value) => value,
+            (_, None) => None,
+        };
+        value.is_some_and(|value| key.write_str(&value).is_ok())
+    }
+
+    /// `JsonField(field)`.
+    fn key_kind(&self) -> String {
+        format!("JsonField({})", self.field)
+    }
+}
+
+/// Finds one field of a JSON object, skipping the others unparsed into
+/// values; an error when the body is no object or has the field twice.
+struct FieldOf<'f>(&'f str);
+
+impl<'de> DeserializeSeed<'de> for FieldOf<'_> {
+    type Value = Option<serde_json::Value>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, json: D) -> Result<Self::Value, D::Error> {
+        json.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FieldOf<'_> {
+    type Value = Option<serde_json::Value>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(name) = map.next_key::<String>()? {
+            if name != self.0 {
+                map.next_value::<IgnoredAny>()?;
+            } else if found.replace(map.next_value()?).is_some() {
+                return Err(A::Error::custom("the field is given twice"));
+            }
+        }
+        Ok(found)
+    }
+}

@@ -1,0 +1,345 @@
+//! A limits file followed while the process runs (feature `watch`):
+//! [`LimitsFile`] reads a file of limits into [`LiveLimits`] and reads it
+//! again whenever it changes.
+
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use notify::Watcher;
+use serde::Deserialize;
+
+use crate::{ConfigError, Limit, LiveLimits};
+
+/// Why a limits file was not applied; the limits in force stay as they were.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WatchError {
+    /// The file could not be read (or the watch's thread not started).
+    #[error("limits file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a list of limits (the limit and the field are named).
+    #[error("limits file {path}: {problem}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, where.
+        problem: String,
+    },
+    /// The limits cannot replace those in force (see [`LiveLimits::update`]).
+    #[error("limits file {path}: {source}")]
+    Limits {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: ConfigError,
+    },
+    /// The file's folder cannot be watched.
+    #[error("limits file {path}: cannot watch its folder: {source}")]
+    Watch {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: notify::Error,
+    },
+}
+
+/// What a reading of the file did: the names of the limits it changed, or
+/// why it was not applied.
+pub type Reload = Result<Vec<&'static str>, WatchError>;
+
+type OnReload = Box<dyn Fn(&Reload) + Send + Sync>;
+
+/// A file of limits: a `limits` list of [limits as configuration files
+/// write them](Limit), JSON when the name
+/// ends in `.json`, TOML otherwise (`[[limits]]` tables); other top-level
+/// keys are left alone.
+///
+/// [`watch`](Self::watch) applies it to a [`LiveLimits`] and reads it again
+/// whenever it changes, until the returned [`FileWatch`] is dropped. The
+/// file's folder is watched, not the file, and a change to the file's name
+/// or to `..data` reads it again, so a file written in place, one that an
+/// editor replaces by renaming another over it, and a Kubernetes ConfigMap
+/// mount (`limits.toml -> ..data/limits.toml`, where a new `..data` symlink
+/// is renamed over the old one) are all followed. Readings wait for the
+/// changes to settle ([`debounce`](Self::debounce)); a text the same as the
+/// last one read is left there. A file with a mistake changes nothing: the
+/// limits in force stay, and the error is logged (`error`, target
+/// `tower_ratelimit`), passed to [`on_reload`](Self::on_reload) and kept
+/// as [`FileWatch::last_error`].
+///
+/// The crate does not take `SIGHUP` over (a library should not choose what
+/// a process does with its signals): a server that wants it calls
+/// [`FileWatch::reload`] from its own handler.
+///
+/// ```
+/// use tower_ratelimit::watch::LimitsFile;
+/// use tower_ratelimit::{Limit, LiveLimits, Quota};
+///
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("limits.toml");
+/// std::fs::write(&path, "[[limits]]\nname = \"per-ip\"\nalgorithm = \"gcra\"\nrate = 50\nper = \"1s\"\nburst = 50\n")?;
+///
+/// let limits = LiveLimits::new([Limit::new("per-ip", Quota::per_second(100).gcra())?])?;
+/// let watch = LimitsFile::new(&path)
+///     .on_reload(|reload| eprintln!("limits file read again: {reload:?}"))
+///     .watch(&limits)?; // keep it: dropping it stops the watch
+/// assert_eq!(limits.get("per-ip").expect("above").get().capacity(), 50);
+///
+/// std::fs::write(&path, "[[limits]]\nname = \"per-ip\"\nalgorithm = \"gcra\"\nrate = 0\nper = \"1s\"\nburst = 5\n")?;
+/// assert!(watch.reload().is_err()); // a mistake: the limits stay
+/// assert_eq!(limits.get("per-ip").expect("above").get().capacity(), 50);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct LimitsFile {
+    path: PathBuf,
+    debounce: Duration,
+    on_reload: Option<OnReload>,
+}
+
+impl std::fmt::Debug for LimitsFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimitsFile")
+            .field("path", &self.path)
+            .field("debounce", &self.debounce)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default of [`LimitsFile::debounce`].
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
+
+impl LimitsFile {
+    /// The limits file at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            debounce: DEFAULT_DEBOUNCE,
+            on_reload: None,
+        }
+    }
+
+    /// How long a change waits for more before the file is read:
+    /// [`DEFAULT_DEBOUNCE`] unless set (an editor's save is several events).
+    pub fn debounce(mut self, wait: Duration) -> Self {
+        self.debounce = wait;
+        self
+    }
+
+    /// Called with what each reading after the first did (the limits it
+    /// changed, or why it was not applied), on the watch's own thread.
+    pub fn on_reload(mut self, report: impl Fn(&Reload) + Send + Sync + 'static) -> Self {
+        self.on_reload = Some(Box::new(report));
+        self
+    }
+
+    /// The limits the file holds now, to make a [`LiveLimits`] of.
+    pub fn read(&self) -> Result<Vec<Limit>, WatchError> {
+        let text = std::fs::read_to_string(&self.path).map_err(|source| WatchError::Read {
+            path: self.path.clone(),
+            source,
+        })?;
+        self.parse(&text)
+    }
+
+    fn parse(&self, text: &str) -> Result<Vec<Limit>, WatchError> {
+        #[derive(Deserialize)]
+        struct File {
+            limits: Vec<Limit>,
+        }
+        let json = self.path.extension().is_some_and(|e| e == "json");
+        let file: Result<File, String> = if json {
+            serde_json::from_str(text).map_err(|e| e.to_string())
+        } else {
+            toml::from_str(text).map_err(|e| e.to_string())
+        };
+        file.map(|file| file.limits)
+            .map_err(|problem| WatchError::Parse {
+                path: self.path.clone(),
+                problem,
+            })
+    }
+
+    /// Applies the file to `limits` now (an error if it cannot be: a
+    /// process should not start on a file with a mistake), then reads it
+    /// again whenever it changes, on a thread of its own, until the
+    /// returned [`FileWatch`] is dropped.
+    pub fn watch(self, limits: &LiveLimits) -> Result<FileWatch, WatchError> {
+        let folder = match self.path.parent() {
+            Some(folder) if !folder.as_os_str().is_empty() => folder.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        let name = self.path.file_name().map(ToOwned::to_owned);
+        let shared = Arc::new(Shared {
+            file: self,
+            limits: limits.clone(),
+            last: Mutex::new(None),
+        });
+        let (changed, changes) = mpsc::sync_channel::<()>(1);
+        let concerns = move |path: &PathBuf| {
+            let file = path.file_name();
+            file.is_some_and(|file| file == "..data") || file == name.as_deref()
+        };
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            // (events lost to an overflow, or an error: read it to be sure)
+            let relevant = event.map_or(true, |event| {
+                event.need_rescan()
+                    || (!event.kind.is_access() && event.paths.iter().any(&concerns))
+            });
+            if relevant {
+                // a reading already pending reads this change too
+                let _ = changed.try_send(());
+            }
+        })
+        .and_then(|mut watcher| {
+            watcher.watch(&folder, notify::RecursiveMode::NonRecursive)?;
+            Ok(watcher)
+        })
+        .map_err(|source| WatchError::Watch {
+            path: shared.file.path.clone(),
+            source,
+        })?;
+        // watched before the first reading: no change falls between them
+        if let Some(Err(error)) = shared.apply(true) {
+            return Err(error);
+        }
+        let follower = shared.clone();
+        std::thread::Builder::new()
+            .name("limits-file".into())
+            .spawn(move || follower.follow(&changes))
+            .map_err(|source| WatchError::Read {
+                path: shared.file.path.clone(),
+                source,
+            })?;
+        Ok(FileWatch {
+            shared,
+            _watcher: watcher,
+        })
+    }
+}
+
+struct Shared {
+    file: LimitsFile,
+    limits: LiveLimits,
+    /// The text last read, and the error of the last reading if it failed.
+    last: Mutex<Option<(String, Option<String>)>>,
+}
+
+impl Shared {
+    /// Reads the file and applies it; `None` when its text is the one last
+    /// read and not `always`.
+    fn apply(&self, always: bool) -> Option<Reload> {
+        let read = std::fs::read_to_string(&self.file.path);
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let reload = match read {
+            Ok(text) if !always && last.as_ref().is_some_and(|(t, _)| *t == text) => return None,
+            Ok(text) => {
+                let applied = self.file.parse(&text).and_then(|limits| {
+                    self.limits
+                        .update(limits)
+                        .map_err(|source| WatchError::Limits {
+                            path: self.file.path.clone(),
+                            source,
+                        })
+                });
+                let error = applied.as_ref().err().map(ToString::to_string);
+                *last = Some((text, error));
+                applied
+            }
+            Err(source) => {
+                let error = WatchError::Read {
+                    path: self.file.path.clone(),
+                    source,
+                };
+                if let Some((_, last_error)) = last.as_mut() {
+                    *last_error = Some(error.to_string());
+                }
+                Err(error)
+            }
+        };
+        Some(reload)
+    }
+
+    /// Logs what a reading after the first did, and tells the callback.
+    fn report(&self, reload: &Reload) {
+        let path = self.file.path.display();
+        match reload {
+            Ok(changed) if changed.is_empty() => {
+                tracing::info!(target: "tower_ratelimit", "limits file {path}: read again, no change")
+            }
+            Ok(changed) => tracing::info!(
+                target: "tower_ratelimit",
+                "limits file {path}: in force now for {}",
+                changed.join(", ")
+            ),
+            Err(e) => tracing::error!(
+                target: "tower_ratelimit",
+                "{e} (not applied, the limits stay as they were)"
+            ),
+        }
+        if let Some(report) = &self.file.on_reload {
+            report(reload);
+        }
+    }
+
+    /// Reads the file after each change settles, until the watcher is gone.
+    fn follow(&self, changes: &mpsc::Receiver<()>) {
+        while changes.recv().is_ok() {
+            loop {
+                match changes.recv_timeout(self.file.debounce) {
+                    Ok(()) => continue,
+                    Err(mpsc::RecvTimeoutError::Timeout) => break,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            if let Some(reload) = self.apply(false) {
+                self.report(&reload);
+            }
+        }
+    }
+}
+
+/// A limits file being followed (see [`LimitsFile::watch`]); dropping it
+/// stops the watch.
+pub struct FileWatch {
+    shared: Arc<Shared>,
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl std::fmt::Debug for FileWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileWatch")
+            .field("file", &self.shared.file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileWatch {
+    /// Reads the file now, even if it seems unchanged (for a `SIGHUP`), and
+    /// applies it; the limits in force stay when it has a mistake.
+    pub fn reload(&self) -> Reload {
+        let reload = self.shared.apply(true).unwrap_or_else(|| Ok(Vec::new()));
+        self.shared.report(&reload);
+        reload
+    }
+
+    /// Why the last reading was not applied, or `None` when it was.
+    pub fn last_error(&self) -> Option<String> {
+        let last = self
+            .shared
+            .last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        last.as_ref().and_then(|(_, error)| error.clone())
+    }
+
+    /// The file followed.
+    pub fn path(&self) -> &Path {
+        &self.shared.file.path
+    }
+}
