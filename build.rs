@@ -37,23 +37,31 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
-/// The library's files, in the order Redis reads them.
-const FILES: [&str; 14] = [
-    "common",
-    "sliding_log",
-    "sliding_log_steps",
-    "token_bucket",
-    "gcra",
-    "fixed_window",
-    "sliding_window",
-    "wire",
-    "driver",
-    "kept",
-    "penalty",
-    "limits",
-    "one",
-    "dispatch",
+/// The library's files after the algorithms', in the order Redis reads them.
+const FILES: [&str; 7] = [
+    "wire", "driver", "kept", "penalty", "limits", "one", "dispatch",
 ];
+
+/// The library's files, in the order Redis reads them: `common`, then each
+/// algorithm's of `lua/wire.lua`'s list (written from the registry in
+/// `src/algorithm/mod.rs`), `<name>.lua` and, if it has one,
+/// `<name>_steps.lua`, then [`FILES`].
+fn files(dir: &str) -> Vec<String> {
+    let wire = std::fs::read_to_string(format!("{dir}/lua/wire.lua")).expect("lua/wire.lua");
+    let list = wire
+        .lines()
+        .find_map(|line| line.strip_prefix("local algorithms = {")?.strip_suffix('}'))
+        .expect("lua/wire.lua lists the algorithms");
+    let mut files = vec!["common".to_owned()];
+    for name in list.split(',').map(str::trim) {
+        files.push(name.to_owned());
+        if std::path::Path::new(&format!("{dir}/lua/{name}_steps.lua")).exists() {
+            files.push(format!("{name}_steps"));
+        }
+    }
+    files.extend(FILES.map(str::to_owned));
+    files
+}
 
 struct Step {
     args: Vec<String>,
@@ -76,11 +84,11 @@ fn main() {
     let mut source = String::new();
     // where each file starts in `source`, in lines
     let mut starts = Vec::new();
-    for file in FILES {
+    for file in files(&dir) {
         println!("cargo:rerun-if-changed=lua/{file}.lua");
         let path = format!("{dir}/lua/{file}.lua");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        starts.push((source.lines().count(), file));
+        starts.push((source.lines().count(), file.clone()));
         source.push_str(&text);
     }
     let library = expand(&source).unwrap_or_else(|(line, e)| {
@@ -89,8 +97,7 @@ fn main() {
             .iter()
             .rev()
             .find(|(start, _)| *start <= line)
-            .copied()
-            .unwrap_or((0, "?"));
+            .map_or((0, "?"), |(start, file)| (*start, file.as_str()));
         panic!("lua/{file}.lua:{}: {e}", line - start + 1)
     });
     let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");

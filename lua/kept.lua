@@ -10,10 +10,10 @@
 local KEPT_WINDOW = 316224000000000
 
 -- Whether a kept quota's algorithm `id` and fields a, b, c (and d, of the
--- form 0.1 wrote: nil for today's) are what
--- `Limit::stored_form` writes for some valid limit: exactly what
--- `Params::from_stored` (src/algorithm/mod.rs) accepts, the parameters
--- `derive` in src/limit.rs makes of a quota (amounts and windows at least
+-- form 0.1 wrote: nil for today's) are what `write_stored_form`
+-- (src/store/redis/encode.rs) writes for some valid limit: exactly what
+-- `Params::from_stored` (src/algorithm/params.rs) accepts, the parameters
+-- `Params::derive` there makes of a quota (amounts and windows at least
 -- 1, windows at most KEPT_WINDOW, a bucket's rate and period in lowest
 -- terms, the products the scripts form below 2^53, unused fields 0).
 local function valid_kept(id, a, b, c, d)
@@ -21,11 +21,14 @@ local function valid_kept(id, a, b, c, d)
       or (d ~= nil and d ~= 0) then
     return false
   end
-  if id == 1 or id == 4 then return b <= KEPT_WINDOW and c == 0 end
-  if id == 5 then -- a sliding window's weight step: ceil(window / 2^20)
+  -- by the shape of the algorithm's parameters (`Shape` in
+  -- src/algorithm/params.rs)
+  local shape = algorithms[id] and algorithms[id].shape
+  if shape == "window" then return b <= KEPT_WINDOW and c == 0 end
+  if shape == "weighted" then -- a sliding window's weight step: ceil(window / 2^20)
     return b <= KEPT_WINDOW and a * 1048576 < EXACT and c == cdiv(b, 1048576)
   end
-  if id == 2 or id == 3 then -- a capacity a, b per period c
+  if shape == "bucket" then -- a capacity a, b per period c
     if c < 1 or c > KEPT_WINDOW or a * c + b >= EXACT then return false end
     local x, y = b, c
     while y > 0 do x, y = y, fmod(x, y) end
@@ -129,7 +132,8 @@ end
 -- less the "c"; see `Limit::quota_from_store`): keys[k] is a hash of the
 -- quotas kept for the limit: field '' the limit's, field <its first state
 -- key> that key's override, each a limit's string less its cost
--- (`Limit::stored_form`, "algorithm:p1:p2:p3:"), an override with '@'
+-- (`write_stored_form` in src/store/redis/encode.rs,
+-- "algorithm:p1:p2:p3:"), an override with '@'
 -- and the store time it ends (us) when it does; read through its mirror
 -- (see `mirror`). An override that has ended is deleted from the hash
 -- when read: by the first decision of its key after its end, or by the

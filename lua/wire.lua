@@ -28,8 +28,8 @@ local PEN_READ, PEN_BLOCK, PEN_FORGET = 0, 1, 2
 -- in the algorithms' files, before this one):
 local LIMIT_ALLOWS, LIMIT_NEVER, LIMIT_BLOCKED = 0, 1, 2
 local algorithms = { sliding_log, token_bucket, gcra, fixed_window, sliding_window }
-sliding_log.nkeys = 2
-token_bucket.nkeys = 1
-gcra.nkeys = 1
-fixed_window.nkeys = 1
-sliding_window.nkeys = 1
+sliding_log.nkeys, sliding_log.shape = 2, "window"
+token_bucket.nkeys, token_bucket.shape = 1, "bucket"
+gcra.nkeys, gcra.shape = 1, "bucket"
+fixed_window.nkeys, fixed_window.shape = 1, "window"
+sliding_window.nkeys, sliding_window.shape = 1, "weighted"

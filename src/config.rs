@@ -90,14 +90,11 @@ impl LimitConfig {
     }
 
     fn build(self) -> Result<Limit, ConfigError> {
-        let bucket = matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+        let bucket = self.algorithm.rate_name().is_some();
         // (a sliding log or a bucket has no calendar: `calendar` is refused
         // as a field that does not apply)
-        let calendar = self.calendar.is_some()
-            && matches!(
-                self.algorithm,
-                Algorithm::FixedWindow | Algorithm::SlidingWindow
-            );
+        let calendar =
+            self.calendar.is_some() && !bucket && self.algorithm != Algorithm::SlidingLog;
         let (takes, amount_field, window_field): (&[&'static str], _, _) = if bucket {
             (&["rate", "per", "burst"], "burst", "per")
         } else if calendar {
@@ -151,45 +148,36 @@ impl LimitConfig {
             Some(n) => Ok(n),
             None => Err(self.field(field, "is missing")),
         };
-        let quota = match self.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow if calendar => {
-                let rate = Quota::per_calendar(
-                    nonzero("limit", self.limit)?,
-                    self.calendar.unwrap_or(Period::Day),
-                );
+        let (amount, extra) = if bucket {
+            let rate = nonzero("rate", self.rate)?;
+            (nonzero("burst", self.burst)?, rate)
+        } else {
+            (nonzero("limit", self.limit)?, 0)
+        };
+        let quota = match self.calendar.filter(|_| calendar) {
+            Some(period) => {
                 let offset = match &self.utc_offset {
                     Some(text) => utc_offset(text).map_err(|e| self.field("utc_offset", e))?,
                     None => 0,
                 };
                 let by = Duration::from_secs(offset.unsigned_abs());
+                let rate = Quota::per_calendar(amount, period);
                 let rate = match offset {
                     0.. => rate.east_of_utc(by),
                     _ => rate.west_of_utc(by),
                 };
-                match self.algorithm {
-                    Algorithm::FixedWindow => rate.fixed_window(),
-                    _ => rate.sliding_window(),
+                Quota {
+                    algorithm: self.algorithm,
+                    ..rate.fixed_window()
                 }
             }
-            Algorithm::TokenBucket | Algorithm::Gcra => {
-                let rate = nonzero("rate", self.rate)?;
-                let burst = nonzero("burst", self.burst)?;
-                let step = Quota::rate(rate, window).allow_burst(burst);
-                if self.algorithm == Algorithm::Gcra {
-                    step.gcra()
-                } else {
-                    step.token_bucket()
-                }
-            }
-            Algorithm::SlidingLog => {
-                Quota::rate(nonzero("limit", self.limit)?, window).sliding_log()
-            }
-            Algorithm::FixedWindow => {
-                Quota::rate(nonzero("limit", self.limit)?, window).fixed_window()
-            }
-            Algorithm::SlidingWindow => {
-                Quota::rate(nonzero("limit", self.limit)?, window).sliding_window()
-            }
+            None => Quota {
+                algorithm: self.algorithm,
+                amount,
+                window,
+                extra,
+                calendar: None,
+            },
         };
         let shadow = self.shadow;
         let limit = Limit::new(self.name.clone(), quota).map_err(|e| match e {

@@ -150,18 +150,6 @@ pub(crate) struct PenParams {
 }
 
 impl PenParams {
-    /// The prefix of the limit's wire string (see `lua/driver.lua`).
-    #[cfg(feature = "redis")]
-    pub(crate) fn wire(&self) -> String {
-        let mut out = format!("p{}:{}:{}", self.refusals, self.within, self.forget);
-        for b in self.blocks.iter() {
-            out.push(':');
-            out.push_str(&b.to_string());
-        }
-        out.push(';');
-        out
-    }
-
     /// The block of the `n`-th offence (n >= 1; the last one repeats).
     fn block(&self, n: i64) -> i64 {
         let len = i64::try_from(self.blocks.len()).unwrap_or(i64::MAX);

@@ -35,13 +35,7 @@ pub enum Algorithm {
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Algorithm::SlidingLog => "sliding log",
-            Algorithm::TokenBucket => "token bucket",
-            Algorithm::Gcra => "GCRA",
-            Algorithm::FixedWindow => "fixed window",
-            Algorithm::SlidingWindow => "sliding window counter",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -116,13 +110,7 @@ impl Quota {
     /// Costs one sorted-set entry per grant: prefer [`Quota::sliding_window`]
     /// for limits in the hundred thousands.
     pub fn sliding_log(limit: u64, window: Duration) -> Self {
-        Self {
-            algorithm: Algorithm::SlidingLog,
-            amount: limit,
-            window,
-            extra: 0,
-            calendar: None,
-        }
+        Quota::rate(limit, window).sliding_log()
     }
 
     /// A bucket of `capacity` tokens, refilled by `refill` tokens every `period`
@@ -132,13 +120,9 @@ impl Quota {
     /// `Quota::rate(refill, period).allow_burst(capacity).token_bucket()`,
     /// which cannot be misread.
     pub fn token_bucket(capacity: u64, refill: u64, period: Duration) -> Self {
-        Self {
-            algorithm: Algorithm::TokenBucket,
-            amount: capacity,
-            window: period,
-            extra: refill,
-            calendar: None,
-        }
+        Quota::rate(refill, period)
+            .allow_burst(capacity)
+            .token_bucket()
     }
 
     /// `rate` permits per `period` on average, with bursts of up to `burst`.
@@ -146,38 +130,20 @@ impl Quota {
     /// Positional: prefer `Quota::rate(rate, period).allow_burst(burst).gcra()`
     /// (or `Quota::per_second(rate)...`), which cannot be misread.
     pub fn gcra(rate: u64, period: Duration, burst: u64) -> Self {
-        Self {
-            algorithm: Algorithm::Gcra,
-            amount: burst,
-            window: period,
-            extra: rate,
-            calendar: None,
-        }
+        Quota::rate(rate, period).allow_burst(burst).gcra()
     }
 
     /// At most `limit` permits per window, windows aligned to the Unix epoch.
     /// The same as `Quota::rate(limit, window).fixed_window()`.
     pub fn fixed_window(limit: u64, window: Duration) -> Self {
-        Self {
-            algorithm: Algorithm::FixedWindow,
-            amount: limit,
-            window,
-            extra: 0,
-            calendar: None,
-        }
+        Quota::rate(limit, window).fixed_window()
     }
 
     /// At most about `limit` permits in any window of length `window`, estimated
     /// from two counters: O(1) memory whatever the limit.
     /// The same as `Quota::rate(limit, window).sliding_window()`.
     pub fn sliding_window(limit: u64, window: Duration) -> Self {
-        Self {
-            algorithm: Algorithm::SlidingWindow,
-            amount: limit,
-            window,
-            extra: 0,
-            calendar: None,
-        }
+        Quota::rate(limit, window).sliding_window()
     }
 
     /// The algorithm.
@@ -202,13 +168,13 @@ impl Quota {
 /// `fixed window, 500 per day (UTC+05:30)`.
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => write!(
+        match self.refill() {
+            Some(rate) => write!(
                 f,
                 "{}, {} per {:?}, bursts of {}",
-                self.algorithm, self.extra, self.window, self.amount
+                self.algorithm, rate, self.window, self.amount
             ),
-            _ => match self.calendar {
+            None => match self.calendar {
                 Some(c) => {
                     write!(f, "{}, {} per {}", self.algorithm, self.amount, c.period)?;
                     let (east, m) = (c.offset >= 0, c.offset.unsigned_abs());
@@ -306,20 +272,18 @@ pub struct Burst {
 impl Burst {
     /// GCRA (see [`Quota::gcra`]): the rate on average, `burst` at once.
     pub const fn gcra(self) -> Quota {
-        Quota {
-            algorithm: Algorithm::Gcra,
-            amount: self.burst,
-            window: self.rate.period,
-            extra: self.rate.amount,
-            calendar: None,
-        }
+        self.quota(Algorithm::Gcra)
     }
 
     /// A token bucket of `burst` tokens refilled at the rate (see
     /// [`Quota::token_bucket`]).
     pub const fn token_bucket(self) -> Quota {
+        self.quota(Algorithm::TokenBucket)
+    }
+
+    const fn quota(self, algorithm: Algorithm) -> Quota {
         Quota {
-            algorithm: Algorithm::TokenBucket,
+            algorithm,
             amount: self.burst,
             window: self.rate.period,
             extra: self.rate.amount,
@@ -342,7 +306,7 @@ impl Quota {
     /// For the bucket algorithms, the amount that comes back per
     /// [`window`](Self::window) (the rate); `None` for window algorithms.
     pub fn refill(&self) -> Option<u64> {
-        matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Gcra).then_some(self.extra)
+        self.algorithm.rate_name().map(|_| self.extra)
     }
 }
 

@@ -1,38 +1,10 @@
 //! Mirror of `lua/fixed_window.lua`: a count for the window starting at `start`.
 
-use super::as_of;
-use super::calendar::Calendar;
+use super::{as_of, Algo};
 
-/// The integers this algorithm decides with: at most `limit` permits per
-/// window of `window` microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    /// The most granted per window.
-    pub(crate) limit: i64,
-    /// The window, in microseconds, aligned to the epoch; a calendar
-    /// quota's longest.
-    pub(crate) window: i64,
-    /// A calendar quota's periods, in place of windows aligned to the epoch.
-    pub(crate) calendar: Option<Calendar>,
-}
-
-impl Params {
-    /// The window that holds `at`: its start and length (us).
-    pub(crate) fn window_at(&self, at: i64) -> (i64, i64) {
-        match self.calendar {
-            None => (at - at.rem_euclid(self.window), self.window),
-            Some(c) => {
-                let (start, len, _) = c.window(at);
-                (start, len)
-            }
-        }
-    }
-
-    /// The length of the window that begins at `start` (us).
-    fn len_at(&self, start: i64) -> i64 {
-        self.calendar.map_or(self.window, |c| c.window(start).1)
-    }
-}
+/// The integers it decides with: at most `limit` permits per window of
+/// `window` microseconds, aligned to the epoch or to calendar periods.
+pub(crate) type Params = super::params::Window;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
@@ -54,17 +26,32 @@ impl super::Raw for Raw {
 }
 
 impl FixedWindow {
-    /// The working state of what the store keeps (`None`: fresh), see
-    /// `State::prepare`; `true` when it was moved back to `now` and still
-    /// holds something.
-    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn count_in(&self, start: i64) -> i64 {
+        if self.start == start {
+            self.count
+        } else {
+            0
+        }
+    }
+}
+
+impl Algo for FixedWindow {
+    type Params = Params;
+    type Stored = Raw;
+    const NAME: &'static str = "fixed window";
+    const KEYS: &'static [&'static str] = &["fw"];
+    const AMOUNT: &'static str = "limit";
+    const RATE: Option<&'static str> = None;
+
+    /// `None`: fresh.
+    fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
         let w = p.window;
         let fresh = Self {
             start: -1,
             count: 0,
         };
         // absent, or its window is over
-        let (Some((s, len, count)), moved) = as_of(raw, written, now) else {
+        let (Some((s, len, count)), moved) = as_of(raw.copied(), written, now) else {
             return (fresh, false);
         };
         // one of this limit's windows
@@ -83,15 +70,7 @@ impl FixedWindow {
         (fresh, false)
     }
 
-    fn count_in(&self, start: i64) -> i64 {
-        if self.start == start {
-            self.count
-        } else {
-            0
-        }
-    }
-
-    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+    fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
         let n = p.limit;
         if cost > n {
             return None;
@@ -107,7 +86,7 @@ impl FixedWindow {
         Some(start + len)
     }
 
-    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
+    fn grant(&mut self, p: &Params, at: i64, cost: i64) {
         let (start, _) = p.window_at(at);
         self.count = self.count_in(start) + cost;
         self.start = start;
@@ -115,7 +94,7 @@ impl FixedWindow {
 
     /// Gives back `cost` granted at `at` (as `fw_refund`): only when `at`
     /// lies in the window the state counts, never below zero.
-    pub(crate) fn refund(&mut self, p: &Params, at: i64, cost: i64) -> bool {
+    fn refund(&mut self, p: &Params, _now: i64, at: i64, cost: i64) -> bool {
         if self.start < 0 || self.count == 0 || p.window_at(at).0 != self.start {
             return false;
         }
@@ -123,7 +102,7 @@ impl FixedWindow {
         true
     }
 
-    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+    fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         let n = p.limit;
         let (start, len) = p.window_at(at);
         if self.start > start {
@@ -136,7 +115,7 @@ impl FixedWindow {
     }
 
     /// The working state as the store keeps it.
-    pub(crate) fn save(&self, p: &Params) -> Raw {
+    fn save(self, p: &Params, _now: i64) -> Raw {
         (self.start, p.len_at(self.start), self.count)
     }
 }

@@ -1,19 +1,11 @@
 //! Mirror of `lua/gcra.lua`: `level / den` permits left at the writer's
 //! clock, worked on as the theoretical arrival time `tat + frac/N` us.
 
-use super::{as_of, cdiv, fdiv, rescale, EXACT};
+use super::{as_of, cdiv, fdiv, rescale, Algo, EXACT};
 
-/// The integers this algorithm decides with: `rate` permits per `period`
-/// microseconds, bursts of `burst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    /// The most granted at once.
-    pub(crate) burst: i64,
-    /// Permits per `period` (reduced by their gcd).
-    pub(crate) rate: i64,
-    /// Microseconds per `rate` permits (reduced by their gcd).
-    pub(crate) period: i64,
-}
+/// The integers it decides with: bursts of `capacity`, `rate` permits per
+/// `period` microseconds.
+pub(crate) type Params = super::params::Bucket;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Gcra {
@@ -49,21 +41,28 @@ impl Gcra {
     fn ceil(&self) -> i64 {
         self.tat + i64::from(self.frac > 0)
     }
+}
 
-    /// The working state of what the store keeps (`None`: fresh), see
-    /// `State::prepare`; `true` when it was moved back to `now` and still
-    /// holds something.
-    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
+impl Algo for Gcra {
+    type Params = Params;
+    type Stored = Raw;
+    const NAME: &'static str = "GCRA";
+    const KEYS: &'static [&'static str] = &["gcra"];
+    const AMOUNT: &'static str = "burst";
+    const RATE: Option<&'static str> = Some("rate");
+
+    /// `None`: fresh.
+    fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
         let mut s = Self {
             tat: now,
             frac: 0,
-            bmax: p.burst,
+            bmax: p.capacity,
         };
-        let (raw, moved) = as_of(raw, written, now);
+        let (raw, moved) = as_of(raw.copied(), written, now);
         if let Some(raw) = raw {
             s.bmax = s.bmax.max(raw.bmax);
-            let debt = if fdiv(raw.level, raw.den) < p.burst {
-                p.burst * p.period - rescale(raw.level, raw.den, p.period)
+            let debt = if fdiv(raw.level, raw.den) < p.capacity {
+                p.capacity * p.period - rescale(raw.level, raw.den, p.period)
             } else {
                 0
             };
@@ -77,15 +76,15 @@ impl Gcra {
         (s, moved)
     }
 
-    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
-        let (b, n, w) = (p.burst, p.rate, p.period);
+    fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+        let (b, n, w) = (p.capacity, p.rate, p.period);
         if cost > b {
             return None;
         }
         Some(now.max(self.tat - fdiv((b - cost) * w - self.frac, n)))
     }
 
-    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
+    fn grant(&mut self, p: &Params, at: i64, cost: i64) {
         if self.ceil() < at {
             (self.tat, self.frac) = (at, 0);
         }
@@ -98,7 +97,7 @@ impl Gcra {
     /// Gives back `cost` (as `gcra_refund`): the TAT moves back by `cost`
     /// emission intervals, never before `now` (a full burst). `false` when
     /// nothing changes.
-    pub(crate) fn refund(&mut self, p: &Params, now: i64, cost: i64) -> bool {
+    fn refund(&mut self, p: &Params, now: i64, _at: i64, cost: i64) -> bool {
         let n = p.rate;
         let x = (self.tat - now) * n + self.frac - cost * p.period;
         let (tat, frac) = if x > 0 {
@@ -112,8 +111,8 @@ impl Gcra {
         changed
     }
 
-    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
-        let (b, n, w) = (p.burst, p.rate, p.period);
+    fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+        let (b, n, w) = (p.capacity, p.rate, p.period);
         let used = if self.tat >= at {
             (self.tat - at) * n + self.frac
         } else {
@@ -129,11 +128,11 @@ impl Gcra {
     }
 
     /// The working state as the store keeps it, as of `now`.
-    pub(crate) fn save(&self, p: &Params, now: i64) -> Raw {
+    fn save(self, p: &Params, now: i64) -> Raw {
         let debt = (self.tat - now) * p.rate + self.frac;
-        let extra = (self.bmax - p.burst).min(fdiv(EXACT - 1, p.period));
+        let extra = (self.bmax - p.capacity).min(fdiv(EXACT - 1, p.period));
         Raw {
-            level: p.burst * p.period - debt,
+            level: p.capacity * p.period - debt,
             den: p.period,
             exp: self.ceil() + 1 + cdiv(extra * p.period, p.rate),
             bmax: self.bmax,

@@ -1,38 +1,29 @@
 //! The in-process mirror of `lua/`: one file per algorithm with the same state,
 //! the same integer arithmetic and the same function names as its script,
-//! the one loop over a decision's limits in `driver.rs` ([`decide`], the
-//! mirror of `lua/limits.lua`), and the reply it makes in `reply.rs`. Each
-//! limit's parameters, per algorithm, are a [`Params`] (`params.rs`).
-//!
-//! Every algorithm answers three questions about its state:
-//! - `earliest(now, cost)`: the first time >= now at which `cost` fits
-//!   (`None` if it never fits: cost over capacity). Feasibility never
-//!   decreases with time, so several limits can all be granted at the latest
-//!   of their earliest times.
-//! - `grant(at, cost)`: record the grant at time `at`.
-//! - `status(now, at)`: remaining amount at `at` and time from `now` until full.
-//! - `refund(now, at, cost)`: give back a grant of `cost` made at `at`, exactly
-//!   (a sliding log drops that entry; buckets take the cost back, never above
-//!   their capacity; windows uncount it if its window is still counted).
-//!
-//! Around them, `prepare` reads the stored form (the same fields the script
-//! writes: absolute times and amounts, independent of the quota) into the
-//! reading limit's units, and `save` writes it back; the stored form says
-//! when the state becomes equal to a fresh one (the key's expiry).
+//! each an [`Algo`]; the one loop over a decision's limits in `driver.rs`
+//! ([`decide`], the mirror of `lua/limits.lua`), and the reply it makes in
+//! `reply.rs`. The algorithms are listed once, below: `registry.rs` makes of
+//! the list the enums the rest of the crate holds ([`Params`], [`State`],
+//! [`Stored`]) and the one `match` over them per step.
 
 pub(crate) mod calendar;
 mod driver;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 mod params;
+#[macro_use]
+mod registry;
 mod reply;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 pub(crate) mod wire;
 
+use self::params::Shape;
+use crate::quota::{Algorithm, Quota};
+use crate::ConfigError;
+
 pub(crate) use self::driver::{charge, decide, take, Operand};
-pub(crate) use self::params::Params;
 #[cfg(feature = "redis")]
 pub(crate) use self::reply::ignored;
 #[cfg(feature = "redis")]
@@ -40,6 +31,81 @@ pub(crate) use self::reply::packed_len;
 #[allow(unreachable_pub)] // `Reply` is named by the store trait `Backend`, never exported
 pub use self::reply::Reply;
 pub(crate) use self::reply::{Outcome, Status, Statuses};
+
+// Every algorithm: its public name, its id on the wire (what a limit's
+// string starts with, and its place in `lua/wire.lua`'s list), its state.
+registry! {
+    SlidingLog = 1: sliding_log::SlidingLog,
+    TokenBucket = 2: token_bucket::TokenBucket,
+    Gcra = 3: gcra::Gcra,
+    FixedWindow = 4: fixed_window::FixedWindow,
+    SlidingWindow = 5: sliding_window::SlidingWindow,
+}
+
+/// One algorithm: its working state (the implementing type, in the reading
+/// limit's units), its parameters, what the store keeps, its steps, names.
+///
+/// Its steps on the state:
+/// - `earliest(now, cost)`: the first time >= now at which `cost` fits
+///   (`None` if it never fits: cost over capacity). Feasibility never
+///   decreases with time, so several limits can all be granted at the latest
+///   of their earliest times.
+/// - `grant(at, cost)`: record the grant at time `at`.
+/// - `status(now, at)`: remaining amount at `at` and time from `now` until full.
+/// - `refund(now, at, cost)`: give back a grant of `cost` made at `at`, exactly
+///   (a sliding log drops that entry; buckets take the cost back, never above
+///   their capacity; windows uncount it if its window is still counted).
+///   Returns whether the state changed (and must be saved).
+///
+/// Around them, `prepare` reads the stored form (the same fields the script
+/// writes: absolute times and amounts, independent of the quota) into the
+/// reading limit's units, and `save` writes it back; the stored form says
+/// when the state becomes equal to a fresh one (the key's expiry).
+pub(crate) trait Algo: Sized + std::fmt::Debug + Clone + Eq {
+    /// The integers it decides with, derived once from a quota.
+    type Params: Shape;
+    /// What the store keeps of a key: the fields its script writes.
+    type Stored: Raw + std::fmt::Debug + Clone + Eq;
+    /// Its name in prose (how [`Algorithm`] displays).
+    const NAME: &'static str;
+    /// The suffixes of the keys it stores under, in the order its script
+    /// reads them.
+    const KEYS: &'static [&'static str];
+    /// What a quota's amount (its capacity) is called.
+    const AMOUNT: &'static str;
+    /// A bucket's rate (a quota's `extra`, per period), by what it is
+    /// called; `None` for a window, which takes none.
+    const RATE: Option<&'static str>;
+
+    /// The working state of `stored` (`None`: fresh), written at its
+    /// writer's clock `written`, as of `now`; `true` when it was moved back
+    /// to `now` and still holds something (see [`State::prepare`]).
+    fn prepare(
+        p: &Self::Params,
+        stored: Option<&mut Self::Stored>,
+        written: i64,
+        now: i64,
+    ) -> (Self, bool);
+    /// Gives back what `prepare` moved out of `stored` (a sliding log's grants).
+    fn restore(self, _stored: &mut Self::Stored) {}
+    /// The working state as the store keeps it, as of `now`.
+    fn save(self, p: &Self::Params, now: i64) -> Self::Stored;
+    /// [`save`](Self::save) into `stored`; returns the expiry.
+    fn save_into(self, p: &Self::Params, now: i64, stored: &mut Self::Stored) -> i64 {
+        *stored = self.save(p, now);
+        stored.expires_at()
+    }
+    fn earliest(&self, p: &Self::Params, now: i64, cost: i64) -> Option<i64>;
+    fn grant(&mut self, p: &Self::Params, at: i64, cost: i64);
+    fn refund(&mut self, p: &Self::Params, now: i64, at: i64, cost: i64) -> bool;
+    /// Moves a grant of `cost` made at `at` to `to` when the state still
+    /// holds it (a lease renewed, op 5 of `lua/limits.lua`); whether it
+    /// did. Only a sliding log holds leases.
+    fn renew(&mut self, _at: i64, _to: i64, _cost: i64) -> bool {
+        false
+    }
+    fn status(&self, p: &Self::Params, now: i64, at: i64) -> (i64, i64);
+}
 
 /// floor(a / b) for b > 0.
 ///
@@ -89,37 +155,21 @@ pub(crate) fn rescale(x: i64, from: i64, to: i64) -> i64 {
     q * to + part
 }
 
-/// The longest wait a limit asks by itself, its horizon (`horizon` in each
-/// script): a full burst's emission (GCRA), a full bucket's refill, one
-/// window (fixed window, sliding log), two (a sliding window's estimate
-/// spans the previous one). A key's clock is believed that far ahead of the
-/// store's, no further (see "Clock steps" in `lua/driver.lua`).
-pub(crate) fn horizon(p: &Params) -> i64 {
-    match *p {
-        Params::Gcra(p) => cdiv(p.burst * p.period, p.rate),
-        Params::TokenBucket(p) => cdiv(p.capacity * p.period, p.rate),
-        Params::FixedWindow(p) => p.window,
-        Params::SlidingLog(p) => p.window,
-        Params::SlidingWindow(p) => 2 * p.window,
-    }
-}
-
 /// A key's clock as a decision believes it (`believed` in `lua/common.lua`):
 /// the clock of its writer at its last write, `written`, when that lies
-/// ahead of the store's clock `store_now` by at most the limit's [`horizon`], else `store_now`.
+/// ahead of the store's clock `store_now` by at most the limit's horizon ([`Params::horizon`]), else `store_now`.
 #[inline]
 pub(crate) fn believed(store_now: i64, written: i64, p: &Params) -> i64 {
-    if written > store_now && written.saturating_sub(store_now) <= horizon(p) {
+    if written > store_now && written.saturating_sub(store_now) <= p.horizon() {
         written
     } else {
         store_now
     }
 }
 
-/// What the store keeps of a bucket's or a window's state (a sliding log
-/// keeps its grants, see [`sliding_log::Log`]): the fields the scripts
-/// write, absolute times and amounts, independent of the quota.
-pub(crate) trait Raw: Copy {
+/// What the store keeps of a key: the fields the scripts write, absolute
+/// times and amounts, independent of the quota.
+pub(crate) trait Raw {
     /// When the state becomes equal to a fresh one.
     fn expires_at(&self) -> i64;
     /// Moves every time it holds back by `by` microseconds.
@@ -131,231 +181,17 @@ pub(crate) trait Raw: Copy {
 /// ahead of `now` (see "Clock steps" in `lua/driver.lua`), `None` once equal
 /// to a fresh state; and whether it was moved back.
 #[inline]
-pub(crate) fn as_of<R: Raw>(raw: Option<R>, written: i64, now: i64) -> (Option<R>, bool) {
-    let mut raw = raw;
+pub(crate) fn as_of<R: Raw + Copy>(
+    mut raw: Option<R>,
+    written: i64,
+    now: i64,
+) -> (Option<R>, bool) {
     let moved = written > now;
     if let Some(raw) = raw.as_mut().filter(|_| moved) {
         raw.move_back(written - now);
     }
     let live = raw.filter(|raw| raw.expires_at() > now);
     (live, moved && live.is_some())
-}
-
-/// The working state of one key under one algorithm, in the reading
-/// limit's units: made from what the store keeps (the fields the scripts
-/// write, independent of the quota) by [`State::prepare`], written back by
-/// [`State::save_new`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum State {
-    SlidingLog(sliding_log::SlidingLog),
-    TokenBucket(token_bucket::TokenBucket),
-    Gcra(gcra::Gcra),
-    FixedWindow(fixed_window::FixedWindow),
-    SlidingWindow(sliding_window::SlidingWindow),
-}
-
-impl State {
-    /// The working state of `stored` (`None`, or a form of another
-    /// algorithm: fresh), written at its writer's clock `written`, in this
-    /// limit's units as of `now`, as the scripts' `load` and `prepare` do. A
-    /// state dated after `now` is moved back to it whole (see "Clock steps"
-    /// in `lua/driver.lua`); returns whether it was and still holds
-    /// something, in which case the decision writes it back whatever it
-    /// decides. A sliding log's grants are moved out of `stored`, which
-    /// [`restore`](Self::restore) or [`save_into`](Self::save_into) gives
-    /// back.
-    #[inline(always)]
-    pub(crate) fn prepare(
-        stored: Option<&mut Stored>,
-        p: &Params,
-        written: i64,
-        now: i64,
-    ) -> (Self, bool) {
-        // the stored form of its own algorithm (a form of another reads as
-        // fresh: `None`), prepared into the working form
-        macro_rules! prepare {
-            ($module:ident::$alg:ident, $p:expr) => {{
-                let raw = match stored {
-                    Some(Stored::$alg(raw)) => Some(*raw),
-                    _ => None,
-                };
-                let (s, moved) = $module::$alg::prepare($p, raw, written, now);
-                (State::$alg(s), moved)
-            }};
-        }
-        match p {
-            Params::SlidingLog(p) => {
-                let log = match stored {
-                    Some(Stored::SlidingLog(s)) => std::mem::take(&mut s.0),
-                    _ => Default::default(),
-                };
-                let (s, moved) = sliding_log::SlidingLog::prepare(p, log, written, now);
-                (State::SlidingLog(s), moved)
-            }
-            Params::TokenBucket(p) => prepare!(token_bucket::TokenBucket, p),
-            Params::Gcra(p) => prepare!(gcra::Gcra, p),
-            Params::FixedWindow(p) => prepare!(fixed_window::FixedWindow, p),
-            Params::SlidingWindow(p) => prepare!(sliding_window::SlidingWindow, p),
-        }
-    }
-
-    /// Gives a state that was prepared from `stored` and not saved back to
-    /// it: unchanged but for the pruning of a sliding log, as in Redis.
-    #[inline]
-    pub(crate) fn restore(self, stored: &mut Stored) {
-        if let (State::SlidingLog(s), Stored::SlidingLog(slot)) = (self, stored) {
-            slot.0 = s.into_log();
-        }
-    }
-
-    /// [`save_new`](Self::save_new) into `stored`, reusing a sliding log's
-    /// allocation; returns the expiry.
-    #[inline(always)]
-    pub(crate) fn save_into(self, p: &Params, now: i64, stored: &mut Stored) -> i64 {
-        match (self, stored, p) {
-            (State::SlidingLog(mut s), Stored::SlidingLog(slot), Params::SlidingLog(p)) => {
-                let expires_at = s.save(p, now);
-                **slot = (s.into_log(), expires_at);
-                expires_at
-            }
-            (state, stored, _) => {
-                let (saved, expires_at) = state.save_new(p, now);
-                *stored = saved;
-                expires_at
-            }
-        }
-    }
-
-    /// Writes the working state into a new stored form, as of `now` (the
-    /// key's new `written`), as the scripts' `save` functions do. Returns it
-    /// and the time at which the state becomes equal to a fresh one: the
-    /// key's expiry.
-    #[inline(always)]
-    pub(crate) fn save_new(self, p: &Params, now: i64) -> (Stored, i64) {
-        let stored = match (self, p) {
-            (State::SlidingLog(mut s), Params::SlidingLog(p)) => {
-                let expires_at = s.save(p, now);
-                Stored::SlidingLog(Box::new((s.into_log(), expires_at)))
-            }
-            (State::TokenBucket(s), Params::TokenBucket(p)) => Stored::TokenBucket(s.save(p, now)),
-            (State::Gcra(s), Params::Gcra(p)) => Stored::Gcra(s.save(p, now)),
-            (State::FixedWindow(s), Params::FixedWindow(p)) => Stored::FixedWindow(s.save(p)),
-            (State::SlidingWindow(s), Params::SlidingWindow(p)) => Stored::SlidingWindow(s.save(p)),
-            // (never: a state is prepared for its own limit's parameters;
-            // an empty log is a fresh state, expired at `now`)
-            _ => Stored::SlidingLog(Box::new((sliding_log::Log::default(), now))),
-        };
-        let expires_at = stored.expires_at();
-        (stored, expires_at)
-    }
-
-    #[inline]
-    fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
-        match (self, p) {
-            (State::SlidingLog(s), Params::SlidingLog(p)) => s.earliest(p, now, cost),
-            (State::TokenBucket(s), Params::TokenBucket(p)) => s.earliest(p, now, cost),
-            (State::Gcra(s), Params::Gcra(p)) => s.earliest(p, now, cost),
-            (State::FixedWindow(s), Params::FixedWindow(p)) => s.earliest(p, now, cost),
-            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.earliest(p, now, cost),
-            // (never: a state is prepared for its own limit's parameters)
-            _ => None,
-        }
-    }
-
-    #[inline]
-    fn grant(&mut self, p: &Params, at: i64, cost: i64) {
-        match (self, p) {
-            (State::SlidingLog(s), _) => s.grant(at, cost),
-            (State::TokenBucket(s), Params::TokenBucket(p)) => s.grant(p, at, cost),
-            (State::Gcra(s), Params::Gcra(p)) => s.grant(p, at, cost),
-            (State::FixedWindow(s), Params::FixedWindow(p)) => s.grant(p, at, cost),
-            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.grant(p, at, cost),
-            // (never: a state is prepared for its own limit's parameters)
-            _ => {}
-        }
-    }
-
-    /// Gives back a grant of `cost` made at `at`, the state prepared as of
-    /// `now` (the scripts' `refund` functions). Returns whether the state
-    /// changed (and must be saved).
-    pub(crate) fn refund(&mut self, p: &Params, now: i64, at: i64, cost: i64) -> bool {
-        match (self, p) {
-            (State::SlidingLog(s), _) => s.refund(at, cost),
-            (State::TokenBucket(s), Params::TokenBucket(p)) => s.refund(p, cost),
-            (State::Gcra(s), Params::Gcra(p)) => s.refund(p, now, cost),
-            (State::FixedWindow(s), Params::FixedWindow(p)) => s.refund(p, at, cost),
-            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.refund(p, at, cost),
-            // (never: a state is prepared for its own limit's parameters)
-            _ => false,
-        }
-    }
-
-    /// Moves a grant of `cost` made at `at` to `to`, when the state still
-    /// holds it: a sliding log's lease renewed (op 5 of `lua/limits.lua`);
-    /// whether it did. Other algorithms hold no leases: `false`.
-    pub(crate) fn renew(&mut self, at: i64, to: i64, cost: i64) -> bool {
-        let State::SlidingLog(s) = self else {
-            return false;
-        };
-        let held = s.refund(at, cost);
-        if held {
-            s.grant(to, cost);
-        }
-        held
-    }
-
-    #[inline]
-    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
-        match (self, p) {
-            (State::SlidingLog(s), Params::SlidingLog(p)) => s.status(p, now, at),
-            (State::TokenBucket(s), Params::TokenBucket(p)) => s.status(p, now, at),
-            (State::Gcra(s), Params::Gcra(p)) => s.status(p, now, at),
-            (State::FixedWindow(s), Params::FixedWindow(p)) => s.status(p, now, at),
-            (State::SlidingWindow(s), Params::SlidingWindow(p)) => s.status(p, now, at),
-            // (never: a state is prepared for its own limit's parameters)
-            _ => (0, 0),
-        }
-    }
-}
-
-/// What the in-process store keeps of one key of one limit: exactly the
-/// fields the scripts keep in Redis (no working fields), and for a sliding
-/// log its expiry (the other forms carry theirs).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Stored {
-    /// Boxed: the largest form, and it owns a growing log anyway.
-    SlidingLog(Box<(sliding_log::Log, i64)>),
-    TokenBucket(token_bucket::Raw),
-    Gcra(gcra::Raw),
-    FixedWindow(fixed_window::Raw),
-    SlidingWindow(sliding_window::Raw),
-}
-
-impl Stored {
-    /// When the state becomes equal to a fresh one: the expiry `save` returned.
-    pub(crate) fn expires_at(&self) -> i64 {
-        match self {
-            Stored::SlidingLog(s) => s.1,
-            Stored::TokenBucket(raw) => raw.expires_at(),
-            Stored::Gcra(raw) => raw.expires_at(),
-            Stored::FixedWindow(raw) => raw.expires_at(),
-            Stored::SlidingWindow(raw) => raw.expires_at(),
-        }
-    }
-
-    /// How much of `p`'s capacity the state, written at `written`, holds
-    /// in use at `now` (0 when it is equal to a fresh one; more than the
-    /// capacity in debt): what forgetting it would forget. Read as of
-    /// `written` if that is later (so it is never moved back) and left as
-    /// it was but for the pruning of a sliding log, as a refused decision
-    /// leaves it.
-    pub(crate) fn used(&mut self, p: &Params, written: i64, now: i64) -> i64 {
-        let now = now.max(written);
-        let (state, _) = State::prepare(Some(self), p, written, now);
-        let (remaining, _) = state.status(p, now, now);
-        state.restore(self);
-        p.capacity().saturating_sub(remaining)
-    }
 }
 
 #[cfg(test)]
@@ -369,7 +205,7 @@ mod tests {
     #[cfg(feature = "redis")]
     fn kept_quotas_read_in_both_forms() {
         let gcra = Params::Gcra(super::gcra::Params {
-            burst: 5,
+            capacity: 5,
             rate: 1,
             period: 1_000_000,
         });
@@ -388,6 +224,7 @@ mod tests {
             Params::SlidingLog(super::sliding_log::Params {
                 limit: 3,
                 window: 7,
+                calendar: None,
             }),
             Params::TokenBucket(super::token_bucket::Params {
                 capacity: 3,
@@ -395,7 +232,7 @@ mod tests {
                 period: 7,
             }),
             Params::Gcra(super::gcra::Params {
-                burst: 3,
+                capacity: 3,
                 rate: 5,
                 period: 7,
             }),

@@ -2,15 +2,11 @@
 
 use std::collections::VecDeque;
 
-/// The integers this algorithm decides with: at most `limit` permits in any
-/// window of `window` microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    /// The most granted in any window.
-    pub(crate) limit: i64,
-    /// The window, in microseconds.
-    pub(crate) window: i64,
-}
+use super::Algo;
+
+/// The integers it decides with: at most `limit` permits in any window of
+/// `window` microseconds.
+pub(crate) type Params = super::params::Window;
 
 /// Grants, oldest first, the sum of their costs, and the longest window in
 /// use with the time until which it is honoured (`wmax`, `wexp` in Redis).
@@ -36,68 +32,32 @@ pub(crate) struct Log {
     wmax: Option<(i64, i64)>,
 }
 
-impl SlidingLog {
-    /// The working state of what the store keeps (its grants moved, not
-    /// copied), as the script's `prepare`: drops grants no window in use
-    /// still counts, once a log dated after `now` (its writer's clock
-    /// `written`) is moved back to it (see `State::prepare`); `true` when it
-    /// was and still holds something.
-    pub(crate) fn prepare(p: &Params, log: Log, written: i64, now: i64) -> (Self, bool) {
-        let Log { entries, sum, wmax } = log;
-        let mut s = Self {
-            entries,
-            sum,
-            wmax,
-            keep: 0,
-            win: 0,
-            skip: 0,
-        };
-        let moved = written > now;
-        if moved {
-            for entry in &mut s.entries {
-                entry.0 -= written - now;
-            }
-            if let Some((_, wexp)) = &mut s.wmax {
-                *wexp -= written - now;
-            }
-        }
-        let w = p.window;
-        s.keep = match s.wmax {
-            Some((wmax, wexp)) if wmax > w && wexp > now => wmax,
-            _ => w,
-        };
-        let mut cutoff = now - s.keep;
-        if let (Some((wmax, _)), Some(last)) = (s.wmax, s.last()) {
-            // the writer's state is over once its newest grant left its window
-            if last + wmax <= now {
-                cutoff = i64::MAX;
-            }
-        }
-        while let Some(&(t, cost)) = s.entries.front() {
-            if t > cutoff {
-                break;
-            }
-            s.sum -= cost;
-            s.entries.pop_front();
-        }
-        (s.win, s.skip) = (s.sum, 0);
-        if s.keep > w {
-            for &(t, cost) in &s.entries {
-                if t > now - w {
-                    break;
-                }
-                s.win -= cost;
-                s.skip += 1;
-            }
-        }
-        if moved && s.entries.is_empty() {
-            // nothing left: fresh, as the script deletes it
-            s.wmax = None;
-        }
-        let moved = moved && !s.entries.is_empty();
-        (s, moved)
+/// What the store keeps of a sliding log: its [`Log`] and expiry.
+pub(crate) type Kept = Box<(Log, i64)>;
+
+impl super::Raw for Kept {
+    fn expires_at(&self) -> i64 {
+        self.1
     }
 
+    fn move_back(&mut self, by: i64) {
+        self.0.move_back(by);
+        self.1 -= by;
+    }
+}
+
+impl Log {
+    fn move_back(&mut self, by: i64) {
+        for entry in &mut self.entries {
+            entry.0 -= by;
+        }
+        if let Some((_, wexp)) = &mut self.wmax {
+            *wexp -= by;
+        }
+    }
+}
+
+impl SlidingLog {
     /// What the store keeps, once prepared or saved.
     pub(crate) fn into_log(self) -> Log {
         let Self {
@@ -114,28 +74,17 @@ impl SlidingLog {
         self.entries.iter().skip(self.skip)
     }
 
-    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
-        let (n, w) = (p.limit, p.window);
-        if cost > n {
-            return None;
+    /// Records the window in use; returns when the state becomes equal to a
+    /// fresh one.
+    fn close(&mut self, p: &Params, now: i64) -> i64 {
+        if self.keep <= p.window {
+            self.wmax = Some((p.window, now + p.window));
         }
-        let base = self.last().map_or(now, |last| now.max(last));
-        let excess = self.win + cost - n;
-        if excess <= 0 {
-            return Some(base);
-        }
-        let mut dropped = 0;
-        for &(t, c) in self.in_window() {
-            dropped += c;
-            if dropped >= excess {
-                return Some(base.max(t + w));
-            }
-        }
-        Some(base.max(self.last().unwrap_or(now) + w))
+        self.last().map_or(now, |last| last + self.keep)
     }
 
     /// Records a grant at `at`, in time order: after the last one, or
-    /// before a reservation when a lease is renewed (see `State::renew`).
+    /// before a reservation when a lease is renewed (see `Algo::renew`).
     pub(crate) fn grant(&mut self, at: i64, cost: i64) {
         match self.last() {
             Some(last) if at < last => {
@@ -174,8 +123,114 @@ impl SlidingLog {
         }
         true
     }
+}
 
-    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+impl Algo for SlidingLog {
+    type Params = Params;
+    type Stored = Kept;
+    const NAME: &'static str = "sliding log";
+    const KEYS: &'static [&'static str] = &["log", "meta"];
+    const AMOUNT: &'static str = "limit";
+    const RATE: Option<&'static str> = None;
+
+    /// The working state of what the store keeps (its grants moved, not
+    /// copied), as the script's `prepare`: drops grants no window in use
+    /// still counts, once a log dated after `now` (its writer's clock
+    /// `written`) is moved back to it (see `State::prepare`); `true` when it
+    /// was and still holds something.
+    fn prepare(p: &Params, stored: Option<&mut Kept>, written: i64, now: i64) -> (Self, bool) {
+        let mut log = stored.map_or_else(Log::default, |kept| std::mem::take(&mut kept.0));
+        let moved = written > now;
+        if moved {
+            log.move_back(written - now);
+        }
+        let Log { entries, sum, wmax } = log;
+        let mut s = Self {
+            entries,
+            sum,
+            wmax,
+            keep: 0,
+            win: 0,
+            skip: 0,
+        };
+        let w = p.window;
+        s.keep = match s.wmax {
+            Some((wmax, wexp)) if wmax > w && wexp > now => wmax,
+            _ => w,
+        };
+        let mut cutoff = now - s.keep;
+        if let (Some((wmax, _)), Some(last)) = (s.wmax, s.last()) {
+            // the writer's state is over once its newest grant left its window
+            if last + wmax <= now {
+                cutoff = i64::MAX;
+            }
+        }
+        while let Some(&(t, cost)) = s.entries.front() {
+            if t > cutoff {
+                break;
+            }
+            s.sum -= cost;
+            s.entries.pop_front();
+        }
+        (s.win, s.skip) = (s.sum, 0);
+        if s.keep > w {
+            for &(t, cost) in &s.entries {
+                if t > now - w {
+                    break;
+                }
+                s.win -= cost;
+                s.skip += 1;
+            }
+        }
+        if moved && s.entries.is_empty() {
+            // nothing left: fresh, as the script deletes it
+            s.wmax = None;
+        }
+        let moved = moved && !s.entries.is_empty();
+        (s, moved)
+    }
+
+    fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+        let (n, w) = (p.limit, p.window);
+        if cost > n {
+            return None;
+        }
+        let base = self.last().map_or(now, |last| now.max(last));
+        let excess = self.win + cost - n;
+        if excess <= 0 {
+            return Some(base);
+        }
+        let mut dropped = 0;
+        for &(t, c) in self.in_window() {
+            dropped += c;
+            if dropped >= excess {
+                return Some(base.max(t + w));
+            }
+        }
+        Some(base.max(self.last().unwrap_or(now) + w))
+    }
+
+    fn restore(self, kept: &mut Kept) {
+        kept.0 = self.into_log();
+    }
+
+    fn grant(&mut self, _p: &Params, at: i64, cost: i64) {
+        SlidingLog::grant(self, at, cost);
+    }
+
+    fn refund(&mut self, _p: &Params, _now: i64, at: i64, cost: i64) -> bool {
+        SlidingLog::refund(self, at, cost)
+    }
+
+    fn renew(&mut self, at: i64, to: i64, cost: i64) -> bool {
+        let held = SlidingLog::refund(self, at, cost);
+        if held {
+            SlidingLog::grant(self, to, cost);
+        }
+        held
+    }
+
+    fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         let (n, w) = (p.limit, p.window);
         let Some(last) = self.last() else {
             return (n, 0);
@@ -195,13 +250,16 @@ impl SlidingLog {
         ((n - sum).max(0), reset)
     }
 
-    /// Records the window in use; returns when the state becomes equal to a
-    /// fresh one.
-    pub(crate) fn save(&mut self, p: &Params, now: i64) -> i64 {
-        if self.keep <= p.window {
-            self.wmax = Some((p.window, now + p.window));
-        }
-        self.last().map_or(now, |last| last + self.keep)
+    fn save(mut self, p: &Params, now: i64) -> Kept {
+        let expires_at = self.close(p, now);
+        Box::new((self.into_log(), expires_at))
+    }
+
+    /// Reuses the allocation of `kept`.
+    fn save_into(mut self, p: &Params, now: i64, kept: &mut Kept) -> i64 {
+        let expires_at = self.close(p, now);
+        **kept = (self.into_log(), expires_at);
+        expires_at
     }
 }
 
@@ -216,8 +274,9 @@ mod tests {
         let p = Params {
             limit: 10,
             window: 1_000,
+            calendar: None,
         };
-        let (mut log, _) = SlidingLog::prepare(&p, Log::default(), 0, 0);
+        let (mut log, _) = SlidingLog::prepare(&p, None, 0, 0);
         log.grant(5, 10);
         log.grant(5, 1);
         assert!(log.refund(5, 1), "the grant of 1 itself");

@@ -1,7 +1,11 @@
 //! Mirror of `lua/sliding_window.lua`: previous and current window counts.
 
 use super::calendar::Calendar;
-use super::{as_of, cdiv, fdiv};
+use super::params::Shape;
+use super::{as_of, cdiv, fdiv, Algo, ConfigError, Quota};
+
+/// The weights of a window's estimate have 2^20 steps per window.
+const WEIGHT_STEPS: u64 = 1 << 20;
 
 /// The integers this algorithm decides with: about `limit` permits in any
 /// window of `window` microseconds, weighed in steps of `step`.
@@ -56,6 +60,52 @@ impl Params {
     }
 }
 
+impl Shape for Params {
+    const KIND: &'static str = "weighted";
+
+    fn derive(q: &Quota, window: u128) -> Result<Self, ConfigError> {
+        let steps = u128::from(WEIGHT_STEPS);
+        super::params::exact(u128::from(q.amount) * steps, "the limit times 2^20")?;
+        let super::params::Window {
+            limit,
+            window: us,
+            calendar,
+        } = Shape::derive(q, window)?;
+        Ok(Self {
+            limit,
+            window: us,
+            // (under 2^29: the window is at most ten years)
+            step: i32::try_from(window.div_ceil(steps))
+                .map_err(|_| ConfigError::OutOfRange("the weight step is too large".to_owned()))?,
+            calendar,
+        })
+    }
+
+    fn capacity(&self) -> i64 {
+        self.limit
+    }
+
+    /// Two windows: the estimate spans the previous one.
+    fn horizon(&self) -> i64 {
+        2 * self.window
+    }
+
+    /// One window (its horizon spans two).
+    fn policy_window(&self) -> i64 {
+        self.window
+    }
+
+    /// A calendar quota's third parameter is its code, negative (see
+    /// `calendar.rs`).
+    fn wire(&self) -> [i64; 3] {
+        [
+            self.limit,
+            self.window,
+            self.calendar.map_or(i64::from(self.step), |c| c.code()),
+        ]
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
     start: i64,
@@ -77,24 +127,8 @@ impl super::Raw for Raw {
 }
 
 impl SlidingWindow {
-    /// The working state of what the store keeps (`None`: fresh), see
-    /// `State::prepare`; `true` when it was moved back to `now` and still
-    /// holds something.
-    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
-        let (mut s, moved) = Self::read(p, raw, written, now);
-        // rolled forward to the window of now: from here `start` is at or
-        // after it (a past window's count is previous, if it was the window
-        // before, else gone; this changes no decision)
-        let (current, _, before) = p.window_at(now);
-        if s.start < current {
-            (s.prev, s.cur) = s.counts(current, before);
-            s.start = current;
-        }
-        (s, moved)
-    }
-
     /// What the store keeps, as counts of this limit's windows.
-    fn read(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn read(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
         let w = p.window;
         let mut s = Self {
             start: -1,
@@ -102,7 +136,7 @@ impl SlidingWindow {
             cur: 0,
         };
         // absent, or both windows over
-        let (Some((start, len, prev, cur)), moved) = as_of(raw, written, now) else {
+        let (Some((start, len, prev, cur)), moved) = as_of(raw.copied(), written, now) else {
             return (s, false);
         };
         // one of this limit's windows
@@ -143,8 +177,31 @@ impl SlidingWindow {
             (0, 0)
         }
     }
+}
 
-    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+impl Algo for SlidingWindow {
+    type Params = Params;
+    type Stored = Raw;
+    const NAME: &'static str = "sliding window counter";
+    const KEYS: &'static [&'static str] = &["sw"];
+    const AMOUNT: &'static str = "limit";
+    const RATE: Option<&'static str> = None;
+
+    /// `None`: fresh.
+    fn prepare(p: &Params, stored: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
+        let (mut s, moved) = Self::read(p, stored, written, now);
+        // rolled forward to the window of now: from here `start` is at or
+        // after it (a past window's count is previous, if it was the window
+        // before, else gone; this changes no decision)
+        let (current, _, before) = p.window_at(now);
+        if s.start < current {
+            (s.prev, s.cur) = s.counts(current, before);
+            s.start = current;
+        }
+        (s, moved)
+    }
+
+    fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
         let n = p.limit;
         if cost > n {
             return None;
@@ -176,7 +233,7 @@ impl SlidingWindow {
         Some(from.max(start))
     }
 
-    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
+    fn grant(&mut self, p: &Params, at: i64, cost: i64) {
         let (start, _, before) = p.window_at(at);
         let (prev, cur) = self.counts(start, before);
         (self.start, self.prev, self.cur) = (start, prev, cur + cost);
@@ -185,7 +242,7 @@ impl SlidingWindow {
     /// Gives back `cost` granted at `at` (as `sw_refund`): from the current
     /// or the previous window, whichever holds `at`; nothing if older.
     /// Never below zero.
-    pub(crate) fn refund(&mut self, p: &Params, at: i64, cost: i64) -> bool {
+    fn refund(&mut self, p: &Params, _now: i64, at: i64, cost: i64) -> bool {
         if self.start < 0 {
             return false;
         }
@@ -201,7 +258,7 @@ impl SlidingWindow {
         }
     }
 
-    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+    fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         let n = p.limit;
         let (start, len, before) = p.window_at(at);
         if self.start > start {
@@ -222,7 +279,7 @@ impl SlidingWindow {
     }
 
     /// The working state as the store keeps it.
-    pub(crate) fn save(&self, p: &Params) -> Raw {
+    fn save(self, p: &Params, _now: i64) -> Raw {
         (self.start, p.lengths(self.start).0, self.prev, self.cur)
     }
 }

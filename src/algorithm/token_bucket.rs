@@ -1,18 +1,10 @@
 //! Mirror of `lua/token_bucket.lua`: `level / den` tokens at `ts`.
 
-use super::{as_of, cdiv, fdiv, rescale, EXACT};
+use super::{as_of, cdiv, fdiv, rescale, Algo, EXACT};
 
-/// The integers this algorithm decides with: a bucket of `capacity` tokens,
-/// `rate` back every `period` microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Params {
-    /// The bucket's size.
-    pub(crate) capacity: i64,
-    /// Tokens back per `period` (reduced by their gcd).
-    pub(crate) rate: i64,
-    /// Microseconds per `rate` tokens (reduced by their gcd).
-    pub(crate) period: i64,
-}
+/// The integers it decides with: a bucket of `capacity` tokens, `rate`
+/// back every `period` microseconds.
+pub(crate) type Params = super::params::Bucket;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TokenBucket {
@@ -46,16 +38,36 @@ impl super::Raw for Raw {
 }
 
 impl TokenBucket {
-    /// The working state of what the store keeps (`None`: a full bucket),
-    /// see `State::prepare`; `true` when it was moved back to `now` and
-    /// still holds something.
-    pub(crate) fn prepare(p: &Params, raw: Option<Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn level_at(&self, p: &Params, t: i64) -> i64 {
+        let full = p.capacity * p.period;
+        let need = full - self.level;
+        let elapsed = t - self.ts;
+        if elapsed <= 0 {
+            return self.level;
+        }
+        if elapsed >= cdiv(need, p.rate) {
+            return full;
+        }
+        self.level + elapsed * p.rate
+    }
+}
+
+impl Algo for TokenBucket {
+    type Params = Params;
+    type Stored = Raw;
+    const NAME: &'static str = "token bucket";
+    const KEYS: &'static [&'static str] = &["tb"];
+    const AMOUNT: &'static str = "capacity";
+    const RATE: Option<&'static str> = Some("refill");
+
+    /// `None`: a full bucket.
+    fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
         let mut s = Self {
             level: p.capacity * p.period,
             ts: now,
             cmax: p.capacity,
         };
-        let (raw, moved) = as_of(raw, written, now);
+        let (raw, moved) = as_of(raw.copied(), written, now);
         if let Some(raw) = raw {
             s.cmax = s.cmax.max(raw.cmax);
             s.ts = raw.ts;
@@ -71,20 +83,7 @@ impl TokenBucket {
         (s, moved)
     }
 
-    fn level_at(&self, p: &Params, t: i64) -> i64 {
-        let full = p.capacity * p.period;
-        let need = full - self.level;
-        let elapsed = t - self.ts;
-        if elapsed <= 0 {
-            return self.level;
-        }
-        if elapsed >= cdiv(need, p.rate) {
-            return full;
-        }
-        self.level + elapsed * p.rate
-    }
-
-    pub(crate) fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
+    fn earliest(&self, p: &Params, now: i64, cost: i64) -> Option<i64> {
         if cost > p.capacity {
             return None;
         }
@@ -96,14 +95,14 @@ impl TokenBucket {
         Some(base + cdiv(need, p.rate))
     }
 
-    pub(crate) fn grant(&mut self, p: &Params, at: i64, cost: i64) {
+    fn grant(&mut self, p: &Params, at: i64, cost: i64) {
         self.level = self.level_at(p, at) - cost * p.period;
         self.ts = at;
     }
 
     /// Gives back `cost` tokens (as `tb_refund`), never above the capacity.
     /// `false` when the bucket is full already.
-    pub(crate) fn refund(&mut self, p: &Params, cost: i64) -> bool {
+    fn refund(&mut self, p: &Params, _now: i64, _at: i64, cost: i64) -> bool {
         let full = p.capacity * p.period;
         if self.level >= full {
             return false;
@@ -112,7 +111,7 @@ impl TokenBucket {
         true
     }
 
-    pub(crate) fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
+    fn status(&self, p: &Params, now: i64, at: i64) -> (i64, i64) {
         let t = at.max(self.ts);
         let level = self.level_at(p, t);
         let remaining = if self.ts > at {
@@ -127,7 +126,7 @@ impl TokenBucket {
     }
 
     /// The working state as the store keeps it.
-    pub(crate) fn save(&self, p: &Params, now: i64) -> Raw {
+    fn save(self, p: &Params, now: i64) -> Raw {
         let t = now.max(self.ts);
         let top = self.cmax.min(fdiv(EXACT - 1, p.period)) * p.period;
         Raw {

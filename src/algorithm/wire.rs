@@ -1,11 +1,11 @@
-//! The wire between the Rust side and the scripts, named once: each
-//! algorithm's id (what a limit's string starts with), the Lua table that
-//! implements it and the suffixes of the keys it stores under. `lua/wire.lua`
-//! is written from these (see [`lua`]); a test fails when it differs.
+//! The wire between the Rust side and the scripts, named once: the
+//! options, operations and statuses here, the algorithms (each one's id,
+//! Lua table and key suffixes) in their registry (`registry.rs`).
+//! `lua/wire.lua` is written from both (see [`lua`]); a test fails when it
+//! differs.
 
 #[cfg(test)]
-use super::Outcome;
-use crate::quota::Algorithm;
+use super::{Outcome, ALGORITHMS};
 
 /// What a call of the library does: the `op` option (slot
 /// [`Opt::Op`]); a call without options decides.
@@ -204,56 +204,6 @@ pub(crate) const STATUS_FIELDS: usize = 4;
 #[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
 pub(crate) const PENALTY_KEY: &str = "pen";
 
-/// Every algorithm, in the order of their ids (1, 2, ...).
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) const ALGORITHMS: [Algorithm; 5] = [
-    Algorithm::SlidingLog,
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindow,
-];
-
-impl Algorithm {
-    /// The id the Lua driver dispatches on: its place in [`ALGORITHMS`],
-    /// from 1.
-    pub(crate) fn id(self) -> u8 {
-        match self {
-            Algorithm::SlidingLog => 1,
-            Algorithm::TokenBucket => 2,
-            Algorithm::Gcra => 3,
-            Algorithm::FixedWindow => 4,
-            Algorithm::SlidingWindow => 5,
-        }
-    }
-
-    /// The name of its table in the scripts (and of its files, `lua/` and
-    /// `src/algorithm/`).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn lua_name(self) -> &'static str {
-        match self {
-            Algorithm::SlidingLog => "sliding_log",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::Gcra => "gcra",
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindow => "sliding_window",
-        }
-    }
-
-    /// The suffixes of the keys this algorithm stores under, in the order
-    /// its script reads them.
-    #[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
-    pub(crate) fn key_parts(self) -> &'static [&'static str] {
-        match self {
-            Algorithm::SlidingLog => &["log", "meta"],
-            Algorithm::TokenBucket => &["tb"],
-            Algorithm::Gcra => &["gcra"],
-            Algorithm::FixedWindow => &["fw"],
-            Algorithm::SlidingWindow => &["sw"],
-        }
-    }
-}
-
 /// The text of `lua/wire.lua`.
 #[cfg(test)]
 pub(crate) fn lua() -> String {
@@ -339,9 +289,10 @@ pub(crate) fn lua() -> String {
     for algorithm in ALGORITHMS {
         let _ = writeln!(
             out,
-            "{}.nkeys = {}",
+            "{0}.nkeys, {0}.shape = {1}, \"{2}\"",
             algorithm.lua_name(),
-            algorithm.key_parts().len()
+            algorithm.key_parts().len(),
+            algorithm.shape()
         );
     }
     out

@@ -1,16 +1,14 @@
 //! A named, validated quota ([`Limit`]): its name, interned (`intern.rs`),
 //! and the integer parameters the algorithms decide with, derived once
-//! (`derive.rs`); what it does besides counting its quota (leases, shadow
+//! ([`Params::derive`]); what it does besides counting its quota (leases, shadow
 //! mode, a stored quota, a penalty, hot keys) in `options.rs`.
 
-mod derive;
 mod intern;
 mod options;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use self::derive::derive;
 pub(crate) use self::intern::intern;
 
 use crate::algorithm::Params;
@@ -46,14 +44,6 @@ pub struct Limit {
     params: Params,
     policy_window: Duration,
     policy_window_us: u64,
-    /// `algorithm:p1:p2:p3:`, what the Redis decision function reads before
-    /// the cost (see `lua/driver.lua`): the same on every call, so made once.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    wire: Arc<str>,
-    /// `algorithm:p1:p2:p3:`, the wire string less its prefixes (see
-    /// [`stored_form`](Self::stored_form)).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    stored: Arc<str>,
     /// The penalty, if any (see [`Limit::with_penalty`]), with its integers.
     penalty: Option<Arc<(Penalty, PenParams)>>,
     /// Shadow mode: decides and records, never refuses.
@@ -94,9 +84,7 @@ impl Limit {
         if !valid_name {
             return Err(ConfigError::InvalidName(name));
         }
-        let (params, policy_window) = derive(&quota)?;
-        let [a, b, c] = params.wire();
-        let wire: Arc<str> = format!("{}:{a}:{b}:{c}:", params.algorithm().id()).into();
+        let (params, policy_window) = Params::derive(&quota)?;
         let name = intern(&name);
         Ok(Self {
             #[cfg(feature = "metrics")]
@@ -106,8 +94,6 @@ impl Limit {
             params,
             policy_window,
             policy_window_us: u64::try_from(policy_window.as_micros()).unwrap_or(u64::MAX),
-            stored: wire.clone(),
-            wire,
             penalty: None,
             shadow: false,
             from_store: false,
@@ -169,22 +155,5 @@ impl Limit {
 
     pub(crate) fn params(&self) -> &Params {
         &self.params
-    }
-
-    /// The limit's argument to the Redis decision function, less the cost:
-    /// `c` first for a limit whose quota may be kept in the store, and
-    /// before that its penalty's `p...;` when it has one.
-    #[cfg(feature = "redis")]
-    pub(crate) fn wire(&self) -> &str {
-        &self.wire
-    }
-
-    /// How the store keeps this limit's quota (for another limit of the
-    /// same name to decide with): its wire string, less the cost and the
-    /// `c`: `algorithm:p1:p2:p3:`, which the scripts complete with a
-    /// cost (see `lua/driver.lua`) and [`Params::from_stored`] reads back.
-    #[cfg(feature = "redis")]
-    pub(crate) fn stored_form(&self) -> &str {
-        &self.stored
     }
 }

@@ -185,7 +185,6 @@ impl Limit {
     /// ```
     pub fn quota_from_store(mut self) -> Self {
         self.from_store = true;
-        self.rewire();
         self
     }
 
@@ -235,23 +234,7 @@ impl Limit {
         self.hot = None;
         let params = penalty.params();
         self.penalty = Some(Arc::new((penalty, params)));
-        self.rewire();
         self
-    }
-
-    /// The wire string from its parts: `p...;` for a penalty, then `c`
-    /// for a quota kept in the store, then the stored form.
-    fn rewire(&mut self) {
-        #[cfg(feature = "redis")]
-        {
-            let pen = self
-                .penalty
-                .as_ref()
-                .map(|p| p.1.wire())
-                .unwrap_or_default();
-            let c = if self.from_store { "c" } else { "" };
-            self.wire = format!("{pen}{c}{}", self.stored).into();
-        }
     }
 
     /// This limit's keys are hot: on a store shared over a network, each

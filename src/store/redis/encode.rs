@@ -2,13 +2,16 @@
 //! here only) and its arguments (the options and each limit's wire string
 //! with its cost), written into one buffer.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use smallvec::SmallVec;
 
 use super::RedisStore;
 use crate::algorithm::wire::{Op, Opt, Options, PENALTY_KEY};
+use crate::algorithm::Params;
 use crate::store::{keys, Check};
+use crate::Limit;
 
 /// What one call of the library does (the [`Op`] of its options, see
 /// `lua/driver.lua`; [`Op::Change`] is [`Encoded::change`]).
@@ -135,9 +138,11 @@ impl Encoded {
     /// An operation on a key's penalty state ([`Op::Penalty`] of the library's
     /// options, see `lua/penalty.lua`): the key `key`, the options (with
     /// what to do) and the limit's string with a cost of 0.
-    pub(super) fn penalty(key: &[u8], options: &[u8], wire: &str) -> Encoded {
-        let limit = format!("{wire}0");
-        Encoded::of(&[key], &[options, limit.as_bytes()])
+    pub(super) fn penalty(key: &[u8], options: &[u8], limit: &Limit) -> Encoded {
+        let mut wire = Vec::new();
+        write_limit(&mut wire, limit, &mut itoa::Buffer::new());
+        wire.push(b'0');
+        Encoded::of(&[key], &[options, &wire])
     }
 
     /// Where the hash tag lies in the key written at `key`: after the
@@ -152,6 +157,55 @@ impl Encoded {
             .map_or(key.end, |i| start + i + 1);
         start..end
     }
+}
+
+/// Appends `limit`'s argument to the decision function, less its cost
+/// (see `lua/driver.lua`): its penalty's `p<refusals>:<within>:<forget>:<block
+/// 1>:...;` when it has one, `c` when its quota may be kept in the store,
+/// then its [stored form](write_stored_form).
+pub(super) fn write_limit(out: &mut Vec<u8>, limit: &Limit, digits: &mut itoa::Buffer) {
+    if let Some(pen) = limit.pen_params() {
+        out.push(b'p');
+        let head = [pen.refusals, pen.within, pen.forget];
+        for (i, x) in head.iter().chain(pen.blocks.iter()).enumerate() {
+            if i > 0 {
+                out.push(b':');
+            }
+            out.extend_from_slice(digits.format(*x).as_bytes());
+        }
+        out.push(b';');
+    }
+    if limit.is_quota_from_store() {
+        out.push(b'c');
+    }
+    write_stored_form(out, limit.params(), digits);
+}
+
+/// Appends how the store keeps a quota of parameters `p` (for a limit of
+/// the same name to decide with, see `lua/kept.lua`):
+/// `algorithm:p1:p2:p3:`, which the scripts complete with a cost and
+/// [`Params::from_stored`] reads back. A limit's form is the same on every
+/// call and its digits cost more to write than to find: each thread keeps
+/// the forms it wrote last, a few by their parameters.
+pub(super) fn write_stored_form(out: &mut Vec<u8>, p: &Params, digits: &mut itoa::Buffer) {
+    type Forms = [(Option<Params>, Vec<u8>); 4];
+    thread_local!(static FORMS: RefCell<Forms> = const {
+        RefCell::new([const { (None, Vec::new()) }; 4])
+    });
+    FORMS.with_borrow_mut(|forms| {
+        let (params, form) = &mut forms[usize::try_from(p.capacity()).unwrap_or(0) % 4];
+        if *params != Some(*p) {
+            form.clear();
+            form.extend_from_slice(digits.format(p.algorithm().id()).as_bytes());
+            form.push(b':');
+            for x in p.wire() {
+                form.extend_from_slice(digits.format(x).as_bytes());
+                form.push(b':');
+            }
+            *params = Some(*p);
+        }
+        out.extend_from_slice(form);
+    });
 }
 
 impl RedisStore {
@@ -283,7 +337,7 @@ impl RedisStore {
         let mut digits = itoa::Buffer::new();
         for check in checks {
             let start = out.buf.len();
-            out.buf.extend_from_slice(check.limit.wire().as_bytes());
+            write_limit(&mut out.buf, check.limit, &mut digits);
             out.buf
                 .extend_from_slice(digits.format(check.cost).as_bytes());
             out.args.push(start..out.buf.len());
@@ -298,7 +352,7 @@ mod tests {
 
     use super::*;
     use crate::store::redis::RedisStore;
-    use crate::{Limit, Quota};
+    use crate::Quota;
 
     /// One buffer holds what the reset's key names and the limits' wire
     /// strings say, in order, with a key's tag written once and reused.
@@ -348,7 +402,9 @@ mod tests {
         assert!(reset.keys().eq(expected.iter().copied()));
         assert_eq!(reset.args().count(), 0);
         let args: Vec<&[u8]> = encoded.args().collect();
-        let wire = |l: &Limit, cost: &str| format!("{}{cost}", l.wire()).into_bytes();
+        // a sliding log of 3 per minute, a GCRA of 1 per minute, bursts of 2
+        let (log, gcra) = ("1:3:60000000:0:".to_owned(), "3:2:1:60000000:".to_owned());
+        let wire = |l: &str, cost: &str| format!("{l}{cost}").into_bytes();
         assert_eq!(args, [wire(&log, "1"), wire(&gcra, "1"), wire(&gcra, "2")]);
         let refund = store.encode(&checks[2..], Operation::Refund { at: 7 });
         let args: Vec<&[u8]> = refund.args().collect();
@@ -388,7 +444,7 @@ mod tests {
         ];
         assert_eq!(keys, expected);
         let args: Vec<Vec<u8>> = batch.args().map(<[u8]>::to_vec).collect();
-        let wire = |cost: &str| format!("{}{cost}", gcra.wire()).into_bytes();
+        let wire = |cost: &str| format!("3:2:1:60000000:{cost}").into_bytes();
         let expected = [
             b"o:0:0:0:0:7".to_vec(),
             b"#1:1:2".to_vec(),

@@ -3,9 +3,10 @@
 //! `RedisStore::quota_key`), field `""` the limit's quota (on a cluster,
 //! copied to every slot's hash), and per key an override, under the key's
 //! first state key, in the hash of that key's slot. Each value is the
-//! limit's stored form (`Limit::stored_form`), an override's followed by
-//! `@` and the store time (us) it ends, when it does: a decision reads both
-//! through a mirror of the hash in the Lua VM (see `lua/kept.lua`). Every
+//! limit's stored form (`encode::write_stored_form`), an override's
+//! followed by `@` and the store time (us) it ends, when it does: a
+//! decision reads both through a mirror of the hash in the Lua VM (see
+//! `lua/kept.lua`). Every
 //! write here goes through the library (op 3 of its options), which drops
 //! that mirror, so a change is in force for the next decision on each
 //! server it wrote; reads here are plain `HGET`s. An ended override is
@@ -148,7 +149,13 @@ impl RedisStore {
                 if keyed && if_absent && lasting {
                     return Ok(false);
                 }
-                let mut value = limit.stored_form().to_owned();
+                let mut value = Vec::new();
+                super::encode::write_stored_form(
+                    &mut value,
+                    limit.params(),
+                    &mut itoa::Buffer::new(),
+                );
+                let mut value = String::from_utf8_lossy(&value).into_owned();
                 if let Some(ttl) = ttl {
                     let us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX).max(1);
                     let ends = self.store_now(deadline).await?.saturating_add(us);
@@ -254,7 +261,7 @@ impl RedisStore {
             .with(Opt::At, what as i64)
             .with(Opt::Block, us)
             .write(&mut options);
-        let encoded = Encoded::penalty(key, &options, check.limit.wire());
+        let encoded = Encoded::penalty(key, &options, check.limit);
         let reply = self.call(&encoded, deadline).await?;
         let values: Vec<i64> = reply
             .chunks_exact(8)
