@@ -1503,6 +1503,9 @@ async fn a_hot_global_rule_answers_from_batches() {
             RateLimitLayer::builder()
                 .store(store)
                 .limit(global.clone(), Global)
+                // (patient: a refill timed out on a loaded machine would
+                // let its request through, failing open)
+                .timeout(common::PATIENT)
                 .build()
                 .expect("layer"),
         )

@@ -340,6 +340,14 @@ async fn a_paused_redis_times_out_and_a_stopped_one_errors_then_recovers() {
         .build()
         .unwrap();
     let limit = Limit::new("l", Quota::fixed_window(100, Duration::from_secs(60))).unwrap();
+    // the library loaded first, patiently: on a loaded machine, loading it
+    // can take longer than the 50 ms this test's limiter waits
+    let warm = RedisStore::builder(&server.url)
+        .prefix("fail")
+        .build()
+        .unwrap();
+    let warm = common::patient_limiter(warm, limit.clone());
+    assert!(warm.check("warm-up", 1).await.unwrap().is_allowed());
     let limiter = Limiter::builder(store)
         .limit(limit)
         .timeout(Duration::from_millis(50))
