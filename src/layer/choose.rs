@@ -131,7 +131,7 @@ impl RateLimitLayerBuilder {
 
     /// Takes each request's cost as an estimate, settled after the response
     /// to the actual cost that its rules read from it
-    /// ([`Rule::cost_from_response`], [`Rule::cost_from_body`]): what the
+    /// ([`Rule::cost_from_response`](super::Rule::cost_from_response), [`Rule::cost_from_body`](super::Rule::cost_from_body)): what the
     /// estimate was over is given back, what it was under is charged. A
     /// request dropped before its response keeps its estimate; a response
     /// that tells no cost keeps it too.
@@ -145,7 +145,7 @@ impl RateLimitLayerBuilder {
     /// the requests in flight, of their cost less their estimate, and at
     /// most `max_share` of its capacity for each. Outside (0, 1], or
     /// without a rule that reads a cost after the response, the layer
-    /// does not build ([`ConfigError::Layer`]).
+    /// does not build ([`ConfigError::Layer`](crate::ConfigError::Layer)).
     ///
     /// ```
     /// use std::time::Duration;
