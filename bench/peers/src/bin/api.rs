@@ -52,7 +52,7 @@ async fn main() -> Result<(), Error> {
         Some(permits) => {
             let global = Limit::new("api", Quota::per_second(100_000_000).gcra())?;
             if permits > 0 {
-                global.hot(HotKey::new(permits, Duration::from_millis(100))?)?
+                global.with_hot_key(HotKey::new(permits, Duration::from_millis(100))?)?
             } else {
                 global
             }
