@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use common::{patient_limiter, unique_prefix, PATIENT};
+use common::{patient_limiter, settles_to, unique_prefix, PATIENT};
 use futures::channel::mpsc;
 use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
@@ -99,23 +99,6 @@ fn get_request(uri: &str) -> Request<Body> {
     Request::get(uri).body(Body::empty()).expect("request")
 }
 
-/// Waits (at most `PATIENT`) until `limit` has `remaining` left for the
-/// global key: a charge or a release over Redis lands on a task of its own.
-async fn settles_to(limiter: &Limiter, remaining: u64) {
-    let until = tokio::time::Instant::now() + PATIENT;
-    loop {
-        let now = limiter.peek("global", 1).await.expect("peek").remaining();
-        if now == remaining {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{now} left, not {remaining}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// One stream at a time: a second request is refused while the first's
 /// body streams; the permit comes back when that body ends, and when a
 /// client drops a body it stopped reading.
@@ -152,7 +135,7 @@ async fn a_concurrency_limit_holds_its_permit_until_the_response_body_ends() {
         drop(tx); // the stream ends
         let body = first.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(&body[..], b"part");
-        settles_to(&looker, 1).await;
+        settles_to(&looker, 1, store).await;
 
         // a client that stops reading and goes away gives the permit back
         let third = app
@@ -167,7 +150,7 @@ async fn a_concurrency_limit_holds_its_permit_until_the_response_body_ends() {
             "{store}"
         );
         drop(third);
-        settles_to(&looker, 1).await;
+        settles_to(&looker, 1, store).await;
         let fourth = app
             .clone()
             .oneshot(get_request("/stream"))
@@ -204,7 +187,7 @@ async fn a_cost_read_from_a_response_header_is_charged_after_the_response() {
                 .expect("infallible");
             assert_eq!(response.status(), StatusCode::OK, "{store}: request {i}");
             response.into_body().collect().await.expect("body");
-            settles_to(&looker, left).await;
+            settles_to(&looker, left, store).await;
         }
         let refused = app
             .clone()
@@ -255,7 +238,7 @@ async fn a_cost_counted_in_the_body_is_charged_when_it_ends() {
             .expect("body")
             .to_bytes();
         assert_eq!(body.len(), 300, "{store}");
-        settles_to(&looker, 700).await;
+        settles_to(&looker, 700, store).await;
     }
 }
 
@@ -370,7 +353,7 @@ async fn a_permit_is_held_through_a_handler_slower_than_its_lease() {
         let first = first.await.expect("task").expect("infallible");
         assert_eq!(first.status(), StatusCode::OK, "{store}");
         first.into_body().collect().await.expect("body");
-        settles_to(&looker, 1).await;
+        settles_to(&looker, 1, store).await;
     }
 }
 
@@ -392,7 +375,7 @@ async fn a_permit_comes_back_when_the_request_is_dropped_or_the_service_fails() 
         )
         .await;
         assert!(dropped.is_err(), "{store}: the handler never answers");
-        settles_to(&looker, 1).await;
+        settles_to(&looker, 1, store).await;
         let next = app
             .clone()
             .oneshot(get_request("/quick"))
@@ -404,7 +387,7 @@ async fn a_permit_comes_back_when_the_request_is_dropped_or_the_service_fails() 
             "{store}: the permit came back"
         );
         next.into_body().collect().await.expect("body");
-        settles_to(&looker, 1).await;
+        settles_to(&looker, 1, store).await;
 
         // an inner service that fails
         let failing = tower::ServiceBuilder::new()
@@ -415,7 +398,7 @@ async fn a_permit_comes_back_when_the_request_is_dropped_or_the_service_fails() 
             }));
         let failed = failing.oneshot(get_request("/fails")).await;
         assert!(failed.is_err(), "{store}: the inner service's error");
-        settles_to(&looker, 1).await;
+        settles_to(&looker, 1, store).await;
     }
 }
 
@@ -442,7 +425,7 @@ async fn a_body_no_one_reads_gives_its_permit_back_at_the_maximum_hold() {
             0,
             "{store}: held while the body is unread"
         );
-        settles_to(&looker, 1).await;
+        settles_to(&looker, 1, store).await;
         let ended = unread.into_body().collect().await;
         assert!(ended.is_err(), "{store}: the body ends with an error");
 
@@ -457,7 +440,7 @@ async fn a_body_no_one_reads_gives_its_permit_back_at_the_maximum_hold() {
             .await
             .expect("ended within the test's patience");
         assert!(ended.is_err(), "{store}: the body ends with an error");
-        settles_to(&looker, 1).await;
+        settles_to(&looker, 1, store).await;
     }
 }
 
@@ -530,6 +513,6 @@ async fn a_refund_gives_the_rate_back_and_the_lease_stays_until_the_body_ends() 
                 .expect("the first's body"),
         );
         first.into_body().collect().await.expect("body");
-        settles_to(&leases, 1).await;
+        settles_to(&leases, 1, store).await;
     }
 }

@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use common::{patient_limiter, unique_prefix, PATIENT};
+use common::{patient_limiter, settles_to, unique_prefix, PATIENT};
 use http::{HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -99,23 +99,6 @@ fn stores(test: &str) -> Vec<(&'static str, MakeLayer, Limiter)> {
             redis_looker,
         ),
     ]
-}
-
-/// Waits (at most `PATIENT`) until the budget has `remaining` left: a
-/// settlement lands on a task of its own.
-async fn settles_to(looker: &Limiter, remaining: u64, store: &str) {
-    let until = tokio::time::Instant::now() + PATIENT;
-    loop {
-        let now = looker.peek("global", 1).await.expect("peek").remaining();
-        if now == remaining {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{store}: {now} left, not {remaining}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String) {

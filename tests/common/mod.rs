@@ -428,6 +428,24 @@ pub async fn decides(limiter: &tower_ratelimit::Limiter, key: &str, within: Dura
     }
 }
 
+/// Waits (at most `PATIENT`) until `limiter` has `remaining` left for the
+/// key "global": a charge, a refund or a release over Redis lands on a task
+/// of its own. `store` names the store in the failure.
+pub async fn settles_to(limiter: &tower_ratelimit::Limiter, remaining: u64, store: &str) {
+    let until = Instant::now() + PATIENT;
+    loop {
+        let now = limiter.peek("global", 1).await.expect("peek").remaining();
+        if now == remaining {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{store}: {now} left, not {remaining}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A lease of `key` once one is free: a dropped lease goes back on a task
 /// of its own, so a test waits for it (at most `PATIENT`).
 pub async fn wait_until_held(
