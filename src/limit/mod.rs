@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::intern::intern;
+use self::intern::Name;
 
 use crate::algorithm::Params;
 use crate::hot::HotKey;
@@ -37,9 +38,9 @@ pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Limit {
-    /// Interned (see [`intern`]): a decision names its limits without
-    /// counting references.
-    name: &'static str,
+    /// Interned (see [`Name`]): a decision names its limits without
+    /// counting references, and counts under them without a lookup.
+    name: &'static Name,
     quota: Quota,
     params: Params,
     policy_window: Duration,
@@ -60,9 +61,6 @@ pub struct Limit {
     max_hold: Option<Duration>,
     /// Batches of permits granted in this process (see [`Limit::with_hot_key`]).
     hot: Option<HotKey>,
-    /// Its `tower_ratelimit_decisions_total` keys, made once.
-    #[cfg(feature = "metrics")]
-    metric_keys: Arc<crate::metrics::LimitKeys>,
 }
 
 impl Limit {
@@ -85,11 +83,8 @@ impl Limit {
             return Err(ConfigError::InvalidName(name));
         }
         let (params, policy_window) = Params::derive(&quota)?;
-        let name = intern(&name);
         Ok(Self {
-            #[cfg(feature = "metrics")]
-            metric_keys: Arc::new(crate::metrics::LimitKeys::new(name)),
-            name,
+            name: Name::of(&name),
             quota,
             params,
             policy_window,
@@ -107,27 +102,24 @@ impl Limit {
     /// (the name need not be valid: it never comes from a user).
     pub(crate) fn renamed(&self, name: String) -> Self {
         let mut limit = self.clone();
-        limit.name = intern(&name);
-        #[cfg(feature = "metrics")]
-        {
-            limit.metric_keys = Arc::new(crate::metrics::LimitKeys::new(limit.name));
-        }
+        limit.name = Name::of(&name);
         limit
     }
 
     /// The name.
     pub fn name(&self) -> &str {
-        self.name
+        self.name.text
     }
 
     /// The name, interned: the same pointer for every limit of that name.
     pub(crate) fn shared_name(&self) -> &'static str {
-        self.name
+        self.name.text
     }
 
+    /// The metric keys of its name (see [`Name`]).
     #[cfg(feature = "metrics")]
-    pub(crate) fn metric_keys(&self) -> &crate::metrics::LimitKeys {
-        &self.metric_keys
+    pub(crate) fn metric_keys(&self) -> &'static crate::metrics::LimitKeys {
+        &self.name.keys
     }
 
     /// The quota.

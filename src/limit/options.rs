@@ -92,13 +92,13 @@ impl Limit {
         if !self.leases {
             return Err(ConfigError::MaxHold(format!(
                 "limit {:?} is not a concurrency limit",
-                self.name
+                self.name()
             )));
         }
         if max_hold.is_zero() {
             return Err(ConfigError::MaxHold(format!(
                 "the maximum hold of limit {:?} is zero",
-                self.name
+                self.name()
             )));
         }
         self.max_hold = Some(max_hold);
@@ -272,14 +272,14 @@ impl Limit {
             return Err(ConfigError::HotKey(format!(
                 "a batch of {} is more than limit {:?} holds ({})",
                 hot.permits(),
-                self.name,
+                self.name(),
                 self.capacity()
             )));
         }
         if self.leases || self.penalty.is_some() {
             return Err(ConfigError::HotKey(format!(
                 "limit {:?} must decide every request in the store (a concurrency limit or a penalty)",
-                self.name
+                self.name()
             )));
         }
         self.hot = Some(hot);
