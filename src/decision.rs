@@ -265,10 +265,18 @@ impl Decision {
 
     /// This decision without the statuses of limits in shadow mode: what
     /// the rate-limit headers show.
+    #[inline]
     pub(crate) fn without_shadow(&self) -> std::borrow::Cow<'_, Decision> {
-        if !self.statuses.iter().any(|s| s.shadow) {
-            return std::borrow::Cow::Borrowed(self);
+        if self.statuses.iter().any(|s| s.shadow) {
+            std::borrow::Cow::Owned(self.shown())
+        } else {
+            std::borrow::Cow::Borrowed(self)
         }
+    }
+
+    /// A copy without the statuses of limits in shadow mode.
+    #[cold]
+    fn shown(&self) -> Decision {
         let statuses = self
             .statuses
             .iter()
@@ -278,7 +286,7 @@ impl Decision {
         let mut shown = Decision::new(self.verdict, self.wait_us, statuses);
         shown.granted = self.granted;
         shown.at = self.at;
-        std::borrow::Cow::Owned(shown)
+        shown
     }
 
     /// The limits that refused the request (empty when allowed).

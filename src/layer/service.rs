@@ -20,7 +20,7 @@ use super::response::Fields;
 use super::{Config, RateLimitInfo, ResponseBody};
 use crate::limiter::Ask;
 use crate::store::Answer;
-use crate::Grant;
+use crate::{Decision, Grant};
 
 /// Middleware that rate-limits requests; built by [`RateLimitLayer`](super::RateLimitLayer).
 ///
@@ -113,8 +113,8 @@ where
         }
         if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
             // exempt: never counted, never refused
-            let info = RateLimitInfo::new(None, false);
-            return forward(inner, parts, body, info, None);
+            parts.extensions.insert(RateLimitInfo::new(None, false));
+            return forward(inner, parts, body, None);
         }
         if config.at_once {
             let decided = {
@@ -165,20 +165,26 @@ impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
 {
 }
 
-/// What the layer decided of a request.
+/// What the layer decided of a request. Small enough to move without a
+/// `memcpy` call (what is rare is boxed): it is the output of the decision
+/// polled inside `call`.
 enum Step<B> {
-    /// Answer this: refused, no key where the rule requires one, or the
-    /// store failed and the layer fails closed.
-    Answer(Response<ResponseBody<B>>),
-    /// Forward undecided: no limit applies, or the store failed open.
-    Pass { store_failed: bool },
-    /// Forward the granted request.
-    Granted(Granted),
+    /// Answer this: no key where the rule requires one, an estimate over
+    /// its cap, or the store failed and the layer fails closed.
+    Answer(Box<Response<ResponseBody<B>>>),
+    /// Refused: answered 429 in `respond`.
+    Refused(Decision),
+    /// Forward the request, its [`RateLimitInfo`] already among its
+    /// extensions, and add these fields to its response.
+    Forward(Option<Fields>),
+    /// Serve a grant with something after it (see [`serve_granted`]).
+    Serve(Box<Granted>),
 }
 
-/// A granted request: its grant, the rule of each limit charged, its cost,
-/// whether the store failed (decided by the fallback), and its place among
-/// the requests that may wait (delay mode), held until the wait ends.
+/// A granted request with something after its grant: its grant, the rule
+/// of each limit charged, its cost, whether the store failed (decided by
+/// the fallback), and its place among the requests that may wait (delay
+/// mode), held until the wait ends.
 struct Granted {
     grant: Grant,
     charged_rules: SmallVec<[usize; 2]>,
@@ -189,8 +195,16 @@ struct Granted {
 
 /// The decision of a request: its limits chosen (a resolved rule's plan
 /// read first), decided by the limiter in one call (by the fallback when
-/// the store fails, per `OnStoreError`), a refusal answered.
+/// the store fails, per `OnStoreError`), a refusal answered; a request
+/// forwarded as it is gets its [`RateLimitInfo`] here.
 async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
+    // forwarded undecided: no limit applies, or the store failed open
+    let pass = |parts: &mut Parts, store_failed| {
+        parts
+            .extensions
+            .insert(RateLimitInfo::new(None, store_failed));
+        Step::Forward(None)
+    };
     // the plans of resolved rules, read while choosing (boxed: rare)
     #[cfg(feature = "resolver")]
     if config.rules.iter().any(|rule| rule.is_resolved()) {
@@ -198,19 +212,17 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
     }
     let chosen = match choose(config, parts) {
         Ok(chosen) => chosen,
-        Err(answer) => return Step::Answer(answer),
+        Err(answer) => return Step::Answer(Box::new(answer)),
     };
     #[cfg(feature = "resolver")]
     super::resolved::forget(parts);
     if chosen.is_empty() {
-        return Step::Pass {
-            store_failed: false,
-        };
+        return pass(parts, false);
     }
     let cost = cost_of(config, parts);
     if let Some(share) = config.estimates {
         if let Some(answer) = estimate_too_large(config, parts, &chosen, cost, share) {
-            return Step::Answer(answer);
+            return Step::Answer(Box::new(answer));
         }
     }
     let checks = checks_of(&chosen, cost);
@@ -230,44 +242,52 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
         Answer::Now(result) => result,
         Answer::Later(future) => future.await,
     };
-    let (grant, store_failed) = match decided {
+    let store_failed = decided.is_err();
+    let grant = match decided {
         Ok(grant) => {
             config.outage.success();
-            (grant, false)
+            grant
         }
         Err(error) => match after_failure(config, parts, &error) {
             AfterFailure::Fallback(fallback) => {
                 match Box::pin(fallback.answer(&checks, ask).get()).await {
-                    Ok(grant) => (grant, true),
-                    Err(_) => return Step::Pass { store_failed: true },
+                    Ok(grant) => grant,
+                    Err(_) => return pass(parts, true),
                 }
             }
-            AfterFailure::Answer(answer) => return Step::Answer(answer),
-            AfterFailure::Pass => return Step::Pass { store_failed: true },
+            AfterFailure::Answer(answer) => return Step::Answer(Box::new(answer)),
+            AfterFailure::Pass => return pass(parts, true),
         },
     };
-    let decision = grant.decision();
-    if !decision.is_allowed() {
-        return Step::Answer(refused(config, parts, decision, &decision.without_shadow()));
+    if !grant.decision.is_allowed() {
+        return Step::Refused(grant.into_decision());
+    }
+    if grant.refund.is_none() && grant.decision.delay().is_zero() {
+        // nothing after the grant: forwarded as it is
+        let decision = grant.into_decision();
+        let fields = Fields::of(&decision.without_shadow(), &config.headers);
+        let info = RateLimitInfo::new(Some(decision), store_failed);
+        parts.extensions.insert(info);
+        return Step::Forward(fields);
     }
     // the rule of each limit the grant was charged to, for what follows a
     // grant that can be given back
     let charged_rules = match grant.refund {
         Some(_) => chosen
             .iter()
-            .zip(decision.statuses())
+            .zip(grant.decision.statuses())
             .filter(|(_, status)| !status.would_refuse())
             .map(|((_, _, rule), _)| *rule)
             .collect(),
         None => SmallVec::new(),
     };
-    Step::Granted(Granted {
+    Step::Serve(Box::new(Granted {
         grant,
         charged_rules,
         cost,
         store_failed,
         place,
-    })
+    }))
 }
 
 /// The response future of a decided request: the layer's answer, or the
@@ -286,36 +306,28 @@ where
     ResBody: Send + 'static,
 {
     match step {
-        Step::Answer(answer) => ResponseFuture::ready(Ok(answer)),
-        Step::Pass { store_failed } => {
-            let info = RateLimitInfo::new(None, store_failed);
-            forward(inner, parts, body, info, None)
+        Step::Answer(answer) => ResponseFuture::ready(Ok(*answer)),
+        Step::Refused(decision) => {
+            let answer = refused(config, &parts, &decision, &decision.without_shadow());
+            ResponseFuture::ready(Ok(answer))
         }
-        Step::Granted(granted)
-            if granted.grant.refund.is_none() && granted.grant.decision.delay().is_zero() =>
-        {
-            let decision = granted.grant.into_decision();
-            let fields = Fields::of(&decision.without_shadow(), &config.headers);
-            let info = RateLimitInfo::new(Some(decision), granted.store_failed);
-            forward(inner, parts, body, info, fields)
-        }
-        Step::Granted(granted) => {
+        Step::Forward(fields) => forward(inner, parts, body, fields),
+        Step::Serve(granted) => {
             let inner = inner.clone();
             let config = config.clone();
-            ResponseFuture::boxed(serve_granted(inner, config, parts, body, granted))
+            ResponseFuture::boxed(serve_granted(inner, config, parts, body, *granted))
         }
     }
 }
 
-/// Forwards a request with `info` among its extensions (put into the parts
-/// before they are rejoined: the request is not moved again): to the inner
+/// Forwards a request (its [`RateLimitInfo`] put into its parts before
+/// they are rejoined: the request is not moved again): to the inner
 /// service itself when it is ready now, else to a clone readied in the
 /// future.
 fn forward<S, ReqBody, ResBody>(
     inner: &mut S,
-    mut parts: Parts,
+    parts: Parts,
     body: ReqBody,
-    info: RateLimitInfo,
     fields: Option<Fields>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error>
 where
@@ -323,7 +335,6 @@ where
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
-    parts.extensions.insert(info);
     let request = Request::from_parts(parts, body);
     let mut cx = Context::from_waker(Waker::noop());
     match inner.poll_ready(&mut cx) {

@@ -86,13 +86,20 @@ impl Limiter {
         checks: &'a [Check<'a>],
         ask: Ask,
     ) -> Answer<'a, Result<Grant, Error>> {
-        if checks.iter().any(|c| c.key.is_empty()) {
+        // (one pass over the checks: this runs for every decision)
+        let (mut empty, mut leases, mut shadow) = (false, false, false);
+        for check in checks {
+            empty |= check.key.is_empty();
+            leases |= check.limit.is_concurrency();
+            shadow |= check.limit.is_shadow();
+        }
+        if empty {
             return Answer::Now(Err(Error::EmptyKey));
         }
         let waits = !ask.max_wait.is_zero();
-        let route = if waits && checks.iter().any(|c| c.limit.is_concurrency()) {
+        let route = if waits && leases {
             Route::WaitForPermit
-        } else if checks.iter().any(|c| c.limit.is_shadow()) {
+        } else if shadow {
             Route::Shadow
         } else {
             match &self.inner.hot {

@@ -62,6 +62,7 @@ impl Grant {
     }
 
     /// The decision, keeping the grant.
+    #[inline]
     pub fn into_decision(self) -> Decision {
         self.decision
     }
@@ -162,8 +163,13 @@ impl Refundable<'_> {
     }
 }
 
-/// What a grant took, to give back once.
-pub(crate) struct Refund {
+/// What a grant took, to give back once. Boxed: a grant (and every step
+/// it moves through on the way to a response) stays small enough to move
+/// without a `memcpy` call, and most grants have nothing to give back.
+pub(crate) struct Refund(Box<Taken>);
+
+/// What a [`Refund`] gives back.
+pub(crate) struct Taken {
     limiter: Limiter,
     charged: Charged,
     cost: i64,
@@ -188,17 +194,27 @@ impl std::fmt::Debug for Refund {
     }
 }
 
+impl std::ops::Deref for Refund {
+    type Target = Taken;
+
+    fn deref(&self) -> &Taken {
+        &self.0
+    }
+}
+
 impl Refund {
     /// A refund of `decision`'s grant from `charged` through `limiter`;
     /// `None` when nothing was granted.
     pub(crate) fn of(limiter: &Limiter, decision: &Decision, charged: Charged) -> Option<Self> {
         let cost = i64::try_from(decision.granted).ok()?;
-        (decision.is_allowed() && cost > 0 && !charged.is_empty()).then(|| Self {
-            limiter: limiter.clone(),
-            charged,
-            cost,
-            at: decision.at,
-            done: AtomicBool::new(false),
+        (decision.is_allowed() && cost > 0 && !charged.is_empty()).then(|| {
+            Self(Box::new(Taken {
+                limiter: limiter.clone(),
+                charged,
+                cost,
+                at: decision.at,
+                done: AtomicBool::new(false),
+            }))
         })
     }
 
