@@ -165,7 +165,8 @@ impl std::fmt::Display for Outcome {
 static METADATA: ::metrics::Metadata<'static> =
     ::metrics::Metadata::new(module_path!(), ::metrics::Level::INFO, Some(module_path!()));
 
-/// One limit's metric keys, built once with the limit: its [`DECISIONS`]
+/// The metric keys of one limit name, built once per name (with the name,
+/// which the process keeps: see `limit/intern.rs`): its [`DECISIONS`]
 /// keys, one per [`Outcome`], its [`NEAR_LIMIT`] key and its quota gauges'.
 /// A decision then looks up the recorder in effect (global or local, as the
 /// `metrics` macros do) with a key whose labels and hash are already made,
