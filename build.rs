@@ -33,6 +33,21 @@
 //! integer constants (`local A, B = 1, 2` there, written from
 //! `src/algorithm/wire.rs`) are pasted into them as literals (a literal is
 //! an operand, an upvalue must be loaded first).
+//!
+//! A piece of a step that several steps share, written once without the
+//! cost of a call:
+//!
+//! ```text
+//! --: fragment window(t, u, w) -> ws, wb    defined before its first use
+//!   ...                                     (assigns its results)
+//! --: end
+//! --: paste window(at, u, w) -> ws, wb      in a step: the fragment's body
+//! ```
+//!
+//! A paste becomes the fragment's body in a `do ... end` block, each
+//! parameter named by its argument (`t` written `at`: the arguments are
+//! names, and nothing is bound at run time); its results are the caller's
+//! locals of those names (the same names, or the build fails).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -136,7 +151,11 @@ fn block(lines: &[&str], i: usize) -> Result<(Vec<String>, usize), (usize, Strin
     for (j, line) in lines.iter().enumerate().skip(i + 1) {
         match directive(line) {
             Some("end") => return Ok((body, j)),
-            Some(other) if !other.starts_with("inline") && other != "locals" => {
+            Some(other)
+                if !other.starts_with("inline")
+                    && !other.starts_with("paste")
+                    && other != "locals" =>
+            {
                 return Err((j, format!("`--: {other}` inside a block")))
             }
             _ => body.push((*line).to_owned()),
@@ -154,6 +173,7 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
     let mut algorithms: HashMap<String, Algorithm> = HashMap::new();
     let mut templates: HashMap<String, Vec<String>> = HashMap::new();
     let mut constants: HashMap<String, String> = HashMap::new();
+    let mut fragments: HashMap<String, Step> = HashMap::new();
     let mut i = 0;
     while i < lines.len() {
         let Some(d) = directive(lines[i]) else {
@@ -196,6 +216,7 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                     .ok_or_else(|| (i, "`--: step alg name(...)`".to_owned()))?;
                 let (name, args, outs) = signature(sig).map_err(|e| (i, e))?;
                 let (body, end) = block(&lines, i)?;
+                let body = paste(body, &fragments).map_err(|e| (i, e))?;
                 if let Some(line) = body.iter().find(|l| l.trim_start().starts_with("return")) {
                     return Err((
                         i,
@@ -214,7 +235,13 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                 templates.insert(rest.to_owned(), body);
                 i = end;
             }
-            "one" | "end" | "locals" | "inline" => {}
+            "fragment" => {
+                let (name, args, outs) = signature(rest).map_err(|e| (i, e))?;
+                let (body, end) = block(&lines, i)?;
+                fragments.insert(name, Step { args, outs, body });
+                i = end;
+            }
+            "one" | "end" | "locals" | "inline" | "paste" => {}
             _ => return Err((i, format!("unknown directive `--: {d}`"))),
         }
         i += 1;
@@ -240,7 +267,7 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                 function(&mut out, alg, &name, a);
                 i = block(&lines, i)?.1;
             }
-            "template" => i = block(&lines, i)?.1,
+            "template" | "fragment" => i = block(&lines, i)?.1,
             "stored" => {
                 let alg = rest.split(' ').next().unwrap_or_default();
                 function(&mut out, alg, "load", &algorithms[alg]);
@@ -265,6 +292,49 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
             _ => {}
         }
         i += 1;
+    }
+    Ok(out)
+}
+
+/// `body` with each `--: paste` replaced by its fragment (see the top).
+fn paste(body: Vec<String>, fragments: &HashMap<String, Step>) -> Result<Vec<String>, String> {
+    let mut out = Vec::with_capacity(body.len());
+    for line in body {
+        let Some(sig) = directive(&line).and_then(|d| d.strip_prefix("paste")) else {
+            out.push(line);
+            continue;
+        };
+        let indent: String = line.chars().take_while(|c| c.is_whitespace()).collect();
+        let (name, args, outs) = signature(sig)?;
+        let fragment = fragments
+            .get(&name)
+            .ok_or_else(|| format!("no fragment `{name}` defined before this paste"))?;
+        if args.len() != fragment.args.len() || outs != fragment.outs {
+            return Err(format!(
+                "paste {name}: ({}) -> {} for a fragment of ({}) -> {}",
+                args.join(", "),
+                outs.join(", "),
+                fragment.args.join(", "),
+                fragment.outs.join(", ")
+            ));
+        }
+        // each argument whose name differs replaces its parameter in the
+        // body, as a constant does (see `literals`): no local to bind
+        let renamed: HashMap<String, String> = fragment
+            .args
+            .iter()
+            .zip(&args)
+            .filter(|(param, arg)| param != arg)
+            .map(|(param, arg)| (param.clone(), arg.clone()))
+            .collect();
+        out.push(format!("{indent}do -- {name}"));
+        out.extend(
+            fragment
+                .body
+                .iter()
+                .map(|l| format!("{indent}  {}", literals(l, &renamed))),
+        );
+        out.push(format!("{indent}end"));
     }
     Ok(out)
 }
@@ -355,7 +425,7 @@ fn constant(line: &str, constants: &mut HashMap<String, String>) {
 }
 
 /// `line` with each identifier that names one of `constants` replaced by
-/// its literal.
+/// its text (a literal, or a fragment's argument).
 fn literals(line: &str, constants: &HashMap<String, String>) -> String {
     let mut out = String::with_capacity(line.len());
     let mut word = String::new();

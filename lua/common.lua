@@ -160,6 +160,29 @@ local function cal(at, c)
   return cal_s, cal_e - cal_s, cal_s - cal_b, cal_n - cal_e
 end
 
+-- The window of a window algorithm that holds `t`: its start `ws`, its
+-- length `wl` and the length `wb` of the one before it; a window of the
+-- calendar (code `u` < 0) or of `w` from the epoch, found without a call
+-- (t - fmod(t, w)).
+--: fragment window_of(t, u, w) -> ws, wl, wb
+if u < 0 then
+  ws, wl, wb = cal(t, u)
+else
+  local m = t % w
+  if m < 0 then m = m + w elseif m >= w then m = m - w end
+  ws, wl, wb = t - m, w, w
+end
+--: end
+
+-- Whether a stored window (`r_start`, `r_len`) is one of this limit's.
+--: fragment own_window(r_start, r_len, u, w) -> own
+own = r_len == w
+if u < 0 then
+  local ks, kl = cal(r_start, u)
+  own = ks == r_start and kl == r_len
+end
+--: end
+
 -- A decision's outcome and wait from T, the earliest time at which all its
 -- limits allow it (-1: never, a cost over a capacity), the clock `now` and
 -- the longest wait allowed. The outcomes are `algorithm::Outcome`'s: 0
@@ -240,17 +263,24 @@ local function px(at, from)
   return px_ms[ms % 64] == ms and px_str[ms % 64] or px_arg(ms)
 end
 
+-- Puts `v` under `k` in `cache`, which holds `n` entries: the caches of
+-- what the library reads from its arguments, kept across calls (a limiter
+-- sends the same few strings again and again) and bounded, a full one
+-- starting again empty. Returns the cache and its new count.
+local function cache_put(cache, n, k, v)
+  if n >= 1024 then cache, n = {}, 0 end
+  cache[k] = v
+  return cache, n + 1
+end
+
 -- Parsed strings of integers separated by ':' (a limit and its cost,
--- options), kept across calls: a limiter sends the same few strings again
--- and again.
+-- options).
 local parsed, n_parsed = {}, 0
 local function ints(s)
   local v = parsed[s]
   if v then return v end
   v = {}
   for x in string.gmatch(s, '[^:]+') do v[#v + 1] = tonumber(x) end
-  if n_parsed >= 1024 then parsed, n_parsed = {}, 0 end
-  parsed[s] = v
-  n_parsed = n_parsed + 1
+  parsed, n_parsed = cache_put(parsed, n_parsed, s, v)
   return v
 end

@@ -67,9 +67,7 @@ local function head(c)
   nk, na, count = tonumber(nk), tonumber(na), tonumber(count) or 1
   h = false
   if nk and na and na >= 1 and count >= 1 then h = { nk, na, count } end
-  if n_heads >= 1024 then heads, n_heads = {}, 0 end
-  heads[c] = h
-  n_heads = n_heads + 1
+  heads, n_heads = cache_put(heads, n_heads, c, h)
   return h
 end
 -- The spec a run of one limit's string `a` decides with (false: the run

@@ -115,9 +115,7 @@ local function spec(s)
   v = { alg.one, f[2], f[3], f[4], f[5], alg = alg, cost = f[5], id = first }
   v.h = alg.horizon(v)
   if alg.derive then alg.derive(v) end
-  if n_specs >= 1024 then specs, n_specs = {}, 0 end
-  specs[s] = v
-  n_specs = n_specs + 1
+  specs, n_specs = cache_put(specs, n_specs, s, v)
   return v
 end
 

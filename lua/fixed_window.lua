@@ -28,12 +28,8 @@
   if moved then r_start, written = r_start - (written - now), now end
   -- present, and its window not over
   if raw and r_start + r_len > now then
-    -- one of this limit's windows
-    local own = r_len == w
-    if code < 0 then
-      local ks, kl = cal(r_start, code)
-      own = ks == r_start and kl == r_len
-    end
+    local own
+    --: paste own_window(r_start, r_len, code, w) -> own
     if own and not moved then
       start, count, kept = r_start, r_count, true
     else
@@ -57,14 +53,8 @@
   if cost > n then
     t = -1
   else
-    local ws, wl, used -- the window of now, or the counted one after it
-    if code < 0 then
-      ws, wl = cal(now, code)
-    else
-      local m = now % w -- the window of now: now - fmod(now, w)
-      if m < 0 then m = m + w elseif m >= w then m = m - w end
-      ws, wl = now - m, w
-    end
+    local ws, wl, wb, used -- the window of now, or the counted one after it
+    --: paste window_of(now, code, w) -> ws, wl, wb
     used = 0
     if start >= ws then
       if start > ws and code < 0 then ws, wl = cal(start, code) end
@@ -80,14 +70,8 @@
 --: end
 
 --: step fw grant(at, cost)
-  local ws
-  if code < 0 then
-    ws = cal(at, code)
-  else
-    local m = at % w -- the window of at: at - fmod(at, w)
-    if m < 0 then m = m + w elseif m >= w then m = m - w end
-    ws = at - m
-  end
+  local ws, wl, wb
+  --: paste window_of(at, code, w) -> ws, wl, wb
   if start == ws then
     count = count + cost
   else
@@ -107,14 +91,8 @@
 
 -- Permits left in the window of `at`, and microseconds until it ends.
 --: step fw status(now, at) -> remaining, reset
-  local ws, wl
-  if code < 0 then
-    ws, wl = cal(at, code)
-  else
-    local m = at % w
-    if m < 0 then m = m + w elseif m >= w then m = m - w end
-    ws, wl = at - m, w
-  end
+  local ws, wl, wb
+  --: paste window_of(at, code, w) -> ws, wl, wb
   if start > ws then
     if code < 0 then ws, wl = cal(start, code) end
     remaining, reset = 0, start + wl - now

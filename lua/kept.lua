@@ -69,9 +69,7 @@ local function kept_quota(q)
         text = q }
     end
   end
-  if n_kept >= 1024 then kept, n_kept = {}, 0 end
-  kept[q] = k
-  n_kept = n_kept + 1
+  kept, n_kept = cache_put(kept, n_kept, q, k)
   return k
 end
 

@@ -55,12 +55,8 @@ end
   if moved then r_start, written = r_start - (written - now), now end
   -- present, and not both windows over
   if raw and r_start + 2 * r_len > now then
-    -- one of this limit's windows
-    local own = r_len == w
-    if u < 0 then
-      local ks, kl = cal(r_start, u)
-      own = ks == r_start and kl == r_len
-    end
+    local own
+    --: paste own_window(r_start, r_len, u, w) -> own
     if own and not moved then
       start, prev, cur, kept = r_start, r_prev, r_cur, true
     else
@@ -86,13 +82,7 @@ end
     end
   end
   local ws, wl, wb -- the window of now
-  if u < 0 then
-    ws, wl, wb = cal(now, u)
-  else
-    local m = now % w -- the window of now: now - fmod(now, w)
-    if m < 0 then m = m + w elseif m >= w then m = m - w end
-    ws, wb = now - m, w
-  end
+  --: paste window_of(now, u, w) -> ws, wl, wb
   if start < ws then
     if start >= 0 then prev, cur = sw_counts(start, prev, cur, ws, wb) end
     start, kept = ws, false
@@ -140,13 +130,7 @@ end
 
 --: step sw grant(at, cost)
   local ws, wl, wb
-  if u < 0 then
-    ws, wl, wb = cal(at, u)
-  else
-    local m = at % w -- the window of at: at - fmod(at, w)
-    if m < 0 then m = m + w elseif m >= w then m = m - w end
-    ws, wb = at - m, w
-  end
+  --: paste window_of(at, u, w) -> ws, wl, wb
   if start ~= ws then
     prev, cur = sw_counts(start, prev, cur, ws, wb)
     start, kept = ws, false
@@ -170,14 +154,8 @@ end
 
 -- Permits the estimate leaves as of `at`, and microseconds until it is 0.
 --: step sw status(now, at) -> remaining, reset
-  local m, ws, wl, wb
-  if u < 0 then
-    ws, wl, wb = cal(at, u)
-  else
-    m = at % w -- the window of at: at - fmod(at, w)
-    if m < 0 then m = m + w elseif m >= w then m = m - w end
-    ws, wl, wb = at - m, w, w
-  end
+  local ws, wl, wb
+  --: paste window_of(at, u, w) -> ws, wl, wb
   if start > ws then
     remaining, reset = 0, sw_until(start, w, u) - now
   else
@@ -191,7 +169,7 @@ end
       if u < 0 then uu = cdiv(wb, 1048576) wu = cdiv(wb, uu) end
       local x = at - ws - wb
       if x > 0 then x = 0 end
-      m = x % uu
+      local m = x % uu
       if m < 0 then m = m + uu elseif m >= uu then m = m - uu end
       x = p0 * ((x - m) / uu) -- -(p0 * cdiv(rem, uu))
       m = x % wu
