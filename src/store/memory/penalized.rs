@@ -185,11 +185,6 @@ impl Ran for (Reply, i64) {
     }
 }
 
-/// A blocked limit's status: the time left of the block.
-fn blocked_status(left: i64) -> Status {
-    Status::Blocked { left }
-}
-
 impl MemoryStore {
     /// Runs `run` on `checks` under their limits' penalties (see the
     /// module): `run(checks, blocked)` decides (a take takes), or, when
@@ -252,7 +247,7 @@ impl MemoryStore {
                     outcome: Outcome::Denied,
                     wait: left,
                     now: store_now,
-                    limits: smallvec::smallvec![blocked_status(left)],
+                    limits: smallvec::smallvec![Status::Blocked { left }],
                     stored: None,
                 };
                 return R::blocked(reply);
@@ -343,7 +338,7 @@ fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
     }
     for (status, left) in reply.limits.iter_mut().zip(lefts) {
         if let Some(left) = *left {
-            *status = blocked_status(left);
+            *status = Status::Blocked { left };
         }
     }
     if reply.limits.iter().any(|l| l.wait().is_none()) {

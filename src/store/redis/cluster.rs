@@ -38,7 +38,7 @@ pub(super) fn slot_groups(checks: &[Check<'_>]) -> Option<Vec<SmallVec<[usize; 2
     }
     let mut groups: Vec<(u16, SmallVec<[usize; 2]>)> = Vec::new();
     for (index, check) in checks.iter().enumerate() {
-        let slot = slot(&keys::tag(check.key));
+        let slot = slot(keys::tag(check.key));
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, group)) => group.push(index),
             None => groups.push((slot, smallvec::smallvec![index])),
@@ -60,12 +60,8 @@ fn subsets<'c>(
 
 /// The slot of a key whose hash tag is `tag` (`{...}`): CRC16 (XMODEM) of
 /// what the braces enclose, modulo 16384, as Redis Cluster computes it.
-pub(super) fn slot(tag: &str) -> u16 {
-    slot_of_tag(tag.as_bytes())
-}
-
-/// [`slot`] of a tag's bytes.
-pub(super) fn slot_of_tag(tag: &[u8]) -> u16 {
+pub(super) fn slot(tag: impl AsRef<[u8]>) -> u16 {
+    let tag = tag.as_ref();
     let inner = tag
         .strip_prefix(b"{")
         .and_then(|t| t.strip_suffix(b"}"))
