@@ -223,10 +223,7 @@ impl LimitKeys {
         if capacity.load(Relaxed) == status.limit && window.load(Relaxed) == status.window_us {
             return;
         }
-        let _setting = self
-            .setting
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _setting = crate::store::lock(&self.setting);
         capacity.store(status.limit, Relaxed);
         window.store(status.window_us, Relaxed);
         ::metrics::with_recorder(|recorder| {
@@ -263,10 +260,7 @@ impl OutageGauge {
         if self.state.load(Relaxed) == state {
             return;
         }
-        let _setting = self
-            .setting
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _setting = crate::store::lock(&self.setting);
         if self.state.swap(state, Relaxed) != state {
             store_outage(store(), failed);
         }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
@@ -90,7 +90,7 @@ pub(super) fn may_be_kept(check: &Check<'_>) -> bool {
 /// [`MemoryStore::with_kept`]).
 pub(super) trait Decided {
     /// Told nothing by default: an answer without statuses.
-    fn decided_by(&mut self, _stored: Box<[Option<Params>]>) {}
+    fn decided_by(&mut self, _: Box<[Option<Params>]>) {}
 }
 
 impl Decided for Reply {
@@ -185,11 +185,7 @@ impl MemoryStore {
         let inner = &*self.inner;
         let name = check.limit.shared_name();
         if !keyed {
-            let _writing = inner
-                .kept
-                .writing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let _writing = lock(&inner.kept.writing);
             let current = inner.kept.limits.load_full();
             let mut next = HashMap::clone(&current);
             let changed = match change {

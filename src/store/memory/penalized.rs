@@ -10,12 +10,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
 use super::key::{Hasher, Key};
-use super::{Inner, MemoryStore, SHARDS};
+use super::{lock, Inner, MemoryStore, SHARDS};
 use crate::algorithm::{Outcome, Reply, Status};
 use crate::penalty::{PenParams, PenState};
 use crate::store::backend::PenaltyChange;
@@ -29,10 +29,6 @@ pub(super) type Pens = HashMap<(&'static str, Key), (PenState, i64)>;
 /// The penalty maps of a store, one per shard.
 pub(super) fn pens() -> Box<[Mutex<Pens>]> {
     (0..SHARDS).map(|_| Mutex::new(Pens::new())).collect()
-}
-
-fn lock(pens: &Mutex<Pens>) -> MutexGuard<'_, Pens> {
-    pens.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Drops the states of `pens` that are fresh at `now`; returns how many.

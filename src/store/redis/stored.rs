@@ -15,14 +15,14 @@
 //! override is next set or removed.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use super::encode::Encoded;
 use super::RedisStore;
 use crate::algorithm::wire::{Op, Opt, Options, PenaltyOp};
 use crate::algorithm::Params;
 use crate::penalty::PenState;
-use crate::store::{Check, Deadline, PenaltyChange, QuotaChange};
+use crate::store::{lock, Check, Deadline, PenaltyChange, QuotaChange};
 use crate::{Error, Quota};
 
 /// Hashes written at once while a limit's quota is copied to every slot.
@@ -293,11 +293,7 @@ impl RedisStore {
         for i in crate::algorithm::ignored(packed, checks.len(), extra) {
             let Some(check) = checks.get(i) else { continue };
             let name = check.limit.shared_name();
-            let first = WARNED
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get_or_insert_with(HashSet::new)
-                .insert(name);
+            let first = lock(&WARNED).get_or_insert_with(HashSet::new).insert(name);
             if first {
                 tracing::warn!(
                     target: "tower_ratelimit",
