@@ -223,10 +223,7 @@ impl LimitKeys {
         if capacity.load(Relaxed) == status.limit && window.load(Relaxed) == status.window_us {
             return;
         }
-        let _setting = self
-            .setting
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _setting = crate::store::lock(&self.setting);
         capacity.store(status.limit, Relaxed);
         window.store(status.window_us, Relaxed);
         ::metrics::with_recorder(|recorder| {
@@ -263,10 +260,7 @@ impl OutageGauge {
         if self.state.load(Relaxed) == state {
             return;
         }
-        let _setting = self
-            .setting
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _setting = crate::store::lock(&self.setting);
         if self.state.swap(state, Relaxed) != state {
             store_outage(store(), failed);
         }
@@ -278,28 +272,21 @@ impl OutageGauge {
     pub(crate) fn set(&self, _: impl FnOnce() -> &'static str, _: bool) {}
 }
 
-/// Sets [`STORE_OUTAGE`] of the store kind `store`: 1 when `failing`.
-#[cfg(feature = "metrics")]
+/// Sets [`STORE_OUTAGE`] of the store kind `store`: 1 when `failing`
+/// (without metrics: nothing).
+#[cfg_attr(not(feature = "metrics"), inline(always), allow(unused_variables))]
 pub(crate) fn store_outage(store: &'static str, failing: bool) {
+    #[cfg(feature = "metrics")]
     ::metrics::gauge!(STORE_OUTAGE, "store" => store).set(f64::from(u8::from(failing)));
 }
 
-/// Without metrics: nothing.
-#[cfg(not(feature = "metrics"))]
-#[inline(always)]
-pub(crate) fn store_outage(_: &'static str, _: bool) {}
-
 /// Records under [`OVERSHOOT`] what `source` (`charge`, `hot_batch`) may
-/// put `limit` over its capacity: `amount`.
-#[cfg(feature = "metrics")]
+/// put `limit` over its capacity: `amount` (without metrics: nothing).
+#[cfg_attr(not(feature = "metrics"), inline(always), allow(unused_variables))]
 pub(crate) fn overshoot(limit: &'static str, source: &'static str, amount: i64) {
+    #[cfg(feature = "metrics")]
     ::metrics::histogram!(OVERSHOOT, "limit" => limit, "source" => source).record(amount as f64);
 }
-
-/// Without metrics: nothing.
-#[cfg(not(feature = "metrics"))]
-#[inline(always)]
-pub(crate) fn overshoot(_: &'static str, _: &'static str, _: i64) {}
 
 /// Measures one store call.
 pub(crate) struct StoreTimer {
@@ -363,28 +350,21 @@ fn duration_key(store: &'static str, operation: &'static str) -> Option<&'static
     )
 }
 
-/// Counts one charge after the fact under [`CHARGES`] with `result`.
-#[cfg(feature = "metrics")]
+/// Counts one charge after the fact under [`CHARGES`] with `result`
+/// (without metrics: nothing).
+#[cfg_attr(not(feature = "metrics"), inline(always), allow(unused_variables))]
 pub(crate) fn charged(result: &'static str) {
+    #[cfg(feature = "metrics")]
     ::metrics::counter!(CHARGES, "result" => result).increment(1);
 }
 
-/// Without metrics: nothing.
-#[cfg(not(feature = "metrics"))]
-#[inline(always)]
-pub(crate) fn charged(_: &'static str) {}
-
 /// Counts one penalty state of `limit` a memory store did not keep, under
-/// [`PENALTIES_NOT_STORED`].
-#[cfg(feature = "metrics")]
+/// [`PENALTIES_NOT_STORED`] (without metrics: nothing).
+#[cfg_attr(not(feature = "metrics"), inline(always), allow(unused_variables))]
 pub(crate) fn penalty_not_stored(limit: &'static str) {
+    #[cfg(feature = "metrics")]
     ::metrics::counter!(PENALTIES_NOT_STORED, "limit" => limit).increment(1);
 }
-
-/// Without metrics: nothing.
-#[cfg(not(feature = "metrics"))]
-#[inline(always)]
-pub(crate) fn penalty_not_stored(_: &'static str) {}
 
 /// One memory store's share of [`MEMORY_STORE_KEYS`]: the store adds the
 /// change since its last report, and takes its share back when dropped, so

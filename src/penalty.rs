@@ -67,14 +67,29 @@ impl Penalty {
         blocks: impl IntoIterator<Item = Duration>,
     ) -> Result<Self, ConfigError> {
         let blocks: Arc<[Duration]> = blocks.into_iter().collect();
-        let penalty = Self {
+        let fail = |what: String| Err(ConfigError::Penalty(what));
+        if refusals == 0 {
+            return fail("it needs at least 1 refusal to make an offence".into());
+        }
+        if blocks.is_empty() {
+            return fail("it needs at least one block duration".into());
+        }
+        let durations = std::iter::once(("the `within` duration", within))
+            .chain(blocks.iter().map(|&b| ("a block", b)));
+        for (what, d) in durations {
+            if d < Duration::from_micros(1) {
+                return fail(format!("{what} must be at least 1 microsecond"));
+            }
+            if d > LONGEST {
+                return fail(format!("{what} is longer than ten years"));
+            }
+        }
+        Ok(Self {
             refusals,
             within,
             blocks,
             forget_after: DEFAULT_FORGET_AFTER,
-        };
-        penalty.validate()?;
-        Ok(penalty)
+        })
     }
 
     /// Offences are forgotten once a block ended this long ago without a
@@ -104,27 +119,6 @@ impl Penalty {
     /// How long after its block's end an offence is remembered.
     pub fn quiet_period(&self) -> Duration {
         self.forget_after
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let fail = |what: String| Err(ConfigError::Penalty(what));
-        if self.refusals == 0 {
-            return fail("it needs at least 1 refusal to make an offence".into());
-        }
-        if self.blocks.is_empty() {
-            return fail("it needs at least one block duration".into());
-        }
-        let durations = std::iter::once(("the `within` duration", self.within))
-            .chain(self.blocks.iter().map(|&b| ("a block", b)));
-        for (what, d) in durations {
-            if d < Duration::from_micros(1) {
-                return fail(format!("{what} must be at least 1 microsecond"));
-            }
-            if d > LONGEST {
-                return fail(format!("{what} is longer than ten years"));
-            }
-        }
-        Ok(())
     }
 
     /// The integers the stores decide with.

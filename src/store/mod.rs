@@ -21,6 +21,16 @@ use crate::Error;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Locks `mutex`, even if a thread panicked holding it: what the stores'
+/// and the metrics' locks guard is written whole (a shard's slot, a map's
+/// entry, a gauge), so a panic cannot leave it half-updated in a way that
+/// matters.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub(crate) use self::backend::{
     Answer, Check, Deadline, PenaltyChange, QuotaChange, QuotaRegistry, Settle, Settled,
 };
@@ -42,7 +52,7 @@ pub trait Store: backend::Backend + Send + Sync + 'static {}
 /// take and answer: public items in a module private to this crate, so that
 /// no other crate can implement [`Store`].
 pub(crate) mod backend {
-    use super::{BoxFuture, Error, Reply};
+    use super::{lock, BoxFuture, Error, Reply};
     use crate::{Limit, MemoryStore};
     use std::future::Future;
 
@@ -249,10 +259,7 @@ pub(crate) mod backend {
     impl QuotaRegistry {
         /// Records `limits`, warning about a name already used with another quota.
         pub(crate) fn register(&self, limits: &[crate::Limit]) {
-            let mut seen = self
-                .seen
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut seen = lock(&self.seen);
             for limit in limits {
                 let quota = *limit.quota();
                 let (first, warned) = seen.entry(limit.shared_name()).or_insert((quota, false));
@@ -275,10 +282,7 @@ pub(crate) mod backend {
         /// Records that a layer keys `limit` by `kind`, warning about a name
         /// already keyed by another kind.
         pub(crate) fn register_key(&self, name: &'static str, kind: &crate::key::KeyKind) {
-            let mut keyed = self
-                .keyed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut keyed = lock(&self.keyed);
             let (first, warned) = keyed.entry(name).or_insert_with(|| (kind.clone(), false));
             if first != kind && !*warned {
                 *warned = true;

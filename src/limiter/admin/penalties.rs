@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::Admin;
 use crate::decision::Decision;
 use crate::limiter::Ask;
-use crate::store::{Check, Deadline, PenaltyChange};
+use crate::store::{Check, PenaltyChange};
 use crate::{ConfigError, Error, Limit};
 
 /// What [`Admin::inspect`] finds of a key in a limit with a penalty.
@@ -56,8 +56,8 @@ impl Admin<'_> {
             cost: 0,
         };
         let store = &self.limiter.inner.store;
-        let deadline = Deadline::after(self.limiter.inner.timeout);
-        let changed = store.penalty(&check, change, deadline).get().await?;
+        let changed = store.penalty(&check, change, self.limiter.deadline());
+        let changed = changed.get().await?;
         changed.ok_or_else(|| ConfigError::Penalty("the limit has no penalty".into()).into())
     }
 

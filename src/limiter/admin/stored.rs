@@ -23,9 +23,15 @@ const STORED_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Admin<'_> {
     /// This limiter's limit named `name`, if it takes its quota from the
-    /// store; with `quota`, also that quota as the limit (validated, of the
-    /// limit's algorithm).
-    fn kept(&self, name: &str, quota: Option<Quota>) -> Result<(Limit, Option<Limit>), Error> {
+    /// store (and `key`, when given, is not empty); with `quota`, also that
+    /// quota as the limit (validated, of the limit's algorithm).
+    fn kept(
+        &self,
+        name: &str,
+        key: Option<&[u8]>,
+        quota: Option<Quota>,
+    ) -> Result<(Limit, Option<Limit>), Error> {
+        key.map(crate::limiter::non_empty).transpose()?;
         let Some(own) = self
             .limiter
             .limits()
@@ -70,10 +76,7 @@ impl Admin<'_> {
     }
 
     async fn read(&self, name: &str, key: Option<&[u8]>) -> Result<Option<Quota>, Error> {
-        if let Some(key) = key {
-            crate::limiter::non_empty(key)?;
-        }
-        let (own, _) = self.kept(name, None)?;
+        let (own, _) = self.kept(name, key, None)?;
         let check = kept_check(&own, key);
         let store = &self.limiter.inner.store;
         let deadline = self.stored_deadline();
@@ -91,10 +94,7 @@ impl Admin<'_> {
         ttl: Option<Duration>,
         if_absent: bool,
     ) -> Result<bool, Error> {
-        if let Some(key) = key {
-            crate::limiter::non_empty(key)?;
-        }
-        let (own, kept) = self.kept(name, quota)?;
+        let (own, kept) = self.kept(name, key, quota)?;
         let change = match &kept {
             Some(limit) => QuotaChange::Keep {
                 limit,
@@ -162,9 +162,8 @@ impl Admin<'_> {
         quota: Quota,
         ttl: Option<Duration>,
     ) -> Result<(), Error> {
-        let key = key.as_ref();
-        self.write(limit, Some(key), Some(quota), ttl, false)
-            .await?;
+        let key = Some(key.as_ref());
+        self.write(limit, key, Some(quota), ttl, false).await?;
         Ok(())
     }
 
@@ -180,7 +179,7 @@ impl Admin<'_> {
     /// Removes `key`'s override in the limit `limit`: the key returns to the
     /// limit's quota, its state carried over. Whether one was in force.
     pub async fn remove_override(self, limit: &str, key: impl AsRef<[u8]>) -> Result<bool, Error> {
-        let key = key.as_ref();
-        self.write(limit, Some(key), None, None, false).await
+        self.write(limit, Some(key.as_ref()), None, None, false)
+            .await
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
@@ -89,7 +89,8 @@ pub(super) fn may_be_kept(check: &Check<'_>) -> bool {
 /// What an operation answers, told which kept quotas decided (see
 /// [`MemoryStore::with_kept`]).
 pub(super) trait Decided {
-    fn decided_by(&mut self, stored: Box<[Option<Params>]>);
+    /// Told nothing by default: an answer without statuses.
+    fn decided_by(&mut self, _: Box<[Option<Params>]>) {}
 }
 
 impl Decided for Reply {
@@ -104,13 +105,9 @@ impl Decided for (Reply, i64) {
     }
 }
 
-impl Decided for () {
-    fn decided_by(&mut self, _: Box<[Option<Params>]>) {}
-}
+impl Decided for () {}
 
-impl Decided for crate::store::Settled {
-    fn decided_by(&mut self, _: Box<[Option<Params>]>) {}
-}
+impl Decided for crate::store::Settled {}
 
 impl MemoryStore {
     /// Runs `f` on `checks`, each limit whose quota may be kept in the store
@@ -188,11 +185,7 @@ impl MemoryStore {
         let inner = &*self.inner;
         let name = check.limit.shared_name();
         if !keyed {
-            let _writing = inner
-                .kept
-                .writing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let _writing = lock(&inner.kept.writing);
             let current = inner.kept.limits.load_full();
             let mut next = HashMap::clone(&current);
             let changed = match change {

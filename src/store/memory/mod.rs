@@ -24,12 +24,12 @@ mod write;
 pub use self::builder::MemoryStoreBuilder;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use self::key::Hasher;
 use self::table::{Found, Shard, Table};
-use super::{Check, Settle, Settled};
+use super::{lock, Check, Settle, Settled};
 use crate::algorithm::{self, Reply, State};
 use crate::clock::{Clock, SystemClock};
 
@@ -337,13 +337,6 @@ impl MemoryStore {
             }
         }
     }
-}
-
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic while holding the lock cannot leave a shard half-updated in a
-    // way that matters: a slot is written whole, and a removal completes
-    // before anything that could panic.
-    shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

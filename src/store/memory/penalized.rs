@@ -10,12 +10,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
 use super::key::{Hasher, Key};
-use super::{Inner, MemoryStore, SHARDS};
+use super::{lock, Inner, MemoryStore, SHARDS};
 use crate::algorithm::{Outcome, Reply, Status};
 use crate::penalty::{PenParams, PenState};
 use crate::store::backend::PenaltyChange;
@@ -29,10 +29,6 @@ pub(super) type Pens = HashMap<(&'static str, Key), (PenState, i64)>;
 /// The penalty maps of a store, one per shard.
 pub(super) fn pens() -> Box<[Mutex<Pens>]> {
     (0..SHARDS).map(|_| Mutex::new(Pens::new())).collect()
-}
-
-fn lock(pens: &Mutex<Pens>) -> MutexGuard<'_, Pens> {
-    pens.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Drops the states of `pens` that are fresh at `now`; returns how many.
@@ -185,11 +181,6 @@ impl Ran for (Reply, i64) {
     }
 }
 
-/// A blocked limit's status: the time left of the block.
-fn blocked_status(left: i64) -> Status {
-    Status::Blocked { left }
-}
-
 impl MemoryStore {
     /// Runs `run` on `checks` under their limits' penalties (see the
     /// module): `run(checks, blocked)` decides (a take takes), or, when
@@ -252,7 +243,7 @@ impl MemoryStore {
                     outcome: Outcome::Denied,
                     wait: left,
                     now: store_now,
-                    limits: smallvec::smallvec![blocked_status(left)],
+                    limits: smallvec::smallvec![Status::Blocked { left }],
                     stored: None,
                 };
                 return R::blocked(reply);
@@ -343,7 +334,7 @@ fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
     }
     for (status, left) in reply.limits.iter_mut().zip(lefts) {
         if let Some(left) = *left {
-            *status = blocked_status(left);
+            *status = Status::Blocked { left };
         }
     }
     if reply.limits.iter().any(|l| l.wait().is_none()) {

@@ -68,13 +68,7 @@ impl Backend for RedisStore {
             for key in self.encode_keys(checks, false).keys() {
                 cmd.arg(key);
             }
-            let cmd = &cmd;
-            self.inner
-                .lanes
-                .run(deadline, |mut conn| async move {
-                    cmd.query_async::<()>(&mut conn).await
-                })
-                .await
+            self.command(cmd, deadline).await
         }))
     }
 
@@ -122,8 +116,11 @@ impl Backend for RedisStore {
         keyed: bool,
         deadline: Deadline,
     ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(self.read_quota_now(check, keyed, deadline)))
+        Answer::Later(Box::pin(self.read_quota_now(
+            check,
+            keyed,
+            deadline.start(),
+        )))
     }
 
     fn write_quota<'a>(
@@ -133,10 +130,8 @@ impl Backend for RedisStore {
         change: QuotaChange<'a>,
         deadline: Deadline,
     ) -> Answer<'a, Result<bool, Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(
-            self.write_quota_now(check, keyed, change, deadline),
-        ))
+        let written = self.write_quota_now(check, keyed, change, deadline.start());
+        Answer::Later(Box::pin(written))
     }
 
     fn penalty<'a>(
@@ -145,8 +140,7 @@ impl Backend for RedisStore {
         change: crate::store::PenaltyChange,
         deadline: Deadline,
     ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(self.penalty_now(check, change, deadline)))
+        Answer::Later(Box::pin(self.penalty_now(check, change, deadline.start())))
     }
 
     fn clock(&self) -> Option<Arc<dyn Clock>> {

@@ -248,11 +248,10 @@ impl RedisStoreBuilder {
                         .map_err(invalid)?
                         .get_connection_info()
                         .clone(),
-                    None => url.as_str().into_connection_info().map_err(invalid)?,
+                    None => connection_info(url)?,
                 };
                 #[cfg(not(feature = "tls"))]
-                let info = url.as_str().into_connection_info().map_err(invalid)?;
-                reject_unsupported(&info)?;
+                let info = connection_info(url)?;
                 let manager =
                     Manager::new_with_config(info, Self::connection_config()).map_err(invalid)?;
                 // The lanes keep their connections; the rest of the pool is
@@ -271,12 +270,8 @@ impl RedisStoreBuilder {
                         "a cluster needs at least one seed URL".into(),
                     ));
                 }
-                let mut infos = Vec::with_capacity(urls.len());
-                for url in urls {
-                    let info = url.as_str().into_connection_info().map_err(invalid)?;
-                    reject_unsupported(&info)?;
-                    infos.push(info);
-                }
+                let infos = urls.iter().map(|url| connection_info(url));
+                let infos = infos.collect::<Result<Vec<_>, _>>()?;
                 let builder = redis::cluster::ClusterClientBuilder::new(infos)
                     .connection_timeout(super::connector::CONNECT_TIMEOUT)
                     .response_timeout(RESPONSE_TIMEOUT)
@@ -300,13 +295,11 @@ impl RedisStoreBuilder {
                 let first = urls.first().ok_or_else(|| {
                     ConfigError::Redis("Sentinel needs at least one sentinel URL".into())
                 })?;
-                let mut addrs = Vec::with_capacity(urls.len());
-                for url in urls {
-                    let info = url.as_str().into_connection_info().map_err(invalid)?;
-                    reject_unsupported(&info)?;
-                    addrs.push(info.addr().clone());
-                }
-                let first = first.as_str().into_connection_info().map_err(invalid)?;
+                let addrs = urls
+                    .iter()
+                    .map(|url| Ok(connection_info(url)?.addr().clone()));
+                let addrs = addrs.collect::<Result<Vec<_>, ConfigError>>()?;
+                let first = connection_info(first)?;
                 let redis_info = first.redis_settings();
                 let mut builder =
                     SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
@@ -341,13 +334,17 @@ impl RedisStoreBuilder {
     }
 }
 
-/// Refuses a `rediss://` URL in a build without the `tls` feature, at build
-/// time rather than at the first decision.
-fn reject_unsupported(info: &redis::ConnectionInfo) -> Result<(), ConfigError> {
+/// `url`'s connection information. A `rediss://` URL in a build without
+/// the `tls` feature is refused here, at build time rather than at the
+/// first decision.
+fn connection_info(url: &str) -> Result<redis::ConnectionInfo, ConfigError> {
+    let info = url
+        .into_connection_info()
+        .map_err(|e| ConfigError::Redis(e.to_string()))?;
     if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) && !cfg!(feature = "tls") {
         return Err(ConfigError::Redis(
             "rediss:// URLs need the crate's `tls` feature".into(),
         ));
     }
-    Ok(())
+    Ok(info)
 }

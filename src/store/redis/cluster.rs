@@ -38,7 +38,7 @@ pub(super) fn slot_groups(checks: &[Check<'_>]) -> Option<Vec<SmallVec<[usize; 2
     }
     let mut groups: Vec<(u16, SmallVec<[usize; 2]>)> = Vec::new();
     for (index, check) in checks.iter().enumerate() {
-        let slot = slot(&keys::tag(check.key));
+        let slot = slot(keys::tag(check.key));
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, group)) => group.push(index),
             None => groups.push((slot, smallvec::smallvec![index])),
@@ -60,12 +60,8 @@ fn subsets<'c>(
 
 /// The slot of a key whose hash tag is `tag` (`{...}`): CRC16 (XMODEM) of
 /// what the braces enclose, modulo 16384, as Redis Cluster computes it.
-pub(super) fn slot(tag: &str) -> u16 {
-    slot_of_tag(tag.as_bytes())
-}
-
-/// [`slot`] of a tag's bytes.
-pub(super) fn slot_of_tag(tag: &[u8]) -> u16 {
+pub(super) fn slot(tag: impl AsRef<[u8]>) -> u16 {
+    let tag = tag.as_ref();
     let inner = tag
         .strip_prefix(b"{")
         .and_then(|t| t.strip_suffix(b"}"))
@@ -144,7 +140,6 @@ impl RedisStore {
                 .map(|subset| self.decide(subset, 0, dry, deadline).get()),
         )
         .await;
-        let mut failure = None;
         let mut limits: crate::algorithm::Statuses = smallvec::smallvec![
             crate::algorithm::Status::Allows {
                 wait: 0,
@@ -156,27 +151,24 @@ impl RedisStore {
         let mut stored: Option<Box<[Option<Params>]>> = None;
         let (mut never, mut wait, mut now) = (false, 0i64, 0i64);
         for (group, reply) in groups.iter().zip(&replies) {
-            match reply {
-                Ok(reply) => {
-                    now = now.max(reply.now);
-                    for (j, (&index, status)) in group.iter().zip(&reply.limits).enumerate() {
-                        if let Some(params) = reply.stored(j) {
-                            let all = stored.get_or_insert_with(|| vec![None; checks.len()].into());
-                            if let Some(slot) = all.get_mut(index) {
-                                *slot = Some(*params);
-                            }
-                        }
-                        limits[index] = *status;
-                        match status.wait() {
-                            Some(w) => wait = wait.max(w),
-                            None => never = true,
-                        }
+            let Ok(reply) = reply else { continue };
+            now = now.max(reply.now);
+            for (j, (&index, status)) in group.iter().zip(&reply.limits).enumerate() {
+                if let Some(params) = reply.stored(j) {
+                    let all = stored.get_or_insert_with(|| vec![None; checks.len()].into());
+                    if let Some(slot) = all.get_mut(index) {
+                        *slot = Some(*params);
                     }
                 }
-                Err(_) => failure = Some(()),
+                limits[index] = *status;
+                match status.wait() {
+                    Some(w) => wait = wait.max(w),
+                    None => never = true,
+                }
             }
         }
-        let granted_all = failure.is_none() && !never && wait == 0;
+        let failed = replies.iter().any(Result::is_err);
+        let granted_all = !failed && !never && wait == 0;
         if !granted_all && !dry {
             // all or nothing: what the other groups granted goes back
             for ((group, subset), reply) in groups.iter().zip(&subsets).zip(&replies) {
@@ -206,11 +198,9 @@ impl RedisStore {
                 }
             }
         }
-        if failure.is_some() {
-            // the first error, as one slot's decision would have failed
-            for reply in replies {
-                reply?;
-            }
+        // the first error, as one slot's decision would have failed
+        for reply in replies {
+            reply?;
         }
         let (outcome, wait) = if never {
             (Outcome::Never, -1)

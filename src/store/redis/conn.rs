@@ -27,7 +27,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::{RedisError, RedisResult};
@@ -72,7 +72,7 @@ struct Lane {
 
 impl Lane {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Live>> {
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::store::lock(&self.live)
     }
 }
 

@@ -64,26 +64,15 @@ impl Encoded {
     /// `args`, each taken whole.
     fn of(keys: &[&[u8]], args: &[&[u8]]) -> Encoded {
         let size = keys.iter().chain(args).map(|a| a.len()).sum();
-        let mut out = Encoded {
-            buf: Vec::with_capacity(size),
-            keys: SmallVec::new(),
-            args: SmallVec::new(),
+        let mut buf = Vec::with_capacity(size);
+        let mut put = |bytes: &&[u8]| {
+            let start = buf.len();
+            buf.extend_from_slice(bytes);
+            start..buf.len()
         };
-        for (bytes, is_key) in keys
-            .iter()
-            .map(|k| (k, true))
-            .chain(args.iter().map(|a| (a, false)))
-        {
-            let start = out.buf.len();
-            out.buf.extend_from_slice(bytes);
-            let range = start..out.buf.len();
-            if is_key {
-                out.keys.push(range);
-            } else {
-                out.args.push(range);
-            }
-        }
-        out
+        let keys = keys.iter().map(&mut put).collect();
+        let args = args.iter().map(&mut put).collect();
+        Encoded { buf, keys, args }
     }
 
     /// Several decisions' calls as one ([`Op::Batch`], see
@@ -295,7 +284,7 @@ impl RedisStore {
         out.extend_from_slice(b":q:");
         #[cfg(feature = "cluster")]
         if self.inner.lanes.is_cluster() {
-            let slot = super::cluster::slot_of_tag(tag);
+            let slot = super::cluster::slot(tag);
             out.extend_from_slice(super::cluster::slot_tag(slot).as_bytes());
             out.push(b':');
         }

@@ -259,7 +259,7 @@ impl RedisStore {
         if self.inner.lanes.is_cluster() {
             return checks
                 .first()
-                .map_or(0, |check| cluster::slot(&super::keys::tag(check.key)));
+                .map_or(0, |check| cluster::slot(super::keys::tag(check.key)));
         }
         let _ = checks;
         0

@@ -3,7 +3,7 @@
 //! (`EVALSHA`), and the one call that runs it, loading it where missing.
 
 use std::sync::atomic::Ordering;
-use std::sync::{LazyLock, Mutex, PoisonError};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Script;
@@ -11,7 +11,7 @@ use redis::Script;
 use super::connector::Conn;
 use super::encode::Encoded;
 use super::RedisStore;
-use crate::store::Deadline;
+use crate::store::{lock, Deadline};
 use crate::Error;
 
 /// The decision code: the helpers, the algorithms, the wire (their ids and
@@ -186,10 +186,6 @@ impl RedisStore {
             None => false,
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn is_missing_function(e: &redis::RedisError) -> bool {

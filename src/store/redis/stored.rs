@@ -15,14 +15,14 @@
 //! override is next set or removed.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use super::encode::Encoded;
 use super::RedisStore;
 use crate::algorithm::wire::{Op, Opt, Options, PenaltyOp};
 use crate::algorithm::Params;
 use crate::penalty::PenState;
-use crate::store::{Check, Deadline, PenaltyChange, QuotaChange};
+use crate::store::{lock, Check, Deadline, PenaltyChange, QuotaChange};
 use crate::{Error, Quota};
 
 /// Hashes written at once while a limit's quota is copied to every slot.
@@ -52,14 +52,8 @@ impl RedisStore {
         };
         #[allow(unused_mut)]
         let mut hashes = vec![hash];
-        if keyed {
-            return Place {
-                hashes,
-                field: first,
-            };
-        }
         #[cfg(feature = "cluster")]
-        if self.inner.lanes.is_cluster() {
+        if !keyed && self.inner.lanes.is_cluster() {
             let name = check.limit.name();
             let own = hashes[0].clone();
             hashes.extend((0..super::cluster::SLOTS).filter_map(|slot| {
@@ -67,14 +61,12 @@ impl RedisStore {
                 (key != own).then_some(key)
             }));
         }
-        Place {
-            hashes,
-            field: Vec::new(),
-        }
+        let field = if keyed { first } else { Vec::new() };
+        Place { hashes, field }
     }
 
     /// Runs one command on a lane's connection.
-    async fn command<T: redis::FromRedisValue>(
+    pub(super) async fn command<T: redis::FromRedisValue>(
         &self,
         cmd: redis::Cmd,
         deadline: Deadline,
@@ -135,18 +127,14 @@ impl RedisStore {
         };
         let field = &place.field;
         // whether an override lasts (an ended one is replaced or dropped)
-        let lasting = if keyed {
-            self.read_quota_now(check, true, deadline).await?.is_some()
-        } else {
-            false
-        };
+        let lasting = keyed && self.read_quota_now(check, true, deadline).await?.is_some();
         let changed = match change {
             QuotaChange::Keep {
                 limit,
                 ttl,
                 if_absent,
             } => {
-                if keyed && if_absent && lasting {
+                if if_absent && lasting {
                     return Ok(false);
                 }
                 let mut value = Vec::new();
@@ -177,12 +165,8 @@ impl RedisStore {
             QuotaChange::Remove => {
                 let deleted = self.change(first, "HDEL", &[field], deadline).await?;
                 self.copy_everywhere(copies, None, deadline).await?;
-                let deleted = deleted > 0;
-                if keyed {
-                    lasting
-                } else {
-                    deleted
-                }
+                // an override that had ended counts as none
+                lasting || (!keyed && deleted > 0)
             }
         };
         Ok(changed)
@@ -190,7 +174,8 @@ impl RedisStore {
 
     /// Runs `command` (`HSET`, `HSETNX` or `HDEL`) with `args` on the hash
     /// `hash` through the library (op 3, see `lua/kept.lua`), which drops
-    /// its mirror of the hash: the command's answer.
+    /// its mirror of the hash: the command's integer, which the library
+    /// answers as text.
     async fn change(
         &self,
         hash: &[u8],
@@ -201,7 +186,13 @@ impl RedisStore {
         let reply = self
             .call(&Encoded::change(hash, command, args), deadline)
             .await?;
-        read_count(&reply)
+        let count = std::str::from_utf8(&reply)
+            .ok()
+            .and_then(|t| t.parse().ok());
+        count.ok_or_else(|| {
+            let len = reply.len();
+            Error::UnexpectedReply(format!("{len} bytes for a change of a kept quota"))
+        })
     }
 
     /// Sets (`Some`) or deletes (`None`) the limit's own quota in every hash
@@ -302,11 +293,7 @@ impl RedisStore {
         for i in crate::algorithm::ignored(packed, checks.len(), extra) {
             let Some(check) = checks.get(i) else { continue };
             let name = check.limit.shared_name();
-            let first = WARNED
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get_or_insert_with(HashSet::new)
-                .insert(name);
+            let first = lock(&WARNED).get_or_insert_with(HashSet::new).insert(name);
             if first {
                 tracing::warn!(
                     target: "tower_ratelimit",
@@ -319,20 +306,6 @@ impl RedisStore {
             }
         }
     }
-}
-
-/// The library's answer to a change (see [`RedisStore::change`]): the
-/// command's integer, as text.
-fn read_count(reply: &[u8]) -> Result<i64, Error> {
-    std::str::from_utf8(reply)
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| {
-            Error::UnexpectedReply(format!(
-                "{} bytes for a change of a kept quota",
-                reply.len()
-            ))
-        })
 }
 
 /// A kept value's stored form, and when it ends (`@<us>` after it, digits
