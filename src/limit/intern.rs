@@ -2,7 +2,9 @@
 //! what the process records under it.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
+
+use crate::store::lock;
 
 /// The one `&'static` copy of `text`, made on its first use: for strings
 /// that come from configuration (limit names, a layer's `RateLimit-Policy`),
@@ -12,7 +14,7 @@ use std::sync::{Mutex, PoisonError};
 /// `#keyless` variants).
 pub(crate) fn intern(text: &str) -> &'static str {
     static TEXTS: Mutex<Option<std::collections::HashSet<&'static str>>> = Mutex::new(None);
-    let mut texts = TEXTS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut texts = lock(&TEXTS);
     let texts = texts.get_or_insert_with(Default::default);
     if let Some(&known) = texts.get(text) {
         return known;
@@ -43,7 +45,7 @@ impl Name {
     /// The one `Name` of `text`, made on its first use.
     pub(crate) fn of(text: &str) -> &'static Name {
         static NAMES: Mutex<Option<HashMap<&'static str, &'static Name>>> = Mutex::new(None);
-        let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut names = lock(&NAMES);
         let names = names.get_or_insert_with(Default::default);
         if let Some(&known) = names.get(text) {
             return known;

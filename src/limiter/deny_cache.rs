@@ -40,7 +40,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -289,7 +289,7 @@ impl DenyCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::store::lock(&self.table)
     }
 }
 

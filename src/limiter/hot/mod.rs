@@ -32,7 +32,9 @@
 //! keys costs a scan per interval, not per request.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use crate::store::lock;
 
 use smallvec::SmallVec;
 
@@ -115,10 +117,6 @@ struct Permit {
     generation: u64,
     cost: i64,
     status: LimitStatus,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl HotPools {

@@ -4,9 +4,10 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{lock, HotPools, Permit, Pool, Taken};
+use super::{HotPools, Permit, Pool, Taken};
 use crate::limiter::{Inner, Limiter};
 use crate::metrics::StoreTimer;
+use crate::store::lock;
 use crate::store::{Check, Deadline, Settle};
 use crate::{Error, Limit};
 

@@ -20,7 +20,7 @@
 //! different slots go out apart.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 
@@ -66,7 +66,7 @@ impl Batcher {
     /// Runs `f` on `slot`'s state, which is dropped once idle (a cluster's
     /// slots come and go with their keys).
     fn with<R>(&self, slot: u16, f: impl FnOnce(&mut State) -> R) -> R {
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slots = crate::store::lock(&self.slots);
         let state = slots.entry(slot).or_default();
         let result = f(state);
         if !state.busy && state.waiting.is_empty() {
