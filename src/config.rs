@@ -112,25 +112,16 @@ impl LimitConfig {
             ("burst", self.burst.is_some()),
         ];
         for (field, is_present) in present {
-            let wanted = takes.contains(&field);
-            if is_present && !wanted {
+            if is_present != takes.contains(&field) {
+                let (problem, which) = if is_present {
+                    ("does not apply to", ", which")
+                } else {
+                    ("is missing:", "")
+                };
+                let (algorithm, takes) = (self.algorithm, takes.join("`, `"));
                 return Err(self.field(
                     field,
-                    format!(
-                        "does not apply to a {} limit, which takes `{}`",
-                        self.algorithm,
-                        takes.join("`, `")
-                    ),
-                ));
-            }
-            if !is_present && wanted {
-                return Err(self.field(
-                    field,
-                    format!(
-                        "is missing: a {} limit takes `{}`",
-                        self.algorithm,
-                        takes.join("`, `")
-                    ),
+                    format!("{problem} a {algorithm} limit{which} takes `{takes}`"),
                 ));
             }
         }
@@ -179,7 +170,6 @@ impl LimitConfig {
                 calendar: None,
             },
         };
-        let shadow = self.shadow;
         let limit = Limit::new(self.name.clone(), quota).map_err(|e| match e {
             ConfigError::InvalidName(_) => self.field("name", e.to_string()),
             ConfigError::OutOfRange(_) if window > Duration::from_secs(10 * 366 * 86_400) => {
@@ -187,14 +177,12 @@ impl LimitConfig {
             }
             other => self.field(amount_field, other.to_string()),
         })?;
-        let limit = if shadow { limit.shadow() } else { limit };
-        match &self.penalty {
-            Some(penalty) => {
-                let penalty = penalty.build().map_err(|e| self.field("penalty", e))?;
-                Ok(limit.with_penalty(penalty))
-            }
-            None => Ok(limit),
-        }
+        let limit = if self.shadow { limit.shadow() } else { limit };
+        let Some(penalty) = &self.penalty else {
+            return Ok(limit);
+        };
+        let penalty = penalty.build().map_err(|e| self.field("penalty", e))?;
+        Ok(limit.with_penalty(penalty))
     }
 }
 

@@ -62,7 +62,9 @@ pub(crate) fn answer(
 /// 401 is `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, 404 `NOT_FOUND`, 429
 /// `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`; any other status (400, the
 /// default, among them) `INVALID_ARGUMENT`: the call lacks what the rule
-/// keys on.
+/// keys on. The layer's other answers take their code the same way from
+/// their HTTP status (403 deny-listed, 413 estimate too large, 429
+/// refused, 503 store failed).
 pub(crate) fn missing_key_code(status: StatusCode) -> Code {
     match status {
         StatusCode::UNAUTHORIZED => Code::Unauthenticated,

@@ -341,10 +341,9 @@ impl KeyExtractor for JsonField {
             return false;
         };
         let value = read.as_deref().and_then(|body| self.value(body));
-        let value = match (&self.normalize, value) {
-            (Some(normalize), Some(value)) => normalize(&value),
-            (None, value) => value,
-            (_, None) => None,
+        let value = match &self.normalize {
+            Some(normalize) => value.and_then(|value| normalize(&value)),
+            None => value,
         };
         value.is_some_and(|value| key.write_str(&value).is_ok())
     }

@@ -165,37 +165,15 @@ pub(super) fn parse_xff_entry(entry: &str) -> Option<IpAddr> {
     is_port(port).then_some(IpAddr::V4(ip))
 }
 
-/// A fixed-size buffer for an unescaped parameter value.
-struct ValueBuf {
-    bytes: [u8; MAX_NODE_LEN],
-    len: usize,
-    overflow: bool,
-}
+/// An unescaped parameter value, with room for one byte more than
+/// [`MAX_NODE_LEN`]: a value that fills it is too long (see [`node_text`]).
+type ValueBuf = crate::text::StackText<{ MAX_NODE_LEN + 1 }>;
 
-impl ValueBuf {
-    fn new() -> Self {
-        ValueBuf {
-            bytes: [0; MAX_NODE_LEN],
-            len: 0,
-            overflow: false,
-        }
-    }
-
-    fn push(&mut self, c: u8) {
-        if self.len < MAX_NODE_LEN {
-            self.bytes[self.len] = c;
-            self.len += 1;
-        } else {
-            self.overflow = true;
-        }
-    }
-
-    fn as_str(&self) -> Option<&str> {
-        if self.overflow {
-            return None;
-        }
-        std::str::from_utf8(self.bytes.get(..self.len)?).ok()
-    }
+/// The text of a `for=` value, `None` when it is longer than
+/// [`MAX_NODE_LEN`] or not UTF-8.
+fn node_text(value: &ValueBuf) -> Option<&str> {
+    let bytes = value.as_bytes();
+    (bytes.len() <= MAX_NODE_LEN).then(|| std::str::from_utf8(bytes).ok())?
 }
 
 /// One `Forwarded` element (the text between two separating commas): its
@@ -239,7 +217,7 @@ fn parse_element(b: &[u8]) -> Hop {
                     // RFC 7239: a parameter must not occur twice in an element.
                     return Hop::Garbage;
                 }
-                node = Some(value.as_str().and_then(|v| parse_node(v, quoted)));
+                node = Some(node_text(&value).and_then(|v| parse_node(v, quoted)));
             }
             i = skip_ows(b, i);
         }
@@ -259,15 +237,16 @@ fn read_quoted(b: &[u8], mut i: usize, value: &mut ValueBuf) -> Option<usize> {
     loop {
         let c = *b.get(i)?;
         i += 1;
-        match c {
+        let c = match c {
             b'"' => return Some(i),
             b'\\' => {
                 let escaped = *b.get(i)?;
                 i += 1;
-                value.push(allowed(escaped).then_some(escaped)?);
+                escaped
             }
-            _ => value.push(allowed(c).then_some(c)?),
-        }
+            _ => c,
+        };
+        value.push(allowed(c).then_some(c)?);
     }
 }
 

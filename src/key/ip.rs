@@ -137,13 +137,11 @@ impl fmt::Display for IpConfigError {
                 f,
                 "invalid trusted proxy range {s:?}: expected an IP address or a CIDR such as \"10.0.0.0/8\""
             ),
-            IpConfigError::InvalidPrefix { family, len } => {
-                let max = if *family == "IPv4" { 32 } else { 128 };
-                write!(
-                    f,
-                    "invalid {family} grouping prefix /{len}: it must be between 0 and {max}"
-                )
-            }
+            IpConfigError::InvalidPrefix { family, len } => write!(
+                f,
+                "invalid {family} grouping prefix /{len}: it must be between 0 and {}",
+                max_prefix(family)
+            ),
         }
     }
 }
@@ -210,13 +208,7 @@ impl ClientIpResolver {
     ///
     /// [`IpConfigError::InvalidPrefix`] if `len` is greater than 128.
     pub fn ipv6_prefix(mut self, len: u8) -> Result<Self, IpConfigError> {
-        if len > 128 {
-            return Err(IpConfigError::InvalidPrefix {
-                family: "IPv6",
-                len,
-            });
-        }
-        self.ipv6_prefix = len;
+        self.ipv6_prefix = checked_prefix("IPv6", len)?;
         Ok(self)
     }
 
@@ -226,13 +218,7 @@ impl ClientIpResolver {
     ///
     /// [`IpConfigError::InvalidPrefix`] if `len` is greater than 32.
     pub fn ipv4_prefix(mut self, len: u8) -> Result<Self, IpConfigError> {
-        if len > 32 {
-            return Err(IpConfigError::InvalidPrefix {
-                family: "IPv4",
-                len,
-            });
-        }
-        self.ipv4_prefix = len;
+        self.ipv4_prefix = checked_prefix("IPv4", len)?;
         Ok(self)
     }
 
@@ -314,6 +300,23 @@ impl Default for ClientIpResolver {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The longest prefix of an address of `family` ("IPv4" or "IPv6").
+fn max_prefix(family: &str) -> u8 {
+    if family == "IPv4" {
+        32
+    } else {
+        128
+    }
+}
+
+/// `len`, if a prefix of an address of `family` can be that long.
+fn checked_prefix(family: &'static str, len: u8) -> Result<u8, IpConfigError> {
+    if len > max_prefix(family) {
+        return Err(IpConfigError::InvalidPrefix { family, len });
+    }
+    Ok(len)
 }
 
 /// Parses a trusted range: a CIDR or a bare address.

@@ -59,13 +59,8 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// [`extract`](Self::extract); the crate's own extractors write into
     /// the buffer, which holds a key of up to 48 bytes without allocating.
     fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
-        match self.extract(parts) {
-            Some(bytes) => {
-                key.extend_from_slice(&bytes);
-                true
-            }
-            None => false,
-        }
+        let bytes = self.extract(parts);
+        bytes.map(|bytes| key.extend_from_slice(&bytes)).is_some()
     }
 
     /// What this extractor reads, such as `Header(x-api-key)` or `ClientIp`:
@@ -261,13 +256,8 @@ impl KeyExtractor for Header {
     }
 
     fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
-        match parts.headers.get(&self.name).map(|v| v.as_bytes()) {
-            Some(value) if !value.is_empty() => {
-                key.extend_from_slice(value);
-                true
-            }
-            _ => false,
-        }
+        let value = parts.headers.get(&self.name).filter(|v| !v.is_empty());
+        value.map(|v| key.extend_from_slice(v.as_bytes())).is_some()
     }
 
     /// `Header(name)`.

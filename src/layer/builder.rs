@@ -306,13 +306,7 @@ impl RateLimitLayerBuilder {
             }
         }
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
-        if let MissingKey::Reject(status) = &self.on_missing {
-            if status.is_success() || status.is_informational() {
-                return Err(ConfigError::Layer(format!(
-                    "a missing key cannot be answered with {status}"
-                )));
-            }
-        }
+        super::rule::check_missing(&self.on_missing)?;
         let fixed_cost = self.cost.is_none().then_some(self.fixed_cost);
         let rules = self
             .rules

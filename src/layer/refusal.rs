@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use super::body::RejectionResponse;
 use super::response::HeaderSet;
-use super::response::{insert_headers, insert_retry_after, too_many_requests_text, Answers};
+use super::response::{insert_headers, insert_retry_after, too_many_requests, Answers};
 use super::{Config, OnStoreError, Rejection, ResponseBody};
 use crate::{Decision, Error, Limiter};
 
@@ -121,7 +121,7 @@ impl Refusal {
         if decision.is_allowed() {
             return None;
         }
-        let mut response = too_many_requests_text(decision);
+        let mut response = too_many_requests(decision);
         insert_retry_after(response.headers_mut(), decision);
         insert_headers(
             response.headers_mut(),

@@ -205,17 +205,7 @@ pub(crate) fn insert_headers(headers: &mut HeaderMap, decision: &Decision, set: 
 }
 
 /// An RFC 9457 problem details response.
-pub(crate) fn problem(
-    status: StatusCode,
-    kind: &str,
-    detail: String,
-    extra: Option<(&str, serde_json::Value)>,
-) -> Response {
-    problem_text(status, kind, detail, extra).map(Body::from)
-}
-
-/// [`problem`] with the body as text.
-fn problem_text(
+fn problem(
     status: StatusCode,
     kind: &str,
     detail: String,
@@ -241,17 +231,11 @@ fn problem_text(
     response
 }
 
-/// The default 429: `Retry-After` in whole seconds (rounded up, at least 1)
-/// unless the cost can never fit, and a quota-exceeded problem naming the
-/// violated limits.
-pub(crate) fn too_many_requests(decision: &Decision) -> Response {
-    too_many_requests_text(decision).map(Body::from)
-}
-
-/// [`too_many_requests`] with the body as text.
-pub(crate) fn too_many_requests_text(decision: &Decision) -> http::Response<String> {
+/// The default 429: a quota-exceeded problem naming the violated limits
+/// (`Retry-After` is added by [`insert_retry_after`]).
+pub(crate) fn too_many_requests(decision: &Decision) -> http::Response<String> {
     let violated: Vec<&str> = decision.violated_limits().map(|s| s.name()).collect();
-    problem_text(
+    problem(
         StatusCode::TOO_MANY_REQUESTS,
         QUOTA_EXCEEDED,
         refusal_detail(decision, &violated),
@@ -277,54 +261,18 @@ fn refusal_detail(decision: &Decision, violated: &[&str]) -> String {
     }
 }
 
+/// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
+fn retry_after_value(wait: Duration) -> HeaderValue {
+    HeaderValue::from(ceil_secs(wait).max(1))
+}
+
 /// Adds `Retry-After` for a denial, unless already present.
 pub(crate) fn insert_retry_after(headers: &mut HeaderMap, decision: &Decision) {
     if let Some(retry) = decision.retry_after() {
         if !headers.contains_key(RETRY_AFTER) {
-            headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry).max(1)));
+            headers.insert(RETRY_AFTER, retry_after_value(retry));
         }
     }
-}
-
-/// The default fail-closed answer when the store failed: 503 with
-/// `Retry-After` and a generic detail. The error itself (Redis and Lua
-/// messages, addresses) is for the logs, never for clients.
-pub(crate) fn store_unavailable(retry_after: Duration) -> Response {
-    let mut response = problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "about:blank",
-        UNAVAILABLE_DETAIL.to_owned(),
-        None,
-    );
-    response.headers_mut().insert(
-        RETRY_AFTER,
-        HeaderValue::from(ceil_secs(retry_after).max(1)),
-    );
-    response
-}
-
-const UNAVAILABLE_DETAIL: &str = "The rate limiter is temporarily unavailable; retry later.";
-
-const FORBIDDEN_DETAIL: &str = "The request is not allowed.";
-
-/// The default answer to a request of the deny-list: 403 with a generic
-/// detail.
-pub(crate) fn forbidden() -> Response {
-    problem(
-        StatusCode::FORBIDDEN,
-        "about:blank",
-        FORBIDDEN_DETAIL.to_owned(),
-        None,
-    )
-}
-
-/// The default answer to a request without a key for a limit.
-pub(crate) fn missing_key(status: StatusCode, limit: &str) -> Response {
-    problem(status, "about:blank", missing_key_detail(limit), None)
-}
-
-fn missing_key_detail(limit: &str) -> String {
-    format!("The request has no key for rate limit {limit}.")
 }
 
 /// The layer's own answers to one request, in its protocol: HTTP (problem
@@ -350,17 +298,19 @@ impl Answers {
         Answers::Http
     }
 
-    /// A refused decision: 429, or `RESOURCE_EXHAUSTED` with the wait as
-    /// `google.rpc.RetryInfo` (none when the cost can never fit).
+    /// A refused decision: 429 (see [`too_many_requests`]), or
+    /// `RESOURCE_EXHAUSTED` with the wait as `google.rpc.RetryInfo` (none
+    /// when the cost can never fit).
     pub(crate) fn refused(self, decision: &Decision) -> Response {
         match self {
-            Answers::Http => too_many_requests(decision),
+            Answers::Http => too_many_requests(decision).map(Body::from),
             #[cfg(feature = "grpc")]
             Answers::Grpc => {
                 let violated: Vec<&str> = decision.violated_limits().map(|s| s.name()).collect();
-                grpc_answer(
-                    tonic::Code::ResourceExhausted,
-                    refusal_detail(decision, &violated),
+                let detail = refusal_detail(decision, &violated);
+                self.answer(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    detail,
                     decision.retry_after(),
                 )
             }
@@ -368,51 +318,30 @@ impl Answers {
     }
 
     /// The store failed, closed: 503, or `UNAVAILABLE` with `retry_after`
-    /// as `google.rpc.RetryInfo`; `Retry-After` either way.
+    /// as `google.rpc.RetryInfo`; `Retry-After` either way, and a generic
+    /// detail. The error itself (Redis and Lua messages, addresses) is for
+    /// the logs, never for clients.
     pub(crate) fn store_unavailable(self, retry_after: Duration) -> Response {
-        match self {
-            Answers::Http => store_unavailable(retry_after),
-            #[cfg(feature = "grpc")]
-            Answers::Grpc => {
-                let mut response = grpc_answer(
-                    tonic::Code::Unavailable,
-                    UNAVAILABLE_DETAIL.to_owned(),
-                    Some(retry_after),
-                );
-                response.headers_mut().insert(
-                    RETRY_AFTER,
-                    HeaderValue::from(ceil_secs(retry_after).max(1)),
-                );
-                response
-            }
-        }
+        let detail = "The rate limiter is temporarily unavailable; retry later.";
+        self.answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            detail.to_owned(),
+            Some(retry_after),
+        )
     }
 
-    /// A request of the deny-list: 403, or `PERMISSION_DENIED`.
+    /// A request of the deny-list: 403, or `PERMISSION_DENIED`, with a
+    /// generic detail.
     pub(crate) fn forbidden(self) -> Response {
-        match self {
-            Answers::Http => forbidden(),
-            #[cfg(feature = "grpc")]
-            Answers::Grpc => grpc_answer(
-                tonic::Code::PermissionDenied,
-                FORBIDDEN_DETAIL.to_owned(),
-                None,
-            ),
-        }
+        let detail = "The request is not allowed.";
+        self.answer(StatusCode::FORBIDDEN, detail.to_owned(), None)
     }
 
     /// No key for `limit`, refused with `status`: that status, or the gRPC
     /// code corresponding to it (`INVALID_ARGUMENT` for the default 400).
     pub(crate) fn missing_key(self, status: StatusCode, limit: &str) -> Response {
-        match self {
-            Answers::Http => missing_key(status, limit),
-            #[cfg(feature = "grpc")]
-            Answers::Grpc => grpc_answer(
-                crate::grpc::missing_key_code(status),
-                missing_key_detail(limit),
-                None,
-            ),
-        }
+        let detail = format!("The request has no key for rate limit {limit}.");
+        self.answer(status, detail, None)
     }
 
     /// An estimate over what one request may take of `limit`: 413, or
@@ -422,19 +351,30 @@ impl Answers {
             "The request's estimated cost {estimate} is over the {most} one request may take \
              of rate limit {limit}."
         );
-        match self {
-            Answers::Http => problem(StatusCode::PAYLOAD_TOO_LARGE, "about:blank", detail, None),
-            #[cfg(feature = "grpc")]
-            Answers::Grpc => grpc_answer(tonic::Code::InvalidArgument, detail, None),
-        }
+        self.answer(StatusCode::PAYLOAD_TOO_LARGE, detail, None)
     }
-}
 
-/// A gRPC answer ([`crate::grpc::answer`]) with the body of the layer's
-/// rejections.
-#[cfg(feature = "grpc")]
-fn grpc_answer(code: tonic::Code, message: String, retry: Option<Duration>) -> Response {
-    crate::grpc::answer(code, message, retry).map(Body::new)
+    /// `status` with an `about:blank` problem saying `detail`, or for a gRPC
+    /// call the code corresponding to `status`
+    /// ([`crate::grpc::missing_key_code`]) with `retry` as
+    /// `google.rpc.RetryInfo` ([`crate::grpc::answer`]); with `Retry-After`
+    /// when there is a `retry`.
+    fn answer(self, status: StatusCode, detail: String, retry: Option<Duration>) -> Response {
+        let mut response = match self {
+            Answers::Http => problem(status, "about:blank", detail, None).map(Body::from),
+            #[cfg(feature = "grpc")]
+            Answers::Grpc => {
+                let code = crate::grpc::missing_key_code(status);
+                crate::grpc::answer(code, detail, retry).map(Body::new)
+            }
+        };
+        if let Some(retry) = retry {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, retry_after_value(retry));
+        }
+        response
+    }
 }
 
 #[cfg(test)]

@@ -216,13 +216,7 @@ impl Rule {
             )));
         }
         let on_missing = self.on_missing.unwrap_or_else(|| layer_missing.clone());
-        if let MissingKey::Reject(status) = &on_missing {
-            if status.is_success() || status.is_informational() {
-                return Err(ConfigError::Layer(format!(
-                    "a missing key cannot be answered with {status}"
-                )));
-            }
-        }
+        check_missing(&on_missing)?;
         if matches!(&on_missing, MissingKey::Shared(key) if key.is_empty()) {
             return Err(ConfigError::Layer(format!(
                 "limit {name:?}: the shared key of requests without one cannot be empty"
@@ -299,6 +293,16 @@ impl Rule {
             #[cfg(feature = "resolver")]
             plan: self.plan,
         })
+    }
+}
+
+/// Refuses a missing key answered with a success or informational status.
+pub(super) fn check_missing(policy: &MissingKey) -> Result<(), ConfigError> {
+    match policy {
+        MissingKey::Reject(status) if status.is_success() || status.is_informational() => Err(
+            ConfigError::Layer(format!("a missing key cannot be answered with {status}")),
+        ),
+        _ => Ok(()),
     }
 }
 

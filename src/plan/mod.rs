@@ -298,20 +298,14 @@ impl PlanResolver {
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let lookup = async {
             let answer = tokio::time::timeout_at(deadline, (inner.lookup)(key.as_bytes().to_vec()));
-            match answer.await {
-                Ok(Ok(plan)) => {
-                    count_lookup(if plan.is_some() { "found" } else { "unknown" });
-                    Ok(plan.map(Arc::new))
-                }
-                Ok(Err(error)) => {
-                    count_lookup("failed");
-                    Err(Failure::Failed(error))
-                }
-                Err(_) => {
-                    count_lookup("timed_out");
-                    Err(Failure::TimedOut(inner.timeout))
-                }
-            }
+            let (result, answer) = match answer.await {
+                Ok(Ok(Some(plan))) => ("found", Ok(Some(Arc::new(plan)))),
+                Ok(Ok(None)) => ("unknown", Ok(None)),
+                Ok(Err(error)) => ("failed", Err(Failure::Failed(error))),
+                Err(_) => ("timed_out", Err(Failure::TimedOut(inner.timeout))),
+            };
+            count_lookup(result);
+            answer
         };
         let cached = inner.cache.try_get_with_by_ref(key.as_bytes(), lookup);
         match tokio::time::timeout_at(deadline, cached).await {
