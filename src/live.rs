@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
@@ -122,10 +122,7 @@ impl LiveLimit {
     }
 
     fn lock_needs(&self) -> std::sync::MutexGuard<'_, Needs> {
-        self.shared
-            .needs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        crate::store::lock(&self.shared.needs)
     }
 
     /// Whether `limit` may replace the current value, given `needs`.

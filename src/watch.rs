@@ -3,7 +3,7 @@
 //! again whenever it changes.
 
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use notify::Watcher;
@@ -235,7 +235,7 @@ impl Shared {
     /// read and not `always`.
     fn apply(&self, always: bool) -> Option<Reload> {
         let read = std::fs::read_to_string(&self.file.path);
-        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut last = crate::store::lock(&self.last);
         let reload = match read {
             Ok(text) if !always && last.as_ref().is_some_and(|(t, _)| *t == text) => return None,
             Ok(text) => {
@@ -330,11 +330,7 @@ impl FileWatch {
 
     /// Why the last reading was not applied, or `None` when it was.
     pub fn last_error(&self) -> Option<String> {
-        let last = self
-            .shared
-            .last
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let last = crate::store::lock(&self.shared.last);
         last.as_ref().and_then(|(_, error)| error.clone())
     }
 

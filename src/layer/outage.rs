@@ -3,7 +3,7 @@
 //! request would flood the logs exactly when they are needed.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError, TryLockError};
+use std::sync::{Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::Error;
@@ -63,10 +63,7 @@ impl OutageLog {
         self.total.fetch_add(1, Ordering::AcqRel);
         if !self.failing.swap(true, Ordering::AcqRel) {
             crate::metrics::store_outage(self.store, true);
-            *self
-                .last_line
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = now;
+            *crate::store::lock(&self.last_line) = now;
             tracing::warn!(
                 target: "tower_ratelimit",
                 %error,
@@ -124,7 +121,7 @@ mod tests {
         ) {
             let mut text = String::new();
             event.record(&mut Render(&mut text));
-            let mut lines = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut lines = crate::store::lock(&self.0);
             lines.push((*event.metadata().level(), text));
         }
     }
@@ -133,7 +130,7 @@ mod tests {
 
     impl Lines {
         fn count(&self) -> usize {
-            self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+            crate::store::lock(&self.0).len()
         }
     }
 
