@@ -305,38 +305,57 @@ fn paste(body: Vec<String>, fragments: &HashMap<String, Step>) -> Result<Vec<Str
             continue;
         };
         let indent: String = line.chars().take_while(|c| c.is_whitespace()).collect();
-        let (name, args, outs) = signature(sig)?;
+        let call = signature(sig)?;
         let fragment = fragments
-            .get(&name)
-            .ok_or_else(|| format!("no fragment `{name}` defined before this paste"))?;
-        if args.len() != fragment.args.len() || outs != fragment.outs {
-            return Err(format!(
-                "paste {name}: ({}) -> {} for a fragment of ({}) -> {}",
-                args.join(", "),
-                outs.join(", "),
-                fragment.args.join(", "),
-                fragment.outs.join(", ")
-            ));
-        }
-        // each argument whose name differs replaces its parameter in the
-        // body, as a constant does (see `literals`): no local to bind
-        let renamed: HashMap<String, String> = fragment
-            .args
-            .iter()
-            .zip(&args)
-            .filter(|(param, arg)| param != arg)
-            .map(|(param, arg)| (param.clone(), arg.clone()))
-            .collect();
-        out.push(format!("{indent}do -- {name}"));
-        out.extend(
-            fragment
-                .body
-                .iter()
-                .map(|l| format!("{indent}  {}", literals(l, &renamed))),
-        );
-        out.push(format!("{indent}end"));
+            .get(&call.0)
+            .ok_or_else(|| format!("no fragment `{}` defined before this paste", call.0))?;
+        out.extend(spliced("paste", &indent, &call, fragment, false)?);
     }
     Ok(out)
+}
+
+/// `step`'s body in a `do ... end` block at `indent`, for the call `(name,
+/// args, outs)` (`what` names the caller in an error). Each parameter is
+/// renamed to its argument in the body, as a constant is (see `literals`:
+/// nothing is bound at run time); with `by_name` the arguments must be the
+/// parameters' own names. The results are the caller's locals of the
+/// step's result names.
+fn spliced(
+    what: &str,
+    indent: &str,
+    (name, args, outs): &(String, Vec<String>, Vec<String>),
+    step: &Step,
+    by_name: bool,
+) -> Result<Vec<String>, String> {
+    let args_fit = if by_name {
+        *args == step.args
+    } else {
+        args.len() == step.args.len()
+    };
+    if !args_fit || *outs != step.outs {
+        return Err(format!(
+            "{what} {name}: called as ({}) -> {}, it takes ({}) -> {}",
+            args.join(", "),
+            outs.join(", "),
+            step.args.join(", "),
+            step.outs.join(", ")
+        ));
+    }
+    let renamed: HashMap<String, String> = step
+        .args
+        .iter()
+        .zip(args)
+        .filter(|(param, arg)| param != arg)
+        .map(|(param, arg)| (param.clone(), arg.clone()))
+        .collect();
+    let mut lines = vec![format!("{indent}do -- {name}")];
+    lines.extend(
+        step.body
+            .iter()
+            .map(|l| format!("{indent}{}", literals(l, &renamed))),
+    );
+    lines.push(format!("{indent}end"));
+    Ok(lines)
 }
 
 /// `local p1, p2 = s[2], s[3]` for the algorithm's parameters that `used`
@@ -470,27 +489,15 @@ fn instance(
                 let sig = d
                     .strip_prefix("inline")
                     .ok_or_else(|| format!("`--: {d}` in a template"))?;
-                let (name, args, outs) = signature(sig)?;
+                let call = signature(sig)?;
                 let step = a
                     .steps
-                    .get(&name)
-                    .ok_or_else(|| format!("{alg} has no step `{name}`"))?;
-                if args != step.args || outs != step.outs {
-                    return Err(format!(
-                        "{alg} {name}: the template passes ({}) -> {}, the step takes ({}) -> {}",
-                        args.join(", "),
-                        outs.join(", "),
-                        step.args.join(", "),
-                        step.outs.join(", ")
-                    ));
-                }
-                let _ = writeln!(out, "{indent}do -- {name}");
-                for line in &step.body {
-                    out.push_str(&indent);
-                    out.push_str(line);
+                    .get(&call.0)
+                    .ok_or_else(|| format!("{alg} has no step `{}`", call.0))?;
+                for line in spliced(&format!("template of {alg}:"), &indent, &call, step, true)? {
+                    out.push_str(&line);
                     out.push('\n');
                 }
-                let _ = writeln!(out, "{indent}end");
             }
         }
     }

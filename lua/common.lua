@@ -165,22 +165,22 @@ end
 -- calendar (code `u` < 0) or of `w` from the epoch, found without a call
 -- (t - fmod(t, w)).
 --: fragment window_of(t, u, w) -> ws, wl, wb
-if u < 0 then
-  ws, wl, wb = cal(t, u)
-else
-  local m = t % w
-  if m < 0 then m = m + w elseif m >= w then m = m - w end
-  ws, wl, wb = t - m, w, w
-end
+  if u < 0 then
+    ws, wl, wb = cal(t, u)
+  else
+    local m = t % w
+    if m < 0 then m = m + w elseif m >= w then m = m - w end
+    ws, wl, wb = t - m, w, w
+  end
 --: end
 
 -- Whether a stored window (`r_start`, `r_len`) is one of this limit's.
 --: fragment own_window(r_start, r_len, u, w) -> own
-own = r_len == w
-if u < 0 then
-  local ks, kl = cal(r_start, u)
-  own = ks == r_start and kl == r_len
-end
+  own = r_len == w
+  if u < 0 then
+    local ks, kl = cal(r_start, u)
+    own = ks == r_start and kl == r_len
+  end
 --: end
 
 -- A decision's outcome and wait from T, the earliest time at which all its
