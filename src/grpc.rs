@@ -56,16 +56,17 @@ pub(crate) fn answer(
     response
 }
 
-/// The gRPC code of a missing key answered with `status`
-/// ([`MissingKey::Reject`](crate::layer::MissingKey::Reject)), after the
+/// The gRPC code of a layer's answer with HTTP `status`, after the
 /// correspondence of HTTP statuses and gRPC codes that gRPC documents:
 /// 401 is `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, 404 `NOT_FOUND`, 429
-/// `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`; any other status (400, the
-/// default, among them) `INVALID_ARGUMENT`: the call lacks what the rule
-/// keys on. The layer's other answers take their code the same way from
-/// their HTTP status (403 deny-listed, 413 estimate too large, 429
-/// refused, 503 store failed).
-pub(crate) fn missing_key_code(status: StatusCode) -> Code {
+/// `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`; any other status
+/// `INVALID_ARGUMENT`. So a refusal is `RESOURCE_EXHAUSTED`, a failed store
+/// `UNAVAILABLE`, the deny-list `PERMISSION_DENIED`, an estimate too large
+/// (413) `INVALID_ARGUMENT`, and a missing key
+/// ([`MissingKey::Reject`](crate::layer::MissingKey::Reject)) the code of
+/// its status (`INVALID_ARGUMENT` for the default 400: the call lacks what
+/// the rule keys on).
+pub(crate) fn code_of(status: StatusCode) -> Code {
     match status {
         StatusCode::UNAUTHORIZED => Code::Unauthenticated,
         StatusCode::FORBIDDEN => Code::PermissionDenied,
@@ -141,20 +142,11 @@ mod tests {
 
     #[test]
     fn missing_keys_map_to_the_documented_codes() {
+        assert_eq!(code_of(StatusCode::BAD_REQUEST), Code::InvalidArgument);
+        assert_eq!(code_of(StatusCode::UNAUTHORIZED), Code::Unauthenticated);
+        assert_eq!(code_of(StatusCode::FORBIDDEN), Code::PermissionDenied);
         assert_eq!(
-            missing_key_code(StatusCode::BAD_REQUEST),
-            Code::InvalidArgument
-        );
-        assert_eq!(
-            missing_key_code(StatusCode::UNAUTHORIZED),
-            Code::Unauthenticated
-        );
-        assert_eq!(
-            missing_key_code(StatusCode::FORBIDDEN),
-            Code::PermissionDenied
-        );
-        assert_eq!(
-            missing_key_code(StatusCode::UNPROCESSABLE_ENTITY),
+            code_of(StatusCode::UNPROCESSABLE_ENTITY),
             Code::InvalidArgument
         );
     }

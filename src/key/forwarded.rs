@@ -173,7 +173,10 @@ type ValueBuf = crate::text::StackText<{ MAX_NODE_LEN + 1 }>;
 /// [`MAX_NODE_LEN`] or not UTF-8.
 fn node_text(value: &ValueBuf) -> Option<&str> {
     let bytes = value.as_bytes();
-    (bytes.len() <= MAX_NODE_LEN).then(|| std::str::from_utf8(bytes).ok())?
+    if bytes.len() > MAX_NODE_LEN {
+        return None;
+    }
+    std::str::from_utf8(bytes).ok()
 }
 
 /// One `Forwarded` element (the text between two separating commas): its

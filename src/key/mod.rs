@@ -59,8 +59,11 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// [`extract`](Self::extract); the crate's own extractors write into
     /// the buffer, which holds a key of up to 48 bytes without allocating.
     fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
-        let bytes = self.extract(parts);
-        bytes.map(|bytes| key.extend_from_slice(&bytes)).is_some()
+        let Some(bytes) = self.extract(parts) else {
+            return false;
+        };
+        key.extend_from_slice(&bytes);
+        true
     }
 
     /// What this extractor reads, such as `Header(x-api-key)` or `ClientIp`:
@@ -256,8 +259,11 @@ impl KeyExtractor for Header {
     }
 
     fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
-        let value = parts.headers.get(&self.name).filter(|v| !v.is_empty());
-        value.map(|v| key.extend_from_slice(v.as_bytes())).is_some()
+        let Some(value) = parts.headers.get(&self.name).filter(|v| !v.is_empty()) else {
+            return false;
+        };
+        key.extend_from_slice(value.as_bytes());
+        true
     }
 
     /// `Header(name)`.

@@ -356,7 +356,7 @@ impl Answers {
 
     /// `status` with an `about:blank` problem saying `detail`, or for a gRPC
     /// call the code corresponding to `status`
-    /// ([`crate::grpc::missing_key_code`]) with `retry` as
+    /// ([`crate::grpc::code_of`]) with `retry` as
     /// `google.rpc.RetryInfo` ([`crate::grpc::answer`]); with `Retry-After`
     /// when there is a `retry`.
     fn answer(self, status: StatusCode, detail: String, retry: Option<Duration>) -> Response {
@@ -364,7 +364,7 @@ impl Answers {
             Answers::Http => problem(status, "about:blank", detail, None).map(Body::from),
             #[cfg(feature = "grpc")]
             Answers::Grpc => {
-                let code = crate::grpc::missing_key_code(status);
+                let code = crate::grpc::code_of(status);
                 crate::grpc::answer(code, detail, retry).map(Body::new)
             }
         };
