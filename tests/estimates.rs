@@ -39,9 +39,12 @@ fn layer(store: impl Store, share: f64) -> RateLimitLayer {
     RateLimitLayer::builder()
         .store(store)
         .timeout(PATIENT)
-        .rule(Rule::new(tokens(), Global).cost_from_header(HeaderName::from_static(USED)))
-        .cost_from_request_header(HeaderName::from_static(ESTIMATE))
-        .settle_estimates(share)
+        .rule(
+            Rule::new(tokens(), Global)
+                .cost_from_request_header(HeaderName::from_static(ESTIMATE))
+                .cost_from_header(HeaderName::from_static(USED))
+                .settle_estimates(share),
+        )
         .build()
         .expect("layer")
 }
@@ -132,8 +135,8 @@ async fn an_estimate_is_settled_to_the_cost_the_response_tells() {
 }
 
 /// An estimate over the share one request may take is answered 413 with a
-/// problem body, taking nothing; a cost over the estimate is charged at
-/// most that share more.
+/// problem body, taking nothing; a cost over the estimate is charged in
+/// full (the share caps only what a request may ask for).
 #[tokio::test]
 async fn one_request_takes_at_most_its_share_of_the_budget() {
     for (store, make, looker) in stores("estimates-share") {
@@ -145,9 +148,9 @@ async fn one_request_takes_at_most_its_share_of_the_budget() {
             "{store}: {body}"
         );
         settles_to(&looker, 1000, store).await;
-        // 10 estimated, 900 used: charged 10, then 100 (a tenth of 1000) more
+        // 10 estimated, 900 used: charged 10, then the 890 more
         assert_eq!(send(&app, call(10, Some(900))).await.0, StatusCode::OK);
-        settles_to(&looker, 890, store).await;
+        settles_to(&looker, 100, store).await;
     }
 }
 
@@ -249,14 +252,16 @@ async fn a_hundred_requests_at_once_on_two_instances_settle_exactly() {
 fn estimates_need_a_share_and_a_cost_after_the_response() {
     for share in [0.0, -0.5, 1.5, f64::NAN] {
         let built = RateLimitLayer::builder()
-            .rule(Rule::new(tokens(), Global).cost_from_header(HeaderName::from_static(USED)))
-            .settle_estimates(share)
+            .rule(
+                Rule::new(tokens(), Global)
+                    .cost_from_header(HeaderName::from_static(USED))
+                    .settle_estimates(share),
+            )
             .build();
         assert!(matches!(built, Err(ConfigError::Layer(_))), "{share}");
     }
     let built = RateLimitLayer::builder()
-        .rule(Rule::new(tokens(), Global))
-        .settle_estimates(0.5)
+        .rule(Rule::new(tokens(), Global).settle_estimates(0.5))
         .build();
     assert!(matches!(built, Err(ConfigError::Layer(_))));
 }

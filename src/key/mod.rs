@@ -29,6 +29,7 @@ use http::HeaderName;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[allow(deprecated)]
 pub use self::axum::{MatchedRoute, PathParam, Route};
+pub(crate) use self::body::json_number;
 pub use self::body::{
     JsonField, ReadBody, ReadBodyService, ReplayBody, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY,
 };

@@ -95,7 +95,6 @@ mod service;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::request::Parts;
 use http::StatusCode;
 
 pub use self::body::ResponseBody;
@@ -212,7 +211,6 @@ pub enum Rejection<'a> {
 }
 
 type Rejector = Arc<dyn Fn(&Rejection<'_>) -> RejectionResponse + Send + Sync>;
-type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 pub(crate) struct Config {
     pub(crate) limiter: Limiter,
@@ -234,8 +232,6 @@ pub(crate) struct Config {
     /// Whether a rule holds a lease until the response body ends, or
     /// charges a cost after the response (see `after.rs`).
     pub(crate) settles_after: bool,
-    pub(crate) cost: Option<CostFn>,
-    pub(crate) fixed_cost: u64,
     pub(crate) max_delay: Duration,
     /// Requests that may wait in delay mode at once (see
     /// [`RateLimitLayerBuilder::max_waiting`]); `None` without delay mode.
@@ -245,8 +241,6 @@ pub(crate) struct Config {
     /// ahead, given back or decided again (shadow limits), and no plan is
     /// resolved: nothing in the decision is awaited.
     pub(crate) at_once: bool,
-    /// Settling estimates: the share of a budget one request may take.
-    pub(crate) estimates: Option<f64>,
     pub(crate) headers: HeaderSet,
     pub(crate) rejector: Option<Rejector>,
     pub(crate) outage: OutageLog,
