@@ -84,6 +84,7 @@ mod builder;
 mod choose;
 mod future;
 mod info;
+mod meter;
 mod outage;
 mod refusal;
 #[cfg(feature = "resolver")]
