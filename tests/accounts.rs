@@ -357,3 +357,147 @@ async fn a_request_count_and_a_token_budget_cost_two_store_calls_in_all() {
         settles_to(&looker, left, "redis").await;
     }
 }
+
+/// A handler whose response body is `chunks`, sent one by one, with the
+/// content type `content_type`.
+fn streaming(
+    layer: RateLimitLayer,
+    content_type: &'static str,
+    chunks: Vec<&'static str>,
+) -> Router {
+    Router::new()
+        .route(
+            "/",
+            get(move || {
+                let chunks = chunks.clone();
+                async move {
+                    let stream =
+                        futures::stream::iter(chunks.into_iter().map(|chunk| {
+                            Ok::<_, std::convert::Infallible>(bytes::Bytes::from(chunk))
+                        }));
+                    ([("content-type", content_type)], Body::from_stream(stream))
+                }
+            }),
+        )
+        .layer(layer)
+}
+
+/// The usage of a JSON response body, found across chunk boundaries, of a
+/// streamed response (server-sent events: the last event that carries
+/// one), and a function of the whole body, each settles the estimate; the
+/// client gets the body unchanged.
+#[tokio::test]
+async fn costs_read_from_the_response_body_settle_the_estimate() {
+    let json = vec![
+        r#"{"id":"x","usage":{"prompt"#,
+        r#"_tokens":7,"total_to"#,
+        r#"kens":57}}"#,
+    ];
+    let events = vec![
+        "data: {\"choices\":[{\"delta\":\"Hel\"}],\"usage\":null}\n\n",
+        "data: {\"choices\":[]}\r\n\r\n: keep-alive\n\ndata: {\"usage\":{\"total_",
+        "tokens\":31}}\n\ndata: [DONE]\n\n",
+    ];
+    let words = vec!["word ", "word ", "word"];
+    let by_path: fn(Rule) -> Rule = |rule| rule.cost_from_json_body("usage.total_tokens");
+    let by_words: fn(Rule) -> Rule = |rule| {
+        rule.cost_from_whole_body(64, |body| Some(body.split(|&b| b == b' ').count() as u64))
+    };
+    let bodies = [
+        ("application/json", json, by_path, 57),
+        ("text/event-stream", events, by_path, 31),
+        ("text/plain", words, by_words, 3),
+    ];
+    for (content_type, chunks, reads, used) in bodies {
+        let whole: String = chunks.concat();
+        for (store, builder, looker) in stores("accounts-body", tokens) {
+            let rule = Rule::new(tokens(), Global)
+                .cost_from_request_header(HeaderName::from_static(ESTIMATE))
+                .settle_estimates(0.1);
+            let layer = builder
+                .timeout(PATIENT)
+                .rule(reads(rule))
+                .build()
+                .expect("layer");
+            let app = streaming(layer, content_type, chunks.clone());
+            let response = app
+                .oneshot(call(Some("100"), None))
+                .await
+                .expect("infallible");
+            assert_eq!(response.status(), StatusCode::OK);
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            assert_eq!(body, whole.as_bytes(), "{store}: the body unchanged");
+            settles_to(&looker, 1000 - used, store).await;
+        }
+    }
+}
+
+/// A streamed response dropped by its client after the event that tells
+/// its usage is settled to that usage; one dropped before any keeps the
+/// estimate.
+#[tokio::test]
+async fn a_stream_dropped_mid_way_settles_to_the_usage_it_sent() {
+    for (told, chunks, left) in [
+        (
+            true,
+            vec![
+                "data: {\"usage\":{\"total_tokens\":12}}\n\n",
+                "data: {\"cho",
+            ],
+            988,
+        ),
+        (false, vec!["data: {\"cho"], 900),
+    ] {
+        for (store, builder, looker) in stores("accounts-dropped", tokens) {
+            let rule = Rule::new(tokens(), Global)
+                .cost_from_request_header(HeaderName::from_static(ESTIMATE))
+                .cost_from_json_body("usage.total_tokens")
+                .settle_estimates(0.1);
+            let layer = builder.timeout(PATIENT).rule(rule).build().expect("layer");
+            // the stream never ends: the client reads what was sent, then goes
+            let chunks = chunks.clone();
+            let app = Router::new()
+                .route(
+                    "/",
+                    get(move || {
+                        let chunks = chunks.clone();
+                        async move {
+                            let sent = futures::stream::iter(chunks.into_iter().map(|chunk| {
+                                Ok::<_, std::convert::Infallible>(bytes::Bytes::from(chunk))
+                            }));
+                            let stream =
+                                futures::StreamExt::chain(sent, futures::stream::pending());
+                            (
+                                [("content-type", "text/event-stream")],
+                                Body::from_stream(stream),
+                            )
+                        }
+                    }),
+                )
+                .layer(layer);
+            let response = app
+                .oneshot(call(Some("100"), None))
+                .await
+                .expect("infallible");
+            let mut body = response.into_body();
+            for _ in 0..chunks_len(told) {
+                body.frame().await.expect("a frame").expect("data");
+            }
+            drop(body);
+            settles_to(&looker, left, store).await;
+        }
+    }
+}
+
+fn chunks_len(told: bool) -> usize {
+    if told {
+        2
+    } else {
+        1
+    }
+}

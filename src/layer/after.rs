@@ -11,6 +11,7 @@ use http::response::Parts as ResponseParts;
 use http::Response;
 use smallvec::SmallVec;
 
+use super::meter::{Meter, MeterSpec};
 use super::{Config, Rule};
 use crate::limiter::{run_detached, Charged, ChargedTo, LeaseGuard, Refund, RefundOnDrop};
 use crate::Limiter;
@@ -21,6 +22,9 @@ use crate::Limiter;
 pub(crate) struct CostAfter {
     pub(crate) head: Option<HeadCost>,
     pub(crate) body: Option<BodyCost>,
+    /// A cost read out of the body ([`Rule::cost_from_json_body`],
+    /// [`Rule::cost_from_whole_body`]), or why it cannot be.
+    pub(crate) meter: Option<Result<MeterSpec, String>>,
 }
 
 pub(crate) type HeadCost = Arc<dyn Fn(&ResponseParts) -> Option<u64> + Send + Sync>;
@@ -29,7 +33,7 @@ pub(crate) type BodyCost = Arc<dyn Fn(&bytes::Bytes) -> u64 + Send + Sync>;
 impl CostAfter {
     /// Whether the rule charges anything after the response.
     pub(crate) fn any(&self) -> bool {
-        self.head.is_some() || self.body.is_some()
+        self.head.is_some() || self.body.is_some() || self.meter.is_some()
     }
 }
 
@@ -79,6 +83,56 @@ impl Rule {
         self.cost_after.body = Some(Arc::new(cost));
         self
     }
+
+    /// Charges this limit, after the response, the integer at the dotted
+    /// `path` (`"usage.total_tokens"`) of the response's JSON body, read
+    /// as the body streams to the client (unchanged, and without waiting
+    /// for its end), whatever its chunks, and settled when it ends or is
+    /// dropped. A streamed response (`content-type: text/event-stream`,
+    /// server-sent events, as a streamed completion is) tells the number
+    /// at `path` in the JSON data of the last event that carries one, so
+    /// a stream dropped mid-way tells the usage it had sent. A body that
+    /// is not JSON, is cut short, is over 1 MiB, compressed, or has no
+    /// integer of at least 0 there tells nothing (for an
+    /// [estimate](Self::settle_estimates): it is kept). A path with an
+    /// empty segment is a build error
+    /// ([`ConfigError::Layer`](crate::ConfigError::Layer)).
+    ///
+    /// ```
+    /// use tower_ratelimit::key::Global;
+    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// let tokens = Limit::new("tokens", Quota::per_minute(10_000).sliding_window())?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(
+    ///         Rule::new(tokens, Global)
+    ///             .cost_from_json_field("max_tokens") // (with ReadBody around the layer)
+    ///             .cost_from_json_body("usage.total_tokens")
+    ///             .settle_estimates(0.1),
+    ///     )
+    ///     .build()?;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn cost_from_json_body(mut self, path: &str) -> Self {
+        self.cost_after.meter = Some(MeterSpec::json_path(path));
+        self
+    }
+
+    /// Charges this limit, after the response, what `cost` makes of its
+    /// whole body (`None`: nothing told), kept up to `max_bytes` as it
+    /// streams to the client; a longer body tells nothing.
+    pub fn cost_from_whole_body(
+        mut self,
+        max_bytes: usize,
+        cost: impl Fn(&[u8]) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.cost_after.meter = Some(Ok(MeterSpec::Whole {
+            max_bytes,
+            cost: Arc::new(cost),
+        }));
+        self
+    }
 }
 
 /// Held by a response body until it ends or is dropped; then settles each
@@ -102,6 +156,7 @@ struct Charge {
     charged: ChargedTo,
     head: Option<u64>,
     body: Option<(BodyCost, u64)>,
+    meter: Option<Meter>,
     estimate: bool,
 }
 
@@ -133,6 +188,10 @@ impl After {
                 charged: charged.clone(),
                 head: after.head.as_ref().and_then(|cost| cost(head)),
                 body: after.body.clone().map(|count| (count, 0)),
+                meter: match &after.meter {
+                    Some(Ok(spec)) => Some(spec.meter(head)),
+                    _ => None,
+                },
                 estimate: rule.estimates.is_some(),
             });
         }
@@ -166,6 +225,9 @@ impl After {
             if let Some((count, sum)) = &mut charge.body {
                 *sum = sum.saturating_add(count(data));
             }
+            if let Some(meter) = &mut charge.meter {
+                meter.chunk(data);
+            }
         }
     }
 }
@@ -175,9 +237,13 @@ impl Charge {
     /// or, for an estimate whose cost was told, what was paid beyond it,
     /// to give back; `None` when the cost is what was paid.
     fn settlement(self) -> Option<(bool, ChargedTo)> {
-        let told = self.head.is_some() || self.body.is_some();
+        let metered = self.meter.and_then(Meter::finish);
+        let told = self.head.is_some() || self.body.is_some() || metered.is_some();
         let body = self.body.map_or(0, |(_, sum)| sum);
-        let cost = Limiter::cost(self.head.unwrap_or(0).saturating_add(body));
+        let cost = (self.head.unwrap_or(0))
+            .saturating_add(body)
+            .saturating_add(metered.unwrap_or(0));
+        let cost = Limiter::cost(cost);
         let paid = self.charged.cost;
         let (charge, amount) = if cost > paid {
             (true, cost - paid)

@@ -11,9 +11,6 @@
 //! A body is read as it is sent: a compressed body (`content-encoding`)
 //! tells no cost, so the layer that meters must sit inside the compression.
 
-// (used by after.rs once integrated)
-#![allow(dead_code)]
-
 use std::fmt;
 use std::sync::Arc;
 

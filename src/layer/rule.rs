@@ -223,6 +223,9 @@ impl Rule {
                  runs, so no cost can be charged to it after the response"
             )));
         }
+        if let Some(Err(why)) = &self.cost_after.meter {
+            return Err(ConfigError::Layer(format!("limit {name:?}: {why}")));
+        }
         if current.is_concurrency() && !matches!(self.cost, Arrival::Fixed(1)) {
             return Err(ConfigError::Layer(format!(
                 "limit {name:?} is a concurrency limit: a request holds one permit of it, \
@@ -241,7 +244,7 @@ impl Rule {
                 return Err(ConfigError::Layer(format!(
                     "limit {name:?}: an estimate is settled to the cost read after the \
                      response (cost_from_response, cost_from_header, cost_from_body, \
-                     cost_from_json_body): the rule reads none"
+                     cost_from_json_body, cost_from_whole_body): the rule reads none"
                 )))
             }
             Some(share) => Some(Estimates {
