@@ -28,7 +28,10 @@
 //! of the in-memory fallback's decision. A request a layer's deny-list
 //! refuses counts `deny_listed` under every limit of the layer (no decision
 //! is made); a key blocked by a [penalty](crate::Limit::with_penalty) counts
-//! `denied` (or `local_cache`) like any refusal.
+//! `denied` (or `local_cache`) like any refusal. A request whose estimate
+//! a layer refuses as over its share of a limit (see
+//! [`settle_estimates`](crate::layer::RateLimitLayerBuilder::settle_estimates))
+//! counts `estimate_too_large` under that limit, and nothing is decided.
 //!
 //! The quota gauges show what decided: a limit's quota, its new value after
 //! a [live change](crate::LiveLimit) (from the first decision the new
@@ -126,11 +129,18 @@ pub enum Outcome {
     /// [`RateLimitLayerBuilder::deny_if`](crate::layer::RateLimitLayerBuilder::deny_if)):
     /// counted under every limit of the layer.
     DenyListed,
+    /// Refused by a layer before asking the store: the request's estimate
+    /// is over the share of the limit's capacity one request may take (see
+    /// [`RateLimitLayerBuilder::settle_estimates`](crate::layer::RateLimitLayerBuilder::settle_estimates)).
+    /// Counted under that limit, whatever answer a custom
+    /// [`on_rejection`](crate::layer::RateLimitLayerBuilder::on_rejection)
+    /// handler gives.
+    EstimateTooLarge,
 }
 
 impl Outcome {
     /// Every outcome, for dashboards and exporters that declare label values.
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Allowed,
         Outcome::Denied,
         Outcome::ShadowDenied,
@@ -138,6 +148,7 @@ impl Outcome {
         Outcome::StoreError,
         Outcome::LocalCache,
         Outcome::DenyListed,
+        Outcome::EstimateTooLarge,
     ];
 
     /// The label value.
@@ -150,6 +161,7 @@ impl Outcome {
             Outcome::StoreError => "store_error",
             Outcome::LocalCache => "local_cache",
             Outcome::DenyListed => "deny_listed",
+            Outcome::EstimateTooLarge => "estimate_too_large",
         }
     }
 }
@@ -236,6 +248,17 @@ impl LimitKeys {
                 .set(seconds);
         });
     }
+}
+
+/// Counts one decision of the limit named `limit` with `outcome`, for a
+/// caller that has the name and not the [`Limit`](crate::Limit) (a
+/// layer's rejection): the name's keys are looked up under a lock, so this
+/// is for answers that are not on the common path (without metrics:
+/// nothing).
+#[cfg_attr(not(feature = "metrics"), inline(always), allow(unused_variables))]
+pub(crate) fn count_named(limit: &str, outcome: Outcome) {
+    #[cfg(feature = "metrics")]
+    crate::limit::Name::of(limit).keys.increment(outcome);
 }
 
 /// Whether a store's calls fail, as [`STORE_OUTAGE`] shows it: set when

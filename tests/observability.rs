@@ -283,3 +283,68 @@ fn every_decision_runs_in_a_span_with_its_limits_and_outcome() {
         ]
     );
 }
+
+/// A layer's refusal of an estimate over its share counts
+/// `estimate_too_large` under that limit (with the layer's own 400 or a
+/// custom handler's answer), and nothing else: no decision was made.
+#[test]
+fn an_estimate_too_large_has_its_own_outcome() {
+    use http::{HeaderName, Request, Response, StatusCode};
+    use tower::{service_fn, Layer, ServiceExt};
+    use tower_ratelimit::key::Global;
+    use tower_ratelimit::layer::{RateLimitLayer, Rejection, Rule};
+
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let layer = |custom: bool| {
+        let limit = Limit::new("llm-tokens", Quota::per_hour(1000).fixed_window()).expect("limit");
+        let used = HeaderName::from_static("x-tokens-used");
+        let builder = RateLimitLayer::builder()
+            .rule(Rule::new(limit, Global).cost_from_header(used))
+            .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
+            .settle_estimates(0.1);
+        let builder = if custom {
+            builder.on_rejection(|why| {
+                let status = match why {
+                    Rejection::EstimateTooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                    _ => StatusCode::TOO_MANY_REQUESTS,
+                };
+                let mut response = Response::new(String::new());
+                *response.status_mut() = status;
+                response
+            })
+        } else {
+            builder
+        };
+        builder.build().expect("layer")
+    };
+    let status = |layer: RateLimitLayer, estimate: u64| async move {
+        let service = layer.layer(service_fn(|_: Request<String>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        }));
+        let request = Request::get("/")
+            .header("x-max-tokens", estimate.to_string())
+            .body(String::new())
+            .expect("request");
+        service.oneshot(request).await.expect("infallible").status()
+    };
+    runtime().block_on(async {
+        assert_eq!(status(layer(false), 101).await, StatusCode::BAD_REQUEST);
+        assert_eq!(status(layer(false), 100).await, StatusCode::OK);
+        assert_eq!(
+            status(layer(true), 500).await,
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+    });
+    let decisions = |outcome: Outcome| {
+        sample(
+            &handle,
+            DECISIONS,
+            &[("limit", "llm-tokens"), ("outcome", outcome.as_str())],
+        )
+    };
+    assert_eq!(decisions(Outcome::EstimateTooLarge), Some(2.0));
+    assert_eq!(decisions(Outcome::Allowed), Some(1.0));
+    assert_eq!(decisions(Outcome::Denied), None);
+}

@@ -11,12 +11,18 @@ use super::response::{insert_headers, insert_retry_after, too_many_requests, Ans
 use super::{Config, OnStoreError, Rejection, ResponseBody};
 use crate::{Decision, Error, Limiter};
 
-/// The layer's answer for `why`: the custom handler's, else `default`.
+/// The layer's answer for `why`: the custom handler's, else `default`. An
+/// estimate too large is counted here, under its limit
+/// ([`Outcome::EstimateTooLarge`](crate::metrics::Outcome::EstimateTooLarge)):
+/// no decision counts it.
 pub(super) fn rejection<B>(
     config: &Config,
     why: Rejection<'_>,
     default: impl FnOnce() -> RejectionResponse,
 ) -> Response<ResponseBody<B>> {
+    if let Rejection::EstimateTooLarge { limit, .. } = &why {
+        crate::metrics::count_named(limit, crate::metrics::Outcome::EstimateTooLarge);
+    }
     let response = match &config.rejector {
         Some(handler) => handler(&why),
         None => default(),

@@ -344,14 +344,23 @@ impl Answers {
         self.answer(status, detail, None)
     }
 
-    /// An estimate over what one request may take of `limit`: 413, or
+    /// An estimate over what one request may take of `limit`: 400, or
     /// `INVALID_ARGUMENT`.
+    ///
+    /// 400, not 413 Content Too Large: 413 says the request's content is
+    /// larger than the server will read (RFC 9110, 15.5.14), and a server
+    /// may close the connection after it; here the content may be small
+    /// and well formed, and what is too large is a value it asks for (an
+    /// LLM call's `max_tokens`), which the client fixes by asking for less.
+    /// That is a request the client must change, 400, as LLM APIs answer
+    /// a `max_tokens` over the model's bound. Waiting cannot help either,
+    /// so no `Retry-After`.
     pub(crate) fn estimate_too_large(self, limit: &str, estimate: u64, most: u64) -> Response {
         let detail = format!(
             "The request's estimated cost {estimate} is over the {most} one request may take \
-             of rate limit {limit}."
+             of rate limit {limit}: ask for at most {most}."
         );
-        self.answer(StatusCode::PAYLOAD_TOO_LARGE, detail, None)
+        self.answer(StatusCode::BAD_REQUEST, detail, None)
     }
 
     /// `status` with an `about:blank` problem saying `detail`, or for a gRPC
