@@ -103,7 +103,8 @@ pub use self::body::ResponseBody;
 pub use self::builder::RateLimitLayerBuilder;
 pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
-pub use self::refusal::Refusal;
+pub(crate) use self::refusal::insert_fields;
+pub use self::refusal::{Refusal, Unavailable};
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
@@ -148,10 +149,14 @@ pub enum OnStoreError {
     FallbackToMemory,
 }
 
+/// The `Retry-After` of the default [`OnStoreError::FailClosed`], and of
+/// [`Error::unavailable`].
+pub(crate) const FAIL_CLOSED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 impl Default for OnStoreError {
     fn default() -> Self {
         OnStoreError::FailClosed {
-            retry_after: Duration::from_secs(1),
+            retry_after: FAIL_CLOSED_RETRY_AFTER,
         }
     }
 }

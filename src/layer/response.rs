@@ -261,6 +261,25 @@ fn refusal_detail(decision: &Decision, violated: &[&str]) -> String {
     }
 }
 
+/// What the layer's 503 says when the store failed: nothing of the error.
+const STORE_UNAVAILABLE: &str = "The rate limiter is temporarily unavailable; retry later.";
+
+/// The default 503 of a store that failed, closed: an `about:blank`
+/// problem with a generic detail and `Retry-After` (see
+/// [`Answers::store_unavailable`]).
+pub(crate) fn service_unavailable(retry_after: Duration) -> http::Response<String> {
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "about:blank",
+        STORE_UNAVAILABLE.to_owned(),
+        None,
+    );
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, retry_after_value(retry_after));
+    response
+}
+
 /// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
 fn retry_after_value(wait: Duration) -> HeaderValue {
     HeaderValue::from(ceil_secs(wait).max(1))
@@ -322,12 +341,15 @@ impl Answers {
     /// detail. The error itself (Redis and Lua messages, addresses) is for
     /// the logs, never for clients.
     pub(crate) fn store_unavailable(self, retry_after: Duration) -> Response {
-        let detail = "The rate limiter is temporarily unavailable; retry later.";
-        self.answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            detail.to_owned(),
-            Some(retry_after),
-        )
+        match self {
+            Answers::Http => service_unavailable(retry_after).map(Body::from),
+            #[cfg(feature = "grpc")]
+            Answers::Grpc => self.answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                STORE_UNAVAILABLE.to_owned(),
+                Some(retry_after),
+            ),
+        }
     }
 
     /// A request of the deny-list: 403, or `PERMISSION_DENIED`, with a
