@@ -134,17 +134,21 @@ async fn an_estimate_is_settled_to_the_cost_the_response_tells() {
     }
 }
 
-/// An estimate over the share one request may take is answered 413 with a
-/// problem body, taking nothing; a cost over the estimate is charged in
-/// full (the share caps only what a request may ask for).
+/// An estimate over the share one request may take is answered 400 (the
+/// client must ask for less) with a problem body saying so, taking nothing;
+/// a cost over the estimate is charged in full (the share caps only what a
+/// request may ask for).
 #[tokio::test]
 async fn one_request_takes_at_most_its_share_of_the_budget() {
     for (store, make, looker) in stores("estimates-share") {
         let app = app(make()(0.1));
         let (status, body) = send(&app, call(101, Some(1))).await;
-        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{store}");
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{store}");
+        let problem: serde_json::Value = serde_json::from_str(&body).expect("a problem body");
+        assert_eq!(problem["status"], 400, "{store}: {body}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
         assert!(
-            body.contains("100") && body.contains("tokens"),
+            detail.contains("101") && detail.contains("at most 100") && detail.contains("tokens"),
             "{store}: {body}"
         );
         settles_to(&looker, 1000, store).await;
