@@ -300,10 +300,12 @@ fn an_estimate_too_large_has_its_own_outcome() {
     let layer = |custom: bool| {
         let limit = Limit::new("llm-tokens", Quota::per_hour(1000).fixed_window()).expect("limit");
         let used = HeaderName::from_static("x-tokens-used");
-        let builder = RateLimitLayer::builder()
-            .rule(Rule::new(limit, Global).cost_from_header(used))
-            .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
-            .settle_estimates(0.1);
+        let builder = RateLimitLayer::builder().rule(
+            Rule::new(limit, Global)
+                .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
+                .cost_from_header(used)
+                .settle_estimates(0.1),
+        );
         let builder = if custom {
             builder.on_rejection(|why| {
                 let status = match why {
