@@ -30,7 +30,7 @@
 //! is made); a key blocked by a [penalty](crate::Limit::with_penalty) counts
 //! `denied` (or `local_cache`) like any refusal. A request whose estimate
 //! a layer refuses as over its share of a limit (see
-//! [`settle_estimates`](crate::layer::RateLimitLayerBuilder::settle_estimates))
+//! [`settle_estimates`](crate::layer::Rule::settle_estimates))
 //! counts `estimate_too_large` under that limit, and nothing is decided.
 //!
 //! The quota gauges show what decided: a limit's quota, its new value after
@@ -186,7 +186,7 @@ pub enum Outcome {
     DenyListed,
     /// Refused by a layer before asking the store: the request's estimate
     /// is over the share of the limit's capacity one request may take (see
-    /// [`RateLimitLayerBuilder::settle_estimates`](crate::layer::RateLimitLayerBuilder::settle_estimates)).
+    /// [`Rule::settle_estimates`](crate::layer::Rule::settle_estimates)).
     /// Counted under that limit, whatever answer a custom
     /// [`on_rejection`](crate::layer::RateLimitLayerBuilder::on_rejection)
     /// handler gives.

@@ -28,10 +28,17 @@ type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync
 ///   key gets, for this limit only;
 /// - [`refund_if`](Self::refund_if): responses whose requests do not count
 ///   (the permit, taken when the request arrived, is given back);
+/// - [`cost`](Self::cost), [`cost_from_request`](Self::cost_from_request),
+///   [`cost_from_request_header`](Self::cost_from_request_header),
+///   [`cost_from_json_field`](Self::cost_from_json_field): what a request
+///   costs this limit on arrival (each rule its own);
 /// - [`cost_from_response`](Self::cost_from_response),
-///   [`cost_from_header`](Self::cost_from_header) and
-///   [`cost_from_body`](Self::cost_from_body): a cost known only from the
-///   response, charged after it;
+///   [`cost_from_header`](Self::cost_from_header),
+///   [`cost_from_body`](Self::cost_from_body),
+///   [`cost_from_json_body`](Self::cost_from_json_body) and
+///   [`cost_from_whole_body`](Self::cost_from_whole_body): a cost known only
+///   from the response, charged after it, or settling an estimate
+///   ([`settle_estimates`](Self::settle_estimates));
 /// - [`tier`](Self::tier) and [`choose_tier`](Self::choose_tier): the quota
 ///   chosen per request (a plan), in the same limit.
 ///

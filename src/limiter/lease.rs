@@ -12,7 +12,7 @@ use crate::store::Settle;
 use crate::{Error, Limiter};
 
 /// A decision of [`Limiter::acquire_lease`] that holds the permits of the
-/// limiter's [concurrency limits](Limit::concurrency) while it lives, and
+/// limiter's [concurrency limits](crate::Limit::concurrency) while it lives, and
 /// gives them back when dropped or [released](Self::release).
 ///
 /// While held, it renews itself every third of the shortest lease time (on
@@ -71,7 +71,7 @@ struct Held {
     /// left to notice at its next tick).
     renewer: std::sync::OnceLock<tokio::task::AbortHandle>,
     /// When the permits must be given back at the latest (the shortest
-    /// [maximum hold](Limit::hold_at_most) of the limits held).
+    /// [maximum hold](crate::Limit::hold_at_most) of the limits held).
     until: Option<tokio::time::Instant>,
     /// Given back because held for the maximum hold.
     expired: AtomicBool,
@@ -100,7 +100,7 @@ impl LeaseGuard {
     /// Holds the grants in `charged` that are of concurrency limits (at a
     /// cost above 0), made at store time `at` through `limiter`, renewing them on
     /// a task of the current runtime until they are given back, at the
-    /// latest at the shortest [maximum hold](Limit::hold_at_most) of their
+    /// latest at the shortest [maximum hold](crate::Limit::hold_at_most) of their
     /// limits (`max_hold` for a limit that sets none; `None`: no bound);
     /// `None` when there are none.
     pub(crate) fn hold(
