@@ -245,7 +245,13 @@ impl Limiter {
         });
         self::count::count(&checks, &result, self::count::outcome_of(&result));
         let decision = result?;
-        let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
+        // each limit was charged what was taken, not what was asked
+        let taken = Self::cost(decision.granted);
+        let mut charged = Self::charged(&checks, &decision);
+        for charge in &mut charged {
+            charge.cost = taken;
+        }
+        let refund = Refund::of(self, &decision, charged);
         Ok(Grant::new(decision, refund))
     }
 
