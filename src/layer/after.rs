@@ -136,7 +136,8 @@ impl Rule {
 }
 
 /// Held by a response body until it ends or is dropped; then settles each
-/// rule's charge to the cost the response told (charging what it cost
+/// rule's charge that its body tells (a charge the head tells is settled
+/// once the head is known: see [`After::of`]) to the cost the response told (charging what it cost
 /// beyond what the request paid that rule on arrival and, for an
 /// estimate, giving back what it paid beyond its cost), and gives the
 /// leases back.
@@ -194,6 +195,13 @@ impl After {
                 },
                 estimate: rule.estimates.is_some(),
             });
+        }
+        // a cost the head tells is charged now, not when the body ends
+        let told_by_head = |c: &Charge| c.body.is_none() && c.meter.is_none();
+        if charges.iter().any(told_by_head) {
+            let (now, later) = charges.into_iter().partition(told_by_head);
+            settle(refund.limiter(), refund.at(), now);
+            charges = later;
         }
         (lease.is_some() || !charges.is_empty()).then(|| {
             Box::new(Self {
@@ -264,40 +272,43 @@ impl Charge {
 
 impl Drop for After {
     fn drop(&mut self) {
-        // every rule's charge in one store call, every surplus given back
-        // in one more (a settled request costs at most 2 store calls with
-        // its decision when its rules all charge, or all give back)
-        let (mut charge, mut give_back): (Charged, Charged) = (Vec::new(), Vec::new());
-        for settled in std::mem::take(&mut self.charges)
-            .into_iter()
-            .filter_map(Charge::settlement)
-        {
-            match settled {
-                (true, charged) => charge.push(charged),
-                (false, charged) => give_back.push(charged),
-            }
-        }
-        if !charge.is_empty() || !give_back.is_empty() {
-            let (limiter, at) = (self.limiter.clone(), self.at);
-            let work = async move {
-                // (a failure is logged and counted by the limiter)
-                if !charge.is_empty() {
-                    let _ = limiter.charge_charged(&charge).await;
-                }
-                if !give_back.is_empty() {
-                    if let Err(error) = limiter.refund_charged(&give_back, at).await {
-                        tracing::warn!(target: "tower_ratelimit", %error, "an estimate's surplus could not be given back: it stays counted");
-                    }
-                }
-            };
-            run_detached(work, self.limiter.answers_at_once(), || {
-                crate::metrics::charged("failed");
-                tracing::warn!(target: "tower_ratelimit", "no runtime to charge a response's cost on: it is not counted");
-            });
-        }
+        settle(&self.limiter, self.at, std::mem::take(&mut self.charges));
         // the leases go back once the charges are on their way
         drop(self.lease.take());
     }
+}
+
+/// Settles `charges` of a grant made at `at`, on a task of their own (at
+/// once on a store that answers at once): every charge in one store call,
+/// every surplus given back in one more.
+fn settle(limiter: &Limiter, at: i64, charges: SmallVec<[Charge; 1]>) {
+    let (mut charge, mut give_back): (Charged, Charged) = (Vec::new(), Vec::new());
+    for settled in charges.into_iter().filter_map(Charge::settlement) {
+        match settled {
+            (true, charged) => charge.push(charged),
+            (false, charged) => give_back.push(charged),
+        }
+    }
+    if charge.is_empty() && give_back.is_empty() {
+        return;
+    }
+    let at_once = limiter.answers_at_once();
+    let limiter = limiter.clone();
+    let work = async move {
+        // (a failure is logged and counted by the limiter)
+        if !charge.is_empty() {
+            let _ = limiter.charge_charged(&charge).await;
+        }
+        if !give_back.is_empty() {
+            if let Err(error) = limiter.refund_charged(&give_back, at).await {
+                tracing::warn!(target: "tower_ratelimit", %error, "an estimate's surplus could not be given back: it stays counted");
+            }
+        }
+    };
+    run_detached(work, at_once, || {
+        crate::metrics::charged("failed");
+        tracing::warn!(target: "tower_ratelimit", "no runtime to charge a response's cost on: it is not counted");
+    });
 }
 
 /// Waits out a reservation; a request dropped while it waits gives its

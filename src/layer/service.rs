@@ -397,7 +397,11 @@ where
         (response, given_back) = give_back(&config, &refund, &rules, response).await;
         if let (Some(mut shown), false) = (shown, given_back.is_empty()) {
             let charged = refund.charged();
-            shown.given_back(given_back.iter().map(|&j| charged[j].limit.name()));
+            let each = given_back.iter().map(|&j| {
+                let amount = u64::try_from(charged[j].cost).unwrap_or(0);
+                (charged[j].limit.name(), amount)
+            });
+            shown.given_back(each);
             fields = Fields::of(&shown, &config.headers);
         }
         if config.settles_after {
