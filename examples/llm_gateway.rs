@@ -19,7 +19,9 @@
 //!   one call may ask for, a tenth of the budget; more than that: 400), and
 //!   is settled to the `usage.total_tokens` of the answer, streamed or not
 //!   (`"stream": true`: server-sent events, the last with the usage).
-//!   Limits are keyed by a hash of the API key, never the key itself.
+//!   The monthly quota is keyed by a hash of the `Authorization` header,
+//!   never the API key itself; its counts need a Redis that keeps them
+//!   (AOF or RDB, `noeviction`: see `CalendarRate`), as the crate warns.
 //! - `POST /login` with `{"username": ..., "password": ...}` (every password
 //!   is `correct horse`): 200, or 401 counted under `login` per username;
 //!   429 once a username has used its failures.
@@ -46,7 +48,7 @@ use tower_ratelimit::layer::{MissingKey, RateLimitLayer, Rule};
 use tower_ratelimit::watch::{FileWatch, LimitsFile};
 use tower_ratelimit::{Limiter, LiveLimit, LiveLimits, MemoryStore, RedisStore, Store};
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
 /// The API keys and their tenants (a real gateway looks them up).
 pub const API_KEYS: [(&str, &str); 3] = [
@@ -81,7 +83,7 @@ fn tenant(request: &Parts) -> Option<String> {
 
 /// The limits of the file at `path`, read again whenever it changes while
 /// the watch is kept.
-pub fn limits(path: impl Into<std::path::PathBuf>) -> Result<(LiveLimits, FileWatch), Error> {
+pub fn limits(path: impl Into<std::path::PathBuf>) -> Result<(LiveLimits, FileWatch)> {
     let file = LimitsFile::new(path);
     let limits = LiveLimits::new(file.read()?)?;
     Ok((limits.clone(), file.watch(&limits)?))
@@ -89,7 +91,7 @@ pub fn limits(path: impl Into<std::path::PathBuf>) -> Result<(LiveLimits, FileWa
 
 /// The process's Prometheus recorder, histograms with the crate's buckets
 /// (the `_bucket` series the dashboard and alerts query).
-pub fn prometheus() -> Result<PrometheusHandle, Error> {
+pub fn prometheus() -> Result<PrometheusHandle> {
     let mut exporter = PrometheusBuilder::new();
     for (name, bounds) in tower_ratelimit::metrics::buckets() {
         exporter = exporter.set_buckets_for_metric(Matcher::Full(name.to_owned()), bounds)?;
@@ -99,14 +101,10 @@ pub fn prometheus() -> Result<PrometheusHandle, Error> {
 
 /// The gateway over `store`, with `limits` (each instance of a fleet builds
 /// its own, over the same Redis).
-pub fn app(
-    store: impl Store + Clone,
-    limits: &LiveLimits,
-    metrics: Metrics,
-) -> Result<Router, Error> {
-    let limit = |name: &str| -> Result<LiveLimit, Error> { Ok(limits.get(name).ok_or(name)?) };
+pub fn app(store: impl Store + Clone, limits: &LiveLimits, metrics: Metrics) -> Result<Router> {
+    let limit = |name: &str| -> Result<LiveLimit> { Ok(limits.get(name).ok_or(name)?) };
     // Two budgets in one layer, each rule with its own key and cost: one
-    // request per API key (hashed: the key is a secret, and key names are
+    // request per API key (hashed: the key is a secret, Redis key names are
     // not), and its tokens per tenant, estimated then settled.
     let api_key = Header::new(header::AUTHORIZATION).hashed();
     let chat = RateLimitLayer::builder()
@@ -140,14 +138,12 @@ pub fn app(
 /// in the last before `[DONE]`.
 async fn complete(Json(request): Json<Value>) -> Response {
     let prompt = request["messages"].to_string().len() as u64;
-    let answer = request["max_tokens"].as_u64().unwrap_or(MAX_COMPLETION);
-    let answer = answer.min(MAX_COMPLETION);
+    let answer = MAX_COMPLETION.min(request["max_tokens"].as_u64().unwrap_or(MAX_COMPLETION));
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": answer,
         "total_tokens": prompt + answer});
     let message = json!({"role": "assistant", "content": "Hello!"});
     if request["stream"] != true {
-        let choices = json!([{"message": message}]);
-        return Json(json!({"choices": choices, "usage": usage})).into_response();
+        return Json(json!({"choices": [{"message": message}], "usage": usage})).into_response();
     }
     let delta = json!({"choices": [{"delta": message}]});
     let last = json!({"choices": [], "usage": usage});
@@ -193,7 +189,7 @@ async fn render(State((metrics, token)): State<Metrics>, headers: HeaderMap) -> 
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
+async fn main() -> Result<()> {
     tracing_subscriber::fmt::init();
     let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/llm_limits.toml");
