@@ -280,6 +280,7 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
 /// The response future of a decided request: the layer's answer, or the
 /// request forwarded; a grant with nothing after it (no wait, nothing to
 /// give back) is forwarded in place, the others in [`serve_granted`].
+#[inline(always)]
 fn respond<S, ReqBody, ResBody>(
     inner: &mut S,
     config: &Arc<Config>,
