@@ -43,9 +43,9 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
-use tower_ratelimit::key::{Header, JsonField, KeyExtractor, ReadBody};
-use tower_ratelimit::layer::{MissingKey, RateLimitLayer, Rule};
-use tower_ratelimit::watch::{FileWatch, LimitsFile};
+use tower_ratelimit::key::{Bearer, JsonField, KeyExtractor, ReadBody};
+use tower_ratelimit::layer::{answer, MissingKey, RateLimitLayer, Rule};
+use tower_ratelimit::watch::LimitsFile;
 use tower_ratelimit::{Limiter, LiveLimit, LiveLimits, MemoryStore, RedisStore, Store};
 
 type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
@@ -63,12 +63,6 @@ pub type Metrics = (PrometheusHandle, Option<String>);
 /// The longest answer the fake upstream writes, in tokens.
 pub const MAX_COMPLETION: u64 = 256;
 
-/// The token of `Authorization: Bearer <token>`.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    value.strip_prefix("Bearer ")
-}
-
 /// Whether `given` is `secret`, in constant time.
 fn same(given: &str, secret: &str) -> bool {
     given.as_bytes().ct_eq(secret.as_bytes()).into()
@@ -76,17 +70,9 @@ fn same(given: &str, secret: &str) -> bool {
 
 /// The tenant of the request's API key; none for an unknown key (401).
 fn tenant(request: &Parts) -> Option<String> {
-    let key = bearer(&request.headers)?;
+    let key = Bearer::token(&request.headers)?;
     let (_, tenant) = API_KEYS.iter().find(|(known, _)| same(key, known))?;
     Some((*tenant).to_owned())
-}
-
-/// The limits of the file at `path`, read again whenever it changes while
-/// the watch is kept.
-pub fn limits(path: impl Into<std::path::PathBuf>) -> Result<(LiveLimits, FileWatch)> {
-    let file = LimitsFile::new(path);
-    let limits = LiveLimits::new(file.read()?)?;
-    Ok((limits.clone(), file.watch(&limits)?))
 }
 
 /// The process's Prometheus recorder, histograms with the crate's buckets
@@ -106,7 +92,7 @@ pub fn app(store: impl Store + Clone, limits: &LiveLimits, metrics: Metrics) -> 
     // Two budgets in one layer, each rule with its own key and cost: one
     // request per API key (hashed: the key is a secret, Redis key names are
     // not), and its tokens per tenant, estimated then settled.
-    let api_key = Header::new(header::AUTHORIZATION).hashed();
+    let api_key = Bearer.hashed();
     let chat = RateLimitLayer::builder()
         .store(store.clone())
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
@@ -169,20 +155,12 @@ async fn text(State(sms): State<Limiter>, Path(phone): Path<String>) -> Response
     if !(7..=15).contains(&digits.len()) {
         return StatusCode::BAD_REQUEST.into_response();
     }
-    let decision = match sms.check(&digits, 1).await {
-        Ok(decision) => decision,
-        Err(error) => return error.unavailable().into_response(),
-    };
-    if let Some(refusal) = decision.refusal() {
-        return refusal.into_response();
-    }
-    let mut queued = (StatusCode::ACCEPTED, "queued\n").into_response();
-    decision.insert_headers(queued.headers_mut());
-    queued
+    let queued = (StatusCode::ACCEPTED, "queued\n").into_response();
+    answer(sms.check(&digits, 1).await, queued)
 }
 
 async fn render(State((metrics, token)): State<Metrics>, headers: HeaderMap) -> Response {
-    match (bearer(&headers), token) {
+    match (Bearer::token(&headers), token) {
         (Some(given), Some(token)) if same(given, &token) => metrics.render().into_response(),
         _ => StatusCode::UNAUTHORIZED.into_response(),
     }
@@ -193,7 +171,7 @@ async fn main() -> Result<()> {
     tracing_subscriber::fmt::init();
     let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/llm_limits.toml");
-    let (limits, _watch) = limits(var("LIMITS_FILE").unwrap_or(shipped.into()))?;
+    let (limits, _watch) = LimitsFile::new(var("LIMITS_FILE").unwrap_or(shipped.into())).live()?;
     let metrics = (prometheus()?, var("METRICS_TOKEN"));
     let redis = |url: String| RedisStore::builder(url).prefix("llm").build();
     let app = match var("REDIS_URL") {

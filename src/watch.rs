@@ -339,3 +339,29 @@ impl FileWatch {
         &self.shared.file.path
     }
 }
+
+/// The limits of a file, live and watched, in one step.
+impl LimitsFile {
+    /// Reads the file, makes [`LiveLimits`] of its limits and
+    /// [watches](Self::watch) it: every layer and limiter built with one of
+    /// them follows the file. Keep the [`FileWatch`] while the limits
+    /// should follow it.
+    ///
+    /// ```no_run
+    /// use tower_ratelimit::watch::LimitsFile;
+    ///
+    /// let (limits, _watch) = LimitsFile::new("limits.toml").live()?;
+    /// let sms = limits.get("sms").expect("the file has it");
+    /// # let _ = sms;
+    /// # Ok::<(), tower_ratelimit::watch::WatchError>(())
+    /// ```
+    pub fn live(self) -> Result<(LiveLimits, FileWatch), WatchError> {
+        let limits = self.read()?;
+        let limits = LiveLimits::new(limits).map_err(|source| WatchError::Limits {
+            path: self.path.clone(),
+            source,
+        })?;
+        let watch = self.watch(&limits)?;
+        Ok((limits, watch))
+    }
+}

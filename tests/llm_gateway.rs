@@ -19,7 +19,7 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
 use tower::ServiceExt;
-use tower_ratelimit::watch::FileWatch;
+use tower_ratelimit::watch::{FileWatch, LimitsFile};
 use tower_ratelimit::{Limiter, LiveLimits, RedisStore};
 
 use common::TestRedis;
@@ -74,7 +74,7 @@ impl Fleet {
         std::fs::write(&file, limits_text(10_000)).expect("write the limits file");
         let prefix = "llm".to_owned();
         let instance = || {
-            let (limits, watch) = gateway::limits(&file).expect("read the limits file");
+            let (limits, watch) = LimitsFile::new(&file).live().expect("read the limits file");
             let store = RedisStore::builder(redis.url.as_str())
                 .prefix(&prefix)
                 .build()

@@ -104,7 +104,7 @@ pub use self::builder::RateLimitLayerBuilder;
 pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
 pub(crate) use self::refusal::insert_fields;
-pub use self::refusal::{Refusal, Unavailable};
+pub use self::refusal::{answer, Refusal, Unavailable};
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
