@@ -24,7 +24,8 @@
 //! when it changes, a Kubernetes ConfigMap mount included, and on `SIGHUP`,
 //! a file with a mistake logged and the limits in force kept),
 //! `INTERNAL_TOKEN` (when set, a request whose `X-Internal-Token` equals it
-//! is exempt from every limit; compared in constant time), `API_KEYS`
+//! is exempt from every limit, and `GET /metrics` is served to a request
+//! carrying it; compared in constant time), `API_KEYS`
 //! (comma-separated `key=plan` pairs, the plan `free` or `pro`: the API keys
 //! a client sends as `Authorization: Bearer <key>`; default: none, every
 //! request is on the free plan), `LOGIN_BANS` (comma-separated durations
@@ -71,7 +72,13 @@
 //!   in the request body); a client in debt gets 429 until the hour has
 //!   paid it back
 //! - `GET /healthz`: not limited
-//! - `GET /metrics`: not limited; the limiter's metrics in the Prometheus text format
+//! - `GET /metrics`: not limited; the limiter's metrics in the Prometheus text
+//!   format, only with `INTERNAL_TOKEN` set and sent (`Authorization: Bearer
+//!   <token>`, as Prometheus's `authorization` scrape setting sends it, or
+//!   `X-Internal-Token`): 401 without it, 404 when no token is set. Never
+//!   public: its outage gauge tells anyone when `ON_STORE_ERROR=open` lets
+//!   every request through unlimited, and its counters what each limit
+//!   refuses
 //!
 //! Two processes on one Redis share every limit.
 
@@ -81,7 +88,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{header, request::Parts, StatusCode};
+use axum::http::{header, request::Parts, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -216,6 +223,28 @@ fn internal(request: &Parts, token: Option<&[u8]>) -> bool {
     }
 }
 
+/// `GET /metrics`: the metrics for a request that carries the internal
+/// token (`Authorization: Bearer`, or `X-Internal-Token`), 401 for one that
+/// does not, 404 when there is no token (then nobody may read them).
+fn metrics_page(metrics: &PrometheusHandle, token: Option<&[u8]>, headers: &HeaderMap) -> Response {
+    let Some(token) = token else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| bearer(value.as_bytes()))
+        .or_else(|| headers.get("x-internal-token").map(|v| v.as_bytes()));
+    if !given.is_some_and(|given| bool::from(given.ct_eq(token))) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+        )
+            .into_response();
+    }
+    let content_type = [(header::CONTENT_TYPE, "text/plain; version=0.0.4")];
+    (content_type, metrics.render()).into_response()
+}
+
 fn app<S: Store + Clone>(
     setup: Setup<S>,
     limits: &Limits,
@@ -228,6 +257,7 @@ fn app<S: Store + Clone>(
         limits.get("sms")?,
     );
     let client_ip = setup.client_ip.clone();
+    let metrics_token = setup.internal_token.clone();
 
     // Each route's layer holds the shared per-IP limit and the route's own:
     // one store round trip per request (two for /login, see below), and a
@@ -375,9 +405,8 @@ fn app<S: Store + Clone>(
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
-            get(move || async move {
-                let content_type = [(header::CONTENT_TYPE, "text/plain; version=0.0.4")];
-                (content_type, metrics.render())
+            get(move |headers: HeaderMap| async move {
+                metrics_page(&metrics, metrics_token.as_deref(), &headers)
             }),
         )
         // runs before every route's layers: they read the plan it sets
