@@ -913,6 +913,48 @@ fn metrics_are_served_in_the_prometheus_format() {
     assert!(body.contains("tower_ratelimit_memory_store_keys"), "{body}");
 }
 
+/// At the example's default log filter (no `RUST_LOG`), a refused request
+/// writes no line: under a flood, a line per refusal filled the disk (570
+/// MB in 80 s). What it logs is a few lines at start.
+#[test]
+fn refused_requests_are_not_logged_at_the_default_filter() {
+    use std::io::Read;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut command = Server::command(port, &[]);
+    command.env_remove("RUST_LOG").stdout(Stdio::piped());
+    let mut child = command.spawn().expect("start the example server");
+    let mut pipe = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    });
+    let server = Server { child, port };
+    assert!(
+        eventually(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()),
+        "the example server did not listen on {port}"
+    );
+    let refused = (0..40)
+        .filter(|_| status(port, "GET", "/api/hello") == 429)
+        .count();
+    assert!(refused >= 20, "only {refused} of 40 refused");
+    drop(server);
+    let log = reader.join().expect("stdout reader");
+    assert!(
+        !log.contains("rate-limited") && !log.contains("rate_limit"),
+        "refusals logged at the default filter:\n{log}"
+    );
+    assert!(
+        log.lines().count() < 10,
+        "{} lines:\n{log}",
+        log.lines().count()
+    );
+}
+
 /// `/metrics` is no public page: its outage gauge tells when fail-open lets
 /// everything through. Served only to a request with the internal token
 /// (as a bearer token or `X-Internal-Token`), 401 without it or with
