@@ -98,6 +98,39 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # What the recorder needs
+//!
+//! [`STORE_DURATION`] gets a sample per store call: under a flood, hundreds
+//! of thousands a second. A recorder that keeps samples until they are
+//! rendered grows by each of them while no one scrapes:
+//! `metrics-exporter-prometheus` keeps every histogram sample until its
+//! *upkeep* drains them into the buckets. Its `install` and `build` spawn
+//! the upkeep (every 5 s, `upkeep_timeout`); `install_recorder` and
+//! `build_recorder` do not, and the application must call
+//! `PrometheusHandle::run_upkeep` every few seconds itself (the example
+//! server did not, and grew from 26 to 80 MiB over 4 million requests
+//! unscraped). Give it the [`buckets`] too: a histogram with buckets is a
+//! fixed set of counters once drained, where a summary keeps a sketch per
+//! label set. Other exporters have their own flush (OpenTelemetry's export
+//! interval, StatsD's aggregation), to be checked the same way.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use metrics_exporter_prometheus::PrometheusBuilder;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let handle = PrometheusBuilder::new().install_recorder()?;
+//! let upkeep = handle.clone();
+//! tokio::spawn(async move {
+//!     let mut every = tokio::time::interval(Duration::from_secs(5));
+//!     loop {
+//!         every.tick().await;
+//!         upkeep.run_upkeep(); // drains histogram samples into their buckets
+//!     }
+//! });
+//! # Ok(()) }
+//! ```
+//!
 //! Every decision also runs in a `tracing` span `rate_limit` (target
 //! `tower_ratelimit`, level `debug`) with the fields `limits` (the names)
 //! and `outcome` (as in [`Outcome::as_str`]).

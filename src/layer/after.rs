@@ -146,8 +146,32 @@ pub(crate) struct After {
     /// When the request was granted (what a refund gives back at).
     at: i64,
     charges: SmallVec<[Charge; 1]>,
+    /// The waker the body's own body is polled with, while a lease is
+    /// held: it tells the lease when that body's data is ready (see
+    /// [`LeaseGuard::data_ready`]); and the server's waker it wakes.
+    stall_waker: Option<(std::task::Waker, std::task::Waker)>,
     /// Dropped last: a lease is held until the charges are on their way.
     lease: Option<LeaseGuard>,
+}
+
+/// Wakes the server's task, first telling the lease that the body's data
+/// is ready: from then, the server not asking for it is a stall.
+struct StallWaker {
+    lease: std::sync::Weak<crate::limiter::LeaseHeld>,
+    server: std::task::Waker,
+}
+
+impl std::task::Wake for StallWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(held) = self.lease.upgrade() {
+            LeaseGuard::data_ready_of(&held);
+        }
+        self.server.wake_by_ref();
+    }
 }
 
 /// One rule's charge: its limit and key with what the request paid it on
@@ -203,8 +227,14 @@ impl After {
             settle(refund.limiter(), refund.at(), now);
             charges = later;
         }
+        // the response goes to the server: from now, a client that does not
+        // read it stalls
+        if let Some(lease) = &lease {
+            lease.handed_over();
+        }
         (lease.is_some() || !charges.is_empty()).then(|| {
             Box::new(Self {
+                stall_waker: None,
                 limiter: refund.limiter().clone(),
                 at: refund.at(),
                 charges,
@@ -213,8 +243,41 @@ impl After {
         })
     }
 
-    /// Whether the body's permits were held for their maximum hold and
-    /// given back: the body ends.
+    /// The waker to poll the body's own body with, given the server's
+    /// `waker`: one that tells the lease when data is ready, if one is
+    /// held (made once per server waker).
+    pub(crate) fn waker(&mut self, waker: &std::task::Waker) -> Option<std::task::Waker> {
+        let lease = self.lease.as_ref()?.held()?;
+        match &self.stall_waker {
+            Some((ours, server)) if server.will_wake(waker) => Some(ours.clone()),
+            _ => {
+                let ours = std::task::Waker::from(Arc::new(StallWaker {
+                    lease,
+                    server: waker.clone(),
+                }));
+                self.stall_waker = Some((ours.clone(), waker.clone()));
+                Some(ours)
+            }
+        }
+    }
+
+    /// The body gave the server a frame: the server asks for more at once,
+    /// if the client reads.
+    pub(crate) fn handed_over(&self) {
+        if let Some(lease) = &self.lease {
+            lease.handed_over();
+        }
+    }
+
+    /// The body waits for its own data: no stall of the client.
+    pub(crate) fn waiting(&self) {
+        if let Some(lease) = &self.lease {
+            lease.waiting();
+        }
+    }
+
+    /// Whether the body's permits were held for their maximum hold, or by
+    /// a client that stopped reading, and given back: the body ends.
     pub(crate) fn held_too_long(&self) -> bool {
         self.lease.as_ref().is_some_and(LeaseGuard::is_expired)
     }

@@ -376,10 +376,9 @@ where
     // the permits of concurrency limits, held (and renewed) from now
     // until the response body ends: given back at once when this
     // future is dropped (the client went away) or the inner service
-    // fails, and at the latest at their maximum hold
-    let lease = refund
-        .as_ref()
-        .and_then(|refund| refund.hold_leases(crate::DEFAULT_MAX_HOLD));
+    // fails, a lease time after the client stopped reading the body, and
+    // at their maximum hold if they set one
+    let lease = refund.as_ref().and_then(|refund| refund.hold_leases());
     let shown = decision.without_shadow();
     let mut fields = Fields::of(&shown, &config.headers);
     // what the fields show after a refund, kept where one may follow

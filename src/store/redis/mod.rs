@@ -76,11 +76,14 @@ struct Inner {
 /// flight go out together, as one call, when it lands (see
 /// [`RedisStoreBuilder::coalesce_decisions`]).
 ///
-/// Under `maxmemory`, the loaded function keeps deciding (it is flagged
-/// `allow-oom`; its keys are small, expire, and follow the eviction policy).
-/// Loading it is a write, which Redis refuses while it is over `maxmemory`
-/// and cannot evict: then decisions run as scripts, and the load is tried
-/// again ten seconds later.
+/// Under `maxmemory` with an eviction policy, Redis evicts to make room
+/// and decisions go on. Over `maxmemory` with nothing to evict
+/// (`noeviction`, as calendar quotas need), Redis refuses every decision
+/// (an `OOM` error: the layer's [`OnStoreError`](crate::layer::OnStoreError)
+/// answers), rather than write past the bound its operator set (the
+/// function has no `allow-oom` flag). Loading the function is a write too:
+/// refused, decisions run as scripts, and the load is tried again ten
+/// seconds later.
 ///
 /// # Failures
 ///
