@@ -13,7 +13,7 @@
 //! burst. Nothing of it runs while the shared store answers: decisions
 //! never read the count, the heartbeat does not wait for them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -38,6 +38,8 @@ pub struct Fleet {
     /// Instances counted by the last heartbeat that reached the store
     /// (0: none has yet).
     count: AtomicU64,
+    /// Whether the heartbeat was started.
+    beating: AtomicBool,
 }
 
 impl Fleet {
@@ -52,7 +54,18 @@ impl Fleet {
         Self {
             id: format!("{random:016x}-{}", std::process::id()),
             count: AtomicU64::new(0),
+            beating: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the heartbeat runs.
+    pub(crate) fn beating(&self) -> bool {
+        self.beating.load(Ordering::Acquire)
+    }
+
+    /// Whether the caller is the one to start the heartbeat: `true` once.
+    pub(crate) fn start(&self) -> bool {
+        !self.beating.swap(true, Ordering::AcqRel)
     }
 
     /// This instance's id in the store.

@@ -45,17 +45,16 @@ impl RedisStore {
         if period.is_zero() {
             return None;
         }
-        let mut started = false;
-        let fleet = self.inner.fleet.get_or_init(|| {
-            started = true;
-            Arc::new(Fleet::new())
-        });
-        if started {
+        let fleet = self.inner.fleet.get_or_init(|| Arc::new(Fleet::new()));
+        if !fleet.beating() {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    let beat = beat(Arc::downgrade(&self.inner), fleet.clone(), period);
-                    drop(runtime.spawn(beat));
+                    if fleet.start() {
+                        let beat = beat(Arc::downgrade(&self.inner), fleet.clone(), period);
+                        drop(runtime.spawn(beat));
+                    }
                 }
+                // (tried again by the next layer built over the store)
                 Err(_) => tracing::warn!(
                     target: "tower_ratelimit",
                     prefix = %self.inner.prefix,
