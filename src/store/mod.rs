@@ -3,6 +3,8 @@
 //! run the same algorithms with the same arithmetic and give the same
 //! decisions for the same inputs.
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) mod fleet;
 pub(crate) mod keys;
 mod memory;
 #[cfg(feature = "redis")]
@@ -68,12 +70,24 @@ pub(crate) mod backend {
         Later(BoxFuture<'a, T>),
     }
 
-    impl<T> Answer<'_, T> {
+    impl<'a, T> Answer<'a, T> {
         /// The answer, awaited if it comes later.
         pub(crate) async fn get(self) -> T {
             match self {
                 Answer::Now(answer) => answer,
                 Answer::Later(future) => future.await,
+            }
+        }
+
+        /// The answer passed through `f`, at once or when it comes.
+        pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U + Send + 'a) -> Answer<'a, U>
+        where
+            T: 'a,
+            U: 'a,
+        {
+            match self {
+                Answer::Now(answer) => Answer::Now(f(answer)),
+                Answer::Later(future) => Answer::Later(Box::pin(async move { f(future.await) })),
             }
         }
     }
@@ -435,6 +449,14 @@ pub(crate) mod backend {
         /// layers stays one limit during an outage. `None` for a store that
         /// does not fail (memory).
         fn fallback(&self) -> Option<MemoryStore> {
+            None
+        }
+        /// This instance's place among the instances that share this
+        /// store, learned by a heartbeat while it answers: the fallback
+        /// then grants each of them its share of every limit (see
+        /// `fleet.rs`). Starts the heartbeat, unless it runs. `None` for a
+        /// store that does not fail (memory), or one whose heartbeat is off.
+        fn fleet(&self) -> Option<std::sync::Arc<super::fleet::Fleet>> {
             None
         }
         /// Where this store remembers which quota each limit name has.

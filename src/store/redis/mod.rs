@@ -20,6 +20,7 @@ mod conn;
 mod connector;
 mod durability;
 mod encode;
+mod fleet;
 mod script;
 mod stored;
 
@@ -58,6 +59,12 @@ struct Inner {
     slack: i64,
     /// Decides while Redis fails (see `Backend::fallback`); made on first use.
     fallback: OnceLock<MemoryStore>,
+    /// This handle's place among the instances sharing the store, kept by
+    /// a heartbeat every `heartbeat` (see `fleet.rs`); made when the
+    /// fallback is set up.
+    fleet: OnceLock<Arc<crate::store::fleet::Fleet>>,
+    /// The fleet heartbeat's period; zero: none.
+    heartbeat: std::time::Duration,
     /// The hot keys' batches of every limiter over this store (see
     /// `Backend::hot_pools`); made on first use.
     hot: OnceLock<Arc<crate::limiter::HotPools>>,
