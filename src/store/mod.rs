@@ -278,6 +278,8 @@ pub(crate) mod backend {
 
     const CALENDAR_NONE: u8 = 0;
     const CALENDAR_DUE: u8 = 1;
+    // (checked by the Redis store only)
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     const CALENDAR_TAKEN: u8 = 2;
 
     impl QuotaRegistry {
@@ -320,6 +322,7 @@ pub(crate) mod backend {
         /// for calendar quotas: `true` once, after
         /// [`calendar_limit`](Self::calendar_limit). A load otherwise.
         #[inline]
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
         pub(crate) fn take_calendar_check(&self) -> bool {
             use std::sync::atomic::Ordering;
             self.calendar.load(Ordering::Relaxed) == CALENDAR_DUE
