@@ -91,8 +91,8 @@ impl fmt::Display for Period {
 ///   instead, and decisions fail (see
 ///   [`OnStoreError`](crate::layer::OnStoreError)).
 ///
-/// At its first decision with a calendar limit a `RedisStore` (and its
-/// clones) asks the server (`CONFIG GET maxmemory maxmemory-policy
+/// At its first decision once a limiter or layer with a calendar limit was
+/// built over it, a `RedisStore` (and its clones) asks the server (`CONFIG GET maxmemory maxmemory-policy
 /// appendonly save`) and logs one `warn` line (target `tower_ratelimit`)
 /// when it sees one of these missing; where `CONFIG` is disabled or
 /// renamed (managed services), a `debug` line only. A limit made a

@@ -1,6 +1,7 @@
 //! Whether the server keeps what calendar quotas count: a month's count
 //! must survive a restart (persistence) and memory pressure (no eviction).
-//! Asked once per store, at its first decision with a calendar limit (see
+//! Asked once per store, at its first decision once a limiter or layer
+//! with a calendar limit was built over it (see
 //! [`CalendarRate`](crate::CalendarRate#in-redis)).
 
 use std::collections::HashMap;
