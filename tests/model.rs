@@ -1670,3 +1670,106 @@ proptest! {
         }
     }
 }
+
+/// A rule of `algo` with capacity `cap` per second, keyed by `x-user`, and
+/// nothing else.
+fn plain(algo: Algo, cap: u64) -> RuleSpec {
+    RuleSpec {
+        algo,
+        cap,
+        window_ms: 1_000,
+        pro: None,
+        key: 0,
+        missing: Missing::Reject400,
+        shadow: false,
+        skip: false,
+        refund: None,
+        after: false,
+        cost: CostSpec::Fixed(1),
+        penalty: None,
+    }
+}
+
+fn by_a(cost: Num, status: u16, used: Num) -> Step {
+    Step::Req(Req {
+        keys: [Some(0), None],
+        skip: false,
+        pro: false,
+        cost,
+        status,
+        used,
+        fate: Fate::Complete,
+    })
+}
+
+/// The defects of the layer-level cost API, each as the model finds it
+/// (on the memory store; not adapted to that API: its one cost is every
+/// rule's).
+#[test]
+fn the_defects_of_layer_level_costs_are_found() {
+    let estimate = CostSpec::Estimate {
+        share: 0.5,
+        fallback: None,
+    };
+    // (1) an estimate of 0: free, and the other rules bypassed
+    let tokens = RuleSpec {
+        after: true,
+        cost: estimate,
+        ..plain(Algo::Fixed, 4)
+    };
+    let zero = Case {
+        layer: LayerSpec {
+            rules: vec![tokens, plain(Algo::Fixed, 1)],
+            delay_ms: 0,
+            refund_all: None,
+        },
+        steps: vec![by_a(Num::Value(0), 200, Num::Absent); 2],
+    };
+    // (2) delay mode, a shadow rule first: the next rule's refund lost
+    let refunded = RuleSpec {
+        refund: Some(RefundOn::Success),
+        ..plain(Algo::Fixed, 1)
+    };
+    let shadow_first = Case {
+        layer: LayerSpec {
+            rules: vec![
+                RuleSpec {
+                    shadow: true,
+                    ..plain(Algo::Fixed, 5)
+                },
+                refunded,
+            ],
+            delay_ms: 500,
+            refund_all: None,
+        },
+        steps: vec![by_a(Num::Absent, 200, Num::Absent); 2],
+    };
+    // (3) a shadow budget answering an estimate over its share
+    let budget = RuleSpec {
+        shadow: true,
+        after: true,
+        cost: estimate,
+        ..plain(Algo::Fixed, 2)
+    };
+    let shadow_budget = Case {
+        layer: LayerSpec {
+            rules: vec![budget, plain(Algo::Log, 5)],
+            delay_ms: 0,
+            refund_all: None,
+        },
+        steps: vec![by_a(Num::Value(2), 200, Num::Value(2))],
+    };
+    let defects = [
+        ("an estimate of 0", zero),
+        ("a shadow rule ahead in delay mode", shadow_first),
+        ("a shadow budget", shadow_budget),
+    ]
+    .into_iter()
+    .filter_map(|(defect, case)| {
+        memory_case(&case)
+            .err()
+            .map(|why| format!("{defect}: {why}"))
+    })
+    .collect::<Vec<_>>();
+    assert!(defects.is_empty(), "{}", defects.join("\n"));
+}
