@@ -93,7 +93,6 @@ use tower_ratelimit::key::{ClientIp, ClientIpResolver, KeyExtractor, RequestExte
 use tower_ratelimit::layer::{
     OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
 };
-use tower_ratelimit::metrics::{OVERSHOOT, STORE_DURATION};
 use tower_ratelimit::watch::{FileWatch, LimitsFile};
 use tower_ratelimit::{
     Limit, LiveLimit, LiveLimits, MemoryStore, Penalty, Quota, RedisStore, RedisStoreBuilder, Store,
@@ -743,14 +742,11 @@ async fn main() -> Result<(), Error> {
     // renders what it records for `GET /metrics`, its histograms with
     // buckets (Prometheus sums them across instances; see
     // examples/grafana-dashboard.json and examples/prometheus-alerts.yml).
-    let seconds = [
-        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-    ];
-    let amounts = [1.0, 10.0, 100.0, 1000.0, 10_000.0, 100_000.0];
-    let metrics = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(STORE_DURATION.into()), &seconds)?
-        .set_buckets_for_metric(Matcher::Full(OVERSHOOT.into()), &amounts)?
-        .install_recorder()?;
+    let mut exporter = PrometheusBuilder::new();
+    for (name, bounds) in tower_ratelimit::metrics::buckets() {
+        exporter = exporter.set_buckets_for_metric(Matcher::Full(name.to_owned()), bounds)?;
+    }
+    let metrics = exporter.install_recorder()?;
     let on_store_error = match std::env::var("ON_STORE_ERROR").as_deref() {
         Ok("open") => OnStoreError::FailOpen,
         Ok("memory") => OnStoreError::FallbackToMemory,

@@ -75,6 +75,30 @@ impl fmt::Display for Period {
 /// limit's own: it cannot be kept in the store
 /// ([`Admin::set_stored_quota`](crate::Admin::set_stored_quota) refuses it).
 ///
+/// # In Redis
+///
+/// A month's count lives in Redis for the month: a restart without
+/// persistence, or an eviction, forgets it, and the key's customers start
+/// the month over. A [`RedisStore`](crate::RedisStore) with calendar
+/// quotas needs
+///
+/// - persistence: AOF (`appendonly yes`) or RDB snapshots (`save ...`),
+///   and a replica to fail over to if a lost minute matters;
+/// - `maxmemory-policy noeviction` whenever `maxmemory` is set. Every key
+///   of this crate has a TTL (a state expires once it equals a fresh
+///   one), so the `volatile-*` policies may evict them as well as the
+///   `allkeys-*` ones. Under `noeviction` a full Redis refuses writes
+///   instead, and decisions fail (see
+///   [`OnStoreError`](crate::layer::OnStoreError)).
+///
+/// At its first decision with a calendar limit a `RedisStore` (and its
+/// clones) asks the server (`CONFIG GET maxmemory maxmemory-policy
+/// appendonly save`) and logs one `warn` line (target `tower_ratelimit`)
+/// when it sees one of these missing; where `CONFIG` is disabled or
+/// renamed (managed services), a `debug` line only. A limit made a
+/// calendar one later by a [live change](crate::LiveLimit) is not
+/// checked.
+///
 /// [`Clock`]: crate::Clock
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a calendar rate is only the first step: choose a window algorithm"]
@@ -160,7 +184,8 @@ impl Quota {
     }
 
     /// `amount` per calendar month, from the first at midnight (see
-    /// [`CalendarRate`]).
+    /// [`CalendarRate`], and [what it needs from Redis](CalendarRate#in-redis):
+    /// persistence and no eviction).
     pub const fn per_month(amount: u64) -> CalendarRate {
         CalendarRate::new(amount, Period::Month)
     }

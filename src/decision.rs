@@ -244,6 +244,36 @@ impl Decision {
         crate::layer::Refusal::of(self)
     }
 
+    /// Adds to `headers` the rate-limit fields the layer writes on a
+    /// response it forwards with this decision: `RateLimit-Policy` and
+    /// `RateLimit` (limits in shadow mode left out), for a handler that
+    /// calls the limiter itself and builds its own response (a `202
+    /// Accepted` for a queued job). Appended, as the layer appends them,
+    /// so that fields already there (an outer layer's) stay. For a
+    /// refused decision, [`refusal`](Self::refusal) is the whole answer.
+    ///
+    /// Behind a layer, leave this to the layer: it adds the fields of its
+    /// own decision to the handler's response, and these would be listed
+    /// twice.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("sms", Quota::per_minute(5).sliding_log())?);
+    /// let decision = limiter.check("+15550100", 1).await?;
+    /// let mut response = http::Response::new("queued");
+    /// *response.status_mut() = http::StatusCode::ACCEPTED;
+    /// decision.insert_headers(response.headers_mut());
+    /// assert_eq!(response.headers()["ratelimit-policy"], "\"sms\";q=5;w=60");
+    /// assert_eq!(response.headers()["ratelimit"], "\"sms\";r=4;t=60");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn insert_headers(&self, headers: &mut http::HeaderMap) {
+        crate::layer::insert_fields(self, headers);
+    }
+
     /// Every limit's status, in the limiter's order.
     pub fn statuses(&self) -> &[LimitStatus] {
         &self.statuses

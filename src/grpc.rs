@@ -62,7 +62,7 @@ pub(crate) fn answer(
 /// `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`; any other status
 /// `INVALID_ARGUMENT`. So a refusal is `RESOURCE_EXHAUSTED`, a failed store
 /// `UNAVAILABLE`, the deny-list `PERMISSION_DENIED`, an estimate too large
-/// (413) `INVALID_ARGUMENT`, and a missing key
+/// (400) `INVALID_ARGUMENT`, and a missing key
 /// ([`MissingKey::Reject`](crate::layer::MissingKey::Reject)) the code of
 /// its status (`INVALID_ARGUMENT` for the default 400: the call lacks what
 /// the rule keys on).

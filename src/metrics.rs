@@ -28,7 +28,10 @@
 //! of the in-memory fallback's decision. A request a layer's deny-list
 //! refuses counts `deny_listed` under every limit of the layer (no decision
 //! is made); a key blocked by a [penalty](crate::Limit::with_penalty) counts
-//! `denied` (or `local_cache`) like any refusal.
+//! `denied` (or `local_cache`) like any refusal. A request whose estimate
+//! a layer refuses as over its share of a limit (see
+//! [`settle_estimates`](crate::layer::Rule::settle_estimates))
+//! counts `estimate_too_large` under that limit, and nothing is decided.
 //!
 //! The quota gauges show what decided: a limit's quota, its new value after
 //! a [live change](crate::LiveLimit) (from the first decision the new
@@ -71,6 +74,30 @@
 //! # }
 //! ```
 //!
+//! # Histogram buckets
+//!
+//! Dashboards and alerts compute quantiles from a histogram's buckets
+//! (`histogram_quantile` over `_bucket` series, summed across instances).
+//! An exporter may render histograms otherwise: `metrics-exporter-prometheus`
+//! renders a summary (quantiles per instance, no `_bucket` series) unless
+//! told the buckets of the metric. [`buckets`] gives each histogram of this
+//! crate with the bounds the example dashboard and alert rules
+//! (`examples/grafana-dashboard.json`, `examples/prometheus-alerts.yml`)
+//! are written for; the exporter is the application's choice, so this is
+//! data for it, not a call into it:
+//!
+//! ```
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//!
+//! let mut builder = PrometheusBuilder::new();
+//! for (name, bounds) in tower_ratelimit::metrics::buckets() {
+//!     builder = builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), bounds)?;
+//! }
+//! let recorder = builder.build_recorder(); // or `.install_recorder()?`
+//! # let _ = recorder;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Every decision also runs in a `tracing` span `rate_limit` (target
 //! `tower_ratelimit`, level `debug`) with the fields `limits` (the names)
 //! and `outcome` (as in [`Outcome::as_str`]).
@@ -101,6 +128,37 @@ pub const OVERSHOOT: &str = "tower_ratelimit_overshoot";
 /// Gauge, 1 while a store's calls fail, else 0, labelled `store`.
 pub const STORE_OUTAGE: &str = "tower_ratelimit_store_outage";
 
+/// The bucket bounds of [`STORE_DURATION`], in seconds: 0.5 ms to 1 s,
+/// finer where a store's calls usually land, with 50 ms (the example
+/// alert's threshold for a slow store) among them.
+pub const STORE_DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// The bucket bounds of [`OVERSHOOT`], in the limits' own units (requests,
+/// tokens, bytes): powers of ten from 1 to 100 000.
+pub const OVERSHOOT_BUCKETS: &[f64] = &[1.0, 10.0, 100.0, 1000.0, 10_000.0, 100_000.0];
+
+/// Every histogram of this crate, by metric name, with its bucket bounds
+/// ([`STORE_DURATION`] with [`STORE_DURATION_BUCKETS`], [`OVERSHOOT`] with
+/// [`OVERSHOOT_BUCKETS`]): what an exporter needs to render `_bucket`
+/// series (see [the module docs](self#histogram-buckets)).
+///
+/// ```
+/// use tower_ratelimit::metrics::{buckets, OVERSHOOT, STORE_DURATION};
+///
+/// let names: Vec<&str> = buckets().map(|(name, _)| name).collect();
+/// assert_eq!(names, [STORE_DURATION, OVERSHOOT]);
+/// assert!(buckets().all(|(_, bounds)| bounds.windows(2).all(|w| w[0] < w[1])));
+/// ```
+pub fn buckets() -> impl Iterator<Item = (&'static str, &'static [f64])> {
+    [
+        (STORE_DURATION, STORE_DURATION_BUCKETS),
+        (OVERSHOOT, OVERSHOOT_BUCKETS),
+    ]
+    .into_iter()
+}
+
 /// The `outcome` label of [`DECISIONS`]: every value it can take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -126,11 +184,18 @@ pub enum Outcome {
     /// [`RateLimitLayerBuilder::deny_if`](crate::layer::RateLimitLayerBuilder::deny_if)):
     /// counted under every limit of the layer.
     DenyListed,
+    /// Refused by a layer before asking the store: the request's estimate
+    /// is over the share of the limit's capacity one request may take (see
+    /// [`Rule::settle_estimates`](crate::layer::Rule::settle_estimates)).
+    /// Counted under that limit, whatever answer a custom
+    /// [`on_rejection`](crate::layer::RateLimitLayerBuilder::on_rejection)
+    /// handler gives.
+    EstimateTooLarge,
 }
 
 impl Outcome {
     /// Every outcome, for dashboards and exporters that declare label values.
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Allowed,
         Outcome::Denied,
         Outcome::ShadowDenied,
@@ -138,6 +203,7 @@ impl Outcome {
         Outcome::StoreError,
         Outcome::LocalCache,
         Outcome::DenyListed,
+        Outcome::EstimateTooLarge,
     ];
 
     /// The label value.
@@ -150,6 +216,7 @@ impl Outcome {
             Outcome::StoreError => "store_error",
             Outcome::LocalCache => "local_cache",
             Outcome::DenyListed => "deny_listed",
+            Outcome::EstimateTooLarge => "estimate_too_large",
         }
     }
 }
@@ -236,6 +303,17 @@ impl LimitKeys {
                 .set(seconds);
         });
     }
+}
+
+/// Counts one decision of the limit named `limit` with `outcome`, for a
+/// caller that has the name and not the [`Limit`](crate::Limit) (a
+/// layer's rejection): the name's keys are looked up under a lock, so this
+/// is for answers that are not on the common path (without metrics:
+/// nothing).
+#[cfg_attr(not(feature = "metrics"), inline(always), allow(unused_variables))]
+pub(crate) fn count_named(limit: &str, outcome: Outcome) {
+    #[cfg(feature = "metrics")]
+    crate::limit::Name::of(limit).keys.increment(outcome);
 }
 
 /// Whether a store's calls fail, as [`STORE_OUTAGE`] shows it: set when

@@ -39,9 +39,12 @@ fn layer(store: impl Store, share: f64) -> RateLimitLayer {
     RateLimitLayer::builder()
         .store(store)
         .timeout(PATIENT)
-        .rule(Rule::new(tokens(), Global).cost_from_header(HeaderName::from_static(USED)))
-        .cost_from_request_header(HeaderName::from_static(ESTIMATE))
-        .settle_estimates(share)
+        .rule(
+            Rule::new(tokens(), Global)
+                .cost_from_request_header(HeaderName::from_static(ESTIMATE))
+                .cost_from_header(HeaderName::from_static(USED))
+                .settle_estimates(share),
+        )
         .build()
         .expect("layer")
 }
@@ -131,23 +134,27 @@ async fn an_estimate_is_settled_to_the_cost_the_response_tells() {
     }
 }
 
-/// An estimate over the share one request may take is answered 413 with a
-/// problem body, taking nothing; a cost over the estimate is charged at
-/// most that share more.
+/// An estimate over the share one request may take is answered 400 (the
+/// client must ask for less) with a problem body saying so, taking nothing;
+/// a cost over the estimate is charged in full (the share caps only what a
+/// request may ask for).
 #[tokio::test]
 async fn one_request_takes_at_most_its_share_of_the_budget() {
     for (store, make, looker) in stores("estimates-share") {
         let app = app(make()(0.1));
         let (status, body) = send(&app, call(101, Some(1))).await;
-        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{store}");
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{store}");
+        let problem: serde_json::Value = serde_json::from_str(&body).expect("a problem body");
+        assert_eq!(problem["status"], 400, "{store}: {body}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
         assert!(
-            body.contains("100") && body.contains("tokens"),
+            detail.contains("101") && detail.contains("at most 100") && detail.contains("tokens"),
             "{store}: {body}"
         );
         settles_to(&looker, 1000, store).await;
-        // 10 estimated, 900 used: charged 10, then 100 (a tenth of 1000) more
+        // 10 estimated, 900 used: charged 10, then the 890 more
         assert_eq!(send(&app, call(10, Some(900))).await.0, StatusCode::OK);
-        settles_to(&looker, 890, store).await;
+        settles_to(&looker, 100, store).await;
     }
 }
 
@@ -249,14 +256,16 @@ async fn a_hundred_requests_at_once_on_two_instances_settle_exactly() {
 fn estimates_need_a_share_and_a_cost_after_the_response() {
     for share in [0.0, -0.5, 1.5, f64::NAN] {
         let built = RateLimitLayer::builder()
-            .rule(Rule::new(tokens(), Global).cost_from_header(HeaderName::from_static(USED)))
-            .settle_estimates(share)
+            .rule(
+                Rule::new(tokens(), Global)
+                    .cost_from_header(HeaderName::from_static(USED))
+                    .settle_estimates(share),
+            )
             .build();
         assert!(matches!(built, Err(ConfigError::Layer(_))), "{share}");
     }
     let built = RateLimitLayer::builder()
-        .rule(Rule::new(tokens(), Global))
-        .settle_estimates(0.5)
+        .rule(Rule::new(tokens(), Global).settle_estimates(0.5))
         .build();
     assert!(matches!(built, Err(ConfigError::Layer(_))));
 }

@@ -17,7 +17,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_types::StatusExt;
 use tower::ServiceExt;
 use tower_ratelimit::key::{Global, Header};
-use tower_ratelimit::layer::{OnStoreError, RateLimitLayer, Rejection};
+use tower_ratelimit::layer::{OnStoreError, RateLimitLayer, Rejection, Rule};
 use tower_ratelimit::{Limit, Quota, RedisStore};
 
 const WINDOW: Duration = Duration::from_secs(60);
@@ -125,8 +125,7 @@ async fn a_refused_call_is_resource_exhausted_with_its_retry_delay() {
 #[tokio::test]
 async fn a_cost_that_can_never_fit_is_resource_exhausted_without_retry_info() {
     let layer = RateLimitLayer::builder()
-        .limit(per_window(2), Global)
-        .cost_from_request(|_: &http::request::Parts| 3)
+        .rule(Rule::new(per_window(2), Global).cost_from_request(|_| Some(3)))
         .build()
         .expect("layer");
     let mut client = client(serve(layer).await).await;

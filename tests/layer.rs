@@ -23,7 +23,9 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_ratelimit::key::{
     ClientIp, ClientIpResolver, Global, Header, MatchedRoute, PathParam, RequestExtension as Ext,
 };
-use tower_ratelimit::layer::{MissingKey, OnStoreError, RateLimitInfo, RateLimitLayer, Rejection};
+use tower_ratelimit::layer::{
+    MissingKey, OnStoreError, RateLimitInfo, RateLimitLayer, Rejection, Rule,
+};
 use tower_ratelimit::{ConfigError, Limit, MemoryStore, Quota, RedisStore};
 
 fn limit(name: &str, quota: Quota) -> Limit {
@@ -370,8 +372,7 @@ async fn several_limits_are_all_or_nothing_and_the_refusing_one_is_named() {
 #[tokio::test]
 async fn costs_are_fixed_or_computed_and_checked_against_capacity() {
     let err = RateLimitLayer::builder()
-        .limit(limit("small", per_minute(5)), Global)
-        .fixed_cost(6)
+        .rule(Rule::new(limit("small", per_minute(5)), Global).cost(6))
         .build()
         .unwrap_err();
     assert!(
@@ -387,8 +388,10 @@ async fn costs_are_fixed_or_computed_and_checked_against_capacity() {
     );
 
     let layer = RateLimitLayer::builder()
-        .limit(limit("credits", per_minute(10)), Global)
-        .cost_from_request(|parts| if parts.uri.path() == "/export" { 4 } else { 1 })
+        .rule(
+            Rule::new(limit("credits", per_minute(10)), Global)
+                .cost_from_request(|parts| Some(if parts.uri.path() == "/export" { 4 } else { 1 })),
+        )
         .build()
         .expect("layer");
     let app = Router::new()
@@ -401,8 +404,7 @@ async fn costs_are_fixed_or_computed_and_checked_against_capacity() {
     assert_eq!(param(&sf_list(&headers, "ratelimit")[0], "r"), 5);
     // a computed cost over the capacity can never pass: 429 without Retry-After
     let huge = RateLimitLayer::builder()
-        .limit(limit("credits", per_minute(10)), Global)
-        .cost_from_request(|_| 11)
+        .rule(Rule::new(limit("credits", per_minute(10)), Global).cost_from_request(|_| Some(11)))
         .build()
         .expect("layer");
     let (status, headers, body) = send(&hello_app(huge), request("/")).await;

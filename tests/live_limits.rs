@@ -319,8 +319,7 @@ async fn every_route_that_uses_a_live_limit_follows_it() {
 async fn a_value_a_running_layer_cannot_use_is_refused() {
     let live = LiveLimit::new(per_hour("bulk", 10));
     let _layer = RateLimitLayer::builder()
-        .limit(&live, Global)
-        .fixed_cost(5)
+        .rule(Rule::new(&live, Global).cost(5))
         .build()
         .expect("10 holds a cost of 5");
     assert!(matches!(
@@ -347,8 +346,7 @@ async fn a_value_a_running_layer_cannot_use_is_refused() {
     tiered.set(per_hour("plan", 20)).expect("same algorithm");
     // and a layer whose cost the current value cannot hold is not built
     assert!(RateLimitLayer::builder()
-        .limit(&tiered, Global)
-        .fixed_cost(21)
+        .rule(Rule::new(&tiered, Global).cost(21))
         .build()
         .is_err());
 }

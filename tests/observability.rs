@@ -283,3 +283,190 @@ fn every_decision_runs_in_a_span_with_its_limits_and_outcome() {
         ]
     );
 }
+
+/// A layer's refusal of an estimate over its share counts
+/// `estimate_too_large` under that limit (with the layer's own 400 or a
+/// custom handler's answer), and nothing else: no decision was made.
+#[test]
+fn an_estimate_too_large_has_its_own_outcome() {
+    use http::{HeaderName, Request, Response, StatusCode};
+    use tower::{service_fn, Layer, ServiceExt};
+    use tower_ratelimit::key::Global;
+    use tower_ratelimit::layer::{RateLimitLayer, Rejection, Rule};
+
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let layer = |custom: bool| {
+        let limit = Limit::new("llm-tokens", Quota::per_hour(1000).fixed_window()).expect("limit");
+        let used = HeaderName::from_static("x-tokens-used");
+        let builder = RateLimitLayer::builder().rule(
+            Rule::new(limit, Global)
+                .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
+                .cost_from_header(used)
+                .settle_estimates(0.1),
+        );
+        let builder = if custom {
+            builder.on_rejection(|why| {
+                let status = match why {
+                    Rejection::EstimateTooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                    _ => StatusCode::TOO_MANY_REQUESTS,
+                };
+                let mut response = Response::new(String::new());
+                *response.status_mut() = status;
+                response
+            })
+        } else {
+            builder
+        };
+        builder.build().expect("layer")
+    };
+    let status = |layer: RateLimitLayer, estimate: u64| async move {
+        let service = layer.layer(service_fn(|_: Request<String>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        }));
+        let request = Request::get("/")
+            .header("x-max-tokens", estimate.to_string())
+            .body(String::new())
+            .expect("request");
+        service.oneshot(request).await.expect("infallible").status()
+    };
+    runtime().block_on(async {
+        assert_eq!(status(layer(false), 101).await, StatusCode::BAD_REQUEST);
+        assert_eq!(status(layer(false), 100).await, StatusCode::OK);
+        assert_eq!(
+            status(layer(true), 500).await,
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+    });
+    let decisions = |outcome: Outcome| {
+        sample(
+            &handle,
+            DECISIONS,
+            &[("limit", "llm-tokens"), ("outcome", outcome.as_str())],
+        )
+    };
+    assert_eq!(decisions(Outcome::EstimateTooLarge), Some(2.0));
+    assert_eq!(decisions(Outcome::Allowed), Some(1.0));
+    assert_eq!(decisions(Outcome::Denied), None);
+}
+
+/// The metric names a query of `text` reads: the `tower_ratelimit_...`
+/// words in it.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("tower_ratelimit_") {
+        let word: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + word.len()..];
+        if !names.contains(&word) {
+            names.push(word);
+        }
+    }
+    names
+}
+
+/// The queries of the example dashboard (every panel target's `expr`) and
+/// of the example alert rules (`expr:` lines and the blocks they open, and
+/// the queries in annotation templates: the whole file).
+fn example_queries() -> Vec<String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dashboard = std::fs::read_to_string(format!("{root}/examples/grafana-dashboard.json"))
+        .expect("the example dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).expect("JSON");
+    fn exprs(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    match (key.as_str(), value) {
+                        ("expr", serde_json::Value::String(expr)) => out.push(expr.clone()),
+                        _ => exprs(value, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|item| exprs(item, out)),
+            _ => {}
+        }
+    }
+    let mut queries = Vec::new();
+    exprs(&dashboard, &mut queries);
+    assert!(queries.len() >= 10, "{queries:?}");
+    let alerts = std::fs::read_to_string(format!("{root}/examples/prometheus-alerts.yml"))
+        .expect("the example alert rules");
+    assert!(alerts.matches("expr:").count() >= 6);
+    queries.push(alerts);
+    queries
+}
+
+/// With the exporter given `metrics::buckets()`, every series the example
+/// dashboard and alert rules query exists once the limiter has worked:
+/// the `_bucket` series of the histograms among them (without the buckets
+/// the exporter renders summaries, and those panels and the latency alert
+/// would have nothing to read).
+#[test]
+fn every_series_the_dashboard_and_alerts_query_is_rendered() {
+    use metrics_exporter_prometheus::Matcher;
+
+    let mut builder = PrometheusBuilder::new();
+    for (name, bounds) in tower_ratelimit::metrics::buckets() {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full(name.to_owned()), bounds)
+            .expect("bounds");
+    }
+    let recorder = builder.build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    runtime().block_on(async {
+        // names of this test's own: the quota gauges are set when the
+        // quota of a name changes, which other tests' limits would have done
+        let limit = Limit::new(
+            "dashboard-burst",
+            Quota::per_minute(2).allow_burst(2).gcra(),
+        );
+        let limiter = Limiter::new(MemoryStore::new(), limit.expect("limit"));
+        // granted, near the limit, then refused
+        for _ in 0..3 {
+            limiter.check("client", 1).await.expect("decision");
+        }
+        let tokens = Quota::per_hour(100).sliding_window();
+        let tokens = Limit::new("dashboard-tokens", tokens).expect("limit");
+        Limiter::new(MemoryStore::new(), tokens)
+            .charge("acme", 30)
+            .await
+            .expect("charged");
+    });
+    let rendered = handle.render();
+    let series: Vec<&str> = rendered
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .collect();
+    let mut names = Vec::new();
+    for query in example_queries() {
+        names.extend(metric_names(&query));
+    }
+    assert!(
+        names.iter().any(|name| name.ends_with("_bucket")),
+        "{names:?}"
+    );
+    for name in &names {
+        assert!(
+            series.contains(&name.as_str()),
+            "{name} is queried by the examples but not rendered:\n{rendered}"
+        );
+    }
+    // and without the buckets, none of the `_bucket` series exists
+    let plain = PrometheusBuilder::new().build_recorder();
+    let plain_handle = plain.handle();
+    {
+        let _local = metrics::set_default_local_recorder(&plain);
+        runtime().block_on(async {
+            let limiter = two_limits(MemoryStore::new());
+            limiter.check("client", 1).await.expect("decision");
+        });
+    }
+    assert!(!plain_handle.render().contains("_bucket"));
+}

@@ -364,9 +364,9 @@ fn inconsistent_tiers_are_a_config_error() {
         .choose_tier(|_| None);
     assert!(matches!(build(twice), Err(ConfigError::Tiers(_))));
     let too_small = RateLimitLayer::builder()
-        .fixed_cost(3)
         .rule(
             Rule::new(limit("r", Quota::per_minute(5).sliding_log()), Global)
+                .cost(3)
                 .tier("tiny", Quota::per_minute(2).sliding_log())
                 .choose_tier(|_| None),
         )

@@ -354,6 +354,28 @@ impl KeyExtractor for JsonField {
     }
 }
 
+/// The top-level field `field` of the JSON body [`ReadBody`] read, as an
+/// integer of at least 0 (a rule's cost: [`Rule::cost_from_json_field`](crate::layer::Rule::cost_from_json_field));
+/// `None` when the body was not read (warned once through `warned`), is no
+/// JSON object, or the field is absent, given twice, or not such a number.
+pub(crate) fn json_number(parts: &Parts, field: &str, warned: &AtomicBool) -> Option<u64> {
+    let Some(BodyRead(read)) = parts.extensions.get::<BodyRead>() else {
+        if !warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                target: "tower_ratelimit",
+                field,
+                "cost_from_json_field: no body was read, so no request tells its cost; put \
+                 ReadBody around the rate-limit layer (ReadBody::new().around(layer))"
+            );
+        }
+        return None;
+    };
+    let mut json = serde_json::Deserializer::from_slice(read.as_deref()?);
+    let value = FieldOf(field).deserialize(&mut json).ok()??;
+    json.end().ok()?;
+    value.as_u64()
+}
+
 /// Finds one field of a JSON object, skipping the others unparsed into
 /// values; an error when the body is no object or has the field twice.
 struct FieldOf<'f>(&'f str);

@@ -5,6 +5,13 @@
 //! ([`JsonField`], read by [`ReadBody`]), one global key, and tuples of
 //! those (user id + action).
 //!
+//! Keys stand in the store's key names, where anyone who can read the
+//! store sees them (Redis `SCAN`, `MONITOR`, the slow log, backups): key
+//! a limit on API keys, bearer tokens or session cookies by an id of the
+//! secret (the key's id or its tenant, set by an auth layer: see
+//! [`RequestExtension`]) or by its hash, [`Hashed`]
+//! (`Header::new(..).hashed()`), never by the secret itself.
+//!
 //! An extractor answers `None` when the request has no such key (no header, no
 //! peer address); the layer then applies its [`MissingKey`](crate::layer::MissingKey) policy.
 
@@ -13,6 +20,7 @@ mod axum;
 mod body;
 mod buf;
 mod forwarded;
+mod hashed;
 mod ip;
 mod warnings;
 
@@ -29,10 +37,12 @@ use http::HeaderName;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[allow(deprecated)]
 pub use self::axum::{MatchedRoute, PathParam, Route};
+pub(crate) use self::body::json_number;
 pub use self::body::{
     JsonField, ReadBody, ReadBodyService, ReplayBody, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY,
 };
 pub use self::buf::KeyBuf;
+pub use self::hashed::Hashed;
 pub use self::ip::{ClientIpResolver, IpConfigError, ProxyHeader};
 use self::warnings::Warnings;
 
@@ -89,6 +99,16 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// type that answers alike for both.
     fn key_kind(&self) -> String {
         std::any::type_name::<Self>().to_owned()
+    }
+
+    /// This extractor's keys replaced by a digest of them before they
+    /// reach the store: see [`Hashed`], for keys that are secrets (API
+    /// keys, tokens).
+    fn hashed(self) -> Hashed<Self>
+    where
+        Self: Sized,
+    {
+        Hashed::new(self)
     }
 }
 
@@ -240,7 +260,9 @@ fn write_net_key(net: &ipnet::IpNet, out: &mut KeyBuf) {
 /// The text of an IPv4 network: at most `255.255.255.255/32`, 18 bytes.
 type V4Text = crate::text::StackText<18>;
 
-/// The value of a request header, such as an API key.
+/// The value of a request header, such as an API key: the key is the
+/// value as sent, so for a secret hash it ([`KeyExtractor::hashed`]) or key
+/// by its id (see the [module docs](self)).
 #[derive(Debug, Clone)]
 pub struct Header {
     name: HeaderName,

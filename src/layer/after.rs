@@ -11,8 +11,9 @@ use http::response::Parts as ResponseParts;
 use http::Response;
 use smallvec::SmallVec;
 
+use super::meter::{Meter, MeterSpec};
 use super::{Config, Rule};
-use crate::limiter::{run_detached, LeaseGuard, Refund, RefundOnDrop};
+use crate::limiter::{run_detached, Charged, ChargedTo, LeaseGuard, Refund, RefundOnDrop};
 use crate::Limiter;
 
 /// How a rule's cost after the response is read (see
@@ -21,6 +22,9 @@ use crate::Limiter;
 pub(crate) struct CostAfter {
     pub(crate) head: Option<HeadCost>,
     pub(crate) body: Option<BodyCost>,
+    /// A cost read out of the body ([`Rule::cost_from_json_body`],
+    /// [`Rule::cost_from_whole_body`]), or why it cannot be.
+    pub(crate) meter: Option<Result<MeterSpec, String>>,
 }
 
 pub(crate) type HeadCost = Arc<dyn Fn(&ResponseParts) -> Option<u64> + Send + Sync>;
@@ -29,7 +33,7 @@ pub(crate) type BodyCost = Arc<dyn Fn(&bytes::Bytes) -> u64 + Send + Sync>;
 impl CostAfter {
     /// Whether the rule charges anything after the response.
     pub(crate) fn any(&self) -> bool {
-        self.head.is_some() || self.body.is_some()
+        self.head.is_some() || self.body.is_some() || self.meter.is_some()
     }
 }
 
@@ -40,9 +44,8 @@ impl Rule {
     /// see [`cost_from_header`](Self::cost_from_header) for the common case
     /// and the module docs for the bound.
     ///
-    /// The request's own cost (the layer's
-    /// [`fixed_cost`](super::RateLimitLayerBuilder::fixed_cost), 1 by default) is
-    /// taken when it arrives, so a key already in debt is refused; once the
+    /// The request's cost to this rule ([`cost`](Self::cost), 1 by
+    /// default) is taken when it arrives, so a key already in debt is refused; once the
     /// response is known, what its cost exceeds that by is charged (see
     /// [`Limiter::charge`](crate::Limiter::charge)), whatever is left, on a
     /// task of its own: the response is not held up. With
@@ -80,75 +83,122 @@ impl Rule {
         self.cost_after.body = Some(Arc::new(cost));
         self
     }
+
+    /// Charges this limit, after the response, the integer at the dotted
+    /// `path` (`"usage.total_tokens"`) of the response's JSON body, read
+    /// as the body streams to the client (unchanged, and without waiting
+    /// for its end), whatever its chunks, and settled when it ends or is
+    /// dropped. A streamed response (`content-type: text/event-stream`,
+    /// server-sent events, as a streamed completion is) tells the number
+    /// at `path` in the JSON data of the last event that carries one, so
+    /// a stream dropped mid-way tells the usage it had sent. A body that
+    /// is not JSON, is cut short, is over 1 MiB, compressed, or has no
+    /// integer of at least 0 there tells nothing (for an
+    /// [estimate](Self::settle_estimates): it is kept). A path with an
+    /// empty segment is a build error
+    /// ([`ConfigError::Layer`](crate::ConfigError::Layer)).
+    ///
+    /// ```
+    /// use tower_ratelimit::key::Global;
+    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// let tokens = Limit::new("tokens", Quota::per_minute(10_000).sliding_window())?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(
+    ///         Rule::new(tokens, Global)
+    ///             .cost_from_json_field("max_tokens") // (with ReadBody around the layer)
+    ///             .cost_from_json_body("usage.total_tokens")
+    ///             .settle_estimates(0.1),
+    ///     )
+    ///     .build()?;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn cost_from_json_body(mut self, path: &str) -> Self {
+        self.cost_after.meter = Some(MeterSpec::json_path(path));
+        self
+    }
+
+    /// Charges this limit, after the response, what `cost` makes of its
+    /// whole body (`None`: nothing told), kept up to `max_bytes` as it
+    /// streams to the client; a longer body tells nothing.
+    pub fn cost_from_whole_body(
+        mut self,
+        max_bytes: usize,
+        cost: impl Fn(&[u8]) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.cost_after.meter = Some(Ok(MeterSpec::Whole {
+            max_bytes,
+            cost: Arc::new(cost),
+        }));
+        self
+    }
 }
 
-/// Held by a response body until it ends or is dropped; then charges what
-/// the response cost beyond what its request paid (and, settling
-/// estimates, gives back what it paid beyond its cost), and gives the
+/// Held by a response body until it ends or is dropped; then settles each
+/// rule's charge to the cost the response told (charging what it cost
+/// beyond what the request paid that rule on arrival and, for an
+/// estimate, giving back what it paid beyond its cost), and gives the
 /// leases back.
 pub(crate) struct After {
     limiter: Limiter,
-    /// What the request paid when it arrived.
-    paid: u64,
-    /// When it was granted (what a refund gives back at).
+    /// When the request was granted (what a refund gives back at).
     at: i64,
-    /// Settling estimates: the share of each limit's capacity a charge
-    /// after the response may add ([`RateLimitLayerBuilder::settle_estimates`](super::RateLimitLayerBuilder::settle_estimates)).
-    estimates: Option<f64>,
     charges: SmallVec<[Charge; 1]>,
     /// Dropped last: a lease is held until the charges are on their way.
     lease: Option<LeaseGuard>,
 }
 
-/// One rule's charge: its limits and keys, the cost read from the
-/// response's head (`None`: not told), and the body's count so far.
+/// One rule's charge: its limit and key with what the request paid it on
+/// arrival, the cost read from the response's head (`None`: not told), the
+/// body's count so far, and whether the rule settles an estimate.
 struct Charge {
-    charged: Vec<(crate::Limit, Vec<u8>)>,
+    charged: ChargedTo,
     head: Option<u64>,
     body: Option<(BodyCost, u64)>,
+    meter: Option<Meter>,
+    estimate: bool,
 }
 
 impl After {
-    /// What the grant `refund` (charged to the rules `charged_rules`, in
-    /// order, its permits held by `lease` since the decision) leaves to
-    /// settle once `head` is known, for a request that paid `paid`: `None`
-    /// when nothing.
+    /// What the grant `refund` leaves to settle once `head` is known: the
+    /// charges of the rules that read a cost after the response (`rules`:
+    /// the rule of each of the decision's checks), but those given back
+    /// (`given_back`, indices in `refund.charged()`), and the permits held
+    /// by `lease` since the decision. `None` when nothing.
     pub(crate) fn of(
         config: &Config,
         refund: &Refund,
-        charged_rules: &[usize],
+        rules: &[usize],
+        given_back: &[usize],
         head: &ResponseParts,
-        paid: u64,
         lease: Option<LeaseGuard>,
     ) -> Option<Box<Self>> {
         let mut charges: SmallVec<[Charge; 1]> = SmallVec::new();
-        for (j, &r) in charged_rules.iter().enumerate() {
-            let (Some(rule), Some(pair)) = (config.rules.get(r), refund.charged().get(j)) else {
+        for (j, charged) in refund.charged().iter().enumerate() {
+            let rule = rules.get(charged.check).and_then(|&r| config.rules.get(r));
+            let Some(rule) = rule.filter(|rule| rule.cost_after.any()) else {
                 continue;
             };
-            let after = &rule.cost_after;
-            if !after.any() {
+            if given_back.contains(&j) {
                 continue;
             }
-            let head_cost = after.head.as_ref().and_then(|cost| cost(head));
-            match charges
-                .iter_mut()
-                .find(|c| c.same_rule_as(after.body.as_ref(), head_cost))
-            {
-                Some(charge) => charge.charged.push(pair.clone()),
-                None => charges.push(Charge {
-                    charged: vec![pair.clone()],
-                    head: head_cost,
-                    body: after.body.clone().map(|count| (count, 0)),
-                }),
-            }
+            let after = &rule.cost_after;
+            charges.push(Charge {
+                charged: charged.clone(),
+                head: after.head.as_ref().and_then(|cost| cost(head)),
+                body: after.body.clone().map(|count| (count, 0)),
+                meter: match &after.meter {
+                    Some(Ok(spec)) => Some(spec.meter(head)),
+                    _ => None,
+                },
+                estimate: rule.estimates.is_some(),
+            });
         }
         (lease.is_some() || !charges.is_empty()).then(|| {
             Box::new(Self {
                 limiter: refund.limiter().clone(),
-                paid,
                 at: refund.at(),
-                estimates: config.estimates,
                 charges,
                 lease,
             })
@@ -175,44 +225,67 @@ impl After {
             if let Some((count, sum)) = &mut charge.body {
                 *sum = sum.saturating_add(count(data));
             }
+            if let Some(meter) = &mut charge.meter {
+                meter.chunk(data);
+            }
         }
     }
 }
 
 impl Charge {
-    /// Whether a rule with `body` and `head` charges as this one (one
-    /// store call for both).
-    fn same_rule_as(&self, body: Option<&BodyCost>, head: Option<u64>) -> bool {
-        body.is_none() && self.body.is_none() && self.head == head
+    /// What settles this charge: the cost beyond what was paid, to charge,
+    /// or, for an estimate whose cost was told, what was paid beyond it,
+    /// to give back; `None` when the cost is what was paid.
+    fn settlement(self) -> Option<(bool, ChargedTo)> {
+        let metered = self.meter.and_then(Meter::finish);
+        let told = self.head.is_some() || self.body.is_some() || metered.is_some();
+        let body = self.body.map_or(0, |(_, sum)| sum);
+        let cost = (self.head.unwrap_or(0))
+            .saturating_add(body)
+            .saturating_add(metered.unwrap_or(0));
+        let cost = Limiter::cost(cost);
+        let paid = self.charged.cost;
+        let (charge, amount) = if cost > paid {
+            (true, cost - paid)
+        } else if self.estimate && told && paid > cost {
+            (false, paid - cost)
+        } else {
+            return None;
+        };
+        Some((
+            charge,
+            ChargedTo {
+                cost: amount,
+                ..self.charged
+            },
+        ))
     }
 }
 
 impl Drop for After {
     fn drop(&mut self) {
-        let (paid, at, estimates) = (self.paid, self.at, self.estimates);
-        for charge in std::mem::take(&mut self.charges) {
-            // the cost, when the response told it
-            let told = charge.head.is_some() || charge.body.is_some();
-            let body = charge.body.map_or(0, |(_, sum)| sum);
-            let cost = charge.head.unwrap_or(0).saturating_add(body);
-            let extra = cost.saturating_sub(paid);
-            // an estimate over the cost gives the rest back
-            let over = match estimates {
-                Some(_) if told => paid.saturating_sub(cost),
-                _ => 0,
-            };
-            if extra == 0 && over == 0 {
-                continue;
+        // every rule's charge in one store call, every surplus given back
+        // in one more (a settled request costs at most 2 store calls with
+        // its decision when its rules all charge, or all give back)
+        let (mut charge, mut give_back): (Charged, Charged) = (Vec::new(), Vec::new());
+        for settled in std::mem::take(&mut self.charges)
+            .into_iter()
+            .filter_map(Charge::settlement)
+        {
+            match settled {
+                (true, charged) => charge.push(charged),
+                (false, charged) => give_back.push(charged),
             }
-            let limiter = self.limiter.clone();
+        }
+        if !charge.is_empty() || !give_back.is_empty() {
+            let (limiter, at) = (self.limiter.clone(), self.at);
             let work = async move {
                 // (a failure is logged and counted by the limiter)
-                if extra > 0 {
-                    let share = estimates.unwrap_or(1.0);
-                    let _ = limiter.charge_charged(&charge.charged, extra, share).await;
-                } else if let Ok(over) = i64::try_from(over) {
-                    let refunded = limiter.refund_charged(&charge.charged, over, at).await;
-                    if let Err(error) = refunded {
+                if !charge.is_empty() {
+                    let _ = limiter.charge_charged(&charge).await;
+                }
+                if !give_back.is_empty() {
+                    if let Err(error) = limiter.refund_charged(&give_back, at).await {
                         tracing::warn!(target: "tower_ratelimit", %error, "an estimate's surplus could not be given back: it stays counted");
                     }
                 }
@@ -242,7 +315,7 @@ pub(super) async fn wait_for(wait: std::time::Duration, refund: Option<Refund>) 
 pub(super) async fn give_back<B>(
     config: &Config,
     refund: &Refund,
-    charged_rules: &[usize],
+    rules: &[usize],
     response: Response<B>,
 ) -> (Response<B>, SmallVec<[usize; 2]>) {
     let (head, body) = response.into_parts();
@@ -251,22 +324,17 @@ pub(super) async fn give_back<B>(
         .as_ref()
         .is_some_and(|refund| refund(&head));
     // (a lease is given back when the body ends, not here)
-    let leased = |j: usize| {
-        refund
-            .charged()
-            .get(j)
-            .is_some_and(|(l, _)| l.is_concurrency())
-    };
-    let refunded = |j: usize| {
-        !leased(j)
+    let refunded = |charged: &ChargedTo| {
+        let rule = rules.get(charged.check).and_then(|&r| config.rules.get(r));
+        !charged.limit.is_concurrency()
             && (all
-                || charged_rules
-                    .get(j)
-                    .and_then(|&rule| config.rules.get(rule)?.refund_if.as_ref())
+                || rule
+                    .and_then(|rule| rule.refund_if.as_ref())
                     .is_some_and(|refund| refund(&head)))
     };
-    let mut given_back: SmallVec<[usize; 2]> = (0..refund.charged().len())
-        .filter(|&j| refunded(j))
+    let mut given_back: SmallVec<[usize; 2]> = (refund.charged().iter().enumerate())
+        .filter(|(_, charged)| refunded(charged))
+        .map(|(j, _)| j)
         .collect();
     if !given_back.is_empty() {
         // (the predicates, the user's closures, are asked once per limit)

@@ -13,7 +13,7 @@ use super::outage::{OutageLog, DEFAULT_LOG_INTERVAL};
 use super::response::HeaderSet;
 use super::rule::{CompiledRule, RequestPredicate, ResponsePredicate};
 use super::{
-    Config, CostFn, MissingKey, OnStoreError, RateLimitLayer, Rejection, Rejector, Rule,
+    Config, MissingKey, OnStoreError, RateLimitLayer, Rejection, Rejector, Rule,
     DEFAULT_MAX_WAITING,
 };
 use crate::key::KeyExtractor;
@@ -31,11 +31,8 @@ pub struct RateLimitLayerBuilder {
     timeout: Duration,
     on_error: OnStoreError,
     on_missing: MissingKey,
-    pub(super) cost: Option<CostFn>,
-    pub(super) fixed_cost: u64,
     max_delay: Duration,
     max_waiting: usize,
-    pub(super) estimates: Option<f64>,
     headers: HeaderSet,
     rejector: Option<Rejector>,
     log_interval: Duration,
@@ -58,12 +55,9 @@ impl RateLimitLayerBuilder {
             skip: None,
             deny: None,
             refund_if: None,
-            estimates: None,
             timeout: DEFAULT_TIMEOUT,
             on_error: OnStoreError::default(),
             on_missing: MissingKey::default(),
-            cost: None,
-            fixed_cost: 1,
             max_delay: Duration::ZERO,
             max_waiting: DEFAULT_MAX_WAITING,
             headers: HeaderSet::default(),
@@ -291,38 +285,25 @@ impl RateLimitLayerBuilder {
                 "max_waiting must be at least 1".to_owned(),
             ));
         }
-        if let Some(share) = self.estimates {
-            if !(share > 0.0 && share <= 1.0) {
-                return Err(ConfigError::Layer(format!(
-                    "the share of a budget one estimate may take must be in (0, 1], not {share}"
-                )));
-            }
-            if !self.rules.iter().any(|rule| rule.cost_after.any()) {
-                return Err(ConfigError::Layer(
-                    "estimates are settled by a rule that reads the cost after the response \
-                     (cost_from_response, cost_from_body): there is none"
-                        .to_owned(),
-                ));
-            }
-        }
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         super::rule::check_missing(&self.on_missing)?;
-        let fixed_cost = self.cost.is_none().then_some(self.fixed_cost);
         let rules = self
             .rules
             .into_iter()
             .map(|#[allow(unused_mut)] mut rule| {
                 #[cfg(feature = "resolver")]
                 super::resolved::choose_plan_tiers(&mut rule)?;
-                rule.compile(&self.on_missing, fixed_cost)
+                rule.compile(&self.on_missing)
             })
             .collect::<Result<Vec<CompiledRule>, ConfigError>>()?;
-        if self.cost.is_none() {
-            let every = rules.iter().flat_map(CompiledRule::limits);
-            for limit in every {
-                if limit.capacity() < self.fixed_cost {
+        for rule in &rules {
+            let Some(cost) = rule.fixed_cost() else {
+                continue;
+            };
+            for limit in rule.limits() {
+                if limit.capacity() < cost {
                     return Err(ConfigError::FixedCostExceedsCapacity {
-                        cost: self.fixed_cost,
+                        cost,
                         limit: limit.name().to_owned(),
                         capacity: limit.capacity(),
                     });
@@ -390,10 +371,7 @@ impl RateLimitLayerBuilder {
                 refundable,
                 refunds_on_response,
                 settles_after,
-                cost: self.cost,
-                fixed_cost: self.fixed_cost,
                 max_delay: self.max_delay,
-                estimates: self.estimates,
                 waiting: (!self.max_delay.is_zero()).then(|| {
                     let permits = self.max_waiting.min(tokio::sync::Semaphore::MAX_PERMITS);
                     Arc::new(tokio::sync::Semaphore::new(permits))

@@ -1,5 +1,6 @@
 //! The limits that apply to a request: per rule, its exemption, tier and
-//! key (or the missing-key policy), and the request's cost.
+//! key (or the missing-key policy), and what the request costs it; and
+//! the methods of [`Rule`] that say what a request costs on arrival.
 
 use std::sync::Arc;
 
@@ -9,16 +10,31 @@ use smallvec::SmallVec;
 
 use super::refusal::rejection;
 use super::response::Answers;
-use super::{Config, MissingKey, RateLimitLayerBuilder, Rejection, ResponseBody};
+use super::rule::{Arrival, Cost};
+use super::{Config, MissingKey, Rejection, ResponseBody, Rule};
 use crate::key::KeyBuf;
 use crate::limiter::Checks;
 use crate::live::Current;
+use crate::store::Check;
 use crate::Limiter;
 
-/// The limits that apply to a request: (limit, key, rule) each, or the
-/// answer to a request without a key that its rule refuses.
-pub(super) type Chosen<'a> = SmallVec<[(Current<'a>, KeyBuf, usize); 2]>;
+/// A limit that applies to a request: the limit now (its tier's), the
+/// key, the index of its rule, and what the request costs it.
+pub(super) struct Applies<'a> {
+    pub(super) limit: Current<'a>,
+    pub(super) key: KeyBuf,
+    pub(super) rule: usize,
+    pub(super) cost: u64,
+}
 
+/// The limits that apply to a request, in the order of their rules: the
+/// order of the limiter's checks, so a check's index finds its rule.
+pub(super) type Chosen<'a> = SmallVec<[Applies<'a>; 2]>;
+
+/// The limits that apply to a request, or the layer's answer to a request
+/// a rule refuses before the store is asked: no key where the rule needs
+/// one, or an estimate over what one request may ask for (a shadow rule
+/// counts that as a would-refuse and refuses nothing).
 // (the answer is returned once per refused request: not worth a box)
 #[allow(clippy::result_large_err)]
 pub(super) fn choose<'a, B>(
@@ -34,12 +50,10 @@ pub(super) fn choose<'a, B>(
         let mut key = KeyBuf::new();
         // (an empty key is none: see `Error::EmptyKey`)
         let found = rule.key.extract_into(parts, &mut key) && !key.is_empty();
-        match (found, &rule.on_missing) {
-            (true, _) => chosen.push((tier.limit(), key, i)),
-            (false, MissingKey::Skip) => {}
-            (false, MissingKey::Shared(key)) => {
-                chosen.push((tier.keyless(), KeyBuf::from(key.as_bytes()), i));
-            }
+        let (limit, key) = match (found, &rule.on_missing) {
+            (true, _) => (tier.limit(), key),
+            (false, MissingKey::Skip) => continue,
+            (false, MissingKey::Shared(key)) => (tier.keyless(), KeyBuf::from(key.as_bytes())),
             (false, MissingKey::Reject(status)) => {
                 let name = rule.limit().name();
                 tracing::debug!(target: "tower_ratelimit", limit = name, "request without a rate-limit key");
@@ -47,108 +61,136 @@ pub(super) fn choose<'a, B>(
                 let answer = || Answers::to(parts).missing_key(*status, name);
                 return Err(rejection(config, why, answer));
             }
-        }
+        };
+        let cost = match rule.cost(parts, &limit) {
+            Cost::Is(cost) => cost,
+            Cost::TooLarge { estimate, most } if limit.is_shadow() => {
+                // a shadow limit never refuses: it counts what it would do
+                let name = limit.name();
+                tracing::debug!(target: "tower_ratelimit", limit = name, estimate, most, "shadow limit would have refused an estimate over its share");
+                crate::limiter::count::count_one(&limit, crate::metrics::Outcome::ShadowDenied);
+                estimate
+            }
+            Cost::TooLarge { estimate, most } => {
+                let name = limit.name();
+                tracing::debug!(target: "tower_ratelimit", limit = name, estimate, most, "an estimate over its share of a budget");
+                let why = Rejection::EstimateTooLarge {
+                    limit: name,
+                    estimate,
+                    most,
+                };
+                return Err(rejection(config, why, || {
+                    Answers::to(parts).estimate_too_large(name, estimate, most)
+                }));
+            }
+        };
+        chosen.push(Applies {
+            limit,
+            key,
+            rule: i,
+            cost,
+        });
     }
     Ok(chosen)
 }
 
-/// A request's cost: the layer's function of the request, or its fixed cost.
-pub(super) fn cost_of(config: &Config, parts: &Parts) -> u64 {
-    config
-        .cost
-        .as_ref()
-        .map_or(config.fixed_cost, |cost| cost(parts))
+/// The chosen limits and keys as the limiter decides them, each at its
+/// rule's cost.
+pub(super) fn checks_of<'a>(chosen: &'a Chosen<'_>) -> Checks<'a> {
+    let check = |applies: &'a Applies<'_>| Check {
+        limit: &applies.limit,
+        key: applies.key.as_bytes(),
+        cost: Limiter::cost(applies.cost),
+    };
+    chosen.iter().map(check).collect()
 }
 
-/// The chosen limits and keys as the limiter decides them, at `cost`.
-pub(super) fn checks_of<'a>(chosen: &'a Chosen<'_>, cost: u64) -> Checks<'a> {
-    let pairs = chosen
-        .iter()
-        .map(|(limit, key, _)| (&**limit, key.as_bytes()));
-    Limiter::checks(pairs, cost)
-}
-
-/// The 413 (or `INVALID_ARGUMENT`) for a request whose estimate `cost` is
-/// over `share` of the capacity of a limit it is checked against whose rule
-/// reads the cost after the response (see
-/// [`settle_estimates`](super::RateLimitLayerBuilder::settle_estimates));
-/// `None` when it is within every one.
-pub(super) fn estimate_too_large<B>(
-    config: &Config,
-    parts: &Parts,
-    chosen: &Chosen<'_>,
-    cost: u64,
-    share: f64,
-) -> Option<Response<ResponseBody<B>>> {
-    chosen.iter().find_map(|(limit, _, rule)| {
-        let budget = config.rules.get(*rule)?.cost_after.any();
-        let most = crate::limiter::share_of(limit.capacity(), share);
-        (budget && cost > most).then(|| {
-            let limit = limit.name();
-            tracing::debug!(target: "tower_ratelimit", limit, cost, most, "an estimate over its share of a budget");
-            let why = Rejection::EstimateTooLarge {
-                limit,
-                estimate: cost,
-                most,
-            };
-            rejection(config, why, || {
-                Answers::to(parts).estimate_too_large(limit, cost, most)
-            })
-        })
-    })
-}
-
-/// A request's cost, and costs as estimates settled after the response.
-impl RateLimitLayerBuilder {
-    /// Every request costs `cost` (default 1); checked against every limit's
-    /// capacity when built.
-    pub fn fixed_cost(mut self, cost: u64) -> Self {
-        self.fixed_cost = cost;
-        self.cost = None;
+/// What a request costs a rule when it arrives.
+impl Rule {
+    /// Every request costs this rule `cost` (default 1): checked against
+    /// the capacity of its limit (and tiers) when the layer is built
+    /// ([`ConfigError::FixedCostExceedsCapacity`](crate::ConfigError::FixedCostExceedsCapacity)).
+    /// Each rule of a layer has its own cost: a request can cost 1 to a
+    /// request-count rule and 500 to a token budget, decided together in
+    /// one store call.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = Arrival::Fixed(cost);
         self
     }
 
-    /// The cost of each request is computed from it (weighted endpoints).
-    /// A cost over a limit's capacity is answered 429 without `Retry-After`.
+    /// What each request costs this rule, computed from its head
+    /// (weighted endpoints). `None` (not told) counts as the
+    /// [fallback](Self::estimate_fallback): 1 unless set, or, for a rule
+    /// that [settles estimates](Self::settle_estimates), the most one
+    /// request may ask for. A cost over the limit's capacity is answered
+    /// 429 without `Retry-After`.
+    ///
+    /// A cost the client chooses (a header, a body field) is only as
+    /// honest as the client: settle it after the response
+    /// ([`settle_estimates`](Self::settle_estimates)) when the real cost
+    /// is known then.
     pub fn cost_from_request(
         mut self,
-        cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static,
+        cost: impl Fn(&Parts) -> Option<u64> + Send + Sync + 'static,
     ) -> Self {
-        self.cost = Some(Arc::new(cost));
+        self.cost = Arrival::Request(Arc::new(cost));
         self
     }
 
     /// [`cost_from_request`](Self::cost_from_request) read from the request
     /// header `name`, a decimal integer (an LLM call's `max_tokens`, say);
-    /// absent or unreadable: the [fixed cost](Self::fixed_cost), 1 unless set.
+    /// absent, unreadable or negative: not told.
     pub fn cost_from_request_header(self, name: http::HeaderName) -> Self {
-        let fixed = self.fixed_cost;
         self.cost_from_request(move |parts| {
-            let value = parts.headers.get(&name).and_then(|v| v.to_str().ok());
-            value.and_then(|v| v.trim().parse().ok()).unwrap_or(fixed)
+            let value = parts.headers.get(&name)?.to_str().ok()?;
+            value.trim().parse().ok()
         })
     }
 
-    /// Takes each request's cost as an estimate, settled after the response
-    /// to the actual cost that its rules read from it
-    /// ([`Rule::cost_from_response`](super::Rule::cost_from_response), [`Rule::cost_from_body`](super::Rule::cost_from_body)): what the
-    /// estimate was over is given back, what it was under is charged. A
-    /// request dropped before its response keeps its estimate; a response
-    /// that tells no cost keeps it too.
+    /// [`cost_from_request`](Self::cost_from_request) read from the
+    /// top-level field `field` of the request's JSON body (`max_tokens`),
+    /// an integer of at least 0; absent, unreadable, negative or fractional:
+    /// not told. The body is read once, before the layer, by
+    /// [`ReadBody`](crate::key::ReadBody), whatever number of rules and
+    /// keys ([`JsonField`](crate::key::JsonField)) read it; without
+    /// `ReadBody` around the layer no request tells it (warned once).
+    pub fn cost_from_json_field(self, field: impl Into<String>) -> Self {
+        let field: Arc<str> = Arc::from(field.into());
+        let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.cost_from_request(move |parts| crate::key::json_number(parts, &field, &warned))
+    }
+
+    /// Takes this rule's cost on arrival as an estimate, settled after the
+    /// response to the cost the rule reads from it
+    /// ([`cost_from_response`](Self::cost_from_response),
+    /// [`cost_from_header`](Self::cost_from_header),
+    /// [`cost_from_body`](Self::cost_from_body),
+    /// [`cost_from_json_body`](Self::cost_from_json_body)): what the
+    /// estimate was over is given back, what it was under is charged in
+    /// full, into debt if need be (at most the limit's capacity, as
+    /// [`Limiter::charge`](crate::Limiter::charge) does). A response that
+    /// tells no cost, or a request dropped before its response, keeps the
+    /// estimate.
     ///
-    /// `max_share` (in (0, 1]) bounds what one request may take of each
-    /// budget (the limits of rules that read a cost after the response):
-    /// an estimate over `max_share` of a limit's capacity is answered
-    /// 413 (a problem body; [`Rejection::EstimateTooLarge`](super::Rejection::EstimateTooLarge)), taking nothing,
-    /// and a cost over the estimate is charged at most `max_share` of
-    /// the capacity more. So a limit's overshoot is at most the sum, over
-    /// the requests in flight, of their cost less their estimate, and at
-    /// most `max_share` of its capacity for each. Outside (0, 1], or
-    /// without a rule that reads a cost after the response, the layer
-    /// does not build ([`ConfigError::Layer`](crate::ConfigError::Layer)).
+    /// `max_share` (in (0, 1]) is the most one request may *ask for*, as
+    /// a share of the limit's capacity (rounded down, at least 1): an
+    /// estimate over it is refused with 400 (a problem body;
+    /// [`Rejection::EstimateTooLarge`](super::Rejection::EstimateTooLarge)),
+    /// taking nothing of any rule, except by a rule in
+    /// [shadow mode](crate::Limit::shadow), which counts it as a
+    /// would-refuse. An estimate that is not told, 0, unreadable or
+    /// negative counts as the [fallback](Self::estimate_fallback): by
+    /// default that most, so no client pays less by lying low.
+    ///
+    /// The bound: a budget is exceeded by at most the costs, beyond their
+    /// estimates, of the requests it granted before it ran out and whose
+    /// responses were not yet settled; a client that sends one request at
+    /// a time takes at most one request's cost (at most the capacity)
+    /// beyond its budget, then waits out its debt. Outside (0, 1], or on a
+    /// rule that reads no cost after the response, the layer does not
+    /// build ([`ConfigError::Layer`](crate::ConfigError::Layer)).
     ///
     /// ```
-    /// use std::time::Duration;
     /// use http::HeaderName;
     /// use tower_ratelimit::key::Global;
     /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
@@ -157,14 +199,26 @@ impl RateLimitLayerBuilder {
     /// // 100 000 tokens a day; a call pays its max_tokens, then what it used
     /// let tokens = Limit::new("tokens", Quota::per_day(100_000).fixed_window())?;
     /// let layer = RateLimitLayer::builder()
-    ///     .rule(Rule::new(tokens, Global).cost_from_header(HeaderName::from_static("x-tokens-used")))
-    ///     .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
-    ///     .settle_estimates(0.05)
+    ///     .rule(
+    ///         Rule::new(tokens, Global)
+    ///             .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
+    ///             .cost_from_header(HeaderName::from_static("x-tokens-used"))
+    ///             .settle_estimates(0.05),
+    ///     )
     ///     .build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn settle_estimates(mut self, max_share: f64) -> Self {
         self.estimates = Some(max_share);
+        self
+    }
+
+    /// What a cost that the request does not tell (absent, unreadable,
+    /// negative; for an estimate, 0 too) counts as: default 1, or, for a
+    /// rule that [settles estimates](Self::settle_estimates), the most
+    /// one request may ask for.
+    pub fn estimate_fallback(mut self, cost: u64) -> Self {
+        self.fallback = Some(cost);
         self
     }
 }

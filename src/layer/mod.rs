@@ -66,7 +66,8 @@
 //! | a key blocked by a limit's [penalty](crate::Limit::with_penalty) | 429 like any refusal: `Retry-After` the time left of the block, `RateLimit` remaining 0; answered from the cache of denials while the block lasts (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)) |
 //! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned, and the response's rate-limit fields show what remains after it |
 //! | a [concurrency limit](crate::Limit::concurrency) grants | its permit (a lease, renewed meanwhile) is held from the decision through the handler until the response body has been sent, then given back; at once when the request is dropped (the client went away), the inner service fails or the body is dropped; at the latest at the limit's [maximum hold](crate::Limit::hold_at_most) ([`DEFAULT_MAX_HOLD`](crate::DEFAULT_MAX_HOLD)), when the body ends with an error; a request it refuses gets 429 with `Retry-After` until the oldest lease would expire (an upper bound); in delay mode it waits instead, decided again at pauses of 10 ms to 200 ms, until a permit is free or `max_delay` is over |
-//! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_header`], [`Rule::cost_from_body`]) | the request's own cost is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own; a key in debt gets 429 until paid back. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs of the responses admitted before it ran out and still unsettled |
+//! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_header`], [`Rule::cost_from_body`], [`Rule::cost_from_json_body`], [`Rule::cost_from_whole_body`]) | the request's cost to that rule ([`Rule::cost`], 1 by default) is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own (with [`Rule::settle_estimates`], what it cost less is given back); a key in debt gets 429 until paid back. Every rule's charge goes in one store call, every surplus in one more. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs of the responses admitted before it ran out and still unsettled |
+//! | an estimate over the share of a limit one request may take ([`Rule::settle_estimates`]) | 400 with a problem body naming the limit, the estimate and the most one request may take, nothing taken; counted `estimate_too_large` under the limit |
 //! | a limit in [shadow mode](crate::Limit::shadow) would refuse | forwarded; counted `shadow_denied`; shadow limits are left out of the headers |
 //! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state |
 //! | any of the layer's own answers above to a gRPC call (`content-type: application/grpc...`), feature `grpc` | a trailers-only gRPC response (HTTP 200, `grpc-status`, `grpc-message`) instead: refused, `RESOURCE_EXHAUSTED` with the wait as `google.rpc.RetryInfo` (none when the cost can never fit); deny-listed, `PERMISSION_DENIED`; store failure, `UNAVAILABLE` with the fail-closed `retry_after` as `RetryInfo`; no key, `INVALID_ARGUMENT` (a configured 401, 403, 404: `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`); each with `Cache-Control: no-store`. The rate-limit headers and `Retry-After` are kept, as metadata; a custom [`on_rejection`](RateLimitLayerBuilder::on_rejection) handler is not overridden |
@@ -84,6 +85,7 @@ mod builder;
 mod choose;
 mod future;
 mod info;
+mod meter;
 mod outage;
 mod refusal;
 #[cfg(feature = "resolver")]
@@ -95,14 +97,14 @@ mod service;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::request::Parts;
 use http::StatusCode;
 
 pub use self::body::ResponseBody;
 pub use self::builder::RateLimitLayerBuilder;
 pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
-pub use self::refusal::Refusal;
+pub(crate) use self::refusal::insert_fields;
+pub use self::refusal::{Refusal, Unavailable};
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
@@ -147,10 +149,14 @@ pub enum OnStoreError {
     FallbackToMemory,
 }
 
+/// The `Retry-After` of the default [`OnStoreError::FailClosed`], and of
+/// [`Error::unavailable`].
+pub(crate) const FAIL_CLOSED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 impl Default for OnStoreError {
     fn default() -> Self {
         OnStoreError::FailClosed {
-            retry_after: Duration::from_secs(1),
+            retry_after: FAIL_CLOSED_RETRY_AFTER,
         }
     }
 }
@@ -199,8 +205,12 @@ pub enum Rejection<'a> {
     /// ([`RateLimitLayerBuilder::deny_if`]).
     DenyListed,
     /// The request's estimate is over the share of limit `limit`'s capacity
-    /// one request may take ([`RateLimitLayerBuilder::settle_estimates`]):
-    /// 413 by default.
+    /// one request may take ([`Rule::settle_estimates`]):
+    /// 400 Bad Request by default (the client must ask for less; waiting
+    /// cannot help), with a problem body naming the limit, the estimate
+    /// and the most one request may take; counted
+    /// [`estimate_too_large`](crate::metrics::Outcome::EstimateTooLarge)
+    /// under the limit.
     EstimateTooLarge {
         /// The limit.
         limit: &'a str,
@@ -212,7 +222,6 @@ pub enum Rejection<'a> {
 }
 
 type Rejector = Arc<dyn Fn(&Rejection<'_>) -> RejectionResponse + Send + Sync>;
-type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 pub(crate) struct Config {
     pub(crate) limiter: Limiter,
@@ -234,8 +243,6 @@ pub(crate) struct Config {
     /// Whether a rule holds a lease until the response body ends, or
     /// charges a cost after the response (see `after.rs`).
     pub(crate) settles_after: bool,
-    pub(crate) cost: Option<CostFn>,
-    pub(crate) fixed_cost: u64,
     pub(crate) max_delay: Duration,
     /// Requests that may wait in delay mode at once (see
     /// [`RateLimitLayerBuilder::max_waiting`]); `None` without delay mode.
@@ -245,8 +252,6 @@ pub(crate) struct Config {
     /// ahead, given back or decided again (shadow limits), and no plan is
     /// resolved: nothing in the decision is awaited.
     pub(crate) at_once: bool,
-    /// Settling estimates: the share of a budget one request may take.
-    pub(crate) estimates: Option<f64>,
     pub(crate) headers: HeaderSet,
     pub(crate) rejector: Option<Rejector>,
     pub(crate) outage: OutageLog,

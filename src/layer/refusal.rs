@@ -1,22 +1,32 @@
 //! The layer's own answers: a refusal, a deny-listed request, a store
 //! failure (per [`OnStoreError`]); a custom handler's when there is one.
 
+use std::time::Duration;
+
 use http::request::Parts;
-use http::Response;
+use http::{HeaderMap, Response};
 use smallvec::SmallVec;
 
 use super::body::RejectionResponse;
 use super::response::HeaderSet;
-use super::response::{insert_headers, insert_retry_after, too_many_requests, Answers};
+use super::response::{
+    insert_headers, insert_retry_after, service_unavailable, too_many_requests, Answers,
+};
 use super::{Config, OnStoreError, Rejection, ResponseBody};
 use crate::{Decision, Error, Limiter};
 
-/// The layer's answer for `why`: the custom handler's, else `default`.
+/// The layer's answer for `why`: the custom handler's, else `default`. An
+/// estimate too large is counted here, under its limit
+/// ([`Outcome::EstimateTooLarge`](crate::metrics::Outcome::EstimateTooLarge)):
+/// no decision counts it.
 pub(super) fn rejection<B>(
     config: &Config,
     why: Rejection<'_>,
     default: impl FnOnce() -> RejectionResponse,
 ) -> Response<ResponseBody<B>> {
+    if let Rejection::EstimateTooLarge { limit, .. } = &why {
+        crate::metrics::count_named(limit, crate::metrics::Outcome::EstimateTooLarge);
+    }
     let response = match &config.rejector {
         Some(handler) => handler(&why),
         None => default(),
@@ -141,6 +151,72 @@ impl<B: From<String>> From<Refusal> for Response<B> {
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::response::IntoResponse for Refusal {
+    fn into_response(self) -> axum::response::Response {
+        self.into()
+    }
+}
+
+/// Adds to `headers` the rate-limit fields the layer writes on a response
+/// it forwards with `decision` (default header set, shadow limits left
+/// out): see [`Decision::insert_headers`].
+pub(crate) fn insert_fields(decision: &Decision, headers: &mut HeaderMap) {
+    insert_headers(headers, &decision.without_shadow(), &HeaderSet::default());
+}
+
+/// The layer's answer when its store fails and it fails closed
+/// ([`OnStoreError::FailClosed`], the default), as a response a handler
+/// returns when it calls a [`Limiter`] itself and the call fails: 503
+/// Service Unavailable, `Retry-After`, `Cache-Control: no-store` and an
+/// RFC 9457 problem body (`about:blank`) with a generic detail. Nothing of
+/// the error is in it (Redis and Lua messages, addresses are for the
+/// logs). Made by [`Error::unavailable`] with the layer's default
+/// `Retry-After` of 1 s; [`retry_after`](Self::retry_after) sets another.
+/// Returned from an axum handler (it implements `IntoResponse`, feature
+/// `axum`) or turned into an `http::Response` of any body made from a
+/// `String`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::Error;
+///
+/// let error = Error::Timeout(Duration::from_millis(50)); // as limiter.check(..) may fail
+/// let response: http::Response<String> = error.unavailable().into();
+/// assert_eq!(response.status(), 503);
+/// assert_eq!(response.headers()["retry-after"], "1");
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert!(!response.body().contains("50ms"));
+///
+/// let later: http::Response<String> = error.unavailable().retry_after(Duration::from_secs(5)).into();
+/// assert_eq!(later.headers()["retry-after"], "5");
+/// ```
+#[derive(Debug)]
+pub struct Unavailable(Response<String>);
+
+impl Unavailable {
+    /// The answer with `Retry-After` for `retry_after` (whole seconds,
+    /// rounded up, at least 1).
+    pub(crate) fn new(retry_after: Duration) -> Unavailable {
+        Unavailable(service_unavailable(retry_after))
+    }
+
+    /// The same answer with `Retry-After` for `retry_after` (whole
+    /// seconds, rounded up, at least 1), as a layer configured with
+    /// `OnStoreError::FailClosed { retry_after }` sends it.
+    #[must_use]
+    pub fn retry_after(self, retry_after: Duration) -> Unavailable {
+        Unavailable::new(retry_after)
+    }
+}
+
+impl<B: From<String>> From<Unavailable> for Response<B> {
+    fn from(unavailable: Unavailable) -> Self {
+        unavailable.0.map(B::from)
+    }
+}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum::response::IntoResponse for Unavailable {
     fn into_response(self) -> axum::response::Response {
         self.into()
     }

@@ -261,6 +261,25 @@ fn refusal_detail(decision: &Decision, violated: &[&str]) -> String {
     }
 }
 
+/// What the layer's 503 says when the store failed: nothing of the error.
+const STORE_UNAVAILABLE: &str = "The rate limiter is temporarily unavailable; retry later.";
+
+/// The default 503 of a store that failed, closed: an `about:blank`
+/// problem with a generic detail and `Retry-After` (see
+/// [`Answers::store_unavailable`]).
+pub(crate) fn service_unavailable(retry_after: Duration) -> http::Response<String> {
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "about:blank",
+        STORE_UNAVAILABLE.to_owned(),
+        None,
+    );
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, retry_after_value(retry_after));
+    response
+}
+
 /// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
 fn retry_after_value(wait: Duration) -> HeaderValue {
     HeaderValue::from(ceil_secs(wait).max(1))
@@ -322,12 +341,15 @@ impl Answers {
     /// detail. The error itself (Redis and Lua messages, addresses) is for
     /// the logs, never for clients.
     pub(crate) fn store_unavailable(self, retry_after: Duration) -> Response {
-        let detail = "The rate limiter is temporarily unavailable; retry later.";
-        self.answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            detail.to_owned(),
-            Some(retry_after),
-        )
+        match self {
+            Answers::Http => service_unavailable(retry_after).map(Body::from),
+            #[cfg(feature = "grpc")]
+            Answers::Grpc => self.answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                STORE_UNAVAILABLE.to_owned(),
+                Some(retry_after),
+            ),
+        }
     }
 
     /// A request of the deny-list: 403, or `PERMISSION_DENIED`, with a
@@ -344,14 +366,23 @@ impl Answers {
         self.answer(status, detail, None)
     }
 
-    /// An estimate over what one request may take of `limit`: 413, or
+    /// An estimate over what one request may take of `limit`: 400, or
     /// `INVALID_ARGUMENT`.
+    ///
+    /// 400, not 413 Content Too Large: 413 says the request's content is
+    /// larger than the server will read (RFC 9110, 15.5.14), and a server
+    /// may close the connection after it; here the content may be small
+    /// and well formed, and what is too large is a value it asks for (an
+    /// LLM call's `max_tokens`), which the client fixes by asking for less.
+    /// That is a request the client must change, 400, as LLM APIs answer
+    /// a `max_tokens` over the model's bound. Waiting cannot help either,
+    /// so no `Retry-After`.
     pub(crate) fn estimate_too_large(self, limit: &str, estimate: u64, most: u64) -> Response {
         let detail = format!(
             "The request's estimated cost {estimate} is over the {most} one request may take \
-             of rate limit {limit}."
+             of rate limit {limit}: ask for at most {most}."
         );
-        self.answer(StatusCode::PAYLOAD_TOO_LARGE, detail, None)
+        self.answer(StatusCode::BAD_REQUEST, detail, None)
     }
 
     /// `status` with an `about:blank` problem saying `detail`, or for a gRPC

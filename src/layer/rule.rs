@@ -12,6 +12,7 @@ use crate::live::Current;
 use crate::{ConfigError, Limit, LimitSource, Quota};
 
 pub(crate) type RequestPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+pub(crate) type RequestCost = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
 pub(crate) type ResponsePredicate = Arc<dyn Fn(&ResponseParts) -> bool + Send + Sync>;
 type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync>;
 
@@ -27,10 +28,17 @@ type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync
 ///   key gets, for this limit only;
 /// - [`refund_if`](Self::refund_if): responses whose requests do not count
 ///   (the permit, taken when the request arrived, is given back);
+/// - [`cost`](Self::cost), [`cost_from_request`](Self::cost_from_request),
+///   [`cost_from_request_header`](Self::cost_from_request_header),
+///   [`cost_from_json_field`](Self::cost_from_json_field): what a request
+///   costs this limit on arrival (each rule its own);
 /// - [`cost_from_response`](Self::cost_from_response),
-///   [`cost_from_header`](Self::cost_from_header) and
-///   [`cost_from_body`](Self::cost_from_body): a cost known only from the
-///   response, charged after it;
+///   [`cost_from_header`](Self::cost_from_header),
+///   [`cost_from_body`](Self::cost_from_body),
+///   [`cost_from_json_body`](Self::cost_from_json_body) and
+///   [`cost_from_whole_body`](Self::cost_from_whole_body): a cost known only
+///   from the response, charged after it, or settling an estimate
+///   ([`settle_estimates`](Self::settle_estimates));
 /// - [`tier`](Self::tier) and [`choose_tier`](Self::choose_tier): the quota
 ///   chosen per request (a plan), in the same limit.
 ///
@@ -78,6 +86,14 @@ pub struct Rule {
     pub(crate) on_missing: Option<MissingKey>,
     pub(crate) refund_if: Option<ResponsePredicate>,
     pub(crate) cost_after: CostAfter,
+    /// What a request costs this rule on arrival.
+    pub(crate) cost: Arrival,
+    /// Settling the cost on arrival as an estimate: the share of the
+    /// limit's capacity one request may ask for.
+    pub(crate) estimates: Option<f64>,
+    /// What a cost not told (absent, unreadable; for an estimate, 0 too)
+    /// counts as.
+    pub(crate) fallback: Option<u64>,
     pub(crate) tiers: Vec<(String, Quota)>,
     pub(crate) choose: Option<TierChoice>,
     /// Where the key and tier come from instead ([`Rule::resolved`]).
@@ -113,6 +129,9 @@ impl Rule {
             on_missing: None,
             refund_if: None,
             cost_after: CostAfter::default(),
+            cost: Arrival::Fixed(1),
+            estimates: None,
+            fallback: None,
             tiers: Vec::new(),
             choose: None,
             #[cfg(feature = "resolver")]
@@ -202,11 +221,7 @@ impl Rule {
     /// Validates the rule and resolves its policies against the layer's;
     /// a live limit is told what the layer needs of its values: a fixed
     /// `cost` it holds, the algorithm of its tiers.
-    pub(crate) fn compile(
-        self,
-        layer_missing: &MissingKey,
-        cost: Option<u64>,
-    ) -> Result<CompiledRule, ConfigError> {
+    pub(crate) fn compile(self, layer_missing: &MissingKey) -> Result<CompiledRule, ConfigError> {
         let name = self.limit.name().to_owned();
         let current = Limit::clone(&self.limit.load());
         if current.is_concurrency() && self.cost_after.any() {
@@ -215,6 +230,39 @@ impl Rule {
                  runs, so no cost can be charged to it after the response"
             )));
         }
+        if let Some(Err(why)) = &self.cost_after.meter {
+            return Err(ConfigError::Layer(format!("limit {name:?}: {why}")));
+        }
+        if current.is_concurrency() && !matches!(self.cost, Arrival::Fixed(1)) {
+            return Err(ConfigError::Layer(format!(
+                "limit {name:?} is a concurrency limit: a request holds one permit of it, \
+                 so its cost is 1"
+            )));
+        }
+        let estimates = match self.estimates {
+            None => None,
+            Some(share) if !(share > 0.0 && share <= 1.0) => {
+                return Err(ConfigError::Layer(format!(
+                    "limit {name:?}: the share of a budget one estimate may take must be in \
+                     (0, 1], not {share}"
+                )))
+            }
+            Some(_) if !self.cost_after.any() => {
+                return Err(ConfigError::Layer(format!(
+                    "limit {name:?}: an estimate is settled to the cost read after the \
+                     response (cost_from_response, cost_from_header, cost_from_body, \
+                     cost_from_json_body, cost_from_whole_body): the rule reads none"
+                )))
+            }
+            Some(share) => Some(Estimates {
+                share,
+                fallback: self.fallback,
+            }),
+        };
+        let fixed = match self.cost {
+            Arrival::Fixed(cost) => Some(cost),
+            Arrival::Request(_) => None,
+        };
         let on_missing = self.on_missing.unwrap_or_else(|| layer_missing.clone());
         check_missing(&on_missing)?;
         if matches!(&on_missing, MissingKey::Shared(key) if key.is_empty()) {
@@ -277,7 +325,7 @@ impl Rule {
         }
         if let Some(live) = self.limit.live() {
             let algorithm = (!tiers.is_empty()).then(|| current.quota().algorithm());
-            live.require(cost, algorithm)?;
+            live.require(fixed, algorithm)?;
         }
         let default = Tier::new(None, self.limit, keyless);
         Ok(CompiledRule {
@@ -289,11 +337,41 @@ impl Rule {
             on_missing,
             refund_if: self.refund_if,
             cost_after: self.cost_after,
+            cost: self.cost,
+            estimates,
+            fallback: self.fallback.unwrap_or(1),
             choose: self.choose,
             #[cfg(feature = "resolver")]
             plan: self.plan,
         })
     }
+}
+
+/// What one request costs a rule when it arrives.
+#[derive(Clone)]
+pub(crate) enum Arrival {
+    /// The same for every request.
+    Fixed(u64),
+    /// Read from the request; `None`: not told.
+    Request(RequestCost),
+}
+
+/// A rule's cost on arrival taken as an estimate, settled after the
+/// response ([`Rule::settle_estimates`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Estimates {
+    /// The share of the limit's capacity one request may ask for.
+    pub(crate) share: f64,
+    /// What an estimate not told, 0 or unreadable counts as (`None`: the
+    /// most one request may ask for).
+    fallback: Option<u64>,
+}
+
+/// A request's cost to a rule, or the estimate over what one request may
+/// ask for.
+pub(crate) enum Cost {
+    Is(u64),
+    TooLarge { estimate: u64, most: u64 },
 }
 
 /// Refuses a missing key answered with a success or informational status.
@@ -359,6 +437,13 @@ pub(crate) struct CompiledRule {
     pub(crate) refund_if: Option<ResponsePredicate>,
     /// The cost charged after the response, if any.
     pub(crate) cost_after: CostAfter,
+    /// What a request costs on arrival.
+    cost: Arrival,
+    /// The cost on arrival is an estimate, settled after the response.
+    pub(crate) estimates: Option<Estimates>,
+    /// What a cost from the request that is not told counts as, where
+    /// the rule settles no estimate.
+    fallback: u64,
     choose: Option<TierChoice>,
     #[cfg(feature = "resolver")]
     pub(crate) plan: Option<crate::plan::PlanResolver>,
@@ -400,6 +485,34 @@ impl CompiledRule {
         return self.plan.is_some();
         #[cfg(not(feature = "resolver"))]
         false
+    }
+
+    /// What `parts` costs this rule under `limit` (its tier's, now): an
+    /// estimate not told, 0 or unreadable counts as the fallback (the
+    /// most one request may ask for unless set), and one over that most
+    /// is too large.
+    pub(crate) fn cost(&self, parts: &Parts, limit: &Limit) -> Cost {
+        let told = match &self.cost {
+            Arrival::Fixed(cost) => Some(*cost),
+            Arrival::Request(cost) => cost(parts),
+        };
+        let Some(estimates) = self.estimates else {
+            return Cost::Is(told.unwrap_or(self.fallback));
+        };
+        let most = crate::limiter::share_of(limit.capacity(), estimates.share);
+        match told {
+            Some(estimate) if estimate > most => Cost::TooLarge { estimate, most },
+            Some(estimate) if estimate > 0 => Cost::Is(estimate),
+            _ => Cost::Is(estimates.fallback.unwrap_or(most)),
+        }
+    }
+
+    /// The fixed cost of every request, if it is one.
+    pub(crate) fn fixed_cost(&self) -> Option<u64> {
+        match self.cost {
+            Arrival::Fixed(cost) => Some(cost),
+            Arrival::Request(_) => None,
+        }
     }
 
     /// The tier of this request.

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use tower_service::Service;
 
 use super::after::{give_back, wait_for, After};
-use super::choose::{checks_of, choose, cost_of, estimate_too_large};
+use super::choose::{checks_of, choose};
 use super::future::ResponseFuture;
 use super::refusal::{after_failure, deny_listed, refused, AfterFailure};
 use super::response::Fields;
@@ -182,13 +182,12 @@ enum Step<B> {
 }
 
 /// A granted request with something after its grant: its grant, the rule
-/// of each limit charged, its cost, whether the store failed (decided by
-/// the fallback), and its place among the requests that may wait (delay
-/// mode), held until the wait ends.
+/// of each of its decision's checks (each charge names its check), whether
+/// the store failed (decided by the fallback), and its place among the
+/// requests that may wait (delay mode), held until the wait ends.
 struct Granted {
     grant: Grant,
-    charged_rules: SmallVec<[usize; 2]>,
-    cost: u64,
+    rules: SmallVec<[usize; 2]>,
     store_failed: bool,
     place: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -219,13 +218,7 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
     if chosen.is_empty() {
         return pass(parts, false);
     }
-    let cost = cost_of(config, parts);
-    if let Some(share) = config.estimates {
-        if let Some(answer) = estimate_too_large(config, parts, &chosen, cost, share) {
-            return Step::Answer(Box::new(answer));
-        }
-    }
-    let checks = checks_of(&chosen, cost);
+    let checks = checks_of(&chosen);
     // a place among the requests that may wait, while one is free
     let place = config
         .waiting
@@ -270,21 +263,15 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
         parts.extensions.insert(info);
         return Step::Forward(fields);
     }
-    // the rule of each limit the grant was charged to, for what follows a
-    // grant that can be given back
-    let charged_rules = match grant.refund {
-        Some(_) => chosen
-            .iter()
-            .zip(grant.decision.statuses())
-            .filter(|(_, status)| !status.would_refuse())
-            .map(|((_, _, rule), _)| *rule)
-            .collect(),
+    // the rule of each check, for what follows a grant that can be given
+    // back
+    let rules = match grant.refund {
+        Some(_) => chosen.iter().map(|applies| applies.rule).collect(),
         None => SmallVec::new(),
     };
     Step::Serve(Box::new(Granted {
         grant,
-        charged_rules,
-        cost,
+        rules,
         store_failed,
         place,
     }))
@@ -375,8 +362,7 @@ where
 {
     let Granted {
         grant: Grant { decision, refund },
-        charged_rules,
-        cost,
+        rules,
         store_failed,
         place,
     } = granted;
@@ -408,14 +394,15 @@ where
     let mut after = None;
     if let Some(refund) = refund {
         let given_back;
-        (response, given_back) = give_back(&config, &refund, &charged_rules, response).await;
+        (response, given_back) = give_back(&config, &refund, &rules, response).await;
         if let (Some(mut shown), false) = (shown, given_back.is_empty()) {
-            shown.given_back(given_back.iter().map(|&j| refund.charged()[j].0.name()));
+            let charged = refund.charged();
+            shown.given_back(given_back.iter().map(|&j| charged[j].limit.name()));
             fields = Fields::of(&shown, &config.headers);
         }
         if config.settles_after {
             let (head, body) = response.into_parts();
-            after = After::of(&config, &refund, &charged_rules, &head, cost, lease);
+            after = After::of(&config, &refund, &rules, &given_back, &head, lease);
             response = Response::from_parts(head, body);
         }
     }

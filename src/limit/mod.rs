@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::intern::intern;
-use self::intern::Name;
+pub(crate) use self::intern::Name;
 
 use crate::algorithm::Params;
 use crate::hot::HotKey;

@@ -136,9 +136,14 @@ impl Limiter {
 }
 
 /// Registers the fixed limits among `limits` on the store, which warns about
-/// a name used with two quotas (a live limit changes its quota by design).
+/// a name used with two quotas (a live limit changes its quota by design),
+/// and whether any is a calendar limit (whose store is then checked for
+/// persistence and eviction: see [`crate::CalendarRate`]).
 fn register(store: &dyn Store, limits: &[LimitSource]) {
     if let Some(quotas) = store.quotas() {
+        if limits.iter().any(|l| l.load().quota().calendar().is_some()) {
+            quotas.calendar_limit();
+        }
         let fixed: Vec<Limit> = limits
             .iter()
             .filter(|l| l.live().is_none())

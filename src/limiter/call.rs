@@ -189,11 +189,13 @@ impl Limiter {
         // must see what the store says now; a cost over a capacity is
         // answered "never" by the store; a quota kept in the store may be
         // raised, and a lease of a concurrency limit released, by another
-        // instance at any time).
+        // instance at any time). A denial is cached at one cost: not for
+        // checks of several costs (a layer's rules may each cost another).
         let cost = checks.first().map_or(0, |c| c.cost);
         let fits = || {
             checks.iter().all(|c| {
-                c.cost <= c.limit.params().capacity()
+                c.cost == cost
+                    && c.cost <= c.limit.params().capacity()
                     && !c.limit.is_quota_from_store()
                     && !c.limit.is_concurrency()
             })
@@ -274,7 +276,7 @@ impl Limiter {
         checks
     }
 
-    pub(super) fn cost(cost: u64) -> i64 {
+    pub(crate) fn cost(cost: u64) -> i64 {
         // Costs above 2^53 can never fit any validated limit; clamp so the
         // arithmetic in both stores stays exact.
         i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX)

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::grant::Charged;
+use super::grant::{Charged, ChargedTo};
 use crate::store::{Check, Settle};
 use crate::{Error, Limiter};
 
@@ -43,30 +43,32 @@ impl Limiter {
     pub async fn charge(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<(), Error> {
         let key = super::non_empty(key.as_ref())?;
         // (a concurrency limit counts work in progress: nothing to charge)
+        let cost = Self::cost(cost);
         let charged: Charged = self
             .current()
             .iter()
             .filter(|limit| !limit.is_concurrency())
-            .map(|limit| ((**limit).clone(), key.to_vec()))
+            .enumerate()
+            .map(|(check, limit)| ChargedTo {
+                limit: (**limit).clone(),
+                key: key.to_vec(),
+                cost,
+                check,
+            })
             .collect();
-        self.charge_charged(&charged, cost, 1.0).await
+        self.charge_charged(&charged).await
     }
 
-    /// Charges `cost` (at most `share` of each limit's capacity, 1.0: all
-    /// of it) to `charged`, tried again while the timeout lasts (see
-    /// [`charge`](Self::charge)).
-    pub(crate) async fn charge_charged(
-        &self,
-        charged: &Charged,
-        cost: u64,
-        share: f64,
-    ) -> Result<(), Error> {
+    /// Charges each of `charged` its cost (at most its limit's capacity),
+    /// tried again while the timeout lasts (see [`charge`](Self::charge)).
+    pub(crate) async fn charge_charged(&self, charged: &[ChargedTo]) -> Result<(), Error> {
         let checks: Vec<Check<'_>> = charged
             .iter()
-            .map(|(limit, key)| Check {
-                limit,
-                key,
-                cost: i64::try_from(cost.min(share_of(limit.capacity(), share))).unwrap_or(0),
+            .map(|c| Check {
+                cost: c
+                    .cost
+                    .min(i64::try_from(c.limit.capacity()).unwrap_or(i64::MAX)),
+                ..Self::check_of(c)
             })
             .filter(|check| check.cost > 0)
             .collect();
@@ -97,7 +99,6 @@ impl Limiter {
                 tracing::warn!(
                     target: "tower_ratelimit",
                     %error,
-                    cost,
                     tries,
                     limits = ?checks.iter().map(|c| c.limit.name()).collect::<Vec<_>>(),
                     "a charge after the fact failed: it is not counted"

@@ -10,8 +10,20 @@ use crate::metrics::StoreTimer;
 use crate::store::{Check, Settle, Settled};
 use crate::{Error, Limit, Limiter};
 
-/// The limits and keys a grant was charged to, owned.
-pub(crate) type Charged = Vec<(Limit, Vec<u8>)>;
+/// One limit and key a grant was charged to, owned: at what cost, and
+/// which check of its decision it was (a layer finds the rule of each
+/// charge by it, never by its place among the charges).
+#[derive(Debug, Clone)]
+pub(crate) struct ChargedTo {
+    pub(crate) limit: Limit,
+    pub(crate) key: Vec<u8>,
+    pub(crate) cost: i64,
+    /// The index of its check in the decision's checks.
+    pub(crate) check: usize,
+}
+
+/// The limits and keys a grant was charged to.
+pub(crate) type Charged = Vec<ChargedTo>;
 
 /// A decision of [`Refundable::check`] (`limiter.refundable().check(..)`),
 /// [`Refundable::acquire`], [`Refundable::decide`] or
@@ -172,7 +184,6 @@ pub(crate) struct Refund(Box<Taken>);
 pub(crate) struct Taken {
     limiter: Limiter,
     charged: Charged,
-    cost: i64,
     at: i64,
     done: AtomicBool,
 }
@@ -185,10 +196,9 @@ impl std::fmt::Debug for Refund {
                 &self
                     .charged
                     .iter()
-                    .map(|(l, _)| l.name())
+                    .map(|c| (c.limit.name(), c.cost))
                     .collect::<Vec<_>>(),
             )
-            .field("cost", &self.cost)
             .field("done", &self.done)
             .finish()
     }
@@ -204,14 +214,13 @@ impl std::ops::Deref for Refund {
 
 impl Refund {
     /// A refund of `decision`'s grant from `charged` through `limiter`;
-    /// `None` when nothing was granted.
+    /// `None` when nothing was granted. A charge of cost 0 is kept (a
+    /// layer settles it after the response), though it gives nothing back.
     pub(crate) fn of(limiter: &Limiter, decision: &Decision, charged: Charged) -> Option<Self> {
-        let cost = i64::try_from(decision.granted).ok()?;
-        (decision.is_allowed() && cost > 0 && !charged.is_empty()).then(|| {
+        (decision.is_allowed() && !charged.is_empty()).then(|| {
             Self(Box::new(Taken {
                 limiter: limiter.clone(),
                 charged,
-                cost,
                 at: decision.at,
                 done: AtomicBool::new(false),
             }))
@@ -229,20 +238,20 @@ impl Refund {
             .charged
             .iter()
             .enumerate()
-            .filter(|(i, _)| refunded(*i))
+            .filter(|(i, c)| c.cost > 0 && refunded(*i))
             .map(|(_, charged)| charged.clone())
             .collect();
         if some.is_empty() {
             return Ok(false);
         }
         self.limiter
-            .refund_charged(&some, self.cost, self.at)
+            .refund_charged(&some, self.at)
             .await
             .map(|()| true)
     }
 
     /// The limits and keys the grant was charged to, in order.
-    pub(crate) fn charged(&self) -> &[(Limit, Vec<u8>)] {
+    pub(crate) fn charged(&self) -> &[ChargedTo] {
         &self.charged
     }
 
@@ -261,22 +270,17 @@ impl Refund {
     /// [maximum hold](Limit::hold_at_most) or `max_hold`; `None` when the
     /// grant holds none.
     pub(crate) fn hold_leases(&self, max_hold: Duration) -> Option<LeaseGuard> {
-        LeaseGuard::hold(
-            &self.limiter,
-            &self.charged,
-            self.cost,
-            self.at,
-            Some(max_hold),
-        )
+        LeaseGuard::hold(&self.limiter, &self.charged, self.at, Some(max_hold))
     }
 
-    /// Gives back once; `true` when this call did.
+    /// Gives back once; `true` when this call did (`false` for a grant
+    /// of cost 0: nothing to give back).
     pub(crate) async fn run(&self) -> Result<bool, Error> {
-        if self.done.swap(true, Ordering::AcqRel) {
+        if self.done.swap(true, Ordering::AcqRel) || self.charged.iter().all(|c| c.cost <= 0) {
             return Ok(false);
         }
         self.limiter
-            .refund_charged(&self.charged, self.cost, self.at)
+            .refund_charged(&self.charged, self.at)
             .await
             .map(|()| true)
     }
@@ -289,10 +293,7 @@ impl Refund {
         }
         let at_once = self.limiter.answers_at_once();
         let refund = async move {
-            let result = self
-                .limiter
-                .refund_charged(&self.charged, self.cost, self.at)
-                .await;
+            let result = self.limiter.refund_charged(&self.charged, self.at).await;
             if let Err(error) = result {
                 tracing::debug!(target: "tower_ratelimit", %error, "could not give back a cancelled reservation");
             }
@@ -334,27 +335,30 @@ impl Limiter {
         checks
             .iter()
             .zip(decision.statuses())
-            .filter(|(_, status)| {
+            .enumerate()
+            .filter(|(_, (_, status))| {
                 !status.would_refuse() && (!decision.shadow_apart || !status.shadow)
             })
-            .map(|(c, _)| (c.limit.clone(), c.key.to_vec()))
+            .map(|(i, (c, _))| ChargedTo {
+                limit: c.limit.clone(),
+                key: c.key.to_vec(),
+                cost: c.cost,
+                check: i,
+            })
             .collect()
     }
 
-    /// Gives back a grant of `cost` at store time `at` from `charged`. On
-    /// a store that answers at once, the future is ready on its first poll.
-    pub(crate) async fn refund_charged(
-        &self,
-        charged: &[(Limit, Vec<u8>)],
-        cost: i64,
-        at: i64,
-    ) -> Result<(), Error> {
+    /// Gives back a grant made at store time `at` from `charged`, each at
+    /// its cost (nothing for a cost of 0). On a store that answers at
+    /// once, the future is ready on its first poll.
+    pub(crate) async fn refund_charged(&self, charged: &[ChargedTo], at: i64) -> Result<(), Error> {
         // a hot limit's grant may have come from a local batch (see
         // `hot.rs`): it counts as spent
         let checks: Checks<'_> = charged
             .iter()
-            .filter(|(limit, _)| self.inner.hot.is_none() || limit.hot_key().is_none())
-            .map(|(limit, key)| Check { limit, key, cost })
+            .filter(|c| c.cost > 0)
+            .filter(|c| self.inner.hot.is_none() || c.limit.hot_key().is_none())
+            .map(Self::check_of)
             .collect();
         if checks.is_empty() {
             return Ok(());
@@ -364,15 +368,14 @@ impl Limiter {
             .map(drop)
     }
 
-    /// Settles a grant of `cost` in `charged` after the fact (see
-    /// [`Settle`]).
+    /// Settles a grant in `charged`, each at its cost, after the fact
+    /// (see [`Settle`]).
     pub(crate) async fn settle_charged(
         &self,
-        charged: &[(Limit, Vec<u8>)],
-        cost: i64,
+        charged: &[ChargedTo],
         how: Settle,
     ) -> Result<Settled, Error> {
-        let checks = Self::owned_checks(charged, cost);
+        let checks: Checks<'_> = charged.iter().map(Self::check_of).collect();
         self.settle_checks(&checks, how, self.timeout()).await
     }
 
@@ -412,10 +415,12 @@ impl Limiter {
         self.inner.outage.set(|| store.kind(), failed);
     }
 
-    fn owned_checks(charged: &[(Limit, Vec<u8>)], cost: i64) -> Checks<'_> {
-        charged
-            .iter()
-            .map(|(limit, key)| Check { limit, key, cost })
-            .collect()
+    /// The check of a charge, at its cost.
+    pub(crate) fn check_of(charged: &ChargedTo) -> Check<'_> {
+        Check {
+            limit: &charged.limit,
+            key: &charged.key,
+            cost: charged.cost,
+        }
     }
 }

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Mutex};
 
-use super::grant::Charged;
+use super::grant::{Charged, ChargedTo};
 use crate::decision::Decision;
 use crate::store::Settle;
-use crate::{Error, Limit, Limiter};
+use crate::{Error, Limiter};
 
 /// A decision of [`Limiter::acquire_lease`] that holds the permits of the
-/// limiter's [concurrency limits](Limit::concurrency) while it lives, and
+/// limiter's [concurrency limits](crate::Limit::concurrency) while it lives, and
 /// gives them back when dropped or [released](Self::release).
 ///
 /// While held, it renews itself every third of the shortest lease time (on
@@ -59,7 +59,6 @@ pub(crate) struct LeaseGuard(Option<Arc<Held>>);
 /// What a held lease holds, shared with its renewal task.
 struct Held {
     limiter: Limiter,
-    cost: i64,
     /// A third of the shortest lease time: how often it is renewed.
     every: Duration,
     /// The shortest lease time: how long it lasts without a renewal.
@@ -72,7 +71,7 @@ struct Held {
     /// left to notice at its next tick).
     renewer: std::sync::OnceLock<tokio::task::AbortHandle>,
     /// When the permits must be given back at the latest (the shortest
-    /// [maximum hold](Limit::hold_at_most) of the limits held).
+    /// [maximum hold](crate::Limit::hold_at_most) of the limits held).
     until: Option<tokio::time::Instant>,
     /// Given back because held for the maximum hold.
     expired: AtomicBool,
@@ -83,14 +82,13 @@ struct Held {
 /// Each concurrency limit and key held, with the store time of its grant
 /// (`None`: lost), and when the lease was last known held.
 struct Grants {
-    held: Vec<(Limit, Vec<u8>, Option<i64>)>,
+    held: Vec<(ChargedTo, Option<i64>)>,
     renewed: tokio::time::Instant,
 }
 
 impl std::fmt::Debug for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Held")
-            .field("cost", &self.cost)
             .field("every", &self.every)
             .field("lost", &*self.lost.borrow())
             .field("released", &self.released)
@@ -99,41 +97,39 @@ impl std::fmt::Debug for Held {
 }
 
 impl LeaseGuard {
-    /// Holds the grants of `cost` in `charged` that are of concurrency
-    /// limits, made at store time `at` through `limiter`, renewing them on
+    /// Holds the grants in `charged` that are of concurrency limits (at a
+    /// cost above 0), made at store time `at` through `limiter`, renewing them on
     /// a task of the current runtime until they are given back, at the
-    /// latest at the shortest [maximum hold](Limit::hold_at_most) of their
+    /// latest at the shortest [maximum hold](crate::Limit::hold_at_most) of their
     /// limits (`max_hold` for a limit that sets none; `None`: no bound);
     /// `None` when there are none.
     pub(crate) fn hold(
         limiter: &Limiter,
-        charged: &[(Limit, Vec<u8>)],
-        cost: i64,
+        charged: &[ChargedTo],
         at: i64,
         max_hold: Option<Duration>,
     ) -> Option<Self> {
         let held: Vec<_> = charged
             .iter()
-            .filter(|(limit, _)| limit.is_concurrency())
-            .map(|(limit, key)| (limit.clone(), key.clone(), Some(at)))
+            .filter(|c| c.limit.is_concurrency() && c.cost > 0)
+            .map(|c| (c.clone(), Some(at)))
             .collect();
-        if cost <= 0 || held.is_empty() {
+        if held.is_empty() {
             return None;
         }
         let lasts = held
             .iter()
-            .map(|(limit, _, _)| limit.quota().window())
+            .map(|(c, _)| c.limit.quota().window())
             .min()
             .unwrap_or(Duration::from_secs(1));
         let now = tokio::time::Instant::now();
         let until = held
             .iter()
-            .filter_map(|(limit, _, _)| limit.max_hold().or(max_hold))
+            .filter_map(|(c, _)| c.limit.max_hold().or(max_hold))
             .min()
             .map(|hold| now.checked_add(hold).unwrap_or(now + crate::MAX_WAIT));
         let held = Arc::new(Held {
             limiter: limiter.clone(),
-            cost,
             every: (lasts / 3).max(Duration::from_millis(1)),
             lasts,
             grants: Mutex::new(Grants { held, renewed: now }),
@@ -204,10 +200,9 @@ impl Lease {
     /// The lease of `decision`'s grants in `charged` (those of concurrency
     /// limits) through `limiter`: holds nothing for a denial.
     pub(crate) fn of(limiter: &Limiter, decision: Decision, charged: &Charged) -> Self {
-        let cost = i64::try_from(decision.granted).unwrap_or(0);
         let guard = decision
             .is_allowed()
-            .then(|| LeaseGuard::hold(limiter, charged, cost, decision.at, None))
+            .then(|| LeaseGuard::hold(limiter, charged, decision.at, None))
             .flatten();
         Self { decision, guard }
     }
@@ -277,7 +272,7 @@ impl Held {
         for (at, charged) in by_time(&grants.held) {
             let done = self
                 .limiter
-                .refund_charged(&charged, self.cost, at)
+                .refund_charged(&charged, at)
                 .await
                 .map(|()| true);
             result = result.and(done);
@@ -314,17 +309,15 @@ impl Held {
         let mut failed = false;
         for (at, charged) in by_time(&grants.held) {
             let renewal = Settle::Renew { at };
-            match self
-                .limiter
-                .settle_charged(&charged, self.cost, renewal)
-                .await
-            {
+            match self.limiter.settle_charged(&charged, renewal).await {
                 Ok(settled) => {
-                    for ((limit, key), renewed) in charged.iter().zip(settled.renewed) {
-                        let grant = grants.held.iter_mut().find(|(l, k, t)| {
-                            *t == Some(at) && l.name() == limit.name() && k == key
+                    for (charge, renewed) in charged.iter().zip(settled.renewed) {
+                        let grant = grants.held.iter_mut().find(|(c, t)| {
+                            *t == Some(at)
+                                && c.limit.name() == charge.limit.name()
+                                && c.key == charge.key
                         });
-                        if let Some((_, _, t)) = grant {
+                        if let Some((_, t)) = grant {
                             *t = renewed;
                         }
                     }
@@ -338,7 +331,7 @@ impl Held {
         if !failed {
             grants.renewed = tokio::time::Instant::now();
         }
-        let gone = grants.held.iter().any(|(_, _, t)| t.is_none());
+        let gone = grants.held.iter().any(|(_, t)| t.is_none());
         if gone || grants.renewed.elapsed() >= self.lasts {
             self.lost.send_replace(true);
         }
@@ -346,13 +339,13 @@ impl Held {
 }
 
 /// The held grants grouped by their store time: one store call each.
-fn by_time(held: &[(Limit, Vec<u8>, Option<i64>)]) -> Vec<(i64, Charged)> {
+fn by_time(held: &[(ChargedTo, Option<i64>)]) -> Vec<(i64, Charged)> {
     let mut groups: Vec<(i64, Charged)> = Vec::new();
-    for (limit, key, at) in held {
+    for (charge, at) in held {
         let Some(at) = *at else { continue };
         match groups.iter_mut().find(|(t, _)| *t == at) {
-            Some((_, charged)) => charged.push((limit.clone(), key.clone())),
-            None => groups.push((at, vec![(limit.clone(), key.clone())])),
+            Some((_, charged)) => charged.push(charge.clone()),
+            None => groups.push((at, vec![charge.clone()])),
         }
     }
     groups
@@ -392,17 +385,24 @@ mod tests {
     use smallvec::SmallVec;
 
     use super::*;
+    use crate::Limit;
 
     #[test]
     fn grants_are_grouped_by_their_time() {
         let minute = Duration::from_secs(60);
         let a = Limit::concurrency("a", 1, minute).expect("limit");
         let b = Limit::concurrency("b", 1, minute).expect("limit");
+        let to = |limit: &Limit, key: &[u8], check| ChargedTo {
+            limit: limit.clone(),
+            key: key.to_vec(),
+            cost: 1,
+            check,
+        };
         let held = vec![
-            (a.clone(), b"k".to_vec(), Some(5)),
-            (b.clone(), b"k".to_vec(), Some(5)),
-            (a, b"j".to_vec(), Some(7)),
-            (b, b"j".to_vec(), None),
+            (to(&a, b"k", 0), Some(5)),
+            (to(&b, b"k", 1), Some(5)),
+            (to(&a, b"j", 0), Some(7)),
+            (to(&b, b"j", 1), None),
         ];
         let groups: SmallVec<[(i64, usize); 2]> = by_time(&held)
             .into_iter()

@@ -44,8 +44,8 @@ pub use self::admin::{Admin, Inspection};
 pub use self::builder::LimiterBuilder;
 pub(crate) use self::call::Ask;
 use self::deny_cache::DenyCache;
+pub(crate) use self::grant::{Charged, ChargedTo, Refund, RefundOnDrop};
 pub use self::grant::{Grant, Refundable};
-pub(crate) use self::grant::{Refund, RefundOnDrop};
 pub(crate) use self::hot::HotPools;
 pub use self::lease::Lease;
 pub(crate) use self::lease::LeaseGuard;
@@ -245,7 +245,13 @@ impl Limiter {
         });
         self::count::count(&checks, &result, self::count::outcome_of(&result));
         let decision = result?;
-        let refund = Refund::of(self, &decision, Self::charged(&checks, &decision));
+        // each limit was charged what was taken, not what was asked
+        let taken = Self::cost(decision.granted);
+        let mut charged = Self::charged(&checks, &decision);
+        for charge in &mut charged {
+            charge.cost = taken;
+        }
+        let refund = Refund::of(self, &decision, charged);
         Ok(Grant::new(decision, refund))
     }
 

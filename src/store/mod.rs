@@ -254,7 +254,17 @@ pub(crate) mod backend {
         seen: std::sync::Mutex<std::collections::HashMap<&'static str, (crate::Quota, bool)>>,
         keyed:
             std::sync::Mutex<std::collections::HashMap<&'static str, (crate::key::KeyKind, bool)>>,
+        /// Whether the server's persistence and eviction policy are to be
+        /// checked for calendar quotas: [`CALENDAR_NONE`], then
+        /// [`CALENDAR_DUE`] once a limiter with a calendar limit is built,
+        /// then [`CALENDAR_TAKEN`] once a decision took the check (once per
+        /// store and its clones).
+        calendar: std::sync::atomic::AtomicU8,
     }
+
+    const CALENDAR_NONE: u8 = 0;
+    const CALENDAR_DUE: u8 = 1;
+    const CALENDAR_TAKEN: u8 = 2;
 
     impl QuotaRegistry {
         /// Records `limits`, warning about a name already used with another quota.
@@ -277,6 +287,37 @@ pub(crate) mod backend {
                     );
                 }
             }
+        }
+
+        /// Records that a limiter with a calendar limit was built: the
+        /// store's durability is then checked once (see
+        /// [`take_calendar_check`](Self::take_calendar_check)).
+        pub(crate) fn calendar_limit(&self) {
+            use std::sync::atomic::Ordering;
+            let _ = self.calendar.compare_exchange(
+                CALENDAR_NONE,
+                CALENDAR_DUE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+
+        /// Whether the caller is the one to check the store's durability
+        /// for calendar quotas: `true` once, after
+        /// [`calendar_limit`](Self::calendar_limit). A load otherwise.
+        #[inline]
+        pub(crate) fn take_calendar_check(&self) -> bool {
+            use std::sync::atomic::Ordering;
+            self.calendar.load(Ordering::Relaxed) == CALENDAR_DUE
+                && self
+                    .calendar
+                    .compare_exchange(
+                        CALENDAR_DUE,
+                        CALENDAR_TAKEN,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
         }
 
         /// Records that a layer keys `limit` by `kind`, warning about a name

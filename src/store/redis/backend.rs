@@ -38,6 +38,9 @@ impl Backend for RedisStore {
     ) -> Answer<'a, Result<Reply, Error>> {
         let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
+            if self.inner.quotas.take_calendar_check() {
+                self.check_durability();
+            }
             #[cfg(feature = "cluster")]
             if let Some(groups) = self.slot_groups(checks) {
                 // boxed: the common decision's future stays small

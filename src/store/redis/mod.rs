@@ -8,7 +8,8 @@
 //! the library (loading it where missing),
 //! `connector.rs` makes the connections, `conn.rs` keeps them healthy,
 //! `cluster.rs` splits a decision
-//! whose keys live in several slots.
+//! whose keys live in several slots, `durability.rs` checks once that
+//! calendar quotas will be kept (persistence, no eviction).
 
 mod backend;
 mod batch;
@@ -17,6 +18,7 @@ mod builder;
 mod cluster;
 mod conn;
 mod connector;
+mod durability;
 mod encode;
 mod script;
 mod stored;
