@@ -179,9 +179,9 @@ impl Error {
     /// [`MissingKey`](crate::layer::MissingKey) default).
     ///
     /// ```
+    /// # #[cfg(feature = "redis")] {
     /// use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
     ///
-    /// # #[cfg(feature = "redis")]
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// // nothing listens on port 1: the check fails
     /// let store = RedisStore::new("redis://127.0.0.1:1/")?;
@@ -195,6 +195,7 @@ impl Error {
     /// assert!(!response.body().contains("127.0.0.1"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
+    /// # }
     /// ```
     pub fn unavailable(&self) -> crate::layer::Unavailable {
         crate::layer::Unavailable::new(crate::layer::FAIL_CLOSED_RETRY_AFTER)
