@@ -6,23 +6,35 @@
 //! semantics (the outcome table of `layer`, `Rule`, `Limit::shadow`,
 //! `Limit::with_penalty`, `Limit::concurrency`, the estimates of
 //! `Rule::settle_estimates`). A case is a layer of 1 to 4 rules (fixed
-//! window, sliding log or concurrency limit; a key from one of two headers,
-//! sometimes missing, with its `MissingKey` policy; a cost on arrival, fixed,
-//! from a request header or an estimate settled after the response; shadow
-//! mode; an exemption; a second tier; a refund predicate on the status; a
-//! cost told by a response header; a penalty), optionally delay mode and a
-//! layer-wide refund predicate, and a few steps of traffic (requests with
-//! their keys, costs, statuses and usage, some dropped before their
-//! response, some with their body held; waits; releases of held bodies).
+//! window, sliding log, token bucket or concurrency limit; a key from one
+//! of two headers, sometimes missing, with its `MissingKey` policy; a cost
+//! on arrival, fixed, from a request header (with a fallback) or an
+//! estimate settled after the response; shadow mode; an exemption; a
+//! second tier; a refund predicate on the status; a cost told by a
+//! response header or by the JSON body's `usage`; a penalty), optionally
+//! delay mode and a layer-wide refund predicate, and a few steps of traffic
+//! (requests with their keys, costs (0, absent, garbage, negative
+//! included), statuses and usage, some dropped before their response, some
+//! with their body held; waits; releases of held bodies).
 //! Every response is compared with the model (status, `Retry-After`, the
 //! `RateLimit` field's remaining amounts), and after every step what every
 //! limit has left for every key (`Limiter::peek` through a limiter of the
 //! same limits on the same store).
 //!
 //! On the memory store the store's clock is tokio's paused clock (from
-//! `T0`), so delay mode's sleeps and the store's time are one timeline: a
-//! wait of the traffic is `tokio::time::advance`. On Redis (fewer cases, no
-//! delay mode) the store reads a `ManualClock`.
+//! `T0`), so delay mode's sleeps (and a concurrency limit's pauses in delay
+//! mode) and the store's time are one timeline: a wait of the traffic is
+//! `tokio::time::advance`. On Redis (fewer cases, no delay mode: a paused
+//! clock would time out the store's calls) the store reads a `ManualClock`,
+//! and the traffic waits out each denial (the limiter's cache of denials
+//! answers within it, with a `Retry-After` documented as a lower bound for
+//! a larger cost); charges and refunds made on tasks of their own are
+//! waited for (up to 2 s) before what is left is compared.
+//!
+//! Not drawn: GCRA and sliding windows, tiers of token buckets (a full
+//! bucket is forgotten and read again as full by any tier), tiers of
+//! another window, layer-wide exemptions and deny-lists, store failures,
+//! live limits, hot keys.
 //!
 //! Case counts: `MODEL_CASES` (default 2000) memory cases, and
 //! `MODEL_REDIS_CASES` (default 200) Redis cases. A longer run:
@@ -140,8 +152,10 @@ struct RuleSpec {
     /// Exempt when the request has `x-skip`.
     skip: bool,
     refund: Option<RefundOn>,
-    /// `Rule::cost_from_header(x-used)`.
+    /// `Rule::cost_from_header(x-used)`, or, with `body`,
+    /// `Rule::cost_from_json_body("usage")`.
     after: bool,
+    body: bool,
     cost: CostSpec,
     /// (refusals, within ms, blocks ms)
     penalty: Option<(u32, i64, [i64; 2])>,
@@ -283,7 +297,7 @@ const KNOWN: &[Combination] = &[
      when the response body ends or is dropped, not when the head is known \
      as the layer's outcome table and `Rule::cost_from_response` say",
         |case| {
-            case.layer.rules.iter().any(|r| r.after)
+            case.layer.rules.iter().any(|r| r.after && !r.body)
                 && requests(case).any(|q| q.fate == Fate::Held && q.used.read().is_some())
         },
     ),
@@ -713,7 +727,14 @@ struct Expect {
 #[derive(Debug, Clone)]
 struct Holding {
     leases: Vec<(Check, i64)>,
+    /// What its body tells, settled when it ends (a held body is dropped
+    /// unread: it tells nothing).
+    settles: Vec<Settle>,
 }
+
+/// A settlement: the check, its grant's time, the cost told, whether the
+/// cost paid was an estimate.
+type Settle = (Check, i64, i64, bool);
 
 #[derive(Debug)]
 struct Model {
@@ -1231,8 +1252,10 @@ impl Model {
                 ..d.clone()
             }),
         };
-        // costs told by the response, charged once its head is known (a
-        // request given back does not count: nothing to settle)
+        // costs told by the response, settled once its head is known, or,
+        // told by its body, once the body ends (a request given back does
+        // not count: nothing to settle)
+        let mut settles = Vec::new();
         for c in &charged {
             let rule = &rules[c.id.0];
             if !rule.after || refunded.contains(&c.id) {
@@ -1241,20 +1264,41 @@ impl Model {
             let Some(told) = req.used.read() else {
                 continue;
             };
-            let told = told as i64;
-            if told > c.cost {
-                self.charge(c, (told - c.cost).min(c.q.cap));
-                count(Event::Charged);
-            } else if told < c.cost && matches!(rule.cost, CostSpec::Estimate { .. }) {
-                self.give_back(c, d.at, c.cost - told);
-                count(Event::SurplusBack);
+            let estimate = matches!(rule.cost, CostSpec::Estimate { .. });
+            let settle = (*c, d.at, told as i64, estimate);
+            if rule.body {
+                settles.push(settle);
+            } else {
+                self.settle(settle);
             }
         }
+        let holding = Holding { leases, settles };
         match req.fate {
-            Fate::Held => self.held.push(Holding { leases }),
-            _ => self.release(&leases),
+            Fate::Held => self.held.push(holding),
+            _ => self.end(holding),
         }
         Some(expect)
+    }
+
+    /// Settles a grant of `c` at `at` to the cost `told`: what it is over
+    /// the cost paid charged, what it is under given back (an estimate).
+    fn settle(&mut self, (c, at, told, estimate): Settle) {
+        if told > c.cost {
+            self.charge(&c, (told - c.cost).min(c.q.cap));
+            count(Event::Charged);
+        } else if told < c.cost && estimate {
+            self.give_back(&c, at, c.cost - told);
+            count(Event::SurplusBack);
+        }
+    }
+
+    /// A response body ends (or is dropped): its settlements, then its
+    /// permits back.
+    fn end(&mut self, holding: Holding) {
+        for settle in holding.settles {
+            self.settle(settle);
+        }
+        self.release(&holding.leases);
     }
 
     /// A request forwarded without a decision (every limit skipped).
@@ -1263,7 +1307,10 @@ impl Model {
             Fate::Dropped => None,
             fate => {
                 if fate == Fate::Held {
-                    self.held.push(Holding { leases: Vec::new() });
+                    self.held.push(Holding {
+                        leases: Vec::new(),
+                        settles: Vec::new(),
+                    });
                 }
                 Some(Expect {
                     status: req.status,
@@ -1300,6 +1347,7 @@ impl Model {
     /// The oldest held body dropped.
     fn release_oldest(&mut self) {
         if !self.held.is_empty() {
+            // dropped unread: its body told nothing
             let holding = self.held.remove(0);
             self.release(&holding.leases);
         }
@@ -1345,12 +1393,19 @@ fn handler(request: Request<Body>) -> BoxFut {
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(200);
         let mut response = Response::builder().status(status);
-        let mut usage = "null".to_owned();
+        // the cost told in the header and as the body's `usage` (a number
+        // as it is, anything else as a string)
+        let mut body = "{}".to_owned();
         if let Some(used) = request.headers().get(USED) {
             response = response.header(USED, used.clone());
-            usage = format!("{:?}", used.to_str().unwrap_or(""));
+            let used = used.to_str().unwrap_or("");
+            body = match used.parse::<i64>() {
+                Ok(n) => format!("{{\"usage\":{n}}}"),
+                Err(_) => format!("{{\"usage\":{used:?}}}"),
+            };
         }
-        let body = Body::from(format!("{{\"usage\":{usage}}}"));
+        let response = response.header("content-type", "application/json");
+        let body = Body::from(body);
         Ok(response.body(body).expect("response"))
     })
 }
@@ -1416,7 +1471,9 @@ fn build_layer(store: impl Store, spec: &LayerSpec) -> RateLimitLayer {
         if let Some(on) = r.refund {
             rule = rule.refund_if(move |head| on.matches(head.status.as_u16()));
         }
-        if r.after {
+        if r.after && r.body {
+            rule = rule.cost_from_json_body("usage");
+        } else if r.after {
             rule = rule.cost_from_header(HeaderName::from_static(USED));
         }
         builder = builder.rule(rule_cost(rule, r));
@@ -1584,6 +1641,16 @@ async fn run(
                         "step {n} {req:?}: the layer answered {got:?}, the model {expect:?}"
                     ));
                 }
+                // Over a network the limiter caches denials, answering
+                // them again while they hold with the store's last answer
+                // (for a larger cost, a `retry_after` that is a lower
+                // bound: documented, not exact): the traffic waits a
+                // denial out before it goes on.
+                let retry = got.as_ref().and_then(|g| g.retry_after);
+                if let (Some(secs), Time::Manual(_)) = (retry, &time) {
+                    time.advance(secs as i64 * SEC).await;
+                    model.now += secs as i64 * SEC;
+                }
                 if let Some(response) = response {
                     if req.fate == Fate::Held && response.status().as_u16() == req.status {
                         held.push(response);
@@ -1698,6 +1765,7 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
         ),
         (
             proptest::bool::weighted(0.35),
+            proptest::bool::ANY,
             0u8..10,
             prop_oneof![Just(0.25f64), Just(0.5), Just(1.0)],
             proptest::option::of(1u64..=3),
@@ -1709,7 +1777,7 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
                 (algo, cap, window_ms, refill),
                 (pro, key, missing),
                 (shadow, skip, refund),
-                (after, c, share, fallback),
+                (after, body, c, share, fallback),
                 penalty,
             )| {
                 let concurrency = algo == Algo::Concurrency;
@@ -1746,6 +1814,7 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
                     skip,
                     refund,
                     after,
+                    body: body && after,
                     cost,
                     penalty,
                 }
@@ -1863,6 +1932,7 @@ fn plain(algo: Algo, cap: u64) -> RuleSpec {
         skip: false,
         refund: None,
         after: false,
+        body: false,
         cost: CostSpec::Fixed(1),
         penalty: None,
     }
