@@ -11,7 +11,7 @@
 # One private redis-server (pinned to REDIS_CPU, no persistence) gets the
 # library of each version exactly as RedisStore loads it (what
 # `cargo run --example lua_library` prints: lua/ assembled by build.rs, as
-# Function `tower_ratelimit_<sha16>` with flag allow-oom), only one at a time (the
+# Function `tower_ratelimit_<sha16>`, flagged allow-oom before 0.2.0), only one at a time (the
 # Lua garbage collector's work grows with the code loaded), the peer's
 # script (SCRIPT LOAD), and, as floors, an empty Function and an empty
 # script.

@@ -279,13 +279,13 @@ impl Decision {
         &self.statuses
     }
 
-    /// This decision after its grant of `amount` was given back in the
-    /// limits named `given_back`: their remaining amounts as the refund
+    /// This decision after its grants were given back in the limits of
+    /// `given_back` (each name with the amount given back to it, what the
+    /// request paid that rule): their remaining amounts as the refund
     /// leaves them (never above their capacity), what the rate-limit fields
     /// of a response that did not count show.
-    pub(crate) fn given_back<'a>(&mut self, given_back: impl Iterator<Item = &'a str>) {
-        let amount = self.granted;
-        for name in given_back {
+    pub(crate) fn given_back<'a>(&mut self, given_back: impl Iterator<Item = (&'a str, u64)>) {
+        for (name, amount) in given_back {
             if let Some(status) = self.statuses.iter_mut().find(|s| s.name == name) {
                 status.remaining = status.remaining.saturating_add(amount).min(status.limit);
             }

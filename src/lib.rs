@@ -149,7 +149,7 @@ pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
 
 pub use hot::HotKey;
-pub use limit::{Limit, DEFAULT_MAX_HOLD};
+pub use limit::Limit;
 pub use limiter::{
     Admin, Grant, Inspection, Lease, Limiter, LimiterBuilder, Refundable, DEFAULT_TIMEOUT, MAX_WAIT,
 };

@@ -9,7 +9,7 @@
 //! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`, `refund`, `take`, `charge`, `renew`) | seconds per store call, failures and timeouts included |
 //! | [`MEMORY_STORE_KEYS`] | gauge | | key states held by this process's memory stores (the stores, a layer's memory fallback), refreshed at most once a second per store |
 //! | [`CHARGES`] | counter | `result` (`charged`, `retried`, `failed`) | costs charged after the fact ([`Limiter::charge`](crate::Limiter::charge), a rule's cost from its response): `retried` charged after a failed try, `failed` not charged |
-//! | [`PENALTIES_NOT_STORED`] | counter | `limit` | new penalty states (a block, refusals or offences counted) a [`MemoryStore`](crate::MemoryStore) did not keep: they take at most half its `max_keys`, and it gives up none of them (a block by [`Admin::block`](crate::Admin::block) then fails with [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored)) |
+//! | [`PENALTIES_NOT_STORED`] | counter | `limit` | new penalty states (a block, refusals or offences counted) a [`MemoryStore`](crate::MemoryStore) did not keep on their own: they take at most half its `max_keys`, and when every one it compared to give up is an active block, the state goes to the limit's block shared per shard (it fails closed), or a block by [`Admin::block`](crate::Admin::block) fails with [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored); also an active block given up for another limit's state, put in its limit's shared block |
 //! | [`PLAN_LOOKUPS`] | counter | `result` (`found`, `unknown`, `failed`, `timed_out`, `oversized`) | lookups of plan resolvers (feature `resolver`), cache hits not counted; `oversized`: a lookup key too long, refused without a lookup |
 //! | [`LIMIT_CAPACITY`] | gauge | `limit` | the capacity of the quota that last decided for the limit |
 //! | [`LIMIT_WINDOW`] | gauge | `limit` | that quota's [policy window](crate::Limit::policy_window), in seconds |
@@ -98,6 +98,39 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # What the recorder needs
+//!
+//! [`STORE_DURATION`] gets a sample per store call: under a flood, hundreds
+//! of thousands a second. A recorder that keeps samples until they are
+//! rendered grows by each of them while no one scrapes:
+//! `metrics-exporter-prometheus` keeps every histogram sample until its
+//! *upkeep* drains them into the buckets. Its `install` and `build` spawn
+//! the upkeep (every 5 s, `upkeep_timeout`); `install_recorder` and
+//! `build_recorder` do not, and the application must call
+//! `PrometheusHandle::run_upkeep` every few seconds itself (the example
+//! server did not, and grew from 26 to 80 MiB over 4 million requests
+//! unscraped). Give it the [`buckets`] too: a histogram with buckets is a
+//! fixed set of counters once drained, where a summary keeps a sketch per
+//! label set. Other exporters have their own flush (OpenTelemetry's export
+//! interval, StatsD's aggregation), to be checked the same way.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use metrics_exporter_prometheus::PrometheusBuilder;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let handle = PrometheusBuilder::new().install_recorder()?;
+//! let upkeep = handle.clone();
+//! tokio::spawn(async move {
+//!     let mut every = tokio::time::interval(Duration::from_secs(5));
+//!     loop {
+//!         every.tick().await;
+//!         upkeep.run_upkeep(); // drains histogram samples into their buckets
+//!     }
+//! });
+//! # Ok(()) }
+//! ```
+//!
 //! Every decision also runs in a `tracing` span `rate_limit` (target
 //! `tower_ratelimit`, level `debug`) with the fields `limits` (the names)
 //! and `outcome` (as in [`Outcome::as_str`]).
@@ -110,8 +143,9 @@ pub const STORE_DURATION: &str = "tower_ratelimit_store_duration_seconds";
 pub const MEMORY_STORE_KEYS: &str = "tower_ratelimit_memory_store_keys";
 /// Counter of costs charged after the fact, labelled `result`.
 pub const CHARGES: &str = "tower_ratelimit_charges_total";
-/// Counter of new penalty states a memory store did not keep (they take at
-/// most half its bound), labelled `limit`.
+/// Counter of new penalty states a memory store did not keep on their own
+/// (kept in a block shared per limit and shard, or refused), labelled
+/// `limit`.
 pub const PENALTIES_NOT_STORED: &str = "tower_ratelimit_memory_store_penalties_not_stored_total";
 /// Counter of plan lookups (feature `resolver`), labelled `result`.
 pub const PLAN_LOOKUPS: &str = "tower_ratelimit_plan_lookups_total";

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use notify::Watcher;
 use serde::Deserialize;
@@ -66,12 +66,18 @@ type OnReload = Box<dyn Fn(&Reload) + Send + Sync>;
 /// or to `..data` reads it again, so a file written in place, one that an
 /// editor replaces by renaming another over it, and a Kubernetes ConfigMap
 /// mount (`limits.toml -> ..data/limits.toml`, where a new `..data` symlink
-/// is renamed over the old one) are all followed. Readings wait for the
-/// changes to settle ([`debounce`](Self::debounce)); a text the same as the
-/// last one read is left there. A file with a mistake changes nothing: the
-/// limits in force stay, and the error is logged (`error`, target
-/// `tower_ratelimit`), passed to [`on_reload`](Self::on_reload) and kept
-/// as [`FileWatch::last_error`].
+/// is renamed over the old one) are all followed. A change is applied only
+/// once the file has settled: no change seen for the
+/// [`debounce`](Self::debounce), then the same text, length and
+/// modification time at two readings the [`settle`](Self::settle) time
+/// apart, so a file caught half-written (`limit = 5` of what will be
+/// `limit = 500`) is not applied for a moment. A writer that pauses longer
+/// than that mid-write can still be caught: write a new file and rename it
+/// over the old one (atomic), as editors and ConfigMaps do. A text the same
+/// as the last one read is left there. A file with a mistake changes
+/// nothing: the limits in force stay, and the error is logged (`error`,
+/// target `tower_ratelimit`), passed to [`on_reload`](Self::on_reload) and
+/// kept as [`FileWatch::last_error`] until a reading is applied.
 ///
 /// The crate does not take `SIGHUP` over (a library should not choose what
 /// a process does with its signals): a server that wants it calls
@@ -99,6 +105,7 @@ type OnReload = Box<dyn Fn(&Reload) + Send + Sync>;
 pub struct LimitsFile {
     path: PathBuf,
     debounce: Duration,
+    settle: Duration,
     on_reload: Option<OnReload>,
 }
 
@@ -107,6 +114,7 @@ impl std::fmt::Debug for LimitsFile {
         f.debug_struct("LimitsFile")
             .field("path", &self.path)
             .field("debounce", &self.debounce)
+            .field("settle", &self.settle)
             .finish_non_exhaustive()
     }
 }
@@ -114,12 +122,16 @@ impl std::fmt::Debug for LimitsFile {
 /// The default of [`LimitsFile::debounce`].
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
 
+/// The default of [`LimitsFile::settle`].
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(1);
+
 impl LimitsFile {
     /// The limits file at `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
             debounce: DEFAULT_DEBOUNCE,
+            settle: DEFAULT_SETTLE,
             on_reload: None,
         }
     }
@@ -128,6 +140,15 @@ impl LimitsFile {
     /// [`DEFAULT_DEBOUNCE`] unless set (an editor's save is several events).
     pub fn debounce(mut self, wait: Duration) -> Self {
         self.debounce = wait;
+        self
+    }
+
+    /// How long the file must stay the same (text, length, modification
+    /// time), after the [`debounce`](Self::debounce), before a change is
+    /// applied: [`DEFAULT_SETTLE`] unless set. A change meanwhile starts
+    /// the wait again.
+    pub fn settle(mut self, wait: Duration) -> Self {
+        self.settle = wait;
         self
     }
 
@@ -178,7 +199,7 @@ impl LimitsFile {
         let shared = Arc::new(Shared {
             file: self,
             limits: limits.clone(),
-            last: Mutex::new(None),
+            last: Mutex::new(Last::default()),
         });
         let (changed, changes) = mpsc::sync_channel::<()>(1);
         let concerns = move |path: &PathBuf| {
@@ -205,7 +226,7 @@ impl LimitsFile {
             source,
         })?;
         // watched before the first reading: no change falls between them
-        if let Some(Err(error)) = shared.apply(true) {
+        if let Some(Err(error)) = shared.apply(Reading::of(&shared.file.path).text, true) {
             return Err(error);
         }
         let follower = shared.clone();
@@ -226,18 +247,53 @@ impl LimitsFile {
 struct Shared {
     file: LimitsFile,
     limits: LiveLimits,
-    /// The text last read, and the error of the last reading if it failed.
-    last: Mutex<Option<(String, Option<String>)>>,
+    last: Mutex<Last>,
+}
+
+/// The last reading of the file.
+#[derive(Default)]
+struct Last {
+    /// Its text, `None` when the file could not be read.
+    text: Option<String>,
+    /// Why it was not applied, `None` when it was.
+    error: Option<String>,
+}
+
+/// The file as one reading found it.
+struct Reading {
+    text: std::io::Result<String>,
+    len: Option<u64>,
+    modified: Option<SystemTime>,
+}
+
+impl Reading {
+    fn of(path: &Path) -> Reading {
+        let metadata = std::fs::metadata(path).ok();
+        Reading {
+            text: std::fs::read_to_string(path),
+            len: metadata.as_ref().map(std::fs::Metadata::len),
+            modified: metadata.and_then(|m| m.modified().ok()),
+        }
+    }
+
+    /// Whether `other` found the file as this one did.
+    fn same(&self, other: &Reading) -> bool {
+        let text = match (&self.text, &other.text) {
+            (Ok(a), Ok(b)) => a == b,
+            (Err(a), Err(b)) => a.kind() == b.kind(),
+            _ => false,
+        };
+        text && self.len == other.len && self.modified == other.modified
+    }
 }
 
 impl Shared {
-    /// Reads the file and applies it; `None` when its text is the one last
+    /// Applies `read`, the file's text; `None` when it is the text last
     /// read and not `always`.
-    fn apply(&self, always: bool) -> Option<Reload> {
-        let read = std::fs::read_to_string(&self.file.path);
+    fn apply(&self, read: std::io::Result<String>, always: bool) -> Option<Reload> {
         let mut last = crate::store::lock(&self.last);
         let reload = match read {
-            Ok(text) if !always && last.as_ref().is_some_and(|(t, _)| *t == text) => return None,
+            Ok(text) if !always && last.text.as_ref() == Some(&text) => return None,
             Ok(text) => {
                 let applied = self.file.parse(&text).and_then(|limits| {
                     self.limits
@@ -247,8 +303,10 @@ impl Shared {
                             source,
                         })
                 });
-                let error = applied.as_ref().err().map(ToString::to_string);
-                *last = Some((text, error));
+                *last = Last {
+                    text: Some(text),
+                    error: applied.as_ref().err().map(ToString::to_string),
+                };
                 applied
             }
             Err(source) => {
@@ -256,9 +314,11 @@ impl Shared {
                     path: self.file.path.clone(),
                     source,
                 };
-                if let Some((_, last_error)) = last.as_mut() {
-                    *last_error = Some(error.to_string());
-                }
+                // (the file back as it was is applied again, clearing this)
+                *last = Last {
+                    text: None,
+                    error: Some(error.to_string()),
+                };
                 Err(error)
             }
         };
@@ -290,15 +350,37 @@ impl Shared {
     /// Reads the file after each change settles, until the watcher is gone.
     fn follow(&self, changes: &mpsc::Receiver<()>) {
         while changes.recv().is_ok() {
+            let Some(reading) = self.settled(changes) else {
+                return;
+            };
+            if let Some(reload) = self.apply(reading.text, false) {
+                self.report(&reload);
+            }
+        }
+    }
+
+    /// Waits until no change is seen for the debounce, then until two
+    /// readings of the file the settle time apart, with no change seen
+    /// between them, agree; the second. `None` when the watcher is gone.
+    fn settled(&self, changes: &mpsc::Receiver<()>) -> Option<Reading> {
+        loop {
             loop {
                 match changes.recv_timeout(self.file.debounce) {
                     Ok(()) => continue,
                     Err(mpsc::RecvTimeoutError::Timeout) => break,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return None,
                 }
             }
-            if let Some(reload) = self.apply(false) {
-                self.report(&reload);
+            let first = Reading::of(&self.file.path);
+            match changes.recv_timeout(self.file.settle) {
+                // changed again: wait for it to settle
+                Ok(()) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            let second = Reading::of(&self.file.path);
+            if first.same(&second) {
+                return Some(second);
             }
         }
     }
@@ -323,19 +405,48 @@ impl FileWatch {
     /// Reads the file now, even if it seems unchanged (for a `SIGHUP`), and
     /// applies it; the limits in force stay when it has a mistake.
     pub fn reload(&self) -> Reload {
-        let reload = self.shared.apply(true).unwrap_or_else(|| Ok(Vec::new()));
+        let read = Reading::of(&self.shared.file.path).text;
+        let reload = self
+            .shared
+            .apply(read, true)
+            .unwrap_or_else(|| Ok(Vec::new()));
         self.shared.report(&reload);
         reload
     }
 
     /// Why the last reading was not applied, or `None` when it was.
     pub fn last_error(&self) -> Option<String> {
-        let last = crate::store::lock(&self.shared.last);
-        last.as_ref().and_then(|(_, error)| error.clone())
+        crate::store::lock(&self.shared.last).error.clone()
     }
 
     /// The file followed.
     pub fn path(&self) -> &Path {
         &self.shared.file.path
+    }
+}
+
+/// The limits of a file, live and watched, in one step.
+impl LimitsFile {
+    /// Reads the file, makes [`LiveLimits`] of its limits and
+    /// [watches](Self::watch) it: every layer and limiter built with one of
+    /// them follows the file. Keep the [`FileWatch`] while the limits
+    /// should follow it.
+    ///
+    /// ```no_run
+    /// use tower_ratelimit::watch::LimitsFile;
+    ///
+    /// let (limits, _watch) = LimitsFile::new("limits.toml").live()?;
+    /// let sms = limits.get("sms").expect("the file has it");
+    /// # let _ = sms;
+    /// # Ok::<(), tower_ratelimit::watch::WatchError>(())
+    /// ```
+    pub fn live(self) -> Result<(LiveLimits, FileWatch), WatchError> {
+        let limits = self.read()?;
+        let limits = LiveLimits::new(limits).map_err(|source| WatchError::Limits {
+            path: self.path.clone(),
+            source,
+        })?;
+        let watch = self.watch(&limits)?;
+        Ok((limits, watch))
     }
 }

@@ -444,6 +444,98 @@ async fn a_body_no_one_reads_gives_its_permit_back_at_the_maximum_hold() {
     }
 }
 
+/// A body of `chunks` chunks, each ready `every` after the one before.
+fn ticking(every: Duration, chunks: u32) -> Body {
+    Body::from_stream(futures::stream::unfold(0, move |sent| async move {
+        if sent == chunks {
+            return None;
+        }
+        tokio::time::sleep(every).await;
+        Some((Ok::<_, Infallible>(Bytes::from("tick\n")), sent + 1))
+    }))
+}
+
+/// Without a maximum hold, a response body keeps its permit for as long as
+/// its client reads it, however long: a chunk a minute for 15 minutes is
+/// not cut (the body waits for its own data meanwhile). A client that
+/// stops reading holds it a lease time: then the permit comes back and the
+/// body ends with an error. (Paused time, memory store.)
+#[tokio::test(start_paused = true)]
+async fn a_body_read_steadily_keeps_its_permit_and_a_stalled_one_loses_it() {
+    let lease = Duration::from_secs(30);
+    let streams = Limit::concurrency("steady", 1, lease).expect("limit");
+    let limited = layer(
+        StoreKind::Memory(MemoryStore::new()),
+        Rule::new(streams, Global),
+    );
+    let app = tower::Layer::layer(
+        &limited,
+        tower::service_fn(|request: Request<Body>| async move {
+            let body = match request.uri().path() {
+                "/steady" => ticking(Duration::from_secs(60), 15),
+                _ => ticking(Duration::ZERO, u32::MAX),
+            };
+            Ok::<_, Infallible>(http::Response::new(body))
+        }),
+    );
+
+    let steady = app
+        .clone()
+        .oneshot(get_request("/steady"))
+        .await
+        .expect("infallible");
+    assert_eq!(steady.status(), StatusCode::OK);
+    let started = tokio::time::Instant::now();
+    let mut body = steady.into_body();
+    let mut chunks = 0;
+    while let Some(frame) = body.frame().await {
+        if let Err(error) = frame {
+            panic!(
+                "the body read steadily was cut after {chunks} chunks, {:?}: {error}",
+                started.elapsed()
+            );
+        }
+        chunks += 1;
+    }
+    assert_eq!(chunks, 15);
+    assert!(started.elapsed() >= Duration::from_secs(15 * 60));
+
+    let stalled = app
+        .clone()
+        .oneshot(get_request("/stalled"))
+        .await
+        .expect("infallible");
+    assert_eq!(stalled.status(), StatusCode::OK);
+    let mut stalled = stalled.into_body();
+    assert!(
+        matches!(stalled.frame().await, Some(Ok(_))),
+        "one chunk read"
+    );
+    let refused = app
+        .clone()
+        .oneshot(get_request("/steady"))
+        .await
+        .expect("infallible");
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "held");
+    // the client reads no more: within a lease time and a renewal's
+    // period, the permit comes back
+    tokio::time::sleep(lease + lease / 3 + Duration::from_secs(1)).await;
+    let next = app
+        .clone()
+        .oneshot(get_request("/steady"))
+        .await
+        .expect("infallible");
+    assert_eq!(
+        next.status(),
+        StatusCode::OK,
+        "the stalled body's permit came back"
+    );
+    assert!(
+        matches!(stalled.frame().await, Some(Err(_))),
+        "the stalled body ends with an error"
+    );
+}
+
 #[test]
 fn a_maximum_hold_is_for_concurrency_limits_and_not_zero() {
     let rate = Limit::new("rate", Quota::per_second(1).gcra()).expect("limit");

@@ -29,6 +29,18 @@ fn example_binary() -> PathBuf {
     path
 }
 
+/// The `INTERNAL_TOKEN` of the servers started here (unless a test sets its
+/// own): `/metrics` is served only to a request that carries it.
+const TOKEN: &str = "metrics-s3cret";
+
+/// `GET /metrics` with the internal token: the status code and the body.
+fn scrape(port: u16) -> (u16, String) {
+    let authorization = format!("Authorization: Bearer {TOKEN}");
+    let (code, response) = send_with(port, "GET", "/metrics", &[&authorization], "");
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    (code, body.to_owned())
+}
+
 struct Server {
     child: Child,
     port: u16,
@@ -63,7 +75,7 @@ impl Server {
             .env_remove("REDIS_CA_FILE")
             .env_remove("ON_STORE_ERROR")
             .env_remove("LIMITS_FILE")
-            .env_remove("INTERNAL_TOKEN")
+            .env("INTERNAL_TOKEN", TOKEN)
             .env_remove("API_KEYS")
             .env_remove("TRUSTED_PROXIES")
             .envs(env.iter().copied())
@@ -881,7 +893,7 @@ fn a_changed_limits_file_takes_effect_without_a_restart() {
 fn metrics_are_served_in_the_prometheus_format() {
     let server = Server::start(None);
     exercise(&[server.port]);
-    let (code, body) = send(server.port, "GET", "/metrics");
+    let (code, body) = scrape(server.port);
     assert_eq!(code, 200);
     let sample = |limit: &str, outcome: &str| {
         body.lines().any(|line| {
@@ -899,6 +911,90 @@ fn metrics_are_served_in_the_prometheus_format() {
         "{body}"
     );
     assert!(body.contains("tower_ratelimit_memory_store_keys"), "{body}");
+}
+
+/// At the example's default log filter (no `RUST_LOG`), a refused request
+/// writes no line: under a flood, a line per refusal filled the disk (570
+/// MB in 80 s). What it logs is a few lines at start.
+#[test]
+fn refused_requests_are_not_logged_at_the_default_filter() {
+    use std::io::Read;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut command = Server::command(port, &[]);
+    command.env_remove("RUST_LOG").stdout(Stdio::piped());
+    let mut child = command.spawn().expect("start the example server");
+    let mut pipe = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    });
+    let server = Server { child, port };
+    assert!(
+        eventually(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()),
+        "the example server did not listen on {port}"
+    );
+    let refused = (0..40)
+        .filter(|_| status(port, "GET", "/api/hello") == 429)
+        .count();
+    assert!(refused >= 20, "only {refused} of 40 refused");
+    drop(server);
+    let log = reader.join().expect("stdout reader");
+    assert!(
+        !log.contains("rate-limited") && !log.contains("rate_limit"),
+        "refusals logged at the default filter:\n{log}"
+    );
+    assert!(
+        log.lines().count() < 10,
+        "{} lines:\n{log}",
+        log.lines().count()
+    );
+}
+
+/// `/metrics` is no public page: its outage gauge tells when fail-open lets
+/// everything through. Served only to a request with the internal token
+/// (as a bearer token or `X-Internal-Token`), 401 without it or with
+/// another, 404 when the server has no token.
+#[test]
+fn metrics_are_served_only_with_the_internal_token() {
+    let server = Server::start_env(&[("ON_STORE_ERROR", "open")]);
+    let (code, response) = send_with(server.port, "GET", "/metrics", &[], "");
+    assert_eq!(code, 401, "{response}");
+    assert!(!response.contains("tower_ratelimit_"), "{response}");
+    let wrong = send_with(
+        server.port,
+        "GET",
+        "/metrics",
+        &["Authorization: Bearer metrics-s3cres"],
+        "",
+    );
+    assert_eq!(wrong.0, 401, "{}", wrong.1);
+    let other = send_with(
+        server.port,
+        "GET",
+        "/metrics",
+        &["X-Internal-Token: nope"],
+        "",
+    );
+    assert_eq!(other.0, 401, "{}", other.1);
+    assert_eq!(scrape(server.port).0, 200);
+    let header = format!("X-Internal-Token: {TOKEN}");
+    assert_eq!(
+        send_with(server.port, "GET", "/metrics", &[&header], "").0,
+        200
+    );
+
+    let untokened = Server::start_env(&[("INTERNAL_TOKEN", "")]);
+    assert_eq!(status(untokened.port, "GET", "/metrics"), 404);
+    let header = format!("Authorization: Bearer {TOKEN}");
+    assert_eq!(
+        send_with(untokened.port, "GET", "/metrics", &[&header], "").0,
+        404
+    );
 }
 
 /// The metric names (`tower_ratelimit_...`) in `expr`.
@@ -1030,7 +1126,7 @@ fn every_queried_metric_is_exported(port: u16) {
         for _ in 0..12 {
             status(port, "GET", "/api/hello");
         }
-        body = send(port, "GET", "/metrics").1;
+        body = scrape(port).1;
         missing(&queried, &body).is_empty()
     });
     assert!(
@@ -1055,7 +1151,7 @@ fn the_dashboard_and_the_alerts_query_only_exported_metrics_on_redis() {
 
 /// The value of the sample of `name` with `label` in `/metrics`.
 fn gauge(port: u16, name: &str, label: &str) -> Option<f64> {
-    let body = send(port, "GET", "/metrics").1;
+    let body = scrape(port).1;
     body.lines()
         .filter(|line| line.starts_with(&format!("{name}{{")) && line.contains(label))
         .find_map(|line| line.rsplit_once(' ')?.1.parse().ok())

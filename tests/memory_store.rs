@@ -429,28 +429,45 @@ async fn a_block_beyond_half_the_bound_is_an_error() {
 }
 
 /// A flood of made-up keys that each get refused, and so each leave a
-/// penalty state (here a block at the first refusal), cannot fill the store
-/// with penalty states: new clients still get their quota.
+/// penalty state, cannot fill the store with penalty states: new clients
+/// still get their quota. When each is a count of refusals, in the flooded
+/// limit too (the counts are given up first). When each is a block (at
+/// the first refusal), the flooded limit fails closed once active blocks
+/// take half the bound (issue 47: no ban is dropped), but another limit's
+/// new clients still get theirs.
 #[tokio::test]
 async fn a_flood_of_penalty_states_refuses_no_new_client() {
     let minute = Duration::from_secs(60);
-    let store = MemoryStore::builder()
-        .clock(ManualClock::new(T0))
-        .max_keys(200)
-        .build()
-        .expect("store");
-    let limit = Limit::new("p", Quota::gcra(10, minute, 10))
-        .expect("valid limit")
-        .with_penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
-    let limiter = Limiter::new(store.clone(), limit);
-    for i in 0..2_000 {
-        let key = format!("flood-{i}");
-        assert_eq!(passes(&limiter, &key, 12).await, 10, "{key}");
-    }
-    assert!(store.len() <= 200, "{} states", store.len());
-    for i in 0..20 {
-        let key = format!("new-{i}");
-        assert_eq!(passes(&limiter, &key, 10).await, 10, "{key}");
+    for refusals in [2, 1] {
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(T0))
+            .max_keys(200)
+            .build()
+            .expect("store");
+        let limit = Limit::new("p", Quota::gcra(10, minute, 10))
+            .expect("valid limit")
+            .with_penalty(Penalty::new(refusals, minute, [minute]).expect("valid penalty"));
+        let limiter = Limiter::new(store.clone(), limit);
+        let other = Limiter::new(
+            store.clone(),
+            Limit::new("q", Quota::gcra(10, minute, 10)).expect("valid limit"),
+        );
+        for i in 0..2_000 {
+            let key = format!("flood-{i}");
+            let passed = passes(&limiter, &key, 11).await;
+            assert!(passed <= 10, "{key}: {passed}");
+            if refusals == 2 || i < 100 {
+                assert_eq!(passed, 10, "{key}");
+            }
+        }
+        assert!(store.len() <= 200, "{} states", store.len());
+        for i in 0..20 {
+            let key = format!("new-{i}");
+            if refusals == 2 {
+                assert_eq!(passes(&limiter, &key, 10).await, 10, "{key}");
+            }
+            assert_eq!(passes(&other, &key, 10).await, 10, "{key}: another limit");
+        }
     }
 }
 
@@ -566,11 +583,275 @@ fn concurrent_floods_at_the_bound_keep_it() {
         thread.join().expect("a flood thread");
     }
     assert!(store.len() <= 64, "{} states", store.len());
-    // and new clients still get their quota (2: the smaller limit's)
+    // and new clients still get their quota in the limit without a
+    // penalty (the one with a penalty, full of active blocks, fails closed)
+    let w = Limiter::new(
+        store.clone(),
+        Limit::new("w", Quota::fixed_window(5, minute)).expect("limit"),
+    );
     futures::executor::block_on(async {
         for i in 0..10 {
             let key = format!("new-{i}");
-            assert_eq!(passes(&limiter, &key, 3).await, 2, "{key}");
+            assert!(passes(&limiter, &key, 3).await <= 2, "{key}");
+            assert_eq!(passes(&w, &format!("w-{i}"), 6).await, 5, "{key}");
         }
     });
+}
+
+/// How many of `n` checks of `key`, one every `step`, pass.
+async fn passes_over(
+    limiter: &Limiter,
+    clock: &ManualClock,
+    key: &str,
+    n: u32,
+    step: Duration,
+) -> u32 {
+    let mut passed = 0;
+    for _ in 0..n {
+        passed += u32::from(limiter.check(key, 1).await.unwrap().is_allowed());
+        clock.advance(step);
+    }
+    passed
+}
+
+/// Issue 47, item 1: a flood of made-up usernames on a login limit (each
+/// one attempt, a fifth of its quota) takes no state of a tenant's monthly
+/// quota, spent a tenth at a time between the flood's cycles (before, each
+/// cycle forgot the tenant's state, below a fifth of its quota: 1,500 of
+/// 1,000 granted within one second).
+#[tokio::test]
+async fn a_flood_on_one_limit_resets_no_state_of_another() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(1_000)
+        .build()
+        .expect("store");
+    let tenant = Limiter::new(
+        store.clone(),
+        Limit::new("tenant", Quota::per_month(1_000).fixed_window()).expect("limit"),
+    );
+    let login = Limiter::new(
+        store.clone(),
+        Limit::new(
+            "login",
+            Quota::fixed_window(5, Duration::from_secs(15 * 60)),
+        )
+        .expect("limit"),
+    );
+    let mut granted = 0;
+    for cycle in 0..15 {
+        granted += u32::from(tenant.check("acme", 100).await.unwrap().is_allowed());
+        for i in 0..3_000 {
+            login.check(format!("user-{cycle}-{i}"), 1).await.unwrap();
+        }
+        clock.advance(Duration::from_millis(50));
+    }
+    assert_eq!(
+        granted * 100,
+        1_000,
+        "the tenant was granted {}",
+        granted * 100
+    );
+    assert!(store.len() <= 1_000, "{} states", store.len());
+    // and the flood's new keys were still stored: the login limit works
+    assert_eq!(passes(&login, "real-user", 6).await, 5);
+}
+
+/// Issue 47, item 1: a live limit lowered from 1,000 to 10 an hour
+/// measures its keys against the quota now in force: a key that spent the
+/// 10 keeps its state through a flood on another limit and one on the same
+/// limit (before, measured against the table's first 1,000, it was 1% used
+/// and given up first: 10 more granted).
+#[tokio::test]
+async fn a_lowered_live_limit_keeps_its_spent_keys() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(1_000)
+        .build()
+        .expect("store");
+    let hour = Duration::from_secs(3_600);
+    let live = tower_ratelimit::LiveLimit::new(
+        Limit::new("api", Quota::fixed_window(1_000, hour)).expect("limit"),
+    );
+    let api = Limiter::new(store.clone(), live.clone());
+    let login = Limiter::new(
+        store.clone(),
+        Limit::new(
+            "login",
+            Quota::fixed_window(5, 15 * 60 * Duration::from_secs(1)),
+        )
+        .expect("limit"),
+    );
+    // the api's tables are made while it allows 1,000
+    for i in 0..200 {
+        assert!(api
+            .check(format!("early-{i}"), 1)
+            .await
+            .unwrap()
+            .is_allowed());
+    }
+    live.set(Limit::new("api", Quota::fixed_window(10, hour)).expect("limit"))
+        .expect("same name");
+    assert_eq!(passes(&api, "victim", 12).await, 10);
+    for i in 0..3_000 {
+        login.check(format!("user-{i}"), 1).await.unwrap();
+    }
+    assert_eq!(passes(&api, "victim", 10).await, 0, "after a login flood");
+    for i in 0..3_000 {
+        api.check(format!("flood-{i}"), 1).await.unwrap();
+    }
+    assert_eq!(passes(&api, "victim", 10).await, 0, "after an api flood");
+    assert!(store.len() <= 1_000, "{} states", store.len());
+}
+
+/// Issue 47, item 1: the tiers of a limit share its name and table; each
+/// key's state is measured against its own tier's quota. A free key that
+/// spent its 10 is not given up for pro keys that spent 20 of 1,000 (before,
+/// measured against the pro quota that made the table, it was 1% used).
+#[tokio::test]
+async fn tiers_sharing_a_name_are_measured_against_their_own_quota() {
+    let minute = Duration::from_secs(60);
+    for (free_quota, pro_quota) in [
+        (
+            Quota::fixed_window(10, minute),
+            Quota::fixed_window(1_000, minute),
+        ),
+        (
+            Quota::gcra(10, minute, 10),
+            Quota::gcra(1_000, minute, 1_000),
+        ),
+    ] {
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(T0))
+            .max_keys(200)
+            .build()
+            .expect("store");
+        let pro = Limiter::new(store.clone(), Limit::new("api", pro_quota).expect("limit"));
+        let free = Limiter::new(store.clone(), Limit::new("api", free_quota).expect("limit"));
+        for i in 0..300 {
+            assert!(pro
+                .check(format!("pro-{i}"), 20)
+                .await
+                .unwrap()
+                .is_allowed());
+        }
+        assert_eq!(passes(&free, "free-user", 12).await, 10, "{free_quota:?}");
+        for i in 0..2_000 {
+            pro.check(format!("flood-{i}"), 20).await.unwrap();
+        }
+        assert_eq!(passes(&free, "free-user", 10).await, 0, "{free_quota:?}");
+        assert!(store.len() <= 200, "{} states", store.len());
+    }
+}
+
+/// A login limit whose offenders are banned: 5 a minute, 5 refusals within
+/// an hour block for an hour; `name` for a limit of its own.
+fn login_with_ban(name: &str, refusals: u32) -> Limit {
+    let (minute, hour) = (Duration::from_secs(60), Duration::from_secs(3_600));
+    Limit::new(name, Quota::fixed_window(5, minute))
+        .expect("valid limit")
+        .with_penalty(Penalty::new(refusals, hour, [hour]).expect("valid penalty"))
+}
+
+/// What a victim that tries 120 times, once every 10 s, is granted through
+/// `limiter`.
+async fn victim_granted(limiter: &Limiter, clock: &ManualClock) -> u32 {
+    passes_over(limiter, clock, "victim", 120, Duration::from_secs(10)).await
+}
+
+/// Issue 47, item 2: made-up offenders (each refused once: a count of one
+/// refusal kept) fill the penalty states' half of the store, 500 of them
+/// and 5,000; a victim that keeps trying is still banned, granted what it
+/// is in an empty store (before, its refusals were not counted once the
+/// half was full: 100 of 120 granted, against 25).
+#[tokio::test]
+async fn a_ban_holds_after_a_flood_of_offenders() {
+    let fresh_clock = ManualClock::new(T0);
+    let fresh = MemoryStore::builder()
+        .clock(fresh_clock.clone())
+        .max_keys(1_000)
+        .build()
+        .expect("store");
+    let expected = victim_granted(
+        &Limiter::new(fresh, login_with_ban("login", 5)),
+        &fresh_clock,
+    )
+    .await;
+    assert_eq!(expected, 25, "5 a minute, banned at the 5th refusal");
+    for offenders in [500, 5_000] {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .max_keys(1_000)
+            .build()
+            .expect("store");
+        let limiter = Limiter::new(store.clone(), login_with_ban("login", 5));
+        for i in 0..offenders {
+            assert_eq!(passes(&limiter, &format!("made-up-{i}"), 6).await, 5);
+        }
+        let granted = victim_granted(&limiter, &clock).await;
+        assert_eq!(granted, expected, "after {offenders} offenders");
+        assert!(store.len() <= 1_000, "{} states", store.len());
+        // and a new client still gets its quota
+        assert_eq!(passes(&limiter, "new-client", 6).await, 5);
+    }
+}
+
+/// Issue 47, item 2: offenders that are each banned at once fill the
+/// penalty half with active blocks. None is dropped: beyond the half, the
+/// store fails closed for that limit (a block shared by the keys it cannot
+/// keep on their own), so the victim is banned, never granted more than in
+/// an empty store; another limit's victim is banned as in an empty store,
+/// and its new clients get their quota.
+#[tokio::test]
+async fn bans_hold_when_the_penalty_half_is_full_of_active_blocks() {
+    let fresh_clock = ManualClock::new(T0);
+    let fresh = MemoryStore::builder()
+        .clock(fresh_clock.clone())
+        .max_keys(1_000)
+        .build()
+        .expect("store");
+    let expected = victim_granted(
+        &Limiter::new(fresh, login_with_ban("other", 5)),
+        &fresh_clock,
+    )
+    .await;
+    for offenders in [500, 5_000] {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .max_keys(1_000)
+            .build()
+            .expect("store");
+        let flooded = Limiter::new(store.clone(), login_with_ban("login", 1));
+        let other = Limiter::new(store.clone(), login_with_ban("other", 5));
+        for i in 0..offenders {
+            let key = format!("made-up-{i}");
+            // (beyond the half, those in a shard with a shared block are
+            // refused at once: the limit fails closed)
+            assert!(passes(&flooded, &key, 6).await <= 5, "{key}");
+            let seen = flooded.admin().inspect("login", &key).await.unwrap();
+            assert!(seen.blocked_for.is_some(), "{key}: {seen:?}");
+        }
+        // the flooded limit's victim: blocked at its first refusal, kept
+        let granted = passes_over(&flooded, &clock, "victim", 120, Duration::from_secs(10)).await;
+        assert!(granted <= 5, "after {offenders} offenders: {granted}");
+        assert!(!flooded.check("victim", 1).await.unwrap().is_allowed());
+        // the other limit: banned as in an empty store, new clients served
+        assert_eq!(
+            victim_granted(&other, &clock).await,
+            expected,
+            "{offenders}"
+        );
+        for i in 0..10 {
+            assert_eq!(
+                passes(&other, &format!("new-{i}"), 6).await,
+                5,
+                "{offenders}"
+            );
+        }
+        assert!(store.len() <= 1_000, "{} states", store.len());
+    }
 }

@@ -525,12 +525,15 @@ async fn eviction_under_maxmemory_never_fails_a_decision() {
     }
     let limiter = builder.build().expect("limiter");
     // the first decision loads the library, as in any deployment; then
-    // memory runs out
+    // memory runs out: 1 MB above what the server uses with no keys (its
+    // own memory, clients and buffers, about 1 MB, count too: a bound below
+    // them cannot be reached by evicting, and Redis refuses every write)
     limiter.check("first", 1).await.expect("decision");
+    let used = common::info_field(&mut conn, "memory", "used_memory");
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
-        .arg("1mb")
+        .arg(used + 1024 * 1024)
         .query(&mut conn)
         .expect("maxmemory");
     let tasks: Vec<_> = (0..8)
@@ -974,4 +977,73 @@ async fn a_sliding_log_far_ahead_without_its_meta_counts_as_now() {
     stores.at(S);
     let d = redis.check("k", 1).await.expect("check");
     assert!(d.is_allowed() && d.remaining() == 4, "{d:?}");
+}
+
+/// Redis full under `maxmemory` with `noeviction` (what calendar quotas
+/// need): a decision is refused as a whole, an error the store's policy
+/// answers (`OnStoreError`), never a write past `maxmemory`. Flagged
+/// `allow-oom`, the decision function kept writing new keys past it, as
+/// many as there were new keys, with nothing to bound them.
+#[tokio::test]
+async fn under_maxmemory_with_noeviction_a_decision_is_an_error_not_a_write_past_it() {
+    let server = TestRedis::spawn_with("--maxmemory-policy noeviction");
+    let mut conn = redis::Client::open(server.url.as_str())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    let store = RedisStore::builder(server.url.clone())
+        .prefix("oom")
+        .build()
+        .expect("store");
+    let limit = Limit::new("l", Quota::sliding_log(50, Duration::from_secs(600))).expect("valid");
+    let limiter = Limiter::builder(store)
+        .timeout(common::PATIENT)
+        .limit(limit)
+        .build()
+        .expect("limiter");
+    // the first decision loads the library, as in any deployment; then
+    // memory runs out: 2 MB, filled
+    limiter.check("first", 1).await.expect("decision");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("2mb")
+        .query(&mut conn)
+        .expect("maxmemory");
+    let filler = vec![b'x'; 1024];
+    let mut full = false;
+    for i in 0..100_000 {
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("filler-{i}"))
+            .arg(&filler)
+            .query(&mut conn);
+        if set.is_err_and(|e| e.to_string().contains("OOM")) {
+            full = true;
+            break;
+        }
+    }
+    assert!(full, "Redis never refused a write");
+    let before = common::info_field(&mut conn, "memory", "used_memory");
+    let (mut decided, mut errors) = (0u32, 0u32);
+    for i in 0..2000 {
+        match limiter.check(&format!("new-{i}"), 1).await {
+            Ok(_) => decided += 1,
+            Err(_) => errors += 1,
+        }
+    }
+    let after = common::info_field(&mut conn, "memory", "used_memory");
+    let keys: u64 = redis::cmd("DBSIZE").query(&mut conn).expect("DBSIZE");
+    eprintln!(
+        "full at maxmemory 2 MB: {decided} decided, {errors} errors; used_memory \
+         {before} -> {after} bytes, {keys} keys"
+    );
+    assert!(errors > 0, "every decision was made");
+    // a decision let in while memory dipped under the bound (a client's
+    // buffer freed) writes its key, and the next one is refused; the
+    // clients' buffers (replies, connections made again) vary by tens of KB
+    assert!(
+        after <= 2 * 1024 * 1024 + 64 * 1024,
+        "{decided} decisions wrote past maxmemory: used_memory grew by {} bytes, to {after}",
+        after.saturating_sub(before)
+    );
 }

@@ -224,3 +224,62 @@ fn write_and_wait(path: &Path, limits: &LiveLimits, n: u64) {
     std::fs::write(path, toml(n)).expect("write");
     until_capacity(limits, n, "rewritten");
 }
+
+/// A file being written, paused mid-way in a state that parses (`limit =
+/// 5` of what will be `limit = 500`), longer than the debounce: the
+/// reading waits for the file to settle, and never applies the half.
+#[test]
+fn a_file_half_written_is_not_applied() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("limits.toml");
+    let head = "[[limits]]\nname = \"sms\"\nalgorithm = \"sliding-log\"\nwindow = \"1m\"\nlimit = ";
+    std::fs::write(&path, format!("{head}100\n")).expect("write");
+    let limits = limits();
+    let applied: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let seen = (applied.clone(), limits.clone());
+    let _watch = LimitsFile::new(&path)
+        .on_reload(move |_: &Reload| seen.0.lock().expect("applied").push(capacity(&seen.1)))
+        .watch(&limits)
+        .expect("a good file");
+    assert_eq!(capacity(&limits), 100);
+
+    let mut file = std::fs::File::create(&path).expect("truncate");
+    file.write_all(format!("{head}5").as_bytes())
+        .expect("write");
+    file.sync_data().expect("sync");
+    // longer than the debounce (100 ms), shorter than the settle time (1 s)
+    std::thread::sleep(Duration::from_millis(300));
+    file.write_all(b"00\n").expect("write");
+    drop(file);
+
+    until_capacity(&limits, 500, "the whole file");
+    let applied = applied.lock().expect("applied").clone();
+    assert!(
+        !applied.contains(&5),
+        "the half-written file was applied: capacities {applied:?}"
+    );
+}
+
+/// A file that could not be read, then is back as it was: the error is
+/// cleared (the limits in force are the file's again).
+#[test]
+fn a_file_back_after_an_error_clears_the_last_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, toml(3)).expect("write");
+    let limits = limits();
+    let watch = LimitsFile::new(&path).watch(&limits).expect("a good file");
+    std::fs::remove_file(&path).expect("remove");
+    assert!(
+        eventually(|| watch.last_error().is_some()),
+        "the missing file was never reported"
+    );
+    std::fs::write(&path, toml(3)).expect("write");
+    assert!(
+        eventually(|| watch.last_error().is_none()),
+        "the last error stayed after the file came back: {:?}",
+        watch.last_error()
+    );
+    assert_eq!(capacity(&limits), 3);
+}

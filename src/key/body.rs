@@ -2,7 +2,6 @@
 //! before the rate-limit layer decides, and gives the body back whole;
 //! [`JsonField`] keys by a field of it.
 
-use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
@@ -11,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::request::Parts;
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
@@ -44,8 +43,39 @@ struct BodyRead(Option<Bytes>);
 /// or one that fails has no key: the rule's
 /// [`MissingKey`](crate::layer::MissingKey) applies (400 by default). So
 /// the bound caps both the memory a request holds before it is limited and
-/// the time; a rule keyed by the body belongs beside one keyed by the client
-/// IP, which counts the requests that have none.
+/// the time: what was read is copied into one buffer of at most
+/// `max_bytes` (and the one chunk that went over it), however the body is
+/// cut into chunks, and given back as one frame.
+///
+/// The body is read before any limit of the layer inside: a flood of
+/// bodies is read (each up to the bound and the timeout) before one is
+/// refused. Put the limit keyed by the client IP in a layer of its own
+/// outside `ReadBody`, so that it refuses before anything is read, and the
+/// rules keyed by the body inside:
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use axum::{routing::post, Router};
+/// use tower_ratelimit::key::{ClientIp, JsonField, ReadBody};
+/// use tower_ratelimit::layer::RateLimitLayer;
+/// use tower_ratelimit::{Limit, Quota};
+///
+/// let per_ip = RateLimitLayer::builder()
+///     .limit(Limit::new("login-ip", Quota::per_minute(30).sliding_log())?, ClientIp::peer())
+///     .build()?;
+/// let per_user = RateLimitLayer::builder()
+///     .limit(Limit::new("login", Quota::per_minute(5).sliding_log())?, JsonField::new("username"))
+///     .build()?;
+/// let app: Router = Router::new().route(
+///     "/login",
+///     post(|body: String| async move { body })
+///         .route_layer(ReadBody::new().max_bytes(4096).around(per_user))
+///         // added last, runs first: nothing is read beyond the per-IP limit
+///         .route_layer(per_ip),
+/// );
+/// # }
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
 ///
 /// The inner service's body type `B` is the layer's: it must be made from a
 /// [`ReplayBody<B>`] (axum's `Body` is, with the `axum` feature).
@@ -91,27 +121,36 @@ impl ReadBody {
 
     /// Reads the start of `body`: the whole of it, or `None`; and the body
     /// to forward.
+    ///
+    /// The data is copied into one buffer as it arrives, never more than
+    /// `max_bytes` of it: the chunks are not kept, since each one can hold
+    /// far more memory than its bytes (a body dripped a byte per segment
+    /// holds hundreds of bytes per byte as hyper's chunks). The chunk that
+    /// goes over the bound is kept as it is, and is the only one.
     async fn read<B>(self, mut body: B) -> (Option<Bytes>, B)
     where
         B: Body<Data = Bytes> + From<ReplayBody<B>> + Unpin,
     {
-        if body.size_hint().lower() > self.max_bytes as u64 {
+        let expected = body.size_hint().lower();
+        if expected > self.max_bytes as u64 {
             return (None, body);
         }
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let (mut chunks, mut len) = (VecDeque::new(), 0);
-        // (whole, a frame or error to give back after the chunks, ended)
+        // (at most max_bytes: checked above)
+        let mut buffer = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
+        let mut over = None;
+        // (whole, a frame or error to give back after the data, ended)
         let (whole, after, ended) = loop {
             match tokio::time::timeout_at(deadline, body.frame()).await {
                 Err(_) => break (false, None, false),
                 Ok(None) => break (true, None, true),
                 Ok(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
-                        len += data.len();
-                        chunks.push_back(data);
-                        if len > self.max_bytes {
+                        if buffer.len() + data.len() > self.max_bytes {
+                            over = Some(data);
                             break (false, None, false);
                         }
+                        append(&mut buffer, &data, self.max_bytes);
                     }
                     // trailers: the data is whole
                     Err(frame) => break (true, Some(Ok(frame)), false),
@@ -119,24 +158,29 @@ impl ReadBody {
                 Ok(Some(Err(error))) => break (false, Some(Err(error)), true),
             }
         };
-        let read = whole.then(|| match chunks.len() {
-            1 => chunks[0].clone(),
-            _ => chunks
-                .iter()
-                .fold(BytesMut::with_capacity(len), |mut all, chunk| {
-                    all.extend_from_slice(chunk);
-                    all
-                })
-                .freeze(),
-        });
+        let buffer = Bytes::from(buffer);
+        let read = whole.then(|| buffer.clone());
         let rest = (!ended).then_some(body);
         let replay = ReplayBody {
-            chunks,
+            read: (!buffer.is_empty()).then_some(buffer),
+            over,
             after,
             rest,
         };
         (read, B::from(replay))
     }
+}
+
+/// Appends `data` to `buffer`, growing it (doubling, at least to 256
+/// bytes) to at most `max` bytes of capacity; `buffer.len() + data.len()`
+/// is at most `max`.
+fn append(buffer: &mut Vec<u8>, data: &[u8], max: usize) {
+    let needed = buffer.len() + data.len();
+    if needed > buffer.capacity() {
+        let target = needed.max(buffer.capacity() * 2).max(256).min(max);
+        buffer.reserve_exact(target.max(needed) - buffer.len());
+    }
+    buffer.extend_from_slice(data);
 }
 
 impl<S> tower_layer::Layer<S> for ReadBody {
@@ -185,10 +229,12 @@ where
 }
 
 pin_project! {
-    /// A body given back by [`ReadBody`]: the chunks it read, then the
-    /// rest of the original body, frame for frame.
+    /// A body given back by [`ReadBody`]: what it read, as one frame (and
+    /// the chunk that went over its bound, if one did), then the rest of
+    /// the original body, frame for frame.
     pub struct ReplayBody<B: Body> {
-        chunks: VecDeque<Bytes>,
+        read: Option<Bytes>,
+        over: Option<Bytes>,
         after: Option<Result<Frame<Bytes>, B::Error>>,
         #[pin]
         rest: Option<B>,
@@ -204,8 +250,8 @@ impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        if let Some(chunk) = this.chunks.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        if let Some(data) = this.read.take().or_else(|| this.over.take()) {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         if let Some(after) = this.after.take() {
             return Poll::Ready(Some(after));
@@ -217,13 +263,18 @@ impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty()
+        self.read.is_none()
+            && self.over.is_none()
             && self.after.is_none()
             && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        let read: u64 = self.chunks.iter().map(|c| c.len() as u64).sum();
+        let read = [&self.read, &self.over]
+            .into_iter()
+            .flatten()
+            .map(|data| data.len() as u64)
+            .sum();
         let Some(rest) = &self.rest else {
             return SizeHint::with_exact(read);
         };

@@ -294,6 +294,53 @@ impl KeyExtractor for Header {
     }
 }
 
+/// The token of an `Authorization: Bearer <token>` header (the scheme in
+/// any case, RFC 9110; the token as sent, without the spaces around it):
+/// an API key. A token is a secret: key by its hash
+/// ([`Bearer.hashed()`](KeyExtractor::hashed)) or by the id it stands for.
+/// A request without one, or with another scheme, has no key.
+///
+/// ```
+/// use tower_ratelimit::key::{Bearer, KeyExtractor};
+///
+/// let request = http::Request::get("/").header("authorization", "bearer sk-123").body(()).unwrap();
+/// let (parts, _) = request.into_parts();
+/// assert_eq!(Bearer::token(&parts.headers), Some("sk-123"));
+/// assert_eq!(Bearer.extract(&parts), Some(b"sk-123".to_vec()));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Bearer;
+
+impl Bearer {
+    /// The bearer token of `headers`, if they carry one (the first
+    /// `Authorization` line).
+    pub fn token(headers: &http::HeaderMap) -> Option<&str> {
+        let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+        let (scheme, token) = value.trim().split_once(' ')?;
+        let token = token.trim();
+        (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+    }
+}
+
+impl KeyExtractor for Bearer {
+    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
+        extract_via_buf(self, parts)
+    }
+
+    fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
+        let Some(token) = Self::token(&parts.headers) else {
+            return false;
+        };
+        key.extend_from_slice(token.as_bytes());
+        true
+    }
+
+    /// `Bearer`.
+    fn key_kind(&self) -> String {
+        "Bearer".to_owned()
+    }
+}
+
 /// A value of type `T` that an earlier layer put in the request extensions,
 /// such as an authenticated user id; the key is its `Display` form.
 ///

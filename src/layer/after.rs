@@ -136,7 +136,8 @@ impl Rule {
 }
 
 /// Held by a response body until it ends or is dropped; then settles each
-/// rule's charge to the cost the response told (charging what it cost
+/// rule's charge that its body tells (a charge the head tells is settled
+/// once the head is known: see [`After::of`]) to the cost the response told (charging what it cost
 /// beyond what the request paid that rule on arrival and, for an
 /// estimate, giving back what it paid beyond its cost), and gives the
 /// leases back.
@@ -145,8 +146,32 @@ pub(crate) struct After {
     /// When the request was granted (what a refund gives back at).
     at: i64,
     charges: SmallVec<[Charge; 1]>,
+    /// The waker the body's own body is polled with, while a lease is
+    /// held: it tells the lease when that body's data is ready (see
+    /// [`LeaseGuard::data_ready`]); and the server's waker it wakes.
+    stall_waker: Option<(std::task::Waker, std::task::Waker)>,
     /// Dropped last: a lease is held until the charges are on their way.
     lease: Option<LeaseGuard>,
+}
+
+/// Wakes the server's task, first telling the lease that the body's data
+/// is ready: from then, the server not asking for it is a stall.
+struct StallWaker {
+    lease: std::sync::Weak<crate::limiter::LeaseHeld>,
+    server: std::task::Waker,
+}
+
+impl std::task::Wake for StallWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(held) = self.lease.upgrade() {
+            LeaseGuard::data_ready_of(&held);
+        }
+        self.server.wake_by_ref();
+    }
 }
 
 /// One rule's charge: its limit and key with what the request paid it on
@@ -195,8 +220,21 @@ impl After {
                 estimate: rule.estimates.is_some(),
             });
         }
+        // a cost the head tells is charged now, not when the body ends
+        let told_by_head = |c: &Charge| c.body.is_none() && c.meter.is_none();
+        if charges.iter().any(told_by_head) {
+            let (now, later) = charges.into_iter().partition(told_by_head);
+            settle(refund.limiter(), refund.at(), now);
+            charges = later;
+        }
+        // the response goes to the server: from now, a client that does not
+        // read it stalls
+        if let Some(lease) = &lease {
+            lease.handed_over();
+        }
         (lease.is_some() || !charges.is_empty()).then(|| {
             Box::new(Self {
+                stall_waker: None,
                 limiter: refund.limiter().clone(),
                 at: refund.at(),
                 charges,
@@ -205,8 +243,41 @@ impl After {
         })
     }
 
-    /// Whether the body's permits were held for their maximum hold and
-    /// given back: the body ends.
+    /// The waker to poll the body's own body with, given the server's
+    /// `waker`: one that tells the lease when data is ready, if one is
+    /// held (made once per server waker).
+    pub(crate) fn waker(&mut self, waker: &std::task::Waker) -> Option<std::task::Waker> {
+        let lease = self.lease.as_ref()?.held()?;
+        match &self.stall_waker {
+            Some((ours, server)) if server.will_wake(waker) => Some(ours.clone()),
+            _ => {
+                let ours = std::task::Waker::from(Arc::new(StallWaker {
+                    lease,
+                    server: waker.clone(),
+                }));
+                self.stall_waker = Some((ours.clone(), waker.clone()));
+                Some(ours)
+            }
+        }
+    }
+
+    /// The body gave the server a frame: the server asks for more at once,
+    /// if the client reads.
+    pub(crate) fn handed_over(&self) {
+        if let Some(lease) = &self.lease {
+            lease.handed_over();
+        }
+    }
+
+    /// The body waits for its own data: no stall of the client.
+    pub(crate) fn waiting(&self) {
+        if let Some(lease) = &self.lease {
+            lease.waiting();
+        }
+    }
+
+    /// Whether the body's permits were held for their maximum hold, or by
+    /// a client that stopped reading, and given back: the body ends.
     pub(crate) fn held_too_long(&self) -> bool {
         self.lease.as_ref().is_some_and(LeaseGuard::is_expired)
     }
@@ -264,40 +335,43 @@ impl Charge {
 
 impl Drop for After {
     fn drop(&mut self) {
-        // every rule's charge in one store call, every surplus given back
-        // in one more (a settled request costs at most 2 store calls with
-        // its decision when its rules all charge, or all give back)
-        let (mut charge, mut give_back): (Charged, Charged) = (Vec::new(), Vec::new());
-        for settled in std::mem::take(&mut self.charges)
-            .into_iter()
-            .filter_map(Charge::settlement)
-        {
-            match settled {
-                (true, charged) => charge.push(charged),
-                (false, charged) => give_back.push(charged),
-            }
-        }
-        if !charge.is_empty() || !give_back.is_empty() {
-            let (limiter, at) = (self.limiter.clone(), self.at);
-            let work = async move {
-                // (a failure is logged and counted by the limiter)
-                if !charge.is_empty() {
-                    let _ = limiter.charge_charged(&charge).await;
-                }
-                if !give_back.is_empty() {
-                    if let Err(error) = limiter.refund_charged(&give_back, at).await {
-                        tracing::warn!(target: "tower_ratelimit", %error, "an estimate's surplus could not be given back: it stays counted");
-                    }
-                }
-            };
-            run_detached(work, self.limiter.answers_at_once(), || {
-                crate::metrics::charged("failed");
-                tracing::warn!(target: "tower_ratelimit", "no runtime to charge a response's cost on: it is not counted");
-            });
-        }
+        settle(&self.limiter, self.at, std::mem::take(&mut self.charges));
         // the leases go back once the charges are on their way
         drop(self.lease.take());
     }
+}
+
+/// Settles `charges` of a grant made at `at`, on a task of their own (at
+/// once on a store that answers at once): every charge in one store call,
+/// every surplus given back in one more.
+fn settle(limiter: &Limiter, at: i64, charges: SmallVec<[Charge; 1]>) {
+    let (mut charge, mut give_back): (Charged, Charged) = (Vec::new(), Vec::new());
+    for settled in charges.into_iter().filter_map(Charge::settlement) {
+        match settled {
+            (true, charged) => charge.push(charged),
+            (false, charged) => give_back.push(charged),
+        }
+    }
+    if charge.is_empty() && give_back.is_empty() {
+        return;
+    }
+    let at_once = limiter.answers_at_once();
+    let limiter = limiter.clone();
+    let work = async move {
+        // (a failure is logged and counted by the limiter)
+        if !charge.is_empty() {
+            let _ = limiter.charge_charged(&charge).await;
+        }
+        if !give_back.is_empty() {
+            if let Err(error) = limiter.refund_charged(&give_back, at).await {
+                tracing::warn!(target: "tower_ratelimit", %error, "an estimate's surplus could not be given back: it stays counted");
+            }
+        }
+    };
+    run_detached(work, at_once, || {
+        crate::metrics::charged("failed");
+        tracing::warn!(target: "tower_ratelimit", "no runtime to charge a response's cost on: it is not counted");
+    });
 }
 
 /// Waits out a reservation; a request dropped while it waits gives its

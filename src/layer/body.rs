@@ -58,14 +58,18 @@ impl Body for RejectionBody {
     }
 }
 
-/// The error that ends a response body whose concurrency permit was held
-/// for its [maximum hold](crate::Limit::hold_at_most).
+/// The error that ends a response body whose concurrency permit was given
+/// back: held for its [maximum hold](crate::Limit::hold_at_most), or by a
+/// client that stopped reading for the lease time.
 #[derive(Debug)]
 struct HeldTooLong;
 
 impl std::fmt::Display for HeldTooLong {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the response's concurrency permit was held for its maximum hold")
+        f.write_str(
+            "the response's concurrency permit was given back: held for its maximum hold, \
+             or by a client that stopped reading for the lease time",
+        )
     }
 }
 
@@ -114,6 +118,21 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// Polls the body of `kind` for its next frame.
+fn poll_kind<B>(
+    kind: Pin<&mut Kind<B>>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    match kind.project() {
+        KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
+        KindProj::Rejection { body } => body.poll_frame(cx).map_err(Into::into),
+    }
+}
+
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
@@ -137,20 +156,31 @@ where
             *this.after = None;
             return Poll::Ready(Some(Err(HeldTooLong.into())));
         }
-        let frame = match this.kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
-            KindProj::Rejection { body } => body.poll_frame(cx).map_err(Into::into),
+        // with a lease, the inner body is polled with a waker that tells it
+        // when the body's data is ready (see `LeaseGuard::data_ready_of`)
+        let frame = match this
+            .after
+            .as_mut()
+            .and_then(|after| after.waker(cx.waker()))
+        {
+            Some(ours) => poll_kind(this.kind, &mut Context::from_waker(&ours)),
+            None => poll_kind(this.kind, cx),
         };
         match &frame {
             Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(after), Some(data)) = (this.after.as_mut(), frame.data_ref()) {
-                    after.count(data);
+                if let Some(after) = this.after.as_mut() {
+                    // a client that reads asks for the next one soon
+                    after.handed_over();
+                    if let Some(data) = frame.data_ref() {
+                        after.count(data);
+                    }
                 }
             }
             // ended: settled now, not when the body is dropped
             Poll::Ready(_) => *this.after = None,
             Poll::Pending => {
                 if let Some(after) = this.after.as_ref() {
+                    after.waiting();
                     after.wake_on_expiry(cx.waker());
                 }
             }

@@ -17,6 +17,7 @@ use super::{
     DEFAULT_MAX_WAITING,
 };
 use crate::key::KeyExtractor;
+use crate::store::fleet::FleetShare;
 use crate::store::Store;
 use crate::{ConfigError, Limit, LimitSource, Limiter, MemoryStore, DEFAULT_TIMEOUT};
 
@@ -327,9 +328,14 @@ impl RateLimitLayerBuilder {
         let fallback = match self.on_error {
             // The store's own fallback, shared with every other layer over
             // it: a limit shared by two layers stays one limit in an outage.
+            // With a fleet (a heartbeat counting the instances that share
+            // the store), each request counts its share of every limit.
             OnStoreError::FallbackToMemory => {
                 let memory = store.fallback().unwrap_or_default();
-                Some(with_limits(Limiter::builder(memory))?)
+                Some(match store.fleet() {
+                    Some(fleet) => with_limits(Limiter::builder(FleetShare::new(memory, fleet)))?,
+                    None => with_limits(Limiter::builder(memory))?,
+                })
             }
             _ => None,
         };

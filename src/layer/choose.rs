@@ -97,12 +97,15 @@ pub(super) fn choose<'a, B>(
 /// The chosen limits and keys as the limiter decides them, each at its
 /// rule's cost.
 pub(super) fn checks_of<'a>(chosen: &'a Chosen<'_>) -> Checks<'a> {
-    let check = |applies: &'a Applies<'_>| Check {
-        limit: &applies.limit,
-        key: applies.key.as_bytes(),
-        cost: Limiter::cost(applies.cost),
-    };
-    chosen.iter().map(check).collect()
+    let mut checks = Checks::new();
+    for applies in chosen {
+        checks.push(Check {
+            limit: &applies.limit,
+            key: applies.key.as_bytes(),
+            cost: Limiter::cost(applies.cost),
+        });
+    }
+    checks
 }
 
 /// What a request costs a rule when it arrives.

@@ -65,11 +65,11 @@
 //! | deny-listed ([`RateLimitLayerBuilder::deny_if`]) | 403 Forbidden with a generic problem body, without asking the store; counted `deny_listed` under every limit of the layer; before exemptions (a request both deny-listed and exempt is refused) |
 //! | a key blocked by a limit's [penalty](crate::Limit::with_penalty) | 429 like any refusal: `Retry-After` the time left of the block, `RateLimit` remaining 0; answered from the cache of denials while the block lasts (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)) |
 //! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned, and the response's rate-limit fields show what remains after it |
-//! | a [concurrency limit](crate::Limit::concurrency) grants | its permit (a lease, renewed meanwhile) is held from the decision through the handler until the response body has been sent, then given back; at once when the request is dropped (the client went away), the inner service fails or the body is dropped; at the latest at the limit's [maximum hold](crate::Limit::hold_at_most) ([`DEFAULT_MAX_HOLD`](crate::DEFAULT_MAX_HOLD)), when the body ends with an error; a request it refuses gets 429 with `Retry-After` until the oldest lease would expire (an upper bound); in delay mode it waits instead, decided again at pauses of 10 ms to 200 ms, until a permit is free or `max_delay` is over |
-//! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_header`], [`Rule::cost_from_body`], [`Rule::cost_from_json_body`], [`Rule::cost_from_whole_body`]) | the request's cost to that rule ([`Rule::cost`], 1 by default) is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own (with [`Rule::settle_estimates`], what it cost less is given back); a key in debt gets 429 until paid back. Every rule's charge goes in one store call, every surplus in one more. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs of the responses admitted before it ran out and still unsettled |
+//! | a [concurrency limit](crate::Limit::concurrency) grants | its permit (a lease, renewed meanwhile) is held from the decision through the handler until the response body has been sent, then given back; at once when the request is dropped (the client went away), the inner service fails or the body is dropped; when a client stops reading, a lease time after the body had data the server did not ask for, and at the limit's [maximum hold](crate::Limit::hold_at_most) if it sets one (none by default: a client that reads keeps it), when the body ends with an error; a request it refuses gets 429 with `Retry-After` until the oldest lease would expire (an upper bound); in delay mode it waits instead, decided again at pauses of 10 ms to 200 ms, until a permit is free or `max_delay` is over |
+//! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_header`], [`Rule::cost_from_body`], [`Rule::cost_from_json_body`], [`Rule::cost_from_whole_body`]) | the request's cost to that rule ([`Rule::cost`], 1 by default) is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own (with [`Rule::settle_estimates`], what it cost less is given back); a key in debt gets 429 until paid back. Every rule's charge goes in one store call, every surplus in one more. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs, beyond what they paid on arrival (each at most the capacity), of the responses admitted before it ran out and still unsettled |
 //! | an estimate over the share of a limit one request may take ([`Rule::settle_estimates`]) | 400 with a problem body naming the limit, the estimate and the most one request may take, nothing taken; counted `estimate_too_large` under the limit |
 //! | a limit in [shadow mode](crate::Limit::shadow) would refuse | forwarded; counted `shadow_denied`; shadow limits are left out of the headers |
-//! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state |
+//! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state, each instance granting its share of every limit (the quota divided by the instances its heartbeat counted: see [`OnStoreError::FallbackToMemory`] for the bound) |
 //! | any of the layer's own answers above to a gRPC call (`content-type: application/grpc...`), feature `grpc` | a trailers-only gRPC response (HTTP 200, `grpc-status`, `grpc-message`) instead: refused, `RESOURCE_EXHAUSTED` with the wait as `google.rpc.RetryInfo` (none when the cost can never fit); deny-listed, `PERMISSION_DENIED`; store failure, `UNAVAILABLE` with the fail-closed `retry_after` as `RetryInfo`; no key, `INVALID_ARGUMENT` (a configured 401, 403, 404: `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`); each with `Cache-Control: no-store`. The rate-limit headers and `Retry-After` are kept, as metadata; a custom [`on_rejection`](RateLimitLayerBuilder::on_rejection) handler is not overridden |
 //!
 //! Tracing (target `tower_ratelimit`): denials at `debug` (a flood of them
@@ -104,7 +104,7 @@ pub use self::builder::RateLimitLayerBuilder;
 pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
 pub(crate) use self::refusal::insert_fields;
-pub use self::refusal::{Refusal, Unavailable};
+pub use self::refusal::{answer, Refusal, Unavailable};
 pub use self::response::{
     QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
@@ -138,14 +138,67 @@ pub enum OnStoreError {
         /// Sent as `Retry-After`, rounded up to whole seconds.
         retry_after: Duration,
     },
-    /// Decide with an in-process store holding the same limits, so each
-    /// instance still enforces them on its own until Redis is back.
+    /// Decide with an in-process store holding the same limits, each
+    /// instance granting its share of every limit until Redis is back: the
+    /// fleet as a whole stays within about one quota, not one per instance.
     ///
     /// The in-process store belongs to the [`RedisStore`](crate::RedisStore)
     /// and is shared by its clones: layers built over clones of one store
     /// keep counting a limit they share (same name and key) as one limit
     /// during an outage. Layers over separately built stores fall back to
     /// separate counts.
+    ///
+    /// # The fleet's share
+    ///
+    /// While Redis answers, a store with a fallback beats a heartbeat
+    /// ([`RedisStoreBuilder::fleet_heartbeat`](crate::RedisStoreBuilder::fleet_heartbeat),
+    /// every 5 s by default, on a task of its own) that counts the store
+    /// handles with a fallback on its Redis and prefix: the instances, `n`.
+    /// During an outage, each instance counts a request of cost `c` as
+    /// `min(c × n, C)` against its own copy of a limit of capacity `C`:
+    /// its share of the limit, with the refill of a token bucket or GCRA
+    /// divided along with the burst. Per key, while Redis is down, with
+    /// every instance having learned `n`:
+    ///
+    /// - when `c × n ≤ C`, each instance grants at most `⌊C / (c × n)⌋`
+    ///   requests per window (or per refill of the whole capacity), so the
+    ///   fleet grants at most `n × ⌊C / (c × n)⌋ ≤ C / c`: at most one
+    ///   quota, less by the rounding (3 instances, 10 per minute: 3 each,
+    ///   9 in all), and at most the limit's rate after the burst;
+    /// - when `c × n > C`, each instance still grants one request per
+    ///   window (the floor: a request that fits the limit is never refused
+    ///   for good), so the fleet grants `n` per window, more than the quota
+    ///   (4 instances, 3 SMS per phone per hour: 4 per phone per hour).
+    ///
+    /// For requests of cost 1: at most `n × max(1, ⌊C / n⌋)` per window,
+    /// that is at most `max(C, n)`. On top of that bound:
+    ///
+    /// - an instance that started during the outage has learned no count
+    ///   and grants the full quota: each adds up to `C`. An instance keeps
+    ///   the count it learned last for the whole outage, whatever happens
+    ///   to the fleet meanwhile;
+    /// - the count is learned up to one heartbeat before the outage: an
+    ///   instance started within that time may be missing from the
+    ///   others' counts (their shares are then of `n - 1`); one that
+    ///   stopped is still counted for up to three heartbeats (shares
+    ///   smaller than needed, never larger). Counts are per prefix:
+    ///   instances that share the prefix but not the limit make the shares
+    ///   smaller than needed, never larger;
+    /// - as with any fallback, the fallback does not know what Redis
+    ///   granted before the outage, nor Redis what the fallback granted:
+    ///   the windows in which the outage begins and ends may each let up
+    ///   to one more quota through;
+    /// - without a heartbeat (`fleet_heartbeat(Duration::ZERO)`, or a
+    ///   layer built outside a Tokio runtime, logged at `warn`) each
+    ///   instance grants the full quota: `n` quotas in all.
+    ///
+    /// The response fields of a request the fallback decides show the
+    /// instance's share: `RateLimit` `r` counts the requests (of its cost)
+    /// this instance still grants; `RateLimit-Policy` shows the full
+    /// quota. Once Redis answers again, decisions go back to it at once
+    /// (nothing to restart) and the heartbeat resumes. While Redis
+    /// answers, the share costs decisions nothing: they never read the
+    /// count, and the heartbeat is one `EVAL` per period per store handle.
     FallbackToMemory,
 }
 

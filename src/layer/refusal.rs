@@ -221,3 +221,45 @@ impl axum::response::IntoResponse for Unavailable {
         self.into()
     }
 }
+
+/// A handler's answer to a decision it asked of a [`Limiter`] itself, as
+/// the layer would answer: `granted` with the decision's rate-limit fields
+/// ([`Decision::insert_headers`]) when it was allowed, the layer's 429
+/// ([`Decision::refusal`]) when it was refused, the layer's 503
+/// ([`Error::unavailable`](crate::Error::unavailable)) when the store
+/// failed.
+///
+/// ```
+/// use tower_ratelimit::layer::answer;
+/// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// // 3 SMS per phone number per minute; 202 when queued
+/// let sms = Limiter::new(MemoryStore::new(), Limit::new("sms", Quota::per_minute(3).sliding_log())?);
+/// let queued = || http::Response::builder().status(202).body(String::new()).unwrap();
+/// for _ in 0..3 {
+///     let response = answer(sms.check("+15550100", 1).await, queued());
+///     assert_eq!(response.status(), 202);
+///     assert!(response.headers().contains_key("ratelimit"));
+/// }
+/// let response = answer(sms.check("+15550100", 1).await, queued());
+/// assert_eq!(response.status(), 429);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub fn answer<B: From<String>>(
+    decided: Result<Decision, crate::Error>,
+    granted: Response<B>,
+) -> Response<B> {
+    match decided {
+        Err(error) => error.unavailable().into(),
+        Ok(decision) => match decision.refusal() {
+            Some(refusal) => refusal.into(),
+            None => {
+                let mut granted = granted;
+                decision.insert_headers(granted.headers_mut());
+                granted
+            }
+        },
+    }
+}

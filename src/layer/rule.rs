@@ -491,8 +491,11 @@ impl CompiledRule {
     /// estimate not told, 0 or unreadable counts as the fallback (the
     /// most one request may ask for unless set), and one over that most
     /// is too large.
+    #[inline]
     pub(crate) fn cost(&self, parts: &Parts, limit: &Limit) -> Cost {
         let told = match &self.cost {
+            // (the common case: a fixed cost, no estimate)
+            Arrival::Fixed(cost) if self.estimates.is_none() => return Cost::Is(*cost),
             Arrival::Fixed(cost) => Some(*cost),
             Arrival::Request(cost) => cost(parts),
         };

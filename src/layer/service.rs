@@ -280,6 +280,7 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
 /// The response future of a decided request: the layer's answer, or the
 /// request forwarded; a grant with nothing after it (no wait, nothing to
 /// give back) is forwarded in place, the others in [`serve_granted`].
+#[inline(always)]
 fn respond<S, ReqBody, ResBody>(
     inner: &mut S,
     config: &Arc<Config>,
@@ -375,10 +376,9 @@ where
     // the permits of concurrency limits, held (and renewed) from now
     // until the response body ends: given back at once when this
     // future is dropped (the client went away) or the inner service
-    // fails, and at the latest at their maximum hold
-    let lease = refund
-        .as_ref()
-        .and_then(|refund| refund.hold_leases(crate::DEFAULT_MAX_HOLD));
+    // fails, a lease time after the client stopped reading the body, and
+    // at their maximum hold if they set one
+    let lease = refund.as_ref().and_then(|refund| refund.hold_leases());
     let shown = decision.without_shadow();
     let mut fields = Fields::of(&shown, &config.headers);
     // what the fields show after a refund, kept where one may follow
@@ -397,7 +397,11 @@ where
         (response, given_back) = give_back(&config, &refund, &rules, response).await;
         if let (Some(mut shown), false) = (shown, given_back.is_empty()) {
             let charged = refund.charged();
-            shown.given_back(given_back.iter().map(|&j| charged[j].limit.name()));
+            let each = given_back.iter().map(|&j| {
+                let amount = u64::try_from(charged[j].cost).unwrap_or(0);
+                (charged[j].limit.name(), amount)
+            });
+            shown.given_back(each);
             fields = Fields::of(&shown, &config.headers);
         }
         if config.settles_after {

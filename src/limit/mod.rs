@@ -18,10 +18,6 @@ use crate::penalty::{PenParams, Penalty};
 use crate::quota::Quota;
 use crate::ConfigError;
 
-/// How long a layer holds a permit of a [concurrency limit](Limit::concurrency)
-/// at most, unless the limit says otherwise ([`Limit::hold_at_most`]).
-pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
-
 /// A named, validated quota. Cheap to clone.
 ///
 /// ```
@@ -56,7 +52,8 @@ pub struct Limit {
     /// work ends (see [`Limit::concurrency`]).
     leases: bool,
     /// How long a permit of a concurrency limit may be held at most (see
-    /// [`Limit::hold_at_most`]); `None`: [`DEFAULT_MAX_HOLD`] in a layer,
+    /// [`Limit::hold_at_most`]); `None`: no bound (in a layer, a client
+    /// that stops reading still loses it after a lease time),
     /// no bound for a [`Lease`](crate::Lease).
     max_hold: Option<Duration>,
     /// Batches of permits granted in this process (see [`Limit::with_hot_key`]).

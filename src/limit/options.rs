@@ -17,7 +17,9 @@ impl Limit {
     /// [`Lease`](crate::Lease) from
     /// [`Limiter::acquire_lease`](crate::Limiter::acquire_lease), or, in a
     /// layer, from the decision through the handler until the response body
-    /// is finished or dropped (at most [`max_hold`](Self::hold_at_most)). A lease lasts `lease` unless renewed: its holder renews it
+    /// is finished or dropped (a client that stops reading loses it a
+    /// lease time later; see [`hold_at_most`](Self::hold_at_most)). A lease
+    /// lasts `lease` unless renewed: its holder renews it
     /// while it runs, so the permits of a holder that died (a crashed
     /// instance, a killed task) come back within `lease` at most.
     ///
@@ -65,14 +67,19 @@ impl Limit {
 
     /// The longest a permit of this [concurrency limit](Self::concurrency)
     /// is held, renewals included: past it, the permit is given back and
-    /// the holder loses it. In a layer, a request holds its permit from
-    /// its decision until its response body ends, so a client that stops
-    /// reading a streamed body would hold it for as long as it keeps the
-    /// connection open; at `max_hold` (by default [`DEFAULT_MAX_HOLD`],
-    /// 10 minutes) the permit comes back and the body ends with an error
-    /// at its next poll, which closes the connection. A
-    /// [`Lease`](crate::Lease) is bounded only when this is set: its holder
-    /// is code of the application, and a long job keeps its permit.
+    /// the holder loses it. Unset (the default), a permit has no such
+    /// bound: a [`Lease`](crate::Lease)'s holder is code of the
+    /// application, and a long job keeps its permit; in a layer, a request
+    /// holds its permit from its decision until its response body ends,
+    /// however long a client that reads it takes (a stream of events, a
+    /// download).
+    ///
+    /// In a layer, a client that stops reading loses its permit whether
+    /// this is set or not: once the body has had data ready that the server
+    /// did not ask for during the lease time (the server asks whenever the
+    /// client takes what was sent; a body waiting for its own data is no
+    /// stall), the permit comes back. Then, or at `max_hold`, the body ends
+    /// with an error at its next poll, which closes the connection.
     ///
     /// A zero `max_hold`, or one on a limit that is not a concurrency
     /// limit, is a [`ConfigError::MaxHold`].
@@ -86,8 +93,6 @@ impl Limit {
     /// assert_eq!(downloads.max_hold(), Some(Duration::from_secs(120)));
     /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
-    ///
-    /// [`DEFAULT_MAX_HOLD`]: super::DEFAULT_MAX_HOLD
     pub fn hold_at_most(mut self, max_hold: Duration) -> Result<Self, ConfigError> {
         if !self.leases {
             return Err(ConfigError::MaxHold(format!(

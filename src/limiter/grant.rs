@@ -265,12 +265,13 @@ impl Refund {
         &self.limiter
     }
 
-    /// Holds the grant's permits of concurrency limits until the guard is
-    /// dropped, renewing them meanwhile, at most for each limit's
-    /// [maximum hold](Limit::hold_at_most) or `max_hold`; `None` when the
-    /// grant holds none.
-    pub(crate) fn hold_leases(&self, max_hold: Duration) -> Option<LeaseGuard> {
-        LeaseGuard::hold(&self.limiter, &self.charged, self.at, Some(max_hold))
+    /// Holds the grant's permits of concurrency limits for a response body
+    /// until the guard is dropped, renewing them meanwhile, at most for each
+    /// limit's [maximum hold](Limit::hold_at_most), and while the client
+    /// reads (see [`LeaseGuard::handed_over`]); `None` when the grant holds
+    /// none.
+    pub(crate) fn hold_leases(&self) -> Option<LeaseGuard> {
+        LeaseGuard::hold(&self.limiter, &self.charged, self.at, true)
     }
 
     /// Gives back once; `true` when this call did (`false` for a grant

@@ -1,6 +1,6 @@
 //! [`Lease`]: the permits of concurrency limits, held while work runs.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -57,7 +57,7 @@ pub struct Lease {
 pub(crate) struct LeaseGuard(Option<Arc<Held>>);
 
 /// What a held lease holds, shared with its renewal task.
-struct Held {
+pub(crate) struct Held {
     limiter: Limiter,
     /// A third of the shortest lease time: how often it is renewed.
     every: Duration,
@@ -73,10 +73,42 @@ struct Held {
     /// When the permits must be given back at the latest (the shortest
     /// [maximum hold](crate::Limit::hold_at_most) of the limits held).
     until: Option<tokio::time::Instant>,
-    /// Given back because held for the maximum hold.
+    /// The response body a layer holds the permits for, watched for a
+    /// client that stops reading (`None`: a [`Lease`], held by code).
+    stall: Option<Stall>,
+    /// Given back because held for the maximum hold, or stalled.
     expired: AtomicBool,
     /// Woken when that happens: the task of a response body that waits.
     on_expiry: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+/// When a response body last had data for the server that the server has
+/// not asked for since: the client stopped reading when that lasts a lease
+/// time (the server polls the body whenever it can send more).
+struct Stall {
+    /// What `since` counts from.
+    born: tokio::time::Instant,
+    /// Nanoseconds from `born`; [`WAITING`]: the body waits for its own
+    /// data (or the handler still runs), which is no stall of the client.
+    since: AtomicU64,
+}
+
+/// [`Stall::since`] while the body waits for its own data.
+const WAITING: u64 = u64::MAX;
+
+impl Stall {
+    fn now(&self) -> u64 {
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.born);
+        u64::try_from(elapsed.as_nanos()).unwrap_or(WAITING - 1)
+    }
+
+    /// How long the body has had data the server did not ask for.
+    fn stalled_for(&self) -> Duration {
+        match self.since.load(Ordering::Acquire) {
+            WAITING => Duration::ZERO,
+            since => Duration::from_nanos(self.now().saturating_sub(since)),
+        }
+    }
 }
 
 /// Each concurrency limit and key held, with the store time of its grant
@@ -101,13 +133,14 @@ impl LeaseGuard {
     /// cost above 0), made at store time `at` through `limiter`, renewing them on
     /// a task of the current runtime until they are given back, at the
     /// latest at the shortest [maximum hold](crate::Limit::hold_at_most) of their
-    /// limits (`max_hold` for a limit that sets none; `None`: no bound);
-    /// `None` when there are none.
+    /// limits, and, with `body` (a layer's response body), once the body has
+    /// had data the server did not ask for during the lease time (see
+    /// [`handed_over`](Self::handed_over)); `None` when there are none.
     pub(crate) fn hold(
         limiter: &Limiter,
         charged: &[ChargedTo],
         at: i64,
-        max_hold: Option<Duration>,
+        body: bool,
     ) -> Option<Self> {
         let held: Vec<_> = charged
             .iter()
@@ -125,7 +158,7 @@ impl LeaseGuard {
         let now = tokio::time::Instant::now();
         let until = held
             .iter()
-            .filter_map(|(c, _)| c.limit.max_hold().or(max_hold))
+            .filter_map(|(c, _)| c.limit.max_hold())
             .min()
             .map(|hold| now.checked_add(hold).unwrap_or(now + crate::MAX_WAIT));
         let held = Arc::new(Held {
@@ -137,6 +170,10 @@ impl LeaseGuard {
             released: AtomicBool::new(false),
             renewer: std::sync::OnceLock::new(),
             until,
+            stall: body.then(|| Stall {
+                born: now,
+                since: AtomicU64::new(WAITING),
+            }),
             expired: AtomicBool::new(false),
             on_expiry: std::sync::Mutex::new(None),
         });
@@ -160,10 +197,45 @@ impl LeaseGuard {
             .is_some_and(|held| held.expired.load(Ordering::Acquire))
     }
 
+    /// The body has data for the server (a frame it gave, a response
+    /// given, or its own data ready): the client stalls if the server does
+    /// not ask for more within the lease time.
+    pub(crate) fn handed_over(&self) {
+        if let Some(stall) = self.0.as_ref().and_then(|held| held.stall.as_ref()) {
+            stall.since.store(stall.now(), Ordering::Release);
+        }
+    }
+
+    /// The body waits for its own data: no stall of the client.
+    pub(crate) fn waiting(&self) {
+        if let Some(stall) = self.0.as_ref().and_then(|held| held.stall.as_ref()) {
+            stall.since.store(WAITING, Ordering::Release);
+        }
+    }
+
+    /// What the lease holds, for a waker to tell [`data_ready_of`](Self::data_ready_of)
+    /// (`None`: given back, or not watched for stalls).
+    pub(crate) fn held(&self) -> Option<Weak<Held>> {
+        let held = self.0.as_ref().filter(|held| held.stall.is_some())?;
+        Some(Arc::downgrade(held))
+    }
+
+    /// [`handed_over`](Self::handed_over) only if the body was
+    /// [`waiting`](Self::waiting): its data is ready now.
+    pub(crate) fn data_ready_of(held: &Held) {
+        if let Some(stall) = held.stall.as_ref() {
+            let now = stall.now();
+            let _ = stall
+                .since
+                .compare_exchange(WAITING, now, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
     /// Wakes `waker` when the permits are given back for the maximum hold
-    /// (only one waker is kept: the last one given).
+    /// or a stall (only one waker is kept: the last one given).
     pub(crate) fn wake_on_expiry(&self, waker: &std::task::Waker) {
-        let Some(held) = self.0.as_ref().filter(|held| held.until.is_some()) else {
+        let watched = |held: &&Arc<Held>| held.until.is_some() || held.stall.is_some();
+        let Some(held) = self.0.as_ref().filter(watched) else {
             return;
         };
         if let Ok(mut slot) = held.on_expiry.lock() {
@@ -202,7 +274,7 @@ impl Lease {
     pub(crate) fn of(limiter: &Limiter, decision: Decision, charged: &Charged) -> Self {
         let guard = decision
             .is_allowed()
-            .then(|| LeaseGuard::hold(limiter, charged, decision.at, None))
+            .then(|| LeaseGuard::hold(limiter, charged, decision.at, false))
             .flatten();
         Self { decision, guard }
     }
@@ -281,8 +353,8 @@ impl Held {
         result
     }
 
-    /// Gives the permits back because they were held for the maximum hold,
-    /// and marks the lease lost.
+    /// Gives the permits back because they were held for the maximum hold
+    /// (or their body stalled), and marks the lease lost.
     async fn expire(&self) {
         if self.released.load(Ordering::Acquire) {
             return;
@@ -293,7 +365,7 @@ impl Held {
         if let Some(waker) = waker {
             waker.wake();
         }
-        tracing::debug!(target: "tower_ratelimit", "a permit was held for its maximum hold: given back");
+        tracing::debug!(target: "tower_ratelimit", "a permit was held for its maximum hold, or by a client that stopped reading: given back");
         if let Err(error) = self.give_back(false).await {
             tracing::warn!(target: "tower_ratelimit", %error, "could not give back a permit held for its maximum hold: it comes back when the lease time ends");
         }
@@ -352,7 +424,8 @@ fn by_time(held: &[(ChargedTo, Option<i64>)]) -> Vec<(i64, Charged)> {
 }
 
 /// Renews the lease every [`Held::every`] until it is released, lost or
-/// dropped; past [`Held::until`], gives it back and marks it lost.
+/// dropped; past [`Held::until`], or once its body has stalled for the
+/// lease time, gives it back and marks it lost.
 async fn renewals(held: Weak<Held>) {
     let (every, until) = match held.upgrade() {
         Some(held) => (held.every, held.until),
@@ -369,7 +442,11 @@ async fn renewals(held: Weak<Held>) {
             }
         };
         let Some(held) = held.upgrade() else { return };
-        if held_too_long {
+        let stalled = held
+            .stall
+            .as_ref()
+            .is_some_and(|stall| stall.stalled_for() >= held.lasts);
+        if held_too_long || stalled {
             held.expire().await;
             return;
         }

@@ -48,7 +48,7 @@ pub(crate) use self::grant::{Charged, ChargedTo, Refund, RefundOnDrop};
 pub use self::grant::{Grant, Refundable};
 pub(crate) use self::hot::HotPools;
 pub use self::lease::Lease;
-pub(crate) use self::lease::LeaseGuard;
+pub(crate) use self::lease::{Held as LeaseHeld, LeaseGuard};
 use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;

@@ -3,6 +3,8 @@
 //! run the same algorithms with the same arithmetic and give the same
 //! decisions for the same inputs.
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) mod fleet;
 pub(crate) mod keys;
 mod memory;
 #[cfg(feature = "redis")]
@@ -68,12 +70,24 @@ pub(crate) mod backend {
         Later(BoxFuture<'a, T>),
     }
 
-    impl<T> Answer<'_, T> {
+    impl<'a, T> Answer<'a, T> {
         /// The answer, awaited if it comes later.
         pub(crate) async fn get(self) -> T {
             match self {
                 Answer::Now(answer) => answer,
                 Answer::Later(future) => future.await,
+            }
+        }
+
+        /// The answer passed through `f`, at once or when it comes.
+        pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U + Send + 'a) -> Answer<'a, U>
+        where
+            T: 'a,
+            U: 'a,
+        {
+            match self {
+                Answer::Now(answer) => Answer::Now(f(answer)),
+                Answer::Later(future) => Answer::Later(Box::pin(async move { f(future.await) })),
             }
         }
     }
@@ -264,6 +278,8 @@ pub(crate) mod backend {
 
     const CALENDAR_NONE: u8 = 0;
     const CALENDAR_DUE: u8 = 1;
+    // (checked by the Redis store only)
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     const CALENDAR_TAKEN: u8 = 2;
 
     impl QuotaRegistry {
@@ -306,6 +322,7 @@ pub(crate) mod backend {
         /// for calendar quotas: `true` once, after
         /// [`calendar_limit`](Self::calendar_limit). A load otherwise.
         #[inline]
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
         pub(crate) fn take_calendar_check(&self) -> bool {
             use std::sync::atomic::Ordering;
             self.calendar.load(Ordering::Relaxed) == CALENDAR_DUE
@@ -435,6 +452,14 @@ pub(crate) mod backend {
         /// layers stays one limit during an outage. `None` for a store that
         /// does not fail (memory).
         fn fallback(&self) -> Option<MemoryStore> {
+            None
+        }
+        /// This instance's place among the instances that share this
+        /// store, learned by a heartbeat while it answers: the fallback
+        /// then grants each of them its share of every limit (see
+        /// `fleet.rs`). Starts the heartbeat, unless it runs. `None` for a
+        /// store that does not fail (memory), or one whose heartbeat is off.
+        fn fleet(&self) -> Option<std::sync::Arc<super::fleet::Fleet>> {
             None
         }
         /// Where this store remembers which quota each limit name has.

@@ -53,40 +53,63 @@ impl MemoryStoreBuilder {
     /// `u32::MAX`.
     ///
     /// At the bound, a new key first reclaims expired states of its table.
-    /// If the store is still full, it takes the place of the state closest
-    /// to fresh among 8 states of each table of its shard (one of the
-    /// store's 32, so about `max_keys / 32` states; each table examined from
-    /// where the last search stopped): the one with the smallest share of
-    /// its capacity in use, then the earliest expiry, then the key seen
-    /// longest ago. A state given up is
-    /// forgotten: its key, seen again, starts fresh. So a flood of made-up
-    /// keys that each sent a little takes the place of its own states, and
-    /// new clients keep their whole quota while it lasts; memory stays
-    /// bounded whatever keys clients make up.
+    /// If the store is still full, it takes the place of a state of the
+    /// limit (by name) that holds the most rate states, its own limit
+    /// counted with the new key and preferred on a tie. Each limit so owns
+    /// a share: a limit is never given up for another limit's key while it
+    /// holds no more states than that limit will, so a limit within its fair
+    /// share (the rate states over the limits that hold some) keeps its
+    /// states whatever another limit is flooded with, and a flood gives up
+    /// its own. Size `max_keys` so that each limit's live keys fit in that
+    /// share. Of that limit's states it gives up the one closest to fresh
+    /// among 8 of each of its tables in the new key's shard (one of the
+    /// store's 32) and the next shards, 16 at least, each table examined
+    /// from where the last search stopped: the one with the smallest share
+    /// of its capacity in use, measured in the quota that last wrote it (a
+    /// tier's, a live limit's current value, a key's override: up to 64
+    /// quotas per limit and shard, beyond which the first is used), then
+    /// the earliest expiry, then the key seen longest ago. A state given up
+    /// is forgotten: its key, seen again, starts fresh. So a flood of
+    /// made-up keys that each sent a little takes the place of its own
+    /// states, and new clients keep their whole quota while it lasts;
+    /// memory stays bounded whatever keys clients make up.
     ///
     /// The bound this costs: within the time a state covers (its window,
     /// or its capacity's refill), a key is granted at most its quota plus,
     /// for each time its state was given up, what that state had used; and
-    /// a state is given up only while 7 others of its table in the sample
-    /// (and every other table's 8) hold as large a share of their capacity
-    /// in use, or more. A key that spent its quota is therefore forgotten
-    /// only once the store is full of keys that spent theirs as well. A
-    /// concurrency limit's lease states are rate states of a sliding log:
-    /// a lease state given up frees its permits early.
+    /// a state is given up only while its limit holds the most states and
+    /// 7 others of its table in the sample (and its other tables' 8) hold
+    /// as large a share of their capacity in use, or more. A key that spent
+    /// its quota is therefore forgotten only once its limit's share is full
+    /// of keys that spent theirs as well. A concurrency limit's lease
+    /// states are rate states of a sliding log: a lease state given up
+    /// frees its permits early.
     ///
-    /// Penalty states (see [`Limit::with_penalty`](crate::Limit::with_penalty)) count
-    /// in the bound and are never given up: a new one in a full store takes
-    /// the place of a rate state of any shard. They take at most half the
-    /// bound, so that no flood of them (made-up keys refused until blocked)
-    /// leaves new clients without room: beyond that, a new one is not kept
-    /// (a block fails with
-    /// [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored), a
-    /// refusal or offence is not counted; both counted in the metrics).
-    /// Only when no rate state could be given up at once (a bound below a
-    /// few states per shard, the other shards busy), a new key's grant is
-    /// recorded in a state shared per limit and shard (not counted in the
-    /// bound) on which keys not stored are decided while it holds grants:
-    /// it only over-counts.
+    /// Penalty states (see [`Limit::with_penalty`](crate::Limit::with_penalty))
+    /// count in the bound and take at most half of it, so that no flood of
+    /// them (made-up keys refused until blocked) leaves new clients without
+    /// room; a new one in a full store takes the place of a rate state (of
+    /// the limit that holds the most). Once they take half, a new one
+    /// takes the place of a penalty state of the limit that holds the most
+    /// (its own preferred on a tie): of those compared (32 per shard, 64 at
+    /// least), first one that only counts refusals, then an ended block,
+    /// the one written longest ago first. An active block is never dropped:
+    /// given up for another limit's state, it goes to its limit's block
+    /// shared per shard; and when every state compared is an active block of
+    /// the new one's own limit, the store fails closed for that limit: the
+    /// new state goes to that shared block, which every key of the limit and
+    /// shard without a state of its own reads (refused while it lasts). So a
+    /// flood of offenders banned at once can refuse new clients of its own
+    /// limit, never another's. A block by hand is not put in a shared
+    /// block: it fails with
+    /// [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored). Both
+    /// are counted (see
+    /// [`PENALTIES_NOT_STORED`](crate::metrics::PENALTIES_NOT_STORED)) and
+    /// logged. Only when no rate state could be given up at once (a bound
+    /// below a few states per shard, the other shards busy), a new key's
+    /// grant is recorded in a state shared per limit and shard (not counted
+    /// in the bound) on which keys not stored are decided while it holds
+    /// grants: it only over-counts.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

@@ -217,7 +217,7 @@ impl MemoryStore {
             let Some(shard) = W::shard(&mut locks, place) else {
                 continue;
             };
-            place.table = shard.table(check.limit);
+            place.table = shard.table(check.limit, &inner.limits);
             let table = &mut shard.tables[place.table];
             place.found = inner.locate(table, place.hash, check.key, store_now);
             if let Some(slot) = table.found(place.found) {

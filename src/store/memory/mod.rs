@@ -9,7 +9,9 @@
 //! densely in fixed-size chunks, so memory follows the number of keys rather
 //! than the table's load factor (`table.rs`). A decision puts its states
 //! back through `write.rs`. Expired states are reclaimed a few at a time by
-//! the decisions that add keys, and in the background (`reclaim.rs`).
+//! the decisions that add keys, and in the background (`reclaim.rs`). A
+//! full store takes a new key's room from the limit that holds the most
+//! states (`share.rs`).
 
 mod backend;
 mod builder;
@@ -18,6 +20,7 @@ mod kept;
 mod key;
 mod penalized;
 mod reclaim;
+mod share;
 mod table;
 mod write;
 
@@ -53,6 +56,8 @@ struct Inner {
     kept: kept::Kept,
     /// Penalty states, by the shard of their key (see `penalized.rs`).
     pens: Box<[Mutex<penalized::Pens>]>,
+    /// The states each limit holds (see `share.rs`).
+    limits: share::Limits,
     max_keys: usize,
     /// Stored states in all shards.
     count: AtomicUsize,
@@ -180,6 +185,7 @@ impl MemoryStore {
                 quotas: Default::default(),
                 kept: Default::default(),
                 pens: penalized::pens(),
+                limits: Default::default(),
                 max_keys: builder.max_keys,
                 count: AtomicUsize::new(0),
                 pens_count: AtomicUsize::new(0),
@@ -290,7 +296,7 @@ impl MemoryStore {
             let hash = inner.hasher.hash(check.key);
             let p = check.limit.params();
             let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
-            let t = shard.table(check.limit);
+            let t = shard.table(check.limit, &inner.limits);
             let table = &mut shard.tables[t];
             let Found::Live(i) = inner.locate(table, hash, check.key, store_now) else {
                 continue;
@@ -316,6 +322,7 @@ impl MemoryStore {
             }
             let expires_at = state.save_into(p, now, &mut slot.stored);
             slot.written = now;
+            table.mark(i, p);
             // equal to a fresh state (a sliding log left empty is deleted)
             if expires_at <= now && table.remove(i, &inner.hasher).is_some() {
                 inner.forget(1);
@@ -328,7 +335,7 @@ impl MemoryStore {
         for check in checks {
             let hash = inner.hasher.hash(check.key);
             let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
-            let t = shard.table(check.limit);
+            let t = shard.table(check.limit, &inner.limits);
             let table = &mut shard.tables[t];
             if let Some(i) = table.find(hash, check.key) {
                 if table.remove(i, &inner.hasher).is_some() {

@@ -1,12 +1,16 @@
 //! The memory store's tables: one per limit and shard, a `hashbrown`
 //! index of `u32` slot numbers over slots kept densely in fixed-size
-//! chunks; the choice of the state a full store gives up (the one closest
-//! to fresh, see [`Shard::nearest_fresh`]), and the shared overflow state of keys
-//! that found no state to give up.
+//! chunks; the choice of the state a full store gives up (of the limit
+//! `share.rs` names, the one closest to fresh, see
+//! [`Shard::nearest_fresh`]), and the shared overflow state of keys that
+//! found no state to give up.
+
+use std::sync::Arc;
 
 use hashbrown::HashTable;
 
 use super::key::{Hasher, Key};
+use super::share::{Limits, Usage};
 use crate::algorithm::Params;
 use crate::algorithm::{State, Stored};
 use crate::quota::Algorithm;
@@ -19,6 +23,10 @@ const CHUNK: usize = 1024;
 /// state it gives up (see `Inner::give_up`).
 pub(super) const SAMPLE: usize = 8;
 
+/// The most quotas a table tells its states' apart by (see
+/// [`Table::quotas`]).
+const QUOTAS: usize = 64;
+
 /// One key's state under one limit.
 pub(super) struct Slot {
     pub(super) key: Key,
@@ -26,6 +34,8 @@ pub(super) struct Slot {
     /// in the scripts).
     pub(super) written: i64,
     pub(super) stored: Stored,
+    /// The quota that last wrote the state: its place in [`Table::quotas`].
+    pub(super) quota: u32,
 }
 
 /// The states of one limit (name and algorithm) in one shard.
@@ -33,9 +43,14 @@ pub(super) struct Table {
     /// Interned: compared by address.
     pub(super) name: &'static str,
     pub(super) algorithm: Algorithm,
-    /// The parameters of the limit that made the table: what a full store
-    /// measures its states' use in (see [`Shard::nearest_fresh`]).
-    pub(super) params: Params,
+    /// The quotas that wrote its states (a limit's tiers, its values over
+    /// time, keys' overrides), each state's own marked in its slot: what a
+    /// full store measures the state's use in (see
+    /// [`Shard::nearest_fresh`]). At most [`QUOTAS`]: beyond, a state is
+    /// measured in the first.
+    pub(super) quotas: Vec<Params>,
+    /// The states its limit holds in the store, this table's among them.
+    pub(super) usage: Arc<Usage>,
     /// Slot numbers, found by the key's hash.
     pub(super) index: HashTable<u32>,
     /// Slots `0..len`, `CHUNK` per chunk; only the last chunk is partly used.
@@ -57,11 +72,12 @@ pub(super) struct Table {
 }
 
 impl Table {
-    pub(super) fn new(limit: &Limit) -> Self {
+    pub(super) fn new(limit: &Limit, usage: Arc<Usage>) -> Self {
         Self {
             name: limit.shared_name(),
             algorithm: limit.params().algorithm(),
-            params: *limit.params(),
+            quotas: vec![*limit.params()],
+            usage,
             index: HashTable::new(),
             chunks: Vec::new(),
             len: 0,
@@ -109,6 +125,35 @@ impl Table {
         self.algorithm == limit.params().algorithm() && std::ptr::eq(self.name, limit.shared_name())
     }
 
+    /// The place of `p` in [`quotas`](Self::quotas), added if new (the
+    /// first when they are full).
+    pub(super) fn quota_of(&mut self, p: &Params) -> u32 {
+        let i = match self.quotas.iter().position(|q| q == p) {
+            Some(i) => i,
+            None if self.quotas.len() < QUOTAS => {
+                self.quotas.push(*p);
+                self.quotas.len() - 1
+            }
+            None => 0,
+        };
+        u32::try_from(i).unwrap_or(0)
+    }
+
+    /// Marks slot `i` as written by `p` (a compare when it was already).
+    #[inline]
+    pub(super) fn mark(&mut self, i: usize, p: &Params) {
+        let Some(slot) = self.slot(i) else {
+            return;
+        };
+        if self.quotas.get(slot.quota as usize) == Some(p) {
+            return;
+        }
+        let quota = self.quota_of(p);
+        if let Some(slot) = self.slot_mut(i) {
+            slot.quota = quota;
+        }
+    }
+
     #[inline]
     pub(super) fn slot(&self, i: usize) -> Option<&Slot> {
         self.chunks.get(i / CHUNK)?.get(i % CHUNK)
@@ -138,6 +183,9 @@ impl Table {
             _ => self.chunks.push(vec![slot]),
         }
         self.len += 1;
+        self.usage
+            .states
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let chunks = &self.chunks;
         self.index
             .insert_unique(hash, i, |&j| rehash(chunks, j, hasher));
@@ -157,6 +205,9 @@ impl Table {
             self.chunks.pop();
         }
         self.len -= 1;
+        self.usage
+            .states
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         if i == self.len {
             return Some(last);
         }
@@ -206,14 +257,17 @@ impl Table {
             return None;
         }
         let start = self.cursor % self.len;
-        let params = self.params;
         let mut best: Option<(usize, Closeness)> = None;
         for k in 0..n.min(self.len) {
             let i = (start + k) % self.len;
-            let Some(slot) = self.slot_mut(i) else {
+            let (quotas, chunks) = (&self.quotas, &mut self.chunks);
+            let Some(slot) = chunks.get_mut(i / CHUNK).and_then(|c| c.get_mut(i % CHUNK)) else {
                 continue;
             };
-            let c = closeness(slot, &params, now);
+            let Some(p) = quotas.get(slot.quota as usize).or(quotas.first()) else {
+                continue;
+            };
+            let c = closeness(slot, p, now);
             if best.is_none_or(|(_, b)| c < b) {
                 best = Some((i, c));
             }
@@ -272,21 +326,30 @@ impl Shard {
     /// The table of `limit`, created on first use (tables are never removed,
     /// so a table's position stays valid across lock holds).
     #[inline]
-    pub(super) fn table(&mut self, limit: &Limit) -> usize {
+    pub(super) fn table(&mut self, limit: &Limit, limits: &Limits) -> usize {
         if let Some(t) = self.tables.iter().position(|t| t.is_for(limit)) {
             return t;
         }
-        self.tables.push(Table::new(limit));
+        self.tables
+            .push(Table::new(limit, limits.usage(limit.shared_name())));
         self.tables.len() - 1
     }
 
     /// The state closest to fresh (see [`Closeness`]) among [`SAMPLE`]
-    /// slots of each table of this shard from its cursor, whatever its
-    /// limit: its table, slot, closeness, and how many slots were compared.
-    pub(super) fn nearest_fresh(&mut self, now: i64) -> (Option<(usize, usize, Closeness)>, usize) {
+    /// slots of each table of this shard of the limit `of` from its
+    /// cursor: its table, slot, closeness, and how many slots were
+    /// compared.
+    pub(super) fn nearest_fresh(
+        &mut self,
+        now: i64,
+        of: &Usage,
+    ) -> (Option<(usize, usize, Closeness)>, usize) {
         let mut best: Option<(usize, usize, Closeness)> = None;
         let mut seen = 0;
         for (t, table) in self.tables.iter_mut().enumerate() {
+            if !std::ptr::eq(Arc::as_ptr(&table.usage), of) {
+                continue;
+            }
             seen += table.len.min(SAMPLE);
             if let Some((i, c)) = table.nearest_fresh(SAMPLE, now) {
                 if best.is_none_or(|(_, _, b)| c < b) {
@@ -323,7 +386,7 @@ pub(super) enum Found {
 mod tests {
     use std::time::Duration;
 
-    use super::{Hasher, Key, Shard, Slot, SAMPLE};
+    use super::{Hasher, Key, Limits, Shard, Slot, SAMPLE};
     use crate::algorithm::{Params, State};
     use crate::{Limit, Quota};
 
@@ -344,12 +407,14 @@ mod tests {
             key: Key::from_slice(key.as_bytes()),
             written: now,
             stored,
+            quota: 0,
         }
     }
 
-    /// A full store gives up, of the states it compares in every table of
-    /// the shard, the one with the smallest share of its capacity in use,
-    /// whatever the algorithm, and one expired before any.
+    /// A full store gives up, of the states it compares of the limit it
+    /// takes from, the one with the smallest share of its capacity in use,
+    /// whatever the algorithm, and one expired before any; another limit's
+    /// states are not compared.
     #[test]
     fn the_state_given_up_is_the_one_closest_to_fresh() {
         let minute = Duration::from_secs(60);
@@ -364,8 +429,10 @@ mod tests {
         ] {
             let limit = Limit::new("l", quota).expect("limit");
             let other = Limit::new("o", Quota::gcra(100, minute, 100)).expect("limit");
+            let limits = Limits::default();
             let mut shard = Shard::default();
-            let (t, o) = (shard.table(&limit), shard.table(&other));
+            let (t, o) = (shard.table(&limit, &limits), shard.table(&other, &limits));
+            let (of_l, of_o) = (shard.tables[t].usage.clone(), shard.tables[o].usage.clone());
             for (key, used) in [("a", 9), ("b", 4), ("c", 10), ("d", 7)] {
                 let slot = spent(&limit, key, used, now);
                 let table = &mut shard.tables[t];
@@ -373,13 +440,13 @@ mod tests {
                     .push(hasher.hash(key.as_bytes()), slot, &hasher)
                     .is_ok());
             }
-            // 50 of 100: a larger share than b's 4 of 10, a smaller than a's
-            let slot = spent(&other, "e", 50, now);
+            // 1 of 100: a smaller share than b's 4 of 10, of another limit
+            let slot = spent(&other, "e", 1, now);
             assert!(shard.tables[o]
                 .push(hasher.hash(b"e"), slot, &hasher)
                 .is_ok());
-            let (best, seen) = shard.nearest_fresh(now);
-            assert_eq!(seen, 5.min(2 * SAMPLE), "{quota:?}");
+            let (best, seen) = shard.nearest_fresh(now, &of_l);
+            assert_eq!(seen, 4.min(SAMPLE), "{quota:?}");
             let (bt, bi, _) = best.expect("a state to give up");
             assert_eq!(
                 (bt, shard.tables[t].slot(bi).map(|s| s.key.as_slice())),
@@ -387,11 +454,16 @@ mod tests {
                 "{quota:?}"
             );
             assert!(shard.give_up(bt, bi, &hasher));
-            // then e (50%), then d (70%): never c, spent, while another is left
-            let (best, _) = shard.nearest_fresh(now);
+            assert_eq!(of_l.states.load(std::sync::atomic::Ordering::Acquire), 3);
+            // then d (70%): never c, spent, while another is left
+            let (best, _) = shard.nearest_fresh(now, &of_l);
+            let (bt, bi, _) = best.expect("a state to give up");
+            let key = shard.tables[bt].slot(bi).map(|s| s.key.as_slice());
+            assert_eq!((bt, key), (t, Some(&b"d"[..])), "{quota:?}");
+            let (best, _) = shard.nearest_fresh(now, &of_o);
             assert_eq!(best.map(|(bt, _, _)| bt), Some(o), "{quota:?}");
             // long after: every state is expired, the first compared goes
-            let (best, _) = shard.nearest_fresh(now + 3_600_000_000);
+            let (best, _) = shard.nearest_fresh(now + 3_600_000_000, &of_l);
             assert_eq!(
                 best.map(|(_, _, c)| c),
                 Some((0, i64::MIN, i64::MIN)),

@@ -1,12 +1,14 @@
 //! Putting a decision's states back: saved, left as they were, or removed,
 //! and a new key stored within the store's bound: in a full store, in
-//! place of the state closest to fresh that the store gives up, once every
-//! state of the decision is back (see [`Inner::make_room`]).
+//! place of the state closest to fresh of the limit that holds the most
+//! states (see `share.rs`), once every state of the decision is back (see
+//! [`Inner::make_room`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::{MutexGuard, TryLockError};
 
 use super::key::{Hasher, Key};
+use super::share::{Kind, Usage};
 use super::table::{Closeness, Found, Shard, Slot, Table, SAMPLE};
 use super::{Inner, SHARDS};
 use crate::algorithm::State;
@@ -59,6 +61,7 @@ impl Inner {
         let write = (write && check.cost > 0) || moved;
         match found {
             Found::Live(i) | Found::Expired(i) if write => {
+                table.mark(i, p);
                 if let Some(slot) = table.slot_mut(i) {
                     let expires_at = state.save_into(p, now, &mut slot.stored);
                     slot.written = now;
@@ -89,6 +92,7 @@ impl Inner {
                     key: Key::from_slice(check.key),
                     written: now,
                     stored,
+                    quota: table.quota_of(p),
                 };
                 match self.insert(table, hash, slot, store_now) {
                     Ok(()) => Put::Added,
@@ -104,26 +108,29 @@ impl Inner {
 
     /// Makes room for the new key's state waiting in table `t` of a full
     /// store (see [`write_back`](Self::write_back)), if one waits: counts
-    /// it in if room was made meanwhile, else gives up the state closest to
-    /// fresh (see [`give_up`](Self::give_up)), whose place in the count it
-    /// takes. Notes whether it found room.
+    /// it in if room was made meanwhile, else gives up a state of the limit
+    /// that holds the most, its own preferred (see
+    /// [`give_up`](Self::give_up)), whose place in the count it takes.
+    /// Notes whether it found room.
     pub(super) fn make_room(&self, shard: &mut Shard, t: usize, hash: u64, now: i64) {
-        if shard
+        let Some(usage) = shard
             .tables
             .get(t)
-            .is_none_or(|table| table.waiting.is_none())
-        {
+            .filter(|table| table.waiting.is_some())
+            .map(|table| std::sync::Arc::clone(&table.usage))
+        else {
             return;
-        }
+        };
         if !self.full_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 target: "tower_ratelimit",
                 max_keys = self.max_keys,
                 "the memory store is full: new keys take the place of the states closest to \
-                 fresh (logged once per store)"
+                 fresh of the limit that holds the most (logged once per store)"
             );
         }
-        let room = self.admit() || self.give_up(Hasher::shard(hash), Some(&mut *shard), now);
+        let room =
+            self.admit() || self.give_up(Hasher::shard(hash), Some(&mut *shard), now, Some(&usage));
         if let Some(table) = shard.tables.get_mut(t) {
             table.room = room;
         }
@@ -155,8 +162,11 @@ impl Inner {
         false
     }
 
-    /// Makes room in a full store: removes the state closest to fresh (see
-    /// [`Shard::nearest_fresh`]) among those compared: of the shard `own`
+    /// Makes room in a full store for a new state of `asking` (`None`: a
+    /// penalty state): removes, of the limit that holds the most rate
+    /// states, `asking` preferred on a tie (see `share.rs`), the state
+    /// closest to fresh (see [`Shard::nearest_fresh`]) among those
+    /// compared: of the shard `own`
     /// (`held`, when a decision holds it locked), then of the next shards
     /// in turn until [`COMPARED`] states were compared or every shard
     /// was, each taken without waiting (one busy or held by the decision is
@@ -165,7 +175,17 @@ impl Inner {
     /// it removed one: its place in the store's count is the caller's.
     /// What is lost is what that state had used: its key, back, starts
     /// fresh.
-    pub(super) fn give_up(&self, own: usize, mut held: Option<&mut Shard>, now: i64) -> bool {
+    pub(super) fn give_up(
+        &self,
+        own: usize,
+        mut held: Option<&mut Shard>,
+        now: i64,
+        asking: Option<&std::sync::Arc<Usage>>,
+    ) -> bool {
+        let Some(donor) = self.limits.donor(Kind::Rate, asking) else {
+            return false;
+        };
+        let donor: &Usage = &donor;
         /// Where the best state so far is: in the held shard, or another.
         enum Best<'s> {
             Held(usize, usize),
@@ -175,7 +195,7 @@ impl Inner {
         let mut seen = 0;
         let waits = held.is_none();
         if let Some(shard) = held.as_deref_mut() {
-            let (found, n) = shard.nearest_fresh(now);
+            let (found, n) = shard.nearest_fresh(now, donor);
             seen += n;
             best = found.map(|(t, i, c)| (Best::Held(t, i), c));
         }
@@ -196,7 +216,7 @@ impl Inner {
                 Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
                 Err(TryLockError::WouldBlock) => continue,
             };
-            let (found, n) = guard.nearest_fresh(now);
+            let (found, n) = guard.nearest_fresh(now, donor);
             seen += n;
             if let Some((t, i, c)) = found {
                 if best.as_ref().is_none_or(|(_, b)| c < *b) {
@@ -214,7 +234,7 @@ impl Inner {
             None if waits => (0..SHARDS).any(|k| {
                 self.shards.get((own + k) % SHARDS).is_some_and(|mutex| {
                     let mut shard = super::lock(mutex);
-                    match shard.nearest_fresh(now) {
+                    match shard.nearest_fresh(now, donor) {
                         (Some((t, i, _)), _) => shard.give_up(t, i, &self.hasher),
                         (None, _) => false,
                     }

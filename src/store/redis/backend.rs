@@ -158,6 +158,10 @@ impl Backend for RedisStore {
         Some(self.inner.fallback.get_or_init(MemoryStore::new).clone())
     }
 
+    fn fleet(&self) -> Option<Arc<crate::store::fleet::Fleet>> {
+        RedisStore::fleet(self)
+    }
+
     fn hot_pools(&self) -> Option<Arc<crate::limiter::HotPools>> {
         let pools = self.inner.hot.get_or_init(|| {
             let clock = self

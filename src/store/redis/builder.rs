@@ -81,6 +81,7 @@ pub struct RedisStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     slack: Duration,
     coalesce: bool,
+    heartbeat: Duration,
     #[cfg(feature = "tls")]
     root_certificate: Option<Vec<u8>>,
 }
@@ -104,6 +105,7 @@ impl RedisStoreBuilder {
             clock: None,
             slack: Duration::ZERO,
             coalesce: true,
+            heartbeat: super::fleet::DEFAULT_HEARTBEAT,
             #[cfg(feature = "tls")]
             root_certificate: None,
         }
@@ -137,6 +139,28 @@ impl RedisStoreBuilder {
     /// latency at the cost of more Redis time per decision.
     pub fn coalesce_decisions(mut self, coalesce: bool) -> Self {
         self.coalesce = coalesce;
+        self
+    }
+
+    /// How often a store with a memory fallback (a layer's
+    /// [`OnStoreError::FallbackToMemory`](crate::layer::OnStoreError::FallbackToMemory))
+    /// tells Redis it is alive and reads how many instances are (default
+    /// 5 s; at least 10 ms; `Duration::ZERO`: never). During an outage,
+    /// the fallback then grants each instance its share of every limit,
+    /// so that the fleet as a whole stays within about one quota (see
+    /// [`FallbackToMemory`](crate::layer::OnStoreError::FallbackToMemory)
+    /// for the exact bound); without a heartbeat, each instance grants the
+    /// full quota.
+    ///
+    /// One `EVAL` per period on a task of its own (decisions neither wait
+    /// for it nor read what it counts): it adds this handle's random id to
+    /// the sorted set `<prefix>:fleet`, scored by when it stops counting,
+    /// three periods later on the server's clock, drops the ids past
+    /// theirs, and counts the rest. Every instance sharing a prefix should
+    /// use the same period; an instance gone is counted for up to three
+    /// periods, one just started is counted by the others within one.
+    pub fn fleet_heartbeat(mut self, period: Duration) -> Self {
+        self.heartbeat = period;
         self
     }
 
@@ -192,6 +216,12 @@ impl RedisStoreBuilder {
                 "the expiry slack must not exceed ten years".into(),
             ));
         }
+        if !self.heartbeat.is_zero() && self.heartbeat < super::fleet::MIN_HEARTBEAT {
+            return Err(ConfigError::Redis(format!(
+                "the fleet heartbeat must be at least {:?} apart (or zero: none)",
+                super::fleet::MIN_HEARTBEAT
+            )));
+        }
         if self.lanes == 0 {
             return Err(ConfigError::Redis("at least one lane is needed".into()));
         }
@@ -215,6 +245,8 @@ impl RedisStoreBuilder {
                 clock: self.clock,
                 slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
                 fallback: OnceLock::new(),
+                fleet: OnceLock::new(),
+                heartbeat: self.heartbeat,
                 hot: OnceLock::new(),
                 quotas: Default::default(),
                 batcher: Default::default(),

@@ -20,6 +20,7 @@ mod conn;
 mod connector;
 mod durability;
 mod encode;
+mod fleet;
 mod script;
 mod stored;
 
@@ -58,6 +59,12 @@ struct Inner {
     slack: i64,
     /// Decides while Redis fails (see `Backend::fallback`); made on first use.
     fallback: OnceLock<MemoryStore>,
+    /// This handle's place among the instances sharing the store, kept by
+    /// a heartbeat every `heartbeat` (see `fleet.rs`); made when the
+    /// fallback is set up.
+    fleet: OnceLock<Arc<crate::store::fleet::Fleet>>,
+    /// The fleet heartbeat's period; zero: none.
+    heartbeat: std::time::Duration,
     /// The hot keys' batches of every limiter over this store (see
     /// `Backend::hot_pools`); made on first use.
     hot: OnceLock<Arc<crate::limiter::HotPools>>,
@@ -76,11 +83,14 @@ struct Inner {
 /// flight go out together, as one call, when it lands (see
 /// [`RedisStoreBuilder::coalesce_decisions`]).
 ///
-/// Under `maxmemory`, the loaded function keeps deciding (it is flagged
-/// `allow-oom`; its keys are small, expire, and follow the eviction policy).
-/// Loading it is a write, which Redis refuses while it is over `maxmemory`
-/// and cannot evict: then decisions run as scripts, and the load is tried
-/// again ten seconds later.
+/// Under `maxmemory` with an eviction policy, Redis evicts to make room
+/// and decisions go on. Over `maxmemory` with nothing to evict
+/// (`noeviction`, as calendar quotas need), Redis refuses every decision
+/// (an `OOM` error: the layer's [`OnStoreError`](crate::layer::OnStoreError)
+/// answers), rather than write past the bound its operator set (the
+/// function has no `allow-oom` flag). Loading the function is a write too:
+/// refused, decisions run as scripts, and the load is tried again ten
+/// seconds later.
 ///
 /// # Failures
 ///

@@ -23,12 +23,16 @@ const CODE: &str = include_str!(concat!(env!("OUT_DIR"), "/library.lua"));
 /// How the decision code reaches Redis: as a Function library loaded once
 /// per server (`FCALL`, Redis 7 and later), or as a script (`EVALSHA`).
 ///
-/// The function is flagged `allow-oom`: a Function without it is refused as
-/// a whole whenever Redis is over `maxmemory` and eviction cannot bring it
-/// under (the library's own memory, clients and buffers count too), which
-/// would turn memory pressure into an outage of every limit. Its writes are
-/// small, carry TTLs and stay subject to the eviction policy, as a script's
-/// writes are.
+/// The function has no flags: Redis refuses it as a whole (an `OOM` error,
+/// which the store's policy answers: `OnStoreError`) while it is over
+/// `maxmemory` and eviction cannot bring it under (`noeviction`, or the
+/// library's own memory, clients and buffers), as it refuses any write, and
+/// as it refuses the script's first write. Flagged `allow-oom`, as it was,
+/// it wrote past `maxmemory` with nothing to bound it: each new key a
+/// decision writes (about 320 bytes for a sliding log; 2000 new keys grew a
+/// full 2 MB Redis by 633 KB in `tests/operations.rs`), until the host
+/// runs out. Under an eviction policy Redis evicts before it runs the
+/// function, and decisions go on.
 pub(super) struct Delivery {
     /// `FUNCTION LOAD` source. Library and function are named after the
     /// code's SHA1, so instances running different versions of this crate
@@ -41,12 +45,14 @@ pub(super) struct Delivery {
 
 pub(super) static DELIVERY: LazyLock<Delivery> = LazyLock::new(|| {
     let script = Script::new(&format!("{CODE}\nreturn decide(KEYS, ARGV)\n"));
-    let code = Script::new(CODE);
+    // named by the code and the registration (its flags): an older
+    // version's library, registered `allow-oom`, is not called in its place
+    let code = Script::new(&format!("{CODE}\n-- registered without flags\n"));
     let function = format!("tower_ratelimit_{}", &code.get_hash()[..16]);
     Delivery {
         library: format!(
             "#!lua name={function}\n{CODE}\n\
-             redis.register_function{{function_name = '{function}', callback = decide, flags = {{ 'allow-oom' }}}}\n"
+             redis.register_function{{function_name = '{function}', callback = decide}}\n"
         ),
         function,
         script,

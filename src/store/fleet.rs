@@ -1,0 +1,312 @@
+//! A fleet's share of each limit while its shared store is down: the
+//! layer's `FallbackToMemory` decides in memory, per process, so without a
+//! share `n` instances would admit `n` times each quota until the store is
+//! back.
+//!
+//! A shared store that has a fallback keeps a [`Fleet`]: an id of its own,
+//! registered in the store by a background heartbeat, and the number of
+//! instances the heartbeat last counted there (see the Redis store's
+//! `fleet.rs`). The fallback's store is a [`FleetShare`]: the shared
+//! store's [`MemoryStore`] with every check's cost multiplied by that count
+//! (at most the limit's capacity), so each instance grants its share of the
+//! full quota, and a token bucket's or GCRA's refill is divided with its
+//! burst. Nothing of it runs while the shared store answers: decisions
+//! never read the count, the heartbeat does not wait for them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::backend::Backend;
+use super::{Answer, Check, Deadline, MemoryStore, PenaltyChange, QuotaChange, Settle, Settled};
+use super::{Reply, Store};
+use crate::algorithm::Status;
+use crate::Error;
+
+/// Heartbeats a member is counted for after its last one: a member that
+/// missed two in a row (a long pause, a slow store) still counts.
+pub(crate) const PERIODS_COUNTED: u32 = 3;
+
+/// This instance's place in the fleet of instances that share a store.
+#[derive(Debug)]
+#[allow(unreachable_pub)] // named by the store trait `Backend`, never exported
+pub struct Fleet {
+    /// Registered in the store by the heartbeat: random, new per store
+    /// handle (per process, as separate processes build their own).
+    id: String,
+    /// Instances counted by the last heartbeat that reached the store
+    /// (0: none has yet).
+    count: AtomicU64,
+    /// Whether the heartbeat was started.
+    beating: AtomicBool,
+}
+
+impl Fleet {
+    pub(crate) fn new() -> Self {
+        use std::hash::BuildHasher;
+        // foldhash's random state is seeded per process and per state: with
+        // the process id and the time, no two handles draw the same id
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let random = foldhash::fast::RandomState::default().hash_one((std::process::id(), nanos));
+        Self {
+            id: format!("{random:016x}-{}", std::process::id()),
+            count: AtomicU64::new(0),
+            beating: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the heartbeat runs.
+    pub(crate) fn beating(&self) -> bool {
+        self.beating.load(Ordering::Acquire)
+    }
+
+    /// Whether the caller is the one to start the heartbeat: `true` once.
+    pub(crate) fn start(&self) -> bool {
+        !self.beating.swap(true, Ordering::AcqRel)
+    }
+
+    /// This instance's id in the store.
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// How many instances share each limit, as last learned: at least 1
+    /// (1 when nothing was learned: the full quota).
+    pub(crate) fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Records what a heartbeat counted. Until the heartbeats have
+    /// succeeded for a whole counting window in a row (`settled`), a count
+    /// only rises: a store that comes back empty (restarted without
+    /// persistence) holds only the instances that have beaten since, and
+    /// the others' shares must not grow from that partial count.
+    pub(crate) fn learn(&self, counted: u64, settled: bool) {
+        if settled {
+            self.count.store(counted, Ordering::Relaxed);
+        } else {
+            self.count.fetch_max(counted, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a check of `cost` counts against one instance's copy of a limit of
+/// `capacity` when `fleet` instances share it: `cost × fleet`, but at most
+/// the capacity (each instance still grants one request per key, whatever
+/// the fleet), and a cost that never fits stays as it is (still never).
+pub(crate) fn share_of(cost: i64, capacity: i64, fleet: u64) -> i64 {
+    if fleet <= 1 || cost <= 0 || cost > capacity {
+        return cost;
+    }
+    let fleet = i64::try_from(fleet).unwrap_or(i64::MAX);
+    cost.saturating_mul(fleet).min(capacity)
+}
+
+/// The fallback's store with a fleet: the shared store's [`MemoryStore`],
+/// every check's cost counted as its [share](share_of).
+#[derive(Debug, Clone)]
+pub(crate) struct FleetShare {
+    memory: MemoryStore,
+    fleet: Arc<Fleet>,
+}
+
+type Scaled<'a> = SmallVec<[Check<'a>; 2]>;
+
+impl FleetShare {
+    pub(crate) fn new(memory: MemoryStore, fleet: Arc<Fleet>) -> Self {
+        Self { memory, fleet }
+    }
+
+    /// `checks` at their shares' costs; `None` for a fleet of one.
+    fn scaled<'a>(&self, checks: &[Check<'a>]) -> Option<Scaled<'a>> {
+        let fleet = self.fleet.count();
+        (fleet > 1).then(|| {
+            checks
+                .iter()
+                .map(|c| Check {
+                    cost: share_of(c.cost, c.limit.params().capacity(), fleet),
+                    ..*c
+                })
+                .collect()
+        })
+    }
+
+    /// `reply` of the scaled checks as the checks' own: each limit's
+    /// `remaining` counted in their costs (what this instance still grants
+    /// of them), not in the scaled ones.
+    fn unscaled(checks: &[Check<'_>], scaled: &[Check<'_>], mut reply: Reply) -> Reply {
+        for ((check, share), status) in checks.iter().zip(scaled).zip(reply.limits.iter_mut()) {
+            if share.cost <= check.cost || check.cost <= 0 {
+                continue;
+            }
+            let (Status::Allows { remaining, .. } | Status::Never { remaining, .. }) = status
+            else {
+                continue;
+            };
+            let left =
+                i128::from((*remaining).max(0)) * i128::from(check.cost) / i128::from(share.cost);
+            *remaining = i64::try_from(left).unwrap_or(*remaining);
+        }
+        reply
+    }
+}
+
+/// The answer of `call` on `scaled`, which it borrows: at once when the
+/// memory store answers at once (always), else awaited with `scaled` moved
+/// into the future.
+fn on_scaled<'a, T, F>(scaled: Scaled<'a>, call: F) -> Answer<'a, T>
+where
+    T: Send + 'a,
+    F: for<'s> Fn(&'s [Check<'a>]) -> Answer<'s, T> + Send + Sync + 'a,
+{
+    let now = match call(&scaled) {
+        Answer::Now(result) => Some(result),
+        Answer::Later(_) => None,
+    };
+    match now {
+        Some(result) => Answer::Now(result),
+        None => Answer::Later(Box::pin(async move { call(&scaled).get().await })),
+    }
+}
+
+impl Store for FleetShare {}
+
+impl Backend for FleetShare {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        max_wait: i64,
+        dry: bool,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Reply, Error>> {
+        let Some(scaled) = self.scaled(checks) else {
+            return self.memory.decide(checks, max_wait, dry, deadline);
+        };
+        on_scaled(scaled, move |s| {
+            self.memory
+                .decide(s, max_wait, dry, deadline)
+                .map(move |r| r.map(|reply| Self::unscaled(checks, s, reply)))
+        })
+    }
+
+    fn reset<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        deadline: Deadline,
+    ) -> Answer<'a, Result<(), Error>> {
+        self.memory.reset(checks, deadline)
+    }
+
+    /// A refund gives back the share its grant took (the fleet's count
+    /// does not change while the store is down, when the fallback
+    /// decides); a charge takes the share of its cost.
+    fn settle<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        how: Settle,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Settled, Error>> {
+        let Some(scaled) = self.scaled(checks) else {
+            return self.memory.settle(checks, how, deadline);
+        };
+        on_scaled(scaled, move |s| self.memory.settle(s, how, deadline))
+    }
+
+    /// Takes up to the share of the checks' cost; answers what that is of
+    /// their cost, rounded down (the layer never takes: only a limiter's
+    /// `take_up_to` does, and the fallback's limiter is the layer's own).
+    fn take<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        deadline: Deadline,
+    ) -> Answer<'a, Result<(Reply, i64), Error>> {
+        let Some(scaled) = self.scaled(checks) else {
+            return self.memory.take(checks, deadline);
+        };
+        let (cost, share) = match (checks.first(), scaled.first()) {
+            (Some(check), Some(scaled)) => (check.cost, scaled.cost.max(1)),
+            _ => (1, 1),
+        };
+        on_scaled(scaled, move |s| {
+            self.memory.take(s, deadline).map(move |r| {
+                r.map(|(reply, taken)| {
+                    let taken = i128::from(taken) * i128::from(cost) / i128::from(share);
+                    let taken = i64::try_from(taken).unwrap_or(0);
+                    (Self::unscaled(checks, s, reply), taken)
+                })
+            })
+        })
+    }
+
+    fn read_quota<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        keyed: bool,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
+        self.memory.read_quota(check, keyed, deadline)
+    }
+
+    fn write_quota<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        keyed: bool,
+        change: QuotaChange<'a>,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<bool, Error>> {
+        self.memory.write_quota(check, keyed, change, deadline)
+    }
+
+    fn penalty<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        change: PenaltyChange,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>> {
+        self.memory.penalty(check, change, deadline)
+    }
+
+    fn kind(&self) -> &'static str {
+        self.memory.kind()
+    }
+
+    fn quotas(&self) -> Option<&super::QuotaRegistry> {
+        self.memory.quotas()
+    }
+
+    fn report_size(&self, now: i64) {
+        self.memory.report_size(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_share_is_the_cost_times_the_fleet_at_most_the_capacity() {
+        assert_eq!(share_of(1, 10, 1), 1);
+        assert_eq!(share_of(1, 10, 0), 1, "nothing learned: the full quota");
+        assert_eq!(share_of(1, 10, 3), 3);
+        assert_eq!(share_of(2, 10, 3), 6);
+        assert_eq!(share_of(1, 3, 4), 3, "at least one request per instance");
+        assert_eq!(share_of(4, 3, 4), 4, "a cost that never fits stays");
+        assert_eq!(share_of(0, 3, 4), 0, "a look takes nothing");
+        assert_eq!(share_of(1 << 53, i64::MAX, u64::MAX), i64::MAX);
+    }
+
+    #[test]
+    fn a_count_only_rises_until_the_heartbeats_settle() {
+        let fleet = Fleet::new();
+        assert_eq!(fleet.count(), 1);
+        fleet.learn(4, false);
+        fleet.learn(1, false);
+        assert_eq!(fleet.count(), 4, "a store that came back empty");
+        fleet.learn(3, true);
+        assert_eq!(fleet.count(), 3);
+        assert_ne!(Fleet::new().id(), fleet.id());
+    }
+}

@@ -1,0 +1,123 @@
+//! Each limit's share of the store: how many rate and penalty states each
+//! limit (by name) holds, and which limit a full store takes a state from.
+//!
+//! A full store takes the place of a state of the limit that holds the
+//! most states of that kind, the new state's own limit counted with it
+//! and preferred on a tie (see [`Limits::donor`]). So a limit is never
+//! given up for another limit's key while it holds no more states than
+//! that limit will: a limit within its fair share (the states of that
+//! kind over the limits that hold some) keeps them whatever another limit
+//! is flooded with, and a flood gives up its own states.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+
+use super::lock;
+
+/// One limit's states in the store, shared by its tables in every shard.
+#[derive(Debug)]
+pub(super) struct Usage {
+    /// Interned: compared by address.
+    pub(super) name: &'static str,
+    /// Its rate states (see `table.rs`).
+    pub(super) states: AtomicUsize,
+    /// Its penalty states (see `penalized.rs`).
+    pub(super) pens: AtomicUsize,
+}
+
+/// Which count [`Limits::donor`] compares.
+#[derive(Clone, Copy)]
+pub(super) enum Kind {
+    Rate,
+    Penalty,
+}
+
+impl Usage {
+    fn of(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Rate => self.states.load(Ordering::Acquire),
+            Kind::Penalty => self.pens.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// The limits of a store, read without a lock (a limit is added once, the
+/// first time one of its states is made in a shard).
+#[derive(Default)]
+pub(super) struct Limits {
+    list: ArcSwap<Vec<Arc<Usage>>>,
+    /// Held while `list` is replaced.
+    writing: Mutex<()>,
+}
+
+impl Limits {
+    /// The usage of the limit named `name` (interned), added on first use.
+    pub(super) fn usage(&self, name: &'static str) -> Arc<Usage> {
+        let find = |list: &[Arc<Usage>]| {
+            list.iter()
+                .find(|u| std::ptr::eq(u.name, name))
+                .map(Arc::clone)
+        };
+        if let Some(found) = find(&self.list.load()) {
+            return found;
+        }
+        let _writing = lock(&self.writing);
+        let current = self.list.load_full();
+        if let Some(found) = find(&current) {
+            return found;
+        }
+        let usage = Arc::new(Usage {
+            name,
+            states: AtomicUsize::new(0),
+            pens: AtomicUsize::new(0),
+        });
+        let mut next = Vec::clone(&current);
+        next.push(Arc::clone(&usage));
+        self.list.store(Arc::new(next));
+        usage
+    }
+
+    /// The limit a full store takes a state of `kind` from, for a new
+    /// state of `asking` (none: a penalty state's room among rate states):
+    /// the one that holds the most, `asking` counted with its new state and
+    /// preferred on a tie. `None` when no limit holds one.
+    pub(super) fn donor(&self, kind: Kind, asking: Option<&Arc<Usage>>) -> Option<Arc<Usage>> {
+        let list = self.list.load();
+        let mut best: Option<(usize, &Arc<Usage>)> =
+            asking.map(|u| (u.of(kind).saturating_add(1), u));
+        for usage in list.iter() {
+            let n = usage.of(kind);
+            if n > 0 && best.is_none_or(|(most, _)| n > most) {
+                best = Some((n, usage));
+            }
+        }
+        best.map(|(_, usage)| Arc::clone(usage))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Kind, Limits};
+    use std::sync::atomic::Ordering;
+
+    /// The donor is the limit holding the most, the asking one preferred on
+    /// a tie (counted with its new state).
+    #[test]
+    fn the_donor_is_the_limit_that_holds_the_most() {
+        let limits = Limits::default();
+        let name: &'static str = "a";
+        let (a, b) = (limits.usage(name), limits.usage("b"));
+        assert!(std::sync::Arc::ptr_eq(&a, &limits.usage(name)));
+        a.states.store(10, Ordering::Release);
+        b.states.store(3, Ordering::Release);
+        let donor = |asking| limits.donor(Kind::Rate, asking).map(|u| u.name);
+        assert_eq!(donor(Some(&b)), Some("a"));
+        assert_eq!(donor(Some(&a)), Some("a"));
+        assert_eq!(donor(None), Some("a"));
+        b.states.store(9, Ordering::Release);
+        assert_eq!(donor(Some(&b)), Some("b"), "9 + 1: a tie, its own");
+        assert_eq!(limits.donor(Kind::Penalty, None).map(|u| u.name), None);
+    }
+}

@@ -1,0 +1,120 @@
+//! The fleet's heartbeat: each store handle with a fallback registers a
+//! random id in the sorted set `<prefix>:fleet`, scored by when it stops
+//! counting (its last heartbeat plus three periods, on the server's clock),
+//! every period, on a task of its own, and reads how many ids count (see
+//! `store/fleet.rs` for what the fallback does with it). One `EVAL` per
+//! period and handle; decisions never wait for it nor read the set.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::{Inner, RedisStore};
+use crate::store::fleet::{Fleet, PERIODS_COUNTED};
+use crate::store::Deadline;
+use crate::Error;
+
+/// The default of [`RedisStoreBuilder::fleet_heartbeat`](super::RedisStoreBuilder::fleet_heartbeat).
+pub(super) const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// The shortest heartbeat period a builder accepts.
+pub(super) const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
+
+/// Adds or refreshes `ARGV[1]`, counted until `ARGV[2]` ms from now (the
+/// server's `TIME`, or `ARGV[3]` ms when the store has a clock of its own),
+/// drops the ids no longer counted, keeps the set as long as its last id,
+/// and answers how many count.
+const HEARTBEAT: &str = r"
+local now = tonumber(ARGV[3])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then
+  redis.call('PEXPIREAT', KEYS[1], last[2])
+end
+return redis.call('ZCARD', KEYS[1])
+";
+
+impl RedisStore {
+    /// The store's fleet, its heartbeat started (see `Backend::fleet`).
+    pub(super) fn fleet(&self) -> Option<Arc<Fleet>> {
+        let period = self.inner.heartbeat;
+        if period.is_zero() {
+            return None;
+        }
+        let fleet = self.inner.fleet.get_or_init(|| Arc::new(Fleet::new()));
+        if !fleet.beating() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    if fleet.start() {
+                        let beat = beat(Arc::downgrade(&self.inner), fleet.clone(), period);
+                        drop(runtime.spawn(beat));
+                    }
+                }
+                // (tried again by the next layer built over the store)
+                Err(_) => tracing::warn!(
+                    target: "tower_ratelimit",
+                    prefix = %self.inner.prefix,
+                    "a memory fallback was set up outside a Tokio runtime: its fleet heartbeat \
+                     cannot start, so during a Redis outage this instance grants the full quota \
+                     of each limit rather than its share. Build the layer inside the runtime."
+                ),
+            }
+        }
+        Some(fleet.clone())
+    }
+
+    /// One heartbeat: how many instances count now, this one included.
+    async fn heartbeat(&self, fleet: &Fleet, period: Duration) -> Result<u64, Error> {
+        let counted = period.saturating_mul(PERIODS_COUNTED);
+        let counted = u64::try_from(counted.as_millis()).unwrap_or(u64::MAX);
+        let now = match &self.inner.clock {
+            Some(clock) => (clock.now_micros() / 1000).to_string(),
+            None => String::new(),
+        };
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(HEARTBEAT)
+            .arg(1)
+            .arg(format!("{}:fleet", self.inner.prefix))
+            .arg(fleet.id())
+            .arg(counted)
+            .arg(now);
+        let deadline = Deadline::after(period.min(Duration::from_secs(2))).start();
+        self.command::<u64>(cmd, deadline).await
+    }
+}
+
+/// Beats every `period` while a handle of the store is left.
+async fn beat(store: Weak<Inner>, fleet: Arc<Fleet>, period: Duration) {
+    // heartbeats that reached the store in a row
+    let mut streak = 0_u32;
+    loop {
+        let Some(inner) = store.upgrade() else {
+            return;
+        };
+        let store = RedisStore { inner };
+        match store.heartbeat(&fleet, period).await {
+            Ok(counted) => {
+                streak = streak.saturating_add(1);
+                // after a whole window of them, every instance alive has
+                // beaten since the store came back
+                fleet.learn(counted, streak > PERIODS_COUNTED);
+            }
+            Err(error) => {
+                streak = 0;
+                tracing::debug!(
+                    target: "tower_ratelimit",
+                    %error,
+                    "fleet heartbeat failed; the fallback keeps the last count ({})",
+                    fleet.count()
+                );
+            }
+        }
+        // (no handle held while asleep: the last one dropped ends the task)
+        drop(store);
+        tokio::time::sleep(period).await;
+    }
+}

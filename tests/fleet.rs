@@ -1,0 +1,300 @@
+//! A fleet during a Redis outage: with `OnStoreError::FallbackToMemory`,
+//! each instance grants its share of every limit (the quota divided by the
+//! instances its heartbeat counted), so the fleet as a whole stays within
+//! the documented bound; and the heartbeat costs decisions nothing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use common::{unique_prefix, TestRedis};
+use http::{HeaderName, Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_ratelimit::key::Header;
+use tower_ratelimit::layer::{OnStoreError, RateLimitInfo, RateLimitLayer};
+use tower_ratelimit::{Limit, Quota, RedisStore};
+
+const PERIOD: Duration = Duration::from_millis(200);
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Says who decided: `redis` or `fallback`.
+async fn who(info: RateLimitInfo) -> &'static str {
+    if info.store_failed() {
+        "fallback"
+    } else {
+        "redis"
+    }
+}
+
+/// One instance, as a process of its own would build it: its own store
+/// handle (its own fallback, its own heartbeat) over the shared Redis.
+/// `/sms`: 3 per hour per phone (fixed window); `/api`: a token bucket of
+/// 20, refilled 20 per hour, per phone.
+fn instance(url: &str, prefix: &str, policy: OnStoreError) -> Router {
+    let store = RedisStore::builder(url)
+        .prefix(prefix)
+        .fleet_heartbeat(PERIOD)
+        .build()
+        .expect("store");
+    let phone = || Header::new(HeaderName::from_static("x-phone"));
+    let layer = |limit: Limit| {
+        RateLimitLayer::builder()
+            .store(store.clone())
+            .limit(limit, phone())
+            .on_store_error(policy)
+            .timeout(Duration::from_millis(200))
+            .build()
+            .expect("layer")
+    };
+    let sms = Limit::new("sms", Quota::fixed_window(3, HOUR)).expect("limit");
+    let api = Limit::new("api", Quota::token_bucket(20, 20, HOUR)).expect("limit");
+    Router::new()
+        .route("/sms", get(who).layer(layer(sms)))
+        .route("/api", get(who).layer(layer(api)))
+}
+
+/// The status and body of `GET path` with `x-phone: phone`.
+async fn send(app: &Router, path: &str, phone: &str) -> (StatusCode, String) {
+    let request = Request::get(path)
+        .header("x-phone", phone)
+        .body(Body::empty())
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("infallible");
+    let status = response.status();
+    let body = response.into_body().collect().await.expect("body");
+    (
+        status,
+        String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+    )
+}
+
+/// Sends `rounds` requests for `phone` to `path` through every instance in
+/// turn; how many each admitted, each decided by `by`.
+async fn admitted(apps: &[Router], path: &str, phone: &str, rounds: usize, by: &str) -> Vec<usize> {
+    let mut admitted = vec![0; apps.len()];
+    for _ in 0..rounds {
+        for (i, app) in apps.iter().enumerate() {
+            let (status, body) = send(app, path, phone).await;
+            match status {
+                StatusCode::OK => {
+                    assert_eq!(body, by, "instance {i}, {path} for {phone}");
+                    admitted[i] += 1;
+                }
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("instance {i}: {other} for {path}"),
+            }
+        }
+    }
+    admitted
+}
+
+fn redis(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .expect("client")
+        .get_connection()
+        .expect("connection")
+}
+
+/// How many instances the fleet set holds now.
+fn fleet_size(url: &str, prefix: &str) -> usize {
+    redis::cmd("ZCARD")
+        .arg(format!("{prefix}:fleet"))
+        .query(&mut redis(url))
+        .expect("ZCARD")
+}
+
+/// Waits until the fleet set holds `n`, then for every instance to have
+/// read it (one more heartbeat each, with room to spare).
+async fn wait_for_fleet(url: &str, prefix: &str, n: usize) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while fleet_size(url, prefix) != n {
+        assert!(Instant::now() < until, "the fleet never reached {n}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(PERIOD * 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_grants_about_one_quota_during_an_outage_and_returns_to_redis() {
+    let mut server = TestRedis::spawn();
+    let prefix = unique_prefix("fleet");
+    let fleet: Vec<Router> = (0..4)
+        .map(|_| instance(&server.url, &prefix, OnStoreError::FallbackToMemory))
+        .collect();
+    // while Redis is up, the limits are the fleet's: 3 per phone in all
+    let shared = admitted(&fleet, "/sms", "+100", 3, "redis").await;
+    assert_eq!(shared.iter().sum::<usize>(), 3, "{shared:?}");
+    wait_for_fleet(&server.url, &prefix, 4).await;
+
+    server.stop();
+    // the fields count what this instance still grants: 5 of 20, 1 taken
+    let request = Request::get("/api")
+        .header("x-phone", "+4")
+        .body(Body::empty())
+        .expect("request");
+    let response = fleet[0].clone().oneshot(request).await.expect("infallible");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["ratelimit"], "\"api\";r=4;t=720");
+    let phones = ["+1", "+2", "+3"];
+    let mut report = Vec::new();
+    for phone in phones {
+        // 3 per phone, 4 instances: each grants at least one (the floor),
+        // so the fleet grants 4, not 12
+        let sms = admitted(&fleet, "/sms", phone, 5, "fallback").await;
+        assert_eq!(sms, [1, 1, 1, 1], "sms for {phone}");
+        // 20 per phone, 4 instances: 5 each, 20 in all, not 80
+        let api = admitted(&fleet, "/api", phone, 25, "fallback").await;
+        assert_eq!(api, [5, 5, 5, 5], "api for {phone}");
+        report.push(format!("{phone}: sms {sms:?} api {api:?}"));
+    }
+    // an instance that starts during the outage learned no count: it
+    // grants the full quota
+    let joiner = instance(&server.url, &prefix, OnStoreError::FallbackToMemory);
+    let late = admitted(std::slice::from_ref(&joiner), "/sms", "+1", 5, "fallback").await;
+    assert_eq!(late, [3], "a joiner without a count");
+    let late_api = admitted(std::slice::from_ref(&joiner), "/api", "+1", 25, "fallback").await;
+    assert_eq!(late_api, [20], "a joiner without a count");
+    eprintln!("outage, 4 instances: {}", report.join("; "));
+    eprintln!("outage, joiner on +1: sms {late:?} api {late_api:?}");
+
+    server.restart();
+    let mut everyone = fleet.clone();
+    everyone.push(joiner);
+    // every instance decides in Redis again, without a restart
+    let until = Instant::now() + Duration::from_secs(20);
+    for (i, app) in everyone.iter().enumerate() {
+        loop {
+            let (status, body) = send(app, "/api", &format!("probe-{i}")).await;
+            if status == StatusCode::OK && body == "redis" {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "instance {i} never went back to Redis"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // one limit for the fleet again (the restarted Redis kept nothing)
+    let back = admitted(&everyone, "/sms", "+9", 3, "redis").await;
+    assert_eq!(back.iter().sum::<usize>(), 3, "{back:?}");
+    eprintln!("after the restart, +9 through 5 instances: {back:?}");
+    // and the heartbeats count everyone, the joiner included
+    let until = Instant::now() + Duration::from_secs(20);
+    while fleet_size(&server.url, &prefix) != 5 {
+        assert!(Instant::now() < until, "the heartbeats did not resume");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_one_grants_the_whole_quota() {
+    let mut server = TestRedis::spawn();
+    let prefix = unique_prefix("fleet-one");
+    let app = instance(&server.url, &prefix, OnStoreError::FallbackToMemory);
+    assert_eq!(send(&app, "/sms", "+1").await.1, "redis");
+    wait_for_fleet(&server.url, &prefix, 1).await;
+    server.stop();
+    let sms = admitted(std::slice::from_ref(&app), "/sms", "+2", 5, "fallback").await;
+    assert_eq!(sms, [3]);
+}
+
+/// The calls of each command since the last `CONFIG RESETSTAT`.
+fn command_calls(url: &str) -> Vec<(String, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis(url))
+        .expect("INFO");
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats.strip_prefix("calls=")?.split(',').next()?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The commands Redis ran for `decisions` decisions through `app`, one
+/// at a time (each its own call: nothing to coalesce), each key fresh
+/// (`tag` makes them new), and how long they took.
+async fn commands_of(
+    url: &str,
+    app: &Router,
+    tag: &str,
+    decisions: u64,
+) -> (Vec<(String, u64)>, Duration) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut redis(url))
+        .expect("RESETSTAT");
+    let started = Instant::now();
+    for i in 0..decisions {
+        let (status, body) = send(app, "/api", &format!("{tag}{}", i % 50)).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "redis"));
+    }
+    let elapsed = started.elapsed();
+    let mut calls = command_calls(url);
+    calls.retain(|(name, _)| !name.starts_with("config"));
+    calls.sort();
+    (calls, elapsed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_adds_no_command_to_a_decision() {
+    let server = TestRedis::spawn();
+    let decisions = 400;
+    // the same decisions without a fallback (no heartbeat yet), then with
+    // one, its heartbeat beating
+    let without = instance(
+        &server.url,
+        &unique_prefix("plain"),
+        OnStoreError::default(),
+    );
+    assert_eq!(send(&without, "/api", "warm").await.1, "redis");
+    // (the first run reads more, once: its keys' limit is new to the
+    // function; the second is the baseline)
+    let _ = commands_of(&server.url, &without, "a", decisions).await;
+    let (plain, _) = commands_of(&server.url, &without, "c", decisions).await;
+    let prefix = unique_prefix("fleet-cost");
+    let with = instance(&server.url, &prefix, OnStoreError::FallbackToMemory);
+    assert_eq!(send(&with, "/api", "warm").await.1, "redis");
+    wait_for_fleet(&server.url, &prefix, 1).await;
+    let (fleet, elapsed) = commands_of(&server.url, &with, "b", decisions).await;
+    eprintln!("{decisions} decisions without a heartbeat: {plain:?}");
+    eprintln!("{decisions} decisions with a heartbeat every {PERIOD:?}, in {elapsed:?}: {fleet:?}");
+    let of = |calls: &[(String, u64)], name: &str| {
+        calls.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c)
+    };
+    // one call per decision, with the heartbeat as without it
+    assert_eq!(of(&plain, "fcall") + of(&plain, "evalsha"), decisions);
+    assert_eq!(of(&fleet, "fcall") + of(&fleet, "evalsha"), decisions);
+    // the heartbeat's own: one EVAL per period, whatever the decisions,
+    // and what it runs (the decisions' function reads `TIME` once each)
+    let beats = of(&fleet, "eval");
+    let most = elapsed.as_millis() / PERIOD.as_millis() + 2;
+    assert!(
+        u128::from(beats) <= most,
+        "{beats} heartbeats in {elapsed:?}"
+    );
+    assert_eq!(of(&plain, "eval"), 0);
+    assert_eq!(of(&fleet, "time") - of(&plain, "time"), beats);
+    for name in ["zadd", "zremrangebyscore", "zrange", "pexpireat", "zcard"] {
+        assert_eq!((of(&plain, name), of(&fleet, name)), (0, beats), "{name}");
+    }
+    // what the decisions run is the same (within what varies with their
+    // timing: a quota read again once a second)
+    for (name, _) in &fleet {
+        let known = plain.iter().any(|(n, _)| n == name);
+        assert!(
+            known || name == "eval" || of(&fleet, name) == beats,
+            "{name}"
+        );
+    }
+    for name in ["get", "set"] {
+        assert!(of(&fleet, name).abs_diff(of(&plain, name)) <= 2, "{name}");
+    }
+}
