@@ -293,30 +293,6 @@ const KNOWN: &[Combination] = &[
         },
     ),
     (
-        "a cost told by a response header (`Rule::cost_from_header`) is charged \
-     when the response body ends or is dropped, not when the head is known \
-     as the layer's outcome table and `Rule::cost_from_response` say",
-        |case| {
-            case.layer.rules.iter().any(|r| r.after && !r.body)
-                && requests(case).any(|q| q.fate == Fate::Held && q.used.read().is_some())
-        },
-    ),
-    (
-        "after a refund per the response, the RateLimit field adds the first \
-         charged rule's cost to the refunded limit's remaining, not that rule's \
-         own cost (`Decision::given_back` adds `granted`, one amount)",
-        |case| {
-            let rules = &case.layer.rules;
-            let refunds =
-                case.layer.refund_all.is_some() || rules.iter().any(|r| r.refund.is_some());
-            let refunded = requests(case).any(|q| {
-                let on = |r: Option<RefundOn>| r.is_some_and(|r| r.matches(q.status));
-                on(case.layer.refund_all) || rules.iter().any(|r| on(r.refund))
-            });
-            refunds && refunded && rules.iter().any(|r| r.cost != rules[0].cost)
-        },
-    ),
-    (
         "a shadow rule whose estimate is over its share counts a would-refuse \
          but is still decided with it: it takes the estimate (and is settled) \
          where `Limit::shadow` says a request it would refuse takes nothing",
@@ -336,6 +312,22 @@ const KNOWN: &[Combination] = &[
                 };
                 r.shadow && (taken(r.cap) || r.pro.is_some_and(taken))
             })
+        },
+    ),
+    (
+        "the memory store (main at dde1b5a, the memstore merge) spins forever in \
+         its penalty table (`Pens::find`, under `MemoryStore::penalized`) on \
+         delay mode with a shadow rule with a penalty: e.g. a shadow fixed \
+         window of 1 (tier pro: 3) with `Penalty::new(1, 2 s, [1 s, 3 s])` and \
+         a sliding log of 3, delay 2 s, four requests of one key (the first \
+         on the pro tier)",
+        |case| {
+            case.layer.delay_ms > 0
+                && case
+                    .layer
+                    .rules
+                    .iter()
+                    .any(|r| r.shadow && r.penalty.is_some())
         },
     ),
 ];
@@ -1690,6 +1682,9 @@ async fn run(
 }
 
 fn memory_case(case: &Case) -> Result<(), String> {
+    if std::env::var_os("MODEL_TRACE").is_some() {
+        eprintln!("case: {case:?}");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
