@@ -1,0 +1,2025 @@
+//! A reference model of what a `RateLimitLayer` answers, and random layers
+//! run against it.
+//!
+//! The model (`Model` below) is small and independent of the crate: plain
+//! `i64` arithmetic over microseconds, written from the layer's documented
+//! semantics (the outcome table of `layer`, `Rule`, `Limit::shadow`,
+//! `Limit::with_penalty`, `Limit::concurrency`, the estimates of
+//! `Rule::settle_estimates`). A case is a layer of 1 to 4 rules (fixed
+//! window, sliding log, token bucket or concurrency limit; a key from one
+//! of two headers, sometimes missing, with its `MissingKey` policy; a cost
+//! on arrival, fixed, from a request header (with a fallback) or an
+//! estimate settled after the response; shadow mode; an exemption; a
+//! second tier; a refund predicate on the status; a cost told by a
+//! response header or by the JSON body's `usage`; a penalty), optionally
+//! delay mode and a layer-wide refund predicate, and a few steps of traffic
+//! (requests with their keys, costs (0, absent, garbage, negative
+//! included), statuses and usage, some dropped before their response, some
+//! with their body held; waits; releases of held bodies).
+//! Every response is compared with the model (status, `Retry-After`, the
+//! `RateLimit` field's remaining amounts), and after every step what every
+//! limit has left for every key (`Limiter::peek` through a limiter of the
+//! same limits on the same store).
+//!
+//! On the memory store the store's clock is tokio's paused clock (from
+//! `T0`), so delay mode's sleeps (and a concurrency limit's pauses in delay
+//! mode) and the store's time are one timeline: a wait of the traffic is
+//! `tokio::time::advance`. On Redis (fewer cases, no delay mode: a paused
+//! clock would time out the store's calls) the store reads a `ManualClock`,
+//! and the traffic waits out each denial (the limiter's cache of denials
+//! answers within it, with a `Retry-After` documented as a lower bound for
+//! a larger cost); charges and refunds made on tasks of their own are
+//! waited for (up to 2 s) before what is left is compared.
+//!
+//! Not drawn: GCRA and sliding windows, tiers of token buckets (a full
+//! bucket is forgotten and read again as full by any tier), tiers of
+//! another window, layer-wide exemptions and deny-lists, store failures,
+//! live limits, hot keys.
+//!
+//! Case counts: `MODEL_CASES` (default 2000) memory cases, and
+//! `MODEL_REDIS_CASES` (default 200) Redis cases. A longer run:
+//!
+//! ```sh
+//! MODEL_CASES=20000 MODEL_REDIS_CASES=2000 cargo test --release --all-features --test model
+//! ```
+//!
+//! Failing cases are kept in `tests/model.proptest-regressions` and run
+//! first next time.
+//!
+//! `KNOWN` lists feature combinations where the layer disagrees with its
+//! documentation and the disagreement is reported, not yet fixed; cases
+//! with them are not drawn (`MODEL_KNOWN=all` draws them anyway, and
+//! `MODEL_KNOWN=0,2` those of these indices in `KNOWN`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{redis_store_with_clock, unique_prefix, PATIENT};
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use proptest::prelude::*;
+use tokio::sync::Notify;
+use tower::{Layer, ServiceExt};
+use tower_ratelimit::key::Header;
+use tower_ratelimit::layer::{MissingKey, RateLimitLayer, RateLimitLayerBuilder, Rule};
+use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Penalty, Quota, Store};
+
+const T0: i64 = 1_800_000_000_000_000;
+const MS: i64 = 1_000;
+const SEC: i64 = 1_000_000;
+/// The lease of concurrency limits: longer than any case, whose held
+/// permits then never expire, and whose renewals (every third of it, on
+/// tokio's clock) never come within a case.
+const LEASE: i64 = 120 * SEC;
+const KEY_HEADERS: [&str; 2] = ["x-user", "x-team"];
+const KEYS: [&str; 3] = ["a", "b", "c"];
+const COST: &str = "x-cost";
+const USED: &str = "x-used";
+
+// ---------------------------------------------------------------- the case
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Algo {
+    Fixed,
+    Log,
+    /// A token bucket of `cap`, refilled `refill` per window.
+    Bucket,
+    /// `Limit::concurrency`: a sliding log of `cap` per `LEASE`, each grant
+    /// given back when the response body is dropped.
+    Concurrency,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Missing {
+    Reject400,
+    Reject401,
+    Skip,
+    Shared,
+}
+
+/// Which responses a refund predicate gives back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RefundOn {
+    Success,
+    NotFound,
+    ServerError,
+}
+
+impl RefundOn {
+    fn matches(self, status: u16) -> bool {
+        match self {
+            RefundOn::Success => (200..300).contains(&status),
+            RefundOn::NotFound => status == 404,
+            RefundOn::ServerError => status >= 500,
+        }
+    }
+}
+
+/// A rule's cost on arrival.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum CostSpec {
+    /// `Rule::cost(n)`.
+    Fixed(u64),
+    /// `Rule::cost_from_request_header(x-cost)`: absent or unreadable, the
+    /// fallback (`Rule::estimate_fallback`, 1 unless set).
+    Header { fallback: Option<u64> },
+    /// `Rule::cost_from_request_header(x-cost)` and
+    /// `Rule::settle_estimates(share)` (the rule reads `x-used` after the
+    /// response), with `Rule::estimate_fallback` when set.
+    Estimate { share: f64, fallback: Option<u64> },
+}
+
+#[derive(Debug, Clone)]
+struct RuleSpec {
+    algo: Algo,
+    cap: u64,
+    window_ms: i64,
+    /// A token bucket's refill per window (1 to `cap`).
+    refill: u64,
+    /// A tier "pro" of this capacity, chosen by `x-plan: pro`.
+    pro: Option<u64>,
+    key: usize,
+    missing: Missing,
+    shadow: bool,
+    /// Exempt when the request has `x-skip`.
+    skip: bool,
+    refund: Option<RefundOn>,
+    /// `Rule::cost_from_header(x-used)`, or, with `body`,
+    /// `Rule::cost_from_json_body("usage")`.
+    after: bool,
+    body: bool,
+    cost: CostSpec,
+    /// (refusals, within ms, blocks ms)
+    penalty: Option<(u32, i64, [i64; 2])>,
+}
+
+#[derive(Debug, Clone)]
+struct LayerSpec {
+    rules: Vec<RuleSpec>,
+    /// Delay mode's `max_delay` (0: off).
+    delay_ms: i64,
+    refund_all: Option<RefundOn>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Num {
+    Absent,
+    Value(u64),
+    Garbage,
+    Negative,
+}
+
+impl Num {
+    fn text(self) -> Option<String> {
+        match self {
+            Num::Absent => None,
+            Num::Value(n) => Some(n.to_string()),
+            Num::Garbage => Some("lots".to_owned()),
+            Num::Negative => Some("-3".to_owned()),
+        }
+    }
+
+    /// What a decimal integer header reads as.
+    fn read(self) -> Option<u64> {
+        match self {
+            Num::Value(n) => Some(n),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// The response is read through and its body dropped.
+    Complete,
+    /// The body is kept until a `Release` step.
+    Held,
+    /// The handler never answers: the request's future is polled once and
+    /// dropped.
+    Dropped,
+}
+
+#[derive(Debug, Clone)]
+struct Req {
+    keys: [Option<usize>; 2],
+    skip: bool,
+    pro: bool,
+    cost: Num,
+    status: u16,
+    used: Num,
+    fate: Fate,
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Req(Req),
+    Wait(i64),
+    /// Drops the oldest held body.
+    Release,
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    layer: LayerSpec,
+    steps: Vec<Step>,
+}
+
+// ---------------------------------------------------------- the cost API
+
+/// The case as the cost API can express it: each rule has its own cost
+/// ("layer: costs per rule"), so every case is (before it, costs were the
+/// layer's and cases were made uniform here).
+fn adapt(case: Case) -> Case {
+    case
+}
+
+/// The layer's cost settings (none: they are each rule's).
+fn with_costs(builder: RateLimitLayerBuilder, _spec: &LayerSpec) -> RateLimitLayerBuilder {
+    builder
+}
+
+/// A rule's own cost settings.
+fn rule_cost(rule: Rule, spec: &RuleSpec) -> Rule {
+    let header = HeaderName::from_static(COST);
+    match spec.cost {
+        CostSpec::Fixed(n) => rule.cost(n),
+        CostSpec::Header { fallback } => {
+            let rule = rule.cost_from_request_header(header);
+            match fallback {
+                Some(n) => rule.estimate_fallback(n),
+                None => rule,
+            }
+        }
+        CostSpec::Estimate { share, fallback } => {
+            let rule = rule
+                .cost_from_request_header(header)
+                .settle_estimates(share);
+            match fallback {
+                Some(n) => rule.estimate_fallback(n),
+                None => rule,
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------- known defects
+
+type Combination = (&'static str, fn(&Case) -> bool);
+
+/// Feature combinations where the layer disagrees with its docs, reported
+/// and not fixed yet: cases with them are not drawn (unless `MODEL_KNOWN`
+/// draws it), so that the others keep being checked.
+const KNOWN: &[Combination] = &[
+    (
+        "a request whose cost on arrival is 0 and whose response says it does \
+         not count (`refund_if`) is still charged the cost its response tells \
+         (nothing to give back, so not marked given back, so settled), where a \
+         request given back is otherwise not settled",
+        |case| {
+            let rules = &case.layer.rules;
+            let refunds = |r: &RuleSpec| case.layer.refund_all.is_some() || r.refund.is_some();
+            let settled = rules
+                .iter()
+                .any(|r| r.after && matches!(r.cost, CostSpec::Header { .. }) && refunds(r));
+            settled && requests(case).any(|q| q.cost == Num::Value(0))
+        },
+    ),
+    (
+        "a shadow rule whose estimate is over its share counts a would-refuse \
+         but is still decided with it: it takes the estimate (and is settled) \
+         where `Limit::shadow` says a request it would refuse takes nothing",
+        |case| {
+            case.layer.rules.iter().any(|r| {
+                let CostSpec::Estimate { share, fallback } = r.cost else {
+                    return false;
+                };
+                // an estimate over its share that the limit could grant
+                let taken = |cap: u64| {
+                    let most = share_of(cap, share);
+                    requests(case).any(|q| {
+                        let e = q.cost.read().filter(|&n| n > 0);
+                        let e = e.unwrap_or(fallback.unwrap_or(most));
+                        e > most && e <= cap
+                    })
+                };
+                r.shadow && (taken(r.cap) || r.pro.is_some_and(taken))
+            })
+        },
+    ),
+    (
+        "the memory store (main at dde1b5a, the memstore merge) spins forever in \
+         its penalty table (`Pens::find`, under `MemoryStore::penalized`) on \
+         delay mode with a shadow rule with a penalty: e.g. a shadow fixed \
+         window of 1 (tier pro: 3) with `Penalty::new(1, 2 s, [1 s, 3 s])` and \
+         a sliding log of 3, delay 2 s, four requests of one key (the first \
+         on the pro tier)",
+        |case| {
+            case.layer.delay_ms > 0
+                && case
+                    .layer
+                    .rules
+                    .iter()
+                    .any(|r| r.shadow && r.penalty.is_some())
+        },
+    ),
+];
+
+fn requests(case: &Case) -> impl Iterator<Item = &Req> {
+    case.steps.iter().filter_map(|s| match s {
+        Step::Req(q) => Some(q),
+        _ => None,
+    })
+}
+
+/// The known defect `case` shows, unless drawn: `MODEL_KNOWN=all` draws
+/// every one, `MODEL_KNOWN=0,2` those (by their index in `KNOWN`).
+fn known(case: &Case) -> Option<&'static str> {
+    let drawn = std::env::var("MODEL_KNOWN").unwrap_or_default();
+    let drawn = |i: usize| drawn == "all" || drawn.split(',').any(|d| d == i.to_string());
+    let mut shown = KNOWN.iter().enumerate().filter(|(i, _)| !drawn(*i));
+    shown
+        .find(|(_, (_, f))| f(case))
+        .map(|(_, (name, _))| *name)
+}
+
+// ------------------------------------------------------------ the model
+
+/// What the model saw happen, counted over a run (printed with
+/// `MODEL_STATS=1`): evidence that each feature is reached.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Granted,
+    Delayed,
+    Denied,
+    Never,
+    /// Answered by the layer before the store: a missing key, an estimate
+    /// over its share.
+    Answered,
+    Blocked,
+    ShadowWouldRefuse,
+    PermitWait,
+    DroppedWhileWaiting,
+    Refunded,
+    Charged,
+    SurplusBack,
+    Released,
+}
+
+static EVENTS: [AtomicUsize; 13] = [const { AtomicUsize::new(0) }; 13];
+
+fn count(event: Event) {
+    EVENTS[event as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+fn print_events() {
+    if std::env::var_os("MODEL_STATS").is_some() {
+        use Event::*;
+        let all = [
+            Granted,
+            Delayed,
+            Denied,
+            Never,
+            Answered,
+            Blocked,
+            ShadowWouldRefuse,
+            PermitWait,
+            DroppedWhileWaiting,
+            Refunded,
+            Charged,
+            SurplusBack,
+            Released,
+        ];
+        for e in all {
+            eprintln!("{e:?}: {}", EVENTS[e as usize].load(Ordering::Relaxed));
+        }
+    }
+}
+
+/// One key's state of one limit.
+#[derive(Debug, Clone)]
+enum St {
+    /// The window counted (its start, -1 for none) and its count.
+    Fixed { start: i64, count: i64 },
+    /// Grants (time, amount), in time order.
+    Log(Vec<(i64, i64)>),
+    /// Tokens (in 1/`period` of a token) at `ts`.
+    Bucket { level: i64, ts: i64 },
+}
+
+/// How a quota counts.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Fixed,
+    Log,
+    /// `rate` tokens per `period` us, reduced.
+    Bucket {
+        rate: i64,
+        period: i64,
+    },
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Tokens of a bucket `(level, ts)` at `t` >= `ts` (scaled by `period`),
+/// read as a quota of capacity `cap`: at most full, and a level stored
+/// by a larger tier counts as full.
+fn bucket_at(q: Q, (level, ts): (i64, i64), t: i64) -> i64 {
+    let Kind::Bucket { rate, period } = q.kind else {
+        return 0;
+    };
+    let full = q.cap * period;
+    let level = level.min(full);
+    if t <= ts {
+        level
+    } else {
+        (level + (t - ts) * rate).min(full)
+    }
+}
+
+/// The quota a request is decided with: capacity, window (us), kind.
+#[derive(Debug, Clone, Copy)]
+struct Q {
+    cap: i64,
+    w: i64,
+    kind: Kind,
+}
+
+impl St {
+    fn fresh(q: Q, now: i64) -> St {
+        match q.kind {
+            Kind::Log => St::Log(Vec::new()),
+            Kind::Fixed => St::Fixed {
+                start: -1,
+                count: 0,
+            },
+            // full, whatever tier reads it
+            Kind::Bucket { .. } => St::Bucket {
+                level: i64::MAX / 4,
+                ts: now,
+            },
+        }
+    }
+
+    /// Forgets the grants out of the window at `now`.
+    fn prune(&mut self, q: Q, now: i64) {
+        if let St::Log(log) = self {
+            log.retain(|&(t, _)| t > now - q.w);
+        }
+    }
+
+    /// The first time from `now` at which `cost` fits; `None`: never.
+    fn earliest(&self, q: Q, now: i64, cost: i64) -> Option<i64> {
+        if cost > q.cap {
+            return None;
+        }
+        match self {
+            St::Fixed { start, count } => {
+                // the window of now, or one counted after it (a debt)
+                let here = now - now.rem_euclid(q.w);
+                let from = here.max(*start);
+                let used = if *start == from { *count } else { 0 };
+                if used + cost <= q.cap {
+                    Some(now.max(from))
+                } else {
+                    Some(from + q.w)
+                }
+            }
+            St::Log(log) => {
+                let last = log.last().map_or(now, |&(t, _)| t.max(now));
+                let excess = log.iter().map(|g| g.1).sum::<i64>() + cost - q.cap;
+                if excess <= 0 {
+                    return Some(last);
+                }
+                let mut gone = 0;
+                for &(t, c) in log {
+                    gone += c;
+                    if gone >= excess {
+                        return Some(last.max(t + q.w));
+                    }
+                }
+                Some(last)
+            }
+            St::Bucket { level, ts } => {
+                let Kind::Bucket { rate, period } = q.kind else {
+                    return None;
+                };
+                let base = now.max(*ts);
+                let need = cost * period - bucket_at(q, (*level, *ts), base);
+                if need <= 0 {
+                    Some(base)
+                } else {
+                    Some(base + (need + rate - 1) / rate)
+                }
+            }
+        }
+    }
+
+    fn grant(&mut self, q: Q, at: i64, cost: i64) {
+        match self {
+            St::Fixed { start, count } => {
+                let window = at - at.rem_euclid(q.w);
+                *count = if *start == window {
+                    *count + cost
+                } else {
+                    cost
+                };
+                *start = window;
+            }
+            St::Log(log) => {
+                let i = log.partition_point(|&(t, _)| t <= at);
+                log.insert(i, (at, cost));
+            }
+            St::Bucket { level, ts } => {
+                let Kind::Bucket { period, .. } = q.kind else {
+                    return;
+                };
+                *level = bucket_at(q, (*level, *ts), at.max(*ts)) - cost * period;
+                *ts = at.max(*ts);
+            }
+        }
+    }
+
+    /// Gives back `cost` granted at `at`, if still counted.
+    fn refund(&mut self, q: Q, now: i64, at: i64, cost: i64) {
+        match self {
+            St::Fixed { start, count } => {
+                if *start >= 0 && *count > 0 && at - at.rem_euclid(q.w) == *start {
+                    *count = (*count - cost).max(0);
+                }
+            }
+            St::Log(log) => {
+                if let Some(i) = log.iter().rposition(|&g| g == (at, cost)) {
+                    log.remove(i);
+                } else if let Some(g) = log.iter_mut().rev().find(|g| g.0 == at && g.1 > cost) {
+                    g.1 -= cost;
+                }
+            }
+            // tokens given back, whenever they were taken, up to full
+            St::Bucket { level, ts } => {
+                let Kind::Bucket { period, .. } = q.kind else {
+                    return;
+                };
+                let t = now.max(*ts);
+                let full = q.cap * period;
+                let l = bucket_at(q, (*level, *ts), t);
+                if l < full {
+                    *level = (l + cost * period).min(full);
+                    *ts = t;
+                }
+            }
+        }
+    }
+
+    /// What could be granted at `at` (seen from `now`).
+    fn remaining(&self, q: Q, now: i64, at: i64) -> i64 {
+        match self {
+            St::Fixed { start, count } => {
+                let window = at - at.rem_euclid(q.w);
+                if *start > window {
+                    0
+                } else if *start == window {
+                    (q.cap - count).max(0)
+                } else {
+                    q.cap
+                }
+            }
+            St::Log(log) => {
+                let Some(&(last, _)) = log.last() else {
+                    return q.cap;
+                };
+                if last > at {
+                    return 0;
+                }
+                let after = if at > now { at - q.w } else { i64::MIN };
+                let used: i64 = log.iter().filter(|g| g.0 > after).map(|g| g.1).sum();
+                (q.cap - used).max(0)
+            }
+            St::Bucket { level, ts } => {
+                let Kind::Bucket { period, .. } = q.kind else {
+                    return 0;
+                };
+                if *ts > at {
+                    0
+                } else {
+                    bucket_at(q, (*level, *ts), at).div_euclid(period).max(0)
+                }
+            }
+        }
+    }
+}
+
+/// A key's penalty.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pen {
+    until: i64,
+    offences: i64,
+    count: i64,
+    since: i64,
+}
+
+impl Pen {
+    fn blocked(&self, now: i64) -> Option<i64> {
+        (self.until > now).then(|| self.until - now)
+    }
+
+    /// Counts a refusal; whether it blocks the key from now.
+    fn refuse(&mut self, (refusals, within, blocks): (u32, i64, [i64; 2]), now: i64) -> bool {
+        if self.count > 0 && now - self.since >= within * MS {
+            self.count = 0;
+        }
+        if self.count == 0 {
+            self.since = now;
+        }
+        self.count += 1;
+        if self.count < i64::from(refusals) {
+            return false;
+        }
+        self.offences += 1;
+        self.until = now + blocks[(self.offences as usize - 1).min(1)] * MS;
+        self.count = 0;
+        self.since = now;
+        true
+    }
+}
+
+/// Who a state belongs to: a rule's limit and a key (`None`: the shared
+/// key of keyless requests).
+type Id = (usize, Option<usize>);
+
+/// One limit's part in a decision.
+#[derive(Debug, Clone, Copy)]
+struct Check {
+    id: Id,
+    q: Q,
+    cost: i64,
+    shadow: bool,
+    concurrency: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Granted,
+    Denied,
+    Never,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Status {
+    /// Until it alone allows its cost; `None`: never.
+    wait: Option<i64>,
+    remaining: i64,
+}
+
+/// A round of the store: one atomic decision over some checks.
+#[derive(Debug, Clone)]
+struct Round {
+    outcome: Outcome,
+    /// Until all allow (granted: the delay; denied: the retry).
+    wait: i64,
+    statuses: Vec<Status>,
+}
+
+/// A decision of the layer's limiter.
+#[derive(Debug, Clone)]
+struct Dec {
+    outcome: Outcome,
+    retry: i64,
+    /// When its grant counts.
+    at: i64,
+    /// Per check: its status, shown unless a shadow's.
+    statuses: Vec<Status>,
+    /// The checks charged (what a refund gives back).
+    charged: Vec<usize>,
+}
+
+/// What a response should be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Expect {
+    status: u16,
+    retry_after: Option<u64>,
+    /// The `RateLimit` field: (limit, remaining) each; `None`: no field.
+    ratelimit: Option<Vec<(String, u64)>>,
+}
+
+/// A request whose permits are held while its body is.
+#[derive(Debug, Clone)]
+struct Holding {
+    leases: Vec<(Check, i64)>,
+    /// What its body tells, settled when it ends (a held body is dropped
+    /// unread: it tells nothing).
+    settles: Vec<Settle>,
+}
+
+/// A settlement: the check, its grant's time, the cost told, whether the
+/// cost paid was an estimate.
+type Settle = (Check, i64, i64, bool);
+
+#[derive(Debug)]
+struct Model {
+    spec: LayerSpec,
+    now: i64,
+    states: HashMap<Id, St>,
+    pens: HashMap<Id, Pen>,
+    held: Vec<Holding>,
+}
+
+/// The quota of `rule` at capacity `cap` (a tier's, or its own).
+fn q_of(rule: &RuleSpec, cap: u64) -> Q {
+    let w = rule.window_ms * MS;
+    let kind = match rule.algo {
+        Algo::Fixed => Kind::Fixed,
+        Algo::Log | Algo::Concurrency => Kind::Log,
+        Algo::Bucket => {
+            let refill = rule.refill as i64;
+            let g = gcd(refill, w);
+            Kind::Bucket {
+                rate: refill / g,
+                period: w / g,
+            }
+        }
+    };
+    Q {
+        cap: cap as i64,
+        w: if rule.algo == Algo::Concurrency {
+            LEASE
+        } else {
+            w
+        },
+        kind,
+    }
+}
+
+/// The name a state's limit shows: a keyless request's is kept apart
+/// (`MissingKey::Shared`).
+fn name((rule, key): Id) -> String {
+    match key {
+        Some(_) => format!("r{rule}"),
+        None => format!("r{rule}#keyless"),
+    }
+}
+
+fn ceil_secs(us: i64) -> u64 {
+    ((us + SEC - 1) / SEC) as u64
+}
+
+/// `share` of `cap`, rounded down, at least 1 (`share_of`).
+fn share_of(cap: u64, share: f64) -> u64 {
+    ((cap as f64 * share).floor() as u64).clamp(1, cap.max(1))
+}
+
+impl Model {
+    fn new(spec: LayerSpec, now: i64) -> Model {
+        Model {
+            spec,
+            now,
+            states: HashMap::new(),
+            pens: HashMap::new(),
+            held: Vec::new(),
+        }
+    }
+
+    fn state(&mut self, c: &Check) -> &mut St {
+        let now = self.now;
+        let st = self
+            .states
+            .entry(c.id)
+            .or_insert_with(|| St::fresh(c.q, now));
+        st.prune(c.q, now);
+        st
+    }
+
+    fn penalty(&self, id: Id) -> Option<(u32, i64, [i64; 2])> {
+        self.spec.rules[id.0].penalty
+    }
+
+    fn blocked(&self, id: Id) -> Option<i64> {
+        self.penalty(id)?;
+        self.pens.get(&id)?.blocked(self.now)
+    }
+
+    /// One atomic decision over `checks`: all granted at the latest of
+    /// their earliest times if within `max_wait`, else nothing; a
+    /// penalized limit that refuses counts a refusal (not `dry`); a
+    /// blocked one refuses for its block's time left, nothing counted.
+    fn round(&mut self, checks: &[Check], max_wait: i64, dry: bool) -> Round {
+        let now = self.now;
+        let lefts: Vec<Option<i64>> = checks.iter().map(|c| self.blocked(c.id)).collect();
+        if lefts.iter().any(Option::is_some) {
+            let statuses: Vec<Status> = checks
+                .iter()
+                .zip(&lefts)
+                .map(|(c, left)| match left {
+                    Some(left) => Status {
+                        wait: Some(*left),
+                        remaining: 0,
+                    },
+                    None => {
+                        let st = self.state(c).clone();
+                        let wait = if c.cost > 0 {
+                            st.earliest(c.q, now, c.cost).map(|t| t - now)
+                        } else {
+                            Some(0)
+                        };
+                        Status {
+                            wait,
+                            remaining: st.remaining(c.q, now, now),
+                        }
+                    }
+                })
+                .collect();
+            return Self::refused(statuses);
+        }
+        let mut waits = Vec::new();
+        for c in checks {
+            let cost = c.cost;
+            let st = self.state(c);
+            waits.push(if cost > 0 {
+                st.earliest(c.q, now, cost).map(|t| t - now)
+            } else {
+                Some(0)
+            });
+        }
+        let wait = waits.iter().map(|w| w.unwrap_or(0)).max().unwrap_or(0);
+        let outcome = if waits.iter().any(Option::is_none) {
+            Outcome::Never
+        } else if wait > max_wait {
+            Outcome::Denied
+        } else {
+            Outcome::Granted
+        };
+        let at = now + wait;
+        let mut statuses = Vec::new();
+        for (c, w) in checks.iter().zip(&waits) {
+            let granted = outcome == Outcome::Granted && !dry;
+            let st = self.state(c);
+            if granted && c.cost > 0 {
+                st.grant(c.q, at, c.cost);
+            }
+            let remaining = st.remaining(c.q, now, if granted { at } else { now });
+            statuses.push(Status {
+                wait: *w,
+                remaining,
+            });
+        }
+        if outcome == Outcome::Denied && !dry {
+            let mut blocked = false;
+            for (c, s) in checks.iter().zip(statuses.iter_mut()) {
+                let Some(p) = self.penalty(c.id) else {
+                    continue;
+                };
+                if s.wait.is_some_and(|w| w > max_wait) {
+                    let pen = self.pens.entry(c.id).or_default();
+                    if pen.refuse(p, now) {
+                        count(Event::Blocked);
+                        *s = Status {
+                            wait: Some(pen.until - now),
+                            remaining: 0,
+                        };
+                        blocked = true;
+                    }
+                }
+            }
+            if blocked {
+                return Self::refused(statuses);
+            }
+        }
+        Round {
+            outcome,
+            wait: if outcome == Outcome::Never { 0 } else { wait },
+            statuses,
+        }
+    }
+
+    /// A refusal of these statuses: never if one never allows, else until
+    /// all allow.
+    fn refused(statuses: Vec<Status>) -> Round {
+        let never = statuses.iter().any(|s| s.wait.is_none());
+        let wait = statuses.iter().filter_map(|s| s.wait).max().unwrap_or(0);
+        Round {
+            outcome: if never {
+                Outcome::Never
+            } else {
+                Outcome::Denied
+            },
+            wait: if never { 0 } else { wait },
+            statuses,
+        }
+    }
+
+    /// A decision with shadow limits (`Limit::shadow`): decided with every
+    /// limit; while only shadow limits refuse, decided again without them.
+    fn decide(&mut self, checks: &[Check], max_wait: i64, dry: bool) -> Dec {
+        let now = self.now;
+        let mut active: Vec<usize> = (0..checks.len()).collect();
+        let mut statuses: Vec<Option<Status>> = vec![None; checks.len()];
+        loop {
+            let round_checks: Vec<Check> = active.iter().map(|&i| checks[i]).collect();
+            let r = self.round(&round_checks, max_wait, dry);
+            let violated = |s: &Status| match r.outcome {
+                Outcome::Never => s.wait.is_none(),
+                Outcome::Denied => s.wait.is_some_and(|w| w > max_wait),
+                Outcome::Granted => false,
+            };
+            let enforced_refuses = active
+                .iter()
+                .zip(&r.statuses)
+                .any(|(&i, s)| !checks[i].shadow && violated(s));
+            if r.outcome != Outcome::Granted && !enforced_refuses && !active.is_empty() {
+                let mut keep = Vec::new();
+                for (&i, s) in active.iter().zip(&r.statuses) {
+                    if checks[i].shadow && violated(s) {
+                        statuses[i] = Some(*s);
+                        count(Event::ShadowWouldRefuse);
+                    } else {
+                        keep.push(i);
+                    }
+                }
+                let moved = keep.len() < active.len();
+                active = keep;
+                if moved && !active.is_empty() {
+                    continue;
+                }
+            }
+            if active.is_empty() {
+                return Dec {
+                    outcome: Outcome::Granted,
+                    retry: 0,
+                    at: now,
+                    statuses: statuses.into_iter().flatten().collect(),
+                    charged: Vec::new(),
+                };
+            }
+            for (&i, s) in active.iter().zip(&r.statuses) {
+                statuses[i] = Some(*s);
+            }
+            let statuses: Vec<Status> = statuses.into_iter().flatten().collect();
+            let mut retry = r.wait;
+            if r.outcome == Outcome::Denied {
+                let enforced = checks
+                    .iter()
+                    .zip(&statuses)
+                    .filter(|(c, _)| !c.shadow)
+                    .filter_map(|(_, s)| s.wait)
+                    .max();
+                if let Some(wait) = enforced {
+                    retry = retry.min(wait);
+                }
+            }
+            let granted = r.outcome == Outcome::Granted;
+            return Dec {
+                outcome: r.outcome,
+                retry,
+                at: if granted { now + r.wait } else { now },
+                statuses,
+                charged: if granted { active } else { Vec::new() },
+            };
+        }
+    }
+
+    /// Delay mode with shadow limits: the enforced limits alone decide the
+    /// request and its time; the shadow limits are decided by that time
+    /// (dry when refused), their grants apart from the request's.
+    fn decide_ahead(&mut self, checks: &[Check], max_wait: i64) -> Dec {
+        let now = self.now;
+        let enforced: Vec<usize> = (0..checks.len()).filter(|&i| !checks[i].shadow).collect();
+        let shadow: Vec<usize> = (0..checks.len()).filter(|&i| checks[i].shadow).collect();
+        let e_checks: Vec<Check> = enforced.iter().map(|&i| checks[i]).collect();
+        let e = (!enforced.is_empty()).then(|| self.round(&e_checks, max_wait, false));
+        let (by, refused) = match &e {
+            Some(r) if r.outcome == Outcome::Granted => (r.wait, false),
+            Some(_) => (0, true),
+            None => (0, false),
+        };
+        let s_checks: Vec<Check> = shadow.iter().map(|&i| checks[i]).collect();
+        let looked = self.decide(&s_checks, by, refused);
+        let mut statuses = vec![None; checks.len()];
+        for (&i, s) in shadow.iter().zip(&looked.statuses) {
+            statuses[i] = Some(*s);
+        }
+        if let Some(r) = &e {
+            for (&i, s) in enforced.iter().zip(&r.statuses) {
+                statuses[i] = Some(*s);
+            }
+        }
+        let statuses = statuses.into_iter().flatten().collect();
+        match e {
+            None => Dec {
+                outcome: Outcome::Granted,
+                retry: 0,
+                at: looked.at,
+                statuses,
+                charged: Vec::new(),
+            },
+            Some(r) => {
+                let granted = r.outcome == Outcome::Granted;
+                Dec {
+                    outcome: r.outcome,
+                    retry: r.wait,
+                    at: if granted { now + r.wait } else { now },
+                    statuses,
+                    charged: if granted { enforced } else { Vec::new() },
+                }
+            }
+        }
+    }
+
+    /// The limits of `req` and its cost to each: per rule, unless exempt
+    /// or without a key its policy skips; `Err` with the status of a key its
+    /// rule requires or of an estimate over its share (rule by rule).
+    fn choose(&self, req: &Req) -> Result<Vec<Check>, u16> {
+        let mut chosen = Vec::new();
+        for (i, rule) in self.spec.rules.iter().enumerate() {
+            if rule.skip && req.skip {
+                continue;
+            }
+            let cap = match (rule.pro, req.pro) {
+                (Some(pro), true) => pro,
+                _ => rule.cap,
+            };
+            let q = q_of(rule, cap);
+            let key = match (req.keys[rule.key], rule.missing) {
+                (Some(k), _) => Some(k),
+                (None, Missing::Skip) => continue,
+                (None, Missing::Shared) => None,
+                (None, Missing::Reject400) => return Err(400),
+                (None, Missing::Reject401) => return Err(401),
+            };
+            // rule by rule: its key, then its cost
+            match self.cost(rule, cap, req) {
+                Ok(cost) => chosen.push(Check {
+                    id: (i, key),
+                    q,
+                    cost,
+                    shadow: rule.shadow,
+                    concurrency: rule.algo == Algo::Concurrency,
+                }),
+                // a shadow rule never refuses: it takes nothing
+                Err(()) if rule.shadow => {}
+                Err(()) => return Err(400),
+            }
+        }
+        Ok(chosen)
+    }
+
+    /// A request's cost in rule `rule` of capacity `cap`: `Err` when it is
+    /// an estimate over what one request may take.
+    fn cost(&self, rule: &RuleSpec, cap: u64, req: &Req) -> Result<i64, ()> {
+        match rule.cost {
+            CostSpec::Fixed(n) => Ok(n as i64),
+            CostSpec::Header { fallback } => {
+                Ok(req.cost.read().unwrap_or(fallback.unwrap_or(1)) as i64)
+            }
+            CostSpec::Estimate { share, fallback } => {
+                let most = share_of(cap, share);
+                let estimate = req
+                    .cost
+                    .read()
+                    .filter(|&n| n > 0)
+                    .unwrap_or(fallback.unwrap_or(most));
+                if estimate > most {
+                    Err(())
+                } else {
+                    Ok(estimate as i64)
+                }
+            }
+        }
+    }
+
+    /// The decision of `req` per the layer's mode.
+    fn decision(&mut self, checks: &[Check]) -> (Dec, i64) {
+        let max_wait = self.spec.delay_ms * MS;
+        let now = self.now;
+        if max_wait > 0 && checks.iter().any(|c| c.concurrency) {
+            // decided again at pauses of 10 ms doubling to 200 ms
+            let until = now + max_wait;
+            let mut pause = 10 * MS;
+            loop {
+                let d = self.decide(checks, 0, false);
+                if d.outcome != Outcome::Denied || self.now + pause > until {
+                    return (d, self.now);
+                }
+                self.now += pause;
+                count(Event::PermitWait);
+                pause = (pause * 2).min(200 * MS);
+            }
+        }
+        if max_wait > 0 && checks.iter().any(|c| c.shadow) {
+            return (self.decide_ahead(checks, max_wait), now);
+        }
+        (self.decide(checks, max_wait, false), now)
+    }
+
+    /// Whether a delay-mode decision of a concurrency limit would wait
+    /// (the request's future is then pending at its first poll).
+    fn waits_for_permit(&self, checks: &[Check], d: &Dec) -> bool {
+        self.spec.delay_ms > 0
+            && checks.iter().any(|c| c.concurrency)
+            && d.outcome == Outcome::Denied
+            && 10 * MS <= self.spec.delay_ms * MS
+    }
+
+    /// The response to `req`, and the model's state after it; `None` when
+    /// the request is dropped before its response.
+    fn request(&mut self, req: &Req) -> Option<Expect> {
+        let forwarded = |status| Expect {
+            status,
+            retry_after: None,
+            ratelimit: None,
+        };
+        let checks = match self.choose(req) {
+            Ok(checks) => checks,
+            Err(status) => {
+                count(Event::Answered);
+                return Some(forwarded(status));
+            }
+        };
+        if checks.is_empty() {
+            return self.undecided(req);
+        }
+        let (d, at_answer) = if req.fate == Fate::Dropped {
+            // polled once: a concurrency limit's first refusal waits
+            let now = self.now;
+            let max_wait = self.spec.delay_ms * MS;
+            let (d, _) = if max_wait > 0 && checks.iter().any(|c| c.concurrency) {
+                (self.decide(&checks, 0, false), now)
+            } else {
+                self.decision(&checks)
+            };
+            if self.waits_for_permit(&checks, &d) {
+                return None;
+            }
+            (d, now)
+        } else {
+            self.decision(&checks)
+        };
+        let shown = |d: &Dec| -> Option<Vec<(String, u64)>> {
+            let v: Vec<(String, u64)> = checks
+                .iter()
+                .zip(&d.statuses)
+                .filter(|(c, _)| !c.shadow)
+                .map(|(c, s)| (name(c.id), s.remaining as u64))
+                .collect();
+            (!v.is_empty()).then_some(v)
+        };
+        match d.outcome {
+            Outcome::Denied => {
+                count(Event::Denied);
+                return Some(Expect {
+                    status: 429,
+                    retry_after: Some(ceil_secs(d.retry).max(1)),
+                    ratelimit: shown(&d),
+                });
+            }
+            Outcome::Never => {
+                count(Event::Never);
+                return Some(Expect {
+                    status: 429,
+                    retry_after: None,
+                    ratelimit: shown(&d),
+                });
+            }
+            Outcome::Granted => {}
+        }
+        let charged: Vec<Check> = d.charged.iter().map(|&i| checks[i]).collect();
+        let leases: Vec<(Check, i64)> = charged
+            .iter()
+            .filter(|c| c.concurrency)
+            .map(|&c| (c, d.at))
+            .collect();
+        if req.fate == Fate::Dropped {
+            if d.at > at_answer {
+                // dropped while it waits: its reservation given back
+                for c in &charged {
+                    self.give_back(c, d.at, c.cost);
+                    count(Event::DroppedWhileWaiting);
+                }
+            } else {
+                self.release(&leases);
+            }
+            return None;
+        }
+        // forwarded (after the wait)
+        count(if d.at > self.now {
+            Event::Delayed
+        } else {
+            Event::Granted
+        });
+        self.now = self.now.max(d.at);
+        let mut statuses = d.statuses.clone();
+        // refunds per the response
+        let rules = self.spec.rules.clone();
+        let mut refunded = Vec::new();
+        for c in &charged {
+            let rule = &rules[c.id.0];
+            let all = self.spec.refund_all.is_some_and(|r| r.matches(req.status));
+            let own = rule.refund.is_some_and(|r| r.matches(req.status));
+            if !c.concurrency && (all || own) {
+                refunded.push(c.id);
+                self.give_back(c, d.at, c.cost);
+                count(Event::Refunded);
+                let now = self.now;
+                let j = checks.iter().position(|k| k.id == c.id).unwrap_or(0);
+                statuses[j].remaining = self.state(c).remaining(c.q, now, d.at);
+            }
+        }
+        let expect = Expect {
+            status: req.status,
+            retry_after: None,
+            ratelimit: shown(&Dec {
+                statuses,
+                ..d.clone()
+            }),
+        };
+        // costs told by the response, settled once its head is known, or,
+        // told by its body, once the body ends (a request given back does
+        // not count: nothing to settle)
+        let mut settles = Vec::new();
+        for c in &charged {
+            let rule = &rules[c.id.0];
+            if !rule.after || refunded.contains(&c.id) {
+                continue;
+            }
+            let Some(told) = req.used.read() else {
+                continue;
+            };
+            let estimate = matches!(rule.cost, CostSpec::Estimate { .. });
+            let settle = (*c, d.at, told as i64, estimate);
+            if rule.body {
+                settles.push(settle);
+            } else {
+                self.settle(settle);
+            }
+        }
+        let holding = Holding { leases, settles };
+        match req.fate {
+            Fate::Held => self.held.push(holding),
+            _ => self.end(holding),
+        }
+        Some(expect)
+    }
+
+    /// Settles a grant of `c` at `at` to the cost `told`: what it is over
+    /// the cost paid charged, what it is under given back (an estimate).
+    fn settle(&mut self, (c, at, told, estimate): Settle) {
+        if told > c.cost {
+            self.charge(&c, (told - c.cost).min(c.q.cap));
+            count(Event::Charged);
+        } else if told < c.cost && estimate {
+            self.give_back(&c, at, c.cost - told);
+            count(Event::SurplusBack);
+        }
+    }
+
+    /// A response body ends (or is dropped): its settlements, then its
+    /// permits back.
+    fn end(&mut self, holding: Holding) {
+        for settle in holding.settles {
+            self.settle(settle);
+        }
+        self.release(&holding.leases);
+    }
+
+    /// A request forwarded without a decision (every limit skipped).
+    fn undecided(&mut self, req: &Req) -> Option<Expect> {
+        match req.fate {
+            Fate::Dropped => None,
+            fate => {
+                if fate == Fate::Held {
+                    self.held.push(Holding {
+                        leases: Vec::new(),
+                        settles: Vec::new(),
+                    });
+                }
+                Some(Expect {
+                    status: req.status,
+                    retry_after: None,
+                    ratelimit: None,
+                })
+            }
+        }
+    }
+
+    /// Gives back `cost` of `c`'s grant at `at`.
+    fn give_back(&mut self, c: &Check, at: i64, cost: i64) {
+        let now = self.now;
+        self.state(c).refund(c.q, now, at, cost);
+    }
+
+    /// Charges `cost` whatever is left, where a cost of 1 would be granted.
+    fn charge(&mut self, c: &Check, cost: i64) {
+        let now = self.now;
+        let st = self.state(c);
+        let at = st.earliest(c.q, now, 1).unwrap_or(now);
+        st.grant(c.q, at, cost);
+    }
+
+    fn release(&mut self, leases: &[(Check, i64)]) {
+        if !leases.is_empty() {
+            count(Event::Released);
+        }
+        for (c, at) in leases {
+            self.give_back(c, *at, c.cost);
+        }
+    }
+
+    /// The oldest held body dropped.
+    fn release_oldest(&mut self) {
+        if !self.held.is_empty() {
+            // dropped unread: its body told nothing
+            let holding = self.held.remove(0);
+            self.release(&holding.leases);
+        }
+    }
+
+    /// What rule `i`'s default tier has left for `key` now (a peek).
+    fn left(&mut self, i: usize, key: usize) -> i64 {
+        let rule = &self.spec.rules[i];
+        let q = q_of(rule, rule.cap);
+        let id = (i, Some(key));
+        if self.blocked(id).is_some() {
+            return 0;
+        }
+        let now = self.now;
+        match self.states.get_mut(&id) {
+            None => q.cap,
+            Some(st) => {
+                st.prune(q, now);
+                st.remaining(q, now, now)
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------ the layer
+
+type Body = Full<Bytes>;
+type BoxFut = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+/// The handler: answers `x-status` with `x-used` as the cost it tells and
+/// a JSON usage body; never answers a request with `x-hang`.
+fn handler(request: Request<Body>) -> BoxFut {
+    Box::pin(async move {
+        if request.headers().contains_key("x-hang") {
+            if let Some(reached) = request.extensions().get::<Arc<Notify>>() {
+                reached.notify_one();
+            }
+            std::future::pending::<()>().await;
+        }
+        let status = request
+            .headers()
+            .get("x-status")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(200);
+        let mut response = Response::builder().status(status);
+        // the cost told in the header and as the body's `usage` (a number
+        // as it is, anything else as a string)
+        let mut body = "{}".to_owned();
+        if let Some(used) = request.headers().get(USED) {
+            response = response.header(USED, used.clone());
+            let used = used.to_str().unwrap_or("");
+            body = match used.parse::<i64>() {
+                Ok(n) => format!("{{\"usage\":{n}}}"),
+                Err(_) => format!("{{\"usage\":{used:?}}}"),
+            };
+        }
+        let response = response.header("content-type", "application/json");
+        let body = Body::from(body);
+        Ok(response.body(body).expect("response"))
+    })
+}
+
+fn quota(rule: &RuleSpec, cap: u64) -> Quota {
+    let w = Duration::from_millis(rule.window_ms as u64);
+    match rule.algo {
+        Algo::Fixed => Quota::fixed_window(cap, w),
+        Algo::Bucket => Quota::token_bucket(cap, rule.refill, w),
+        _ => Quota::sliding_log(cap, w),
+    }
+}
+
+/// Rule `i`'s limit, and its twin for peeks (enforced: a peek leaves
+/// shadow limits out).
+fn limits(i: usize, rule: &RuleSpec) -> (Limit, Limit) {
+    let name = format!("r{i}");
+    let base = match rule.algo {
+        Algo::Concurrency => {
+            Limit::concurrency(name, rule.cap, Duration::from_micros(LEASE as u64))
+        }
+        _ => Limit::new(name, quota(rule, rule.cap)),
+    }
+    .expect("limit");
+    let base = match rule.penalty {
+        Some((refusals, within, blocks)) => {
+            let ms = |n: i64| Duration::from_millis(n as u64);
+            let penalty = Penalty::new(refusals, ms(within), blocks.map(ms)).expect("penalty");
+            base.with_penalty(penalty)
+        }
+        None => base,
+    };
+    let limit = if rule.shadow {
+        base.clone().shadow()
+    } else {
+        base.clone()
+    };
+    (limit, base)
+}
+
+fn build_layer(store: impl Store, spec: &LayerSpec) -> RateLimitLayer {
+    let mut builder = RateLimitLayer::builder().store(store).timeout(PATIENT);
+    for (i, r) in spec.rules.iter().enumerate() {
+        let (limit, _) = limits(i, r);
+        let key = Header::new(HeaderName::from_static(KEY_HEADERS[r.key]));
+        let mut rule = Rule::new(limit, key).on_missing_key(match r.missing {
+            Missing::Reject400 => MissingKey::Reject(StatusCode::BAD_REQUEST),
+            Missing::Reject401 => MissingKey::Reject(StatusCode::UNAUTHORIZED),
+            Missing::Skip => MissingKey::Skip,
+            Missing::Shared => MissingKey::Shared("anon".to_owned()),
+        });
+        if r.skip {
+            rule = rule.skip_if(|p| p.headers.contains_key("x-skip"));
+        }
+        if let Some(pro) = r.pro {
+            rule = rule.tier("pro", quota(r, pro)).choose_tier(|p| {
+                p.headers
+                    .get("x-plan")
+                    .is_some_and(|v| v == "pro")
+                    .then_some("pro")
+            });
+        }
+        if let Some(on) = r.refund {
+            rule = rule.refund_if(move |head| on.matches(head.status.as_u16()));
+        }
+        if r.after && r.body {
+            rule = rule.cost_from_json_body("usage");
+        } else if r.after {
+            rule = rule.cost_from_header(HeaderName::from_static(USED));
+        }
+        builder = builder.rule(rule_cost(rule, r));
+    }
+    if spec.delay_ms > 0 {
+        builder = builder.delay(Duration::from_millis(spec.delay_ms as u64));
+    }
+    if let Some(on) = spec.refund_all {
+        builder = builder.refund_if(move |head| on.matches(head.status.as_u16()));
+    }
+    with_costs(builder, spec).build().expect("a valid layer")
+}
+
+fn http_request(req: &Req) -> Request<Body> {
+    let mut builder = Request::get("/").header("x-status", req.status.to_string());
+    for (h, key) in KEY_HEADERS.iter().zip(req.keys) {
+        if let Some(k) = key {
+            builder = builder.header(*h, KEYS[k]);
+        }
+    }
+    if req.skip {
+        builder = builder.header("x-skip", "1");
+    }
+    if req.pro {
+        builder = builder.header("x-plan", "pro");
+    }
+    if let Some(cost) = req.cost.text() {
+        builder = builder.header(COST, cost);
+    }
+    if let Some(used) = req.used.text() {
+        builder = builder.header(USED, used);
+    }
+    if req.fate == Fate::Dropped {
+        builder = builder.header("x-hang", "1");
+    }
+    builder.body(Body::default()).expect("request")
+}
+
+/// The `RateLimit` field: (name, r) per item.
+fn ratelimit(response: &Response<impl http_body::Body>) -> Option<Vec<(String, u64)>> {
+    let values: Vec<&str> = response
+        .headers()
+        .get_all("ratelimit")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    if values.is_empty() {
+        return None;
+    }
+    let mut items = Vec::new();
+    for item in values.iter().flat_map(|v| v.split(',')) {
+        let mut parts = item.trim().split(';');
+        let name = parts.next().unwrap_or("").trim_matches('"').to_owned();
+        let r = parts
+            .find_map(|p| p.strip_prefix("r="))
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(u64::MAX);
+        items.push((name, r));
+    }
+    Some(items)
+}
+
+fn seen(response: &Response<impl http_body::Body>) -> Expect {
+    Expect {
+        status: response.status().as_u16(),
+        retry_after: response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse().ok()),
+        ratelimit: ratelimit(response),
+    }
+}
+
+/// How the store's time moves.
+enum Time {
+    /// tokio's paused clock (the memory store reads it).
+    Tokio,
+    /// A manual clock (the Redis store reads it).
+    Manual(ManualClock),
+}
+
+impl Time {
+    async fn advance(&self, by: i64) {
+        let by = Duration::from_micros(by as u64);
+        match self {
+            Time::Tokio => tokio::time::advance(by).await,
+            Time::Manual(clock) => clock.advance(by),
+        }
+    }
+}
+
+/// The store's time on tokio's (paused) clock, from `T0`.
+#[derive(Clone)]
+struct TokioClock(tokio::time::Instant);
+
+impl tower_ratelimit::Clock for TokioClock {
+    fn now_micros(&self) -> i64 {
+        T0 + self.0.elapsed().as_micros() as i64
+    }
+}
+
+/// Runs `case` against the layer over `store`; the first disagreement.
+async fn run(
+    case: &Case,
+    store: impl Store + Clone,
+    time: Time,
+    settle: bool,
+) -> Result<(), String> {
+    let spec = &case.layer;
+    let layer = build_layer(store.clone(), spec);
+    let svc = layer.layer(tower::service_fn(handler));
+    let peeks: Vec<Limiter> = spec
+        .rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            Limiter::builder(store.clone())
+                .limit(limits(i, r).1)
+                .timeout(PATIENT)
+                .build()
+                .expect("limiter")
+        })
+        .collect();
+    let mut model = Model::new(spec.clone(), T0);
+    let mut held = Vec::new();
+    for (n, step) in case.steps.iter().enumerate() {
+        match step {
+            Step::Wait(ms) => {
+                time.advance(ms * MS).await;
+                model.now += ms * MS;
+            }
+            Step::Release => {
+                if !held.is_empty() {
+                    drop(held.remove(0));
+                }
+                model.release_oldest();
+            }
+            Step::Req(req) => {
+                let expect = model.request(req);
+                let reached = Arc::new(Notify::new());
+                let mut request = http_request(req);
+                request.extensions_mut().insert(reached.clone());
+                let call = svc.clone().oneshot(request);
+                let response = match (req.fate, &time) {
+                    // polled once: in memory, the decision is made and the
+                    // request waits in delay mode or in the handler
+                    (Fate::Dropped, Time::Tokio) => {
+                        let mut call = std::pin::pin!(call);
+                        let polled = futures::poll!(call.as_mut());
+                        match polled {
+                            std::task::Poll::Ready(r) => Some(r.expect("infallible")),
+                            std::task::Poll::Pending => None,
+                        }
+                    }
+                    // over a network, dropped once in the handler
+                    (Fate::Dropped, Time::Manual(_)) => tokio::select! {
+                        r = call => Some(r.expect("infallible")),
+                        () = reached.notified() => None,
+                    },
+                    _ => Some(call.await.expect("infallible")),
+                };
+                let got = response.as_ref().map(seen);
+                if got != expect {
+                    return Err(format!(
+                        "step {n} {req:?}: the layer answered {got:?}, the model {expect:?}"
+                    ));
+                }
+                // Over a network the limiter caches denials, answering
+                // them again while they hold with the store's last answer
+                // (for a larger cost, a `retry_after` that is a lower
+                // bound: documented, not exact): the traffic waits a
+                // denial out before it goes on.
+                let retry = got.as_ref().and_then(|g| g.retry_after);
+                if let (Some(secs), Time::Manual(_)) = (retry, &time) {
+                    time.advance(secs as i64 * SEC).await;
+                    model.now += secs as i64 * SEC;
+                }
+                if let Some(response) = response {
+                    if req.fate == Fate::Held && response.status().as_u16() == req.status {
+                        held.push(response);
+                    } else {
+                        let _ = response.into_body().collect().await;
+                    }
+                }
+            }
+        }
+        // what every limit has left for every key
+        let patience = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let mut wrong = None;
+            for (i, limiter) in peeks.iter().enumerate() {
+                for (k, key) in KEYS.iter().enumerate() {
+                    let peeked = limiter.peek(key, 1).await.expect("peek");
+                    let left = peeked.statuses()[0].remaining();
+                    let modelled = model.left(i, k) as u64;
+                    if left != modelled {
+                        wrong = Some(format!(
+                            "after step {n} ({step:?}): r{i} has {left} left for {key:?}, \
+                             the model {modelled}"
+                        ));
+                    }
+                }
+            }
+            match wrong {
+                None => break,
+                Some(_) if settle && std::time::Instant::now() < patience => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Some(wrong) => return Err(wrong),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn memory_case(case: &Case) -> Result<(), String> {
+    if std::env::var_os("MODEL_TRACE").is_some() {
+        eprintln!("case: {case:?}");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let store = MemoryStore::with_clock(TokioClock(tokio::time::Instant::now()));
+        run(case, store, Time::Tokio, false).await
+    })
+}
+
+fn redis_case(case: &Case) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let clock = ManualClock::new(T0);
+        let store = redis_store_with_clock(&unique_prefix("model"), &clock);
+        run(case, store, Time::Manual(clock), true).await
+    })
+}
+
+// ----------------------------------------------------------- strategies
+
+fn num(max: u64) -> impl Strategy<Value = Num> {
+    prop_oneof![
+        2 => Just(Num::Absent),
+        6 => (0..=max).prop_map(Num::Value),
+        1 => Just(Num::Garbage),
+        1 => Just(Num::Negative),
+    ]
+}
+
+fn refund_on() -> impl Strategy<Value = Option<RefundOn>> {
+    prop_oneof![
+        4 => Just(None),
+        1 => Just(Some(RefundOn::Success)),
+        1 => Just(Some(RefundOn::NotFound)),
+        1 => Just(Some(RefundOn::ServerError)),
+    ]
+}
+
+fn rule() -> impl Strategy<Value = RuleSpec> {
+    let algo = prop_oneof![3 => Just(Algo::Fixed), 3 => Just(Algo::Log), 3 => Just(Algo::Bucket), 1 => Just(Algo::Concurrency)];
+    let missing = prop_oneof![
+        2 => Just(Missing::Reject400),
+        1 => Just(Missing::Reject401),
+        2 => Just(Missing::Skip),
+        2 => Just(Missing::Shared),
+    ];
+    let penalty = prop_oneof![
+        4 => Just(None),
+        1 => (1u32..=3, prop_oneof![Just(2_000i64), Just(10_000)], prop_oneof![Just([1_000i64, 3_000]), Just([2_000, 5_000])])
+            .prop_map(Some),
+    ];
+    (
+        (
+            algo,
+            1u64..=5,
+            prop_oneof![Just(1_000i64), Just(2_000), Just(5_000)],
+            1u64..=5,
+        ),
+        (
+            proptest::option::weighted(0.25, 1u64..=6),
+            0usize..2,
+            missing,
+        ),
+        (
+            proptest::bool::weighted(0.25),
+            proptest::bool::weighted(0.2),
+            refund_on(),
+        ),
+        (
+            proptest::bool::weighted(0.35),
+            proptest::bool::ANY,
+            0u8..10,
+            prop_oneof![Just(0.25f64), Just(0.5), Just(1.0)],
+            proptest::option::of(1u64..=3),
+        ),
+        penalty,
+    )
+        .prop_map(
+            |(
+                (algo, cap, window_ms, refill),
+                (pro, key, missing),
+                (shadow, skip, refund),
+                (after, body, c, share, fallback),
+                penalty,
+            )| {
+                let concurrency = algo == Algo::Concurrency;
+                // (no tiers of buckets: a full bucket is forgotten, and read
+                // again as full by any tier, which the model does not follow)
+                let pro = pro.filter(|_| !concurrency && algo != Algo::Bucket);
+                let smallest = pro.map_or(cap, |p| p.min(cap));
+                let after = after && !concurrency;
+                let cost = match c {
+                    0..=3 => CostSpec::Fixed((u64::from(c) % 2 + 1).min(smallest)),
+                    4 | 5 => CostSpec::Header {
+                        fallback: fallback.filter(|_| c == 5),
+                    },
+                    _ if after => CostSpec::Estimate {
+                        share,
+                        fallback: fallback.map(|f| f.min(share_of(smallest, share))),
+                    },
+                    _ => CostSpec::Header { fallback: None },
+                };
+                let cost = if concurrency {
+                    CostSpec::Fixed(1)
+                } else {
+                    cost
+                };
+                RuleSpec {
+                    algo,
+                    cap,
+                    window_ms,
+                    refill: refill.min(cap),
+                    pro,
+                    key,
+                    missing,
+                    shadow,
+                    skip,
+                    refund,
+                    after,
+                    body: body && after,
+                    cost,
+                    penalty,
+                }
+            },
+        )
+}
+
+fn layer_spec(delay: bool) -> impl Strategy<Value = LayerSpec> {
+    let delay = if delay {
+        prop_oneof![2 => Just(0i64), 1 => Just(500), 2 => Just(2_000)].boxed()
+    } else {
+        Just(0i64).boxed()
+    };
+    (
+        proptest::collection::vec(rule(), 1..=4),
+        delay,
+        prop_oneof![5 => Just(None), 1 => refund_on()],
+    )
+        .prop_map(|(rules, delay_ms, refund_all)| LayerSpec {
+            rules,
+            delay_ms,
+            refund_all,
+        })
+}
+
+fn req() -> impl Strategy<Value = Req> {
+    let key = prop_oneof![1 => Just(None), 6 => (0usize..3).prop_map(Some)];
+    let fate =
+        prop_oneof![8 => Just(Fate::Complete), 1 => Just(Fate::Held), 1 => Just(Fate::Dropped)];
+    (
+        [key.clone(), key],
+        proptest::bool::weighted(0.15),
+        proptest::bool::weighted(0.3),
+        num(7),
+        prop_oneof![Just(200u16), Just(201), Just(404), Just(500)],
+        num(8),
+        fate,
+    )
+        .prop_map(|(keys, skip, pro, cost, status, used, fate)| Req {
+            keys,
+            skip,
+            pro,
+            cost,
+            status,
+            used,
+            fate,
+        })
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        7 => req().prop_map(Step::Req),
+        2 => prop_oneof![Just(100i64), Just(400), Just(1_000), Just(2_500)].prop_map(Step::Wait),
+        1 => Just(Step::Release),
+    ]
+}
+
+fn case(delay: bool) -> impl Strategy<Value = Case> {
+    (layer_spec(delay), proptest::collection::vec(step(), 1..=10))
+        .prop_map(|(layer, steps)| adapt(Case { layer, steps }))
+        .prop_filter("a known defect (see KNOWN)", |c| known(c).is_none())
+}
+
+fn cases(var: &str, default: u32) -> u32 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases("MODEL_CASES", 2000),
+        max_global_rejects: 1_000_000,
+        ..ProptestConfig::default()
+    })]
+    #[test]
+    fn random_layers_on_the_memory_store_answer_as_the_model(case in case(true)) {
+        static RUN: AtomicUsize = AtomicUsize::new(0);
+        if let Err(why) = memory_case(&case) {
+            prop_assert!(false, "{}", why);
+        }
+        if RUN.fetch_add(1, Ordering::Relaxed) + 1 == cases("MODEL_CASES", 2000) as usize {
+            print_events();
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases("MODEL_REDIS_CASES", 200),
+        max_global_rejects: 1_000_000,
+        ..ProptestConfig::default()
+    })]
+    #[test]
+    fn random_layers_on_redis_answer_as_the_model(case in case(false)) {
+        if let Err(why) = redis_case(&case) {
+            prop_assert!(false, "{}", why);
+        }
+    }
+}
+
+/// A rule of `algo` with capacity `cap` per second, keyed by `x-user`, and
+/// nothing else.
+fn plain(algo: Algo, cap: u64) -> RuleSpec {
+    RuleSpec {
+        algo,
+        cap,
+        window_ms: 1_000,
+        refill: 1,
+        pro: None,
+        key: 0,
+        missing: Missing::Reject400,
+        shadow: false,
+        skip: false,
+        refund: None,
+        after: false,
+        body: false,
+        cost: CostSpec::Fixed(1),
+        penalty: None,
+    }
+}
+
+fn by_a(cost: Num, status: u16, used: Num) -> Step {
+    Step::Req(Req {
+        keys: [Some(0), None],
+        skip: false,
+        pro: false,
+        cost,
+        status,
+        used,
+        fate: Fate::Complete,
+    })
+}
+
+/// The defects of the layer-level cost API, each as the model finds it
+/// (on the memory store; not adapted to that API: its one cost is every
+/// rule's).
+#[test]
+fn the_defects_of_layer_level_costs_are_found() {
+    let estimate = CostSpec::Estimate {
+        share: 0.5,
+        fallback: None,
+    };
+    // (1) an estimate of 0: free, and the other rules bypassed
+    let tokens = RuleSpec {
+        after: true,
+        cost: estimate,
+        ..plain(Algo::Fixed, 4)
+    };
+    let zero = Case {
+        layer: LayerSpec {
+            rules: vec![tokens, plain(Algo::Fixed, 1)],
+            delay_ms: 0,
+            refund_all: None,
+        },
+        steps: vec![by_a(Num::Value(0), 200, Num::Absent); 2],
+    };
+    // (2) delay mode, a shadow rule first: the next rule's refund lost
+    let refunded = RuleSpec {
+        refund: Some(RefundOn::Success),
+        ..plain(Algo::Fixed, 1)
+    };
+    let shadow_first = Case {
+        layer: LayerSpec {
+            rules: vec![
+                RuleSpec {
+                    shadow: true,
+                    ..plain(Algo::Fixed, 5)
+                },
+                refunded,
+            ],
+            delay_ms: 500,
+            refund_all: None,
+        },
+        steps: vec![by_a(Num::Absent, 200, Num::Absent); 2],
+    };
+    // (3) a shadow budget answering an estimate over its share
+    let budget = RuleSpec {
+        shadow: true,
+        after: true,
+        cost: estimate,
+        ..plain(Algo::Fixed, 2)
+    };
+    let shadow_budget = Case {
+        layer: LayerSpec {
+            rules: vec![budget, plain(Algo::Log, 5)],
+            delay_ms: 0,
+            refund_all: None,
+        },
+        steps: vec![by_a(Num::Value(3), 200, Num::Value(2))],
+    };
+    let defects = [
+        ("an estimate of 0", zero),
+        ("a shadow rule ahead in delay mode", shadow_first),
+        ("a shadow budget", shadow_budget),
+    ]
+    .into_iter()
+    .filter(|(defect, case)| match known(case) {
+        Some(why) => {
+            eprintln!("{defect}: not checked while KNOWN: {why}");
+            false
+        }
+        None => true,
+    })
+    .filter_map(|(defect, case)| {
+        memory_case(&case)
+            .err()
+            .map(|why| format!("{defect}: {why}"))
+    })
+    .collect::<Vec<_>>();
+    assert!(defects.is_empty(), "{}", defects.join("\n"));
+}
