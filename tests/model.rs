@@ -279,42 +279,6 @@ type Combination = (&'static str, fn(&Case) -> bool);
 /// draws it), so that the others keep being checked.
 const KNOWN: &[Combination] = &[
     (
-        "a request whose cost on arrival is 0 and whose response says it does \
-         not count (`refund_if`) is still charged the cost its response tells \
-         (nothing to give back, so not marked given back, so settled), where a \
-         request given back is otherwise not settled",
-        |case| {
-            let rules = &case.layer.rules;
-            let refunds = |r: &RuleSpec| case.layer.refund_all.is_some() || r.refund.is_some();
-            let settled = rules
-                .iter()
-                .any(|r| r.after && matches!(r.cost, CostSpec::Header { .. }) && refunds(r));
-            settled && requests(case).any(|q| q.cost == Num::Value(0))
-        },
-    ),
-    (
-        "a shadow rule whose estimate is over its share counts a would-refuse \
-         but is still decided with it: it takes the estimate (and is settled) \
-         where `Limit::shadow` says a request it would refuse takes nothing",
-        |case| {
-            case.layer.rules.iter().any(|r| {
-                let CostSpec::Estimate { share, fallback } = r.cost else {
-                    return false;
-                };
-                // an estimate over its share that the limit could grant
-                let taken = |cap: u64| {
-                    let most = share_of(cap, share);
-                    requests(case).any(|q| {
-                        let e = q.cost.read().filter(|&n| n > 0);
-                        let e = e.unwrap_or(fallback.unwrap_or(most));
-                        e > most && e <= cap
-                    })
-                };
-                r.shadow && (taken(r.cap) || r.pro.is_some_and(taken))
-            })
-        },
-    ),
-    (
         "the memory store (main at dde1b5a, the memstore merge) spins forever in \
          its penalty table (`Pens::find`, under `MemoryStore::penalized`) on \
          delay mode with a shadow rule with a penalty: e.g. a shadow fixed \
@@ -331,13 +295,6 @@ const KNOWN: &[Combination] = &[
         },
     ),
 ];
-
-fn requests(case: &Case) -> impl Iterator<Item = &Req> {
-    case.steps.iter().filter_map(|s| match s {
-        Step::Req(q) => Some(q),
-        _ => None,
-    })
-}
 
 /// The known defect `case` shows, unless drawn: `MODEL_KNOWN=all` draws
 /// every one, `MODEL_KNOWN=0,2` those (by their index in `KNOWN`).

@@ -410,7 +410,9 @@ pub(super) async fn give_back<B>(
         .filter(|(_, charged)| refunded(charged))
         .map(|(j, _)| j)
         .collect();
-    if !given_back.is_empty() {
+    // (a charge of cost 0 is given back without a store call: it took
+    // nothing, and what its response tells is not settled either)
+    if given_back.iter().any(|&j| refund.charged()[j].cost > 0) {
         // (the predicates, the user's closures, are asked once per limit)
         let result = refund.run_some(|j| given_back.contains(&j)).await;
         match result {

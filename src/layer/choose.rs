@@ -65,11 +65,12 @@ pub(super) fn choose<'a, B>(
         let cost = match rule.cost(parts, &limit) {
             Cost::Is(cost) => cost,
             Cost::TooLarge { estimate, most } if limit.is_shadow() => {
-                // a shadow limit never refuses: it counts what it would do
+                // a shadow limit never refuses: it counts what it would do,
+                // and takes nothing, as for any request it would refuse
                 let name = limit.name();
                 tracing::debug!(target: "tower_ratelimit", limit = name, estimate, most, "shadow limit would have refused an estimate over its share");
                 crate::limiter::count::count_one(&limit, crate::metrics::Outcome::ShadowDenied);
-                estimate
+                continue;
             }
             Cost::TooLarge { estimate, most } => {
                 let name = limit.name();
