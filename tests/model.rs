@@ -277,24 +277,7 @@ type Combination = (&'static str, fn(&Case) -> bool);
 /// Feature combinations where the layer disagrees with its docs, reported
 /// and not fixed yet: cases with them are not drawn (unless `MODEL_KNOWN`
 /// draws it), so that the others keep being checked.
-const KNOWN: &[Combination] = &[
-    (
-        "the memory store (main at dde1b5a, the memstore merge) spins forever in \
-         its penalty table (`Pens::find`, under `MemoryStore::penalized`) on \
-         delay mode with a shadow rule with a penalty: e.g. a shadow fixed \
-         window of 1 (tier pro: 3) with `Penalty::new(1, 2 s, [1 s, 3 s])` and \
-         a sliding log of 3, delay 2 s, four requests of one key (the first \
-         on the pro tier)",
-        |case| {
-            case.layer.delay_ms > 0
-                && case
-                    .layer
-                    .rules
-                    .iter()
-                    .any(|r| r.shadow && r.penalty.is_some())
-        },
-    ),
-];
+const KNOWN: &[Combination] = &[];
 
 /// The known defect `case` shows, unless drawn: `MODEL_KNOWN=all` draws
 /// every one, `MODEL_KNOWN=0,2` those (by their index in `KNOWN`).

@@ -319,9 +319,11 @@ impl Limiter {
             };
             let blocked = matches!(status, algorithm::Status::Blocked { .. });
             let wait = status.wait();
+            // (a block refuses whatever the wait allowed: it is never
+            // reserved through)
             let violated = match reply.outcome {
                 algorithm::Outcome::Never => wait.is_none(),
-                algorithm::Outcome::Denied => wait.is_some_and(|w| w > max_wait),
+                algorithm::Outcome::Denied => blocked || wait.is_some_and(|w| w > max_wait),
                 algorithm::Outcome::Granted => false,
             };
             // a limit in shadow mode never refuses

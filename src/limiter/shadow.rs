@@ -65,8 +65,11 @@ pub(super) async fn decide(
                     keep.push(i);
                 }
             }
+            // (a round that leaves nothing out would be decided again
+            // as it is, for ever: it is the answer)
+            let progressed = keep.len() < active.len();
             active = keep;
-            if !active.is_empty() {
+            if progressed && !active.is_empty() {
                 continue;
             }
         }
