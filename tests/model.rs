@@ -277,7 +277,41 @@ type Combination = (&'static str, fn(&Case) -> bool);
 /// Feature combinations where the layer disagrees with its docs, reported
 /// and not fixed yet: cases with them are not drawn (unless `MODEL_KNOWN`
 /// draws it), so that the others keep being checked.
-const KNOWN: &[Combination] = &[];
+const KNOWN: &[Combination] = &[
+    (
+        "not resolved (found by bench/model.sh at 20,000 cases, after the fix \
+         of the endless shadow round): in delay mode with a shadow rule that \
+         has a penalty, the layer and the model disagree on what a shadow \
+         limit decided apart counts (e.g. fixed windows: a shadow 1 with a \
+         penalty, 3 with refund_if, a shadow 4; delay 2 s; two requests of one \
+         key: the shadow 4 shows 2 left, the model 3)",
+        |case| {
+            case.layer.delay_ms > 0
+                && case
+                    .layer
+                    .rules
+                    .iter()
+                    .any(|r| r.shadow && r.penalty.is_some())
+        },
+    ),
+    (
+        "not explained yet (found by bench/model.sh at 20,000 cases, not by the \
+     default 2,000): in delay mode, a token bucket whose refill interval is \
+     not a whole number of milliseconds (3 per second) shows one token fewer \
+     for a key than the model after another key's request waited; tokio's \
+     timer fires at whole milliseconds, so the layer's instants and the \
+     model's may differ by under 1 ms at a token's boundary. Minimal case: \
+     one bucket of 3 per 1000 ms, delay 500 ms, costs from a header; key a \
+     costs 1 then 3, key b 1, key a 1: b shows 2 left, the model 3",
+        |case| {
+            case.layer.delay_ms > 0
+                && case.layer.rules.iter().any(|r| {
+                    matches!(r.algo, Algo::Bucket)
+                        && (r.window_ms * 1000) % r.refill.max(1) as i64 != 0
+                })
+        },
+    ),
+];
 
 /// The known defect `case` shows, unless drawn: `MODEL_KNOWN=all` draws
 /// every one, `MODEL_KNOWN=0,2` those (by their index in `KNOWN`).
