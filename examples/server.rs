@@ -99,7 +99,7 @@ use axum::{Extension, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
-use tower_ratelimit::key::{ClientIp, ClientIpResolver, KeyExtractor, RequestExtension};
+use tower_ratelimit::key::{Bearer, ClientIp, ClientIpResolver, KeyExtractor, RequestExtension};
 use tower_ratelimit::layer::{
     OnStoreError, RateLimitInfo, RateLimitLayer, RateLimitLayerBuilder, Rule,
 };
@@ -241,9 +241,8 @@ fn metrics_page(metrics: &PrometheusHandle, token: Option<&[u8]>, headers: &Head
     let Some(token) = token else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| bearer(value.as_bytes()))
+    let given = Bearer::token(headers)
+        .map(str::as_bytes)
         .or_else(|| headers.get("x-internal-token").map(|v| v.as_bytes()));
     if !given.is_some_and(|given| bool::from(given.ct_eq(token))) {
         return (
@@ -424,13 +423,6 @@ fn app<S: Store + Clone>(
         .layer(middleware::from_fn_with_state(api_keys, authenticate)))
 }
 
-/// The token of an `Authorization: Bearer <token>` value (the scheme's name
-/// in any case).
-fn bearer(value: &[u8]) -> Option<&[u8]> {
-    let (scheme, token) = value.split_at_checked(7)?;
-    scheme.eq_ignore_ascii_case(b"bearer ").then_some(token)
-}
-
 /// A client's plan, as the authentication layer verified it: the report
 /// limit's tier. Set only by [`authenticate`]; a request extension, which no
 /// client can send.
@@ -498,11 +490,8 @@ async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let plan = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| bearer(value.as_bytes()))
-        .and_then(|key| keys.plan(key))
+    let plan = Bearer::token(request.headers())
+        .and_then(|key| keys.plan(key.as_bytes()))
         .unwrap_or(Plan::Free);
     request.extensions_mut().insert(plan);
     next.run(request).await

@@ -364,10 +364,7 @@ impl JsonField {
 
     /// The field's value in `body`, if it is there once, as a string.
     fn value(&self, body: &[u8]) -> Option<String> {
-        let mut json = serde_json::Deserializer::from_slice(body);
-        let value = FieldOf(&self.field).deserialize(&mut json).ok()?;
-        json.end().ok()?;
-        match value? {
+        match field_of(body, &self.field)? {
             serde_json::Value::String(text) => Some(text),
             _ => None,
         }
@@ -421,10 +418,16 @@ pub(crate) fn json_number(parts: &Parts, field: &str, warned: &AtomicBool) -> Op
         }
         return None;
     };
-    let mut json = serde_json::Deserializer::from_slice(read.as_deref()?);
-    let value = FieldOf(field).deserialize(&mut json).ok()??;
+    field_of(read.as_deref()?, field)?.as_u64()
+}
+
+/// The top-level field `field` of the JSON object `body`; `None` when the
+/// body is no JSON object, or the field is absent or given twice.
+fn field_of(body: &[u8], field: &str) -> Option<serde_json::Value> {
+    let mut json = serde_json::Deserializer::from_slice(body);
+    let value = FieldOf(field).deserialize(&mut json).ok()?;
     json.end().ok()?;
-    value.as_u64()
+    value
 }
 
 /// Finds one field of a JSON object, skipping the others unparsed into
