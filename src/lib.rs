@@ -126,6 +126,7 @@ mod penalty;
 mod plan;
 mod quota;
 pub mod store;
+mod sync;
 mod text;
 #[cfg(feature = "watch")]
 #[cfg_attr(docsrs, doc(cfg(feature = "watch")))]

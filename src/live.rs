@@ -122,7 +122,7 @@ impl LiveLimit {
     }
 
     fn lock_needs(&self) -> std::sync::MutexGuard<'_, Needs> {
-        crate::store::lock(&self.shared.needs)
+        crate::sync::lock(&self.shared.needs)
     }
 
     /// Whether `limit` may replace the current value, given `needs`.

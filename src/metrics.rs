@@ -324,7 +324,7 @@ impl LimitKeys {
         if capacity.load(Relaxed) == status.limit && window.load(Relaxed) == status.window_us {
             return;
         }
-        let _setting = crate::store::lock(&self.setting);
+        let _setting = crate::sync::lock(&self.setting);
         capacity.store(status.limit, Relaxed);
         window.store(status.window_us, Relaxed);
         ::metrics::with_recorder(|recorder| {
@@ -372,7 +372,7 @@ impl OutageGauge {
         if self.state.load(Relaxed) == state {
             return;
         }
-        let _setting = crate::store::lock(&self.setting);
+        let _setting = crate::sync::lock(&self.setting);
         if self.state.swap(state, Relaxed) != state {
             store_outage(store(), failed);
         }

@@ -291,7 +291,7 @@ impl Shared {
     /// Applies `read`, the file's text; `None` when it is the text last
     /// read and not `always`.
     fn apply(&self, read: std::io::Result<String>, always: bool) -> Option<Reload> {
-        let mut last = crate::store::lock(&self.last);
+        let mut last = crate::sync::lock(&self.last);
         let reload = match read {
             Ok(text) if !always && last.text.as_ref() == Some(&text) => return None,
             Ok(text) => {
@@ -416,7 +416,7 @@ impl FileWatch {
 
     /// Why the last reading was not applied, or `None` when it was.
     pub fn last_error(&self) -> Option<String> {
-        crate::store::lock(&self.shared.last).error.clone()
+        crate::sync::lock(&self.shared.last).error.clone()
     }
 
     /// The file followed.

@@ -63,7 +63,7 @@ impl OutageLog {
         self.total.fetch_add(1, Ordering::AcqRel);
         if !self.failing.swap(true, Ordering::AcqRel) {
             crate::metrics::store_outage(self.store, true);
-            *crate::store::lock(&self.last_line) = now;
+            *crate::sync::lock(&self.last_line) = now;
             tracing::warn!(
                 target: "tower_ratelimit",
                 %error,
@@ -121,7 +121,7 @@ mod tests {
         ) {
             let mut text = String::new();
             event.record(&mut Render(&mut text));
-            let mut lines = crate::store::lock(&self.0);
+            let mut lines = crate::sync::lock(&self.0);
             lines.push((*event.metadata().level(), text));
         }
     }
@@ -130,7 +130,7 @@ mod tests {
 
     impl Lines {
         fn count(&self) -> usize {
-            crate::store::lock(&self.0).len()
+            crate::sync::lock(&self.0).len()
         }
     }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::store::lock;
+use crate::sync::lock;
 
 /// The one `&'static` copy of `text`, made on its first use: for strings
 /// that come from configuration (limit names, a layer's `RateLimit-Policy`),

@@ -289,7 +289,7 @@ impl DenyCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        crate::store::lock(&self.table)
+        crate::sync::lock(&self.table)
     }
 }
 

@@ -23,15 +23,7 @@ use crate::Error;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Locks `mutex`, even if a thread panicked holding it: what the stores'
-/// and the metrics' locks guard is written whole (a shard's slot, a map's
-/// entry, a gauge), so a panic cannot leave it half-updated in a way that
-/// matters.
-pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+pub(crate) use crate::sync::lock;
 
 pub(crate) use self::backend::{
     Answer, Check, Deadline, PenaltyChange, QuotaChange, QuotaRegistry, Settle, Settled,

@@ -34,7 +34,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::store::lock;
+use crate::sync::lock;
 
 use smallvec::SmallVec;
 

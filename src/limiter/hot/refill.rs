@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::{HotPools, Permit, Pool, Taken};
 use crate::limiter::{Inner, Limiter};
 use crate::metrics::StoreTimer;
-use crate::store::lock;
 use crate::store::{Check, Deadline, Settle};
+use crate::sync::lock;
 use crate::{Error, Limit};
 
 impl HotPools {
