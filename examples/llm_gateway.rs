@@ -87,7 +87,11 @@ pub fn prometheus() -> Result<PrometheusHandle> {
 
 /// The gateway over `store`, with `limits` (each instance of a fleet builds
 /// its own, over the same Redis).
-pub fn app(store: impl Store + Clone, limits: &LiveLimits, metrics: Metrics) -> Result<Router> {
+pub fn app(
+    store: impl Into<Store> + Clone,
+    limits: &LiveLimits,
+    metrics: Metrics,
+) -> Result<Router> {
     let limit = |name: &str| -> Result<LiveLimit> { Ok(limits.get(name).ok_or(name)?) };
     // Two budgets in one layer, each rule with its own key and cost: one
     // request per API key (hashed: the key is a secret, Redis key names are

@@ -177,7 +177,7 @@ struct Setup<S> {
     login_bans: Vec<Duration>,
 }
 
-impl<S: Store + Clone> Setup<S> {
+impl<S: Into<Store> + Clone> Setup<S> {
     /// A layer over the shared store, without limits yet; requests with the
     /// internal token are exempt from all of its limits.
     fn bare(&self) -> RateLimitLayerBuilder {
@@ -255,7 +255,7 @@ fn metrics_page(metrics: &PrometheusHandle, token: Option<&[u8]>, headers: &Head
     (content_type, metrics.render()).into_response()
 }
 
-fn app<S: Store + Clone>(
+fn app<S: Into<Store> + Clone>(
     setup: Setup<S>,
     limits: &Limits,
     api_keys: Arc<ApiKeys>,

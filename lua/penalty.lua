@@ -24,7 +24,7 @@
 --
 -- Penalty (OP_PENALTY): KEYS a penalty key, ARGV the options, with
 -- opts[OPT_AT] PEN_READ, PEN_BLOCK for opts[OPT_BLOCK] us (no offence; the
--- refusals counted go) or PEN_FORGET (delete), then the limit's string. Reply: until,
+-- refusals counted go) or PEN_UNBLOCK (delete), then the limit's string. Reply: until,
 -- offences, refusals, since (after a block, before a forget) and the
 -- store's clock, little-endian doubles.
 --
@@ -86,7 +86,7 @@ local function penalty(keys, args, opts)
   local store_now = clock(opts)
   local key, what = keys[1], opts[OPT_AT]
   local ps, moved = pen_load(key, store_now)
-  if what == PEN_FORGET then
+  if what == PEN_UNBLOCK then
     rcall('DEL', key)
   else
     local s = spec(args[2])

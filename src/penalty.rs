@@ -156,8 +156,7 @@ impl PenParams {
 /// `lua/penalty.lua` keep the same four fields (a value that is not four
 /// integers in [0, 2^53) reads as a fresh state).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[allow(unreachable_pub)] // named by the store trait `Backend`, never exported
-pub struct PenState {
+pub(crate) struct PenState {
     /// When the block ends (store time, us); 0 for never blocked.
     pub(crate) until: i64,
     /// Offences, until forgotten.

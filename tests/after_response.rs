@@ -91,7 +91,7 @@ fn limiter(store: StoreKind, limit: Limit) -> Limiter {
     }
 }
 
-fn looker(store: impl Store, limit: Limit) -> Limiter {
+fn looker(store: impl Into<Store>, limit: Limit) -> Limiter {
     patient_limiter(store, limit)
 }
 

@@ -100,7 +100,7 @@ async fn a_granted_decision_gives_the_fields_the_layer_sends() {
 }
 
 /// The layer's fail-closed answer, sent for a request.
-async fn layer_answer(store: impl Store, on_error: OnStoreError) -> Response<String> {
+async fn layer_answer(store: impl Into<Store>, on_error: OnStoreError) -> Response<String> {
     let limit = Limit::new("sms", Quota::per_hour(3).fixed_window()).expect("limit");
     let layer = RateLimitLayer::builder()
         .store(store)

@@ -30,7 +30,7 @@ fn username() -> JsonField {
 /// `POST /login` (no key: 400) and `POST /skip` (no key: not limited), each
 /// answering the body it read, behind the `login` limit keyed by the
 /// username, read at most `max_bytes` within `timeout`.
-fn app(store: impl Store + Clone, max_bytes: usize, timeout: Duration) -> Router {
+fn app(store: impl Into<Store> + Clone, max_bytes: usize, timeout: Duration) -> Router {
     let read = ReadBody::new().max_bytes(max_bytes).timeout(timeout);
     let strict = RateLimitLayer::builder()
         .store(store.clone())
@@ -105,7 +105,7 @@ async fn send(addr: SocketAddr, path: &str, body: &[u8], chunked: bool) -> Answe
     }
 }
 
-async fn usernames_are_counted_and_bodies_reach_the_handler_whole(store: impl Store + Clone) {
+async fn usernames_are_counted_and_bodies_reach_the_handler_whole(store: impl Into<Store> + Clone) {
     let addr = serve(app(store, 1024, Duration::from_secs(5))).await;
     for (i, body) in [
         r#"{"username": "Ann", "password": "a"}"#,
@@ -156,7 +156,7 @@ async fn usernames_are_counted_in_redis() {
     usernames_are_counted_and_bodies_reach_the_handler_whole(store).await;
 }
 
-async fn a_body_over_the_bound_has_no_key(store: impl Store + Clone) {
+async fn a_body_over_the_bound_has_no_key(store: impl Into<Store> + Clone) {
     let addr = serve(app(store, 64, Duration::from_secs(5))).await;
     let big = format!(
         r#"{{"username": "ann", "padding": "{}"}}"#,

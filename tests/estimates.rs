@@ -35,7 +35,7 @@ fn tokens() -> Limit {
 
 /// A layer over `store` whose requests pay their `x-max-tokens` and settle
 /// to their `x-tokens-used`, at most `share` of the budget more.
-fn layer(store: impl Store, share: f64) -> RateLimitLayer {
+fn layer(store: impl Into<Store>, share: f64) -> RateLimitLayer {
     RateLimitLayer::builder()
         .store(store)
         .timeout(PATIENT)

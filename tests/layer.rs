@@ -236,7 +236,7 @@ async fn deny_listed_requests_get_403_and_blocked_keys_429_until_unblocked() {
 /// Builds a layer anew (a fresh cache of denials).
 type LayerMaker = Box<dyn Fn() -> RateLimitLayer>;
 
-fn layer_over(store: impl tower_ratelimit::Store, limit: Limit) -> RateLimitLayer {
+fn layer_over(store: impl Into<tower_ratelimit::Store>, limit: Limit) -> RateLimitLayer {
     RateLimitLayer::builder()
         .store(store)
         .limit(limit, Header::new(HeaderName::from_static("x-client")))

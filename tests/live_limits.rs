@@ -53,7 +53,7 @@ trait StoreOf: Send + Sync {
     fn limiter(&self, limit: &LiveLimit) -> Limiter;
 }
 
-impl<S: Store + Clone> StoreOf for S {
+impl<S: Into<Store> + Clone + Send + Sync> StoreOf for S {
     fn limiter(&self, limit: &LiveLimit) -> Limiter {
         patient_limiter(self.clone(), limit.clone())
     }

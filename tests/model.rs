@@ -1400,7 +1400,7 @@ fn limits(i: usize, rule: &RuleSpec) -> (Limit, Limit) {
     (limit, base)
 }
 
-fn build_layer(store: impl Store, spec: &LayerSpec) -> RateLimitLayer {
+fn build_layer(store: impl Into<Store>, spec: &LayerSpec) -> RateLimitLayer {
     let mut builder = RateLimitLayer::builder().store(store).timeout(PATIENT);
     for (i, r) in spec.rules.iter().enumerate() {
         let (limit, _) = limits(i, r);
@@ -1532,7 +1532,7 @@ impl tower_ratelimit::Clock for TokioClock {
 /// Runs `case` against the layer over `store`; the first disagreement.
 async fn run(
     case: &Case,
-    store: impl Store + Clone,
+    store: impl Into<Store> + Clone,
     time: Time,
     settle: bool,
 ) -> Result<(), String> {

@@ -31,7 +31,7 @@ fn login() -> Limit {
         )
 }
 
-fn limiter(store: impl Store, limits: &[Limit]) -> Limiter {
+fn limiter(store: impl Into<Store>, limits: &[Limit]) -> Limiter {
     limits
         .iter()
         .cloned()

@@ -45,7 +45,7 @@ fn both(test: &str) -> (MemoryStore, RedisStore) {
 
 /// A login route: the password is `correct horse`; 401 otherwise. At most
 /// 5 failures per user in 15 minutes; successes are given back.
-fn login_app(store: impl Store) -> Router {
+fn login_app(store: impl Into<Store>) -> Router {
     let failures = limit(
         "login",
         Quota::rate(5, Duration::from_secs(15 * 60)).sliding_log(),
@@ -76,7 +76,7 @@ async fn login(app: &Router, user: &str, password: &str) -> StatusCode {
     status(app, get_as(Some(user), &[("x-password", password)])).await
 }
 
-async fn login_counts_failures_only(store: impl Store) {
+async fn login_counts_failures_only(store: impl Into<Store>) {
     let app = login_app(store);
     // successes are not counted, however many
     for _ in 0..8 {
@@ -116,7 +116,7 @@ async fn only_failed_logins_count_and_concurrent_guesses_cannot_slip_through() {
     login_counts_failures_only(redis).await;
 }
 
-async fn exemptions(store: impl Store + Clone) {
+async fn exemptions(store: impl Into<Store> + Clone) {
     // layer-wide: an internal token is exempt from every limit
     let app = Router::new().route("/", get(|| async { "hi" })).layer(
         RateLimitLayer::builder()
@@ -184,7 +184,7 @@ async fn exempt_requests_are_never_counted_and_never_refused() {
     exemptions(redis).await;
 }
 
-async fn missing_keys_per_limit(store: impl Store + Clone) {
+async fn missing_keys_per_limit(store: impl Into<Store> + Clone) {
     let tenant = HeaderName::from_static("x-tenant");
     let app = Router::new().route("/", get(|| async { "hi" })).layer(
         RateLimitLayer::builder()
@@ -259,7 +259,7 @@ async fn each_limit_has_its_own_missing_key_policy() {
     missing_keys_per_limit(redis).await;
 }
 
-fn tiered_app(store: impl Store) -> Router {
+fn tiered_app(store: impl Into<Store>) -> Router {
     let reports = Rule::new(
         limit("reports", Quota::per_minute(2).sliding_log()),
         Header::new(USER),
@@ -279,7 +279,7 @@ fn tiered_app(store: impl Store) -> Router {
     )
 }
 
-async fn tiers(store: impl Store) {
+async fn tiers(store: impl Into<Store>) {
     let app = tiered_app(store);
     let free = |user| get_as(Some(user), &[]);
     let pro = |user| get_as(Some(user), &[("x-plan", "pro")]);
@@ -384,7 +384,7 @@ fn inconsistent_tiers_are_a_config_error() {
     ));
 }
 
-async fn shadow_in_the_layer(store: impl Store) {
+async fn shadow_in_the_layer(store: impl Into<Store>) {
     let app = Router::new().route("/", get(|| async { "hi" })).layer(
         RateLimitLayer::builder()
             .store(store)
@@ -423,7 +423,7 @@ async fn a_shadow_limit_in_a_layer_never_refuses_and_is_not_advertised() {
     shadow_in_the_layer(redis).await;
 }
 
-async fn cancelled_delay(store: impl Store + Clone) {
+async fn cancelled_delay(store: impl Into<Store> + Clone) {
     let jobs = limit("jobs", Quota::per_minute(1).allow_burst(1).gcra());
     let app = Router::new().route("/", get(|| async { "hi" })).layer(
         RateLimitLayer::builder()

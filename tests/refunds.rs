@@ -237,7 +237,7 @@ async fn a_refunded_sliding_window_grant_comes_off_the_window_it_fell_in() {
     run(&limit, table).await;
 }
 
-fn two_limits(store: impl tower_ratelimit::Store) -> Limiter {
+fn two_limits(store: impl Into<tower_ratelimit::Store>) -> Limiter {
     Limiter::builder(store)
         .limit(Limit::new("burst", Quota::per_second(2).allow_burst(2).gcra()).unwrap())
         .limit(Limit::new("minute", Quota::per_minute(3).sliding_log()).unwrap())

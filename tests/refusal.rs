@@ -42,7 +42,7 @@ trait StoreBox {
     fn limiter(&self, limit: Limit) -> Limiter;
 }
 
-impl<S: Store + Clone> StoreBox for S {
+impl<S: Into<Store> + Clone> StoreBox for S {
     fn layer(&self, limit: Limit) -> RateLimitLayer {
         let key = Header::new(HeaderName::from_static("x-user"));
         let builder = RateLimitLayer::builder()

@@ -56,7 +56,7 @@ trait StoreBox {
     fn limiter(self: Box<Self>, limits: Vec<Limit>) -> Limiter;
 }
 
-impl<S: Store> StoreBox for S {
+impl<S: Into<Store>> StoreBox for S {
     fn limiter(self: Box<Self>, limits: Vec<Limit>) -> Limiter {
         limits
             .into_iter()

@@ -88,7 +88,7 @@ async fn take_up_to_grants_what_a_window_has_left() {
     ]).await;
 }
 
-fn two_limits(store: impl Store) -> Limiter {
+fn two_limits(store: impl Into<Store>) -> Limiter {
     Limiter::builder(store)
         .limit(Limit::new("burst", Quota::per_second(10).allow_burst(5).gcra()).unwrap())
         .limit(Limit::new("minute", Quota::per_minute(8).sliding_log()).unwrap())

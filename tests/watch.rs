@@ -196,7 +196,7 @@ fn a_json_file_is_read_as_json_and_a_bad_first_file_is_an_error() {
 }
 
 /// A limiter on `store` keyed `sms`, with the live limit of `limits`.
-async fn texts_allowed(store: impl Store, limits: &LiveLimits, key: &str) -> u64 {
+async fn texts_allowed(store: impl Into<Store>, limits: &LiveLimits, key: &str) -> u64 {
     let limiter = patient_limiter(store, limits.get("sms").expect("sms"));
     let mut allowed = 0;
     for _ in 0..10 {

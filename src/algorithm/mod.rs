@@ -28,9 +28,7 @@ pub(crate) use self::driver::{charge, decide, take, Operand};
 pub(crate) use self::reply::ignored;
 #[cfg(feature = "redis")]
 pub(crate) use self::reply::packed_len;
-#[allow(unreachable_pub)] // `Reply` is named by the store trait `Backend`, never exported
-pub use self::reply::Reply;
-pub(crate) use self::reply::{Outcome, Status, Statuses};
+pub(crate) use self::reply::{Outcome, Reply, Status, Statuses};
 
 // Every algorithm: its public name, its id on the wire (what a limit's
 // string starts with, and its place in `lua/wire.lua`'s list), its state.

@@ -111,8 +111,7 @@ impl Outcome {
 
 /// What a store answers for one decision, in the units of the scripts.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(unreachable_pub)] // named by the store trait `Backend`, never exported
-pub struct Reply {
+pub(crate) struct Reply {
     pub(crate) outcome: Outcome,
     /// Microseconds until the grant, or until a retry would be granted; -1
     /// for [`Outcome::Never`].

@@ -22,7 +22,7 @@ pub(crate) enum Op {
     Charge = 4,
     /// Move the grants made at store time [`Opt::At`] to now.
     Renew = 5,
-    /// Read or change a key's penalty state ([`PenaltyOp`] in slot
+    /// Read or change a key's penalty state ([`PENALTY_CODES`] in slot
     /// [`Opt::At`]).
     Penalty = 6,
     /// Several decisions in one call.
@@ -74,7 +74,7 @@ pub(crate) enum Opt {
     /// The operation ([`Op`]); absent or 0: decide.
     Op = 5,
     /// The time of the grant (a refund, a renewal: `now + wait` of its
-    /// reply), or for a penalty what to do ([`PenaltyOp`]).
+    /// reply), or for a penalty what to do ([`PENALTY_CODES`]).
     At = 6,
     /// For a penalty's block: its length (us).
     Block = 7,
@@ -108,17 +108,11 @@ impl Opt {
     }
 }
 
-/// What a penalty call ([`Op::Penalty`]) does, in slot [`Opt::At`].
+/// What a penalty call ([`Op::Penalty`]) does, in slot [`Opt::At`]: read
+/// the state, block for [`Opt::Block`] us, or unblock (delete the state);
+/// the codes of the store's `Penalty::{Read, Block, Unblock}`.
 #[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PenaltyOp {
-    /// Read the state.
-    Read = 0,
-    /// Block for [`Opt::Block`] us.
-    Block = 1,
-    /// Forget the state (delete it).
-    Forget = 2,
-}
+pub(crate) const PENALTY_CODES: [(&str, i64); 3] = [("READ", 0), ("BLOCK", 1), ("UNBLOCK", 2)];
 
 /// A call's options as the scripts read them: `o` and each slot up to the
 /// last one set.
@@ -261,11 +255,12 @@ pub(crate) fn lua() -> String {
     let _ = writeln!(out, "local {} = {}", ops.join(", "), values.join(", "));
     let _ = writeln!(
         out,
-        "-- What a penalty call (OP_PENALTY) does, in slot OPT_AT (`wire::PenaltyOp`):\n\
-         local PEN_READ, PEN_BLOCK, PEN_FORGET = {}, {}, {}",
-        PenaltyOp::Read as i64,
-        PenaltyOp::Block as i64,
-        PenaltyOp::Forget as i64,
+        "-- What a penalty call (OP_PENALTY) does, in slot OPT_AT (`wire::PENALTY_CODES`):\n\
+         local {} = {}",
+        PENALTY_CODES
+            .map(|(name, _)| format!("PEN_{name}"))
+            .join(", "),
+        PENALTY_CODES.map(|(_, code)| code.to_string()).join(", "),
     );
     let _ = writeln!(
         out,

@@ -136,6 +136,45 @@ impl std::fmt::Display for KeyKind {
     }
 }
 
+/// The kind of key each limit name was first used with by a layer over one
+/// store (the store keeps one, see `Shared::one`), to warn (once per name)
+/// when a layer keys it another way: both would count in the same buckets
+/// wherever their key texts meet. Only consulted when a layer is built.
+#[derive(Debug, Default)]
+pub(crate) struct KeyKinds {
+    first: std::sync::Mutex<std::collections::HashMap<&'static str, (KeyKind, bool)>>,
+}
+
+impl KeyKinds {
+    /// Records that a layer keys `limit` by `kind`, warning about a name
+    /// already keyed by another kind.
+    pub(crate) fn register(&self, name: &'static str, kind: &KeyKind) {
+        let mut first = crate::sync::lock(&self.first);
+        let (first, warned) = first.entry(name).or_insert_with(|| (kind.clone(), false));
+        if first != kind && !*warned {
+            *warned = true;
+            let (first_text, text) = (first.to_string(), kind.to_string());
+            let alike = if first_text == text {
+                " (two extractor types of that name)"
+            } else {
+                ""
+            };
+            tracing::warn!(
+                target: "tower_ratelimit",
+                limit = name,
+                "limit {:?} is keyed two ways on one store, by {} and by {}{}: both count \
+                 in the same buckets wherever their key texts meet, so a client can spend \
+                 another's (an API key written as an IP address drains that address). Give \
+                 each its own limit name, or key both layers with one extractor.",
+                name,
+                first_text,
+                text,
+                alike
+            );
+        }
+    }
+}
+
 /// `extract` of an extractor whose `extract_into` writes the key itself.
 fn extract_via_buf(extractor: &impl KeyExtractor, parts: &Parts) -> Option<Vec<u8>> {
     let mut key = KeyBuf::new();

@@ -24,7 +24,7 @@ use crate::{ConfigError, Limit, LimitSource, Limiter, MemoryStore, DEFAULT_TIMEO
 /// Configures a [`RateLimitLayer`].
 #[must_use]
 pub struct RateLimitLayerBuilder {
-    store: Option<Arc<dyn Store>>,
+    store: Option<Store>,
     rules: Vec<Rule>,
     skip: Option<RequestPredicate>,
     deny: Option<RequestPredicate>,
@@ -68,8 +68,8 @@ impl RateLimitLayerBuilder {
     }
 
     /// Where state lives (default: a new [`MemoryStore`]).
-    pub fn store(mut self, store: impl Store) -> Self {
-        self.store = Some(Arc::new(store));
+    pub fn store(mut self, store: impl Into<Store>) -> Self {
+        self.store = Some(store.into());
         self
     }
 
@@ -286,7 +286,7 @@ impl RateLimitLayerBuilder {
                 "max_waiting must be at least 1".to_owned(),
             ));
         }
-        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let store = self.store.unwrap_or_else(|| MemoryStore::new().into());
         super::rule::check_missing(&self.on_missing)?;
         let rules = self
             .rules
@@ -320,10 +320,9 @@ impl RateLimitLayerBuilder {
                 .build()
         };
         let limiter = with_limits(Limiter::builder_shared(store.clone()))?;
-        if let Some(registry) = store.quotas() {
-            for rule in &rules {
-                registry.register_key(rule.limit().name(), &rule.key_kind);
-            }
+        let kinds = store.engine().shared().one(crate::key::KeyKinds::default);
+        for rule in &rules {
+            kinds.register(rule.limit().name(), &rule.key_kind);
         }
         let fallback = match self.on_error {
             // The store's own fallback, shared with every other layer over
@@ -331,8 +330,9 @@ impl RateLimitLayerBuilder {
             // With a fleet (a heartbeat counting the instances that share
             // the store), each request counts its share of every limit.
             OnStoreError::FallbackToMemory => {
-                let memory = store.fallback().unwrap_or_default();
-                Some(match store.fleet() {
+                let fallback = store.engine().shared().fallback.as_ref();
+                let memory = fallback.map(|f| f.memory()).unwrap_or_default();
+                Some(match fallback.and_then(|f| f.fleet()) {
                     Some(fleet) => with_limits(Limiter::builder(FleetShare::new(memory, fleet)))?,
                     None => with_limits(Limiter::builder(memory))?,
                 })

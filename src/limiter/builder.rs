@@ -12,7 +12,7 @@ use crate::{ConfigError, Limit, LimitSource};
 /// Configures a [`Limiter`].
 #[must_use]
 pub struct LimiterBuilder {
-    store: Arc<dyn Store>,
+    store: Store,
     limits: Vec<LimitSource>,
     timeout: Duration,
     cache_denials: bool,
@@ -78,15 +78,15 @@ impl LimiterBuilder {
                 return Err(ConfigError::DuplicateName(limit.name().to_owned()));
             }
         }
-        register(&*self.store, &self.limits);
-        let clock = local_clock(&*self.store);
+        register(&self.store, &self.limits);
+        let clock = local_clock(&self.store);
         Ok(Limiter {
             inner: Arc::new(Inner {
                 denials: clock
                     .clone()
                     .filter(|_| self.cache_denials)
                     .map(DenyCache::new),
-                hot: self.store.hot_pools(),
+                hot: hot_pools(&self.store),
                 store: self.store,
                 limits: self.limits,
                 timeout: self.timeout,
@@ -98,15 +98,15 @@ impl LimiterBuilder {
 
 impl Limiter {
     /// A limiter with one limit, fixed or [live](crate::LiveLimit).
-    pub fn new(store: impl Store, limit: impl Into<LimitSource>) -> Self {
-        let limit = limit.into();
+    pub fn new(store: impl Into<Store>, limit: impl Into<LimitSource>) -> Self {
+        let (store, limit) = (store.into(), limit.into());
         register(&store, std::slice::from_ref(&limit));
         let clock = local_clock(&store);
         Self {
             inner: Arc::new(Inner {
                 denials: clock.map(DenyCache::new),
-                hot: store.hot_pools(),
-                store: Arc::new(store),
+                hot: hot_pools(&store),
+                store,
                 limits: vec![limit],
                 timeout: DEFAULT_TIMEOUT,
                 outage: Default::default(),
@@ -115,7 +115,7 @@ impl Limiter {
     }
 
     /// A builder over a store that is already shared.
-    pub(crate) fn builder_shared(store: Arc<dyn Store>) -> LimiterBuilder {
+    pub(crate) fn builder_shared(store: Store) -> LimiterBuilder {
         LimiterBuilder {
             store,
             limits: Vec::new(),
@@ -125,9 +125,9 @@ impl Limiter {
     }
 
     /// Configures a limiter with several limits or a custom timeout.
-    pub fn builder(store: impl Store) -> LimiterBuilder {
+    pub fn builder(store: impl Into<Store>) -> LimiterBuilder {
         LimiterBuilder {
-            store: Arc::new(store),
+            store: store.into(),
             limits: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
             cache_denials: true,
@@ -139,26 +139,37 @@ impl Limiter {
 /// a name used with two quotas (a live limit changes its quota by design),
 /// and whether any is a calendar limit (whose store is then checked for
 /// persistence and eviction: see [`crate::CalendarRate`]).
-fn register(store: &dyn Store, limits: &[LimitSource]) {
-    if let Some(quotas) = store.quotas() {
-        if limits.iter().any(|l| l.load().quota().calendar().is_some()) {
-            quotas.calendar_limit();
-        }
-        let fixed: Vec<Limit> = limits
-            .iter()
-            .filter(|l| l.live().is_none())
-            .map(|l| Limit::clone(&l.load()))
-            .collect();
-        quotas.register(&fixed);
+fn register(store: &Store, limits: &[LimitSource]) {
+    let names = &store.engine().shared().names;
+    if limits.iter().any(|l| l.load().quota().calendar().is_some()) {
+        names.calendar_limit();
     }
+    let fixed: Vec<Limit> = limits
+        .iter()
+        .filter(|l| l.live().is_none())
+        .map(|l| Limit::clone(&l.load()))
+        .collect();
+    names.register(&fixed);
+}
+
+/// The batches of hot keys' permits (see `Limit::with_hot_key`) of every
+/// limiter over a store shared over a network: one set per store, shared
+/// by its clones and every limiter and layer over it, so that a process
+/// holds one batch per hot limit and key, which the bound `HotKey` states
+/// counts on. `None` over the memory store (it serves no batches).
+fn hot_pools(store: &Store) -> Option<Arc<super::HotPools>> {
+    let clock = local_clock(store)?;
+    Some(store.engine().shared().one(|| super::HotPools::new(clock)))
 }
 
 /// For a store shared over a network, the clock of what this process
 /// keeps of its decisions: the store's own when it has one.
-fn local_clock(store: &dyn Store) -> Option<Arc<dyn crate::Clock>> {
-    store.remote().then(|| {
-        store
-            .clock()
+fn local_clock(store: &Store) -> Option<Arc<dyn crate::Clock>> {
+    let shared = store.engine().shared();
+    shared.remote().then(|| {
+        shared
+            .clock
+            .clone()
             .unwrap_or_else(|| Arc::new(crate::SystemClock::new()))
     })
 }

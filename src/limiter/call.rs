@@ -243,7 +243,12 @@ impl Limiter {
             cost,
             timer: StoreTimer::start(),
         };
-        match self.inner.store.decide(checks, max_wait, dry, deadline) {
+        match self
+            .inner
+            .store
+            .engine()
+            .decide(checks, max_wait, dry, deadline)
+        {
             Answer::Now(reply) => Answer::Now(pending.finish(reply, span)),
             // (instrumented only with a span: entering and leaving a
             // disabled one on every poll is not free)
@@ -376,10 +381,6 @@ impl Pending<'_> {
     #[inline(always)]
     fn finish(self, reply: Result<Reply, Error>, span: tracing::Span) -> Result<Grant, Error> {
         self.limiter.called(self.timer, "decide", reply.is_err());
-        #[cfg(feature = "metrics")]
-        if let Ok(reply) = &reply {
-            self.limiter.inner.store.report_size(reply.now);
-        }
         let checks = self.checks;
         let result = reply.and_then(|reply| Limiter::decision_of(checks, reply, self.max_wait));
         let outcome = super::count::outcome_of(&result);

@@ -398,7 +398,7 @@ impl Limiter {
         let store = &self.inner.store;
         let timer = StoreTimer::start();
         let deadline = crate::store::Deadline::after(within);
-        let result = store.settle(checks, how, deadline).get().await;
+        let result = store.engine().settle(checks, how, deadline).get().await;
         let operation = match how {
             Settle::Refund { .. } => "refund",
             Settle::Charge => "charge",

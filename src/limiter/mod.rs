@@ -92,7 +92,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 
 struct Inner {
-    store: Arc<dyn Store>,
+    store: Store,
     limits: Vec<LimitSource>,
     timeout: Duration,
     /// Denials known to hold, for a remote store (see [`DenyCache`]).
@@ -232,7 +232,7 @@ impl Limiter {
         }
         let store = &self.inner.store;
         let timer = StoreTimer::start();
-        let taken = store.take(&checks, self.deadline()).get().await;
+        let taken = store.engine().take(&checks, self.deadline()).get().await;
         timer.finish(|| store.kind(), "take");
         let result = taken.and_then(|(reply, k)| {
             let mut decision = Self::decision_of(&checks, reply, 0)?;
@@ -344,7 +344,7 @@ impl Limiter {
     /// Whether every decision of this limiter's store is made at once (in
     /// memory): the layer then decides inside `call`.
     pub(crate) fn answers_at_once(&self) -> bool {
-        !self.inner.store.remote()
+        !self.inner.store.engine().shared().remote()
     }
 
     /// The decisions whose grant can be given back once ([`Grant::refund`]):
@@ -388,7 +388,13 @@ impl Limiter {
             denials.forget(check.key);
         }
         let timer = StoreTimer::start();
-        let result = self.inner.store.reset(&checks, self.deadline()).get().await;
+        let result = self
+            .inner
+            .store
+            .engine()
+            .reset(&checks, self.deadline())
+            .get()
+            .await;
         timer.finish(|| self.inner.store.kind(), "reset");
         result
     }

@@ -18,9 +18,10 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::backend::Backend;
-use super::{Answer, Check, Deadline, MemoryStore, PenaltyChange, QuotaChange, Settle, Settled};
-use super::{Reply, Store};
+use super::{
+    Answer, Check, Deadline, Engine, MemoryStore, Penalty, Quotas, Quoted, Reply, Settle, Settled,
+    Shared, Store,
+};
 use crate::algorithm::Status;
 use crate::Error;
 
@@ -30,8 +31,7 @@ pub(crate) const PERIODS_COUNTED: u32 = 3;
 
 /// This instance's place in the fleet of instances that share a store.
 #[derive(Debug)]
-#[allow(unreachable_pub)] // named by the store trait `Backend`, never exported
-pub struct Fleet {
+pub(crate) struct Fleet {
     /// Registered in the store by the heartbeat: random, new per store
     /// handle (per process, as separate processes build their own).
     id: String,
@@ -113,6 +113,12 @@ pub(crate) struct FleetShare {
     fleet: Arc<Fleet>,
 }
 
+impl From<FleetShare> for Store {
+    fn from(share: FleetShare) -> Self {
+        Store::of(share)
+    }
+}
+
 type Scaled<'a> = SmallVec<[Check<'a>; 2]>;
 
 impl FleetShare {
@@ -172,9 +178,7 @@ where
     }
 }
 
-impl Store for FleetShare {}
-
-impl Backend for FleetShare {
+impl Engine for FleetShare {
     fn decide<'a>(
         &'a self,
         checks: &'a [Check<'a>],
@@ -241,44 +245,27 @@ impl Backend for FleetShare {
         })
     }
 
-    fn read_quota<'a>(
+    fn quotas<'a>(
         &'a self,
         check: &'a Check<'a>,
         keyed: bool,
+        op: Quotas<'a>,
         deadline: Deadline,
-    ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
-        self.memory.read_quota(check, keyed, deadline)
-    }
-
-    fn write_quota<'a>(
-        &'a self,
-        check: &'a Check<'a>,
-        keyed: bool,
-        change: QuotaChange<'a>,
-        deadline: Deadline,
-    ) -> Answer<'a, Result<bool, Error>> {
-        self.memory.write_quota(check, keyed, change, deadline)
+    ) -> Answer<'a, Result<Quoted, Error>> {
+        self.memory.quotas(check, keyed, op, deadline)
     }
 
     fn penalty<'a>(
         &'a self,
         check: &'a Check<'a>,
-        change: PenaltyChange,
+        op: Penalty,
         deadline: Deadline,
     ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>> {
-        self.memory.penalty(check, change, deadline)
+        self.memory.penalty(check, op, deadline)
     }
 
-    fn kind(&self) -> &'static str {
-        self.memory.kind()
-    }
-
-    fn quotas(&self) -> Option<&super::QuotaRegistry> {
-        self.memory.quotas()
-    }
-
-    fn report_size(&self, now: i64) {
-        self.memory.report_size(now);
+    fn shared(&self) -> &Shared {
+        self.memory.shared()
     }
 }
 

@@ -218,7 +218,7 @@ pub const PATIENT: Duration = Duration::from_secs(10);
 
 /// One limit over `store`, patient with the store, asking it every time.
 pub fn patient_limiter(
-    store: impl tower_ratelimit::Store,
+    store: impl Into<tower_ratelimit::Store>,
     limit: impl Into<tower_ratelimit::LimitSource>,
 ) -> tower_ratelimit::Limiter {
     tower_ratelimit::Limiter::builder(store)
@@ -465,7 +465,7 @@ pub async fn wait_until_held(
 
 /// A limiter of `limits` over `store`, patient with it.
 pub fn limiter_of(
-    store: impl tower_ratelimit::Store,
+    store: impl Into<tower_ratelimit::Store>,
     limits: &[tower_ratelimit::Limit],
 ) -> tower_ratelimit::Limiter {
     limits

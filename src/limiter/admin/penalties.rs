@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::Admin;
 use crate::decision::Decision;
 use crate::limiter::Ask;
-use crate::store::{Check, PenaltyChange};
+use crate::store::{Check, Penalty};
 use crate::{ConfigError, Error, Limit};
 
 /// What [`Admin::inspect`] finds of a key in a limit with a penalty.
@@ -47,7 +47,7 @@ impl Admin<'_> {
         &self,
         limit: &Limit,
         key: &[u8],
-        change: PenaltyChange,
+        change: Penalty,
     ) -> Result<(crate::penalty::PenState, i64), Error> {
         let key = crate::limiter::non_empty(key)?;
         let check = Check {
@@ -56,7 +56,9 @@ impl Admin<'_> {
             cost: 0,
         };
         let store = &self.limiter.inner.store;
-        let changed = store.penalty(&check, change, self.limiter.deadline());
+        let changed = store
+            .engine()
+            .penalty(&check, change, self.limiter.deadline());
         let changed = changed.get().await?;
         changed.ok_or_else(|| ConfigError::Penalty("the limit has no penalty".into()).into())
     }
@@ -104,7 +106,7 @@ impl Admin<'_> {
             .into());
         }
         let us = i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
-        self.change_penalty(&limit, key.as_ref(), PenaltyChange::Block(us))
+        self.change_penalty(&limit, key.as_ref(), Penalty::Block(us))
             .await?;
         Ok(())
     }
@@ -124,9 +126,7 @@ impl Admin<'_> {
         if let Some(denials) = &self.limiter.inner.denials {
             denials.forget(key);
         }
-        let (before, now) = self
-            .change_penalty(&limit, key, PenaltyChange::Unblock)
-            .await?;
+        let (before, now) = self.change_penalty(&limit, key, Penalty::Unblock).await?;
         Ok(before.blocked(now).is_some())
     }
 
@@ -138,9 +138,7 @@ impl Admin<'_> {
     pub async fn inspect(self, limit: &str, key: impl AsRef<[u8]>) -> Result<Inspection, Error> {
         let limit = self.penalized(limit)?;
         let key = key.as_ref();
-        let (state, now) = self
-            .change_penalty(&limit, key, PenaltyChange::Read)
-            .await?;
+        let (state, now) = self.change_penalty(&limit, key, Penalty::Read).await?;
         let check = [Check {
             limit: &limit,
             key,

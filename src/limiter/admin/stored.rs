@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::Admin;
-use crate::store::{Check, Deadline, QuotaChange};
+use crate::store::{Check, Deadline, Quotas, Quoted};
 use crate::{ConfigError, Error, Limit, Quota};
 
 /// The check that names where `own`'s kept quota is: `key`'s override, or
@@ -80,10 +80,13 @@ impl Admin<'_> {
         let check = kept_check(&own, key);
         let store = &self.limiter.inner.store;
         let deadline = self.stored_deadline();
-        store
-            .read_quota(&check, key.is_some(), deadline)
-            .get()
-            .await
+        let read = store
+            .engine()
+            .quotas(&check, key.is_some(), Quotas::Read, deadline);
+        match read.get().await? {
+            Quoted::Read(quota) => Ok(quota),
+            Quoted::Changed(_) => Ok(None),
+        }
     }
 
     async fn write(
@@ -96,18 +99,23 @@ impl Admin<'_> {
     ) -> Result<bool, Error> {
         let (own, kept) = self.kept(name, key, quota)?;
         let change = match &kept {
-            Some(limit) => QuotaChange::Keep {
+            Some(limit) => Quotas::Keep {
                 limit,
                 ttl,
                 if_absent,
             },
-            None => QuotaChange::Remove,
+            None => Quotas::Remove,
         };
         let check = kept_check(&own, key);
         let store = &self.limiter.inner.store;
         let deadline = self.stored_deadline();
-        let written = store.write_quota(&check, key.is_some(), change, deadline);
-        written.get().await
+        let written = store
+            .engine()
+            .quotas(&check, key.is_some(), change, deadline);
+        match written.get().await? {
+            Quoted::Changed(changed) => Ok(changed),
+            Quoted::Read(_) => Ok(false),
+        }
     }
 
     /// The quota kept in the store for the limit `limit` (Redisson's

@@ -1,7 +1,7 @@
 //! Hot keys (see [`Limit::with_hot_key`]): permits taken from the store in batches
 //! and granted in this process.
 //!
-//! The pools are the store's (`Backend::hot_pools`): every limiter and
+//! The pools are the store's (one per store, kept by `Shared::one`): every limiter and
 //! layer over one store (its clones included) shares them, so a process
 //! holds one batch per hot limit and key, however many layers apply the
 //! limit. A limiter whose limit of that name differs (another quota or
@@ -51,8 +51,7 @@ use crate::{Error, Limit};
 pub(crate) const MAX_POOLS: usize = 1024;
 
 /// The pools of the hot keys of every limiter over one store.
-#[allow(unreachable_pub)] // named by the store trait `Backend`, never exported
-pub struct HotPools {
+pub(crate) struct HotPools {
     clock: Arc<dyn Clock>,
     pools: Mutex<Pools>,
 }

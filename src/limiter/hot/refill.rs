@@ -72,7 +72,13 @@ impl HotPools {
         }];
         let sent = hot.now();
         let timer = StoreTimer::start();
-        let taken = limiter.inner.store.take(&batch, deadline).get().await;
+        let taken = limiter
+            .inner
+            .store
+            .engine()
+            .take(&batch, deadline)
+            .get()
+            .await;
         limiter.called(timer, "take", taken.is_err());
         let taken = taken.and_then(|(reply, k)| Ok((Limiter::decision_of(&batch, reply, 0)?, k)));
         let (decision, k) = match taken {

@@ -8,14 +8,13 @@ use super::penalized::{is_penalized, Run};
 use super::MemoryStore;
 use crate::algorithm::Reply;
 use crate::penalty::PenState;
-use crate::store::backend::Backend;
 use crate::store::keys::{bounded_keys, bounded_one, is_bounded};
-use crate::store::{Answer, Check, Deadline, PenaltyChange, QuotaChange, Settle, Settled, Store};
+use crate::store::{
+    Answer, Check, Deadline, Engine, Penalty, Quotas, Quoted, Settle, Settled, Shared,
+};
 use crate::Error;
 
-impl Store for MemoryStore {}
-
-impl Backend for MemoryStore {
+impl Engine for MemoryStore {
     fn decide<'a>(
         &'a self,
         checks: &'a [Check<'a>],
@@ -25,18 +24,21 @@ impl Backend for MemoryStore {
     ) -> Answer<'a, Result<Reply, Error>> {
         // one limit that none of the steps below changes: straight to the
         // decision, without the steps' closures
-        if let [check] = checks {
-            if is_bounded(check) && !is_penalized(check) && !may_be_kept(check) {
-                return Answer::Now(Ok(self.decide_now(checks, max_wait, dry)));
+        let reply = match checks {
+            [check] if is_bounded(check) && !is_penalized(check) && !may_be_kept(check) => {
+                self.decide_now(checks, max_wait, dry)
             }
-        }
-        Answer::Now(Ok(bounded_keys(checks, |checks| {
-            self.with_penalties(checks, Run::Decide { max_wait, dry }, |checks, blocked| {
-                self.with_kept(checks, |checks| {
-                    self.decide_now(checks, max_wait, dry || blocked)
+            _ => bounded_keys(checks, |checks| {
+                self.with_penalties(checks, Run::Decide { max_wait, dry }, |checks, blocked| {
+                    self.with_kept(checks, |checks| {
+                        self.decide_now(checks, max_wait, dry || blocked)
+                    })
                 })
-            })
-        })))
+            }),
+        };
+        #[cfg(feature = "metrics")]
+        self.inner.size_gauge.report(reply.now, || self.len());
+        Answer::Now(Ok(reply))
     }
 
     fn reset<'a>(&'a self, checks: &'a [Check<'a>], _: Deadline) -> Answer<'a, Result<(), Error>> {
@@ -77,44 +79,32 @@ impl Backend for MemoryStore {
     fn penalty<'a>(
         &'a self,
         check: &'a Check<'a>,
-        change: PenaltyChange,
+        op: Penalty,
         _: Deadline,
     ) -> Answer<'a, Result<Option<(PenState, i64)>, Error>> {
-        let changed = bounded_one(check, |check| self.change_pen_now(check, change));
+        let changed = bounded_one(check, |check| self.change_pen_now(check, op));
         Answer::Now(changed.transpose().map(Option::flatten))
     }
 
-    fn read_quota<'a>(
+    fn quotas<'a>(
         &'a self,
         check: &'a Check<'a>,
         keyed: bool,
+        op: Quotas<'a>,
         _: Deadline,
-    ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
-        let read = bounded_one(check, |check| self.read_quota_now(check, keyed));
-        Answer::Now(Ok(read.flatten()))
+    ) -> Answer<'a, Result<Quoted, Error>> {
+        Answer::Now(Ok(match op {
+            Quotas::Read => Quoted::Read(
+                bounded_one(check, |check| self.read_quota_now(check, keyed)).flatten(),
+            ),
+            change => Quoted::Changed(
+                bounded_one(check, |check| self.write_quota_now(check, keyed, change))
+                    .unwrap_or(false),
+            ),
+        }))
     }
 
-    fn write_quota<'a>(
-        &'a self,
-        check: &'a Check<'a>,
-        keyed: bool,
-        change: QuotaChange<'a>,
-        _: Deadline,
-    ) -> Answer<'a, Result<bool, Error>> {
-        let written = bounded_one(check, |check| self.write_quota_now(check, keyed, change));
-        Answer::Now(Ok(written.unwrap_or(false)))
-    }
-
-    fn kind(&self) -> &'static str {
-        "memory"
-    }
-
-    fn quotas(&self) -> Option<&crate::store::QuotaRegistry> {
-        Some(&self.inner.quotas)
-    }
-
-    #[cfg(feature = "metrics")]
-    fn report_size(&self, now: i64) {
-        self.inner.size_gauge.report(now, || self.len());
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
     }
 }

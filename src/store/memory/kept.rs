@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use super::key::{Hasher, Key};
 use super::{lock, Inner, MemoryStore};
 use crate::algorithm::{Params, Reply};
-use crate::store::{Check, QuotaChange};
+use crate::store::{Check, Quotas};
 use crate::Limit;
 
 /// The quotas kept by limit name, and how many overrides all shards hold.
@@ -180,7 +180,7 @@ impl MemoryStore {
         &self,
         check: &Check<'_>,
         keyed: bool,
-        change: QuotaChange<'_>,
+        change: Quotas<'_>,
     ) -> bool {
         let inner = &*self.inner;
         let name = check.limit.shared_name();
@@ -189,14 +189,15 @@ impl MemoryStore {
             let current = inner.kept.limits.load_full();
             let mut next = HashMap::clone(&current);
             let changed = match change {
-                QuotaChange::Keep {
+                Quotas::Keep {
                     if_absent: true, ..
                 } if next.contains_key(name) => false,
-                QuotaChange::Keep { limit, .. } => {
+                Quotas::Keep { limit, .. } => {
                     next.insert(name, limit.clone());
                     true
                 }
-                QuotaChange::Remove => next.remove(name).is_some(),
+                Quotas::Remove => next.remove(name).is_some(),
+                Quotas::Read => false,
             };
             inner.kept.limits.store(Arc::new(next));
             return changed;
@@ -214,10 +215,10 @@ impl MemoryStore {
             found => found.is_some(),
         };
         match change {
-            QuotaChange::Keep {
+            Quotas::Keep {
                 if_absent: true, ..
             } if lasting => false,
-            QuotaChange::Keep { limit, ttl, .. } => {
+            Quotas::Keep { limit, ttl, .. } => {
                 let until = ttl.map(|ttl| {
                     let us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
                     now.saturating_add(us.max(1))
@@ -232,13 +233,14 @@ impl MemoryStore {
                 }
                 true
             }
-            QuotaChange::Remove => {
+            Quotas::Remove => {
                 let removed = shard.overrides.remove(&id).is_some();
                 if removed {
                     inner.kept.overrides.fetch_sub(1, Ordering::AcqRel);
                 }
                 removed && lasting
             }
+            Quotas::Read => false,
         }
     }
 }
@@ -248,8 +250,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::store::backend::Backend;
     use crate::store::Deadline;
+    use crate::store::Engine;
     use crate::{ManualClock, Quota};
 
     /// An ended override is dropped by the first decision of its key after
@@ -270,7 +272,7 @@ mod tests {
             key: b"k",
             cost: 1,
         };
-        let keep = QuotaChange::Keep {
+        let keep = Quotas::Keep {
             limit: &kept,
             ttl: Some(second),
             if_absent: false,

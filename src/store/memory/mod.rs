@@ -51,7 +51,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     #[cfg(feature = "metrics")]
     size_gauge: crate::metrics::SizeGauge,
-    quotas: super::QuotaRegistry,
+    shared: super::Shared,
     /// Quotas kept in the store (see `Limit::quota_from_store`).
     kept: kept::Kept,
     /// Penalty states, by the shard of their key (see `penalized.rs`).
@@ -179,10 +179,10 @@ impl MemoryStore {
             inner: Arc::new(Inner {
                 shards,
                 hasher: Hasher(foldhash::quality::RandomState::default()),
-                clock: builder.clock,
+                clock: builder.clock.clone(),
                 #[cfg(feature = "metrics")]
                 size_gauge: Default::default(),
-                quotas: Default::default(),
+                shared: super::Shared::new("memory", Some(builder.clock.clone()), None),
                 kept: Default::default(),
                 pens: penalized::pens(),
                 limits: Default::default(),
@@ -351,8 +351,8 @@ mod tests {
     use std::time::Duration;
 
     use super::{lock, Check, MemoryStore};
-    use crate::store::backend::Backend;
     use crate::store::keys::MAX_RAW_KEY;
+    use crate::store::Engine;
     use crate::store::{Answer, Deadline};
     use crate::{Limit, Quota};
 
@@ -405,7 +405,7 @@ mod several_shards {
 
     use super::key::Hasher;
     use super::{Check, MemoryStore};
-    use crate::store::backend::Backend;
+    use crate::store::Engine;
     use crate::store::{Answer, Deadline};
     use crate::{Limit, Quota};
 

@@ -19,8 +19,8 @@ use super::share::{Kind, Usage};
 use super::{lock, Inner, MemoryStore, SHARDS};
 use crate::algorithm::{Outcome, Reply, Status};
 use crate::penalty::{PenParams, PenState};
-use crate::store::backend::PenaltyChange;
 use crate::store::Check;
+use crate::store::Penalty;
 use crate::Error;
 
 /// Penalty states of each shard a full penalty half compares, to choose
@@ -582,7 +582,7 @@ impl MemoryStore {
         ran
     }
 
-    /// Changes `check`'s penalty state (see [`PenaltyChange`]); its state
+    /// Changes `check`'s penalty state (see [`Penalty`]); its state
     /// after a block (before a forget), and the store time.
     /// [`Error::PenaltyNotStored`] when a new block finds penalty states
     /// taking half the store's bound, none of which can be given up (see
@@ -590,7 +590,7 @@ impl MemoryStore {
     pub(super) fn change_pen_now(
         &self,
         check: &Check<'_>,
-        change: PenaltyChange,
+        change: Penalty,
     ) -> Result<Option<(PenState, i64)>, Error> {
         let inner = &*self.inner;
         let Some(p) = check.limit.pen_params() else {
@@ -601,14 +601,14 @@ impl MemoryStore {
         let now = inner.clock.now_micros();
         let mut state = inner.pen_state(&mut pens, hash, check, p, now);
         match change {
-            PenaltyChange::Read => {}
-            PenaltyChange::Block(us) => {
+            Penalty::Read => {}
+            Penalty::Block(us) => {
                 state.block(now, us);
                 if !inner.put_pen(&mut pens, hash, check, p, state, now, false) {
                     return Err(Error::PenaltyNotStored);
                 }
             }
-            PenaltyChange::Unblock => {
+            Penalty::Unblock => {
                 let name = check.limit.shared_name();
                 if let Some(i) = pens.find(hash, name, check.key) {
                     if pens.remove(i).is_some() {
@@ -653,8 +653,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::store::backend::Backend;
     use crate::store::Deadline;
+    use crate::store::Engine;
     use crate::{Clock, Limit, ManualClock, Penalty, Quota};
 
     /// A penalty state counts among the store's keys while it matters, and

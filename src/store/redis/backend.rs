@@ -2,14 +2,12 @@
 //! settlement and a take, each one call of the library (or one per slot of
 //! a cluster).
 
-use std::sync::Arc;
-
 use super::encode::Operation;
 use super::RedisStore;
 use crate::algorithm::Reply;
-use crate::clock::Clock;
-use crate::store::backend::Backend;
-use crate::store::{Answer, Check, Deadline, MemoryStore, QuotaChange, Settle, Settled, Store};
+use crate::store::{
+    Answer, Check, Deadline, Engine, Penalty, Quotas, Quoted, Settle, Settled, Shared,
+};
 use crate::Error;
 
 /// Reads `packed`, the library's reply to a call over `limits` limits, with
@@ -26,9 +24,7 @@ pub(super) fn read_reply<T>(
     })
 }
 
-impl Store for RedisStore {}
-
-impl Backend for RedisStore {
+impl Engine for RedisStore {
     fn decide<'a>(
         &'a self,
         checks: &'a [Check<'a>],
@@ -38,7 +34,7 @@ impl Backend for RedisStore {
     ) -> Answer<'a, Result<Reply, Error>> {
         let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
-            if self.inner.quotas.take_calendar_check() {
+            if self.inner.shared.names.take_calendar_check() {
                 self.check_durability();
             }
             #[cfg(feature = "cluster")]
@@ -113,72 +109,34 @@ impl Backend for RedisStore {
         }))
     }
 
-    fn read_quota<'a>(
+    fn quotas<'a>(
         &'a self,
         check: &'a Check<'a>,
         keyed: bool,
+        op: Quotas<'a>,
         deadline: Deadline,
-    ) -> Answer<'a, Result<Option<crate::Quota>, Error>> {
-        Answer::Later(Box::pin(self.read_quota_now(
-            check,
-            keyed,
-            deadline.start(),
-        )))
-    }
-
-    fn write_quota<'a>(
-        &'a self,
-        check: &'a Check<'a>,
-        keyed: bool,
-        change: QuotaChange<'a>,
-        deadline: Deadline,
-    ) -> Answer<'a, Result<bool, Error>> {
-        let written = self.write_quota_now(check, keyed, change, deadline.start());
-        Answer::Later(Box::pin(written))
+    ) -> Answer<'a, Result<Quoted, Error>> {
+        let deadline = deadline.start();
+        Answer::Later(Box::pin(async move {
+            Ok(match op {
+                Quotas::Read => Quoted::Read(self.read_quota_now(check, keyed, deadline).await?),
+                change => {
+                    Quoted::Changed(self.write_quota_now(check, keyed, change, deadline).await?)
+                }
+            })
+        }))
     }
 
     fn penalty<'a>(
         &'a self,
         check: &'a Check<'a>,
-        change: crate::store::PenaltyChange,
+        op: Penalty,
         deadline: Deadline,
     ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>> {
-        Answer::Later(Box::pin(self.penalty_now(check, change, deadline.start())))
+        Answer::Later(Box::pin(self.penalty_now(check, op, deadline.start())))
     }
 
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        self.inner.clock.clone()
-    }
-
-    fn remote(&self) -> bool {
-        true
-    }
-
-    fn fallback(&self) -> Option<MemoryStore> {
-        Some(self.inner.fallback.get_or_init(MemoryStore::new).clone())
-    }
-
-    fn fleet(&self) -> Option<Arc<crate::store::fleet::Fleet>> {
-        RedisStore::fleet(self)
-    }
-
-    fn hot_pools(&self) -> Option<Arc<crate::limiter::HotPools>> {
-        let pools = self.inner.hot.get_or_init(|| {
-            let clock = self
-                .inner
-                .clock
-                .clone()
-                .unwrap_or_else(|| Arc::new(crate::SystemClock::new()));
-            Arc::new(crate::limiter::HotPools::new(clock))
-        });
-        Some(pools.clone())
-    }
-
-    fn kind(&self) -> &'static str {
-        "redis"
-    }
-
-    fn quotas(&self) -> Option<&crate::store::QuotaRegistry> {
-        Some(&self.inner.quotas)
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
     }
 }

@@ -235,20 +235,24 @@ impl RedisStoreBuilder {
             }
         }
         Ok(RedisStore {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
                 prefix: self.prefix,
                 mode: AtomicU8::new(UNTRIED),
                 loading: tokio::sync::Mutex::new(()),
                 scripts_until: Mutex::new(None),
                 load_failed: AtomicBool::new(false),
                 lanes: Lanes::new(connector, self.lanes),
-                clock: self.clock,
                 slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
-                fallback: OnceLock::new(),
                 fleet: OnceLock::new(),
                 heartbeat: self.heartbeat,
-                hot: OnceLock::new(),
-                quotas: Default::default(),
+                shared: crate::store::Shared::new(
+                    "redis",
+                    self.clock,
+                    Some(crate::store::Fallback::new({
+                        let weak = weak.clone();
+                        move || RedisStore::fleet_of(weak.upgrade()?)
+                    })),
+                ),
                 batcher: Default::default(),
                 coalesce: self.coalesce,
             }),

@@ -26,7 +26,7 @@ use smallvec::SmallVec;
 
 use super::RedisStore;
 use crate::algorithm::{Outcome, Params, Reply};
-use crate::store::backend::Backend;
+use crate::store::Engine;
 use crate::store::{keys, Check, Deadline, Settle, Settled};
 use crate::Error;
 

@@ -298,7 +298,12 @@ impl RedisStore {
     /// into one buffer.
     pub(super) fn encode(&self, checks: &[Check<'_>], operation: Operation) -> Encoded {
         let mut out = self.encode_keys(checks, true);
-        let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
+        let now = self
+            .inner
+            .shared
+            .clock
+            .as_ref()
+            .map_or(0, |c| c.now_micros());
         let slack = self.inner.slack;
         let base = Options::default()
             .with(Opt::Now, now)

@@ -39,7 +39,13 @@ return redis.call('ZCARD', KEYS[1])
 ";
 
 impl RedisStore {
-    /// The store's fleet, its heartbeat started (see `Backend::fleet`).
+    /// The fleet of the store `inner`, its heartbeat started (see
+    /// [`Fallback::fleet`](crate::store::Fallback::fleet)).
+    pub(super) fn fleet_of(inner: Arc<Inner>) -> Option<Arc<Fleet>> {
+        RedisStore { inner }.fleet()
+    }
+
+    /// The store's fleet, its heartbeat started.
     pub(super) fn fleet(&self) -> Option<Arc<Fleet>> {
         let period = self.inner.heartbeat;
         if period.is_zero() {
@@ -71,7 +77,7 @@ impl RedisStore {
     async fn heartbeat(&self, fleet: &Fleet, period: Duration) -> Result<u64, Error> {
         let counted = period.saturating_mul(PERIODS_COUNTED);
         let counted = u64::try_from(counted.as_millis()).unwrap_or(u64::MAX);
-        let now = match &self.inner.clock {
+        let now = match &self.inner.shared.clock {
             Some(clock) => (clock.now_micros() / 1000).to_string(),
             None => String::new(),
         };

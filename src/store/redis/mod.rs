@@ -35,8 +35,7 @@ use self::builder::Target;
 use self::conn::Lanes;
 use self::encode::Operation;
 use self::script::DELIVERY;
-use super::{Check, Deadline, MemoryStore, Settle, Settled};
-use crate::clock::Clock;
+use super::{Check, Deadline, Settle, Settled};
 use crate::{ConfigError, Error};
 
 struct Inner {
@@ -54,21 +53,16 @@ struct Inner {
     load_failed: AtomicBool,
     /// The connections, and what replaces them when they fail.
     lanes: Arc<Lanes>,
-    clock: Option<Arc<dyn Clock>>,
     /// Microseconds keys outlive their state.
     slack: i64,
-    /// Decides while Redis fails (see `Backend::fallback`); made on first use.
-    fallback: OnceLock<MemoryStore>,
     /// This handle's place among the instances sharing the store, kept by
     /// a heartbeat every `heartbeat` (see `fleet.rs`); made when the
     /// fallback is set up.
     fleet: OnceLock<Arc<crate::store::fleet::Fleet>>,
     /// The fleet heartbeat's period; zero: none.
     heartbeat: std::time::Duration,
-    /// The hot keys' batches of every limiter over this store (see
-    /// `Backend::hot_pools`); made on first use.
-    hot: OnceLock<Arc<crate::limiter::HotPools>>,
-    quotas: super::QuotaRegistry,
+    /// The clock, the names, the fallback (see [`Shared`](super::Shared)).
+    shared: super::Shared,
     /// Decisions waiting to go out together (see `batch.rs`).
     batcher: batch::Batcher,
     /// Whether decisions are coalesced (per slot on a cluster).

@@ -19,10 +19,10 @@ use std::sync::Mutex;
 
 use super::encode::Encoded;
 use super::RedisStore;
-use crate::algorithm::wire::{Op, Opt, Options, PenaltyOp};
+use crate::algorithm::wire::{Op, Opt, Options};
 use crate::algorithm::Params;
 use crate::penalty::PenState;
-use crate::store::{lock, Check, Deadline, PenaltyChange, QuotaChange};
+use crate::store::{lock, Check, Deadline, Penalty, Quotas};
 use crate::{Error, Quota};
 
 /// Hashes written at once while a limit's quota is copied to every slot.
@@ -80,7 +80,7 @@ impl RedisStore {
 
     /// The store's time (us): its clock's, or the server's `TIME`.
     async fn store_now(&self, deadline: Deadline) -> Result<i64, Error> {
-        if let Some(clock) = &self.inner.clock {
+        if let Some(clock) = &self.inner.shared.clock {
             return Ok(clock.now_micros());
         }
         let (secs, micros): (i64, i64) = self.command(redis::cmd("TIME"), deadline).await?;
@@ -118,7 +118,7 @@ impl RedisStore {
         &self,
         check: &Check<'_>,
         keyed: bool,
-        change: QuotaChange<'_>,
+        change: Quotas<'_>,
         deadline: Deadline,
     ) -> Result<bool, Error> {
         let place = self.place(check, keyed);
@@ -129,7 +129,8 @@ impl RedisStore {
         // whether an override lasts (an ended one is replaced or dropped)
         let lasting = keyed && self.read_quota_now(check, true, deadline).await?.is_some();
         let changed = match change {
-            QuotaChange::Keep {
+            Quotas::Read => return Ok(false),
+            Quotas::Keep {
                 limit,
                 ttl,
                 if_absent,
@@ -162,7 +163,7 @@ impl RedisStore {
                 }
                 written
             }
-            QuotaChange::Remove => {
+            Quotas::Remove => {
                 let deleted = self.change(first, "HDEL", &[field], deadline).await?;
                 self.copy_everywhere(copies, None, deadline).await?;
                 // an override that had ended counts as none
@@ -229,7 +230,7 @@ impl RedisStore {
     pub(super) async fn penalty_now(
         &self,
         check: &Check<'_>,
-        change: PenaltyChange,
+        change: Penalty,
         deadline: Deadline,
     ) -> Result<Option<(PenState, i64)>, Error> {
         if check.limit.pen_params().is_none() {
@@ -239,17 +240,18 @@ impl RedisStore {
         let Some(key) = encoded.keys().last() else {
             return Ok(None);
         };
-        let now = self.inner.clock.as_ref().map_or(0, |c| c.now_micros());
-        let (what, us) = match change {
-            PenaltyChange::Read => (PenaltyOp::Read, 0),
-            PenaltyChange::Block(us) => (PenaltyOp::Block, us),
-            PenaltyChange::Unblock => (PenaltyOp::Forget, 0),
-        };
+        let now = self
+            .inner
+            .shared
+            .clock
+            .as_ref()
+            .map_or(0, |c| c.now_micros());
+        let (what, us) = change.code();
         let mut options = Vec::new();
         Options::op(Op::Penalty)
             .with(Opt::Now, now)
             .with(Opt::Slack, self.inner.slack)
-            .with(Opt::At, what as i64)
+            .with(Opt::At, what)
             .with(Opt::Block, us)
             .write(&mut options);
         let encoded = Encoded::penalty(key, &options, check.limit);
