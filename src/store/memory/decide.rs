@@ -1,33 +1,27 @@
-//! One atomic decision over a limiter's checks: every key's state located
-//! under its shard's lock, prepared, decided by the caller (see
-//! `algorithm::decide`, `take`, `charge`) and put back.
-//!
-//! The decision is written once, over a [`Width`]: how it holds one value
-//! per check. A decision over one limit (the common case) holds them in
-//! one-element arrays, so nothing is collected; others in `SmallVec`s.
+//! How a decision over the rate states (see `States::decide`) holds one
+//! value per check and locks its shards: the decision is written once,
+//! over a [`Width`]. A decision over one limit (the common case) holds its
+//! values in one-element arrays, so nothing is collected, and one plain
+//! guard; others in `SmallVec`s, their shards locked in order.
 
 use std::sync::{Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
-use super::key::Hasher;
 use super::table::{Found, Shard, Table};
-use super::write::Put;
-use super::{lock, MemoryStore};
-use crate::algorithm::{self, Operand, Reply, State};
-use crate::store::Check;
+use crate::store::{lock, Check};
 
 /// Where a decision finds one check's state: its key's hash and shard, the
 /// index of that shard's lock among the decision's, its table there, its
 /// slot, and whether preparing the state moved it back to the decision's
 /// clock.
-struct Place {
-    hash: u64,
-    shard: usize,
-    lock: usize,
-    table: usize,
-    found: Found,
-    moved: bool,
+pub(super) struct Place {
+    pub(super) hash: u64,
+    pub(super) shard: usize,
+    pub(super) lock: usize,
+    pub(super) table: usize,
+    pub(super) found: Found,
+    pub(super) moved: bool,
 }
 
 /// A lock of a decision on several limits: a shard, and its guard when this
@@ -35,7 +29,7 @@ struct Place {
 type Lock<'s> = (usize, Option<MutexGuard<'s, Shard>>);
 
 /// How a decision holds one value per check.
-trait Width {
+pub(super) trait Width {
     /// The checks, as the decision receives them.
     type Checks<'c, 'a: 'c>: Copy + AsRef<[Check<'a>]>;
     /// One value per check.
@@ -69,7 +63,7 @@ trait Width {
 }
 
 /// One check: values in one-element arrays.
-struct One;
+pub(super) struct One;
 
 impl Width for One {
     type Checks<'c, 'a: 'c> = &'c [Check<'a>; 1];
@@ -111,7 +105,7 @@ impl Width for One {
 }
 
 /// Any number of checks: values in `SmallVec`s.
-struct Many;
+pub(super) struct Many;
 
 impl Width for Many {
     type Checks<'c, 'a: 'c> = &'c [Check<'a>];
@@ -169,126 +163,11 @@ impl Width for Many {
     }
 }
 
-impl MemoryStore {
-    /// One atomic decision over `checks` with every key's state prepared and
-    /// locked: `decide` makes it and says whether the states are written
-    /// back.
-    #[inline(always)]
-    pub(super) fn decide_with(
-        &self,
-        checks: &[Check<'_>],
-        decide: impl FnOnce(&mut [Operand<'_>], i64) -> (Reply, bool),
-    ) -> Reply {
-        match <&[Check<'_>; 1]>::try_from(checks) {
-            Ok(one) => self.decide_in::<One>(one, decide),
-            Err(_) => self.decide_in::<Many>(checks, decide),
-        }
-    }
-
-    #[inline(always)]
-    fn decide_in<'c, 'a: 'c, W: Width>(
-        &self,
-        checks: W::Checks<'c, 'a>,
-        decide: impl FnOnce(&mut [Operand<'_>], i64) -> (Reply, bool),
-    ) -> Reply {
-        let inner = &*self.inner;
-        let store_now = inner.clock.now_micros();
-        let mut places = W::each(checks, |check| {
-            let hash = inner.hasher.hash(check.key);
-            Place {
-                hash,
-                shard: Hasher::shard(hash),
-                lock: 0,
-                table: 0,
-                found: Found::Absent,
-                moved: false,
-            }
-        });
-        let mut locks = W::lock(&inner.shards, &mut places);
-
-        // Where each check's state is. Nothing moves until the write-back,
-        // where the limits of a limiter, having distinct names, each write
-        // their own table. As in `lua/driver.lua`, the decision's clock is
-        // the latest of the store's and of every key's last write as
-        // believed (at most the limit's horizon ahead), so within that time
-        // it never runs back.
-        let mut now = store_now;
-        for (check, place) in checks.as_ref().iter().zip(places.as_mut()) {
-            let Some(shard) = W::shard(&mut locks, place) else {
-                continue;
-            };
-            place.table = shard.table(check.limit, &inner.limits);
-            let table = &mut shard.tables[place.table];
-            place.found = inner.locate(table, place.hash, check.key, store_now);
-            if let Some(slot) = table.found(place.found) {
-                now = now.max(algorithm::believed(
-                    store_now,
-                    slot.written,
-                    check.limit.params(),
-                ));
-            }
-        }
-
-        let mut ops = W::zip(checks, &mut places, |check, place| {
-            let p = check.limit.params();
-            let (state, moved) = match table_of::<W>(&mut locks, place) {
-                Some(table) => table.prepare(place.found, p, now),
-                None => State::prepare(None, p, now, now),
-            };
-            place.moved = moved;
-            Operand {
-                state,
-                p,
-                cost: check.cost,
-            }
-        });
-        let (reply, write) = decide(ops.as_mut(), now);
-
-        let (mut added, mut full) = (false, false);
-        W::each_taken(checks, ops, &places, |check, op, place| {
-            if let Some(table) = table_of::<W>(&mut locks, place) {
-                match inner.write_back(
-                    table,
-                    check,
-                    op.state,
-                    place.found,
-                    place.hash,
-                    write,
-                    place.moved,
-                    now,
-                    store_now,
-                ) {
-                    Put::Kept => {}
-                    Put::Added => added = true,
-                    Put::Full => full = true,
-                }
-            }
-        });
-        if full {
-            // once every state is back (a state given up moves others'
-            // slots): room for each new key first, so that none takes the
-            // place of another made by this decision, then the keys
-            for place in places.as_ref() {
-                if let Some(shard) = W::shard(&mut locks, place) {
-                    inner.make_room(shard, place.table, place.hash, store_now);
-                }
-            }
-            for place in places.as_ref() {
-                if let Some(shard) = W::shard(&mut locks, place) {
-                    added |= inner.add_at_bound(shard, place.table, place.hash);
-                }
-            }
-        }
-        drop(locks);
-        if added {
-            self.ensure_reclaimer();
-        }
-        reply
-    }
-}
-
 /// The table `place` locates its check in, while `locks` hold it.
 #[inline(always)]
-fn table_of<'t, W: Width>(locks: &'t mut W::Locks<'_>, place: &Place) -> Option<&'t mut Table> {
+pub(super) fn table_of<'t, W: Width>(
+    locks: &'t mut W::Locks<'_>,
+    place: &Place,
+) -> Option<&'t mut Table> {
     W::shard(locks, place)?.tables.get_mut(place.table)
 }

@@ -1,28 +1,33 @@
 //! Quotas kept in the store (see `Limit::quota_from_store`): a limit's, in
 //! a map swapped whole on a change (read without a lock), and a key's
-//! override, in the shard of the key beside its state (an ended one is
+//! override, in one of [`SHARDS`] maps by the key's hash (an ended one is
 //! dropped when looked up, or by the background sweep, `reclaim.rs`).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
 use super::key::{Hasher, Key};
-use super::{lock, Inner, MemoryStore};
-use crate::algorithm::{Params, Reply};
-use crate::store::{Check, Quotas};
+use super::{Replied, SHARDS};
+use crate::clock::Clock;
+use crate::store::{lock, Check, Quotas};
 use crate::Limit;
 
-/// The quotas kept by limit name, and how many overrides all shards hold.
-#[derive(Default)]
+/// The quotas kept in a store.
 pub(super) struct Kept {
+    clock: Arc<dyn Clock>,
+    /// By limit name.
     limits: ArcSwap<HashMap<&'static str, Limit>>,
     /// Held while `limits` is replaced.
     writing: Mutex<()>,
-    pub(super) overrides: std::sync::atomic::AtomicUsize,
+    /// Keys' overrides, by their key's shard.
+    overrides: Box<[Mutex<Overrides>]>,
+    hasher: Hasher,
+    /// How many overrides all shards hold.
+    count: AtomicUsize,
 }
 
 /// A key's override of a limit's quota.
@@ -44,77 +49,29 @@ pub(super) fn sweep_overrides(overrides: &mut Overrides, now: i64) -> usize {
     before - overrides.len()
 }
 
-impl Inner {
-    /// `check`'s override, while it lasts (one that has ended is dropped).
-    fn override_of(&self, check: &Check<'_>, now: i64) -> Option<Limit> {
-        if self.kept.overrides.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let hash = self.hasher.hash(check.key);
-        let mut shard = lock(&self.shards[Hasher::shard(hash)]);
-        let id = (check.limit.shared_name(), Key::from_slice(check.key));
-        match shard.overrides.get(&id) {
-            Some(o) if o.until.is_none_or(|until| until > now) => Some(o.limit.clone()),
-            Some(_) => {
-                shard.overrides.remove(&id);
-                self.kept.overrides.fetch_sub(1, Ordering::AcqRel);
-                None
-            }
-            None => None,
-        }
-    }
-
-    /// The quota kept for `check`: its key's override, else its limit's;
-    /// one of another algorithm than the limit's does not count.
-    fn kept_for(&self, check: &Check<'_>, now: i64) -> Option<Limit> {
-        let algorithm = check.limit.params().algorithm();
-        let same = |limit: &Limit| limit.params().algorithm() == algorithm;
-        if let Some(limit) = self.override_of(check, now).filter(same) {
-            return Some(limit);
-        }
-        let limits = self.kept.limits.load();
-        limits
-            .get(check.limit.shared_name())
-            .filter(|l| same(l))
-            .cloned()
-    }
-}
-
 /// Whether `check`'s quota may be kept in the store.
 #[inline(always)]
 pub(super) fn may_be_kept(check: &Check<'_>) -> bool {
     check.limit.is_quota_from_store()
 }
 
-/// What an operation answers, told which kept quotas decided (see
-/// [`MemoryStore::with_kept`]).
-pub(super) trait Decided {
-    /// Told nothing by default: an answer without statuses.
-    fn decided_by(&mut self, _: Box<[Option<Params>]>) {}
-}
-
-impl Decided for Reply {
-    fn decided_by(&mut self, stored: Box<[Option<Params>]>) {
-        self.stored = Some(stored);
+impl Kept {
+    pub(super) fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            limits: ArcSwap::default(),
+            writing: Mutex::new(()),
+            overrides: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: Hasher(foldhash::quality::RandomState::default()),
+            count: AtomicUsize::new(0),
+        }
     }
-}
 
-impl Decided for (Reply, i64) {
-    fn decided_by(&mut self, stored: Box<[Option<Params>]>) {
-        self.0.stored = Some(stored);
-    }
-}
-
-impl Decided for () {}
-
-impl Decided for crate::store::Settled {}
-
-impl MemoryStore {
     /// Runs `f` on `checks`, each limit whose quota may be kept in the store
     /// replaced by the one kept, if any; its answer is told, per limit, the
     /// parameters of a kept one that decided.
     #[inline(always)]
-    pub(super) fn with_kept<R: Decided>(
+    pub(super) fn with<R: Replied>(
         &self,
         checks: &[Check<'_>],
         f: impl FnOnce(&[Check<'_>]) -> R,
@@ -122,24 +79,15 @@ impl MemoryStore {
         if !checks.iter().any(may_be_kept) {
             return f(checks);
         }
-        self.with_kept_slow(checks, f)
+        self.with_kept(checks, f)
     }
 
     #[inline(never)]
-    fn with_kept_slow<R: Decided>(
-        &self,
-        checks: &[Check<'_>],
-        f: impl FnOnce(&[Check<'_>]) -> R,
-    ) -> R {
-        let now = self.inner.clock.now_micros();
+    fn with_kept<R: Replied>(&self, checks: &[Check<'_>], f: impl FnOnce(&[Check<'_>]) -> R) -> R {
+        let now = self.clock.now_micros();
         let kept: SmallVec<[Option<Limit>; 2]> = checks
             .iter()
-            .map(|c| {
-                c.limit
-                    .is_quota_from_store()
-                    .then(|| self.inner.kept_for(c, now))
-                    .flatten()
-            })
+            .map(|c| may_be_kept(c).then(|| self.kept_for(c, now)).flatten())
             .collect();
         if kept.iter().all(Option::is_none) {
             return f(checks);
@@ -157,36 +105,30 @@ impl MemoryStore {
             .map(|k| k.as_ref().map(|l| *l.params()))
             .collect();
         let mut answer = f(&resolved);
-        answer.decided_by(stored);
+        if let Some(reply) = answer.reply() {
+            reply.stored = Some(stored);
+        }
         answer
     }
 
-    pub(super) fn read_quota_now(&self, check: &Check<'_>, keyed: bool) -> Option<crate::Quota> {
-        let inner = &*self.inner;
+    /// The quota kept for `check`: its key's override when `keyed`, else
+    /// its limit's.
+    pub(super) fn read(&self, check: &Check<'_>, keyed: bool) -> Option<crate::Quota> {
         let limit = if keyed {
-            inner.override_of(check, inner.clock.now_micros())
+            self.override_of(check, self.clock.now_micros())
         } else {
-            inner
-                .kept
-                .limits
-                .load()
-                .get(check.limit.shared_name())
-                .cloned()
+            self.limits.load().get(check.limit.shared_name()).cloned()
         };
         limit.map(|l| *l.quota())
     }
 
-    pub(super) fn write_quota_now(
-        &self,
-        check: &Check<'_>,
-        keyed: bool,
-        change: Quotas<'_>,
-    ) -> bool {
-        let inner = &*self.inner;
+    /// Makes `change` to the quota kept for `check` (its key's override
+    /// when `keyed`, else its limit's); whether it changed it.
+    pub(super) fn change(&self, check: &Check<'_>, keyed: bool, change: Quotas<'_>) -> bool {
         let name = check.limit.shared_name();
         if !keyed {
-            let _writing = lock(&inner.kept.writing);
-            let current = inner.kept.limits.load_full();
+            let _writing = lock(&self.writing);
+            let current = self.limits.load_full();
             let mut next = HashMap::clone(&current);
             let changed = match change {
                 Quotas::Keep {
@@ -199,21 +141,12 @@ impl MemoryStore {
                 Quotas::Remove => next.remove(name).is_some(),
                 Quotas::Read => false,
             };
-            inner.kept.limits.store(Arc::new(next));
+            self.limits.store(Arc::new(next));
             return changed;
         }
-        let now = inner.clock.now_micros();
-        let hash = inner.hasher.hash(check.key);
-        let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
-        let id = (name, Key::from_slice(check.key));
-        let lasting = match shard.overrides.get(&id) {
-            Some(o) if o.until.is_some_and(|until| until <= now) => {
-                shard.overrides.remove(&id);
-                inner.kept.overrides.fetch_sub(1, Ordering::AcqRel);
-                false
-            }
-            found => found.is_some(),
-        };
+        let now = self.clock.now_micros();
+        let (mut overrides, id) = self.shard_of(check);
+        let lasting = self.lasting(&mut overrides, &id, now).is_some();
         match change {
             Quotas::Keep {
                 if_absent: true, ..
@@ -224,23 +157,84 @@ impl MemoryStore {
                     now.saturating_add(us.max(1))
                 });
                 let limit = limit.clone();
-                if shard
-                    .overrides
-                    .insert(id, Override { limit, until })
-                    .is_none()
-                {
-                    inner.kept.overrides.fetch_add(1, Ordering::AcqRel);
+                if overrides.insert(id, Override { limit, until }).is_none() {
+                    self.count.fetch_add(1, Ordering::AcqRel);
                 }
                 true
             }
             Quotas::Remove => {
-                let removed = shard.overrides.remove(&id).is_some();
+                let removed = overrides.remove(&id).is_some();
                 if removed {
-                    inner.kept.overrides.fetch_sub(1, Ordering::AcqRel);
+                    self.count.fetch_sub(1, Ordering::AcqRel);
                 }
                 removed && lasting
             }
             Quotas::Read => false,
+        }
+    }
+
+    /// Drops the overrides of shard `s` that ended (see
+    /// [`sweep_overrides`]).
+    pub(super) fn sweep(&self, s: usize) {
+        let now = self.clock.now_micros();
+        if let Some(overrides) = self.overrides.get(s) {
+            let ended = sweep_overrides(&mut lock(overrides), now);
+            if ended > 0 {
+                self.count.fetch_sub(ended, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// The quota kept for `check`: its key's override, else its limit's;
+    /// one of another algorithm than the limit's does not count.
+    fn kept_for(&self, check: &Check<'_>, now: i64) -> Option<Limit> {
+        let algorithm = check.limit.params().algorithm();
+        let same = |limit: &Limit| limit.params().algorithm() == algorithm;
+        if let Some(limit) = self.override_of(check, now).filter(same) {
+            return Some(limit);
+        }
+        let limits = self.limits.load();
+        limits
+            .get(check.limit.shared_name())
+            .filter(|l| same(l))
+            .cloned()
+    }
+
+    /// `check`'s override, while it lasts.
+    fn override_of(&self, check: &Check<'_>, now: i64) -> Option<Limit> {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let (mut overrides, id) = self.shard_of(check);
+        self.lasting(&mut overrides, &id, now)
+    }
+
+    /// The overrides of `check`'s key's shard, locked, and its id there.
+    fn shard_of(
+        &self,
+        check: &Check<'_>,
+    ) -> (std::sync::MutexGuard<'_, Overrides>, (&'static str, Key)) {
+        let shard = Hasher::shard(self.hasher.hash(check.key));
+        let id = (check.limit.shared_name(), Key::from_slice(check.key));
+        (lock(&self.overrides[shard]), id)
+    }
+
+    /// The override `id` in `overrides` while it lasts at `now` (one that
+    /// has ended is dropped).
+    fn lasting(
+        &self,
+        overrides: &mut Overrides,
+        id: &(&'static str, Key),
+        now: i64,
+    ) -> Option<Limit> {
+        match overrides.get(id) {
+            Some(o) if o.until.is_none_or(|until| until > now) => Some(o.limit.clone()),
+            Some(_) => {
+                overrides.remove(id);
+                self.count.fetch_sub(1, Ordering::AcqRel);
+                None
+            }
+            None => None,
         }
     }
 }
@@ -250,9 +244,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::store::Deadline;
-    use crate::store::Engine;
-    use crate::{ManualClock, Quota};
+    use crate::store::{Deadline, Engine};
+    use crate::{ManualClock, MemoryStore, Quota};
 
     /// An ended override is dropped by the first decision of its key after
     /// its end (as the script deletes it from its hash).
@@ -277,8 +270,8 @@ mod tests {
             ttl: Some(second),
             if_absent: false,
         };
-        assert!(store.write_quota_now(&check, true, keep));
-        let held = || store.inner.kept.overrides.load(Ordering::Acquire);
+        assert!(store.inner.kept.change(&check, true, keep));
+        let held = || store.inner.kept.count.load(Ordering::Acquire);
         assert_eq!(held(), 1);
         clock.advance(second);
         let checks = [check];

@@ -2,39 +2,55 @@
 //! table that keeps only the stored form of each state, holds at most a
 //! configured number of keys, and reclaims idle keys in the background.
 //!
-//! Layout: the key's hash (randomly keyed foldhash) picks one of [`SHARDS`]
-//! shards, so every limit of one key lives under one lock, like the hash tag
-//! in Redis. A shard holds one [`Table`] per limit (name and algorithm, as in
-//! the Redis key): a `hashbrown` table of `u32` slot numbers over slots kept
-//! densely in fixed-size chunks, so memory follows the number of keys rather
-//! than the table's load factor (`table.rs`). A decision puts its states
-//! back through `write.rs`. Expired states are reclaimed a few at a time by
-//! the decisions that add keys, and in the background (`reclaim.rs`). A
-//! full store takes a new key's room from the limit that holds the most
-//! states (`share.rs`).
+//! The engine is a struct of components, each a type of its own in a file
+//! of its own, which [`MemoryStore`]'s operations (the [`Engine`] contract,
+//! below) call in turn:
+//! - the rate states ([`States`], `states.rs`): the key's hash (randomly
+//!   keyed foldhash, `key.rs`) picks one of [`SHARDS`] shards, so every
+//!   limit of one key lives under one lock, like the hash tag in Redis; a
+//!   shard holds one table per limit (name and algorithm, as in the Redis
+//!   key): a `hashbrown` table of `u32` slot numbers over slots kept
+//!   densely in fixed-size chunks, so memory follows the number of keys
+//!   rather than the table's load factor (`table.rs`); a decision holds one
+//!   value per check as `decide.rs` says; a full store takes a new key's
+//!   room from the limit that holds the most states (`share.rs`);
+//! - the penalty states ([`Penalties`], `penalized.rs`, each shard's in
+//!   `pens.rs`), which wrap a decision of a limit with a penalty;
+//! - the quotas kept in the store ([`Kept`], `kept.rs`), which a decision
+//!   of a limit that takes its quota from the store reads first;
+//! - the background reclaimer ([`Reclaimer`], `reclaim.rs`), which sweeps
+//!   expired states of all of them (the decisions that add keys reclaim a
+//!   few as well).
 
-mod backend;
 mod builder;
 mod decide;
 mod kept;
 mod key;
 mod penalized;
+mod pens;
 mod reclaim;
 mod share;
+mod slots;
+mod states;
 mod table;
-mod write;
 
 pub use self::builder::MemoryStoreBuilder;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use self::key::Hasher;
-use self::table::{Found, Shard, Table};
-use super::{lock, Check, Settle, Settled};
-use crate::algorithm::{self, Reply, State};
+use smallvec::SmallVec;
+
+use self::kept::{may_be_kept, Kept};
+use self::penalized::{is_penalized, Penalties};
+use self::reclaim::Reclaimer;
+use self::states::States;
+use super::keys::{bounded_keys, bounded_one, is_bounded};
+use super::{Answer, Check, Deadline, Engine, Penalty, Quotas, Quoted, Settle, Settled, Shared};
+use crate::algorithm::{self, Operand, Reply};
 use crate::clock::{Clock, SystemClock};
+use crate::penalty::PenState;
+use crate::Error;
 
 /// Number of independently locked shards.
 const SHARDS: usize = 32;
@@ -45,64 +61,18 @@ pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// [`MemoryStoreBuilder::sweep_interval`].
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The memory engine: its components (see the module).
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
-    hasher: Hasher,
-    clock: Arc<dyn Clock>,
+    /// The rate states, within the store's bound.
+    states: States,
+    /// The penalty states (see `Limit::with_penalty`).
+    pens: Penalties,
+    /// The quotas kept in the store (see `Limit::quota_from_store`).
+    kept: Kept,
+    reclaimer: Reclaimer,
+    shared: Shared,
     #[cfg(feature = "metrics")]
     size_gauge: crate::metrics::SizeGauge,
-    shared: super::Shared,
-    /// Quotas kept in the store (see `Limit::quota_from_store`).
-    kept: kept::Kept,
-    /// Penalty states, by the shard of their key (see `penalized.rs`).
-    pens: Box<[Mutex<penalized::Pens>]>,
-    /// The states each limit holds (see `share.rs`).
-    limits: share::Limits,
-    max_keys: usize,
-    /// Stored states in all shards.
-    count: AtomicUsize,
-    /// Penalty states among them (see `penalized.rs`).
-    pens_count: AtomicUsize,
-    sweep_interval: Duration,
-    /// Whether a background reclaimer runs (or cannot run: no timers).
-    reclaimer: AtomicBool,
-    /// Whether the store said it was full.
-    full_warned: AtomicBool,
-    /// Whether the store said its penalty states took half its bound.
-    pens_warned: AtomicBool,
-}
-
-impl Inner {
-    /// Counts a new state in, unless the store is full.
-    fn admit(&self) -> bool {
-        self.count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max_keys).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    fn forget(&self, removed: usize) {
-        if removed > 0 {
-            self.count.fetch_sub(removed, Ordering::AcqRel);
-        }
-    }
-
-    /// Where `key`'s state is in `table`. An expired state reads as absent;
-    /// its slot is overwritten if the decision writes, else removed.
-    #[inline]
-    fn locate(&self, table: &Table, hash: u64, key: &[u8], store_now: i64) -> Found {
-        let Some(i) = table.find(hash, key) else {
-            return match &table.overflow {
-                Some(shared) if shared.stored.expires_at() > store_now => Found::Shared,
-                _ => Found::Absent,
-            };
-        };
-        match table.slot(i) {
-            Some(slot) if slot.stored.expires_at() > store_now => Found::Live(i),
-            _ => Found::Expired(i),
-        }
-    }
 }
 
 /// Limit state in this process: the embedded default, no Redis needed.
@@ -142,7 +112,7 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("keys", &self.len())
-            .field("max_keys", &self.inner.max_keys)
+            .field("max_keys", &self.max_keys())
             .finish()
     }
 }
@@ -174,29 +144,18 @@ impl MemoryStore {
     }
 
     fn from_builder(builder: MemoryStoreBuilder) -> Self {
-        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
-        let store = Self {
-            inner: Arc::new(Inner {
-                shards,
-                hasher: Hasher(foldhash::quality::RandomState::default()),
-                clock: builder.clock.clone(),
-                #[cfg(feature = "metrics")]
-                size_gauge: Default::default(),
-                shared: super::Shared::new("memory", Some(builder.clock.clone()), None),
-                kept: Default::default(),
-                pens: penalized::pens(),
-                limits: Default::default(),
-                max_keys: builder.max_keys,
-                count: AtomicUsize::new(0),
-                pens_count: AtomicUsize::new(0),
-                sweep_interval: builder.sweep_interval,
-                reclaimer: AtomicBool::new(false),
-                full_warned: AtomicBool::new(false),
-                pens_warned: AtomicBool::new(false),
-            }),
-        };
-        store.ensure_reclaimer();
-        store
+        let clock = builder.clock;
+        let inner = Arc::new_cyclic(|store| Inner {
+            states: States::new(clock.clone(), builder.max_keys),
+            pens: Penalties::new(clock.clone()),
+            kept: Kept::new(clock.clone()),
+            reclaimer: Reclaimer::new(store.clone(), builder.sweep_interval),
+            shared: Shared::new("memory", Some(clock), None),
+            #[cfg(feature = "metrics")]
+            size_gauge: Default::default(),
+        });
+        inner.reclaimer.ensure();
+        Self { inner }
     }
 
     /// Number of stored key states (one per key and limit, and one per key
@@ -204,7 +163,7 @@ impl MemoryStore {
     /// refusals, offences or a block), including expired ones not yet
     /// swept.
     pub fn len(&self) -> usize {
-        self.inner.count.load(Ordering::Acquire)
+        self.inner.states.len()
     }
 
     /// Whether no key state is stored.
@@ -214,144 +173,220 @@ impl MemoryStore {
 
     /// The bound on [`len`](Self::len): see [`MemoryStoreBuilder::max_keys`].
     pub fn max_keys(&self) -> usize {
-        self.inner.max_keys
-    }
-
-    /// Starts the background reclaimer if none runs and a Tokio runtime is
-    /// at hand.
-    fn ensure_reclaimer(&self) {
-        let inner = &self.inner;
-        if inner.reclaimer.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if inner
-            .reclaimer
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            runtime.spawn(reclaim::reclaim(Arc::downgrade(inner)));
-        }
-    }
-
-    fn decide_now(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Reply {
-        self.decide_with(
-            checks,
-            #[inline(always)]
-            |ops, now| {
-                let reply = algorithm::decide(ops, now, max_wait, dry);
-                let write = reply.granted() && !dry;
-                (reply, write)
-            },
-        )
-    }
-
-    /// Takes min(`most`, what every limit has left now): see
-    /// `algorithm::take`. Returns the reply and the amount taken.
-    fn take_now(&self, checks: &[Check<'_>], most: i64) -> (Reply, i64) {
-        let mut taken = 0;
-        let reply = self.decide_with(checks, |ops, now| {
-            let (reply, k) = algorithm::take(ops, most, now);
-            taken = k;
-            let write = reply.granted() && k > 0;
-            (reply, write)
-        });
-        (reply, taken)
-    }
-
-    /// Settles each check's grant after the fact (see [`Settle`]), as the
-    /// driver's ops 1, 4 and 5.
-    fn settle_now(&self, checks: &[Check<'_>], how: Settle) -> Settled {
-        match how {
-            Settle::Charge => {
-                // one clock for all, as a decision (`charge` in the driver)
-                self.decide_with(checks, |ops, now| {
-                    algorithm::charge(ops, now);
-                    (Reply::at_rest(now), true)
-                });
-                Settled::default()
-            }
-            Settle::Refund { at } => {
-                self.move_grants(checks, at, None);
-                Settled::default()
-            }
-            Settle::Renew { at } => {
-                let mut renewed = smallvec::smallvec![None; checks.len()];
-                self.move_grants(checks, at, Some(&mut renewed));
-                Settled { renewed }
-            }
-        }
-    }
-
-    /// Gives back each check's grant made at `at`, or with `renewed`, moves
-    /// it to the store's clock where still held, noting the new time (the
-    /// driver's `settle`): each key at its own clock, a state that did not
-    /// change left as it was (but for a sliding log's pruning).
-    fn move_grants(&self, checks: &[Check<'_>], at: i64, mut renewed: Option<&mut [Option<i64>]>) {
-        let inner = &*self.inner;
-        let store_now = inner.clock.now_micros();
-        for (j, check) in checks.iter().enumerate().filter(|(_, c)| c.cost > 0) {
-            let hash = inner.hasher.hash(check.key);
-            let p = check.limit.params();
-            let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
-            let t = shard.table(check.limit, &inner.limits);
-            let table = &mut shard.tables[t];
-            let Found::Live(i) = inner.locate(table, hash, check.key, store_now) else {
-                continue;
-            };
-            let Some(slot) = table.slot_mut(i) else {
-                continue;
-            };
-            let now = algorithm::believed(store_now, slot.written, p);
-            let (mut state, moved) = State::prepare(Some(&mut slot.stored), p, slot.written, now);
-            let changed = match renewed.as_deref_mut() {
-                None => state.refund(p, now, at, check.cost),
-                Some(renewed) => {
-                    let held = state.renew(at, store_now, check.cost);
-                    if let (true, Some(slot)) = (held, renewed.get_mut(j)) {
-                        *slot = Some(store_now);
-                    }
-                    held
-                }
-            };
-            if !changed && !moved {
-                state.restore(&mut slot.stored);
-                continue;
-            }
-            let expires_at = state.save_into(p, now, &mut slot.stored);
-            slot.written = now;
-            table.mark(i, p);
-            // equal to a fresh state (a sliding log left empty is deleted)
-            if expires_at <= now && table.remove(i, &inner.hasher).is_some() {
-                inner.forget(1);
-            }
-        }
-    }
-
-    fn reset_now(&self, checks: &[Check<'_>]) {
-        let inner = &*self.inner;
-        for check in checks {
-            let hash = inner.hasher.hash(check.key);
-            let mut shard = lock(&inner.shards[Hasher::shard(hash)]);
-            let t = shard.table(check.limit, &inner.limits);
-            let table = &mut shard.tables[t];
-            if let Some(i) = table.find(hash, check.key) {
-                if table.remove(i, &inner.hasher).is_some() {
-                    inner.forget(1);
-                }
-            }
-        }
+        self.inner.states.max_keys
     }
 }
+
+/// Every operation answered at once, under the shards' locks: a key longer
+/// than the bound taken in its bounded form (see `keys::bounded_keys`),
+/// under its limit's penalty, on the quota kept in the store for it, if
+/// any, as each operation needs.
+impl Engine for MemoryStore {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        max_wait: i64,
+        dry: bool,
+        _: Deadline,
+    ) -> Answer<'a, Result<Reply, Error>> {
+        let inner = &*self.inner;
+        // one limit that none of the steps below changes: straight to the
+        // decision, without the steps' closures
+        let reply = match checks {
+            [check] if is_bounded(check) && !is_penalized(check) && !may_be_kept(check) => {
+                inner.decide(checks, decision(max_wait, dry))
+            }
+            _ => bounded_keys(checks, |checks| {
+                // a refusal beyond the wait asked counts towards a penalty
+                let refusals = (!dry).then_some(max_wait);
+                inner
+                    .pens
+                    .run(&inner.states, checks, refusals, |checks, blocked| {
+                        inner.kept.with(checks, |checks| {
+                            inner.decide(checks, decision(max_wait, dry || blocked))
+                        })
+                    })
+            }),
+        };
+        #[cfg(feature = "metrics")]
+        inner.size_gauge.report(reply.now, || self.len());
+        Answer::Now(Ok(reply))
+    }
+
+    fn take<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        _: Deadline,
+    ) -> Answer<'a, Result<(Reply, i64), Error>> {
+        let inner = &*self.inner;
+        let most = checks.first().map_or(0, |c| c.cost);
+        Answer::Now(Ok(bounded_keys(checks, |checks| {
+            inner
+                .pens
+                .run(&inner.states, checks, None, |checks, blocked| {
+                    if blocked {
+                        // a cost of 1 decided, not granted (as k = 0 is)
+                        let ones: SmallVec<[Check<'_>; 2]> =
+                            checks.iter().map(|c| Check { cost: 1, ..*c }).collect();
+                        let reply = inner
+                            .kept
+                            .with(&ones, |c| inner.decide(c, decision(0, true)));
+                        return (reply, 0);
+                    }
+                    inner.kept.with(checks, |checks| {
+                        // min(`most`, what every limit has left now): see
+                        // `algorithm::take`
+                        let mut taken = 0;
+                        let reply = inner.decide(checks, |ops, now| {
+                            let (reply, k) = algorithm::take(ops, most, now);
+                            taken = k;
+                            let write = reply.granted() && k > 0;
+                            (reply, write)
+                        });
+                        (reply, taken)
+                    })
+                })
+        })))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        how: Settle,
+        _: Deadline,
+    ) -> Answer<'a, Result<Settled, Error>> {
+        let inner = &*self.inner;
+        Answer::Now(Ok(bounded_keys(checks, |checks| {
+            inner.kept.with(checks, |checks| match how {
+                Settle::Charge => {
+                    // one clock for all, as a decision (`charge` in the driver)
+                    inner.decide(checks, |ops, now| {
+                        algorithm::charge(ops, now);
+                        (Reply::at_rest(now), true)
+                    });
+                    Settled::default()
+                }
+                Settle::Refund { at } => {
+                    inner.states.move_grants(checks, at, None);
+                    Settled::default()
+                }
+                Settle::Renew { at } => {
+                    let mut renewed = smallvec::smallvec![None; checks.len()];
+                    inner.states.move_grants(checks, at, Some(&mut renewed));
+                    Settled { renewed }
+                }
+            })
+        })))
+    }
+
+    fn reset<'a>(&'a self, checks: &'a [Check<'a>], _: Deadline) -> Answer<'a, Result<(), Error>> {
+        bounded_keys(checks, |checks| self.inner.states.reset(checks));
+        Answer::Now(Ok(()))
+    }
+
+    fn quotas<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        keyed: bool,
+        op: Quotas<'a>,
+        _: Deadline,
+    ) -> Answer<'a, Result<Quoted, Error>> {
+        let kept = &self.inner.kept;
+        Answer::Now(Ok(match op {
+            Quotas::Read => Quoted::Read(bounded_one(check, |c| kept.read(c, keyed)).flatten()),
+            change => Quoted::Changed(
+                bounded_one(check, |c| kept.change(c, keyed, change)).unwrap_or(false),
+            ),
+        }))
+    }
+
+    fn penalty<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        op: Penalty,
+        _: Deadline,
+    ) -> Answer<'a, Result<Option<(PenState, i64)>, Error>> {
+        let inner = &*self.inner;
+        let changed = bounded_one(check, |check| inner.pens.change(&inner.states, check, op));
+        Answer::Now(changed.transpose().map(Option::flatten))
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+}
+
+impl Inner {
+    /// One atomic decision over the rate states of `checks`, which
+    /// `decide` makes (see [`States::decide`]); the background reclaimer
+    /// started if it stored a new key.
+    #[inline(always)]
+    fn decide(
+        &self,
+        checks: &[Check<'_>],
+        decide: impl FnOnce(&mut [Operand<'_>], i64) -> (Reply, bool),
+    ) -> Reply {
+        let (reply, added) = self.states.decide(checks, decide);
+        if added {
+            self.reclaimer.ensure();
+        }
+        reply
+    }
+}
+
+/// A decision by `algorithm::decide`: its states written back when it
+/// grants, unless `dry`.
+#[inline(always)]
+fn decision(max_wait: i64, dry: bool) -> impl FnOnce(&mut [Operand<'_>], i64) -> (Reply, bool) {
+    #[inline(always)]
+    move |ops, now| {
+        let reply = algorithm::decide(ops, now, max_wait, dry);
+        let write = reply.granted() && !dry;
+        (reply, write)
+    }
+}
+
+/// What an operation answers, as the steps around its decision see it
+/// (see [`Kept::with`] and [`Penalties::run`]).
+trait Replied: Sized {
+    /// Its reply, if it has one.
+    fn reply(&mut self) -> Option<&mut Reply> {
+        None
+    }
+
+    /// The answer of a decision on one limit refused by its block, its
+    /// quota not consulted; `None` where the operation decides it still
+    /// (a take, at a cost of 1).
+    fn blocked(_: Reply) -> Option<Self> {
+        None
+    }
+}
+
+impl Replied for Reply {
+    fn reply(&mut self) -> Option<&mut Reply> {
+        Some(self)
+    }
+
+    fn blocked(reply: Reply) -> Option<Self> {
+        Some(reply)
+    }
+}
+
+impl Replied for (Reply, i64) {
+    fn reply(&mut self) -> Option<&mut Reply> {
+        Some(&mut self.0)
+    }
+}
+
+impl Replied for Settled {}
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::{lock, Check, MemoryStore};
+    use super::{Check, MemoryStore};
     use crate::store::keys::MAX_RAW_KEY;
+    use crate::store::lock;
     use crate::store::Engine;
     use crate::store::{Answer, Deadline};
     use crate::{Limit, Quota};
@@ -359,9 +394,9 @@ mod tests {
     /// The longest key stored in any table of `store`, and how many are.
     fn stored_keys(store: &MemoryStore) -> (usize, usize) {
         let (mut longest, mut n) = (0, 0);
-        for shard in store.inner.shards.iter() {
+        for shard in store.inner.states.shards.iter() {
             for table in &lock(shard).tables {
-                for slot in table.chunks.iter().flatten() {
+                for slot in table.slots.chunks.iter().flatten() {
                     longest = longest.max(slot.key.len());
                     n += 1;
                 }
@@ -411,7 +446,7 @@ mod several_shards {
 
     /// Two keys of `store` whose states are in one shard (`same`), or in two.
     fn keys(store: &MemoryStore, same: bool) -> (Vec<u8>, Vec<u8>) {
-        let shard = |key: &[u8]| Hasher::shard(store.inner.hasher.hash(key));
+        let shard = |key: &[u8]| Hasher::shard(store.inner.states.hasher.hash(key));
         let first = b"k0".to_vec();
         let second = (1..10_000)
             .map(|i| format!("k{i}").into_bytes())

@@ -1,52 +1,47 @@
 //! Reclaiming expired states in the background: a task per store, in short
 //! slices that release the shard's lock and yield between them.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Weak;
+use std::time::Duration;
 
-use super::{lock, Inner, SHARDS};
+use super::{Inner, SHARDS};
 
-/// Slots examined by the background reclaimer per lock hold.
-const SWEEP_SLICE: usize = 1024;
+/// The background reclaimer of a store.
+pub(super) struct Reclaimer {
+    /// The store, held weakly: the task ends once the store is dropped.
+    store: Weak<Inner>,
+    /// The pause between sweeps.
+    interval: Duration,
+    /// Whether a task runs (or cannot run: no timers).
+    running: AtomicBool,
+}
 
-impl Inner {
-    /// One background step in shard `s`: sweeps a slice of table `*t`, with
-    /// `*budget` slots left to examine in it (first, the shard's overrides
-    /// that ended). Returns whether the shard has more.
-    fn sweep_step(&self, s: usize, t: &mut usize, budget: &mut Option<usize>) -> bool {
-        let Some(shard) = self.shards.get(s) else {
-            return false;
+impl Reclaimer {
+    pub(super) fn new(store: Weak<Inner>, interval: Duration) -> Self {
+        Self {
+            store,
+            interval,
+            running: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the background task if none runs and a Tokio runtime is at
+    /// hand.
+    pub(super) fn ensure(&self) {
+        if self.running.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
         };
-        let now = self.clock.now_micros();
-        if *t == 0 && budget.is_none() {
-            // (before the shard's lock: a decision takes this one first)
-            if let Some(pens) = self.pens.get(s) {
-                self.forget_pens(super::penalized::sweep_pens(pens, now));
-            }
+        if self
+            .running
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            runtime.spawn(reclaim(self.store.clone()));
         }
-        let mut shard = lock(shard);
-        if *t == 0 && budget.is_none() {
-            // once per sweep of the shard: the overrides that ended
-            let ended = super::kept::sweep_overrides(&mut shard.overrides, now);
-            if ended > 0 {
-                self.kept.overrides.fetch_sub(ended, Ordering::AcqRel);
-            }
-        }
-        let Some(table) = shard.tables.get_mut(*t) else {
-            return false;
-        };
-        let left = *budget.get_or_insert(table.len);
-        let (examined, removed) = table.sweep(left.min(SWEEP_SLICE), now, &self.hasher);
-        self.forget(removed);
-        let left = left.saturating_sub(examined.max(1));
-        if left == 0 || table.len == 0 {
-            table.shrink(&self.hasher);
-            *t += 1;
-            *budget = None;
-            return *t < shard.tables.len();
-        }
-        *budget = Some(left);
-        true
     }
 }
 
@@ -59,19 +54,19 @@ impl Drop for Running {
     fn drop(&mut self) {
         if !std::thread::panicking() {
             if let Some(inner) = self.0.upgrade() {
-                inner.reclaimer.store(false, Ordering::Release);
+                inner.reclaimer.running.store(false, Ordering::Release);
             }
         }
     }
 }
 
-/// The background reclaimer: every interval, sweeps every table in slices of
-/// [`SWEEP_SLICE`] slots, releasing the shard's lock and yielding between
-/// slices. Holds the store only weakly: it ends once the store is dropped.
-pub(super) async fn reclaim(weak: Weak<Inner>) {
+/// The background task: every interval, sweeps every shard, a step at a
+/// time (see [`step`]), releasing the shard's lock and yielding between
+/// steps.
+async fn reclaim(weak: Weak<Inner>) {
     let _running = Running(weak.clone());
     loop {
-        let Some(interval) = weak.upgrade().map(|inner| inner.sweep_interval) else {
+        let Some(interval) = weak.upgrade().map(|inner| inner.reclaimer.interval) else {
             return;
         };
         tokio::time::sleep(interval).await;
@@ -81,7 +76,7 @@ pub(super) async fn reclaim(weak: Weak<Inner>) {
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
-                let more = inner.sweep_step(s, &mut t, &mut budget);
+                let more = step(&inner, s, &mut t, &mut budget);
                 drop(inner);
                 tokio::task::yield_now().await;
                 if !more {
@@ -90,4 +85,16 @@ pub(super) async fn reclaim(weak: Weak<Inner>) {
             }
         }
     }
+}
+
+/// One background step in shard `s`: first (table `*t` 0, no `*budget`
+/// yet) the shard's penalty states and overrides that ended, then a
+/// slice of the rate states of table `*t` (see `States::sweep`). Returns
+/// whether the shard has more.
+fn step(inner: &Inner, s: usize, t: &mut usize, budget: &mut Option<usize>) -> bool {
+    if *t == 0 && budget.is_none() {
+        inner.pens.sweep(&inner.states, s);
+        inner.kept.sweep(s);
+    }
+    inner.states.sweep(s, t, budget)
 }

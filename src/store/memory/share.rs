@@ -7,14 +7,15 @@
 //! given up for another limit's key while it holds no more states than
 //! that limit will: a limit within its fair share (the states of that
 //! kind over the limits that hold some) keeps them whatever another limit
-//! is flooded with, and a flood gives up its own states.
+//! is flooded with, and a flood gives up its own states. Which of its
+//! states is found by a [`search`] of the shards.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use arc_swap::ArcSwap;
 
-use super::lock;
+use crate::store::lock;
 
 /// One limit's states in the store, shared by its tables in every shard.
 #[derive(Debug)]
@@ -95,6 +96,55 @@ impl Limits {
         }
         best.map(|(_, usage)| Arc::clone(usage))
     }
+}
+
+/// What a look in one shard found: the state it ranks first, if any (its
+/// rank, where it is), and how many states it compared.
+pub(super) type Look<R, P> = (Option<(R, P)>, usize);
+
+/// What a search of the shards found: the guard of its shard (`None`: the
+/// shard the caller holds), its rank and where it is.
+type Found<'s, T, R, P> = Option<(Option<MutexGuard<'s, T>>, R, P)>;
+
+/// Of what `look` finds in `shards` (see [`Look`]; smallest rank first,
+/// on a tie the first found), the first: in the shard `own`, when the caller holds it
+/// (`held`: what `look` found there), then in the next shards in turn,
+/// each taken without waiting (one busy, or held by the caller, is passed
+/// over: never waiting while holding a shard, no lock order to keep),
+/// until `enough` were compared and the first so far is `good`, or every
+/// shard was.
+pub(super) fn search<'s, T, R: PartialOrd, P>(
+    shards: &'s [Mutex<T>],
+    own: usize,
+    held: Option<Look<R, P>>,
+    enough: usize,
+    good: impl Fn(&R) -> bool,
+    mut look: impl FnMut(&mut T) -> Look<R, P>,
+) -> Found<'s, T, R, P> {
+    let first = usize::from(held.is_some());
+    let (found, mut seen) = held.unwrap_or((None, 0));
+    let mut best: Found<'s, T, R, P> = found.map(|(r, at)| (None, r, at));
+    for k in first..shards.len() {
+        if seen >= enough && best.as_ref().is_some_and(|(_, r, _)| good(r)) {
+            break;
+        }
+        let Some(mutex) = shards.get((own + k) % shards.len()) else {
+            continue;
+        };
+        let mut guard = match mutex.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => continue,
+        };
+        let (found, n) = look(&mut guard);
+        seen += n;
+        if let Some((r, at)) = found {
+            if best.as_ref().is_none_or(|(_, b, _)| r < *b) {
+                best = Some((Some(guard), r, at));
+            }
+        }
+    }
+    best
 }
 
 #[cfg(test)]

@@ -1,26 +1,22 @@
-//! The memory store's tables: one per limit and shard, a `hashbrown`
-//! index of `u32` slot numbers over slots kept densely in fixed-size
-//! chunks; the choice of the state a full store gives up (of the limit
+//! The memory store's tables: one per limit and shard, its states in
+//! [`Slots`]; the choice of the state a full store gives up (of the limit
 //! `share.rs` names, the one closest to fresh, see
 //! [`Shard::nearest_fresh`]), and the shared overflow state of keys that
 //! found no state to give up.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use hashbrown::HashTable;
-
 use super::key::{Hasher, Key};
-use super::share::{Limits, Usage};
+use super::share::{Limits, Look, Usage};
+use super::slots::{Keyed, Slots};
 use crate::algorithm::Params;
 use crate::algorithm::{State, Stored};
 use crate::quota::Algorithm;
 use crate::Limit;
 
-/// Slots per chunk of a table's slot storage.
-const CHUNK: usize = 1024;
-
 /// Slots of each table of a shard a full store compares to choose the
-/// state it gives up (see `Inner::give_up`).
+/// state it gives up (see `States::give_up`).
 pub(super) const SAMPLE: usize = 8;
 
 /// The most quotas a table tells its states' apart by (see
@@ -51,13 +47,8 @@ pub(super) struct Table {
     pub(super) quotas: Vec<Params>,
     /// The states its limit holds in the store, this table's among them.
     pub(super) usage: Arc<Usage>,
-    /// Slot numbers, found by the key's hash.
-    pub(super) index: HashTable<u32>,
-    /// Slots `0..len`, `CHUNK` per chunk; only the last chunk is partly used.
-    pub(super) chunks: Vec<Vec<Slot>>,
-    pub(super) len: usize,
-    /// Where the next sweep step looks.
-    pub(super) cursor: usize,
+    /// Its states (the cursor: where the next sweep step looks).
+    pub(super) slots: Slots<Slot>,
     /// The state shared by every key of this table that found the store
     /// full and its shard without a state to give up (its key is empty): it
     /// holds all their grants, so it counts at least what each of them was
@@ -65,7 +56,7 @@ pub(super) struct Table {
     /// it (see [`MemoryStoreBuilder::max_keys`]).
     pub(super) overflow: Option<Slot>,
     /// A new key's state that found the store full, while the decision
-    /// that made it puts its other states back (see `Inner::write_back`).
+    /// that made it puts its other states back (see `States::write_back`).
     pub(super) waiting: Option<Slot>,
     /// Whether room was made for it (counted in the store's bound).
     pub(super) room: bool,
@@ -78,10 +69,7 @@ impl Table {
             algorithm: limit.params().algorithm(),
             quotas: vec![*limit.params()],
             usage,
-            index: HashTable::new(),
-            chunks: Vec::new(),
-            len: 0,
-            cursor: 0,
+            slots: Slots::default(),
             overflow: None,
             waiting: None,
             room: false,
@@ -92,7 +80,7 @@ impl Table {
     #[inline]
     pub(super) fn found(&self, found: Found) -> Option<&Slot> {
         match found {
-            Found::Live(i) => self.slot(i),
+            Found::Live(i) => self.slots.get(i),
             Found::Shared => self.overflow.as_ref(),
             Found::Expired(_) | Found::Absent => None,
         }
@@ -105,7 +93,7 @@ impl Table {
     pub(super) fn prepare(&mut self, found: Found, p: &Params, now: i64) -> (State, bool) {
         match found {
             Found::Live(i) => {
-                if let Some(slot) = self.slot_mut(i) {
+                if let Some(slot) = self.slots.get_mut(i) {
                     return State::prepare(Some(&mut slot.stored), p, slot.written, now);
                 }
             }
@@ -142,83 +130,35 @@ impl Table {
     /// Marks slot `i` as written by `p` (a compare when it was already).
     #[inline]
     pub(super) fn mark(&mut self, i: usize, p: &Params) {
-        let Some(slot) = self.slot(i) else {
+        let Some(slot) = self.slots.get(i) else {
             return;
         };
         if self.quotas.get(slot.quota as usize) == Some(p) {
             return;
         }
         let quota = self.quota_of(p);
-        if let Some(slot) = self.slot_mut(i) {
+        if let Some(slot) = self.slots.get_mut(i) {
             slot.quota = quota;
         }
     }
 
     #[inline]
-    pub(super) fn slot(&self, i: usize) -> Option<&Slot> {
-        self.chunks.get(i / CHUNK)?.get(i % CHUNK)
-    }
-
-    #[inline]
-    pub(super) fn slot_mut(&mut self, i: usize) -> Option<&mut Slot> {
-        self.chunks.get_mut(i / CHUNK)?.get_mut(i % CHUNK)
-    }
-
-    #[inline]
     pub(super) fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
-        let found = self.index.find(hash, |&i| {
-            self.slot(i as usize)
-                .is_some_and(|slot| slot.key.as_slice() == key)
-        })?;
-        Some(*found as usize)
+        self.slots.find(hash, |slot| slot.key.as_slice() == key)
     }
 
     /// Appends a slot, or gives it back if slot numbers ran out.
     pub(super) fn push(&mut self, hash: u64, slot: Slot, hasher: &Hasher) -> Result<(), Slot> {
-        let Ok(i) = u32::try_from(self.len) else {
-            return Err(slot);
-        };
-        match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < CHUNK => chunk.push(slot),
-            _ => self.chunks.push(vec![slot]),
-        }
-        self.len += 1;
-        self.usage
-            .states
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let chunks = &self.chunks;
-        self.index
-            .insert_unique(hash, i, |&j| rehash(chunks, j, hasher));
+        self.slots.push(hash, slot, hasher)?;
+        self.usage.states.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
     /// Removes slot `i`, moving the last slot into its place.
     pub(super) fn remove(&mut self, i: usize, hasher: &Hasher) -> Option<Slot> {
-        let hash = hasher.hash(&self.slot(i)?.key);
-        if let Ok(entry) = self.index.find_entry(hash, |&j| j as usize == i) {
-            entry.remove();
-        }
-        let last = self.chunks.last_mut()?.pop()?;
-        // The first chunk stays (a key coming and going reuses it); `shrink`
-        // frees it once the table is empty.
-        if self.chunks.len() > 1 && self.chunks.last().is_some_and(Vec::is_empty) {
-            self.chunks.pop();
-        }
-        self.len -= 1;
-        self.usage
-            .states
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        if i == self.len {
-            return Some(last);
-        }
-        let moved_hash = hasher.hash(&last.key);
-        let from = self.len;
-        if let Some(number) = self.index.find_mut(moved_hash, |&j| j as usize == from) {
-            // `i` < `from` <= u32::MAX: it fits.
-            *number = u32::try_from(i).unwrap_or(u32::MAX);
-        }
-        let hole = self.slot_mut(i)?;
-        Some(std::mem::replace(hole, last))
+        let slot = self.slots.remove(i, hasher)?;
+        self.usage.states.fetch_sub(1, Ordering::AcqRel);
+        Some(slot)
     }
 
     /// Examines up to `n` slots (each at most once) from the cursor and
@@ -231,19 +171,21 @@ impl Table {
         {
             self.overflow = None;
         }
-        let n = n.min(self.len);
+        let n = n.min(self.slots.len);
         let (mut examined, mut removed) = (0, 0);
-        while examined < n && self.len > 0 {
-            if self.cursor >= self.len {
-                self.cursor = 0;
+        while examined < n && self.slots.len > 0 {
+            if self.slots.cursor >= self.slots.len {
+                self.slots.cursor = 0;
             }
+            let cursor = self.slots.cursor;
             let expired = self
-                .slot(self.cursor)
+                .slots
+                .get(cursor)
                 .is_some_and(|slot| slot.stored.expires_at() <= now);
-            if expired && self.remove(self.cursor, hasher).is_some() {
+            if expired && self.remove(cursor, hasher).is_some() {
                 removed += 1;
             } else {
-                self.cursor += 1;
+                self.slots.cursor += 1;
             }
             examined += 1;
         }
@@ -251,41 +193,19 @@ impl Table {
     }
 
     /// Of up to `n` slots from the cursor (the cursor moves past them), the
-    /// one closest to fresh at `now` and how close (see [`Closeness`]).
-    fn nearest_fresh(&mut self, n: usize, now: i64) -> Option<(usize, Closeness)> {
-        if self.len == 0 {
-            return None;
-        }
-        let start = self.cursor % self.len;
-        let mut best: Option<(usize, Closeness)> = None;
-        for k in 0..n.min(self.len) {
-            let i = (start + k) % self.len;
-            let (quotas, chunks) = (&self.quotas, &mut self.chunks);
-            let Some(slot) = chunks.get_mut(i / CHUNK).and_then(|c| c.get_mut(i % CHUNK)) else {
-                continue;
-            };
-            let Some(p) = quotas.get(slot.quota as usize).or(quotas.first()) else {
-                continue;
-            };
-            let c = closeness(slot, p, now);
-            if best.is_none_or(|(_, b)| c < b) {
-                best = Some((i, c));
-            }
-        }
-        self.cursor = (start + n) % self.len;
-        best
+    /// one closest to fresh at `now` (see [`Closeness`]).
+    fn nearest_fresh(&mut self, n: usize, now: i64) -> Option<(Closeness, usize)> {
+        let quotas = &self.quotas;
+        self.slots.first_of(n, |slot| {
+            let p = quotas.get(slot.quota as usize).or(quotas.first())?;
+            Some(closeness(slot, p, now))
+        })
     }
+}
 
-    /// Gives back the index's memory once most of its keys are gone.
-    pub(super) fn shrink(&mut self, hasher: &Hasher) {
-        if self.len == 0 {
-            self.chunks = Vec::new();
-        }
-        if self.index.capacity() > 4 * self.len.max(64) {
-            let chunks = &self.chunks;
-            self.index
-                .shrink_to(self.len, |&j| rehash(chunks, j, hasher));
-        }
+impl Keyed for Slot {
+    fn key(&self) -> &Key {
+        &self.key
     }
 }
 
@@ -306,20 +226,10 @@ fn closeness(slot: &mut Slot, p: &Params, now: i64) -> Closeness {
     (share, expires_at, slot.written)
 }
 
-/// The hash of slot `j`'s key, for the index's own rehashing.
-pub(super) fn rehash(chunks: &[Vec<Slot>], j: u32, hasher: &Hasher) -> u64 {
-    let j = j as usize;
-    chunks
-        .get(j / CHUNK)
-        .and_then(|chunk| chunk.get(j % CHUNK))
-        .map_or(0, |slot| hasher.hash(&slot.key))
-}
-
+/// The tables of one shard.
 #[derive(Default)]
 pub(super) struct Shard {
     pub(super) tables: Vec<Table>,
-    /// The overrides of this shard's keys (see `kept.rs`).
-    pub(super) overrides: super::kept::Overrides,
 }
 
 impl Shard {
@@ -337,23 +247,23 @@ impl Shard {
 
     /// The state closest to fresh (see [`Closeness`]) among [`SAMPLE`]
     /// slots of each table of this shard of the limit `of` from its
-    /// cursor: its table, slot, closeness, and how many slots were
+    /// cursor: its closeness, table and slot, and how many slots were
     /// compared.
     pub(super) fn nearest_fresh(
         &mut self,
         now: i64,
         of: &Usage,
-    ) -> (Option<(usize, usize, Closeness)>, usize) {
-        let mut best: Option<(usize, usize, Closeness)> = None;
+    ) -> Look<Closeness, (usize, usize)> {
+        let mut best: Option<(Closeness, (usize, usize))> = None;
         let mut seen = 0;
         for (t, table) in self.tables.iter_mut().enumerate() {
             if !std::ptr::eq(Arc::as_ptr(&table.usage), of) {
                 continue;
             }
-            seen += table.len.min(SAMPLE);
-            if let Some((i, c)) = table.nearest_fresh(SAMPLE, now) {
-                if best.is_none_or(|(_, _, b)| c < b) {
-                    best = Some((t, i, c));
+            seen += table.slots.len.min(SAMPLE);
+            if let Some((c, i)) = table.nearest_fresh(SAMPLE, now) {
+                if best.is_none_or(|(b, _)| c < b) {
+                    best = Some((c, (t, i)));
                 }
             }
         }
@@ -447,9 +357,9 @@ mod tests {
                 .is_ok());
             let (best, seen) = shard.nearest_fresh(now, &of_l);
             assert_eq!(seen, 4.min(SAMPLE), "{quota:?}");
-            let (bt, bi, _) = best.expect("a state to give up");
+            let (_, (bt, bi)) = best.expect("a state to give up");
             assert_eq!(
-                (bt, shard.tables[t].slot(bi).map(|s| s.key.as_slice())),
+                (bt, shard.tables[t].slots.get(bi).map(|s| s.key.as_slice())),
                 (t, Some(&b"b"[..])),
                 "{quota:?}"
             );
@@ -457,15 +367,15 @@ mod tests {
             assert_eq!(of_l.states.load(std::sync::atomic::Ordering::Acquire), 3);
             // then d (70%): never c, spent, while another is left
             let (best, _) = shard.nearest_fresh(now, &of_l);
-            let (bt, bi, _) = best.expect("a state to give up");
-            let key = shard.tables[bt].slot(bi).map(|s| s.key.as_slice());
+            let (_, (bt, bi)) = best.expect("a state to give up");
+            let key = shard.tables[bt].slots.get(bi).map(|s| s.key.as_slice());
             assert_eq!((bt, key), (t, Some(&b"d"[..])), "{quota:?}");
             let (best, _) = shard.nearest_fresh(now, &of_o);
-            assert_eq!(best.map(|(bt, _, _)| bt), Some(o), "{quota:?}");
+            assert_eq!(best.map(|(_, (bt, _))| bt), Some(o), "{quota:?}");
             // long after: every state is expired, the first compared goes
             let (best, _) = shard.nearest_fresh(now + 3_600_000_000, &of_l);
             assert_eq!(
-                best.map(|(_, _, c)| c),
+                best.map(|(c, _)| c),
                 Some((0, i64::MIN, i64::MIN)),
                 "{quota:?}"
             );
