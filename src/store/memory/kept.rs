@@ -1,7 +1,8 @@
 //! Quotas kept in the store (see `Limit::quota_from_store`): a limit's, in
 //! a map swapped whole on a change (read without a lock), and a key's
-//! override, in one of [`SHARDS`] maps by the key's hash (an ended one is
-//! dropped when looked up, or by the background sweep, `reclaim.rs`).
+//! override, in one of [`SHARDS`](super::SHARDS) maps by the key's hash (an
+//! ended one is dropped when looked up, or by the background sweep,
+//! `reclaim.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
-use super::key::{Hasher, Key};
-use super::{Replied, SHARDS};
+use super::key::{shards, Hasher, Key};
+use super::Replied;
 use crate::clock::Clock;
 use crate::store::{lock, Check, Quotas};
 use crate::Limit;
@@ -61,8 +62,8 @@ impl Kept {
             clock,
             limits: ArcSwap::default(),
             writing: Mutex::new(()),
-            overrides: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: Hasher(foldhash::quality::RandomState::default()),
+            overrides: shards(),
+            hasher: Hasher::default(),
             count: AtomicUsize::new(0),
         }
     }

@@ -9,7 +9,8 @@ use super::SHARDS;
 pub(super) type Key = SmallVec<[u8; 24]>;
 
 /// Randomly keyed foldhash: crafted keys cannot all land in one bucket.
-pub(super) struct Hasher(pub(super) foldhash::quality::RandomState);
+#[derive(Default)]
+pub(super) struct Hasher(foldhash::quality::RandomState);
 
 impl Hasher {
     #[inline]
@@ -22,4 +23,9 @@ impl Hasher {
     pub(super) fn shard(hash: u64) -> usize {
         (hash >> 32) as usize % SHARDS
     }
+}
+
+/// One `T` per shard, each under a lock of its own.
+pub(super) fn shards<T: Default>() -> Box<[std::sync::Mutex<T>]> {
+    (0..SHARDS).map(|_| Default::default()).collect()
 }

@@ -1,10 +1,10 @@
 //! Penalties (see `Limit::with_penalty`) in the memory store: each key's
-//! [`PenState`] by limit name, in one of [`SHARDS`] maps (`pens.rs`), each
-//! under a lock of its own, held across the whole decision of a penalized
-//! limit, so that its refusals are counted exactly (the script's
-//! atomicity). The steps are those of `penalized_one` and the loop in
-//! `lua/penalty.lua`: a blocked key is refused without its quota being
-//! consulted (one limit) or charged (several), a refusal by the limit
+//! [`PenState`] by limit name, in one of [`SHARDS`](super::SHARDS) maps
+//! (`pens.rs`), each under a lock of its own, held across the whole
+//! decision of a penalized limit, so that its refusals are counted exactly
+//! (the script's atomicity). The steps are those of `penalized_one` and the
+//! loop in `lua/penalty.lua`: a blocked key is refused without its quota
+//! being consulted (one limit) or charged (several), a refusal by the limit
 //! itself is counted, the N-th within the time blocks. Only limits with a
 //! penalty take these locks (always before a shard's), so others pay one
 //! test.
@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
-use super::key::{Hasher, Key};
+use super::key::{shards, Hasher, Key};
 use super::pens::{PenShard, PenSlot, PEN_SAMPLE};
 use super::share::{search, Kind, Usage};
 use super::states::States;
-use super::{Replied, SHARDS};
+use super::Replied;
 use crate::algorithm::{Outcome, Reply, Status};
 use crate::clock::Clock;
 use crate::penalty::{PenParams, PenState};
@@ -49,7 +49,7 @@ impl Penalties {
     pub(super) fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             clock,
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shards: shards(),
             count: AtomicUsize::new(0),
             warned: AtomicBool::new(false),
         }
@@ -435,6 +435,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::store::memory::SHARDS;
     use crate::store::{Deadline, Engine};
     use crate::{Limit, ManualClock, MemoryStore, Penalty, Quota};
 

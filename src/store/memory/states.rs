@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::decide::{table_of, Many, One, Place, Width};
-use super::key::{Hasher, Key};
+use super::key::{shards, Hasher, Key};
 use super::share::{search, Kind, Limits, Usage};
 use super::table::{Found, Shard, Slot, Table, SAMPLE};
 use super::SHARDS;
-use crate::algorithm::{self, Operand, Reply, State};
+use crate::algorithm::{self, Operand, Params, Reply, State};
 use crate::clock::Clock;
 use crate::store::{lock, Check};
 
@@ -60,8 +60,8 @@ impl States {
     pub(super) fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         Self {
             clock,
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: Hasher(foldhash::quality::RandomState::default()),
+            shards: shards(),
+            hasher: Hasher::default(),
             shares: Limits::default(),
             max_keys,
             count: AtomicUsize::new(0),
@@ -229,13 +229,8 @@ impl States {
                     state.restore(&mut slot.stored);
                     return;
                 }
-                let expires_at = state.save_into(p, now, &mut slot.stored);
-                slot.written = now;
-                table.mark(i, p);
                 // equal to a fresh state (a sliding log left empty is deleted)
-                if expires_at <= now {
-                    self.remove(table, i);
-                }
+                self.save(table, i, state, p, now, now);
             });
         }
     }
@@ -293,6 +288,20 @@ impl States {
         }
     }
 
+    /// Saves `state` into slot `i` of `table` as of `now`, written by `p`;
+    /// removes it if it is fresh by `fresh_at`.
+    #[inline(always)]
+    fn save(&self, table: &mut Table, i: usize, state: State, p: &Params, now: i64, fresh_at: i64) {
+        table.mark(i, p);
+        if let Some(slot) = table.slots.get_mut(i) {
+            let expires_at = state.save_into(p, now, &mut slot.stored);
+            slot.written = now;
+            if expires_at <= fresh_at {
+                self.remove(table, i);
+            }
+        }
+    }
+
     /// Puts a decided state back where `place` found it: saved when granted
     /// (`write`) at a cost, or when `prepare` moved it back to the
     /// decision's clock, else unchanged but for the pruning of a sliding
@@ -320,14 +329,7 @@ impl States {
         let write = (write && check.cost > 0) || place.moved;
         match place.found {
             Found::Live(i) | Found::Expired(i) if write => {
-                table.mark(i, p);
-                if let Some(slot) = table.slots.get_mut(i) {
-                    let expires_at = state.save_into(p, now, &mut slot.stored);
-                    slot.written = now;
-                    if expires_at <= store_now {
-                        self.remove(table, i);
-                    }
-                }
+                self.save(table, i, state, p, now, store_now);
             }
             Found::Live(i) => {
                 if let Some(slot) = table.slots.get_mut(i) {

@@ -328,7 +328,7 @@ mod tests {
     #[test]
     fn the_state_given_up_is_the_one_closest_to_fresh() {
         let minute = Duration::from_secs(60);
-        let hasher = Hasher(foldhash::quality::RandomState::default());
+        let hasher = Hasher::default();
         let now = 1_800_000_000_000_000;
         for quota in [
             Quota::sliding_log(10, minute),
