@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 
 use super::key::{shards, Hasher, Key};
 use super::pens::{PenShard, PenSlot, PEN_SAMPLE};
-use super::share::{search, Kind, Usage};
+use super::share::{search, Usage};
 use super::states::States;
 use super::Replied;
 use crate::algorithm::{Outcome, Reply, Status};
@@ -342,7 +342,7 @@ impl Penalties {
         asking: &Arc<Usage>,
         now: i64,
     ) -> bool {
-        let Some(donor) = states.shares.donor(Kind::Penalty, Some(asking)) else {
+        let Some(donor) = states.shares.donor(|u| &u.pens, Some(asking)) else {
             return false;
         };
         let in_own = pens.first_to_give_up(&donor, now);

@@ -28,22 +28,6 @@ pub(super) struct Usage {
     pub(super) pens: AtomicUsize,
 }
 
-/// Which count [`Limits::donor`] compares.
-#[derive(Clone, Copy)]
-pub(super) enum Kind {
-    Rate,
-    Penalty,
-}
-
-impl Usage {
-    fn of(&self, kind: Kind) -> usize {
-        match kind {
-            Kind::Rate => self.states.load(Ordering::Acquire),
-            Kind::Penalty => self.pens.load(Ordering::Acquire),
-        }
-    }
-}
-
 /// The limits of a store, read without a lock (a limit is added once, the
 /// first time one of its states is made in a shard).
 #[derive(Default)]
@@ -80,16 +64,22 @@ impl Limits {
         usage
     }
 
-    /// The limit a full store takes a state of `kind` from, for a new
-    /// state of `asking` (none: a penalty state's room among rate states):
-    /// the one that holds the most, `asking` counted with its new state and
-    /// preferred on a tie. `None` when no limit holds one.
-    pub(super) fn donor(&self, kind: Kind, asking: Option<&Arc<Usage>>) -> Option<Arc<Usage>> {
+    /// The limit a full store takes a state from, of the kind whose count
+    /// `of` reads (rate or penalty), for a new state of `asking` (none: a
+    /// penalty state's room among rate states): the one that holds the
+    /// most, `asking` counted with its new state and preferred on a tie.
+    /// `None` when no limit holds one.
+    pub(super) fn donor(
+        &self,
+        of: impl Fn(&Usage) -> &AtomicUsize,
+        asking: Option<&Arc<Usage>>,
+    ) -> Option<Arc<Usage>> {
+        let count = |u: &Usage| of(u).load(Ordering::Acquire);
         let list = self.list.load();
         let mut best: Option<(usize, &Arc<Usage>)> =
-            asking.map(|u| (u.of(kind).saturating_add(1), u));
+            asking.map(|u| (count(u).saturating_add(1), u));
         for usage in list.iter() {
-            let n = usage.of(kind);
+            let n = count(usage);
             if n > 0 && best.is_none_or(|(most, _)| n > most) {
                 best = Some((n, usage));
             }
@@ -149,7 +139,7 @@ pub(super) fn search<'s, T, R: PartialOrd, P>(
 
 #[cfg(test)]
 mod tests {
-    use super::{Kind, Limits};
+    use super::Limits;
     use std::sync::atomic::Ordering;
 
     /// The donor is the limit holding the most, the asking one preferred on
@@ -162,12 +152,12 @@ mod tests {
         assert!(std::sync::Arc::ptr_eq(&a, &limits.usage(name)));
         a.states.store(10, Ordering::Release);
         b.states.store(3, Ordering::Release);
-        let donor = |asking| limits.donor(Kind::Rate, asking).map(|u| u.name);
+        let donor = |asking| limits.donor(|u| &u.states, asking).map(|u| u.name);
         assert_eq!(donor(Some(&b)), Some("a"));
         assert_eq!(donor(Some(&a)), Some("a"));
         assert_eq!(donor(None), Some("a"));
         b.states.store(9, Ordering::Release);
         assert_eq!(donor(Some(&b)), Some("b"), "9 + 1: a tie, its own");
-        assert_eq!(limits.donor(Kind::Penalty, None).map(|u| u.name), None);
+        assert_eq!(limits.donor(|u| &u.pens, None).map(|u| u.name), None);
     }
 }

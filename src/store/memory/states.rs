@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use super::decide::{table_of, Many, One, Place, Width};
 use super::key::{shards, Hasher, Key};
-use super::share::{search, Kind, Limits, Usage};
+use super::share::{search, Limits, Usage};
 use super::table::{Found, Shard, Slot, Table, SAMPLE};
 use super::SHARDS;
 use crate::algorithm::{self, Operand, Params, Reply, State};
@@ -435,7 +435,7 @@ impl States {
         now: i64,
         asking: Option<&Arc<Usage>>,
     ) -> bool {
-        let Some(donor) = self.shares.donor(Kind::Rate, asking) else {
+        let Some(donor) = self.shares.donor(|u| &u.states, asking) else {
             return false;
         };
         let donor: &Usage = &donor;
