@@ -9,13 +9,15 @@
 //!   keyed foldhash, `key.rs`) picks one of [`SHARDS`] shards, so every
 //!   limit of one key lives under one lock, like the hash tag in Redis; a
 //!   shard holds one table per limit (name and algorithm, as in the Redis
-//!   key): a `hashbrown` table of `u32` slot numbers over slots kept
-//!   densely in fixed-size chunks, so memory follows the number of keys
-//!   rather than the table's load factor (`table.rs`); a decision holds one
-//!   value per check as `decide.rs` says; a full store takes a new key's
-//!   room from the limit that holds the most states (`share.rs`);
-//! - the penalty states ([`Penalties`], `penalized.rs`, each shard's in
-//!   `pens.rs`), which wrap a decision of a limit with a penalty;
+//!   key, `table.rs`): a `hashbrown` table of `u32` slot numbers over slots
+//!   kept densely in fixed-size chunks, so memory follows the number of
+//!   keys rather than the table's load factor (`slots.rs`); a decision
+//!   holds one value per check as `decide.rs` says; a full store takes a
+//!   new key's room from the limit that holds the most states
+//!   (`share.rs`);
+//! - the penalty states ([`Penalties`], `penalized.rs`; each shard's in
+//!   `pens.rs`, in slots as well), which wrap a decision of a limit with a
+//!   penalty;
 //! - the quotas kept in the store ([`Kept`], `kept.rs`), which a decision
 //!   of a limit that takes its quota from the store reads first;
 //! - the background reclaimer ([`Reclaimer`], `reclaim.rs`), which sweeps
@@ -69,7 +71,9 @@ struct Inner {
     pens: Penalties,
     /// The quotas kept in the store (see `Limit::quota_from_store`).
     kept: Kept,
+    /// The background sweep of all three.
     reclaimer: Reclaimer,
+    /// What the store shares with every limiter and layer over it.
     shared: Shared,
     #[cfg(feature = "metrics")]
     size_gauge: crate::metrics::SizeGauge,
