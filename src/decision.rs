@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use crate::fields::{Fields, HeaderSet, Shown};
 use crate::Algorithm;
 
 /// Whether the cost was granted.
@@ -103,6 +104,29 @@ impl LimitStatus {
     /// ([`available_in`](Self::available_in)), its [`remaining`](Self::remaining) 0.
     pub fn is_blocked(&self) -> bool {
         self.blocked
+    }
+}
+
+/// As the rate-limit fields show it.
+impl Shown for LimitStatus {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn window(&self) -> Duration {
+        LimitStatus::window(self)
+    }
+
+    fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    fn reset_after(&self) -> Duration {
+        LimitStatus::reset_after(self)
     }
 }
 
@@ -236,21 +260,14 @@ impl Decision {
         self.statuses.get(self.binding as usize)
     }
 
-    /// The layer's refusal of this decision as a response (429,
-    /// `Retry-After`, the `RateLimit` fields and a problem body), for a
-    /// handler that calls the limiter itself; `None` when it was allowed.
-    /// See [`Refusal`](crate::layer::Refusal).
-    pub fn refusal(&self) -> Option<crate::layer::Refusal> {
-        crate::layer::Refusal::of(self)
-    }
-
     /// Adds to `headers` the rate-limit fields the layer writes on a
     /// response it forwards with this decision: `RateLimit-Policy` and
     /// `RateLimit` (limits in shadow mode left out), for a handler that
     /// calls the limiter itself and builds its own response (a `202
     /// Accepted` for a queued job). Appended, as the layer appends them,
     /// so that fields already there (an outer layer's) stay. For a
-    /// refused decision, [`refusal`](Self::refusal) is the whole answer.
+    /// refused decision, the layer's [`Refusal::of`](crate::layer::Refusal::of)
+    /// is the whole response.
     ///
     /// Behind a layer, leave this to the layer: it adds the fields of its
     /// own decision to the handler's response, and these would be listed
@@ -271,7 +288,17 @@ impl Decision {
     /// # }).unwrap();
     /// ```
     pub fn insert_headers(&self, headers: &mut http::HeaderMap) {
-        crate::layer::insert_fields(self, headers);
+        if let Some(fields) = self.without_shadow().fields(&HeaderSet::default()) {
+            fields.apply(headers);
+        }
+    }
+
+    /// The rate-limit fields of this decision, per `set`: of every limit,
+    /// so that the fields a response shows come from
+    /// [`without_shadow`](Self::without_shadow).
+    #[inline]
+    pub(crate) fn fields(&self, set: &HeaderSet) -> Option<Fields> {
+        Fields::of(&self.statuses, self.binding(), set)
     }
 
     /// Every limit's status, in the limiter's order.

@@ -112,6 +112,7 @@ mod clock;
 mod config;
 mod decision;
 mod error;
+mod fields;
 #[cfg(feature = "grpc")]
 mod grpc;
 mod hot;

@@ -9,8 +9,8 @@ use std::task::{ready, Context, Poll};
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::response::Fields;
 use super::ResponseBody;
+use crate::fields::Fields;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit).

@@ -16,8 +16,8 @@ use super::after::{give_back, wait_for, After};
 use super::choose::{checks_of, choose};
 use super::future::ResponseFuture;
 use super::refusal::{after_failure, deny_listed, refused, AfterFailure};
-use super::response::Fields;
 use super::{Config, RateLimitInfo, ResponseBody};
+use crate::fields::Fields;
 use crate::limiter::Ask;
 use crate::store::Answer;
 use crate::{Decision, Grant};
@@ -258,7 +258,7 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
     if grant.refund.is_none() && grant.decision.delay().is_zero() {
         // nothing after the grant: forwarded as it is
         let decision = grant.into_decision();
-        let fields = Fields::of(&decision.without_shadow(), &config.headers);
+        let fields = decision.without_shadow().fields(&config.headers);
         let info = RateLimitInfo::new(Some(decision), store_failed);
         parts.extensions.insert(info);
         return Step::Forward(fields);
@@ -380,7 +380,7 @@ where
     // at their maximum hold if they set one
     let lease = refund.as_ref().and_then(|refund| refund.hold_leases());
     let shown = decision.without_shadow();
-    let mut fields = Fields::of(&shown, &config.headers);
+    let mut fields = shown.fields(&config.headers);
     // what the fields show after a refund, kept where one may follow
     let shown = (refund.is_some() && config.refunds_on_response).then(|| shown.into_owned());
     let mut request = Request::from_parts(parts, body);
@@ -402,7 +402,7 @@ where
                 (charged[j].limit.name(), amount)
             });
             shown.given_back(each);
-            fields = Fields::of(&shown, &config.headers);
+            fields = shown.fields(&config.headers);
         }
         if config.settles_after {
             let (head, body) = response.into_parts();
