@@ -145,7 +145,7 @@ pub mod watch;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-pub use calendar::{CalendarRate, Period};
+pub use calendar::Period;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
@@ -157,7 +157,7 @@ pub use limiter::{
 };
 pub use live::{LimitSource, LiveLimit, LiveLimits};
 pub use penalty::{Penalty, DEFAULT_FORGET_AFTER};
-pub use quota::{Algorithm, Burst, Quota, Rate};
+pub use quota::{Algorithm, Burst, CalendarRate, Quota, Rate};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

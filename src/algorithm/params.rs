@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use super::calendar::Calendar;
+use super::calendar;
 use super::{Params, State, Stored, EXACT};
+use crate::calendar::Calendar;
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
 
@@ -71,7 +72,7 @@ impl Window {
         match self.calendar {
             None => (at - at.rem_euclid(self.window), self.window),
             Some(c) => {
-                let (start, len, _) = c.window(at);
+                let (start, len, _) = calendar::window(c, at);
                 (start, len)
             }
         }
@@ -79,7 +80,8 @@ impl Window {
 
     /// The length of the window that begins at `start` (us).
     pub(crate) fn len_at(&self, start: i64) -> i64 {
-        self.calendar.map_or(self.window, |c| c.window(start).1)
+        self.calendar
+            .map_or(self.window, |c| calendar::window(c, start).1)
     }
 }
 
@@ -109,7 +111,7 @@ impl Shape for Window {
         [
             self.limit,
             self.window,
-            self.calendar.map_or(0, |c| c.code()),
+            self.calendar.map_or(0, |c| calendar::code(c)),
         ]
     }
 }

@@ -1,8 +1,9 @@
 //! Mirror of `lua/sliding_window.lua`: previous and current window counts.
 
-use super::calendar::Calendar;
+use super::calendar;
 use super::params::Shape;
 use super::{as_of, cdiv, fdiv, Algo, ConfigError, Quota};
+use crate::calendar::Calendar;
 
 /// The weights of a window's estimate have 2^20 steps per window.
 const WEIGHT_STEPS: u64 = 1 << 20;
@@ -28,7 +29,7 @@ impl Params {
     pub(crate) fn window_at(&self, at: i64) -> (i64, i64, i64) {
         match self.calendar {
             None => (at - at.rem_euclid(self.window), self.window, self.window),
-            Some(c) => c.window(at),
+            Some(c) => calendar::window(c, at),
         }
     }
 
@@ -36,7 +37,7 @@ impl Params {
     /// before it (us).
     fn lengths(&self, start: i64) -> (i64, i64) {
         self.calendar.map_or((self.window, self.window), |c| {
-            let (_, len, before) = c.window(start);
+            let (_, len, before) = calendar::window(c, start);
             (len, before)
         })
     }
@@ -101,7 +102,8 @@ impl Shape for Params {
         [
             self.limit,
             self.window,
-            self.calendar.map_or(i64::from(self.step), |c| c.code()),
+            self.calendar
+                .map_or(i64::from(self.step), |c| calendar::code(c)),
         ]
     }
 }
