@@ -339,17 +339,6 @@ impl LimitKeys {
     }
 }
 
-/// Counts one decision of the limit named `limit` with `outcome`, for a
-/// caller that has the name and not the [`Limit`](crate::Limit) (a
-/// layer's rejection): the name's keys are looked up under a lock, so this
-/// is for answers that are not on the common path (without metrics:
-/// nothing).
-#[cfg_attr(not(feature = "metrics"), inline(always), allow(unused_variables))]
-pub(crate) fn count_named(limit: &str, outcome: Outcome) {
-    #[cfg(feature = "metrics")]
-    crate::limit::Name::of(limit).keys.increment(outcome);
-}
-
 /// Whether a store's calls fail, as [`STORE_OUTAGE`] shows it: set when
 /// that changes (a load and a compare otherwise).
 #[derive(Debug, Default)]

@@ -25,7 +25,7 @@ pub(super) fn rejection<B>(
     default: impl FnOnce() -> RejectionResponse,
 ) -> Response<ResponseBody<B>> {
     if let Rejection::EstimateTooLarge { limit, .. } = &why {
-        crate::metrics::count_named(limit, crate::metrics::Outcome::EstimateTooLarge);
+        crate::limit::Name::count(limit, crate::metrics::Outcome::EstimateTooLarge);
     }
     let response = match &config.rejector {
         Some(handler) => handler(&why),
