@@ -1,4 +1,4 @@
-//! The layer's own answers: a refusal, a deny-listed request, a store
+//! The layer's own responses: a refusal, a deny-listed request, a store
 //! failure (per [`OnStoreError`]); a custom handler's when there is one.
 
 use std::time::Duration;
@@ -9,13 +9,13 @@ use smallvec::SmallVec;
 
 use super::body::RejectionResponse;
 use super::response::{
-    insert_headers, insert_retry_after, service_unavailable, too_many_requests, Answers,
+    insert_headers, insert_retry_after, service_unavailable, too_many_requests, Protocol,
 };
 use super::{Config, OnStoreError, Rejection, ResponseBody};
 use crate::fields::HeaderSet;
 use crate::{Decision, Error, Limiter};
 
-/// The layer's answer for `why`: the custom handler's, else `default`. An
+/// The layer's response for `why`: the custom handler's, else `default`. An
 /// estimate too large is counted here, under its limit
 /// ([`Outcome::EstimateTooLarge`](crate::metrics::Outcome::EstimateTooLarge)):
 /// no decision counts it.
@@ -45,7 +45,7 @@ pub(super) fn refused<B>(
     let violated: SmallVec<[&str; 2]> = decision.violated_limits().map(|s| s.name()).collect();
     tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
     let mut response = rejection(config, Rejection::Limited(decision), || {
-        Answers::to(parts).refused(decision)
+        Protocol::of(parts).refused(decision)
     });
     insert_retry_after(response.headers_mut(), decision);
     insert_headers(response.headers_mut(), shown, &config.headers);
@@ -61,7 +61,7 @@ pub(super) fn deny_listed<B>(config: &Config, parts: &Parts) -> Response<Respons
         crate::limiter::count::count_one(&rule.limit().load(), crate::metrics::Outcome::DenyListed);
     }
     rejection(config, Rejection::DenyListed, || {
-        Answers::to(parts).forbidden()
+        Protocol::of(parts).forbidden()
     })
 }
 
@@ -88,7 +88,7 @@ pub(super) fn after_failure<'a, B>(
         (OnStoreError::FailClosed { retry_after }, _) => {
             config.outage.failure(error, "refusing requests");
             let why = Rejection::StoreFailed(error);
-            let answer = || Answers::to(parts).store_unavailable(retry_after);
+            let answer = || Protocol::of(parts).store_unavailable(retry_after);
             AfterFailure::Answer(rejection(config, why, answer))
         }
         _ => {

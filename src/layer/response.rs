@@ -95,7 +95,7 @@ const STORE_UNAVAILABLE: &str = "The rate limiter is temporarily unavailable; re
 
 /// The default 503 of a store that failed, closed: an `about:blank`
 /// problem with a generic detail and `Retry-After` (see
-/// [`Answers::store_unavailable`]).
+/// [`Protocol::store_unavailable`]).
 pub(crate) fn service_unavailable(retry_after: Duration) -> http::Response<String> {
     let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -123,27 +123,27 @@ pub(crate) fn insert_retry_after(headers: &mut HeaderMap, decision: &Decision) {
     }
 }
 
-/// The layer's own answers to one request, in its protocol: HTTP (problem
-/// details), or with the `grpc` feature gRPC statuses for a gRPC call.
-/// Told from the request head only when the layer answers, so granted
-/// requests never pay for it.
+/// The protocol of one request, in which the layer's own responses to it
+/// are written: HTTP (problem details), or with the `grpc` feature gRPC
+/// statuses for a gRPC call. Told from the request head only when the
+/// layer responds itself, so granted requests never pay for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Answers {
+pub(crate) enum Protocol {
     Http,
     /// A gRPC call: trailers-only responses with a gRPC status.
     #[cfg(feature = "grpc")]
     Grpc,
 }
 
-impl Answers {
-    /// The answers a request with this head gets.
-    pub(crate) fn to(parts: &http::request::Parts) -> Answers {
+impl Protocol {
+    /// The protocol of a request with this head.
+    pub(crate) fn of(parts: &http::request::Parts) -> Protocol {
         #[cfg(feature = "grpc")]
         if crate::grpc::is_call(&parts.headers) {
-            return Answers::Grpc;
+            return Protocol::Grpc;
         }
         let _ = parts;
-        Answers::Http
+        Protocol::Http
     }
 
     /// A refused decision: 429 (see [`too_many_requests`]), or
@@ -151,12 +151,12 @@ impl Answers {
     /// when the cost can never fit).
     pub(crate) fn refused(self, decision: &Decision) -> Response {
         match self {
-            Answers::Http => too_many_requests(decision).map(Body::from),
+            Protocol::Http => too_many_requests(decision).map(Body::from),
             #[cfg(feature = "grpc")]
-            Answers::Grpc => {
+            Protocol::Grpc => {
                 let violated: Vec<&str> = decision.violated_limits().map(|s| s.name()).collect();
                 let detail = refusal_detail(decision, &violated);
-                self.answer(
+                self.response(
                     StatusCode::TOO_MANY_REQUESTS,
                     detail,
                     decision.retry_after(),
@@ -171,9 +171,9 @@ impl Answers {
     /// the logs, never for clients.
     pub(crate) fn store_unavailable(self, retry_after: Duration) -> Response {
         match self {
-            Answers::Http => service_unavailable(retry_after).map(Body::from),
+            Protocol::Http => service_unavailable(retry_after).map(Body::from),
             #[cfg(feature = "grpc")]
-            Answers::Grpc => self.answer(
+            Protocol::Grpc => self.response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 STORE_UNAVAILABLE.to_owned(),
                 Some(retry_after),
@@ -185,14 +185,14 @@ impl Answers {
     /// generic detail.
     pub(crate) fn forbidden(self) -> Response {
         let detail = "The request is not allowed.";
-        self.answer(StatusCode::FORBIDDEN, detail.to_owned(), None)
+        self.response(StatusCode::FORBIDDEN, detail.to_owned(), None)
     }
 
     /// No key for `limit`, refused with `status`: that status, or the gRPC
     /// code corresponding to it (`INVALID_ARGUMENT` for the default 400).
     pub(crate) fn missing_key(self, status: StatusCode, limit: &str) -> Response {
         let detail = format!("The request has no key for rate limit {limit}.");
-        self.answer(status, detail, None)
+        self.response(status, detail, None)
     }
 
     /// An estimate over what one request may take of `limit`: 400, or
@@ -211,21 +211,21 @@ impl Answers {
             "The request's estimated cost {estimate} is over the {most} one request may take \
              of rate limit {limit}: ask for at most {most}."
         );
-        self.answer(StatusCode::BAD_REQUEST, detail, None)
+        self.response(StatusCode::BAD_REQUEST, detail, None)
     }
 
     /// `status` with an `about:blank` problem saying `detail`, or for a gRPC
     /// call the code corresponding to `status`
     /// ([`crate::grpc::code_of`]) with `retry` as
-    /// `google.rpc.RetryInfo` ([`crate::grpc::answer`]); with `Retry-After`
+    /// `google.rpc.RetryInfo` ([`crate::grpc::trailers_only`]); with `Retry-After`
     /// when there is a `retry`.
-    fn answer(self, status: StatusCode, detail: String, retry: Option<Duration>) -> Response {
+    fn response(self, status: StatusCode, detail: String, retry: Option<Duration>) -> Response {
         let mut response = match self {
-            Answers::Http => problem(status, "about:blank", detail, None).map(Body::from),
+            Protocol::Http => problem(status, "about:blank", detail, None).map(Body::from),
             #[cfg(feature = "grpc")]
-            Answers::Grpc => {
+            Protocol::Grpc => {
                 let code = crate::grpc::code_of(status);
-                crate::grpc::answer(code, detail, retry).map(Body::new)
+                crate::grpc::trailers_only(code, detail, retry).map(Body::new)
             }
         };
         if let Some(retry) = retry {
