@@ -103,7 +103,7 @@ pub use self::body::ResponseBody;
 pub use self::builder::RateLimitLayerBuilder;
 pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
-pub use self::refusal::{answer, Refusal, Unavailable};
+pub use self::refusal::{respond, Refusal, Unavailable};
 pub use self::response::QUOTA_EXCEEDED;
 pub use self::rule::Rule;
 pub use self::service::RateLimit;

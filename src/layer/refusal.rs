@@ -69,8 +69,8 @@ pub(super) fn deny_listed<B>(config: &Config, parts: &Parts) -> Response<Respons
 pub(super) enum AfterFailure<'a, B> {
     /// Decide with the in-process fallback.
     Fallback(&'a Limiter),
-    /// Answer this (fail closed).
-    Answer(Response<ResponseBody<B>>),
+    /// Reject the request with this response (fail closed).
+    Reject(Response<ResponseBody<B>>),
     /// Forward without a decision (fail open).
     Pass,
 }
@@ -88,8 +88,8 @@ pub(super) fn after_failure<'a, B>(
         (OnStoreError::FailClosed { retry_after }, _) => {
             config.outage.failure(error, "refusing requests");
             let why = Rejection::StoreFailed(error);
-            let answer = || Protocol::of(parts).store_unavailable(retry_after);
-            AfterFailure::Answer(rejection(config, why, answer))
+            let response = || Protocol::of(parts).store_unavailable(retry_after);
+            AfterFailure::Reject(rejection(config, why, response))
         }
         _ => {
             config.outage.failure(error, "letting requests through");
@@ -257,14 +257,14 @@ impl axum::response::IntoResponse for Unavailable {
     }
 }
 
-/// A handler's answer to a decision it asked of a [`Limiter`] itself, as
-/// the layer would answer: `granted` with the decision's rate-limit fields
+/// A handler's response to a decision it asked of a [`Limiter`] itself, as
+/// the layer would respond: `granted` with the decision's rate-limit fields
 /// ([`Decision::insert_headers`]) when it was allowed, the layer's 429
 /// ([`Refusal::of`]) when it was refused, the layer's 503
 /// ([`Unavailable::of`]) when the store failed.
 ///
 /// ```
-/// use tower_ratelimit::layer::answer;
+/// use tower_ratelimit::layer::respond;
 /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -272,16 +272,16 @@ impl axum::response::IntoResponse for Unavailable {
 /// let sms = Limiter::new(MemoryStore::new(), Limit::new("sms", Quota::per_minute(3).sliding_log())?);
 /// let queued = || http::Response::builder().status(202).body(String::new()).unwrap();
 /// for _ in 0..3 {
-///     let response = answer(sms.check("+15550100", 1).await, queued());
+///     let response = respond(sms.check("+15550100", 1).await, queued());
 ///     assert_eq!(response.status(), 202);
 ///     assert!(response.headers().contains_key("ratelimit"));
 /// }
-/// let response = answer(sms.check("+15550100", 1).await, queued());
+/// let response = respond(sms.check("+15550100", 1).await, queued());
 /// assert_eq!(response.status(), 429);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-pub fn answer<B: From<String>>(
+pub fn respond<B: From<String>>(
     decided: Result<Decision, crate::Error>,
     granted: Response<B>,
 ) -> Response<B> {

@@ -169,9 +169,10 @@ impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
 /// `memcpy` call (what is rare is boxed): it is the output of the decision
 /// polled inside `call`.
 enum Step<B> {
-    /// Answer this: no key where the rule requires one, an estimate over
-    /// its cap, or the store failed and the layer fails closed.
-    Answer(Box<Response<ResponseBody<B>>>),
+    /// Reject the request with this response: no key where the rule
+    /// requires one, an estimate over its cap, or the store failed and the
+    /// layer fails closed.
+    Reject(Box<Response<ResponseBody<B>>>),
     /// Refused: answered 429 in `respond`.
     Refused(Decision),
     /// Forward the request, its [`RateLimitInfo`] already among its
@@ -211,7 +212,7 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
     }
     let chosen = match choose(config, parts) {
         Ok(chosen) => chosen,
-        Err(answer) => return Step::Answer(Box::new(answer)),
+        Err(rejected) => return Step::Reject(Box::new(rejected)),
     };
     #[cfg(feature = "resolver")]
     super::resolved::forget(parts);
@@ -248,7 +249,7 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
                     Err(_) => return pass(parts, true),
                 }
             }
-            AfterFailure::Answer(answer) => return Step::Answer(Box::new(answer)),
+            AfterFailure::Reject(rejected) => return Step::Reject(Box::new(rejected)),
             AfterFailure::Pass => return pass(parts, true),
         },
     };
@@ -294,10 +295,10 @@ where
     ResBody: Send + 'static,
 {
     match step {
-        Step::Answer(answer) => ResponseFuture::ready(Ok(*answer)),
+        Step::Reject(rejected) => ResponseFuture::ready(Ok(*rejected)),
         Step::Refused(decision) => {
-            let answer = refused(config, &parts, &decision, &decision.without_shadow());
-            ResponseFuture::ready(Ok(answer))
+            let refused = refused(config, &parts, &decision, &decision.without_shadow());
+            ResponseFuture::ready(Ok(refused))
         }
         Step::Forward(fields) => forward(inner, parts, body, fields),
         Step::Serve(granted) => {
