@@ -28,7 +28,7 @@ pub(crate) use self::driver::{charge, decide, take, Operand};
 pub(crate) use self::reply::ignored;
 #[cfg(feature = "redis")]
 pub(crate) use self::reply::packed_len;
-pub(crate) use self::reply::{Outcome, Reply, Status, Statuses};
+pub(crate) use self::reply::{Reply, Status, Statuses, VerdictCode};
 
 // Every algorithm: its public name, its id on the wire (what a limit's
 // string starts with, and its place in `lua/wire.lua`'s list), its state.

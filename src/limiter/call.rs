@@ -301,15 +301,15 @@ impl Limiter {
             )));
         }
         let us = |us: i64| u64::try_from(us).unwrap_or(0);
-        let (verdict, wait) = match reply.outcome {
-            algorithm::Outcome::Granted => (Verdict::Allowed, us(reply.wait)),
-            algorithm::Outcome::Denied => (
+        let (verdict, wait) = match reply.verdict {
+            algorithm::VerdictCode::Granted => (Verdict::Allowed, us(reply.wait)),
+            algorithm::VerdictCode::Denied => (
                 Verdict::Denied {
                     retry_after: Duration::from_micros(us(reply.wait)),
                 },
                 0,
             ),
-            algorithm::Outcome::Never => (Verdict::CostExceedsCapacity, 0),
+            algorithm::VerdictCode::Never => (Verdict::CostExceedsCapacity, 0),
         };
         let mut decision = Decision::unbound(verdict, wait);
         for (i, (check, status)) in checks.iter().zip(&reply.limits).enumerate() {
@@ -326,10 +326,10 @@ impl Limiter {
             let wait = status.wait();
             // (a block refuses whatever the wait allowed: it is never
             // reserved through)
-            let violated = match reply.outcome {
-                algorithm::Outcome::Never => wait.is_none(),
-                algorithm::Outcome::Denied => blocked || wait.is_some_and(|w| w > max_wait),
-                algorithm::Outcome::Granted => false,
+            let violated = match reply.verdict {
+                algorithm::VerdictCode::Never => wait.is_none(),
+                algorithm::VerdictCode::Denied => blocked || wait.is_some_and(|w| w > max_wait),
+                algorithm::VerdictCode::Granted => false,
             };
             // a limit in shadow mode never refuses
             let shadow = limit.is_shadow();

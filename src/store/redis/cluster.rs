@@ -25,7 +25,7 @@
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use crate::algorithm::{Outcome, Params, Reply};
+use crate::algorithm::{Params, Reply, VerdictCode};
 use crate::store::Engine;
 use crate::store::{keys, Check, Deadline, Settle, Settled};
 use crate::Error;
@@ -202,15 +202,15 @@ impl RedisStore {
         for reply in replies {
             reply?;
         }
-        let (outcome, wait) = if never {
-            (Outcome::Never, -1)
+        let (verdict, wait) = if never {
+            (VerdictCode::Never, -1)
         } else if wait > 0 {
-            (Outcome::Denied, wait)
+            (VerdictCode::Denied, wait)
         } else {
-            (Outcome::Granted, 0)
+            (VerdictCode::Granted, 0)
         };
         Ok(Reply {
-            outcome,
+            verdict,
             wait,
             now,
             limits,
