@@ -130,8 +130,9 @@ impl Shown for LimitStatus {
     }
 }
 
-/// The statuses of a decision: inline for one limit.
-pub(crate) type Statuses = SmallVec<[LimitStatus; 1]>;
+/// The statuses of a decision, a [`LimitStatus`] per limit: inline for
+/// one limit. (The scripts' per-limit statuses are `algorithm::Statuses`.)
+pub(crate) type LimitStatuses = SmallVec<[LimitStatus; 1]>;
 
 /// The answer to a check: a [`Verdict`] and the state of every limit.
 ///
@@ -143,7 +144,7 @@ pub struct Decision {
     pub(crate) verdict: Verdict,
     /// The reservation's wait, in microseconds.
     pub(crate) wait_us: u64,
-    pub(crate) statuses: Statuses,
+    pub(crate) statuses: LimitStatuses,
     pub(crate) binding: u32,
     pub(crate) cached: bool,
     /// The amount granted: the cost, or what `Limiter::take_up_to` took;
@@ -159,7 +160,7 @@ pub struct Decision {
 impl Decision {
     /// A decision; `wait_us` is the reservation's wait in microseconds.
     #[inline]
-    pub(crate) fn new(verdict: Verdict, wait_us: u64, statuses: Statuses) -> Self {
+    pub(crate) fn new(verdict: Verdict, wait_us: u64, statuses: LimitStatuses) -> Self {
         let mut decision = Self::unbound(verdict, wait_us);
         decision.statuses = statuses;
         decision.bind();
@@ -173,7 +174,7 @@ impl Decision {
         Self {
             verdict,
             wait_us,
-            statuses: Statuses::new(),
+            statuses: LimitStatuses::new(),
             binding: 0,
             cached: false,
             granted: 0,

@@ -318,7 +318,7 @@ impl Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::Statuses;
+    use crate::decision::LimitStatuses;
     use crate::{Limit, ManualClock, Quota};
 
     const T0: i64 = 1_800_000_000_000_000;
@@ -328,7 +328,11 @@ mod tests {
     }
 
     fn denied(retry: Duration) -> Decision {
-        Decision::new(Verdict::Denied { retry_after: retry }, 0, Statuses::new())
+        Decision::new(
+            Verdict::Denied { retry_after: retry },
+            0,
+            LimitStatuses::new(),
+        )
     }
 
     fn cache() -> (DenyCache, ManualClock) {
