@@ -62,12 +62,12 @@ pub enum ConfigError {
     /// has one too many. The current values stay.
     #[error("live limits unchanged: {0}")]
     Live(String),
-    /// A quota kept in the store was asked of a limit the limiter does not
-    /// have, or whose quota is not taken from the store
-    /// ([`Limit::quota_from_store`](crate::Limit::quota_from_store)), or
+    /// A stored quota was asked of a limit the limiter does not have, or
+    /// that does not use one
+    /// ([`Limit::use_stored_quota`](crate::Limit::use_stored_quota)), or
     /// is of another algorithm than the limit.
     #[error("stored quota: {0}")]
-    Stored(String),
+    StoredQuota(String),
     /// [`Limiter::acquire_lease`](crate::Limiter::acquire_lease) on a
     /// limiter without a [concurrency limit](crate::Limit::concurrency).
     #[error("no concurrency limit to lease a permit of")]

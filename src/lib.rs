@@ -15,8 +15,9 @@
 //!   decision (under load, one per batch of the decisions that arrived
 //!   while one was in flight), clock read from Redis `TIME`.
 //! - Limits can change while the fleet runs: a [`LiveLimit`] is swapped in
-//!   the process, a limit marked [`Limit::quota_from_store`] takes the quota
-//!   (and per-key overrides) every instance reads from the store.
+//!   the process, a limit marked [`Limit::use_stored_quota`] takes its
+//!   stored quota (and per-key overrides) every instance reads from the
+//!   store.
 //! - Beyond rates: a [`Limit::concurrency`] counts work in progress with
 //!   [leases](Lease) that expire unless renewed, and [`Limiter::charge`]
 //!   (or a layer rule's `cost_from_response`) charges a cost known only

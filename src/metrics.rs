@@ -35,7 +35,7 @@
 //!
 //! The quota gauges show what decided: a limit's quota, its new value after
 //! a [live change](crate::LiveLimit) (from the first decision the new
-//! value makes), and a [quota kept in the store](crate::Limit::quota_from_store)
+//! value makes), and a [stored quota](crate::Limit::use_stored_quota)
 //! when one decided. They are set when that quota differs from the one they
 //! show, not on every decision (with overrides per key, the last that
 //! decided). A grant near the limit counts under every limit of the

@@ -341,7 +341,7 @@ impl Quota {
 /// period before now. Months have their real lengths, leap years count,
 /// and the store's clock (Redis `TIME`, the memory store's [`Clock`])
 /// decides which period a decision falls in. A calendar quota is a
-/// limit's own: it cannot be kept in the store
+/// limit's own: it cannot be a stored quota
 /// ([`Admin::set_stored_quota`](crate::Admin::set_stored_quota) refuses it).
 ///
 /// # In Redis

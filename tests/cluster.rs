@@ -405,7 +405,7 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
     let prefix = unique_prefix("stored");
     let limit = Limit::new("reports", Quota::fixed_window(2, Duration::from_secs(3600)))
         .expect("limit")
-        .quota_from_store();
+        .use_stored_quota();
     let instance = || {
         Limiter::builder(store(cluster, &prefix))
             .limit(limit.clone())
@@ -437,7 +437,7 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
                 Quota::fixed_window(3, Duration::from_secs(3600)),
             )
             .expect("limit")
-            .quota_from_store(),
+            .use_stored_quota(),
         )
         .timeout(PATIENT)
         .build()

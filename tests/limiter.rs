@@ -551,7 +551,7 @@ async fn an_empty_key_is_an_error_on_both_stores() {
     let limit = || {
         Limit::new("l", Quota::sliding_log(5, Duration::from_secs(60)))
             .unwrap()
-            .quota_from_store()
+            .use_stored_quota()
             .with_penalty(
                 tower_ratelimit::Penalty::new(
                     3,

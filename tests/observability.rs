@@ -152,7 +152,7 @@ fn a_quota_kept_in_the_store_is_the_gauge_when_it_decides() {
         let hour = Duration::from_secs(3600);
         let limit = Limit::new("reports", Quota::fixed_window(5, hour))
             .expect("limit")
-            .quota_from_store();
+            .use_stored_quota();
         let limiter = Limiter::new(MemoryStore::new(), limit);
         limiter.check("acme", 1).await.expect("decision");
         assert_eq!((capacity(), window()), (Some(5.0), Some(3600.0)));

@@ -433,7 +433,7 @@ async fn a_penalty_works_with_a_quota_kept_in_the_store() {
     let prefix = unique_prefix("penalties-kept");
     let kept = Limit::new("kept", Quota::sliding_log(5, secs(60)))
         .expect("limit")
-        .quota_from_store()
+        .use_stored_quota()
         .with_penalty(Penalty::new(2, secs(60), [secs(40)]).expect("penalty"));
     let other = Limit::new("other", Quota::sliding_log(100, secs(60))).expect("limit");
     for limits in [vec![kept.clone()], vec![other, kept]] {

@@ -1,4 +1,4 @@
-//! Quotas kept in the store (`Limit::quota_from_store`): set through one
+//! Stored quotas (`Limit::use_stored_quota`): set through one
 //! limiter, in force for every other's next decision; per-key overrides;
 //! removal falls back to the limit's own quota with the state carried over.
 //! On both stores (the Redis one as two instances on one Redis).
@@ -20,7 +20,7 @@ fn reports(n: u64) -> Quota {
 fn limit(name: &str, n: u64) -> Limit {
     Limit::new(name, reports(n))
         .expect("valid limit")
-        .quota_from_store()
+        .use_stored_quota()
 }
 
 use common::{limiter_of as limiter, two_instances as instances};
@@ -229,7 +229,7 @@ async fn a_stored_quota_of_another_algorithm_does_not_decide() {
     let window = limit("mixed", 2);
     let gcra = Limit::new("mixed", Quota::gcra(100, HOUR, 100))
         .expect("limit")
-        .quota_from_store();
+        .use_stored_quota();
     let windows = limiter(common::redis_store(&prefix), &[window]);
     let buckets = limiter(common::redis_store(&prefix), &[gcra]);
     buckets
@@ -408,7 +408,7 @@ async fn changing_the_stored_quota_under_load_admits_at_most_the_larger() {
 /// Decides `key` (cost 0) with `limiter` until its limit reads `want`,
 /// for at most ten seconds: a change made behind the library's back is
 /// in force within a second of the store's clock (see
-/// `Limit::quota_from_store`), which a loaded machine may stretch in real
+/// `Limit::use_stored_quota`), which a loaded machine may stretch in real
 /// time; nothing here times it.
 async fn poll_limit(limiter: &Limiter, key: &str, want: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -601,7 +601,7 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
     let store = common::redis_store(&prefix);
     // GCRA, 60 an hour with a burst of 20: capacity 20
     let own = Quota::gcra(60, HOUR, 20);
-    let bad = Limit::new("bad", own).expect("limit").quota_from_store();
+    let bad = Limit::new("bad", own).expect("limit").use_stored_quota();
     let good = Limit::new("good", own).expect("limit");
     let a = limiter(store.clone(), std::slice::from_ref(&bad));
     let other = limiter(store, &[good]);
@@ -715,7 +715,7 @@ async fn a_kept_value_that_is_not_valid_is_logged_once() {
     let events = events::Events::capture();
     let prefix = unique_prefix("stored-logged");
     let own = Quota::gcra(60, HOUR, 20);
-    let warned = Limit::new("warned", own).expect("limit").quota_from_store();
+    let warned = Limit::new("warned", own).expect("limit").use_stored_quota();
     let a = limiter(common::redis_store(&prefix), &[warned]);
     let hash = quota_hash(&prefix, "warned");
     let mut conn = common::connection();

@@ -198,11 +198,11 @@ mod tests {
     use super::{cdiv, fdiv, Params};
     use proptest::prelude::*;
 
-    /// A kept quota reads in the form the crate writes, three parameters,
+    /// A stored quota reads in the form the crate writes, three parameters,
     /// and in the one 0.1 wrote, with a fourth slot that must be 0.
     #[test]
     #[cfg(feature = "redis")]
-    fn kept_quotas_read_in_both_forms() {
+    fn stored_quotas_read_in_both_forms() {
         let gcra = Params::Gcra(super::gcra::Params {
             capacity: 5,
             rate: 1,

@@ -1,6 +1,6 @@
 //! The parameters of a limit's algorithm: derived once from its quota and
 //! checked to stay exact in the doubles Redis Lua computes with, read from a
-//! kept quota's stored form.
+//! stored quota's form in the store.
 
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ pub(super) fn exact(value: u128, what: &str) -> Result<i64, ConfigError> {
 /// a bucket's ([`Bucket`]), a sliding window counter's.
 pub(crate) trait Shape: Copy + std::fmt::Debug + Eq {
     /// Its name in `lua/wire.lua`, which `valid_kept` in `lua/kept.lua`
-    /// checks a kept quota's parameters by.
+    /// checks a stored quota's parameters by.
     const KIND: &'static str;
     /// The parameters of a quota whose window (`window` microseconds, at
     /// most ten years) and amount are checked (see [`Params::derive`]).
@@ -261,7 +261,7 @@ fn quota_of(algorithm: Algorithm, [a, b, c]: [i64; 3]) -> Quota {
         amount: n(a),
         window: Duration::from_micros(n(window)),
         extra,
-        // (a kept quota is never a calendar quota: its code is negative)
+        // (a stored quota is never a calendar quota: its code is negative)
         calendar: None,
     }
 }

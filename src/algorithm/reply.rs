@@ -122,9 +122,9 @@ pub(crate) struct Reply {
     pub(crate) now: i64,
     /// Per limit, its status.
     pub(crate) limits: Statuses,
-    /// Per limit, the parameters of the quota kept in the store that
+    /// Per limit, the parameters of the stored quota that
     /// decided in place of the limit's own (see
-    /// [`Limit::quota_from_store`](crate::Limit::quota_from_store)); `None`
+    /// [`Limit::use_stored_quota`](crate::Limit::use_stored_quota)); `None`
     /// when every limit decided with its own.
     pub(crate) stored: Option<Box<[Option<Params>]>>,
 }
@@ -153,8 +153,8 @@ impl Reply {
         self.now + self.wait.max(0)
     }
 
-    /// The parameters limit `i` decided with, when a quota kept in the
-    /// store decided in place of its own.
+    /// The parameters limit `i` decided with, when a stored quota decided
+    /// in place of its own.
     pub(crate) fn stored(&self, i: usize) -> Option<&Params> {
         self.stored.as_ref()?.get(i)?.as_ref()
     }
@@ -177,7 +177,7 @@ impl Reply {
     /// (see [`StatusKind`]), wait, remaining and reset: little-endian
     /// doubles (see [`packed_len`]), each an integer below 2^53 in
     /// magnitude; then `i=<stored form>;` for each limit `i` (from 1) a
-    /// quota kept in the store decided. The decision's wait is the longest
+    /// stored quota decided. The decision's wait is the longest
     /// of its limits' (all are granted at once, or none), -1 when it is
     /// never granted.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -236,7 +236,7 @@ fn stored_quotas(tail: &[u8], limits: usize) -> Option<Option<Box<[Option<Params
 }
 
 /// The limits (from 0) of a decision's reply `bytes` over `limits` limits
-/// whose quota kept in the store, or override, in force was ignored: not
+/// whose stored quota, or override, in force was ignored: not
 /// valid (see [`Params::from_stored`]) or of another algorithm than the
 /// limit's (`i=!;` in the reply's tail, see `lua/driver.lua`). `extra`
 /// doubles follow the statuses (a take's amount).

@@ -16,7 +16,7 @@ pub(crate) enum Op {
     Refund = 1,
     /// Take what is available, at most the cost.
     Take = 2,
-    /// Change a kept quota (`HSET`, `HSETNX` or `HDEL` on its hash).
+    /// Change a stored quota (`HSET`, `HSETNX` or `HDEL` on its hash).
     Change = 3,
     /// Charge each cost, whatever is left.
     Charge = 4,

@@ -52,7 +52,7 @@ struct Inner {
     #[cfg(feature = "metrics")]
     size_gauge: crate::metrics::SizeGauge,
     shared: super::Shared,
-    /// Quotas kept in the store (see `Limit::quota_from_store`).
+    /// Quotas kept in the store (see `Limit::use_stored_quota`).
     kept: kept::Kept,
     /// Penalty states, by the shard of their key (see `penalized.rs`).
     pens: Box<[Mutex<penalized::Pens>]>,

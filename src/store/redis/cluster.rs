@@ -74,7 +74,7 @@ pub(super) const SLOTS: u16 = 16384;
 
 /// A hash tag for each slot (`{n}` for the smallest number n that lands
 /// there): where a quota kept in the store is copied, once per slot, so
-/// that a decision finds it in its own slot (see `Limit::quota_from_store`).
+/// that a decision finds it in its own slot (see `Limit::use_stored_quota`).
 pub(super) fn slot_tag(of: u16) -> &'static str {
     static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     let tags = TAGS.get_or_init(|| {

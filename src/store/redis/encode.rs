@@ -164,7 +164,7 @@ pub(super) fn write_limit(out: &mut Vec<u8>, limit: &Limit, digits: &mut itoa::B
         }
         out.push(b';');
     }
-    if limit.is_quota_from_store() {
+    if limit.uses_stored_quota() {
         out.push(b'c');
     }
     write_stored_form(out, limit.params(), digits);
@@ -220,7 +220,7 @@ impl RedisStore {
                 _ => None,
             };
             let name = check.limit.name().as_bytes();
-            let stored = configured && check.limit.is_quota_from_store();
+            let stored = configured && check.limit.uses_stored_quota();
             let own = out.keys.len();
             for part in check.limit.params().algorithm().key_parts() {
                 let start = out.buf.len();
