@@ -111,7 +111,7 @@ impl Shape for Window {
         [
             self.limit,
             self.window,
-            self.calendar.map_or(0, |c| calendar::code(c)),
+            self.calendar.map_or(0, calendar::code),
         ]
     }
 }

@@ -102,8 +102,7 @@ impl Shape for Params {
         [
             self.limit,
             self.window,
-            self.calendar
-                .map_or(i64::from(self.step), |c| calendar::code(c)),
+            self.calendar.map_or(i64::from(self.step), calendar::code),
         ]
     }
 }
