@@ -61,11 +61,9 @@ impl fmt::Display for Algorithm {
 /// # let _ = (sms, uploads, daily);
 /// ```
 ///
-/// The positional constructors ([`Quota::gcra`], [`Quota::token_bucket`],
-/// [`Quota::sliding_log`], ...) build the same quotas and remain for code
-/// that computes its arguments; in code a person reads, prefer the steps:
-/// `gcra(rate, period, burst)` and `token_bucket(capacity, refill, period)`
-/// order their amounts differently, and swapped amounts compile.
+/// The steps are the one way to build a quota: code that computes its
+/// amounts passes them to the same steps
+/// (`Quota::rate(refill, period).allow_burst(capacity).token_bucket()`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota {
     pub(crate) algorithm: Algorithm,
@@ -102,47 +100,6 @@ impl Quota {
     /// `amount` per `period` (see [`Rate`]): `Quota::rate(100, fifteen_minutes)`.
     pub const fn rate(amount: u64, period: Duration) -> Rate {
         Rate::new(amount, period)
-    }
-
-    /// At most `limit` permits in any window of length `window` (exact).
-    /// The same as `Quota::rate(limit, window).sliding_log()`.
-    /// Costs one sorted-set entry per grant: prefer [`Quota::sliding_window`]
-    /// for limits in the hundred thousands.
-    pub fn sliding_log(limit: u64, window: Duration) -> Self {
-        Quota::rate(limit, window).sliding_log()
-    }
-
-    /// A bucket of `capacity` tokens, refilled by `refill` tokens every `period`
-    /// (continuously, in proportion to the time elapsed). Starts full.
-    ///
-    /// Positional: prefer
-    /// `Quota::rate(refill, period).allow_burst(capacity).token_bucket()`,
-    /// which cannot be misread.
-    pub fn token_bucket(capacity: u64, refill: u64, period: Duration) -> Self {
-        Quota::rate(refill, period)
-            .allow_burst(capacity)
-            .token_bucket()
-    }
-
-    /// `rate` permits per `period` on average, with bursts of up to `burst`.
-    ///
-    /// Positional: prefer `Quota::rate(rate, period).allow_burst(burst).gcra()`
-    /// (or `Quota::per_second(rate)...`), which cannot be misread.
-    pub fn gcra(rate: u64, period: Duration, burst: u64) -> Self {
-        Quota::rate(rate, period).allow_burst(burst).gcra()
-    }
-
-    /// At most `limit` permits per window, windows aligned to the Unix epoch.
-    /// The same as `Quota::rate(limit, window).fixed_window()`.
-    pub fn fixed_window(limit: u64, window: Duration) -> Self {
-        Quota::rate(limit, window).fixed_window()
-    }
-
-    /// At most about `limit` permits in any window of length `window`, estimated
-    /// from two counters: O(1) memory whatever the limit.
-    /// The same as `Quota::rate(limit, window).sliding_window()`.
-    pub fn sliding_window(limit: u64, window: Duration) -> Self {
-        Quota::rate(limit, window).sliding_window()
     }
 
     /// The algorithm.
@@ -230,20 +187,21 @@ impl Rate {
         Burst { rate: self, burst }
     }
 
-    /// At most this amount in any window of one period, exactly: one stored
-    /// entry per grant (see [`Quota::sliding_log`]).
+    /// At most this amount in any window of one period, exactly. Costs one
+    /// stored entry (a sorted-set entry in Redis) per grant: prefer
+    /// [`sliding_window`](Self::sliding_window) for limits in the hundred
+    /// thousands.
     pub const fn sliding_log(self) -> Quota {
         Quota::windowed(Algorithm::SlidingLog, self)
     }
 
-    /// At most this amount per period, periods aligned to the Unix epoch
-    /// (see [`Quota::fixed_window`]).
+    /// At most this amount per period, periods aligned to the Unix epoch.
     pub const fn fixed_window(self) -> Quota {
         Quota::windowed(Algorithm::FixedWindow, self)
     }
 
-    /// At most about this amount in any window of one period, from two
-    /// counters (see [`Quota::sliding_window`]).
+    /// At most about this amount in any window of one period, estimated
+    /// from two counters: O(1) memory whatever the amount.
     pub const fn sliding_window(self) -> Quota {
         Quota::windowed(Algorithm::SlidingWindow, self)
     }
@@ -269,13 +227,13 @@ pub struct Burst {
 }
 
 impl Burst {
-    /// GCRA (see [`Quota::gcra`]): the rate on average, `burst` at once.
+    /// GCRA: the rate on average, `burst` at once.
     pub const fn gcra(self) -> Quota {
         self.quota(Algorithm::Gcra)
     }
 
-    /// A token bucket of `burst` tokens refilled at the rate (see
-    /// [`Quota::token_bucket`]).
+    /// A token bucket of `burst` tokens, refilled at the rate
+    /// (continuously, in proportion to the time elapsed). Starts full.
     pub const fn token_bucket(self) -> Quota {
         self.quota(Algorithm::TokenBucket)
     }
@@ -491,31 +449,45 @@ mod tests {
     use super::*;
     use crate::{ConfigError, Limit};
 
+    /// What a quota is made of: its algorithm, capacity, window and refill.
+    fn parts(q: Quota) -> (Algorithm, u64, Duration, Option<u64>) {
+        (q.algorithm(), q.capacity(), q.window(), q.refill())
+    }
+
     #[test]
-    fn named_steps_build_the_positional_quotas() {
+    fn named_steps_build_the_quotas_they_name() {
         let (s, m) = (Duration::from_secs(1), Duration::from_secs(60));
+        // a rate of 10 per second, bursts of 20
         assert_eq!(
-            Quota::per_second(10).allow_burst(20).gcra(),
-            Quota::gcra(10, s, 20)
+            parts(Quota::per_second(10).allow_burst(20).gcra()),
+            (Algorithm::Gcra, 20, s, Some(10))
+        );
+        // a bucket of 20, refilled by 10 every second
+        assert_eq!(
+            parts(Quota::per_second(10).allow_burst(20).token_bucket()),
+            (Algorithm::TokenBucket, 20, s, Some(10))
         );
         assert_eq!(
-            Quota::per_second(10).allow_burst(20).token_bucket(),
-            Quota::token_bucket(20, 10, s)
-        );
-        assert_eq!(Quota::per_minute(3).sliding_log(), Quota::sliding_log(3, m));
-        assert_eq!(
-            Quota::per_hour(5).fixed_window(),
-            Quota::fixed_window(5, 60 * m)
+            parts(Quota::per_minute(3).sliding_log()),
+            (Algorithm::SlidingLog, 3, m, None)
         );
         assert_eq!(
-            Quota::per_day(7).sliding_window(),
-            Quota::sliding_window(7, 24 * 60 * m)
+            parts(Quota::per_hour(5).fixed_window()),
+            (Algorithm::FixedWindow, 5, 60 * m, None)
         );
         assert_eq!(
-            Quota::rate(4, m).token_bucket(),
-            Quota::token_bucket(4, 4, m)
+            parts(Quota::per_day(7).sliding_window()),
+            (Algorithm::SlidingWindow, 7, 24 * 60 * m, None)
         );
-        assert_eq!(Quota::rate(4, m).gcra(), Quota::gcra(4, m, 4));
+        // without a burst, a bucket holds one period's amount
+        assert_eq!(
+            parts(Quota::rate(4, m).token_bucket()),
+            (Algorithm::TokenBucket, 4, m, Some(4))
+        );
+        assert_eq!(
+            parts(Quota::rate(4, m).gcra()),
+            (Algorithm::Gcra, 4, m, Some(4))
+        );
         assert_eq!(
             Quota::per_second(10).allow_burst(20).gcra().refill(),
             Some(10)
@@ -546,39 +518,43 @@ mod tests {
 
     #[test]
     fn reduces_rates_and_rejects_bad_quotas() {
-        let l = Limit::new("a", Quota::gcra(10, Duration::from_secs(1), 10)).unwrap();
+        let l = Limit::new("a", Quota::per_second(10).allow_burst(10).gcra()).unwrap();
         assert_eq!(l.params().wire()[..3], [10, 1, 100_000]);
         assert_eq!(l.policy_window(), Duration::from_secs(1));
         let day = Duration::from_secs(86_400);
-        let l = Limit::new("a", Quota::token_bucket(1_000_000, 1_000_000, day)).unwrap();
-        assert_eq!(l.params().wire()[..3], [1_000_000, 1, 86_400]);
-        assert!(Limit::new(
+        let l = Limit::new(
             "a",
-            Quota::sliding_window(1_000_000, Duration::from_secs(3600))
+            Quota::rate(1_000_000, day)
+                .allow_burst(1_000_000)
+                .token_bucket(),
         )
-        .is_ok());
+        .unwrap();
+        assert_eq!(l.params().wire()[..3], [1_000_000, 1, 86_400]);
+        assert!(Limit::new("a", Quota::per_hour(1_000_000).sliding_window()).is_ok());
         assert!(matches!(
-            Limit::new("a", Quota::sliding_window(1 << 33, day)),
+            Limit::new("a", Quota::rate(1 << 33, day).sliding_window()),
             Err(ConfigError::OutOfRange(_))
         ));
         assert!(matches!(
-            Limit::new("a", Quota::fixed_window(1, Duration::ZERO)),
+            Limit::new("a", Quota::rate(1, Duration::ZERO).fixed_window()),
             Err(ConfigError::ZeroWindow { .. })
         ));
         assert!(matches!(
-            Limit::new("a", Quota::gcra(0, day, 1)),
+            Limit::new("a", Quota::rate(0, day).allow_burst(1).gcra()),
             Err(ConfigError::ZeroAmount { what: "rate" })
         ));
         assert!(matches!(
             Limit::new(
                 "a",
-                Quota::token_bucket(5, 1, Duration::from_secs(40 * 366 * 86_400))
+                Quota::rate(1, Duration::from_secs(40 * 366 * 86_400))
+                    .allow_burst(5)
+                    .token_bucket()
             ),
             Err(ConfigError::OutOfRange(_))
         ));
         for bad in ["", "a:b", "{x}", "a b", &"x".repeat(65)] {
             assert!(matches!(
-                Limit::new(bad, Quota::fixed_window(1, day)),
+                Limit::new(bad, Quota::rate(1, day).fixed_window()),
                 Err(ConfigError::InvalidName(_))
             ));
         }

@@ -24,10 +24,10 @@ use crate::ConfigError;
 /// use std::time::Duration;
 /// use tower_ratelimit::{ConfigError, Limit, Quota};
 ///
-/// let sms = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?;
+/// let sms = Limit::new("sms", Quota::per_minute(3).sliding_log())?;
 /// assert_eq!(sms.name(), "sms");
 /// assert!(matches!(
-///     Limit::new("sms", Quota::sliding_log(0, Duration::from_secs(60))),
+///     Limit::new("sms", Quota::per_minute(0).sliding_log()),
 ///     Err(ConfigError::ZeroAmount { .. })
 /// ));
 /// # Ok::<(), ConfigError>(())

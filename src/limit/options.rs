@@ -54,7 +54,7 @@ impl Limit {
         max: u64,
         lease: Duration,
     ) -> Result<Self, ConfigError> {
-        let mut limit = Self::new(name, Quota::sliding_log(max, lease))?;
+        let mut limit = Self::new(name, Quota::rate(max, lease).sliding_log())?;
         limit.leases = true;
         Ok(limit)
     }

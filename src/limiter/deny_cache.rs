@@ -324,7 +324,7 @@ mod tests {
     const T0: i64 = 1_800_000_000_000_000;
 
     fn limit() -> Limit {
-        Limit::new("login", Quota::gcra(1, Duration::from_secs(60), 1)).expect("limit")
+        Limit::new("login", Quota::per_minute(1).allow_burst(1).gcra()).expect("limit")
     }
 
     fn denied(retry: Duration) -> Decision {

@@ -664,7 +664,7 @@ mod tests {
         let minute = Duration::from_secs(60);
         let clock = ManualClock::new(1_800_000_000_000_000);
         let store = MemoryStore::with_clock(clock.clone());
-        let limit = Limit::new("l", Quota::fixed_window(1, minute))
+        let limit = Limit::new("l", Quota::rate(1, minute).fixed_window())
             .expect("limit")
             .with_penalty(
                 Penalty::new(1, minute, [minute])

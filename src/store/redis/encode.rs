@@ -357,8 +357,8 @@ mod tests {
             .build()
             .expect("store");
         let minute = Duration::from_secs(60);
-        let log = Limit::new("log", Quota::sliding_log(3, minute)).expect("limit");
-        let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
+        let log = Limit::new("log", Quota::rate(3, minute).sliding_log()).expect("limit");
+        let gcra = Limit::new("g", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
         let keys: [&[u8]; 3] = [b"a}:{b", b"a}:{b", b"x"];
         let checks = [
             Check {
@@ -414,7 +414,7 @@ mod tests {
             .build()
             .expect("store");
         let minute = Duration::from_secs(60);
-        let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
+        let gcra = Limit::new("g", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
         let decide = Operation::Decide {
             max_wait: 0,
             dry: false,
