@@ -85,6 +85,26 @@
 //!   reads as absent from then on; a key's TTL only reclaims memory (see
 //!   [`RedisStoreBuilder::expiry_slack`]).
 //!
+//! # Floors
+//!
+//! Imports only go down. Each module of `src/` stands on a floor and
+//! imports only from modules on lower floors: the modules of one floor do
+//! not import one another (a module's own files aside, and its test
+//! module, which may use anything). `tests/floors.rs` reads this table and
+//! holds every `crate::` path of `src/` to it.
+//!
+//! | floor | modules | what they are |
+//! |---|---|---|
+//! | 9 | `layer` | the Tower layer: rules, the service, its responses |
+//! | 8 | `plan`, `watch` | the layer's plan resolver; a file of limits, watched |
+//! | 7 | `limiter`, `key`, `config` | the decisions a request and an operator make; what a request is counted by; limits read from configuration |
+//! | 6 | `store`, `live` | the memory and Redis engines, which know nothing of the limiter, the keys or the layer; limits swapped while running |
+//! | 5 | `limit` | a named, validated quota and what it does besides counting |
+//! | 4 | `metrics` | the counters and gauges, read off a limit's status |
+//! | 3 | `algorithm`, `decision` | the in-process mirror of `lua/`; what a check returns |
+//! | 2 | `quota`, `fields`, `penalty`, `hot` | what a quota is; the rate-limit header fields a decision and the layer write; penalties; hot keys |
+//! | 1 | `calendar`, `clock`, `error`, `grpc`, `sync`, `text` | shared below everything: calendar periods, time, errors, gRPC statuses, the lock, text on the stack |
+//!
 //! # Features
 //!
 //! | feature | default | what it adds |
