@@ -7,8 +7,8 @@
 use std::fmt;
 
 /// A calendar period: the window of a calendar quota (see
-/// [`CalendarRate`]). In configuration files (feature `serde`) it is written
-/// `day`, `week`, `month` or `year`.
+/// [`CalendarRate`](crate::CalendarRate)). In configuration files (feature
+/// `serde`) it is written `day`, `week`, `month` or `year`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
