@@ -12,7 +12,6 @@ use super::response::{
     insert_headers, insert_retry_after, service_unavailable, too_many_requests, Protocol,
 };
 use super::{Config, OnStoreError, Rejection, ResponseBody};
-use crate::fields::HeaderSet;
 use crate::{Decision, Error, Limiter};
 
 /// The layer's response for `why`: the custom handler's, else `default`. An
@@ -102,7 +101,7 @@ pub(super) fn after_failure<'a, B>(
 /// when it calls a [`Limiter`] itself: 429 (without `Retry-After` when the
 /// cost can never fit), `Retry-After`, `Cache-Control: no-store`, the
 /// `RateLimit-Policy` and `RateLimit` fields (shadow limits left out), and
-/// the `quota-exceeded` problem body, as the layer answers. Made by
+/// the `quota-exceeded` problem body, as the layer responds. Made by
 /// [`Refusal::of`]; returned from an axum handler (it implements
 /// `IntoResponse`, feature `axum`) or turned into an `http::Response` of
 /// any body made from a `String`.
@@ -135,11 +134,7 @@ impl Refusal {
         }
         let mut response = too_many_requests(decision);
         insert_retry_after(response.headers_mut(), decision);
-        insert_headers(
-            response.headers_mut(),
-            &decision.without_shadow(),
-            &HeaderSet::default(),
-        );
+        decision.insert_headers(response.headers_mut());
         Some(Refusal(response))
     }
 }
@@ -158,7 +153,7 @@ impl axum::response::IntoResponse for Refusal {
     }
 }
 
-/// The layer's answer when its store fails and it fails closed
+/// The layer's response when its store fails and it fails closed
 /// ([`OnStoreError::FailClosed`], the default), as a response a handler
 /// returns when it calls a [`Limiter`] itself and the call fails: 503
 /// Service Unavailable, `Retry-After`, `Cache-Control: no-store` and an
@@ -189,16 +184,16 @@ impl axum::response::IntoResponse for Refusal {
 pub struct Unavailable(Response<String>);
 
 impl Unavailable {
-    /// The layer's answer to the store failure `error` when it fails closed
+    /// The layer's response to the store failure `error` when it fails closed
     /// (the default [`OnStoreError`]): 503, `Retry-After: 1`, and a problem
     /// body that says nothing of the error, for a handler that calls a
     /// [`Limiter`] itself and fails closed as the layer does;
     /// [`retry_after`](Self::retry_after) sets another wait.
     ///
-    /// It answers every error alike, as the layer does; the errors a
+    /// It is the same for every error, as the layer's is; the errors a
     /// caller's own arguments cause ([`EmptyKey`](Error::EmptyKey),
     /// [`KeyCount`](Error::KeyCount), [`WaitTooLong`](Error::WaitTooLong),
-    /// [`Config`](Error::Config)) are better answered otherwise (a request
+    /// [`Config`](Error::Config)) are better met otherwise (a request
     /// without a key: 400, as the layer's [`MissingKey`](super::MissingKey)
     /// default).
     ///
@@ -228,13 +223,13 @@ impl Unavailable {
         Unavailable::new(super::FAIL_CLOSED_RETRY_AFTER)
     }
 
-    /// The answer with `Retry-After` for `retry_after` (whole seconds,
+    /// The response with `Retry-After` for `retry_after` (whole seconds,
     /// rounded up, at least 1).
     pub(crate) fn new(retry_after: Duration) -> Unavailable {
         Unavailable(service_unavailable(retry_after))
     }
 
-    /// The same answer with `Retry-After` for `retry_after` (whole
+    /// The same response with `Retry-After` for `retry_after` (whole
     /// seconds, rounded up, at least 1), as a layer configured with
     /// `OnStoreError::FailClosed { retry_after }` sends it.
     #[must_use]
