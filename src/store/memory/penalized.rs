@@ -19,7 +19,7 @@ use super::pens::{PenShard, PenSlot, PEN_SAMPLE};
 use super::share::{search, Usage};
 use super::states::States;
 use super::Replied;
-use crate::algorithm::{Outcome, Reply, Status};
+use crate::algorithm::{Reply, Status, VerdictCode};
 use crate::clock::Clock;
 use crate::penalty::{PenParams, PenState};
 use crate::store::{lock, Check, Penalty};
@@ -124,7 +124,7 @@ impl Penalties {
                 // one limit, blocked: its quota is not consulted
                 let left = lefts.first().copied().flatten().unwrap_or(0);
                 let reply = Reply {
-                    outcome: Outcome::Denied,
+                    verdict: VerdictCode::Denied,
                     wait: left,
                     now: store_now,
                     limits: smallvec::smallvec![Status::Blocked { left }],
@@ -143,7 +143,8 @@ impl Penalties {
         }
         let mut ran = run(checks, false);
         let counted = refusals.zip(ran.reply());
-        let Some((max_wait, reply)) = counted.filter(|(_, r)| r.outcome == Outcome::Denied) else {
+        let Some((max_wait, reply)) = counted.filter(|(_, r)| r.verdict == VerdictCode::Denied)
+        else {
             return ran;
         };
         // count a refusal for each penalized limit that refused
@@ -418,7 +419,7 @@ fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
         }
     }
     if reply.limits.iter().any(|l| l.wait().is_none()) {
-        (reply.outcome, reply.wait) = (Outcome::Never, -1);
+        (reply.verdict, reply.wait) = (VerdictCode::Never, -1);
     } else {
         let wait = reply
             .limits
@@ -426,7 +427,7 @@ fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
             .filter_map(Status::wait)
             .max()
             .unwrap_or(0);
-        (reply.outcome, reply.wait) = (Outcome::Denied, wait);
+        (reply.verdict, reply.wait) = (VerdictCode::Denied, wait);
     }
 }
 
@@ -446,7 +447,7 @@ mod tests {
         let minute = Duration::from_secs(60);
         let clock = ManualClock::new(1_800_000_000_000_000);
         let store = MemoryStore::with_clock(clock.clone());
-        let limit = Limit::new("l", Quota::fixed_window(1, minute))
+        let limit = Limit::new("l", Quota::rate(1, minute).fixed_window())
             .expect("limit")
             .with_penalty(
                 Penalty::new(1, minute, [minute])

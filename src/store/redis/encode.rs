@@ -164,7 +164,7 @@ pub(super) fn write_limit(out: &mut Vec<u8>, limit: &Limit, digits: &mut itoa::B
         }
         out.push(b';');
     }
-    if limit.is_quota_from_store() {
+    if limit.uses_stored_quota() {
         out.push(b'c');
     }
     write_stored_form(out, limit.params(), digits);
@@ -220,7 +220,7 @@ impl RedisStore {
                 _ => None,
             };
             let name = check.limit.name().as_bytes();
-            let stored = configured && check.limit.is_quota_from_store();
+            let stored = configured && check.limit.uses_stored_quota();
             let own = out.keys.len();
             for part in check.limit.params().algorithm().key_parts() {
                 let start = out.buf.len();
@@ -357,8 +357,8 @@ mod tests {
             .build()
             .expect("store");
         let minute = Duration::from_secs(60);
-        let log = Limit::new("log", Quota::sliding_log(3, minute)).expect("limit");
-        let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
+        let log = Limit::new("log", Quota::rate(3, minute).sliding_log()).expect("limit");
+        let gcra = Limit::new("g", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
         let keys: [&[u8]; 3] = [b"a}:{b", b"a}:{b", b"x"];
         let checks = [
             Check {
@@ -414,7 +414,7 @@ mod tests {
             .build()
             .expect("store");
         let minute = Duration::from_secs(60);
-        let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
+        let gcra = Limit::new("g", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
         let decide = Operation::Decide {
             max_wait: 0,
             dry: false,

@@ -1,4 +1,4 @@
-//! Quotas kept in Redis (see `Limit::quota_from_store`): one hash per limit,
+//! Quotas kept in Redis (see `Limit::use_stored_quota`): one hash per limit,
 //! `<prefix>:q:<limit>` (on a cluster, one per slot, see
 //! `RedisStore::quota_key`), field `""` the limit's quota (on a cluster,
 //! copied to every slot's hash), and per key an override, under the key's
