@@ -212,11 +212,14 @@ impl RedisStore {
             keys: SmallVec::new(),
             args: SmallVec::new(),
         };
+        // the first key of the check before (a quota's hash or a penalty
+        // key may follow it)
+        let mut before: Option<Range<usize>> = None;
         for (i, check) in checks.iter().enumerate() {
             // limits of one request often share its key: escape it once
             let shared = i > 0 && checks[i - 1].key == check.key;
-            let tag = match (shared, out.keys.last()) {
-                (true, Some(last)) => Some(out.tag_of(last.clone(), prefix.len())),
+            let tag = match (shared, before.take()) {
+                (true, Some(first)) => Some(out.tag_of(first, prefix.len())),
                 _ => None,
             };
             let name = check.limit.name().as_bytes();
@@ -236,6 +239,7 @@ impl RedisStore {
                 out.buf.extend_from_slice(part.as_bytes());
                 out.keys.push(start..out.buf.len());
             }
+            before = out.keys.get(own).cloned();
             if stored {
                 let tag = out.keys.last().map(|k| out.tag_of(k.clone(), prefix.len()));
                 let tag = tag
@@ -403,6 +407,32 @@ mod tests {
         let refund = store.encode(&checks[2..], Operation::Refund { at: 7 });
         let args: Vec<&[u8]> = refund.args().collect();
         assert_eq!(args, [b"o:0:0:0:0:1:7".to_vec(), wire(&gcra, "2")]);
+    }
+
+    /// A limit keyed like the one before it takes that key's tag from the
+    /// other's own keys, not from the hash of its kept quotas that
+    /// follows them: a decision and a reset name the same keys.
+    #[test]
+    fn a_key_shared_with_a_limit_whose_quota_is_kept_keeps_its_tag() {
+        let store = RedisStore::builder("redis://127.0.0.1:1/")
+            .prefix("p")
+            .build()
+            .expect("store");
+        let minute = Duration::from_secs(60);
+        let kept = Limit::new("a", Quota::gcra(1, minute, 2))
+            .expect("limit")
+            .quota_from_store();
+        let own = Limit::new("b", Quota::gcra(1, minute, 2)).expect("limit");
+        let checks = [&kept, &own].map(|limit| Check {
+            limit,
+            key: b"k",
+            cost: 1,
+        });
+        let decided = store.encode_keys(&checks, true);
+        let expected: [&[u8]; 3] = [b"p:{k}:a:gcra", b"p:q:a", b"p:{k}:b:gcra"];
+        assert!(decided.keys().eq(expected.iter().copied()));
+        let reset = store.encode_keys(&checks, false);
+        assert!(reset.keys().eq([expected[0], expected[2]]));
     }
 
     /// A batch sends consecutive decisions with the same arguments as one
