@@ -67,7 +67,7 @@ impl Engine for RedisStore {
             for key in self.encode_keys(checks, false).keys() {
                 cmd.arg(key);
             }
-            self.command(cmd, deadline).await
+            self.inner.lanes.command(&cmd, deadline).await
         }))
     }
 

@@ -93,14 +93,14 @@ pub(super) struct Lanes {
     changed: tokio::sync::Notify,
 }
 
-/// A connection lent to one request.
-pub(super) struct Lease {
-    pub(super) conn: Conn,
+/// A connection lent to one request (see [`Lanes::run`]).
+struct Loan {
+    conn: Conn,
     index: usize,
     generation: u64,
 }
 
-/// What became of one request on a lease.
+/// What became of one request on a loaned connection.
 pub(super) enum Landing<T> {
     /// An answer, or an error that is not the connection's.
     Done(RedisResult<T>),
@@ -160,18 +160,18 @@ impl Lanes {
             // the common case, a live connection in the first lane, needs no
             // future; waiting for one is boxed, so that every request's
             // future stays small
-            let lease = match self.lease_now() {
-                Some(lease) => lease,
-                None => deadline.bound(Box::pin(self.lease())).await?,
+            let loan = match self.try_loan() {
+                Some(loan) => loan,
+                None => deadline.bound(Box::pin(self.loan())).await?,
             };
             let flight = Flight {
                 lanes: self,
-                index: lease.index,
-                generation: lease.generation,
-                answers: self.lanes[lease.index].answers.load(Ordering::Relaxed),
+                index: loan.index,
+                generation: loan.generation,
+                answers: self.lanes[loan.index].answers.load(Ordering::Relaxed),
                 installed: self.generation.load(Ordering::Relaxed),
             };
-            let Ok(result) = tokio::time::timeout_at(deadline.at(), op(lease.conn)).await else {
+            let Ok(result) = tokio::time::timeout_at(deadline.at(), op(loan.conn)).await else {
                 flight.unanswered();
                 return Err(deadline.error());
             };
@@ -186,6 +186,16 @@ impl Lanes {
         }
     }
 
+    /// `cmd`'s reply over a lane's connection (see [`run`](Self::run)).
+    pub(super) async fn command<T: redis::FromRedisValue>(
+        self: &Arc<Self>,
+        cmd: &redis::Cmd,
+        deadline: Deadline,
+    ) -> Result<T, Error> {
+        self.run(deadline, |mut conn| async move { conn.query(cmd).await })
+            .await
+    }
+
     /// The first live lane's connection, if any and the circuit is closed.
     ///
     /// Lanes are tried in order, not in turn: every decision goes over the
@@ -195,7 +205,7 @@ impl Lanes {
     /// lanes in turn would make more and smaller writes and reads, which
     /// cost the server more CPU per decision, and one more shared counter
     /// written per decision.
-    fn lease_now(&self) -> Option<Lease> {
+    fn try_loan(&self) -> Option<Loan> {
         if self.is_open() {
             return None;
         }
@@ -204,7 +214,7 @@ impl Lanes {
 
     /// A connection: the first live one; waits for the background task
     /// when no lane has one.
-    async fn lease(self: &Arc<Self>) -> Result<Lease, Error> {
+    async fn loan(self: &Arc<Self>) -> Result<Loan, Error> {
         loop {
             if self.is_open() {
                 self.repair();
@@ -216,11 +226,11 @@ impl Lanes {
             let mut empty = false;
             for index in 0..self.lanes.len() {
                 match self.live(index) {
-                    Some(lease) => {
+                    Some(loan) => {
                         if empty {
                             self.repair();
                         }
-                        return Ok(lease);
+                        return Ok(loan);
                     }
                     None => empty = true,
                 }
@@ -231,10 +241,10 @@ impl Lanes {
     }
 
     /// Lane `index`'s connection, if it has one.
-    fn live(&self, index: usize) -> Option<Lease> {
+    fn live(&self, index: usize) -> Option<Loan> {
         let lane = self.lanes.get(index)?.lock();
         let live = lane.as_ref()?;
-        Some(Lease {
+        Some(Loan {
             conn: live.conn.clone(),
             index,
             generation: live.generation,
@@ -350,7 +360,7 @@ impl Lanes {
     }
 }
 
-/// One request in flight on a lease, until it lands or meets its deadline.
+/// One request in flight on a loaned connection, until it lands or meets its deadline.
 /// Dropped otherwise (its caller went away), it leaves no trace: a caller
 /// leaving is no news of the connection.
 struct Flight<'a> {

@@ -54,7 +54,12 @@ impl RedisStore {
         for name in ["maxmemory", "maxmemory-policy", "appendonly", "save"] {
             let mut cmd = redis::cmd("CONFIG");
             cmd.arg("GET").arg(name);
-            match self.command::<HashMap<String, String>>(cmd, deadline).await {
+            match self
+                .inner
+                .lanes
+                .command::<HashMap<String, String>>(&cmd, deadline)
+                .await
+            {
                 Ok(values) => config.extend(values),
                 Err(error) => {
                     tracing::debug!(

@@ -89,7 +89,7 @@ impl RedisStore {
             .arg(counted)
             .arg(now);
         let deadline = Deadline::after(period.min(Duration::from_secs(2))).start();
-        self.command::<u64>(cmd, deadline).await
+        self.inner.lanes.command::<u64>(&cmd, deadline).await
     }
 }
 

@@ -65,25 +65,16 @@ impl RedisStore {
         Place { hashes, field }
     }
 
-    /// Runs one command on a lane's connection.
-    pub(super) async fn command<T: redis::FromRedisValue>(
-        &self,
-        cmd: redis::Cmd,
-        deadline: Deadline,
-    ) -> Result<T, Error> {
-        let cmd = &cmd;
-        self.inner
-            .lanes
-            .run(deadline, |mut conn| async move { conn.query(cmd).await })
-            .await
-    }
-
     /// The store's time (us): its clock's, or the server's `TIME`.
     async fn store_now(&self, deadline: Deadline) -> Result<i64, Error> {
         if let Some(clock) = &self.inner.shared.clock {
             return Ok(clock.now_micros());
         }
-        let (secs, micros): (i64, i64) = self.command(redis::cmd("TIME"), deadline).await?;
+        let (secs, micros): (i64, i64) = self
+            .inner
+            .lanes
+            .command(&redis::cmd("TIME"), deadline)
+            .await?;
         Ok(secs * 1_000_000 + micros)
     }
 
@@ -98,7 +89,7 @@ impl RedisStore {
             return Ok(None);
         };
         let get = redis::cmd("HGET").arg(hash).arg(&place.field).clone();
-        let value: Option<Vec<u8>> = self.command(get, deadline).await?;
+        let value: Option<Vec<u8>> = self.inner.lanes.command(&get, deadline).await?;
         let Some(value) = value else {
             return Ok(None);
         };
