@@ -1,8 +1,7 @@
 //! Configuring a [`RedisStore`]: what it connects to (one server, a
 //! cluster, Sentinel), with what prefix, lanes, clock and certificates.
 
-use std::sync::atomic::{AtomicBool, AtomicU8};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, Runtime};
@@ -10,7 +9,7 @@ use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 
 use super::conn::Lanes;
 use super::connector::Connector;
-use super::script::UNTRIED;
+use super::script::Library;
 use super::{Inner, RedisStore};
 use crate::clock::Clock;
 use crate::ConfigError;
@@ -237,10 +236,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             inner: Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
                 prefix: self.prefix,
-                mode: AtomicU8::new(UNTRIED),
-                loading: tokio::sync::Mutex::new(()),
-                scripts_until: Mutex::new(None),
-                load_failed: AtomicBool::new(false),
+                library: Library::new(),
                 lanes: Lanes::new(connector, self.lanes),
                 slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
                 fleet: OnceLock::new(),

@@ -24,8 +24,7 @@ mod fleet;
 mod script;
 mod stored;
 
-use std::sync::atomic::{AtomicBool, AtomicU8};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use deadpool_redis::Pool;
 
@@ -33,24 +32,15 @@ use self::backend::read_reply;
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::conn::Lanes;
-use self::encode::Operation;
-use self::script::DELIVERY;
+use self::encode::{Encoded, Operation};
+use self::script::{Library, DELIVERY};
 use super::{Check, Deadline, Settle, Settled};
 use crate::{ConfigError, Error};
 
 struct Inner {
     prefix: String,
-    /// `UNTRIED`, `FUNCTIONS` or `SCRIPTS`.
-    mode: AtomicU8,
-    /// Held while the library is loaded: one `FUNCTION LOAD` at a time, the
-    /// other decisions wait for it rather than each compiling the library.
-    loading: tokio::sync::Mutex<()>,
-    /// After a failed `FUNCTION LOAD` (say, Redis over `maxmemory` refuses
-    /// it), decisions run as scripts until then, and the load is tried again.
-    scripts_until: Mutex<Option<tokio::time::Instant>>,
-    /// Whether `scripts_until` may hold a time: read by every decision, so
-    /// that the common one takes no lock.
-    load_failed: AtomicBool,
+    /// The library as the servers run it, loaded where missing.
+    library: Library,
     /// The connections, and what replaces them when they fail.
     lanes: Arc<Lanes>,
     /// Microseconds keys outlive their state.
@@ -291,6 +281,17 @@ impl RedisStore {
             }
             _ => Ok(Settled::default()),
         }
+    }
+
+    /// Runs the library on `encoded` over a lane's connection.
+    fn call<'a>(
+        &'a self,
+        encoded: &'a Encoded,
+        deadline: Deadline,
+    ) -> impl std::future::Future<Output = Result<Vec<u8>, Error>> + Send + 'a {
+        self.inner
+            .library
+            .call(&self.inner.lanes, encoded, deadline)
     }
 
     /// Runs the library's function for `operation` on `checks` over a
