@@ -2,7 +2,6 @@
 //! settlement and a take, each one call of the library (or one per slot of
 //! a cluster).
 
-use super::encode::Operation;
 use super::RedisStore;
 use crate::algorithm::Reply;
 use crate::store::{
@@ -43,8 +42,7 @@ impl Engine for RedisStore {
                 return Box::pin(self.decide_across_slots(checks, &groups, dry, deadline)).await;
             }
             // keys in one slot: one call
-            let operation = Operation::Decide { max_wait, dry };
-            let encoded = self.encode(checks, operation);
+            let encoded = self.inner.encoder.decide(checks, max_wait, dry);
             let packed = if self.inner.coalesce {
                 let slot = self.slot_of(checks);
                 self.decide_coalesced(encoded, slot, deadline).await?
@@ -64,7 +62,7 @@ impl Engine for RedisStore {
         let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
             let mut cmd = redis::cmd("DEL");
-            for key in self.encode_keys(checks, false).keys() {
+            for key in self.inner.encoder.keys(checks, false).keys() {
                 cmd.arg(key);
             }
             self.inner.lanes.command(&cmd, deadline).await
@@ -89,8 +87,6 @@ impl Engine for RedisStore {
         }))
     }
 
-    /// The library's take operation (op 2, see `lua/limits.lua`): one call
-    /// through [`invoke`](RedisStore::invoke).
     fn take<'a>(
         &'a self,
         checks: &'a [Check<'a>],
@@ -98,7 +94,8 @@ impl Engine for RedisStore {
     ) -> Answer<'a, Result<(Reply, i64), Error>> {
         let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
-            let packed = self.invoke(checks, Operation::Take, deadline).await?;
+            let encoded = self.inner.encoder.take(checks);
+            let packed = self.call(&encoded, deadline).await?;
             self.report_ignored(&packed, checks, 1);
             read_reply(
                 &packed,

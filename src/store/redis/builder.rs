@@ -9,6 +9,7 @@ use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 
 use super::conn::Lanes;
 use super::connector::Connector;
+use super::encode::Encoder;
 use super::script::Library;
 use super::{Inner, RedisStore};
 use crate::clock::Clock;
@@ -235,10 +236,14 @@ impl RedisStoreBuilder {
         }
         Ok(RedisStore {
             inner: Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
-                prefix: self.prefix,
+                encoder: Encoder::new(
+                    self.prefix,
+                    i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
+                    self.clock.clone(),
+                    connector.is_cluster(),
+                ),
                 library: Library::new(),
                 lanes: Lanes::new(connector, self.lanes),
-                slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
                 fleet: OnceLock::new(),
                 heartbeat: self.heartbeat,
                 shared: crate::store::Shared::new(

@@ -76,7 +76,7 @@ impl RedisStore {
         if !lacks.is_empty() {
             tracing::warn!(
                 target: "tower_ratelimit",
-                prefix = %self.inner.prefix,
+                prefix = %self.inner.encoder.prefix(),
                 "a limit with a calendar quota (per day, week, month, year) is decided in a Redis \
                  that may forget what it counted: {}. A forgotten count starts the period over \
                  for its key (see CalendarRate's docs).",

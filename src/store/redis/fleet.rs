@@ -63,7 +63,7 @@ impl RedisStore {
                 // (tried again by the next layer built over the store)
                 Err(_) => tracing::warn!(
                     target: "tower_ratelimit",
-                    prefix = %self.inner.prefix,
+                    prefix = %self.inner.encoder.prefix(),
                     "a memory fallback was set up outside a Tokio runtime: its fleet heartbeat \
                      cannot start, so during a Redis outage this instance grants the full quota \
                      of each limit rather than its share. Build the layer inside the runtime."
@@ -77,14 +77,14 @@ impl RedisStore {
     async fn heartbeat(&self, fleet: &Fleet, period: Duration) -> Result<u64, Error> {
         let counted = period.saturating_mul(PERIODS_COUNTED);
         let counted = u64::try_from(counted.as_millis()).unwrap_or(u64::MAX);
-        let now = match &self.inner.shared.clock {
-            Some(clock) => (clock.now_micros() / 1000).to_string(),
+        let now = match self.inner.encoder.clock_time() {
+            Some(us) => (us / 1000).to_string(),
             None => String::new(),
         };
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(HEARTBEAT)
             .arg(1)
-            .arg(format!("{}:fleet", self.inner.prefix))
+            .arg(self.inner.encoder.fleet_key())
             .arg(fleet.id())
             .arg(counted)
             .arg(now);

@@ -32,19 +32,18 @@ use self::backend::read_reply;
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::conn::Lanes;
-use self::encode::{Encoded, Operation};
+use self::encode::{Encoded, Encoder};
 use self::script::{Library, DELIVERY};
 use super::{Check, Deadline, Settle, Settled};
 use crate::{ConfigError, Error};
 
 struct Inner {
-    prefix: String,
+    /// Each call's keys and arguments: the prefix, the slack, the clock.
+    encoder: Encoder,
     /// The library as the servers run it, loaded where missing.
     library: Library,
     /// The connections, and what replaces them when they fail.
     lanes: Arc<Lanes>,
-    /// Microseconds keys outlive their state.
-    slack: i64,
     /// This handle's place among the instances sharing the store, kept by
     /// a heartbeat every `heartbeat` (see `fleet.rs`); made when the
     /// fallback is set up.
@@ -122,7 +121,7 @@ pub struct RedisStore {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("prefix", &self.inner.prefix)
+            .field("prefix", &self.inner.encoder.prefix())
             .field("lanes", &self.inner.lanes.len())
             .finish()
     }
@@ -205,7 +204,7 @@ impl RedisStore {
 
     /// The key prefix.
     pub fn prefix(&self) -> &str {
-        &self.inner.prefix
+        self.inner.encoder.prefix()
     }
 
     /// The name of the Redis Function that decides (what `FCALL` calls); its
@@ -269,12 +268,9 @@ impl RedisStore {
         how: Settle,
         deadline: Deadline,
     ) -> Result<Settled, Error> {
-        let operation = match how {
-            Settle::Refund { at } => Operation::Refund { at },
-            Settle::Charge => Operation::Charge,
-            Settle::Renew { at } => Operation::Renew { at },
-        };
-        let packed = self.invoke(checks, operation, deadline).await?;
+        let packed = self
+            .call(&self.inner.encoder.settle(checks, how), deadline)
+            .await?;
         match how {
             Settle::Renew { .. } => {
                 read_reply(&packed, checks.len(), Settled::from_packed, "renewing ")
@@ -292,17 +288,5 @@ impl RedisStore {
         self.inner
             .library
             .call(&self.inner.lanes, encoded, deadline)
-    }
-
-    /// Runs the library's function for `operation` on `checks` over a
-    /// lane's connection: the one way every operation but a reset reaches
-    /// Redis.
-    async fn invoke(
-        &self,
-        checks: &[Check<'_>],
-        operation: Operation,
-        deadline: Deadline,
-    ) -> Result<Vec<u8>, Error> {
-        self.call(&self.encode(checks, operation), deadline).await
     }
 }

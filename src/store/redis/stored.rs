@@ -19,7 +19,6 @@ use std::sync::Mutex;
 
 use super::encode::Encoded;
 use super::RedisStore;
-use crate::algorithm::wire::{Op, Opt, Options};
 use crate::algorithm::Params;
 use crate::penalty::PenState;
 use crate::store::{lock, Check, Deadline, Penalty, Quotas};
@@ -42,7 +41,7 @@ impl RedisStore {
     /// its limit's.
     fn place(&self, check: &Check<'_>, keyed: bool) -> Place {
         // a configured limit's keys: its state keys, then its quotas' hash
-        let encoded = self.encode_keys(std::slice::from_ref(check), true);
+        let encoded = self.inner.encoder.keys(std::slice::from_ref(check), true);
         let keys: Vec<&[u8]> = encoded.keys().collect();
         // (after the state keys; a penalty key may follow)
         let n = check.limit.params().algorithm().key_parts().len();
@@ -50,16 +49,13 @@ impl RedisStore {
             (Some(first), Some(hash)) => (first.to_vec(), hash.to_vec()),
             _ => (Vec::new(), Vec::new()),
         };
-        #[allow(unused_mut)]
         let mut hashes = vec![hash];
-        #[cfg(feature = "cluster")]
-        if !keyed && self.inner.lanes.is_cluster() {
-            let name = check.limit.name();
-            let own = hashes[0].clone();
-            hashes.extend((0..super::cluster::SLOTS).filter_map(|slot| {
-                let key = self.quota_key(name, super::cluster::slot_tag(slot).as_bytes());
-                (key != own).then_some(key)
-            }));
+        if !keyed {
+            let copies = self
+                .inner
+                .encoder
+                .quota_copies(check.limit.name(), &hashes[0]);
+            hashes.extend(copies);
         }
         let field = if keyed { first } else { Vec::new() };
         Place { hashes, field }
@@ -67,8 +63,8 @@ impl RedisStore {
 
     /// The store's time (us): its clock's, or the server's `TIME`.
     async fn store_now(&self, deadline: Deadline) -> Result<i64, Error> {
-        if let Some(clock) = &self.inner.shared.clock {
-            return Ok(clock.now_micros());
+        if let Some(us) = self.inner.encoder.clock_time() {
+            return Ok(us);
         }
         let (secs, micros): (i64, i64) = self
             .inner
@@ -224,28 +220,9 @@ impl RedisStore {
         change: Penalty,
         deadline: Deadline,
     ) -> Result<Option<(PenState, i64)>, Error> {
-        if check.limit.pen_params().is_none() {
-            return Ok(None);
-        }
-        let encoded = self.encode_keys(std::slice::from_ref(check), true);
-        let Some(key) = encoded.keys().last() else {
+        let Some(encoded) = self.inner.encoder.penalty(check, change) else {
             return Ok(None);
         };
-        let now = self
-            .inner
-            .shared
-            .clock
-            .as_ref()
-            .map_or(0, |c| c.now_micros());
-        let (what, us) = change.code();
-        let mut options = Vec::new();
-        Options::op(Op::Penalty)
-            .with(Opt::Now, now)
-            .with(Opt::Slack, self.inner.slack)
-            .with(Opt::At, what)
-            .with(Opt::Block, us)
-            .write(&mut options);
-        let encoded = Encoded::penalty(key, &options, check.limit);
         let reply = self.call(&encoded, deadline).await?;
         let values: Vec<i64> = reply
             .chunks_exact(8)
@@ -291,7 +268,7 @@ impl RedisStore {
                 tracing::warn!(
                     target: "tower_ratelimit",
                     limit = name,
-                    prefix = %self.inner.prefix,
+                    prefix = %self.inner.encoder.prefix(),
                     "a quota kept in the store for this limit, or an override of one of its \
                      keys, in <prefix>:q:<limit> is not valid (or of another algorithm): \
                      ignored, the limit's own quota decides; logged once"
