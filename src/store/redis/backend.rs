@@ -43,12 +43,8 @@ impl Engine for RedisStore {
             }
             // keys in one slot: one call
             let encoded = self.inner.encoder.decide(checks, max_wait, dry);
-            let packed = if self.inner.coalesce {
-                let slot = self.slot_of(checks);
-                self.decide_coalesced(encoded, slot, deadline).await?
-            } else {
-                self.call(&encoded, deadline).await?
-            };
+            let coalescer = &self.inner.coalescer;
+            let packed = coalescer.decide(self, checks, encoded, deadline).await?;
             self.report_ignored(&packed, checks, 0);
             read_reply(&packed, checks.len(), Reply::from_packed, "")
         }))

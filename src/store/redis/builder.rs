@@ -7,6 +7,7 @@ use std::time::Duration;
 use deadpool_redis::{Manager, Pool, Runtime};
 use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 
+use super::batch::Coalescer;
 use super::conn::Lanes;
 use super::connector::Connector;
 use super::encode::Encoder;
@@ -234,15 +235,13 @@ impl RedisStoreBuilder {
                 )));
             }
         }
+        let cluster = connector.is_cluster();
+        let slack = i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4);
         Ok(RedisStore {
             inner: Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
-                encoder: Encoder::new(
-                    self.prefix,
-                    i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
-                    self.clock.clone(),
-                    connector.is_cluster(),
-                ),
+                encoder: Encoder::new(self.prefix, slack, self.clock.clone(), cluster),
                 library: Library::new(),
+                coalescer: Coalescer::new(self.coalesce, cluster),
                 lanes: Lanes::new(connector, self.lanes),
                 fleet: OnceLock::new(),
                 heartbeat: self.heartbeat,
@@ -254,8 +253,6 @@ impl RedisStoreBuilder {
                         move || RedisStore::fleet_of(weak.upgrade()?)
                     })),
                 ),
-                batcher: Default::default(),
-                coalesce: self.coalesce,
             }),
         })
     }

@@ -29,6 +29,7 @@ use std::sync::{Arc, OnceLock};
 use deadpool_redis::Pool;
 
 use self::backend::read_reply;
+use self::batch::Coalescer;
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::conn::Lanes;
@@ -53,9 +54,7 @@ struct Inner {
     /// The clock, the names, the fallback (see [`Shared`](super::Shared)).
     shared: super::Shared,
     /// Decisions waiting to go out together (see `batch.rs`).
-    batcher: batch::Batcher,
-    /// Whether decisions are coalesced (per slot on a cluster).
-    coalesce: bool,
+    coalescer: Coalescer,
 }
 
 /// Limit state in Redis, shared by every instance that uses the same Redis
@@ -245,19 +244,6 @@ impl RedisStore {
             return None;
         }
         cluster::slot_groups(checks)
-    }
-
-    /// The cluster slot of checks whose keys share one (0 on one server):
-    /// what their decisions are coalesced per (see `batch.rs`).
-    fn slot_of(&self, checks: &[Check<'_>]) -> u16 {
-        #[cfg(feature = "cluster")]
-        if self.inner.lanes.is_cluster() {
-            return checks
-                .first()
-                .map_or(0, |check| cluster::slot(super::keys::tag(check.key)));
-        }
-        let _ = checks;
-        0
     }
 
     /// A settlement of checks whose keys share a slot (the library's ops 1,
