@@ -34,7 +34,8 @@ impl Engine for RedisStore {
         let deadline = deadline.start();
         Answer::Later(Box::pin(async move {
             if self.inner.shared.names.take_calendar_check() {
-                self.check_durability();
+                let inner = &self.inner;
+                super::durability::check(&inner.lanes, inner.encoder.prefix());
             }
             #[cfg(feature = "cluster")]
             if let Some(groups) = self.slot_groups(checks) {

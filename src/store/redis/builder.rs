@@ -1,7 +1,7 @@
 //! Configuring a [`RedisStore`]: what it connects to (one server, a
 //! cluster, Sentinel), with what prefix, lanes, clock and certificates.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, Runtime};
@@ -11,6 +11,7 @@ use super::batch::Coalescer;
 use super::conn::Lanes;
 use super::connector::Connector;
 use super::encode::Encoder;
+use super::fleet::Heartbeat;
 use super::script::Library;
 use super::{Inner, RedisStore};
 use crate::clock::Clock;
@@ -243,14 +244,16 @@ impl RedisStoreBuilder {
                 library: Library::new(),
                 coalescer: Coalescer::new(self.coalesce, cluster),
                 lanes: Lanes::new(connector, self.lanes),
-                fleet: OnceLock::new(),
-                heartbeat: self.heartbeat,
+                heartbeat: Heartbeat::new(self.heartbeat),
                 shared: crate::store::Shared::new(
                     "redis",
                     self.clock,
                     Some(crate::store::Fallback::new({
                         let weak = weak.clone();
-                        move || RedisStore::fleet_of(weak.upgrade()?)
+                        move || {
+                            let inner = weak.upgrade()?;
+                            inner.heartbeat.fleet(&inner)
+                        }
                     })),
                 ),
             }),

@@ -24,7 +24,7 @@ mod fleet;
 mod script;
 mod stored;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use deadpool_redis::Pool;
 
@@ -34,6 +34,7 @@ pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
 use self::conn::Lanes;
 use self::encode::{Encoded, Encoder};
+use self::fleet::Heartbeat;
 use self::script::{Library, DELIVERY};
 use super::{Check, Deadline, Settle, Settled};
 use crate::{ConfigError, Error};
@@ -45,12 +46,9 @@ struct Inner {
     library: Library,
     /// The connections, and what replaces them when they fail.
     lanes: Arc<Lanes>,
-    /// This handle's place among the instances sharing the store, kept by
-    /// a heartbeat every `heartbeat` (see `fleet.rs`); made when the
-    /// fallback is set up.
-    fleet: OnceLock<Arc<crate::store::fleet::Fleet>>,
-    /// The fleet heartbeat's period; zero: none.
-    heartbeat: std::time::Duration,
+    /// This handle's place among the instances sharing the store, and
+    /// the heartbeat that keeps it (see `fleet.rs`).
+    heartbeat: Heartbeat,
     /// The clock, the names, the fallback (see [`Shared`](super::Shared)).
     shared: super::Shared,
     /// Decisions waiting to go out together (see `batch.rs`).
