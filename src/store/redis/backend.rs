@@ -46,7 +46,7 @@ impl Engine for RedisStore {
             let encoded = self.inner.encoder.decide(checks, max_wait, dry);
             let coalescer = &self.inner.coalescer;
             let packed = coalescer.decide(self, checks, encoded, deadline).await?;
-            self.report_ignored(&packed, checks, 0);
+            super::stored::report_ignored(self.prefix(), &packed, checks, 0);
             read_reply(&packed, checks.len(), Reply::from_packed, "")
         }))
     }
@@ -93,7 +93,7 @@ impl Engine for RedisStore {
         Answer::Later(Box::pin(async move {
             let encoded = self.inner.encoder.take(checks);
             let packed = self.call(&encoded, deadline).await?;
-            self.report_ignored(&packed, checks, 1);
+            super::stored::report_ignored(self.prefix(), &packed, checks, 1);
             read_reply(
                 &packed,
                 checks.len(),
@@ -110,15 +110,12 @@ impl Engine for RedisStore {
         op: Quotas<'a>,
         deadline: Deadline,
     ) -> Answer<'a, Result<Quoted, Error>> {
-        let deadline = deadline.start();
-        Answer::Later(Box::pin(async move {
-            Ok(match op {
-                Quotas::Read => Quoted::Read(self.read_quota_now(check, keyed, deadline).await?),
-                change => {
-                    Quoted::Changed(self.write_quota_now(check, keyed, change, deadline).await?)
-                }
-            })
-        }))
+        Answer::Later(Box::pin(self.admin().quotas(
+            check,
+            keyed,
+            op,
+            deadline.start(),
+        )))
     }
 
     fn penalty<'a>(
@@ -127,7 +124,7 @@ impl Engine for RedisStore {
         op: Penalty,
         deadline: Deadline,
     ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>> {
-        Answer::Later(Box::pin(self.penalty_now(check, op, deadline.start())))
+        Answer::Later(Box::pin(self.admin().penalty(check, op, deadline.start())))
     }
 
     fn shared(&self) -> &Shared {

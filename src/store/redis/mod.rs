@@ -36,6 +36,7 @@ use self::conn::Lanes;
 use self::encode::{Encoded, Encoder};
 use self::fleet::Heartbeat;
 use self::script::{Library, DELIVERY};
+use self::stored::Admin;
 use super::{Check, Deadline, Settle, Settled};
 use crate::{ConfigError, Error};
 
@@ -260,6 +261,15 @@ impl RedisStore {
                 read_reply(&packed, checks.len(), Settled::from_packed, "renewing ")
             }
             _ => Ok(Settled::default()),
+        }
+    }
+
+    /// The admin operations over the store's components.
+    fn admin(&self) -> Admin<'_> {
+        Admin {
+            encoder: &self.inner.encoder,
+            library: &self.inner.library,
+            lanes: &self.inner.lanes,
         }
     }
 

@@ -1,6 +1,9 @@
+//! The Redis engine's admin operations: the quotas kept in the store and
+//! the keys' penalty states, read and changed by hand.
+//!
 //! Quotas kept in Redis (see `Limit::quota_from_store`): one hash per limit,
 //! `<prefix>:q:<limit>` (on a cluster, one per slot, see
-//! `RedisStore::quota_key`), field `""` the limit's quota (on a cluster,
+//! `Encoder::quota_key`), field `""` the limit's quota (on a cluster,
 //! copied to every slot's hash), and per key an override, under the key's
 //! first state key, in the hash of that key's slot. Each value is the
 //! limit's stored form (`encode::write_stored_form`), an override's
@@ -15,13 +18,15 @@
 //! override is next set or removed.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 
-use super::encode::Encoded;
-use super::RedisStore;
+use super::conn::Lanes;
+use super::encode::{Encoded, Encoder};
+use super::script::Library;
 use crate::algorithm::Params;
 use crate::penalty::PenState;
-use crate::store::{lock, Check, Deadline, Penalty, Quotas};
+use crate::store::{lock, Check, Deadline, Penalty, Quotas, Quoted};
 use crate::{Error, Quota};
 
 /// Hashes written at once while a limit's quota is copied to every slot.
@@ -36,12 +41,36 @@ struct Place {
     field: Vec<u8>,
 }
 
-impl RedisStore {
+/// The admin operations of a store (the contract's `quotas` and
+/// `penalty`), over its encoder, library and lanes.
+#[derive(Clone, Copy)]
+pub(super) struct Admin<'a> {
+    pub(super) encoder: &'a Encoder,
+    pub(super) library: &'a Library,
+    pub(super) lanes: &'a Arc<Lanes>,
+}
+
+impl Admin<'_> {
+    /// Reads `check`'s kept quota (`Quotas::Read`), or changes it: its
+    /// key's override when `keyed`, else its limit's.
+    pub(super) async fn quotas(
+        self,
+        check: &Check<'_>,
+        keyed: bool,
+        op: Quotas<'_>,
+        deadline: Deadline,
+    ) -> Result<Quoted, Error> {
+        Ok(match op {
+            Quotas::Read => Quoted::Read(self.read_quota(check, keyed, deadline).await?),
+            change => Quoted::Changed(self.write_quota(check, keyed, change, deadline).await?),
+        })
+    }
+
     /// Where `check`'s kept quota is: its key's override when `keyed`, else
     /// its limit's.
     fn place(&self, check: &Check<'_>, keyed: bool) -> Place {
         // a configured limit's keys: its state keys, then its quotas' hash
-        let encoded = self.inner.encoder.keys(std::slice::from_ref(check), true);
+        let encoded = self.encoder.keys(std::slice::from_ref(check), true);
         let keys: Vec<&[u8]> = encoded.keys().collect();
         // (after the state keys; a penalty key may follow)
         let n = check.limit.params().algorithm().key_parts().len();
@@ -51,10 +80,7 @@ impl RedisStore {
         };
         let mut hashes = vec![hash];
         if !keyed {
-            let copies = self
-                .inner
-                .encoder
-                .quota_copies(check.limit.name(), &hashes[0]);
+            let copies = self.encoder.quota_copies(check.limit.name(), &hashes[0]);
             hashes.extend(copies);
         }
         let field = if keyed { first } else { Vec::new() };
@@ -62,20 +88,29 @@ impl RedisStore {
     }
 
     /// The store's time (us): its clock's, or the server's `TIME`.
-    async fn store_now(&self, deadline: Deadline) -> Result<i64, Error> {
-        if let Some(us) = self.inner.encoder.clock_time() {
+    async fn store_time(self, deadline: Deadline) -> Result<i64, Error> {
+        if let Some(us) = self.encoder.clock_time() {
             return Ok(us);
         }
-        let (secs, micros): (i64, i64) = self
-            .inner
-            .lanes
-            .command(&redis::cmd("TIME"), deadline)
-            .await?;
+        let time = redis::cmd("TIME");
+        let (secs, micros): (i64, i64) = self.lanes.command(&time, deadline).await?;
         Ok(secs * 1_000_000 + micros)
     }
 
-    pub(super) async fn read_quota_now(
-        &self,
+    /// Runs the library on `encoded` over a lane's connection.
+    fn call<'a>(
+        self,
+        encoded: &'a Encoded,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<Vec<u8>, Error>> + Send + 'a
+    where
+        Self: 'a,
+    {
+        self.library.call(self.lanes, encoded, deadline)
+    }
+
+    async fn read_quota(
+        self,
         check: &Check<'_>,
         keyed: bool,
         deadline: Deadline,
@@ -85,7 +120,7 @@ impl RedisStore {
             return Ok(None);
         };
         let get = redis::cmd("HGET").arg(hash).arg(&place.field).clone();
-        let value: Option<Vec<u8>> = self.inner.lanes.command(&get, deadline).await?;
+        let value: Option<Vec<u8>> = self.lanes.command(&get, deadline).await?;
         let Some(value) = value else {
             return Ok(None);
         };
@@ -94,15 +129,15 @@ impl RedisStore {
             return Ok(None);
         };
         if let Some(ends) = ends {
-            if ends <= self.store_now(deadline).await? {
+            if ends <= self.store_time(deadline).await? {
                 return Ok(None);
             }
         }
         Ok(Params::from_stored(params).map(|p| p.quota()))
     }
 
-    pub(super) async fn write_quota_now(
-        &self,
+    async fn write_quota(
+        self,
         check: &Check<'_>,
         keyed: bool,
         change: Quotas<'_>,
@@ -114,7 +149,7 @@ impl RedisStore {
         };
         let field = &place.field;
         // whether an override lasts (an ended one is replaced or dropped)
-        let lasting = keyed && self.read_quota_now(check, true, deadline).await?.is_some();
+        let lasting = keyed && self.read_quota(check, true, deadline).await?.is_some();
         let changed = match change {
             Quotas::Read => return Ok(false),
             Quotas::Keep {
@@ -134,7 +169,7 @@ impl RedisStore {
                 let mut value = String::from_utf8_lossy(&value).into_owned();
                 if let Some(ttl) = ttl {
                     let us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX).max(1);
-                    let ends = self.store_now(deadline).await?.saturating_add(us);
+                    let ends = self.store_time(deadline).await?.saturating_add(us);
                     value.push('@');
                     value.push_str(&ends.to_string());
                 }
@@ -165,7 +200,7 @@ impl RedisStore {
     /// its mirror of the hash: the command's integer, which the library
     /// answers as text.
     async fn change(
-        &self,
+        self,
         hash: &[u8],
         command: &str,
         args: &[&[u8]],
@@ -188,7 +223,7 @@ impl RedisStore {
     /// library (see [`change`](Self::change)).
     #[cfg_attr(not(feature = "cluster"), allow(clippy::unused_async))]
     async fn copy_everywhere(
-        &self,
+        self,
         copies: &[Vec<u8>],
         value: Option<&str>,
         deadline: Deadline,
@@ -209,18 +244,17 @@ impl RedisStore {
         let _ = (copies, value, deadline);
         Ok(())
     }
-}
 
-impl RedisStore {
-    /// Applies `change` to `check`'s penalty state through the library
-    /// (op 6, see `lua/penalty.lua`).
-    pub(super) async fn penalty_now(
-        &self,
+    /// Applies `op` to `check`'s penalty state through the library (op 6,
+    /// see `lua/penalty.lua`): the state after it (before it, for an
+    /// unblock) and the store time; `None` for a limit without a penalty.
+    pub(super) async fn penalty(
+        self,
         check: &Check<'_>,
-        change: Penalty,
+        op: Penalty,
         deadline: Deadline,
     ) -> Result<Option<(PenState, i64)>, Error> {
-        let Some(encoded) = self.inner.encoder.penalty(check, change) else {
+        let Some(encoded) = self.encoder.penalty(check, op) else {
             return Ok(None);
         };
         let reply = self.call(&encoded, deadline).await?;
@@ -248,32 +282,31 @@ impl RedisStore {
     }
 }
 
-impl RedisStore {
-    /// Logs, once per limit name and process, that a decision's reply
-    /// `packed` over `checks` says a limit's quota kept in the store, or
-    /// its key's override, was ignored (not valid, or of another algorithm:
-    /// see `valid_kept` in `lua/kept.lua`); the limit's own quota decided.
-    /// `extra` doubles follow the statuses (a take's amount). Reads nothing
-    /// from a reply without notes, the usual one.
-    pub(super) fn report_ignored(&self, packed: &[u8], checks: &[Check<'_>], extra: usize) {
-        if packed.len() <= crate::algorithm::packed_len(checks.len(), extra) {
-            return;
-        }
-        static WARNED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
-        for i in crate::algorithm::ignored(packed, checks.len(), extra) {
-            let Some(check) = checks.get(i) else { continue };
-            let name = check.limit.shared_name();
-            let first = lock(&WARNED).get_or_insert_with(HashSet::new).insert(name);
-            if first {
-                tracing::warn!(
-                    target: "tower_ratelimit",
-                    limit = name,
-                    prefix = %self.inner.encoder.prefix(),
-                    "a quota kept in the store for this limit, or an override of one of its \
-                     keys, in <prefix>:q:<limit> is not valid (or of another algorithm): \
-                     ignored, the limit's own quota decides; logged once"
-                );
-            }
+/// Logs, once per limit name and process, that a decision's reply
+/// `packed` over `checks` (of the store of prefix `prefix`) says a
+/// limit's quota kept in the store, or
+/// its key's override, was ignored (not valid, or of another algorithm:
+/// see `valid_kept` in `lua/kept.lua`); the limit's own quota decided.
+/// `extra` doubles follow the statuses (a take's amount). Reads nothing
+/// from a reply without notes, the usual one.
+pub(super) fn report_ignored(prefix: &str, packed: &[u8], checks: &[Check<'_>], extra: usize) {
+    if packed.len() <= crate::algorithm::packed_len(checks.len(), extra) {
+        return;
+    }
+    static WARNED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+    for i in crate::algorithm::ignored(packed, checks.len(), extra) {
+        let Some(check) = checks.get(i) else { continue };
+        let name = check.limit.shared_name();
+        let first = lock(&WARNED).get_or_insert_with(HashSet::new).insert(name);
+        if first {
+            tracing::warn!(
+                target: "tower_ratelimit",
+                limit = name,
+                prefix = %prefix,
+                "a quota kept in the store for this limit, or an override of one of its \
+                 keys, in <prefix>:q:<limit> is not valid (or of another algorithm): \
+                 ignored, the limit's own quota decides; logged once"
+            );
         }
     }
 }
