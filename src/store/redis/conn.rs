@@ -223,17 +223,12 @@ impl Lanes {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let mut empty = false;
-            for index in 0..self.lanes.len() {
-                match self.live(index) {
-                    Some(loan) => {
-                        if empty {
-                            self.repair();
-                        }
-                        return Ok(loan);
-                    }
-                    None => empty = true,
+            if let Some(loan) = self.try_loan() {
+                // (the lanes before it have none)
+                if loan.index > 0 {
+                    self.repair();
                 }
+                return Ok(loan);
             }
             self.repair();
             notified.await;
