@@ -18,7 +18,6 @@
 //! override is next set or removed.
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use super::conn::Lanes;
@@ -33,14 +32,6 @@ use crate::{Error, Quota};
 #[cfg(feature = "cluster")]
 const COPIES_AT_ONCE: usize = 512;
 
-/// Where a kept quota is: the hashes (the first in the slot of the check's
-/// key; the others, every other slot's, for a limit's quota on a cluster)
-/// and the field.
-struct Place {
-    hashes: Vec<Vec<u8>>,
-    field: Vec<u8>,
-}
-
 /// The admin operations of a store (the contract's `quotas` and
 /// `penalty`), over its encoder, library and lanes.
 #[derive(Clone, Copy)]
@@ -51,8 +42,8 @@ pub(super) struct Admin<'a> {
 }
 
 impl Admin<'_> {
-    /// Reads `check`'s kept quota (`Quotas::Read`), or changes it: its
-    /// key's override when `keyed`, else its limit's.
+    /// Reads `check`'s kept quota, or changes it: its key's override when
+    /// `keyed`, else its limit's (on a cluster, in every slot's hash).
     pub(super) async fn quotas(
         self,
         check: &Check<'_>,
@@ -60,105 +51,25 @@ impl Admin<'_> {
         op: Quotas<'_>,
         deadline: Deadline,
     ) -> Result<Quoted, Error> {
-        Ok(match op {
-            Quotas::Read => Quoted::Read(self.read_quota(check, keyed, deadline).await?),
-            change => Quoted::Changed(self.write_quota(check, keyed, change, deadline).await?),
-        })
-    }
-
-    /// Where `check`'s kept quota is: its key's override when `keyed`, else
-    /// its limit's.
-    fn place(&self, check: &Check<'_>, keyed: bool) -> Place {
-        // a configured limit's keys: its state keys, then its quotas' hash
-        let encoded = self.encoder.keys(std::slice::from_ref(check), true);
-        let keys: Vec<&[u8]> = encoded.keys().collect();
-        // (after the state keys; a penalty key may follow)
-        let n = check.limit.params().algorithm().key_parts().len();
-        let (first, hash) = match (keys.first(), keys.get(n)) {
-            (Some(first), Some(hash)) => (first.to_vec(), hash.to_vec()),
-            _ => (Vec::new(), Vec::new()),
-        };
-        let mut hashes = vec![hash];
-        if !keyed {
-            let copies = self.encoder.quota_copies(check.limit.name(), &hashes[0]);
-            hashes.extend(copies);
+        if let Quotas::Read = op {
+            return Ok(Quoted::Read(self.read_quota(check, keyed, deadline).await?));
         }
-        let field = if keyed { first } else { Vec::new() };
-        Place { hashes, field }
-    }
-
-    /// The store's time (us): its clock's, or the server's `TIME`.
-    async fn store_time(self, deadline: Deadline) -> Result<i64, Error> {
-        if let Some(us) = self.encoder.clock_time() {
-            return Ok(us);
-        }
-        let time = redis::cmd("TIME");
-        let (secs, micros): (i64, i64) = self.lanes.command(&time, deadline).await?;
-        Ok(secs * 1_000_000 + micros)
-    }
-
-    /// Runs the library on `encoded` over a lane's connection.
-    fn call<'a>(
-        self,
-        encoded: &'a Encoded,
-        deadline: Deadline,
-    ) -> impl Future<Output = Result<Vec<u8>, Error>> + Send + 'a
-    where
-        Self: 'a,
-    {
-        self.library.call(self.lanes, encoded, deadline)
-    }
-
-    async fn read_quota(
-        self,
-        check: &Check<'_>,
-        keyed: bool,
-        deadline: Deadline,
-    ) -> Result<Option<Quota>, Error> {
-        let place = self.place(check, keyed);
-        let Some(hash) = place.hashes.first() else {
-            return Ok(None);
+        let (hash, field) = self.place(check, keyed);
+        let copies = match keyed {
+            true => Vec::new(),
+            false => self.encoder.quota_copies(check.limit.name(), &hash),
         };
-        let get = redis::cmd("HGET").arg(hash).arg(&place.field).clone();
-        let value: Option<Vec<u8>> = self.lanes.command(&get, deadline).await?;
-        let Some(value) = value else {
-            return Ok(None);
-        };
-        // (one the library would ignore reads as none)
-        let Some((params, ends)) = split_ends(&value) else {
-            return Ok(None);
-        };
-        if let Some(ends) = ends {
-            if ends <= self.store_time(deadline).await? {
-                return Ok(None);
-            }
-        }
-        Ok(Params::from_stored(params).map(|p| p.quota()))
-    }
-
-    async fn write_quota(
-        self,
-        check: &Check<'_>,
-        keyed: bool,
-        change: Quotas<'_>,
-        deadline: Deadline,
-    ) -> Result<bool, Error> {
-        let place = self.place(check, keyed);
-        let Some((first, copies)) = place.hashes.split_first() else {
-            return Ok(false);
-        };
-        let field = &place.field;
         // whether an override lasts (an ended one is replaced or dropped)
         let lasting = keyed && self.read_quota(check, true, deadline).await?.is_some();
-        let changed = match change {
-            Quotas::Read => return Ok(false),
+        let changed = match op {
+            Quotas::Read => false,
             Quotas::Keep {
                 limit,
                 ttl,
                 if_absent,
             } => {
                 if if_absent && lasting {
-                    return Ok(false);
+                    return Ok(Quoted::Changed(false));
                 }
                 let mut value = Vec::new();
                 super::encode::write_stored_form(
@@ -177,22 +88,70 @@ impl Admin<'_> {
                 let nx = if_absent && !keyed;
                 let set = if nx { "HSETNX" } else { "HSET" };
                 let added = self
-                    .change(first, set, &[field, value.as_bytes()], deadline)
+                    .change(&hash, set, &[&field, value.as_bytes()], deadline)
                     .await?;
                 let written = !nx || added == 1;
                 if written {
-                    self.copy_everywhere(copies, Some(&value), deadline).await?;
+                    self.copy_everywhere(&copies, Some(&value), deadline)
+                        .await?;
                 }
                 written
             }
             Quotas::Remove => {
-                let deleted = self.change(first, "HDEL", &[field], deadline).await?;
-                self.copy_everywhere(copies, None, deadline).await?;
+                let deleted = self.change(&hash, "HDEL", &[&field], deadline).await?;
+                self.copy_everywhere(&copies, None, deadline).await?;
                 // an override that had ended counts as none
                 lasting || (!keyed && deleted > 0)
             }
         };
-        Ok(changed)
+        Ok(Quoted::Changed(changed))
+    }
+
+    /// Where `check`'s kept quota is: the hash in its key's slot, and the
+    /// field, its key's (its first state key) when `keyed`, else the
+    /// limit's (`""`).
+    fn place(self, check: &Check<'_>, keyed: bool) -> (Vec<u8>, Vec<u8>) {
+        // a configured limit's keys: its state keys, then its quotas' hash
+        // (a penalty key may follow)
+        let encoded = self.encoder.keys(std::slice::from_ref(check), true);
+        let keys: Vec<&[u8]> = encoded.keys().collect();
+        let key = |i: usize| keys.get(i).map_or_else(Vec::new, |key| key.to_vec());
+        let n = check.limit.params().algorithm().key_parts().len();
+        (key(n), if keyed { key(0) } else { Vec::new() })
+    }
+
+    async fn read_quota(
+        self,
+        check: &Check<'_>,
+        keyed: bool,
+        deadline: Deadline,
+    ) -> Result<Option<Quota>, Error> {
+        let (hash, field) = self.place(check, keyed);
+        let get = redis::cmd("HGET").arg(hash).arg(field).clone();
+        let value: Option<Vec<u8>> = self.lanes.command(&get, deadline).await?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        // (one the library would ignore reads as none)
+        let Some((params, ends)) = split_ends(&value) else {
+            return Ok(None);
+        };
+        if let Some(ends) = ends {
+            if ends <= self.store_time(deadline).await? {
+                return Ok(None);
+            }
+        }
+        Ok(Params::from_stored(params).map(|p| p.quota()))
+    }
+
+    /// The store's time (us): its clock's, or the server's `TIME`.
+    async fn store_time(self, deadline: Deadline) -> Result<i64, Error> {
+        if let Some(us) = self.encoder.clock_time() {
+            return Ok(us);
+        }
+        let time = redis::cmd("TIME");
+        let (secs, micros): (i64, i64) = self.lanes.command(&time, deadline).await?;
+        Ok(secs * 1_000_000 + micros)
     }
 
     /// Runs `command` (`HSET`, `HSETNX` or `HDEL`) with `args` on the hash
@@ -206,9 +165,8 @@ impl Admin<'_> {
         args: &[&[u8]],
         deadline: Deadline,
     ) -> Result<i64, Error> {
-        let reply = self
-            .call(&Encoded::change(hash, command, args), deadline)
-            .await?;
+        let change = Encoded::change(hash, command, args);
+        let reply = self.library.call(self.lanes, &change, deadline).await?;
         let count = std::str::from_utf8(&reply)
             .ok()
             .and_then(|t| t.parse().ok());
@@ -237,7 +195,9 @@ impl Admin<'_> {
                     None => Encoded::change(hash, "HDEL", &[b""]),
                 })
                 .collect();
-            let sent = calls.iter().map(|encoded| self.call(encoded, deadline));
+            let sent = calls
+                .iter()
+                .map(|encoded| self.library.call(self.lanes, encoded, deadline));
             futures_util::future::try_join_all(sent).await?;
         }
         #[cfg(not(feature = "cluster"))]
@@ -257,7 +217,7 @@ impl Admin<'_> {
         let Some(encoded) = self.encoder.penalty(check, op) else {
             return Ok(None);
         };
-        let reply = self.call(&encoded, deadline).await?;
+        let reply = self.library.call(self.lanes, &encoded, deadline).await?;
         let values: Vec<i64> = reply
             .chunks_exact(8)
             .filter_map(|c| c.try_into().ok().map(f64::from_le_bytes))
