@@ -354,13 +354,19 @@ fn failed(text: &[u8]) -> Error {
 mod tests {
     use super::split;
 
-    #[test]
-    fn a_batch_reply_splits_into_its_decisions_replies() {
+    /// A batch's reply: each of `replies` after its length.
+    fn packed(replies: &[&[u8]]) -> Vec<u8> {
         let mut packed = Vec::new();
-        for reply in [&b"abc"[..], b"", b"de"] {
+        for reply in replies {
             packed.extend_from_slice(&(reply.len() as f64).to_le_bytes());
             packed.extend_from_slice(reply);
         }
+        packed
+    }
+
+    #[test]
+    fn a_batch_reply_splits_into_its_decisions_replies() {
+        let packed = packed(&[b"abc", b"", b"de"]);
         let replies = split(&packed, 3).expect("three replies");
         let replies: Vec<_> = replies.into_iter().map(Result::unwrap).collect();
         assert_eq!(replies, [b"abc".to_vec(), Vec::new(), b"de".to_vec()]);
@@ -371,11 +377,7 @@ mod tests {
 
     #[test]
     fn a_decision_the_library_failed_on_fails_alone() {
-        let mut packed = Vec::new();
-        for reply in [&b"\0abc"[..], b"!table index is NaN", b"\0de"] {
-            packed.extend_from_slice(&(reply.len() as f64).to_le_bytes());
-            packed.extend_from_slice(reply);
-        }
+        let packed = packed(&[b"\0abc", b"!table index is NaN", b"\0de"]);
         let replies = split(&packed, 3).expect("three replies");
         assert_eq!(replies[0].as_deref().ok(), Some(&b"\0abc"[..]));
         let error = replies[1].as_ref().expect_err("the second failed");

@@ -240,8 +240,13 @@ impl RedisStoreBuilder {
         let slack = i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4);
         Ok(RedisStore {
             inner: Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
-                encoder: Encoder::new(self.prefix, slack, self.clock.clone(), cluster),
-                library: Library::new(),
+                encoder: Encoder {
+                    prefix: self.prefix,
+                    slack,
+                    clock: self.clock.clone(),
+                    cluster,
+                },
+                library: Library::default(),
                 coalescer: Coalescer::new(self.coalesce, cluster),
                 lanes: Lanes::new(connector, self.lanes),
                 heartbeat: Heartbeat::new(self.heartbeat),

@@ -22,37 +22,19 @@ use crate::Limit;
 /// [`Settle`]), [`penalty`](Self::penalty), [`Encoded::change`] (a
 /// quota's) and [`Encoded::batch`].
 pub(super) struct Encoder {
-    prefix: String,
+    /// The prefix of every key.
+    pub(super) prefix: String,
     /// Microseconds keys outlive their state.
-    slack: i64,
+    pub(super) slack: i64,
     /// The clock the store decides on, if not Redis `TIME`.
-    clock: Option<Arc<dyn Clock>>,
+    pub(super) clock: Option<Arc<dyn Clock>>,
     /// Whether the keys live on a cluster: a kept quota's hash is then one
     /// per slot (see [`quota_key`](Self::quota_key)).
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    cluster: bool,
+    pub(super) cluster: bool,
 }
 
 impl Encoder {
-    pub(super) fn new(
-        prefix: String,
-        slack: i64,
-        clock: Option<Arc<dyn Clock>>,
-        cluster: bool,
-    ) -> Self {
-        Self {
-            prefix,
-            slack,
-            clock,
-            cluster,
-        }
-    }
-
-    /// The prefix of every key.
-    pub(super) fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// The time of the store's own clock (us), if it has one.
     pub(super) fn clock_time(&self) -> Option<i64> {
         self.clock.as_ref().map(|clock| clock.now_micros())
@@ -398,7 +380,16 @@ mod tests {
     use crate::Quota;
 
     fn encoder() -> Encoder {
-        Encoder::new("p".into(), 0, None, false)
+        Encoder {
+            prefix: "p".into(),
+            slack: 0,
+            clock: None,
+            cluster: false,
+        }
+    }
+
+    fn check<'a>(limit: &'a Limit, key: &'a [u8], cost: i64) -> Check<'a> {
+        Check { limit, key, cost }
     }
 
     /// One buffer holds what the reset's key names and the limits' wire
@@ -409,23 +400,10 @@ mod tests {
         let minute = Duration::from_secs(60);
         let log = Limit::new("log", Quota::sliding_log(3, minute)).expect("limit");
         let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
-        let keys: [&[u8]; 3] = [b"a}:{b", b"a}:{b", b"x"];
         let checks = [
-            Check {
-                limit: &log,
-                key: keys[0],
-                cost: 1,
-            },
-            Check {
-                limit: &gcra,
-                key: keys[1],
-                cost: 1,
-            },
-            Check {
-                limit: &gcra,
-                key: keys[2],
-                cost: 2,
-            },
+            check(&log, b"a}:{b", 1),
+            check(&gcra, b"a}:{b", 1),
+            check(&gcra, b"x", 2),
         ];
         let encoded = encoder.decide(&checks, 0, false);
         let got: Vec<&[u8]> = encoded.keys().collect();
@@ -460,11 +438,7 @@ mod tests {
             .expect("limit")
             .quota_from_store();
         let own = Limit::new("b", Quota::gcra(1, minute, 2)).expect("limit");
-        let checks = [&kept, &own].map(|limit| Check {
-            limit,
-            key: b"k",
-            cost: 1,
-        });
+        let checks = [check(&kept, b"k", 1), check(&own, b"k", 1)];
         let decided = encoder.keys(&checks, true);
         let expected: [&[u8]; 3] = [b"p:{k}:a:gcra", b"p:q:a", b"p:{k}:b:gcra"];
         assert!(decided.keys().eq(expected.iter().copied()));
@@ -479,24 +453,12 @@ mod tests {
         let encoder = encoder();
         let minute = Duration::from_secs(60);
         let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
-        let one = |key: &'static [u8], cost: i64| {
-            let check = Check {
-                limit: &gcra,
-                key,
-                cost,
-            };
-            encoder.decide(&[check], 0, false)
-        };
+        let one = |key, cost| encoder.decide(&[check(&gcra, key, cost)], 0, false);
         let parts = [one(b"a", 1), one(b"b", 1), one(b"c", 2), one(b"d", 1)];
         let batch = Encoded::batch(&parts.iter().collect::<Vec<_>>());
         let keys: Vec<&[u8]> = batch.keys().collect();
-        let expected: [&[u8]; 4] = [
-            b"p:{a}:g:gcra",
-            b"p:{b}:g:gcra",
-            b"p:{c}:g:gcra",
-            b"p:{d}:g:gcra",
-        ];
-        assert_eq!(keys, expected);
+        let expected = ["a", "b", "c", "d"].map(|key| format!("p:{{{key}}}:g:gcra"));
+        assert_eq!(keys, expected.map(String::into_bytes));
         let args: Vec<Vec<u8>> = batch.args().map(<[u8]>::to_vec).collect();
         let wire = |cost: &str| format!("3:2:1:60000000:{cost}").into_bytes();
         let expected = [

@@ -76,7 +76,7 @@ impl Heartbeat {
                 // (tried again by the next layer built over the store)
                 Err(_) => tracing::warn!(
                     target: "tower_ratelimit",
-                    prefix = %store.encoder.prefix(),
+                    prefix = %store.encoder.prefix,
                     "a memory fallback was set up outside a Tokio runtime: its fleet heartbeat \
                      cannot start, so during a Redis outage this instance grants the full quota \
                      of each limit rather than its share. Build the layer inside the runtime."

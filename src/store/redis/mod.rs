@@ -131,7 +131,7 @@ pub struct RedisStore {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("prefix", &self.inner.encoder.prefix())
+            .field("prefix", &self.inner.encoder.prefix)
             .field("lanes", &self.inner.lanes.len())
             .finish()
     }
@@ -214,7 +214,7 @@ impl RedisStore {
 
     /// The key prefix.
     pub fn prefix(&self) -> &str {
-        self.inner.encoder.prefix()
+        &self.inner.encoder.prefix
     }
 
     /// The name of the Redis Function that decides (what `FCALL` calls); its

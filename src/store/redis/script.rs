@@ -62,16 +62,17 @@ pub(super) static DELIVERY: LazyLock<Delivery> = LazyLock::new(|| {
 /// How long decisions run as scripts after a failed `FUNCTION LOAD`.
 const LOAD_RETRY: Duration = Duration::from_secs(10);
 
-/// [`Library::mode`]: Functions untried, in use, or missing on this server.
-const UNTRIED: u8 = 0;
+/// [`Library::mode`]: Functions in use, or missing on this server (0:
+/// untried, a new library's mode).
 const FUNCTIONS: u8 = 1;
 const SCRIPTS: u8 = 2;
 
 /// The library on the store's servers: how it is called (`FCALL`, or
 /// `EVALSHA` where Functions are missing or failed to load), and its
 /// loading.
+#[derive(Default)]
 pub(super) struct Library {
-    /// `UNTRIED`, `FUNCTIONS` or `SCRIPTS`.
+    /// 0 (untried), `FUNCTIONS` or `SCRIPTS`.
     mode: AtomicU8,
     /// Held while the library is loaded: one `FUNCTION LOAD` at a time, the
     /// other decisions wait for it rather than each compiling the library.
@@ -85,15 +86,6 @@ pub(super) struct Library {
 }
 
 impl Library {
-    pub(super) fn new() -> Self {
-        Self {
-            mode: AtomicU8::new(UNTRIED),
-            loading: tokio::sync::Mutex::new(()),
-            scripts_until: Mutex::new(None),
-            load_failed: AtomicBool::new(false),
-        }
-    }
-
     /// Runs the decision code for `encoded` over a connection of `lanes`
     /// (see [`Lanes::run`]), by `deadline`: `FCALL`, loading the library
     /// when the server lacks it (a new server, a flushed one, a promoted
