@@ -26,27 +26,29 @@ use smallvec::SmallVec;
 
 use super::RedisStore;
 use crate::algorithm::{Outcome, Params, Reply, Status, Statuses};
-use crate::store::{keys, Check, Deadline, Engine, Settle, Settled};
+use crate::store::{keys, Answer, Check, Deadline, Engine, Settle, Settled};
 use crate::Error;
 
-/// A decision's checks split by the cluster slot of their keys, each
-/// slot's decided by a call of its own.
-pub(super) struct Split<'c> {
+/// A call of a store over checks split by the cluster slot of their
+/// keys, each slot's made on its own.
+pub(super) struct Split<'a> {
+    store: &'a RedisStore,
     /// Per slot (first appearance first): the indices of its checks in
-    /// the decision, and those checks.
-    groups: Vec<(SmallVec<[usize; 2]>, SmallVec<[Check<'c>; 2]>)>,
-    /// How many checks the decision has.
+    /// the call, and those checks.
+    groups: Vec<(SmallVec<[usize; 2]>, SmallVec<[Check<'a>; 2]>)>,
+    /// How many checks the call has.
     len: usize,
 }
 
-impl<'c> Split<'c> {
-    /// `checks` split by slot; `None` when all share one.
-    pub(super) fn of(checks: &[Check<'c>]) -> Option<Self> {
+impl<'a> Split<'a> {
+    /// `store`'s call over `checks` split by slot; `None` when all share
+    /// one.
+    pub(super) fn of(store: &'a RedisStore, checks: &[Check<'a>]) -> Option<Self> {
         if checks.len() < 2 {
             return None;
         }
         let mut slots: SmallVec<[u16; 2]> = SmallVec::new();
-        let mut groups: Vec<(SmallVec<[usize; 2]>, SmallVec<[Check<'c>; 2]>)> = Vec::new();
+        let mut groups: Vec<(SmallVec<[usize; 2]>, SmallVec<[Check<'a>; 2]>)> = Vec::new();
         for (index, check) in checks.iter().enumerate() {
             let slot = slot(keys::tag(check.key));
             let at = slots.iter().position(|&s| s == slot).unwrap_or_else(|| {
@@ -58,22 +60,22 @@ impl<'c> Split<'c> {
             groups[at].1.push(*check);
         }
         let len = checks.len();
-        (groups.len() > 1).then_some(Split { groups, len })
+        (groups.len() > 1).then_some(Split { store, groups, len })
+    }
+
+    /// The answers of `call` on each slot's checks, made in parallel.
+    async fn each<'s, T>(&'s self, call: impl Fn(&'s [Check<'a>]) -> Answer<'s, T>) -> Vec<T> {
+        let calls = self.groups.iter().map(|(_, checks)| call(checks).get());
+        futures_util::future::join_all(calls).await
     }
 
     /// Settles a grant across slots: each slot's checks in parallel; the
     /// first error, if any, after all were tried.
-    pub(super) async fn settle(
-        &self,
-        store: &RedisStore,
-        how: Settle,
-        deadline: Deadline,
-    ) -> Result<Settled, Error> {
-        let calls = self
-            .groups
-            .iter()
-            .map(|(_, checks)| store.settle(checks, how, deadline).get());
-        let results = futures_util::future::join_all(calls).await;
+    pub(super) async fn settle(&self, how: Settle, deadline: Deadline) -> Result<Settled, Error> {
+        let store = self.store;
+        let results = self
+            .each(|checks| store.settle(checks, how, deadline))
+            .await;
         let mut settled = Settled::default();
         if let Settle::Renew { .. } = how {
             settled.renewed = smallvec::smallvec![None; self.len];
@@ -90,17 +92,11 @@ impl<'c> Split<'c> {
 
     /// Decides across slots: each slot's checks in parallel, what they
     /// granted given back when one refused (see the module docs).
-    pub(super) async fn decide(
-        &self,
-        store: &RedisStore,
-        dry: bool,
-        deadline: Deadline,
-    ) -> Result<Reply, Error> {
-        let calls = self
-            .groups
-            .iter()
-            .map(|(_, checks)| store.decide(checks, 0, dry, deadline).get());
-        let replies = futures_util::future::join_all(calls).await;
+    pub(super) async fn decide(&self, dry: bool, deadline: Deadline) -> Result<Reply, Error> {
+        let store = self.store;
+        let replies = self
+            .each(|checks| store.decide(checks, 0, dry, deadline))
+            .await;
         let allows = Status::Allows {
             wait: 0,
             remaining: 0,

@@ -264,7 +264,7 @@ impl Engine for RedisStore {
             #[cfg(feature = "cluster")]
             if let Some(split) = self.split(checks) {
                 // boxed: the common decision's future stays small
-                return Box::pin(split.decide(self, dry, deadline)).await;
+                return Box::pin(split.decide(dry, deadline)).await;
             }
             // keys in one slot: one call, perhaps in a batch
             let encoded = inner.encoder.decide(checks, max_wait, dry);
@@ -304,7 +304,7 @@ impl Engine for RedisStore {
         Answer::Later(Box::pin(async move {
             #[cfg(feature = "cluster")]
             if let Some(split) = self.split(checks) {
-                return split.settle(self, how, deadline).await;
+                return split.settle(how, deadline).await;
             }
             let packed = self
                 .call(&self.inner.encoder.settle(checks, how), deadline)
@@ -383,15 +383,12 @@ impl RedisStore {
         }
     }
 
-    /// `checks` split by cluster slot, on a cluster when their keys live
-    /// in several: each slot's are decided by a call of its own.
+    /// A call over `checks` split by cluster slot, on a cluster when their
+    /// keys live in several: each slot's are made by a call of its own.
     #[cfg(feature = "cluster")]
-    fn split<'c>(&self, checks: &[Check<'c>]) -> Option<Split<'c>> {
-        self.inner
-            .lanes
-            .is_cluster()
-            .then(|| Split::of(checks))
-            .flatten()
+    fn split<'a>(&'a self, checks: &[Check<'a>]) -> Option<Split<'a>> {
+        let cluster = self.inner.lanes.is_cluster();
+        cluster.then(|| Split::of(self, checks)).flatten()
     }
 }
 
