@@ -33,12 +33,14 @@ use crate::Error;
 /// keys, each slot's made on its own.
 pub(super) struct Split<'a> {
     store: &'a RedisStore,
-    /// Per slot (first appearance first): the indices of its checks in
-    /// the call, and those checks.
-    groups: Vec<(SmallVec<[usize; 2]>, SmallVec<[Check<'a>; 2]>)>,
+    /// One per slot, first appearance first.
+    groups: Vec<Group<'a>>,
     /// How many checks the call has.
     len: usize,
 }
+
+/// The checks of one slot: their indices in the call, and the checks.
+type Group<'a> = (SmallVec<[usize; 2]>, SmallVec<[Check<'a>; 2]>);
 
 impl<'a> Split<'a> {
     /// `store`'s call over `checks` split by slot; `None` when all share
@@ -48,7 +50,7 @@ impl<'a> Split<'a> {
             return None;
         }
         let mut slots: SmallVec<[u16; 2]> = SmallVec::new();
-        let mut groups: Vec<(SmallVec<[usize; 2]>, SmallVec<[Check<'a>; 2]>)> = Vec::new();
+        let mut groups: Vec<Group<'a>> = Vec::new();
         for (index, check) in checks.iter().enumerate() {
             let slot = slot(keys::tag(check.key));
             let at = slots.iter().position(|&s| s == slot).unwrap_or_else(|| {
