@@ -35,11 +35,17 @@ const QUOTA: u64 = 10;
 fn limits() -> Vec<Limit> {
     let minute = Duration::from_secs(60);
     let mut limits: Vec<Limit> = [
-        ("sliding_log", Quota::sliding_log(QUOTA, minute)),
-        ("token_bucket", Quota::token_bucket(QUOTA, QUOTA, minute)),
-        ("gcra", Quota::gcra(QUOTA, minute, QUOTA)),
-        ("fixed_window", Quota::fixed_window(QUOTA, minute)),
-        ("sliding_window", Quota::sliding_window(QUOTA, minute)),
+        ("sliding_log", Quota::rate(QUOTA, minute).sliding_log()),
+        (
+            "token_bucket",
+            Quota::rate(QUOTA, minute).allow_burst(QUOTA).token_bucket(),
+        ),
+        ("gcra", Quota::rate(QUOTA, minute).allow_burst(QUOTA).gcra()),
+        ("fixed_window", Quota::rate(QUOTA, minute).fixed_window()),
+        (
+            "sliding_window",
+            Quota::rate(QUOTA, minute).sliding_window(),
+        ),
     ]
     .into_iter()
     .map(|(name, quota)| Limit::new(name, quota).expect("limit"))

@@ -60,7 +60,7 @@ const GCRA_ARG: &str = "3:1000000:1:1:0:1";
 
 /// The Redis quota: 1 per microsecond, far more than one Redis serves.
 fn redis_quota() -> Quota {
-    Quota::gcra(1_000_000, Duration::from_secs(1), 1_000_000)
+    Quota::per_second(1_000_000).allow_burst(1_000_000).gcra()
 }
 
 /// A GCRA quota as (per second, burst): one value gives both sides of
@@ -80,7 +80,9 @@ const MEMORY_GCRA: Gcra = (1_000_000_000, 1_000_000_000);
 const LIVE_GCRA: Gcra = (1, 1_000_000_000);
 
 fn gcra_quota((per_second, burst): Gcra) -> Quota {
-    Quota::gcra(per_second.into(), Duration::from_secs(1), burst.into())
+    Quota::per_second(per_second.into())
+        .allow_burst(burst.into())
+        .gcra()
 }
 
 fn memory_gcra_quota() -> Quota {
@@ -89,7 +91,7 @@ fn memory_gcra_quota() -> Quota {
 
 /// A sliding log whose 1 ms window keeps the log short and never fills.
 fn memory_sliding_log_quota() -> Quota {
-    Quota::sliding_log(1_000_000, Duration::from_millis(1))
+    Quota::rate(1_000_000, Duration::from_millis(1)).sliding_log()
 }
 
 fn limit(quota: Quota) -> Limit {

@@ -19,11 +19,17 @@ const CASE: &str = "TOWER_RATELIMIT_MEMORY_CASE";
 fn cases() -> [(&'static str, Quota); 5] {
     let minute = Duration::from_secs(60);
     [
-        ("gcra", Quota::gcra(10, minute, 10)),
-        ("token_bucket", Quota::token_bucket(10, 1, minute)),
-        ("fixed_window", Quota::fixed_window(10, minute)),
-        ("sliding_window", Quota::sliding_window(10, minute)),
-        ("sliding_log (1 grant)", Quota::sliding_log(10, minute)),
+        ("gcra", Quota::rate(10, minute).allow_burst(10).gcra()),
+        (
+            "token_bucket",
+            Quota::rate(1, minute).allow_burst(10).token_bucket(),
+        ),
+        ("fixed_window", Quota::rate(10, minute).fixed_window()),
+        ("sliding_window", Quota::rate(10, minute).sliding_window()),
+        (
+            "sliding_log (1 grant)",
+            Quota::rate(10, minute).sliding_log(),
+        ),
     ]
 }
 

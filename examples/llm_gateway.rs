@@ -27,7 +27,7 @@
 //!   429 once a username has used its failures.
 //! - `POST /v1/sms/{phone}`: decided by the limiter itself (no layer),
 //!   `sms` per phone number; 202 with the rate-limit fields, 429 or 503 as
-//!   the layer would answer; 400 for a number without 7 to 15 digits.
+//!   the layer would respond; 400 for a number without 7 to 15 digits.
 //! - `GET /metrics`: the limiter's metrics in the Prometheus text format,
 //!   histograms with the buckets of `examples/grafana-dashboard.json` and
 //!   `examples/prometheus-alerts.yml`.
@@ -44,7 +44,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tower_ratelimit::key::{Bearer, JsonField, KeyExtractor, ReadBody};
-use tower_ratelimit::layer::{answer, MissingKey, RateLimitLayer, Rule};
+use tower_ratelimit::layer::{respond, MissingKey, RateLimitLayer, Rule};
 use tower_ratelimit::watch::LimitsFile;
 use tower_ratelimit::{Limiter, LiveLimit, LiveLimits, MemoryStore, RedisStore, Store};
 
@@ -151,8 +151,8 @@ async fn log_in(Json(credentials): Json<Value>) -> StatusCode {
     }
 }
 
-/// Queues a text to `phone` if its limit allows one now: the limiter's own
-/// answers, without a layer. Keyed by the digits, so that `+1 555-0100`
+/// Queues a text to `phone` if its limit allows one now: the layer's
+/// responses to the limiter's own decision, without a layer. Keyed by the digits, so that `+1 555-0100`
 /// and `+15550100` are one number.
 async fn text(State(sms): State<Limiter>, Path(phone): Path<String>) -> Response {
     let digits: String = phone.chars().filter(char::is_ascii_digit).collect();
@@ -160,7 +160,7 @@ async fn text(State(sms): State<Limiter>, Path(phone): Path<String>) -> Response
         return StatusCode::BAD_REQUEST.into_response();
     }
     let queued = (StatusCode::ACCEPTED, "queued\n").into_response();
-    answer(sms.check(&digits, 1).await, queued)
+    respond(sms.check(&digits, 1).await, queued)
 }
 
 async fn render(State((metrics, token)): State<Metrics>, headers: HeaderMap) -> Response {

@@ -12,7 +12,7 @@ use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, RedisStore, Verdict};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let sms = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?;
+    let sms = Limit::new("sms", Quota::per_minute(3).sliding_log())?;
     let limiter = match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("store: Redis at {url}");
@@ -39,7 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     // A batch job that would rather wait than fail: reserve a slot and sleep.
-    let batch = Limit::new("batch", Quota::gcra(5, Duration::from_secs(1), 1))?;
+    let batch = Limit::new("batch", Quota::per_second(5).allow_burst(1).gcra())?;
     let jobs = Limiter::new(MemoryStore::new(), batch);
     for job in 1..=3 {
         let d = jobs.acquire("nightly", 1, Duration::from_secs(2)).await?;

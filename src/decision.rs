@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use crate::fields::{Fields, HeaderSet, Shown};
 use crate::Algorithm;
 
 /// Whether the cost was granted.
@@ -106,8 +107,32 @@ impl LimitStatus {
     }
 }
 
-/// The statuses of a decision: inline for one limit.
-pub(crate) type Statuses = SmallVec<[LimitStatus; 1]>;
+/// As the rate-limit fields show it.
+impl Shown for LimitStatus {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn window(&self) -> Duration {
+        LimitStatus::window(self)
+    }
+
+    fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    fn reset_after(&self) -> Duration {
+        LimitStatus::reset_after(self)
+    }
+}
+
+/// The statuses of a decision, a [`LimitStatus`] per limit: inline for
+/// one limit. (The scripts' per-limit statuses are `algorithm::Statuses`.)
+pub(crate) type LimitStatuses = SmallVec<[LimitStatus; 1]>;
 
 /// The answer to a check: a [`Verdict`] and the state of every limit.
 ///
@@ -119,7 +144,7 @@ pub struct Decision {
     pub(crate) verdict: Verdict,
     /// The reservation's wait, in microseconds.
     pub(crate) wait_us: u64,
-    pub(crate) statuses: Statuses,
+    pub(crate) statuses: LimitStatuses,
     pub(crate) binding: u32,
     pub(crate) cached: bool,
     /// The amount granted: the cost, or what `Limiter::take_up_to` took;
@@ -135,7 +160,7 @@ pub struct Decision {
 impl Decision {
     /// A decision; `wait_us` is the reservation's wait in microseconds.
     #[inline]
-    pub(crate) fn new(verdict: Verdict, wait_us: u64, statuses: Statuses) -> Self {
+    pub(crate) fn new(verdict: Verdict, wait_us: u64, statuses: LimitStatuses) -> Self {
         let mut decision = Self::unbound(verdict, wait_us);
         decision.statuses = statuses;
         decision.bind();
@@ -149,7 +174,7 @@ impl Decision {
         Self {
             verdict,
             wait_us,
-            statuses: Statuses::new(),
+            statuses: LimitStatuses::new(),
             binding: 0,
             cached: false,
             granted: 0,
@@ -236,21 +261,14 @@ impl Decision {
         self.statuses.get(self.binding as usize)
     }
 
-    /// The layer's refusal of this decision as a response (429,
-    /// `Retry-After`, the `RateLimit` fields and a problem body), for a
-    /// handler that calls the limiter itself; `None` when it was allowed.
-    /// See [`Refusal`](crate::layer::Refusal).
-    pub fn refusal(&self) -> Option<crate::layer::Refusal> {
-        crate::layer::Refusal::of(self)
-    }
-
     /// Adds to `headers` the rate-limit fields the layer writes on a
     /// response it forwards with this decision: `RateLimit-Policy` and
     /// `RateLimit` (limits in shadow mode left out), for a handler that
     /// calls the limiter itself and builds its own response (a `202
     /// Accepted` for a queued job). Appended, as the layer appends them,
     /// so that fields already there (an outer layer's) stay. For a
-    /// refused decision, [`refusal`](Self::refusal) is the whole answer.
+    /// refused decision, the layer's [`Refusal::of`](crate::layer::Refusal::of)
+    /// is the whole response.
     ///
     /// Behind a layer, leave this to the layer: it adds the fields of its
     /// own decision to the handler's response, and these would be listed
@@ -271,7 +289,17 @@ impl Decision {
     /// # }).unwrap();
     /// ```
     pub fn insert_headers(&self, headers: &mut http::HeaderMap) {
-        crate::layer::insert_fields(self, headers);
+        if let Some(fields) = self.without_shadow().fields(&HeaderSet::default()) {
+            fields.apply(headers);
+        }
+    }
+
+    /// The rate-limit fields of this decision, per `set`: of every limit,
+    /// so that the fields a response shows come from
+    /// [`without_shadow`](Self::without_shadow).
+    #[inline]
+    pub(crate) fn fields(&self, set: &HeaderSet) -> Option<Fields> {
+        Fields::of(&self.statuses, self.binding(), set)
     }
 
     /// Every limit's status, in the limiter's order.

@@ -62,12 +62,12 @@ pub enum ConfigError {
     /// has one too many. The current values stay.
     #[error("live limits unchanged: {0}")]
     Live(String),
-    /// A quota kept in the store was asked of a limit the limiter does not
-    /// have, or whose quota is not taken from the store
-    /// ([`Limit::quota_from_store`](crate::Limit::quota_from_store)), or
+    /// A stored quota was asked of a limit the limiter does not have, or
+    /// that does not use one
+    /// ([`Limit::use_stored_quota`](crate::Limit::use_stored_quota)), or
     /// is of another algorithm than the limit.
     #[error("stored quota: {0}")]
-    Stored(String),
+    StoredQuota(String),
     /// [`Limiter::acquire_lease`](crate::Limiter::acquire_lease) on a
     /// limiter without a [concurrency limit](crate::Limit::concurrency).
     #[error("no concurrency limit to lease a permit of")]
@@ -160,44 +160,4 @@ pub enum Error {
         /// Keys passed.
         got: usize,
     },
-}
-
-impl Error {
-    /// The layer's answer to a store failure when it fails closed (the
-    /// default [`OnStoreError`](crate::layer::OnStoreError)): 503,
-    /// `Retry-After: 1`, and a problem body that says nothing of this
-    /// error, for a handler that calls a [`Limiter`](crate::Limiter)
-    /// itself and fails closed as the layer does. See
-    /// [`Unavailable`](crate::layer::Unavailable), whose
-    /// [`retry_after`](crate::layer::Unavailable::retry_after) sets another wait.
-    ///
-    /// It answers every error alike, as the layer does; the errors a
-    /// caller's own arguments cause ([`EmptyKey`](Self::EmptyKey),
-    /// [`KeyCount`](Self::KeyCount), [`WaitTooLong`](Self::WaitTooLong),
-    /// [`Config`](Self::Config)) are better answered otherwise (a request
-    /// without a key: 400, as the layer's
-    /// [`MissingKey`](crate::layer::MissingKey) default).
-    ///
-    /// ```
-    /// # #[cfg(feature = "redis")] {
-    /// use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
-    ///
-    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// // nothing listens on port 1: the check fails
-    /// let store = RedisStore::new("redis://127.0.0.1:1/")?;
-    /// let limiter = Limiter::new(store, Limit::new("sms", Quota::per_hour(3).fixed_window())?);
-    /// let response: http::Response<String> = match limiter.check("+15550100", 1).await {
-    ///     Ok(decision) => http::Response::new(format!("{} left", decision.remaining())),
-    ///     Err(error) => error.unavailable().into(),
-    /// };
-    /// assert_eq!(response.status(), 503);
-    /// assert_eq!(response.headers()["retry-after"], "1");
-    /// assert!(!response.body().contains("127.0.0.1"));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// # }
-    /// ```
-    pub fn unavailable(&self) -> crate::layer::Unavailable {
-        crate::layer::Unavailable::new(crate::layer::FAIL_CLOSED_RETRY_AFTER)
-    }
 }

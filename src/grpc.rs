@@ -1,6 +1,7 @@
-//! gRPC answers (feature `grpc`): the layer's refusals as gRPC statuses in a
-//! trailers-only response, for requests that are gRPC calls. The layer
-//! (`layer/response.rs`) chooses them per request and boxes their bodies.
+//! gRPC responses (feature `grpc`): the layer's refusals as gRPC statuses
+//! in a trailers-only response, for requests that are gRPC calls. The
+//! layer (`layer/response.rs`, its `Protocol`) chooses them per request and
+//! boxes their bodies.
 
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// Whether a request is a gRPC call: its `content-type` is
 /// `application/grpc`, or `application/grpc+proto`, `application/grpc;...`
 /// (the gRPC over HTTP/2 specification's forms). `application/grpc-web` is
-/// not a gRPC call: its answers travel in the body, not in trailers.
+/// not a gRPC call: its statuses travel in the body, not in trailers.
 pub(crate) fn is_call(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(CONTENT_TYPE) else {
         return false;
@@ -33,7 +34,7 @@ pub(crate) fn is_call(headers: &HeaderMap) -> bool {
 /// `cache-control: no-store`, as every HTTP refusal of the layer (a proxy
 /// or cache must not answer a later call with it). The body is empty, so
 /// the headers end the stream.
-pub(crate) fn answer(
+pub(crate) fn trailers_only(
     code: Code,
     message: String,
     retry: Option<Duration>,
@@ -56,7 +57,7 @@ pub(crate) fn answer(
     response
 }
 
-/// The gRPC code of a layer's answer with HTTP `status`, after the
+/// The gRPC code of a layer's response with HTTP `status`, after the
 /// correspondence of HTTP statuses and gRPC codes that gRPC documents:
 /// 401 is `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, 404 `NOT_FOUND`, 429
 /// `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`; any other status
@@ -111,8 +112,8 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_is_trailers_only_with_the_status_and_its_delay() {
-        let response = answer(
+    fn a_response_is_trailers_only_with_the_status_and_its_delay() {
+        let response = trailers_only(
             Code::ResourceExhausted,
             "Rate limit a exceeded; retry in 2 s.".to_owned(),
             Some(Duration::from_millis(1500)),
@@ -135,7 +136,7 @@ mod tests {
         assert_eq!(retry.retry_delay, Some(Duration::from_millis(1500)));
         assert!(http_body::Body::is_end_stream(response.body()));
 
-        let plain = answer(Code::InvalidArgument, "no key".to_owned(), None);
+        let plain = trailers_only(Code::InvalidArgument, "no key".to_owned(), None);
         assert_eq!(plain.headers()["grpc-status"], "3");
         assert!(!plain.headers().contains_key("grpc-status-details-bin"));
     }

@@ -15,8 +15,9 @@
 //!   decision (under load, one per batch of the decisions that arrived
 //!   while one was in flight), clock read from Redis `TIME`.
 //! - Limits can change while the fleet runs: a [`LiveLimit`] is swapped in
-//!   the process, a limit marked [`Limit::quota_from_store`] takes the quota
-//!   (and per-key overrides) every instance reads from the store.
+//!   the process, a limit marked [`Limit::use_stored_quota`] takes its
+//!   stored quota (and per-key overrides) every instance reads from the
+//!   store.
 //! - Beyond rates: a [`Limit::concurrency`] counts work in progress with
 //!   [leases](Lease) that expire unless renewed, and [`Limiter::charge`]
 //!   (or a layer rule's `cost_from_response`) charges a cost known only
@@ -84,6 +85,26 @@
 //!   reads as absent from then on; a key's TTL only reclaims memory (see
 //!   [`RedisStoreBuilder::expiry_slack`]).
 //!
+//! # Floors
+//!
+//! Imports only go down. Each module of `src/` stands on a floor and
+//! imports only from modules on lower floors: the modules of one floor do
+//! not import one another (a module's own files aside, and its test
+//! module, which may use anything). `tests/floors.rs` reads this table and
+//! holds every `crate::` path of `src/` to it.
+//!
+//! | floor | modules | what they are |
+//! |---|---|---|
+//! | 9 | `layer` | the Tower layer: rules, the service, its responses |
+//! | 8 | `plan`, `watch` | the layer's plan resolver; a file of limits, watched |
+//! | 7 | `limiter`, `key`, `config` | the decisions a request and an operator make; what a request is counted by; limits read from configuration |
+//! | 6 | `store`, `live` | the memory and Redis engines, which know nothing of the limiter, the keys or the layer; limits swapped while running |
+//! | 5 | `limit` | a named, validated quota and what it does besides counting |
+//! | 4 | `metrics` | the counters and gauges, read off a limit's status |
+//! | 3 | `algorithm`, `decision` | the in-process mirror of `lua/`; what a check returns |
+//! | 2 | `quota`, `fields`, `penalty`, `hot` | what a quota is; the rate-limit header fields a decision and the layer write; penalties; hot keys |
+//! | 1 | `calendar`, `clock`, `error`, `grpc`, `sync`, `text` | shared below everything: calendar periods, time, errors, gRPC statuses, the lock, text on the stack |
+//!
 //! # Features
 //!
 //! | feature | default | what it adds |
@@ -112,6 +133,7 @@ mod clock;
 mod config;
 mod decision;
 mod error;
+mod fields;
 #[cfg(feature = "grpc")]
 mod grpc;
 mod hot;
@@ -144,7 +166,7 @@ pub mod watch;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-pub use calendar::{CalendarRate, Period};
+pub use calendar::Period;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimitStatus, Verdict};
 pub use error::{ConfigError, Error};
@@ -156,7 +178,7 @@ pub use limiter::{
 };
 pub use live::{LimitSource, LiveLimit, LiveLimits};
 pub use penalty::{Penalty, DEFAULT_FORGET_AFTER};
-pub use quota::{Algorithm, Burst, Quota, Rate};
+pub use quota::{Algorithm, Burst, CalendarRate, Quota, Rate};
 pub use store::{MemoryStore, MemoryStoreBuilder, Store};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

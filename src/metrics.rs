@@ -35,7 +35,7 @@
 //!
 //! The quota gauges show what decided: a limit's quota, its new value after
 //! a [live change](crate::LiveLimit) (from the first decision the new
-//! value makes), and a [quota kept in the store](crate::Limit::quota_from_store)
+//! value makes), and a [stored quota](crate::Limit::use_stored_quota)
 //! when one decided. They are set when that quota differs from the one they
 //! show, not on every decision (with overrides per key, the last that
 //! decided). A grant near the limit counts under every limit of the
@@ -337,17 +337,6 @@ impl LimitKeys {
                 .set(seconds);
         });
     }
-}
-
-/// Counts one decision of the limit named `limit` with `outcome`, for a
-/// caller that has the name and not the [`Limit`](crate::Limit) (a
-/// layer's rejection): the name's keys are looked up under a lock, so this
-/// is for answers that are not on the common path (without metrics:
-/// nothing).
-#[cfg_attr(not(feature = "metrics"), inline(always), allow(unused_variables))]
-pub(crate) fn count_named(limit: &str, outcome: Outcome) {
-    #[cfg(feature = "metrics")]
-    crate::limit::Name::of(limit).keys.increment(outcome);
 }
 
 /// Whether a store's calls fail, as [`STORE_OUTAGE`] shows it: set when

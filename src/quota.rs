@@ -1,12 +1,11 @@
-//! What a quota is: an [`Algorithm`] with its amounts and window. A
-//! [`Limit`](crate::Limit) names and validates one (`limit.rs`).
+//! What a quota is: an [`Algorithm`] with its amounts and window, built in
+//! steps ([`Rate`], [`Burst`], [`CalendarRate`]). A [`Limit`](crate::Limit)
+//! names and validates one (`limit/`).
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::algorithm::calendar::Calendar;
-#[cfg(doc)]
-use crate::CalendarRate;
+use crate::calendar::{Calendar, Period};
 
 /// The algorithm a [`Quota`] uses. In configuration files (feature `serde`)
 /// it is written `sliding-log`, `token-bucket`, `gcra`, `fixed-window` or
@@ -62,11 +61,9 @@ impl fmt::Display for Algorithm {
 /// # let _ = (sms, uploads, daily);
 /// ```
 ///
-/// The positional constructors ([`Quota::gcra`], [`Quota::token_bucket`],
-/// [`Quota::sliding_log`], ...) build the same quotas and remain for code
-/// that computes its arguments; in code a person reads, prefer the steps:
-/// `gcra(rate, period, burst)` and `token_bucket(capacity, refill, period)`
-/// order their amounts differently, and swapped amounts compile.
+/// The steps are the one way to build a quota: code that computes its
+/// amounts passes them to the same steps
+/// (`Quota::rate(refill, period).allow_burst(capacity).token_bucket()`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota {
     pub(crate) algorithm: Algorithm,
@@ -103,47 +100,6 @@ impl Quota {
     /// `amount` per `period` (see [`Rate`]): `Quota::rate(100, fifteen_minutes)`.
     pub const fn rate(amount: u64, period: Duration) -> Rate {
         Rate::new(amount, period)
-    }
-
-    /// At most `limit` permits in any window of length `window` (exact).
-    /// The same as `Quota::rate(limit, window).sliding_log()`.
-    /// Costs one sorted-set entry per grant: prefer [`Quota::sliding_window`]
-    /// for limits in the hundred thousands.
-    pub fn sliding_log(limit: u64, window: Duration) -> Self {
-        Quota::rate(limit, window).sliding_log()
-    }
-
-    /// A bucket of `capacity` tokens, refilled by `refill` tokens every `period`
-    /// (continuously, in proportion to the time elapsed). Starts full.
-    ///
-    /// Positional: prefer
-    /// `Quota::rate(refill, period).allow_burst(capacity).token_bucket()`,
-    /// which cannot be misread.
-    pub fn token_bucket(capacity: u64, refill: u64, period: Duration) -> Self {
-        Quota::rate(refill, period)
-            .allow_burst(capacity)
-            .token_bucket()
-    }
-
-    /// `rate` permits per `period` on average, with bursts of up to `burst`.
-    ///
-    /// Positional: prefer `Quota::rate(rate, period).allow_burst(burst).gcra()`
-    /// (or `Quota::per_second(rate)...`), which cannot be misread.
-    pub fn gcra(rate: u64, period: Duration, burst: u64) -> Self {
-        Quota::rate(rate, period).allow_burst(burst).gcra()
-    }
-
-    /// At most `limit` permits per window, windows aligned to the Unix epoch.
-    /// The same as `Quota::rate(limit, window).fixed_window()`.
-    pub fn fixed_window(limit: u64, window: Duration) -> Self {
-        Quota::rate(limit, window).fixed_window()
-    }
-
-    /// At most about `limit` permits in any window of length `window`, estimated
-    /// from two counters: O(1) memory whatever the limit.
-    /// The same as `Quota::rate(limit, window).sliding_window()`.
-    pub fn sliding_window(limit: u64, window: Duration) -> Self {
-        Quota::rate(limit, window).sliding_window()
     }
 
     /// The algorithm.
@@ -231,20 +187,21 @@ impl Rate {
         Burst { rate: self, burst }
     }
 
-    /// At most this amount in any window of one period, exactly: one stored
-    /// entry per grant (see [`Quota::sliding_log`]).
+    /// At most this amount in any window of one period, exactly. Costs one
+    /// stored entry (a sorted-set entry in Redis) per grant: prefer
+    /// [`sliding_window`](Self::sliding_window) for limits in the hundred
+    /// thousands.
     pub const fn sliding_log(self) -> Quota {
         Quota::windowed(Algorithm::SlidingLog, self)
     }
 
-    /// At most this amount per period, periods aligned to the Unix epoch
-    /// (see [`Quota::fixed_window`]).
+    /// At most this amount per period, periods aligned to the Unix epoch.
     pub const fn fixed_window(self) -> Quota {
         Quota::windowed(Algorithm::FixedWindow, self)
     }
 
-    /// At most about this amount in any window of one period, from two
-    /// counters (see [`Quota::sliding_window`]).
+    /// At most about this amount in any window of one period, estimated
+    /// from two counters: O(1) memory whatever the amount.
     pub const fn sliding_window(self) -> Quota {
         Quota::windowed(Algorithm::SlidingWindow, self)
     }
@@ -270,13 +227,13 @@ pub struct Burst {
 }
 
 impl Burst {
-    /// GCRA (see [`Quota::gcra`]): the rate on average, `burst` at once.
+    /// GCRA: the rate on average, `burst` at once.
     pub const fn gcra(self) -> Quota {
         self.quota(Algorithm::Gcra)
     }
 
-    /// A token bucket of `burst` tokens refilled at the rate (see
-    /// [`Quota::token_bucket`]).
+    /// A token bucket of `burst` tokens, refilled at the rate
+    /// (continuously, in proportion to the time elapsed). Starts full.
     pub const fn token_bucket(self) -> Quota {
         self.quota(Algorithm::TokenBucket)
     }
@@ -310,36 +267,227 @@ impl Quota {
     }
 }
 
+/// The first step of a calendar quota: an amount per calendar [`Period`],
+/// such as `Quota::per_month(10_000)`, its days beginning at midnight UTC
+/// unless moved east or west of it; then a window algorithm.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::{Period, Quota};
+///
+/// // 10,000 per month, the count back to 0 on the 1st at 00:00 UTC.
+/// let plan = Quota::per_month(10_000).fixed_window();
+/// // 500 per day, from midnight in India (UTC+05:30).
+/// let sms = Quota::per_calendar_day(500)
+///     .east_of_utc(Duration::from_secs(5 * 3600 + 30 * 60))
+///     .fixed_window();
+/// assert_eq!((plan.calendar(), sms.calendar()), (Some(Period::Month), Some(Period::Day)));
+/// assert_eq!(sms.utc_offset_secs(), 19_800);
+/// ```
+///
+/// The periods are those of a fixed offset from UTC, not of a named time
+/// zone: where a zone changes its offset (daylight saving time), its days
+/// last 23 or 25 hours, which the store's scripts could only know from a
+/// time zone database that Redis does not have. Write the offset the
+/// quota's customers are sold, or UTC.
+///
+/// With [`fixed_window`](Self::fixed_window), at most the amount passes
+/// per period, and a refusal's `Retry-After` and the `RateLimit` fields'
+/// reset point at the period's end. With
+/// [`sliding_window`](Self::sliding_window), the count of the previous
+/// period weighs in proportion to how much of it lies within one such
+/// period before now. Months have their real lengths, leap years count,
+/// and the store's clock (Redis `TIME`, the memory store's [`Clock`])
+/// decides which period a decision falls in. A calendar quota is a
+/// limit's own: it cannot be a stored quota
+/// ([`Admin::set_stored_quota`](crate::Admin::set_stored_quota) refuses it).
+///
+/// # In Redis
+///
+/// A month's count lives in Redis for the month: a restart without
+/// persistence, or an eviction, forgets it, and the key's customers start
+/// the month over. A [`RedisStore`](crate::RedisStore) with calendar
+/// quotas needs
+///
+/// - persistence: AOF (`appendonly yes`) or RDB snapshots (`save ...`),
+///   and a replica to fail over to if a lost minute matters;
+/// - `maxmemory-policy noeviction` whenever `maxmemory` is set. Every key
+///   of this crate has a TTL (a state expires once it equals a fresh
+///   one), so the `volatile-*` policies may evict them as well as the
+///   `allkeys-*` ones. Under `noeviction` a full Redis refuses writes
+///   instead, and decisions fail (see
+///   [`OnStoreError`](crate::layer::OnStoreError)).
+///
+/// At its first decision once a limiter or layer with a calendar limit was
+/// built over it, a `RedisStore` (and its clones) asks the server (`CONFIG GET maxmemory maxmemory-policy
+/// appendonly save`) and logs one `warn` line (target `tower_ratelimit`)
+/// when it sees one of these missing; where `CONFIG` is disabled or
+/// renamed (managed services), a `debug` line only. A limit made a
+/// calendar one later by a [live change](crate::LiveLimit) is not
+/// checked.
+///
+/// [`Clock`]: crate::Clock
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a calendar rate is only the first step: choose a window algorithm"]
+pub struct CalendarRate {
+    amount: u64,
+    calendar: Calendar,
+}
+
+impl CalendarRate {
+    pub(crate) const fn new(amount: u64, period: Period) -> Self {
+        Self {
+            amount,
+            calendar: Calendar { period, offset: 0 },
+        }
+    }
+
+    /// Periods that begin at midnight `by` east of UTC (UTC+hh:mm), which
+    /// is `by` before midnight UTC. `by` is whole minutes, under a day (as
+    /// every offset in use since 1972 is);
+    /// [`Limit::new`](crate::Limit::new) refuses another.
+    pub const fn east_of_utc(self, by: Duration) -> Self {
+        self.offset(minutes(by))
+    }
+
+    /// Periods that begin at midnight `by` west of UTC (UTC-hh:mm), which
+    /// is `by` after midnight UTC. `by` is whole minutes, under a day.
+    pub const fn west_of_utc(self, by: Duration) -> Self {
+        self.offset(-minutes(by))
+    }
+
+    const fn offset(mut self, minutes: i16) -> Self {
+        self.calendar.offset = minutes;
+        self
+    }
+
+    /// At most the amount per period (see [`Rate::fixed_window`]).
+    pub const fn fixed_window(self) -> Quota {
+        self.quota(Algorithm::FixedWindow)
+    }
+
+    /// About the amount in any period's length, from the counts of this
+    /// period and the previous one (see [`Rate::sliding_window`]).
+    pub const fn sliding_window(self) -> Quota {
+        self.quota(Algorithm::SlidingWindow)
+    }
+
+    const fn quota(self, algorithm: Algorithm) -> Quota {
+        Quota {
+            algorithm,
+            amount: self.amount,
+            window: Duration::from_micros(self.calendar.longest() as u64),
+            extra: 0,
+            calendar: Some(self.calendar),
+        }
+    }
+}
+
+/// `by` in minutes; `i16::MAX`, which `Limit::new` refuses, when not whole
+/// minutes under a day.
+const fn minutes(by: Duration) -> i16 {
+    if by.subsec_nanos() == 0 && by.as_secs().is_multiple_of(60) && by.as_secs() < 86_400 {
+        (by.as_secs() / 60) as i16
+    } else {
+        i16::MAX
+    }
+}
+
+impl Quota {
+    /// `amount` per calendar day, from midnight to midnight (see
+    /// [`CalendarRate`]). Unlike [`Quota::per_day`], whose days are 24
+    /// hours counted from the Unix epoch (from midnight UTC for a fixed
+    /// window, from any instant for a sliding one), its days may begin at
+    /// midnight east or west of UTC.
+    pub const fn per_calendar_day(amount: u64) -> CalendarRate {
+        CalendarRate::new(amount, Period::Day)
+    }
+
+    /// `amount` per week, from Monday at midnight (see [`CalendarRate`]).
+    /// (Seven days counted from the Unix epoch would begin on Thursdays;
+    /// seven days from any instant are `Quota::rate(amount, 7 days)`.)
+    pub const fn per_week(amount: u64) -> CalendarRate {
+        CalendarRate::new(amount, Period::Week)
+    }
+
+    /// `amount` per calendar month, from the first at midnight (see
+    /// [`CalendarRate`], and [what it needs from Redis](CalendarRate#in-redis):
+    /// persistence and no eviction).
+    pub const fn per_month(amount: u64) -> CalendarRate {
+        CalendarRate::new(amount, Period::Month)
+    }
+
+    /// `amount` per calendar year, from the first of January at midnight
+    /// (see [`CalendarRate`]).
+    pub const fn per_year(amount: u64) -> CalendarRate {
+        CalendarRate::new(amount, Period::Year)
+    }
+
+    /// `amount` per calendar `period` (see [`CalendarRate`]), for code that
+    /// computes the period: `Quota::per_calendar(10, Period::Month)` is
+    /// `Quota::per_month(10)`.
+    pub const fn per_calendar(amount: u64, period: Period) -> CalendarRate {
+        CalendarRate::new(amount, period)
+    }
+
+    /// The calendar period of a calendar quota, `None` for the others.
+    /// A calendar quota's [`window`](Self::window) is its longest period
+    /// (31 days for a month, 366 for a year).
+    pub fn calendar(&self) -> Option<Period> {
+        self.calendar.map(|c| c.period)
+    }
+
+    /// How far east of UTC a calendar quota's periods begin, in seconds
+    /// (west is negative); 0 for the others.
+    pub fn utc_offset_secs(&self) -> i64 {
+        self.calendar.map_or(0, |c| i64::from(c.offset) * 60)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{ConfigError, Limit};
 
+    /// What a quota is made of: its algorithm, capacity, window and refill.
+    fn parts(q: Quota) -> (Algorithm, u64, Duration, Option<u64>) {
+        (q.algorithm(), q.capacity(), q.window(), q.refill())
+    }
+
     #[test]
-    fn named_steps_build_the_positional_quotas() {
+    fn named_steps_build_the_quotas_they_name() {
         let (s, m) = (Duration::from_secs(1), Duration::from_secs(60));
+        // a rate of 10 per second, bursts of 20
         assert_eq!(
-            Quota::per_second(10).allow_burst(20).gcra(),
-            Quota::gcra(10, s, 20)
+            parts(Quota::per_second(10).allow_burst(20).gcra()),
+            (Algorithm::Gcra, 20, s, Some(10))
+        );
+        // a bucket of 20, refilled by 10 every second
+        assert_eq!(
+            parts(Quota::per_second(10).allow_burst(20).token_bucket()),
+            (Algorithm::TokenBucket, 20, s, Some(10))
         );
         assert_eq!(
-            Quota::per_second(10).allow_burst(20).token_bucket(),
-            Quota::token_bucket(20, 10, s)
-        );
-        assert_eq!(Quota::per_minute(3).sliding_log(), Quota::sliding_log(3, m));
-        assert_eq!(
-            Quota::per_hour(5).fixed_window(),
-            Quota::fixed_window(5, 60 * m)
+            parts(Quota::per_minute(3).sliding_log()),
+            (Algorithm::SlidingLog, 3, m, None)
         );
         assert_eq!(
-            Quota::per_day(7).sliding_window(),
-            Quota::sliding_window(7, 24 * 60 * m)
+            parts(Quota::per_hour(5).fixed_window()),
+            (Algorithm::FixedWindow, 5, 60 * m, None)
         );
         assert_eq!(
-            Quota::rate(4, m).token_bucket(),
-            Quota::token_bucket(4, 4, m)
+            parts(Quota::per_day(7).sliding_window()),
+            (Algorithm::SlidingWindow, 7, 24 * 60 * m, None)
         );
-        assert_eq!(Quota::rate(4, m).gcra(), Quota::gcra(4, m, 4));
+        // without a burst, a bucket holds one period's amount
+        assert_eq!(
+            parts(Quota::rate(4, m).token_bucket()),
+            (Algorithm::TokenBucket, 4, m, Some(4))
+        );
+        assert_eq!(
+            parts(Quota::rate(4, m).gcra()),
+            (Algorithm::Gcra, 4, m, Some(4))
+        );
         assert_eq!(
             Quota::per_second(10).allow_burst(20).gcra().refill(),
             Some(10)
@@ -370,39 +518,43 @@ mod tests {
 
     #[test]
     fn reduces_rates_and_rejects_bad_quotas() {
-        let l = Limit::new("a", Quota::gcra(10, Duration::from_secs(1), 10)).unwrap();
+        let l = Limit::new("a", Quota::per_second(10).allow_burst(10).gcra()).unwrap();
         assert_eq!(l.params().wire()[..3], [10, 1, 100_000]);
         assert_eq!(l.policy_window(), Duration::from_secs(1));
         let day = Duration::from_secs(86_400);
-        let l = Limit::new("a", Quota::token_bucket(1_000_000, 1_000_000, day)).unwrap();
-        assert_eq!(l.params().wire()[..3], [1_000_000, 1, 86_400]);
-        assert!(Limit::new(
+        let l = Limit::new(
             "a",
-            Quota::sliding_window(1_000_000, Duration::from_secs(3600))
+            Quota::rate(1_000_000, day)
+                .allow_burst(1_000_000)
+                .token_bucket(),
         )
-        .is_ok());
+        .unwrap();
+        assert_eq!(l.params().wire()[..3], [1_000_000, 1, 86_400]);
+        assert!(Limit::new("a", Quota::per_hour(1_000_000).sliding_window()).is_ok());
         assert!(matches!(
-            Limit::new("a", Quota::sliding_window(1 << 33, day)),
+            Limit::new("a", Quota::rate(1 << 33, day).sliding_window()),
             Err(ConfigError::OutOfRange(_))
         ));
         assert!(matches!(
-            Limit::new("a", Quota::fixed_window(1, Duration::ZERO)),
+            Limit::new("a", Quota::rate(1, Duration::ZERO).fixed_window()),
             Err(ConfigError::ZeroWindow { .. })
         ));
         assert!(matches!(
-            Limit::new("a", Quota::gcra(0, day, 1)),
+            Limit::new("a", Quota::rate(0, day).allow_burst(1).gcra()),
             Err(ConfigError::ZeroAmount { what: "rate" })
         ));
         assert!(matches!(
             Limit::new(
                 "a",
-                Quota::token_bucket(5, 1, Duration::from_secs(40 * 366 * 86_400))
+                Quota::rate(1, Duration::from_secs(40 * 366 * 86_400))
+                    .allow_burst(5)
+                    .token_bucket()
             ),
             Err(ConfigError::OutOfRange(_))
         ));
         for bad in ["", "a:b", "{x}", "a b", &"x".repeat(65)] {
             assert!(matches!(
-                Limit::new(bad, Quota::fixed_window(1, day)),
+                Limit::new(bad, Quota::rate(1, day).fixed_window()),
                 Err(ConfigError::InvalidName(_))
             ));
         }

@@ -58,10 +58,13 @@ async fn fresh_keys(limiter: &Limiter, tag: &str, n: usize) {
 #[tokio::test]
 async fn keys_at_rest_cost_one_command_and_present_keys_decide_exactly() {
     let quotas = [
-        ("gcra", Quota::gcra(5, HOUR, 5)),
-        ("token bucket", Quota::token_bucket(5, 5, HOUR)),
-        ("fixed window", Quota::fixed_window(5, HOUR)),
-        ("sliding window", Quota::sliding_window(5, HOUR)),
+        ("gcra", Quota::rate(5, HOUR).allow_burst(5).gcra()),
+        (
+            "token bucket",
+            Quota::rate(5, HOUR).allow_burst(5).token_bucket(),
+        ),
+        ("fixed window", Quota::rate(5, HOUR).fixed_window()),
+        ("sliding window", Quota::rate(5, HOUR).sliding_window()),
     ];
     for (name, quota) in quotas {
         // a server each: the share of absent keys is the server's
@@ -124,10 +127,10 @@ async fn keys_at_rest_cost_one_command_and_present_keys_decide_exactly() {
 async fn a_key_taken_as_absent_that_holds_anything_else_is_decided_as_absent() {
     const MS: i64 = 1_000;
     let quotas = [
-        Quota::gcra(5, HOUR, 5),
-        Quota::token_bucket(5, 5, HOUR),
-        Quota::fixed_window(5, HOUR),
-        Quota::sliding_window(5, HOUR),
+        Quota::rate(5, HOUR).allow_burst(5).gcra(),
+        Quota::rate(5, HOUR).allow_burst(5).token_bucket(),
+        Quota::rate(5, HOUR).fixed_window(),
+        Quota::rate(5, HOUR).sliding_window(),
     ];
     let server = TestRedis::spawn();
     let mut conn = redis::Client::open(server.url.as_str())

@@ -27,7 +27,7 @@ const USED: &str = "x-tokens-used";
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn tokens() -> Limit {
-    Limit::new("tokens", Quota::fixed_window(1000, HOUR)).expect("limit")
+    Limit::new("tokens", Quota::rate(1000, HOUR).fixed_window()).expect("limit")
 }
 
 fn requests() -> Limit {
@@ -518,7 +518,7 @@ async fn in_delay_mode_a_shadow_ban_is_answered_not_decided_for_ever() {
         [Duration::from_secs(1), Duration::from_secs(3)],
     )
     .expect("penalty");
-    let watch = Limit::new("watch", Quota::fixed_window(1, HOUR))
+    let watch = Limit::new("watch", Quota::rate(1, HOUR).fixed_window())
         .expect("limit")
         .with_penalty(penalty)
         .shadow();
@@ -527,7 +527,7 @@ async fn in_delay_mode_a_shadow_ban_is_answered_not_decided_for_ever() {
         .delay(Duration::from_secs(2))
         .rule(
             Rule::new(watch, Global)
-                .tier("pro", Quota::fixed_window(3, HOUR))
+                .tier("pro", Quota::rate(3, HOUR).fixed_window())
                 .choose_tier(|r| r.headers.get("x-pro").map(|_| "pro")),
         )
         .limit(

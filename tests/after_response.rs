@@ -165,8 +165,7 @@ async fn a_concurrency_limit_holds_its_permit_until_the_response_body_ends() {
 /// leaves the key in debt (12 of 10), so the fourth is refused.
 #[tokio::test]
 async fn a_cost_read_from_a_response_header_is_charged_after_the_response() {
-    let tokens =
-        Limit::new("tokens", Quota::fixed_window(10, Duration::from_secs(3600))).expect("limit");
+    let tokens = Limit::new("tokens", Quota::per_hour(10).fixed_window()).expect("limit");
     let used = HeaderName::from_static("x-tokens-used");
     for (store, make) in stores("after-header") {
         let app = Router::new()
@@ -206,11 +205,7 @@ async fn a_cost_read_from_a_response_header_is_charged_after_the_response() {
 /// cost 300 of 1000.
 #[tokio::test]
 async fn a_cost_counted_in_the_body_is_charged_when_it_ends() {
-    let bytes = Limit::new(
-        "bytes",
-        Quota::fixed_window(1000, Duration::from_secs(3600)),
-    )
-    .expect("limit");
+    let bytes = Limit::new("bytes", Quota::per_hour(1000).fixed_window()).expect("limit");
     for (store, make) in stores("after-body") {
         let app = Router::new()
             .route(
@@ -246,8 +241,7 @@ async fn a_cost_counted_in_the_body_is_charged_when_it_ends() {
 /// charges nothing more.
 #[tokio::test]
 async fn an_unreadable_or_small_cost_charges_nothing_more() {
-    let tokens =
-        Limit::new("tokens", Quota::fixed_window(10, Duration::from_secs(3600))).expect("limit");
+    let tokens = Limit::new("tokens", Quota::per_hour(10).fixed_window()).expect("limit");
     let used = HeaderName::from_static("x-tokens-used");
     let store = MemoryStore::new();
     for value in ["lots", "-3", "0", "1", "99999999999999999999999"] {
@@ -556,8 +550,7 @@ fn a_maximum_hold_is_for_concurrency_limits_and_not_zero() {
 #[tokio::test]
 async fn a_refund_gives_the_rate_back_and_the_lease_stays_until_the_body_ends() {
     let streams = Limit::concurrency("streams", 1, Duration::from_secs(60)).expect("limit");
-    let tries =
-        Limit::new("tries", Quota::fixed_window(5, Duration::from_secs(3600))).expect("limit");
+    let tries = Limit::new("tries", Quota::per_hour(5).fixed_window()).expect("limit");
     for (store, make) in stores("after-lease-refund") {
         let builder = RateLimitLayer::builder()
             .rule(Rule::new(streams.clone(), Global))

@@ -1,6 +1,6 @@
 //! A handler that calls the limiter itself answers as the layer does:
 //! `Decision::insert_headers` writes the fields the layer writes on a
-//! forwarded response, `Error::unavailable` is the layer's fail-closed 503.
+//! forwarded response, `layer::Unavailable::of` is the layer's fail-closed 503.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{HeaderMap, Request, Response, StatusCode};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_ratelimit::key::Global;
-use tower_ratelimit::layer::{OnStoreError, RateLimitInfo, RateLimitLayer};
+use tower_ratelimit::layer::{OnStoreError, RateLimitInfo, RateLimitLayer, Unavailable};
 use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, RedisStore, Store};
 
 const FIELDS: [&str; 5] = [
@@ -123,7 +123,7 @@ async fn layer_answer(store: impl Into<Store>, on_error: OnStoreError) -> Respon
     Response::from_parts(parts, String::from_utf8(body.to_vec()).expect("text"))
 }
 
-/// `Error::unavailable` is the 503 the layer sends when its store fails and
+/// `layer::Unavailable::of` is the 503 the layer sends when its store fails and
 /// it fails closed: status, headers and body, `Retry-After` as configured,
 /// nothing of the error.
 #[tokio::test]
@@ -137,10 +137,10 @@ async fn a_store_error_gives_the_layers_503() {
         .expect_err("the store is down");
     let five = Duration::from_secs(5);
     for (on_error, own) in [
-        (OnStoreError::default(), error.unavailable()),
+        (OnStoreError::default(), Unavailable::of(&error)),
         (
             OnStoreError::FailClosed { retry_after: five },
-            error.unavailable().retry_after(five),
+            Unavailable::of(&error).retry_after(five),
         ),
     ] {
         let sent = layer_answer(down(), on_error).await;

@@ -422,7 +422,7 @@ fn calendar_quotas_read_as_sentences() {
 async fn a_calendar_quota_is_not_kept_in_the_store() {
     let limit = Limit::new("plan", Quota::per_month(10).fixed_window())
         .expect("limit")
-        .quota_from_store();
+        .use_stored_quota();
     let clock = ManualClock::new(midnight(2027, Month::March, 1, 0));
     for (store, limiter) in limiters_on_clock(&unique_prefix("calendar"), &limit, &clock) {
         let kept = limiter

@@ -68,7 +68,13 @@ fn verdict(d: &tower_ratelimit::Decision) -> (bool, i64) {
 /// back, 7 s later.
 #[tokio::test]
 async fn a_gcra_limit_in_debt_refuses_until_it_is_paid_back() {
-    let limit = Limit::new("gcra", Quota::gcra(10, Duration::from_secs(10), 10)).expect("limit");
+    let limit = Limit::new(
+        "gcra",
+        Quota::rate(10, Duration::from_secs(10))
+            .allow_burst(10)
+            .gcra(),
+    )
+    .expect("limit");
     run(
         &limit,
         &[
@@ -88,8 +94,13 @@ async fn a_gcra_limit_in_debt_refuses_until_it_is_paid_back() {
 /// A token bucket of 10, one back per second: the same figures as GCRA.
 #[tokio::test]
 async fn a_token_bucket_in_debt_refuses_until_it_is_paid_back() {
-    let limit =
-        Limit::new("tb", Quota::token_bucket(10, 10, Duration::from_secs(10))).expect("limit");
+    let limit = Limit::new(
+        "tb",
+        Quota::rate(10, Duration::from_secs(10))
+            .allow_burst(10)
+            .token_bucket(),
+    )
+    .expect("limit");
     run(
         &limit,
         &[
@@ -109,7 +120,11 @@ async fn a_token_bucket_in_debt_refuses_until_it_is_paid_back() {
 /// forgets its debt: the bound is one charge per window).
 #[tokio::test]
 async fn a_fixed_window_in_debt_refuses_until_the_window_ends() {
-    let limit = Limit::new("fw", Quota::fixed_window(10, Duration::from_secs(10))).expect("limit");
+    let limit = Limit::new(
+        "fw",
+        Quota::rate(10, Duration::from_secs(10)).fixed_window(),
+    )
+    .expect("limit");
     run(
         &limit,
         &[
@@ -128,7 +143,11 @@ async fn a_fixed_window_in_debt_refuses_until_the_window_ends() {
 /// 10 s. A charge on a log in debt goes where a cost of 1 would: at 10 s.
 #[tokio::test]
 async fn a_sliding_log_in_debt_refuses_until_its_entries_leave() {
-    let limit = Limit::new("log", Quota::sliding_log(10, Duration::from_secs(10))).expect("limit");
+    let limit = Limit::new(
+        "log",
+        Quota::rate(10, Duration::from_secs(10)).sliding_log(),
+    )
+    .expect("limit");
     run(
         &limit,
         &[
@@ -150,8 +169,11 @@ async fn a_sliding_log_in_debt_refuses_until_its_entries_leave() {
 /// once 16 * (1 - x) + 1 <= 10, x >= 7/16: 4.375 s into the next window.
 #[tokio::test]
 async fn a_sliding_window_in_debt_refuses_until_the_estimate_allows() {
-    let limit =
-        Limit::new("sw", Quota::sliding_window(10, Duration::from_secs(10))).expect("limit");
+    let limit = Limit::new(
+        "sw",
+        Quota::rate(10, Duration::from_secs(10)).sliding_window(),
+    )
+    .expect("limit");
     run(
         &limit,
         &[
@@ -170,8 +192,11 @@ async fn a_sliding_window_in_debt_refuses_until_the_estimate_allows() {
 /// changes nothing.
 #[tokio::test]
 async fn a_charge_of_a_fresh_key_counts_and_a_charge_of_nothing_is_nothing() {
-    let limit =
-        Limit::new("fresh", Quota::fixed_window(10, Duration::from_secs(10))).expect("limit");
+    let limit = Limit::new(
+        "fresh",
+        Quota::rate(10, Duration::from_secs(10)).fixed_window(),
+    )
+    .expect("limit");
     run(
         &limit,
         &[
@@ -187,8 +212,7 @@ async fn a_charge_of_a_fresh_key_counts_and_a_charge_of_nothing_is_nothing() {
 /// stores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn charges_are_exact_under_100_concurrent_tasks_across_two_instances() {
-    let limit =
-        Limit::new("bulk", Quota::fixed_window(1000, Duration::from_secs(3600))).expect("limit");
+    let limit = Limit::new("bulk", Quota::per_hour(1000).fixed_window()).expect("limit");
     let memory = MemoryStore::new();
     let prefix = unique_prefix("charges-load");
     let pairs = [
@@ -227,8 +251,7 @@ async fn charges_are_exact_under_100_concurrent_tasks_across_two_instances() {
 #[tokio::test]
 async fn a_charge_while_redis_is_down_is_retried_within_the_timeout_then_fails() {
     let mut server = common::TestRedis::spawn();
-    let limit =
-        Limit::new("down", Quota::fixed_window(100, Duration::from_secs(3600))).expect("limit");
+    let limit = Limit::new("down", Quota::per_hour(100).fixed_window()).expect("limit");
     let store = tower_ratelimit::RedisStore::builder(server.url.clone())
         .prefix(unique_prefix("charge-down"))
         .build()
@@ -262,7 +285,7 @@ async fn a_charge_while_redis_is_down_is_retried_within_the_timeout_then_fails()
             .build()
             .expect("store"),
     )
-    .limit(Limit::new("gone", Quota::fixed_window(100, Duration::from_secs(3600))).expect("limit"))
+    .limit(Limit::new("gone", Quota::per_hour(100).fixed_window()).expect("limit"))
     .timeout(Duration::from_millis(200))
     .build()
     .expect("limiter");

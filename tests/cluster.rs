@@ -34,7 +34,7 @@ fn store(cluster: &TestCluster, prefix: &str) -> RedisStore {
 }
 
 fn per_minute(name: &str, n: u64) -> Limit {
-    Limit::new(name, Quota::sliding_log(n, Duration::from_secs(60))).expect("limit")
+    Limit::new(name, Quota::per_minute(n).sliding_log()).expect("limit")
 }
 
 /// Two keys whose state lives in different slots.
@@ -268,7 +268,7 @@ async fn a_slot_resharded_under_load_keeps_its_state_and_its_decisions() {
     let cluster = Arc::new(TestCluster::start());
     let prefix = unique_prefix("reshard");
     // a tight limit on one key, and traffic on keys of every primary
-    let limit = Limit::new("l", Quota::sliding_log(400, Duration::from_secs(60))).unwrap();
+    let limit = Limit::new("l", Quota::per_minute(400).sliding_log()).unwrap();
     let limiter = load_limiter(&cluster, &prefix, limit);
     let hot = "hot-key".to_owned();
     let mut keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
@@ -299,7 +299,7 @@ async fn a_slot_resharded_under_load_keeps_its_state_and_its_decisions() {
     assert_eq!(cluster.primary_for_slot(slot), to);
     // the state moved with the slot: the hot key's log continues there
     let patient = Limiter::builder(store(&cluster, &prefix))
-        .limit(Limit::new("l", Quota::sliding_log(400, Duration::from_secs(60))).unwrap())
+        .limit(Limit::new("l", Quota::per_minute(400).sliding_log()).unwrap())
         .timeout(PATIENT)
         .cache_denials(false)
         .build()
@@ -324,7 +324,7 @@ async fn a_primary_killed_under_load_recovers_after_the_promotion() {
     let prefix = unique_prefix("failover");
     let limit = Limit::new(
         "l",
-        Quota::gcra(1_000_000, Duration::from_secs(60), 1_000_000),
+        Quota::per_minute(1_000_000).allow_burst(1_000_000).gcra(),
     )
     .unwrap();
     let limiter = load_limiter(&cluster, &prefix, limit);
@@ -403,9 +403,9 @@ async fn a_primary_without_the_library_gets_it_loaded_again() {
 async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
     let cluster = common::cluster::shared();
     let prefix = unique_prefix("stored");
-    let limit = Limit::new("reports", Quota::fixed_window(2, Duration::from_secs(3600)))
+    let limit = Limit::new("reports", Quota::per_hour(2).fixed_window())
         .expect("limit")
-        .quota_from_store();
+        .use_stored_quota();
     let instance = || {
         Limiter::builder(store(cluster, &prefix))
             .limit(limit.clone())
@@ -415,7 +415,7 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
     };
     let (a, b) = (instance(), instance());
     a.admin()
-        .set_stored_quota("reports", Quota::fixed_window(5, Duration::from_secs(3600)))
+        .set_stored_quota("reports", Quota::per_hour(5).fixed_window())
         .await
         .expect("copied to every slot");
     // keys spread over every primary, each read in its own slot
@@ -432,12 +432,9 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
     let both = Limiter::builder(store(cluster, &prefix))
         .limit(limit.clone())
         .limit(
-            Limit::new(
-                "reports-b",
-                Quota::fixed_window(3, Duration::from_secs(3600)),
-            )
-            .expect("limit")
-            .quota_from_store(),
+            Limit::new("reports-b", Quota::per_hour(3).fixed_window())
+                .expect("limit")
+                .use_stored_quota(),
         )
         .timeout(PATIENT)
         .build()
@@ -453,7 +450,7 @@ async fn a_stored_quota_reaches_every_slot_and_an_override_its_key() {
         .set_override(
             "reports",
             "tenant-7",
-            Quota::fixed_window(50, Duration::from_secs(3600)),
+            Quota::per_hour(50).fixed_window(),
             None,
         )
         .await
@@ -483,8 +480,7 @@ async fn leases_and_charges_across_slots() {
     let cluster = common::cluster::shared();
     let prefix = unique_prefix("leases");
     let running = Limit::concurrency("running", 2, Duration::from_millis(600)).expect("limit");
-    let tokens =
-        Limit::new("tokens", Quota::fixed_window(10, Duration::from_secs(3600))).expect("limit");
+    let tokens = Limit::new("tokens", Quota::per_hour(10).fixed_window()).expect("limit");
     let instance = || {
         Limiter::builder(store(cluster, &prefix))
             .limit(running.clone())
@@ -590,9 +586,7 @@ async fn a_hot_keys_decisions_coalesce_in_its_slot_and_stay_exact() {
     let cluster = common::cluster::shared();
     let prefix = unique_prefix("hot");
     let limiter = Limiter::builder(store(cluster, &prefix))
-        .limit(
-            Limit::new("hot", Quota::fixed_window(300, Duration::from_secs(3600))).expect("limit"),
-        )
+        .limit(Limit::new("hot", Quota::per_hour(300).fixed_window()).expect("limit"))
         .timeout(PATIENT)
         .cache_denials(false)
         .build()
@@ -654,17 +648,14 @@ async fn a_hot_keys_decisions_coalesce_in_its_slot_and_stay_exact() {
 async fn a_hot_key_in_batches_on_a_cluster_grants_the_quota_and_gives_back_the_rest() {
     let cluster = common::cluster::shared();
     let prefix = unique_prefix("hot-batches");
-    let hot = Limit::new(
-        "global",
-        Quota::fixed_window(500, Duration::from_secs(3600)),
-    )
-    .and_then(|l| {
-        l.with_hot_key(tower_ratelimit::HotKey::new(
-            40,
-            Duration::from_millis(300),
-        )?)
-    })
-    .expect("a hot limit");
+    let hot = Limit::new("global", Quota::per_hour(500).fixed_window())
+        .and_then(|l| {
+            l.with_hot_key(tower_ratelimit::HotKey::new(
+                40,
+                Duration::from_millis(300),
+            )?)
+        })
+        .expect("a hot limit");
     let instance = || {
         Limiter::builder(store(cluster, &prefix))
             .limit(hot.clone())

@@ -37,7 +37,7 @@ fn fcalls(server: &TestRedis) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_decisions_go_out_together_and_stay_exact() {
     let server = TestRedis::spawn();
-    let quota = Quota::fixed_window(300, Duration::from_secs(3600));
+    let quota = Quota::per_hour(300).fixed_window();
     let limiter = limiter(&server, Limit::new("burst", quota).expect("limit"), true);
     limiter
         .peek("warm", 1)
@@ -68,7 +68,7 @@ async fn concurrent_decisions_go_out_together_and_stay_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_coalesced_decision_gets_its_own_reply() {
     let server = TestRedis::spawn();
-    let quota = Quota::fixed_window(100, Duration::from_secs(3600));
+    let quota = Quota::per_hour(100).fixed_window();
     let limiter = limiter(&server, Limit::new("own", quota).expect("limit"), true);
     let setup: Vec<_> = (0..50)
         .map(|i| {
@@ -97,7 +97,7 @@ async fn each_coalesced_decision_gets_its_own_reply() {
 #[tokio::test]
 async fn a_lone_decision_is_its_own_call() {
     let server = TestRedis::spawn();
-    let quota = Quota::fixed_window(100, Duration::from_secs(3600));
+    let quota = Quota::per_hour(100).fixed_window();
     let limiter = limiter(&server, Limit::new("lone", quota).expect("limit"), true);
     limiter
         .peek("warm", 1)
@@ -114,7 +114,7 @@ async fn a_lone_decision_is_its_own_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_coalescing_each_decision_is_its_own_call() {
     let server = TestRedis::spawn();
-    let quota = Quota::fixed_window(100, Duration::from_secs(3600));
+    let quota = Quota::per_hour(100).fixed_window();
     let limiter = limiter(&server, Limit::new("apart", quota).expect("limit"), false);
     limiter
         .peek("warm", 1)
@@ -145,10 +145,7 @@ async fn decisions_waiting_for_a_server_that_stopped_fail_by_their_deadline() {
         .build()
         .expect("store");
     let limiter = Limiter::builder(store)
-        .limit(
-            Limit::new("down", Quota::fixed_window(1000, Duration::from_secs(3600)))
-                .expect("limit"),
-        )
+        .limit(Limit::new("down", Quota::per_hour(1000).fixed_window()).expect("limit"))
         .timeout(Duration::from_millis(300))
         .cache_denials(false)
         .build()

@@ -54,14 +54,14 @@ fn redis_limiters(prefix: &str, limit: &Limit) -> Vec<Limiter> {
 fn quotas() -> Vec<(Quota, u64)> {
     let hour = Duration::from_secs(3600);
     vec![
-        (Quota::sliding_log(100, hour), 100),
-        (Quota::token_bucket(100, 1, hour), 100),
-        (Quota::gcra(1, hour, 100), 100),
+        (Quota::rate(100, hour).sliding_log(), 100),
+        (Quota::rate(1, hour).allow_burst(100).token_bucket(), 100),
+        (Quota::rate(1, hour).allow_burst(100).gcra(), 100),
         (
-            Quota::fixed_window(100, Duration::from_secs(10 * 366 * 86_400)),
+            Quota::rate(100, Duration::from_secs(10 * 366 * 86_400)).fixed_window(),
             100,
         ),
-        (Quota::sliding_window(100, hour), 100),
+        (Quota::rate(100, hour).sliding_window(), 100),
     ]
 }
 
@@ -103,7 +103,7 @@ async fn memory_never_grants_more_than_the_bound() {
 async fn sliding_log_holds_in_every_window_in_real_time() {
     let prefix = unique_prefix("slog-rt");
     let (n, window) = (20u64, Duration::from_millis(200));
-    let limit = Limit::new("hot", Quota::sliding_log(n, window)).unwrap();
+    let limit = Limit::new("hot", Quota::rate(n, window).sliding_log()).unwrap();
     let limiters = redis_limiters(&prefix, &limit);
     let granted = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();

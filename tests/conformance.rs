@@ -72,7 +72,7 @@ async fn run(limit: &Limit, table: &[Row]) {
 
 #[tokio::test]
 async fn sliding_log_3_per_minute() {
-    let limit = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60))).unwrap();
+    let limit = Limit::new("sms", Quota::per_minute(3).sliding_log()).unwrap();
     #[rustfmt::skip]
     let table: &[Row] = &[
         (0,       1, 0, Allowed(0), 2, 60 * S),
@@ -97,7 +97,13 @@ async fn sliding_log_3_per_minute() {
 
 #[tokio::test]
 async fn token_bucket_10_refill_1_per_100ms() {
-    let limit = Limit::new("tb", Quota::token_bucket(10, 1, Duration::from_millis(100))).unwrap();
+    let limit = Limit::new(
+        "tb",
+        Quota::rate(1, Duration::from_millis(100))
+            .allow_burst(10)
+            .token_bucket(),
+    )
+    .unwrap();
     #[rustfmt::skip]
     let table: &[Row] = &[
         (0,        1, 0, Allowed(0), 9, 100 * MS),
@@ -121,7 +127,7 @@ async fn token_bucket_10_refill_1_per_100ms() {
 
 #[tokio::test]
 async fn gcra_10_per_second_burst_10() {
-    let limit = Limit::new("gcra", Quota::gcra(10, Duration::from_secs(1), 10)).unwrap();
+    let limit = Limit::new("gcra", Quota::per_second(10).allow_burst(10).gcra()).unwrap();
     #[rustfmt::skip]
     let table: &[Row] = &[
         // one hit on a fresh limit leaves exactly 9 (redis_rate reports 8 since 2025)
@@ -143,7 +149,7 @@ async fn gcra_10_per_second_burst_10() {
 #[tokio::test]
 async fn gcra_fractional_rate_never_drifts() {
     // 3 per second: 333333.33.. us apart. Kept exactly as tat + frac/3.
-    let limit = Limit::new("third", Quota::gcra(3, Duration::from_secs(1), 1)).unwrap();
+    let limit = Limit::new("third", Quota::per_second(3).allow_burst(1).gcra()).unwrap();
     #[rustfmt::skip]
     let table: &[Row] = &[
         (0,       1, 0, Allowed(0), 0, 333_334),
@@ -164,7 +170,7 @@ async fn gcra_fractional_rate_never_drifts() {
 
 #[tokio::test]
 async fn fixed_window_5_per_second() {
-    let limit = Limit::new("fw", Quota::fixed_window(5, Duration::from_secs(1))).unwrap();
+    let limit = Limit::new("fw", Quota::per_second(5).fixed_window()).unwrap();
     #[rustfmt::skip]
     let table: &[Row] = &[
         (200 * MS,  3, 0, Allowed(0), 2, 800 * MS),
@@ -186,7 +192,7 @@ async fn fixed_window_5_per_second() {
 
 #[tokio::test]
 async fn sliding_window_counter_10_per_second() {
-    let limit = Limit::new("sw", Quota::sliding_window(10, Duration::from_secs(1))).unwrap();
+    let limit = Limit::new("sw", Quota::per_second(10).sliding_window()).unwrap();
     #[rustfmt::skip]
     let table: &[Row] = &[
         (0,           6, 0, Allowed(0), 4, 2 * S),

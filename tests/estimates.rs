@@ -26,11 +26,7 @@ const ESTIMATE: &str = "x-max-tokens";
 const USED: &str = "x-tokens-used";
 
 fn tokens() -> Limit {
-    Limit::new(
-        "tokens",
-        Quota::fixed_window(1000, Duration::from_secs(3600)),
-    )
-    .expect("limit")
+    Limit::new("tokens", Quota::per_hour(1000).fixed_window()).expect("limit")
 }
 
 /// A layer over `store` whose requests pay their `x-max-tokens` and settle

@@ -113,8 +113,7 @@ fn limiter(url: &str, prefix: &str) -> Limiter {
         .lanes(2)
         .build()
         .expect("store");
-    let limit =
-        Limit::new("l", Quota::fixed_window(1_000_000, Duration::from_secs(60))).expect("limit");
+    let limit = Limit::new("l", Quota::per_minute(1_000_000).fixed_window()).expect("limit");
     Limiter::builder(store)
         .limit(limit)
         .timeout(TIMEOUT)

@@ -50,8 +50,9 @@ fn instance(url: &str, prefix: &str, policy: OnStoreError) -> Router {
             .build()
             .expect("layer")
     };
-    let sms = Limit::new("sms", Quota::fixed_window(3, HOUR)).expect("limit");
-    let api = Limit::new("api", Quota::token_bucket(20, 20, HOUR)).expect("limit");
+    let sms = Limit::new("sms", Quota::rate(3, HOUR).fixed_window()).expect("limit");
+    let api =
+        Limit::new("api", Quota::rate(20, HOUR).allow_burst(20).token_bucket()).expect("limit");
     Router::new()
         .route("/sms", get(who).layer(layer(sms)))
         .route("/api", get(who).layer(layer(api)))

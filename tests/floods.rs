@@ -31,7 +31,7 @@ fn connection(server: &TestRedis) -> redis::Connection {
 async fn a_flood_on_one_key_reaches_redis_once_per_retry() {
     let server = TestRedis::spawn();
     let clock = ManualClock::new(T0);
-    let limit = Limit::new("flood", Quota::gcra(10, Duration::from_secs(1), 10)).expect("limit");
+    let limit = Limit::new("flood", Quota::per_second(10).allow_burst(10).gcra()).expect("limit");
     let limiter = Limiter::builder(store(&server, "flood", &clock))
         .limit(limit)
         .timeout(common::PATIENT)
@@ -74,11 +74,15 @@ async fn a_cached_denial_never_refuses_what_redis_would_grant() {
     let clock = ManualClock::new(T0);
     let prefix = unique_prefix("exact");
     let quotas = [
-        Quota::sliding_log(5, Duration::from_millis(500)),
-        Quota::token_bucket(5, 3, Duration::from_millis(300)),
-        Quota::gcra(7, Duration::from_millis(700), 3),
-        Quota::fixed_window(4, Duration::from_millis(250)),
-        Quota::sliding_window(6, Duration::from_millis(400)),
+        Quota::rate(5, Duration::from_millis(500)).sliding_log(),
+        Quota::rate(3, Duration::from_millis(300))
+            .allow_burst(5)
+            .token_bucket(),
+        Quota::rate(7, Duration::from_millis(700))
+            .allow_burst(3)
+            .gcra(),
+        Quota::rate(4, Duration::from_millis(250)).fixed_window(),
+        Quota::rate(6, Duration::from_millis(400)).sliding_window(),
     ];
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     let mut random = move |n: u64| {

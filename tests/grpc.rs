@@ -23,7 +23,7 @@ use tower_ratelimit::{Limit, Quota, RedisStore};
 const WINDOW: Duration = Duration::from_secs(60);
 
 fn per_window(n: u64) -> Limit {
-    Limit::new("grpc-api", Quota::gcra(n, WINDOW, n)).expect("valid limit")
+    Limit::new("grpc-api", Quota::rate(n, WINDOW).allow_burst(n).gcra()).expect("valid limit")
 }
 
 /// Serves tonic's health service behind `layer` (HTTP/1 accepted too, for

@@ -164,11 +164,7 @@ fn most_within(grants: &[i64], window: Duration) -> usize {
 async fn a_fleet_of_four_stays_within_the_stated_bound() {
     // a sliding log: exactly 100 in any second without batches
     let (limit_n, permits, n) = (100usize, 10usize, 4usize);
-    let log = Limit::new(
-        "global",
-        Quota::sliding_log(limit_n as u64, Duration::from_secs(1)),
-    )
-    .unwrap();
+    let log = Limit::new("global", Quota::per_second(limit_n as u64).sliding_log()).unwrap();
     let hot = log
         .clone()
         .with_hot_key(HotKey::new(permits as u64, Duration::from_millis(200)).unwrap())

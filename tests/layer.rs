@@ -33,7 +33,7 @@ fn limit(name: &str, quota: Quota) -> Limit {
 }
 
 fn per_minute(n: u64) -> Quota {
-    Quota::gcra(n, Duration::from_secs(60), n)
+    Quota::per_minute(n).allow_burst(n).gcra()
 }
 
 fn hello_app(layer: RateLimitLayer) -> Router {
@@ -253,7 +253,7 @@ fn layer_over(store: impl Into<tower_ratelimit::Store>, limit: Limit) -> RateLim
 #[tokio::test]
 async fn sub_second_waits_are_never_retry_after_zero() {
     let app = hello_app(RateLimitLayer::new(
-        limit("fast", Quota::gcra(10, Duration::from_secs(1), 1)),
+        limit("fast", Quota::per_second(10).allow_burst(1).gcra()),
         Global,
     ));
     assert_eq!(send(&app, request("/")).await.0, StatusCode::OK);
@@ -419,7 +419,7 @@ async fn delay_mode_forwards_after_the_wait_and_refuses_beyond_max_delay() {
     let layer = RateLimitLayer::builder()
         .store(store)
         .limit(
-            limit("shaped", Quota::gcra(10, Duration::from_secs(1), 1)),
+            limit("shaped", Quota::per_second(10).allow_burst(1).gcra()),
             Global,
         )
         .delay(Duration::from_millis(250))
@@ -480,7 +480,12 @@ async fn delay_mode_lets_at_most_max_waiting_requests_wait() {
     let layer = RateLimitLayer::builder()
         .store(store)
         .limit(
-            limit("shaped", Quota::gcra(1, Duration::from_secs(10), 1)),
+            limit(
+                "shaped",
+                Quota::rate(1, Duration::from_secs(10))
+                    .allow_burst(1)
+                    .gcra(),
+            ),
             Global,
         )
         .delay(Duration::from_secs(60))
@@ -539,7 +544,12 @@ async fn a_request_waiting_in_delay_mode_holds_no_inner_capacity() {
     let layer = RateLimitLayer::builder()
         .store(MemoryStore::with_clock(common::TokioClock::start()))
         .limit(
-            limit("per-key", Quota::gcra(1, Duration::from_secs(10), 1)),
+            limit(
+                "per-key",
+                Quota::rate(1, Duration::from_secs(10))
+                    .allow_burst(1)
+                    .gcra(),
+            ),
             Header::new(HeaderName::from_static("x-key")),
         )
         .delay(Duration::from_secs(60))
@@ -813,7 +823,7 @@ async fn a_custom_rejection_replaces_the_body_but_keeps_retry_after() {
 async fn route_and_path_parameter_keys() {
     let per_route = RateLimitLayer::new(limit("per-route", per_minute(1)), MatchedRoute);
     let per_phone = RateLimitLayer::new(
-        limit("sms", Quota::sliding_log(3, Duration::from_secs(60))),
+        limit("sms", Quota::per_minute(3).sliding_log()),
         PathParam::new("phone"),
     );
     let app = Router::new()

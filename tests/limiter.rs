@@ -16,8 +16,8 @@ use tower_ratelimit::{
 
 fn burst_and_daily() -> (Limit, Limit) {
     (
-        Limit::new("burst", Quota::gcra(10, Duration::from_secs(1), 3)).unwrap(),
-        Limit::new("daily", Quota::fixed_window(4, Duration::from_secs(86_400))).unwrap(),
+        Limit::new("burst", Quota::per_second(10).allow_burst(3).gcra()).unwrap(),
+        Limit::new("daily", Quota::per_day(4).fixed_window()).unwrap(),
     )
 }
 
@@ -167,7 +167,7 @@ fn invalid_limiters_are_config_errors() {
 #[tokio::test(start_paused = true)]
 async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
     let clock = common::TokioClock::start();
-    let limit = Limit::new("jobs", Quota::gcra(10, Duration::from_secs(1), 1)).unwrap();
+    let limit = Limit::new("jobs", Quota::per_second(10).allow_burst(1).gcra()).unwrap();
     let limiter = Limiter::new(MemoryStore::with_clock(clock.clone()), limit);
     assert!(limiter.check("q", 1).await.unwrap().is_allowed());
     let started = tokio::time::Instant::now();
@@ -210,7 +210,7 @@ async fn acquire_reserves_then_sleeps_and_gives_up_without_consuming() {
 #[tokio::test]
 async fn acquire_on_redis_waits_for_its_reservation() {
     let prefix = unique_prefix("acquire");
-    let limit = Limit::new("jobs", Quota::gcra(20, Duration::from_secs(1), 1)).unwrap();
+    let limit = Limit::new("jobs", Quota::per_second(20).allow_burst(1).gcra()).unwrap();
     let limiter = Limiter::new(redis_store(&prefix), limit);
     assert!(limiter.check("q", 1).await.unwrap().is_allowed());
     let d = limiter
@@ -311,7 +311,7 @@ async fn warmed_up(server: &TestRedis) -> (Limiter, redis::Connection) {
         .unwrap();
     let limit = Limit::new(
         "l",
-        Quota::gcra(1_000_000, Duration::from_secs(3600), 1_000_000),
+        Quota::per_hour(1_000_000).allow_burst(1_000_000).gcra(),
     )
     .unwrap();
     // patient: a slow answer on a loaded machine must not discard the
@@ -339,7 +339,7 @@ async fn a_paused_redis_times_out_and_a_stopped_one_errors_then_recovers() {
         .lanes(2)
         .build()
         .unwrap();
-    let limit = Limit::new("l", Quota::fixed_window(100, Duration::from_secs(60))).unwrap();
+    let limit = Limit::new("l", Quota::per_minute(100).fixed_window()).unwrap();
     // the library loaded first, patiently: on a loaded machine, loading it
     // can take longer than the 50 ms this test's limiter waits
     let warm = RedisStore::builder(&server.url)
@@ -399,7 +399,7 @@ async fn a_paused_redis_times_out_and_a_stopped_one_errors_then_recovers() {
 #[tokio::test]
 async fn huge_and_crafted_keys_stay_bounded_and_apart() {
     let prefix = unique_prefix("keys");
-    let limit = Limit::new("l", Quota::fixed_window(1, Duration::from_secs(60))).unwrap();
+    let limit = Limit::new("l", Quota::per_minute(1).fixed_window()).unwrap();
     // Digesting a 1 MiB key in a debug build on a busy machine can take longer
     // than the default 100 ms timeout: this test is about keys, not latency.
     let limiter = Limiter::builder(redis_store(&prefix))
@@ -437,7 +437,7 @@ async fn huge_and_crafted_keys_stay_bounded_and_apart() {
 async fn memory_store_evicts_idle_keys_by_itself() {
     let clock = ManualClock::new(T0);
     let store = MemoryStore::with_clock(clock.clone());
-    let limit = Limit::new("l", Quota::sliding_log(5, Duration::from_secs(1))).unwrap();
+    let limit = Limit::new("l", Quota::per_second(5).sliding_log()).unwrap();
     let limiter = Limiter::new(store.clone(), limit);
     for i in 0..20_000 {
         limiter.check(format!("client-{i}"), 1).await.unwrap();
@@ -526,7 +526,7 @@ async fn decisions_share_one_connection_and_the_standby_takes_over() {
 /// is decided; `MAX_WAIT` itself is taken.
 #[tokio::test]
 async fn a_max_wait_beyond_max_wait_is_refused_and_takes_nothing() {
-    let limit = Limit::new("jobs", Quota::gcra(1, Duration::from_secs(60), 1)).expect("limit");
+    let limit = Limit::new("jobs", Quota::per_minute(1).allow_burst(1).gcra()).expect("limit");
     let limiter = Limiter::new(MemoryStore::new(), limit);
     for max_wait in [MAX_WAIT + Duration::from_micros(1), Duration::MAX] {
         let result = limiter.decide(&["k"], 1, max_wait).await;
@@ -549,9 +549,9 @@ async fn a_max_wait_beyond_max_wait_is_refused_and_takes_nothing() {
 async fn an_empty_key_is_an_error_on_both_stores() {
     let prefix = unique_prefix("empty-key");
     let limit = || {
-        Limit::new("l", Quota::sliding_log(5, Duration::from_secs(60)))
+        Limit::new("l", Quota::per_minute(5).sliding_log())
             .unwrap()
-            .quota_from_store()
+            .use_stored_quota()
             .with_penalty(
                 tower_ratelimit::Penalty::new(
                     3,
@@ -571,7 +571,7 @@ async fn an_empty_key_is_an_error_on_both_stores() {
             "{store}: {what} of an empty key: {result:?}"
         );
     };
-    let quota = Quota::sliding_log(9, Duration::from_secs(60));
+    let quota = Quota::per_minute(9).sliding_log();
     for (store, limiter) in &limiters {
         empty("check", store, limiter.check("", 1).await.map(drop));
         empty("check of 0", store, limiter.check("", 0).await.map(drop));

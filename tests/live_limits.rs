@@ -26,11 +26,11 @@ use tower_ratelimit::{
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn per_hour(name: &str, n: u64) -> Limit {
-    Limit::new(name, Quota::fixed_window(n, HOUR)).expect("valid limit")
+    Limit::new(name, Quota::rate(n, HOUR).fixed_window()).expect("valid limit")
 }
 
 fn log_per_hour(name: &str, n: u64) -> Limit {
-    Limit::new(name, Quota::sliding_log(n, HOUR)).expect("valid limit")
+    Limit::new(name, Quota::rate(n, HOUR).sliding_log()).expect("valid limit")
 }
 
 /// A store by name.
@@ -334,7 +334,7 @@ async fn a_value_a_running_layer_cannot_use_is_refused() {
     let _layer = RateLimitLayer::builder()
         .rule(
             Rule::new(&tiered, Global)
-                .tier("pro", Quota::fixed_window(100, HOUR))
+                .tier("pro", Quota::rate(100, HOUR).fixed_window())
                 .choose_tier(|_| None),
         )
         .build()

@@ -13,7 +13,7 @@ use tower_ratelimit::{
 };
 
 fn two_per_minute() -> Limit {
-    Limit::new("l", Quota::fixed_window(2, Duration::from_secs(60))).expect("valid limit")
+    Limit::new("l", Quota::per_minute(2).fixed_window()).expect("valid limit")
 }
 
 #[test]
@@ -40,11 +40,11 @@ fn invalid_bounds_and_intervals_are_config_errors() {
 fn two_per_minute_in_each_algorithm() -> Vec<Limit> {
     let minute = Duration::from_secs(60);
     [
-        Quota::sliding_log(2, minute),
-        Quota::token_bucket(2, 2, minute),
-        Quota::gcra(2, minute, 2),
-        Quota::fixed_window(2, minute),
-        Quota::sliding_window(2, minute),
+        Quota::rate(2, minute).sliding_log(),
+        Quota::rate(2, minute).allow_burst(2).token_bucket(),
+        Quota::rate(2, minute).allow_burst(2).gcra(),
+        Quota::rate(2, minute).fixed_window(),
+        Quota::rate(2, minute).sliding_window(),
     ]
     .into_iter()
     .enumerate()
@@ -168,8 +168,8 @@ async fn expired_keys_are_reclaimed_without_traffic() {
         .sweep_interval(Duration::from_secs(1))
         .build()
         .expect("store");
-    let limit = Limit::new("l", Quota::sliding_log(5, Duration::from_secs(10))).unwrap();
-    let gcra = Limit::new("g", Quota::gcra(10, Duration::from_secs(1), 10)).unwrap();
+    let limit = Limit::new("l", Quota::rate(5, Duration::from_secs(10)).sliding_log()).unwrap();
+    let gcra = Limit::new("g", Quota::per_second(10).allow_burst(10).gcra()).unwrap();
     let limiter = Limiter::builder(store.clone())
         .limit(limit)
         .limit(gcra)
@@ -255,11 +255,11 @@ fn without_a_runtime_decisions_still_sweep_as_they_go() {
 fn ten_per_minute_in_each_algorithm() -> Vec<Limit> {
     let minute = Duration::from_secs(60);
     let mut limits: Vec<Limit> = [
-        Quota::sliding_log(10, minute),
-        Quota::token_bucket(10, 10, minute),
-        Quota::gcra(10, minute, 10),
-        Quota::fixed_window(10, minute),
-        Quota::sliding_window(10, minute),
+        Quota::rate(10, minute).sliding_log(),
+        Quota::rate(10, minute).allow_burst(10).token_bucket(),
+        Quota::rate(10, minute).allow_burst(10).gcra(),
+        Quota::rate(10, minute).fixed_window(),
+        Quota::rate(10, minute).sliding_window(),
     ]
     .into_iter()
     .enumerate()
@@ -357,7 +357,7 @@ async fn the_over_count_is_at_most_what_the_state_given_up_had_used() {
 
 fn penalized() -> Limit {
     let minute = Duration::from_secs(60);
-    Limit::new("p", Quota::gcra(10, minute, 10))
+    Limit::new("p", Quota::rate(10, minute).allow_burst(10).gcra())
         .expect("valid limit")
         .with_penalty(Penalty::new(100, minute, [minute]).expect("valid penalty"))
 }
@@ -444,13 +444,13 @@ async fn a_flood_of_penalty_states_refuses_no_new_client() {
             .max_keys(200)
             .build()
             .expect("store");
-        let limit = Limit::new("p", Quota::gcra(10, minute, 10))
+        let limit = Limit::new("p", Quota::rate(10, minute).allow_burst(10).gcra())
             .expect("valid limit")
             .with_penalty(Penalty::new(refusals, minute, [minute]).expect("valid penalty"));
         let limiter = Limiter::new(store.clone(), limit);
         let other = Limiter::new(
             store.clone(),
-            Limit::new("q", Quota::gcra(10, minute, 10)).expect("valid limit"),
+            Limit::new("q", Quota::rate(10, minute).allow_burst(10).gcra()).expect("valid limit"),
         );
         for i in 0..2_000 {
             let key = format!("flood-{i}");
@@ -515,13 +515,13 @@ async fn a_flood_on_one_route_refuses_no_new_client_of_another() {
         .build()
         .expect("store");
     let api = Limiter::builder(store.clone())
-        .limit(Limit::new("burst", Quota::gcra(10, minute, 10)).expect("limit"))
-        .limit(Limit::new("minute", Quota::sliding_window(10, minute)).expect("limit"))
+        .limit(Limit::new("burst", Quota::rate(10, minute).allow_burst(10).gcra()).expect("limit"))
+        .limit(Limit::new("minute", Quota::rate(10, minute).sliding_window()).expect("limit"))
         .build()
         .expect("limiter");
     let login = Limiter::new(
         store.clone(),
-        Limit::new("login", Quota::fixed_window(5, minute)).expect("limit"),
+        Limit::new("login", Quota::rate(5, minute).fixed_window()).expect("limit"),
     );
     for i in 0..10_000 {
         api.check(format!("flood-{i}"), 1).await.unwrap();
@@ -551,12 +551,12 @@ fn concurrent_floods_at_the_bound_keep_it() {
         .max_keys(64)
         .build()
         .expect("store");
-    let penalized = Limit::new("p", Quota::gcra(2, minute, 2))
+    let penalized = Limit::new("p", Quota::rate(2, minute).allow_burst(2).gcra())
         .expect("valid limit")
         .with_penalty(Penalty::new(1, minute, [minute]).expect("valid penalty"));
     let limiter = Limiter::builder(store.clone())
         .limit(penalized)
-        .limit(Limit::new("w", Quota::fixed_window(5, minute)).expect("limit"))
+        .limit(Limit::new("w", Quota::rate(5, minute).fixed_window()).expect("limit"))
         .build()
         .expect("limiter");
     let threads: Vec<_> = (0..4)
@@ -587,7 +587,7 @@ fn concurrent_floods_at_the_bound_keep_it() {
     // penalty (the one with a penalty, full of active blocks, fails closed)
     let w = Limiter::new(
         store.clone(),
-        Limit::new("w", Quota::fixed_window(5, minute)).expect("limit"),
+        Limit::new("w", Quota::rate(5, minute).fixed_window()).expect("limit"),
     );
     futures::executor::block_on(async {
         for i in 0..10 {
@@ -635,7 +635,7 @@ async fn a_flood_on_one_limit_resets_no_state_of_another() {
         store.clone(),
         Limit::new(
             "login",
-            Quota::fixed_window(5, Duration::from_secs(15 * 60)),
+            Quota::rate(5, Duration::from_secs(15 * 60)).fixed_window(),
         )
         .expect("limit"),
     );
@@ -673,14 +673,14 @@ async fn a_lowered_live_limit_keeps_its_spent_keys() {
         .expect("store");
     let hour = Duration::from_secs(3_600);
     let live = tower_ratelimit::LiveLimit::new(
-        Limit::new("api", Quota::fixed_window(1_000, hour)).expect("limit"),
+        Limit::new("api", Quota::rate(1_000, hour).fixed_window()).expect("limit"),
     );
     let api = Limiter::new(store.clone(), live.clone());
     let login = Limiter::new(
         store.clone(),
         Limit::new(
             "login",
-            Quota::fixed_window(5, 15 * 60 * Duration::from_secs(1)),
+            Quota::rate(5, 15 * 60 * Duration::from_secs(1)).fixed_window(),
         )
         .expect("limit"),
     );
@@ -692,7 +692,7 @@ async fn a_lowered_live_limit_keeps_its_spent_keys() {
             .unwrap()
             .is_allowed());
     }
-    live.set(Limit::new("api", Quota::fixed_window(10, hour)).expect("limit"))
+    live.set(Limit::new("api", Quota::rate(10, hour).fixed_window()).expect("limit"))
         .expect("same name");
     assert_eq!(passes(&api, "victim", 12).await, 10);
     for i in 0..3_000 {
@@ -715,12 +715,12 @@ async fn tiers_sharing_a_name_are_measured_against_their_own_quota() {
     let minute = Duration::from_secs(60);
     for (free_quota, pro_quota) in [
         (
-            Quota::fixed_window(10, minute),
-            Quota::fixed_window(1_000, minute),
+            Quota::rate(10, minute).fixed_window(),
+            Quota::rate(1_000, minute).fixed_window(),
         ),
         (
-            Quota::gcra(10, minute, 10),
-            Quota::gcra(1_000, minute, 1_000),
+            Quota::rate(10, minute).allow_burst(10).gcra(),
+            Quota::rate(1_000, minute).allow_burst(1_000).gcra(),
         ),
     ] {
         let store = MemoryStore::builder()
@@ -750,7 +750,7 @@ async fn tiers_sharing_a_name_are_measured_against_their_own_quota() {
 /// an hour block for an hour; `name` for a limit of its own.
 fn login_with_ban(name: &str, refusals: u32) -> Limit {
     let (minute, hour) = (Duration::from_secs(60), Duration::from_secs(3_600));
-    Limit::new(name, Quota::fixed_window(5, minute))
+    Limit::new(name, Quota::rate(5, minute).fixed_window())
         .expect("valid limit")
         .with_penalty(Penalty::new(refusals, hour, [hour]).expect("valid penalty"))
 }

@@ -1367,9 +1367,9 @@ fn handler(request: Request<Body>) -> BoxFut {
 fn quota(rule: &RuleSpec, cap: u64) -> Quota {
     let w = Duration::from_millis(rule.window_ms as u64);
     match rule.algo {
-        Algo::Fixed => Quota::fixed_window(cap, w),
-        Algo::Bucket => Quota::token_bucket(cap, rule.refill, w),
-        _ => Quota::sliding_log(cap, w),
+        Algo::Fixed => Quota::rate(cap, w).fixed_window(),
+        Algo::Bucket => Quota::rate(rule.refill, w).allow_burst(cap).token_bucket(),
+        _ => Quota::rate(cap, w).sliding_log(),
     }
 }
 

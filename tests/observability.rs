@@ -150,13 +150,13 @@ fn a_quota_kept_in_the_store_is_the_gauge_when_it_decides() {
     let window = || sample(&handle, LIMIT_WINDOW, &[("limit", "reports")]);
     runtime().block_on(async {
         let hour = Duration::from_secs(3600);
-        let limit = Limit::new("reports", Quota::fixed_window(5, hour))
+        let limit = Limit::new("reports", Quota::rate(5, hour).fixed_window())
             .expect("limit")
-            .quota_from_store();
+            .use_stored_quota();
         let limiter = Limiter::new(MemoryStore::new(), limit);
         limiter.check("acme", 1).await.expect("decision");
         assert_eq!((capacity(), window()), (Some(5.0), Some(3600.0)));
-        let kept = Quota::fixed_window(100, Duration::from_secs(60));
+        let kept = Quota::per_minute(100).fixed_window();
         limiter
             .admin()
             .set_stored_quota("reports", kept)

@@ -61,92 +61,117 @@ async fn a_quota_change_keeps_what_is_left() {
     // (old quota, spent under it, new quota, remaining under the new one)
     let cases = [
         (
-            Quota::token_bucket(10, 1, sec),
+            Quota::rate(1, sec).allow_burst(10).token_bucket(),
             8,
-            Quota::token_bucket(10, 5, sec),
+            Quota::rate(5, sec).allow_burst(10).token_bucket(),
             2,
         ),
         (
-            Quota::token_bucket(100, 10, sec),
+            Quota::rate(10, sec).allow_burst(100).token_bucket(),
             98,
-            Quota::token_bucket(100, 20, sec),
+            Quota::rate(20, sec).allow_burst(100).token_bucket(),
             2,
         ),
         (
-            Quota::token_bucket(10, 1, sec),
+            Quota::rate(1, sec).allow_burst(10).token_bucket(),
             8,
-            Quota::token_bucket(20, 1, sec),
+            Quota::rate(1, sec).allow_burst(20).token_bucket(),
             2,
         ),
         (
-            Quota::token_bucket(10, 1, sec),
+            Quota::rate(1, sec).allow_burst(10).token_bucket(),
             4,
-            Quota::token_bucket(5, 1, sec),
+            Quota::rate(1, sec).allow_burst(5).token_bucket(),
             5,
         ),
         (
-            Quota::token_bucket(10, 3, sec),
+            Quota::rate(3, sec).allow_burst(10).token_bucket(),
             8,
-            Quota::token_bucket(10, 3, 7 * sec),
+            Quota::rate(3, 7 * sec).allow_burst(10).token_bucket(),
             2,
         ),
-        (Quota::gcra(10, sec, 10), 8, Quota::gcra(5, sec, 10), 2),
-        (Quota::gcra(10, sec, 10), 8, Quota::gcra(40, sec, 10), 2),
-        (Quota::gcra(10, sec, 10), 8, Quota::gcra(10, sec, 30), 2),
-        (Quota::gcra(10, sec, 10), 3, Quota::gcra(10, sec, 4), 4),
-        (Quota::gcra(3, sec, 6), 5, Quota::gcra(7, 3 * sec, 6), 1),
         (
-            Quota::sliding_log(10, sec),
+            Quota::rate(10, sec).allow_burst(10).gcra(),
             8,
-            Quota::sliding_log(20, sec),
+            Quota::rate(5, sec).allow_burst(10).gcra(),
+            2,
+        ),
+        (
+            Quota::rate(10, sec).allow_burst(10).gcra(),
+            8,
+            Quota::rate(40, sec).allow_burst(10).gcra(),
+            2,
+        ),
+        (
+            Quota::rate(10, sec).allow_burst(10).gcra(),
+            8,
+            Quota::rate(10, sec).allow_burst(30).gcra(),
+            2,
+        ),
+        (
+            Quota::rate(10, sec).allow_burst(10).gcra(),
+            3,
+            Quota::rate(10, sec).allow_burst(4).gcra(),
+            4,
+        ),
+        (
+            Quota::rate(3, sec).allow_burst(6).gcra(),
+            5,
+            Quota::rate(7, 3 * sec).allow_burst(6).gcra(),
+            1,
+        ),
+        (
+            Quota::rate(10, sec).sliding_log(),
+            8,
+            Quota::rate(20, sec).sliding_log(),
             12,
         ),
         (
-            Quota::sliding_log(10, sec),
+            Quota::rate(10, sec).sliding_log(),
             8,
-            Quota::sliding_log(5, sec),
+            Quota::rate(5, sec).sliding_log(),
             0,
         ),
         (
-            Quota::sliding_log(10, sec),
+            Quota::rate(10, sec).sliding_log(),
             8,
-            Quota::sliding_log(10, 5 * sec),
+            Quota::rate(10, 5 * sec).sliding_log(),
             2,
         ),
         (
-            Quota::fixed_window(10, sec),
+            Quota::rate(10, sec).fixed_window(),
             8,
-            Quota::fixed_window(20, sec),
+            Quota::rate(20, sec).fixed_window(),
             12,
         ),
         (
-            Quota::fixed_window(10, sec),
+            Quota::rate(10, sec).fixed_window(),
             8,
-            Quota::fixed_window(10, sec / 4),
+            Quota::rate(10, sec / 4).fixed_window(),
             2,
         ),
         (
-            Quota::fixed_window(10, sec),
+            Quota::rate(10, sec).fixed_window(),
             8,
-            Quota::fixed_window(10, 3 * sec),
+            Quota::rate(10, 3 * sec).fixed_window(),
             2,
         ),
         (
-            Quota::sliding_window(10, sec),
+            Quota::rate(10, sec).sliding_window(),
             8,
-            Quota::sliding_window(4, sec),
+            Quota::rate(4, sec).sliding_window(),
             0,
         ),
         (
-            Quota::sliding_window(10, sec),
+            Quota::rate(10, sec).sliding_window(),
             8,
-            Quota::sliding_window(10, 2 * sec),
+            Quota::rate(10, 2 * sec).sliding_window(),
             2,
         ),
         (
-            Quota::sliding_window(10, sec),
+            Quota::rate(10, sec).sliding_window(),
             8,
-            Quota::sliding_window(10, sec / 2),
+            Quota::rate(10, sec / 2).sliding_window(),
             2,
         ),
     ];
@@ -189,7 +214,10 @@ async fn a_quota_change_keeps_what_is_left() {
 #[tokio::test]
 async fn a_capacity_cut_never_hands_the_larger_bucket_a_full_one() {
     let p = Duration::from_micros(602_382);
-    let (old, new) = (Quota::token_bucket(6, 1, p), Quota::token_bucket(2, 1, p));
+    let (old, new) = (
+        Quota::rate(1, p).allow_burst(6).token_bucket(),
+        Quota::rate(1, p).allow_burst(2).token_bucket(),
+    );
     let stores = Stores::new("capacity-cut");
     for ((name, old), (_, new)) in stores.limiters(old).into_iter().zip(stores.limiters(new)) {
         let key = format!("k-{name}");
@@ -220,7 +248,7 @@ async fn a_capacity_cut_never_hands_the_larger_bucket_a_full_one() {
 #[tokio::test]
 async fn peek_tells_whether_a_request_would_pass_and_consumes_nothing() {
     let stores = Stores::new("peek");
-    for (name, limiter) in stores.limiters(Quota::sliding_log(3, Duration::from_secs(60))) {
+    for (name, limiter) in stores.limiters(Quota::per_minute(3).sliding_log()) {
         stores.at(0);
         let fresh = limiter.peek("p", 1).await.expect("peek");
         assert!(
@@ -263,11 +291,11 @@ async fn peek_tells_whether_a_request_would_pass_and_consumes_nothing() {
 async fn a_backward_clock_step_refuses_nothing_the_recorded_grants_allow() {
     let sec = Duration::from_secs(1);
     let quotas = [
-        Quota::token_bucket(10, 10, sec),
-        Quota::gcra(10, sec, 10),
-        Quota::sliding_log(10, 10 * sec),
-        Quota::fixed_window(10, 10 * sec),
-        Quota::sliding_window(10, 10 * sec),
+        Quota::rate(10, sec).allow_burst(10).token_bucket(),
+        Quota::rate(10, sec).allow_burst(10).gcra(),
+        Quota::rate(10, 10 * sec).sliding_log(),
+        Quota::rate(10, 10 * sec).fixed_window(),
+        Quota::rate(10, 10 * sec).sliding_window(),
     ];
     for quota in quotas {
         let stores = Stores::new("clock-step");
@@ -298,7 +326,7 @@ async fn a_backward_clock_step_refuses_nothing_the_recorded_grants_allow() {
 #[tokio::test]
 async fn reservations_survive_a_backward_clock_step() {
     let stores = Stores::new("clock-step-reserve");
-    for (name, limiter) in stores.limiters(Quota::gcra(1, Duration::from_secs(1), 1)) {
+    for (name, limiter) in stores.limiters(Quota::per_second(1).allow_burst(1).gcra()) {
         stores.at(100 * S);
         assert!(limiter.check("r", 1).await.expect("check").is_allowed());
         let reserved = limiter
@@ -332,11 +360,11 @@ async fn reservations_survive_a_backward_clock_step() {
 fn quotas() -> [Quota; 5] {
     let sec = Duration::from_secs(1);
     [
-        Quota::sliding_log(5, sec),
-        Quota::token_bucket(5, 5, sec),
-        Quota::gcra(5, sec, 5),
-        Quota::fixed_window(5, sec),
-        Quota::sliding_window(5, sec),
+        Quota::rate(5, sec).sliding_log(),
+        Quota::rate(5, sec).allow_burst(5).token_bucket(),
+        Quota::rate(5, sec).allow_burst(5).gcra(),
+        Quota::rate(5, sec).fixed_window(),
+        Quota::rate(5, sec).sliding_window(),
     ]
 }
 
@@ -512,11 +540,11 @@ async fn eviction_under_maxmemory_never_fails_a_decision() {
     let minute = Duration::from_secs(60);
     let mut builder = Limiter::builder(store).timeout(common::PATIENT);
     for (i, quota) in [
-        Quota::sliding_log(50, minute),
-        Quota::token_bucket(50, 1, minute),
-        Quota::gcra(50, minute, 50),
-        Quota::fixed_window(50, minute),
-        Quota::sliding_window(50, minute),
+        Quota::rate(50, minute).sliding_log(),
+        Quota::rate(1, minute).allow_burst(50).token_bucket(),
+        Quota::rate(50, minute).allow_burst(50).gcra(),
+        Quota::rate(50, minute).fixed_window(),
+        Quota::rate(50, minute).sliding_window(),
     ]
     .into_iter()
     .enumerate()
@@ -582,10 +610,13 @@ async fn eviction_under_maxmemory_never_fails_a_decision() {
 async fn a_window_key_outlives_the_window_of_whoever_wrote_it() {
     let (short, long) = (Duration::from_secs(1), Duration::from_secs(10));
     for (quota, longer) in [
-        (Quota::fixed_window(5, short), Quota::fixed_window(5, long)),
         (
-            Quota::sliding_window(5, short),
-            Quota::sliding_window(5, long),
+            Quota::rate(5, short).fixed_window(),
+            Quota::rate(5, long).fixed_window(),
+        ),
+        (
+            Quota::rate(5, short).sliding_window(),
+            Quota::rate(5, long).sliding_window(),
         ),
     ] {
         // windows start at T0 (a multiple of 10 s); the decisions come 1 ms in
@@ -658,11 +689,11 @@ async fn a_state_from_a_clock_far_ahead_counts_as_now_and_never_freezes_its_key(
     // grants in any 1 s: a bucket's fill and refill, two fixed windows'
     // quotas either side of a boundary, a weighted estimate's)
     let quotas = [
-        (Quota::sliding_log(5, sec), S, 5),
-        (Quota::token_bucket(5, 5, sec), S, 10),
-        (Quota::gcra(5, sec, 5), S, 10),
-        (Quota::fixed_window(5, sec), S, 10),
-        (Quota::sliding_window(5, sec), 2 * S, 10),
+        (Quota::rate(5, sec).sliding_log(), S, 5),
+        (Quota::rate(5, sec).allow_burst(5).token_bucket(), S, 10),
+        (Quota::rate(5, sec).allow_burst(5).gcra(), S, 10),
+        (Quota::rate(5, sec).fixed_window(), S, 10),
+        (Quota::rate(5, sec).sliding_window(), 2 * S, 10),
     ];
     for (quota, longest, most) in quotas {
         let stores = Stores::new("clock-ahead");
@@ -842,7 +873,7 @@ async fn a_sliding_log_reads_foreign_scores_as_absent() {
 /// entry counts, from the next microsecond. A decision, never an error.
 #[tokio::test]
 async fn a_sliding_log_score_changed_in_place_to_a_fraction_still_decides() {
-    let quota = Quota::sliding_log(10, Duration::from_secs(1));
+    let quota = Quota::per_second(10).sliding_log();
     let stores = Stores::new("fraction-in-place");
     let redis = patient_limiter(stores.redis.clone(), limit(quota));
     for i in 0..10 {
@@ -995,7 +1026,8 @@ async fn under_maxmemory_with_noeviction_a_decision_is_an_error_not_a_write_past
         .prefix("oom")
         .build()
         .expect("store");
-    let limit = Limit::new("l", Quota::sliding_log(50, Duration::from_secs(600))).expect("valid");
+    let limit =
+        Limit::new("l", Quota::rate(50, Duration::from_secs(600)).sliding_log()).expect("valid");
     let limiter = Limiter::builder(store)
         .timeout(common::PATIENT)
         .limit(limit)

@@ -22,7 +22,7 @@ fn secs(n: u64) -> Duration {
 /// 10 s, then 100 s (and 100 s again); offences forgotten 1000 s after a
 /// block ends.
 fn login() -> Limit {
-    Limit::new("login", Quota::sliding_log(2, secs(60)))
+    Limit::new("login", Quota::rate(2, secs(60)).sliding_log())
         .expect("limit")
         .with_penalty(
             Penalty::new(3, secs(60), [secs(10), secs(100)])
@@ -217,8 +217,8 @@ async fn refusals_block_escalate_and_are_forgotten_on_a_cluster() {
 async fn only_the_limit_that_refused_counts_and_a_block_charges_no_other() {
     let clock = ManualClock::new(T0);
     let prefix = unique_prefix("penalties-two");
-    let strict = Limit::new("strict", Quota::sliding_log(1, secs(60))).expect("limit");
-    let penalized = Limit::new("loose", Quota::sliding_log(3, secs(60)))
+    let strict = Limit::new("strict", Quota::rate(1, secs(60)).sliding_log()).expect("limit");
+    let penalized = Limit::new("loose", Quota::rate(3, secs(60)).sliding_log())
         .expect("limit")
         .with_penalty(Penalty::new(1, secs(60), [secs(30)]).expect("penalty"));
     let limits = [penalized, strict];
@@ -289,7 +289,7 @@ async fn concurrent_refusals_make_exactly_one_offence_per_n() {
     const TASKS: usize = 100;
     let clock = ManualClock::new(T0);
     let prefix = unique_prefix("penalties-concurrent");
-    let limit = Limit::new("burst", Quota::sliding_log(1, secs(3600)))
+    let limit = Limit::new("burst", Quota::rate(1, secs(3600)).sliding_log())
         .expect("limit")
         .with_penalty(
             Penalty::new(N, secs(3600), [secs(10), secs(20), secs(30)]).expect("penalty"),
@@ -431,11 +431,11 @@ async fn a_penalty_key_deleted_or_garbled_reads_as_fresh() {
 async fn a_penalty_works_with_a_quota_kept_in_the_store() {
     let clock = ManualClock::new(T0);
     let prefix = unique_prefix("penalties-kept");
-    let kept = Limit::new("kept", Quota::sliding_log(5, secs(60)))
+    let kept = Limit::new("kept", Quota::rate(5, secs(60)).sliding_log())
         .expect("limit")
-        .quota_from_store()
+        .use_stored_quota()
         .with_penalty(Penalty::new(2, secs(60), [secs(40)]).expect("penalty"));
-    let other = Limit::new("other", Quota::sliding_log(100, secs(60))).expect("limit");
+    let other = Limit::new("other", Quota::rate(100, secs(60)).sliding_log()).expect("limit");
     for limits in [vec![kept.clone()], vec![other, kept]] {
         for (store, limiter) in [
             (
@@ -452,7 +452,7 @@ async fn a_penalty_works_with_a_quota_kept_in_the_store() {
             let ctx = format!("{store}, {n} limits");
             limiter
                 .admin()
-                .set_stored_quota("kept", Quota::sliding_log(1, secs(60)))
+                .set_stored_quota("kept", Quota::rate(1, secs(60)).sliding_log())
                 .await
                 .expect("set");
             let key = format!("k{n}");

@@ -26,7 +26,7 @@ use tower_ratelimit::{ConfigError, Limit, Quota};
 
 /// `n` requests per minute, all at once.
 fn per_minute(n: u64) -> Quota {
-    Quota::gcra(n, Duration::from_secs(60), n)
+    Quota::per_minute(n).allow_burst(n).gcra()
 }
 
 fn limit(name: &str, quota: Quota) -> Limit {

@@ -175,19 +175,24 @@ fn quota_strategy() -> impl Strategy<Value = Quota> {
     let n = 1u64..8;
     let w = 1u64..3_000_000; // us; sliding window weights are exact below 2^20 us
     prop_oneof![
-        (n.clone(), w.clone()).prop_map(|(n, w)| Quota::sliding_log(n, Duration::from_micros(w))),
-        (n.clone(), 1u64..4, w.clone()).prop_map(|(c, r, p)| Quota::token_bucket(
-            c,
+        (n.clone(), w.clone())
+            .prop_map(|(n, w)| Quota::rate(n, Duration::from_micros(w)).sliding_log()),
+        (n.clone(), 1u64..4, w.clone()).prop_map(|(c, r, p)| Quota::rate(
             r,
             Duration::from_micros(p)
-        )),
-        (1u64..20, w.clone(), n.clone()).prop_map(|(r, p, b)| Quota::gcra(
+        )
+        .allow_burst(c)
+        .token_bucket()),
+        (1u64..20, w.clone(), n.clone()).prop_map(|(r, p, b)| Quota::rate(
             r,
-            Duration::from_micros(p),
-            b
-        )),
-        (n.clone(), w.clone()).prop_map(|(n, w)| Quota::fixed_window(n, Duration::from_micros(w))),
-        (n, 1u64..1_000_000).prop_map(|(n, w)| Quota::sliding_window(n, Duration::from_micros(w))),
+            Duration::from_micros(p)
+        )
+        .allow_burst(b)
+        .gcra()),
+        (n.clone(), w.clone())
+            .prop_map(|(n, w)| Quota::rate(n, Duration::from_micros(w)).fixed_window()),
+        (n, 1u64..1_000_000)
+            .prop_map(|(n, w)| Quota::rate(n, Duration::from_micros(w)).sliding_window()),
     ]
 }
 
@@ -221,11 +226,15 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 quota: q
             }),
         (n.clone(), 1u64..4, w.clone()).prop_map(|(c, r, p)| Case {
-            quota: Quota::token_bucket(c, r, Duration::from_micros(p)),
+            quota: Quota::rate(r, Duration::from_micros(p))
+                .allow_burst(c)
+                .token_bucket(),
             model: Model::Bucket(c as i128, r as i128, p as i128, (c * p) as i128, T0 as i128),
         }),
         (1u64..20, w, n).prop_map(|(r, p, b)| Case {
-            quota: Quota::gcra(r, Duration::from_micros(p), b),
+            quota: Quota::rate(r, Duration::from_micros(p))
+                .allow_burst(b)
+                .gcra(),
             model: Model::Gcra(b as i128, r as i128, p as i128, None),
         }),
     ]
@@ -441,15 +450,21 @@ fn build(kind: Kind, (a, r, w): (u64, u64, u64)) -> (Quota, Model) {
     let us = Duration::from_micros(w);
     let (ai, ri, wi) = (a as i128, r as i128, w as i128);
     match kind {
-        Kind::Log => (Quota::sliding_log(a, us), Model::Log(ai, wi, vec![])),
+        Kind::Log => (Quota::rate(a, us).sliding_log(), Model::Log(ai, wi, vec![])),
         Kind::Bucket => (
-            Quota::token_bucket(a, r, us),
+            Quota::rate(r, us).allow_burst(a).token_bucket(),
             Model::Bucket(ai, ri, wi, ai * wi, T0 as i128),
         ),
-        Kind::Gcra => (Quota::gcra(r, us, a), Model::Gcra(ai, ri, wi, None)),
-        Kind::Fixed => (Quota::fixed_window(a, us), Model::Fixed(ai, wi, -1, 0)),
+        Kind::Gcra => (
+            Quota::rate(r, us).allow_burst(a).gcra(),
+            Model::Gcra(ai, ri, wi, None),
+        ),
+        Kind::Fixed => (
+            Quota::rate(a, us).fixed_window(),
+            Model::Fixed(ai, wi, -1, 0),
+        ),
         Kind::Sliding => (
-            Quota::sliding_window(a, us),
+            Quota::rate(a, us).sliding_window(),
             Model::Sliding(ai, wi, -1, 0, 0),
         ),
     }

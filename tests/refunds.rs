@@ -126,7 +126,13 @@ async fn a_refunded_sliding_log_grant_leaves_the_log() {
 
 #[tokio::test]
 async fn a_refunded_token_bucket_grant_comes_back_never_above_capacity() {
-    let limit = Limit::new("tb", Quota::token_bucket(10, 1, Duration::from_millis(100))).unwrap();
+    let limit = Limit::new(
+        "tb",
+        Quota::rate(1, Duration::from_millis(100))
+            .allow_burst(10)
+            .token_bucket(),
+    )
+    .unwrap();
     #[rustfmt::skip]
     let table: &[Row] = &[
         (0,        Take(4, 0),  Some(Allowed(0)), 6),      // grant 0
@@ -187,7 +193,7 @@ async fn a_refunded_gcra_grant_comes_back_never_above_the_burst() {
 
 #[tokio::test]
 async fn a_refunded_fixed_window_grant_is_uncounted_in_its_window_only() {
-    let limit = Limit::new("fw", Quota::fixed_window(5, Duration::from_secs(1))).unwrap();
+    let limit = Limit::new("fw", Quota::per_second(5).fixed_window()).unwrap();
     #[rustfmt::skip]
     let table: &[Row] = &[
         (200 * MS,  Take(3, 0), Some(Allowed(0)), 2),      // grant 0
@@ -209,7 +215,7 @@ async fn a_refunded_fixed_window_grant_is_uncounted_in_its_window_only() {
 
 #[tokio::test]
 async fn a_refunded_sliding_window_grant_comes_off_the_window_it_fell_in() {
-    let limit = Limit::new("sw", Quota::sliding_window(10, Duration::from_secs(1))).unwrap();
+    let limit = Limit::new("sw", Quota::per_second(10).sliding_window()).unwrap();
     #[rustfmt::skip]
     let table: &[Row] = &[
         (0,         Take(6, 0), Some(Allowed(0)), 4),      // grant 0

@@ -1,4 +1,4 @@
-//! `Decision::refusal`: a handler that calls the limiter itself answers a
+//! `layer::Refusal::of`: a handler that calls the limiter itself answers a
 //! refusal exactly as the layer does (status, `Retry-After`, rate-limit
 //! fields, problem body), on both stores.
 
@@ -13,7 +13,7 @@ use axum::Router;
 use common::{patient_limiter, redis_store_with_clock, unique_prefix, PATIENT};
 use tower::ServiceExt;
 use tower_ratelimit::key::Header;
-use tower_ratelimit::layer::RateLimitLayer;
+use tower_ratelimit::layer::{RateLimitLayer, Refusal};
 use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Quota, Store};
 
 const T0: i64 = 1_700_000_000_000_000;
@@ -63,7 +63,7 @@ async fn direct(State(limiter): State<Limiter>, headers: HeaderMap) -> Response 
     let cost = header("x-cost").and_then(|c| c.parse().ok()).unwrap_or(1);
     let user = header("x-user").unwrap_or_default().to_owned();
     let decision = limiter.check(user, cost).await.expect("decided");
-    match decision.refusal() {
+    match Refusal::of(&decision) {
         Some(refusal) => refusal.into_response(),
         None => StatusCode::OK.into_response(),
     }
@@ -164,20 +164,10 @@ async fn an_allowed_decision_has_no_refusal_and_shadow_limits_are_not_shown() {
         .limit(shadow)
         .build()
         .expect("a limiter");
-    assert!(limiter
-        .check("ann", 1)
-        .await
-        .expect("decided")
-        .refusal()
-        .is_none());
+    assert!(Refusal::of(&limiter.check("ann", 1).await.expect("decided")).is_none());
     // refused by the shadow limit only: allowed, no refusal
-    assert!(limiter
-        .check("ann", 1)
-        .await
-        .expect("decided")
-        .refusal()
-        .is_none());
-    let refusal = limiter.check("ann", 1).await.expect("decided").refusal();
+    assert!(Refusal::of(&limiter.check("ann", 1).await.expect("decided")).is_none());
+    let refusal = Refusal::of(&limiter.check("ann", 1).await.expect("decided"));
     let response: axum::http::Response<String> = refusal.expect("refused by login").into();
     let ratelimit = response.headers()["ratelimit"].to_str().expect("text");
     assert!(

@@ -22,7 +22,7 @@ async fn the_store_follows_the_master_through_a_failover() {
         .limit(
             Limit::new(
                 "l",
-                Quota::gcra(1_000_000, Duration::from_secs(60), 1_000_000),
+                Quota::per_minute(1_000_000).allow_burst(1_000_000).gcra(),
             )
             .unwrap(),
         )

@@ -217,7 +217,9 @@ fn a_shadow_limit_never_delays_a_request_nor_lengthens_its_retry() {
         // one per 45 s: its second grant would wait 45 s, within max_wait
         let trial = Limit::new(
             "trial",
-            Quota::gcra(1, std::time::Duration::from_secs(45), 1),
+            Quota::rate(1, std::time::Duration::from_secs(45))
+                .allow_burst(1)
+                .gcra(),
         )
         .unwrap()
         .shadow();

@@ -1,4 +1,4 @@
-//! Quotas kept in the store (`Limit::quota_from_store`): set through one
+//! Stored quotas (`Limit::use_stored_quota`): set through one
 //! limiter, in force for every other's next decision; per-key overrides;
 //! removal falls back to the limit's own quota with the state carried over.
 //! On both stores (the Redis one as two instances on one Redis).
@@ -14,13 +14,13 @@ use tower_ratelimit::{Error, Limit, Limiter, ManualClock, MemoryStore, Quota, Re
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn reports(n: u64) -> Quota {
-    Quota::fixed_window(n, HOUR)
+    Quota::rate(n, HOUR).fixed_window()
 }
 
 fn limit(name: &str, n: u64) -> Limit {
     Limit::new(name, reports(n))
         .expect("valid limit")
-        .quota_from_store()
+        .use_stored_quota()
 }
 
 use common::{limiter_of as limiter, two_instances as instances};
@@ -192,7 +192,7 @@ async fn an_override_with_a_ttl_ends_by_itself() {
 
 #[tokio::test]
 async fn several_limits_each_read_their_own_stored_quota() {
-    let plain = Limit::new("plain", Quota::fixed_window(50, HOUR)).expect("limit");
+    let plain = Limit::new("plain", Quota::rate(50, HOUR).fixed_window()).expect("limit");
     let limits = [limit("first", 2), plain, limit("third", 3)];
     for (store, a, b) in instances("stored-many", &limits) {
         a.admin()
@@ -227,14 +227,14 @@ async fn several_limits_each_read_their_own_stored_quota() {
 async fn a_stored_quota_of_another_algorithm_does_not_decide() {
     let prefix = unique_prefix("stored-other-algorithm");
     let window = limit("mixed", 2);
-    let gcra = Limit::new("mixed", Quota::gcra(100, HOUR, 100))
+    let gcra = Limit::new("mixed", Quota::rate(100, HOUR).allow_burst(100).gcra())
         .expect("limit")
-        .quota_from_store();
+        .use_stored_quota();
     let windows = limiter(common::redis_store(&prefix), &[window]);
     let buckets = limiter(common::redis_store(&prefix), &[gcra]);
     buckets
         .admin()
-        .set_stored_quota("mixed", Quota::gcra(500, HOUR, 500))
+        .set_stored_quota("mixed", Quota::rate(500, HOUR).allow_burst(500).gcra())
         .await
         .expect("set");
     assert_eq!(
@@ -249,7 +249,7 @@ async fn bad_requests_change_nothing() {
     for (store, a, _) in instances("stored-bad", &[limit("reports", 2)]) {
         let other = a
             .admin()
-            .set_stored_quota("reports", Quota::sliding_log(5, HOUR))
+            .set_stored_quota("reports", Quota::rate(5, HOUR).sliding_log())
             .await;
         assert!(matches!(other, Err(Error::Config(_))), "{store}: {other:?}");
         let unknown = a.admin().set_stored_quota("nope", reports(5)).await;
@@ -408,7 +408,7 @@ async fn changing_the_stored_quota_under_load_admits_at_most_the_larger() {
 /// Decides `key` (cost 0) with `limiter` until its limit reads `want`,
 /// for at most ten seconds: a change made behind the library's back is
 /// in force within a second of the store's clock (see
-/// `Limit::quota_from_store`), which a loaded machine may stretch in real
+/// `Limit::use_stored_quota`), which a loaded machine may stretch in real
 /// time; nothing here times it.
 async fn poll_limit(limiter: &Limiter, key: &str, want: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -600,8 +600,8 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
     let prefix = unique_prefix("stored-not-valid");
     let store = common::redis_store(&prefix);
     // GCRA, 60 an hour with a burst of 20: capacity 20
-    let own = Quota::gcra(60, HOUR, 20);
-    let bad = Limit::new("bad", own).expect("limit").quota_from_store();
+    let own = Quota::rate(60, HOUR).allow_burst(20).gcra();
+    let bad = Limit::new("bad", own).expect("limit").use_stored_quota();
     let good = Limit::new("good", own).expect("limit");
     let a = limiter(store.clone(), std::slice::from_ref(&bad));
     let other = limiter(store, &[good]);
@@ -679,7 +679,7 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
 
         // as a key's override, in force over a valid quota of the limit
         a.admin()
-            .set_stored_quota("bad", Quota::gcra(60, HOUR, 3))
+            .set_stored_quota("bad", Quota::rate(60, HOUR).allow_burst(3).gcra())
             .await
             .expect("set");
         let vip = format!("vip{case}");
@@ -714,8 +714,8 @@ async fn a_kept_value_that_is_not_valid_is_ignored_and_fails_no_decision() {
 async fn a_kept_value_that_is_not_valid_is_logged_once() {
     let events = events::Events::capture();
     let prefix = unique_prefix("stored-logged");
-    let own = Quota::gcra(60, HOUR, 20);
-    let warned = Limit::new("warned", own).expect("limit").quota_from_store();
+    let own = Quota::rate(60, HOUR).allow_burst(20).gcra();
+    let warned = Limit::new("warned", own).expect("limit").use_stored_quota();
     let a = limiter(common::redis_store(&prefix), &[warned]);
     let hash = quota_hash(&prefix, "warned");
     let mut conn = common::connection();

@@ -53,7 +53,13 @@ async fn take_up_to_grants_what_a_sliding_log_has_left() {
 
 #[tokio::test]
 async fn take_up_to_grants_what_a_bucket_has_left() {
-    let tb = Limit::new("tb", Quota::token_bucket(10, 1, Duration::from_millis(100))).unwrap();
+    let tb = Limit::new(
+        "tb",
+        Quota::rate(1, Duration::from_millis(100))
+            .allow_burst(10)
+            .token_bucket(),
+    )
+    .unwrap();
     let gcra = Limit::new("gcra", Quota::per_second(10).allow_burst(10).gcra()).unwrap();
     for limit in [tb, gcra] {
         #[rustfmt::skip]
@@ -70,7 +76,7 @@ async fn take_up_to_grants_what_a_bucket_has_left() {
 
 #[tokio::test]
 async fn take_up_to_grants_what_a_window_has_left() {
-    let fw = Limit::new("fw", Quota::fixed_window(5, Duration::from_secs(1))).unwrap();
+    let fw = Limit::new("fw", Quota::per_second(5).fixed_window()).unwrap();
     #[rustfmt::skip]
     run(&fw, &[
         (200 * MS,  3, 3, None),
@@ -78,7 +84,7 @@ async fn take_up_to_grants_what_a_window_has_left() {
         (400 * MS,  3, 0, Some(600 * MS)),
         (1000 * MS, 9, 5, None),
     ]).await;
-    let sw = Limit::new("sw", Quota::sliding_window(10, Duration::from_secs(1))).unwrap();
+    let sw = Limit::new("sw", Quota::per_second(10).sliding_window()).unwrap();
     #[rustfmt::skip]
     run(&sw, &[
         (0,         6,  6, None),

@@ -11,7 +11,7 @@ use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
 
 fn limiter(store: RedisStore) -> Limiter {
     Limiter::builder(store)
-        .limit(Limit::new("l", Quota::sliding_log(2, Duration::from_secs(60))).unwrap())
+        .limit(Limit::new("l", Quota::per_minute(2).sliding_log()).unwrap())
         .timeout(PATIENT)
         .cache_denials(false)
         .build()
@@ -43,7 +43,7 @@ async fn a_certificate_no_trusted_ca_signed_is_refused() {
         .build()
         .expect("store");
     let limiter = Limiter::builder(store)
-        .limit(Limit::new("l", Quota::sliding_log(2, Duration::from_secs(60))).unwrap())
+        .limit(Limit::new("l", Quota::per_minute(2).sliding_log()).unwrap())
         .timeout(Duration::from_secs(2))
         .build()
         .expect("limiter");
@@ -54,7 +54,7 @@ async fn a_certificate_no_trusted_ca_signed_is_refused() {
         .build()
         .expect("store");
     let limiter = Limiter::builder(plain)
-        .limit(Limit::new("l", Quota::sliding_log(2, Duration::from_secs(60))).unwrap())
+        .limit(Limit::new("l", Quota::per_minute(2).sliding_log()).unwrap())
         .timeout(Duration::from_secs(2))
         .build()
         .expect("limiter");

@@ -5,84 +5,54 @@
 //! algorithms), exact in the doubles Redis Lua computes with.
 
 use super::fdiv;
-use crate::calendar::Period;
+use crate::calendar::{Calendar, Period, DAY};
 
-/// A day in microseconds.
-pub(crate) const DAY: i64 = 86_400_000_000;
-
-/// A calendar quota's periods: which, and how far east of UTC (minutes;
-/// west is negative) its days begin. (Four bytes: a `Limit` is copied
-/// whole, and every limit's quota and parameters hold one.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Calendar {
-    pub(crate) period: Period,
-    pub(crate) offset: i16,
+/// A calendar limit's third parameter on the wire, negative (a window
+/// algorithm's own is 0 or positive): `-(period + 10 * (offset in
+/// seconds + 86,400))`, the period 1 (day) to 4 (year).
+pub(crate) fn code(calendar: Calendar) -> i64 {
+    let period = match calendar.period {
+        Period::Day => 1,
+        Period::Week => 2,
+        Period::Month => 3,
+        Period::Year => 4,
+    };
+    -(period + 10 * (i64::from(calendar.offset) * 60 + 86_400))
 }
 
-impl Calendar {
-    /// The limit's third parameter on the wire, negative (a window
-    /// algorithm's own is 0 or positive): `-(period + 10 * (offset in
-    /// seconds + 86,400))`, the period 1 (day) to 4 (year).
-    pub(crate) fn code(self) -> i64 {
-        let period = match self.period {
-            Period::Day => 1,
-            Period::Week => 2,
-            Period::Month => 3,
-            Period::Year => 4,
-        };
-        -(period + 10 * (i64::from(self.offset) * 60 + 86_400))
-    }
-
-    /// The offset in microseconds.
-    fn offset_us(self) -> i64 {
-        i64::from(self.offset) * 60_000_000
-    }
-
-    /// The longest of its windows (us): what the limit's window says, and
-    /// its horizon.
-    pub(crate) const fn longest(self) -> i64 {
-        DAY * match self.period {
-            Period::Day => 1,
-            Period::Week => 7,
-            Period::Month => 31,
-            Period::Year => 366,
+/// The window of `calendar` that holds `at`: its start, its length and the length of
+/// the one before it (us).
+pub(crate) fn window(calendar: Calendar, at: i64) -> (i64, i64, i64) {
+    let z = fdiv(at + calendar.offset_us(), DAY);
+    // in days from the epoch: its start, the next one's, the one before's
+    let (s, e, b) = match calendar.period {
+        Period::Day => (z, z + 1, z - 1),
+        Period::Week => {
+            // 1970-01-01 was a Thursday: day 0 is 3 days after a Monday
+            let s = z - (z + 3 - fdiv(z + 3, 7) * 7);
+            (s, s + 7, s - 7)
         }
-    }
-
-    /// The window that holds `at`: its start, its length and the length of
-    /// the one before it (us).
-    pub(crate) fn window(self, at: i64) -> (i64, i64, i64) {
-        let z = fdiv(at + self.offset_us(), DAY);
-        // in days from the epoch: its start, the next one's, the one before's
-        let (s, e, b) = match self.period {
-            Period::Day => (z, z + 1, z - 1),
-            Period::Week => {
-                // 1970-01-01 was a Thursday: day 0 is 3 days after a Monday
-                let s = z - (z + 3 - fdiv(z + 3, 7) * 7);
-                (s, s + 7, s - 7)
-            }
-            Period::Month => {
-                let (y, m) = month_of(z);
-                let e = if m == 12 {
-                    first_of(y + 1, 1)
-                } else {
-                    first_of(y, m + 1)
-                };
-                let b = if m == 1 {
-                    first_of(y - 1, 12)
-                } else {
-                    first_of(y, m - 1)
-                };
-                (first_of(y, m), e, b)
-            }
-            Period::Year => {
-                let (y, _) = month_of(z);
-                (first_of(y, 1), first_of(y + 1, 1), first_of(y - 1, 1))
-            }
-        };
-        let start = s * DAY - self.offset_us();
-        (start, (e - s) * DAY, (s - b) * DAY)
-    }
+        Period::Month => {
+            let (y, m) = month_of(z);
+            let e = if m == 12 {
+                first_of(y + 1, 1)
+            } else {
+                first_of(y, m + 1)
+            };
+            let b = if m == 1 {
+                first_of(y - 1, 12)
+            } else {
+                first_of(y, m - 1)
+            };
+            (first_of(y, m), e, b)
+        }
+        Period::Year => {
+            let (y, _) = month_of(z);
+            (first_of(y, 1), first_of(y + 1, 1), first_of(y - 1, 1))
+        }
+    };
+    let start = s * DAY - calendar.offset_us();
+    (start, (e - s) * DAY, (s - b) * DAY)
 }
 
 /// Days from the epoch to the first day of month `m` (1 to 12) of year `y`.
@@ -164,7 +134,7 @@ mod tests {
                 for at in [day, day + DAY - 1] {
                     for period in periods {
                         let c = Calendar { period, offset };
-                        let (start, len, before) = c.window(at);
+                        let (start, len, before) = window(c, at);
                         assert_eq!(
                             (start, start + len),
                             model(period, offset, at),

@@ -2,7 +2,7 @@
 //! `lua/limits.lua` (decide, take, charge), each algorithm's steps in its
 //! own file.
 
-use super::{Outcome, Params, Reply, State, Status, Statuses};
+use super::{Params, Reply, State, Status, Statuses, VerdictCode};
 
 /// One limit's part in a decision: its working state (see
 /// [`State::prepare`]), parameters and cost.
@@ -34,17 +34,17 @@ pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool
         }
         waits.push(t.map(|t| t - now));
     }
-    let (outcome, wait) = if never {
-        (Outcome::Never, -1)
+    let (verdict, wait) = if never {
+        (VerdictCode::Never, -1)
     } else if at - now > max_wait {
-        (Outcome::Denied, at - now)
+        (VerdictCode::Denied, at - now)
     } else {
-        (Outcome::Granted, at - now)
+        (VerdictCode::Granted, at - now)
     };
     let mut limits = Statuses::with_capacity(ops.len());
     for (op, wait) in ops.iter_mut().zip(waits) {
         let mut as_of = now;
-        if outcome == Outcome::Granted && !dry {
+        if verdict == VerdictCode::Granted && !dry {
             as_of = at;
             if op.cost > 0 {
                 op.state.grant(op.p, at, op.cost);
@@ -61,7 +61,7 @@ pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool
         });
     }
     Reply {
-        outcome,
+        verdict,
         wait,
         now,
         limits,

@@ -13,9 +13,9 @@ pub(crate) struct FixedWindow {
 }
 
 /// What the store keeps: (start, window length, count).
-pub(crate) type Raw = (i64, i64, i64);
+pub(crate) type Stored = (i64, i64, i64);
 
-impl super::Raw for Raw {
+impl super::StoredForm for Stored {
     fn expires_at(&self) -> i64 {
         self.0 + self.1
     }
@@ -37,21 +37,21 @@ impl FixedWindow {
 
 impl Algo for FixedWindow {
     type Params = Params;
-    type Stored = Raw;
+    type Stored = Stored;
     const NAME: &'static str = "fixed window";
     const KEYS: &'static [&'static str] = &["fw"];
     const AMOUNT: &'static str = "limit";
     const RATE: Option<&'static str> = None;
 
     /// `None`: fresh.
-    fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn prepare(p: &Params, stored: Option<&mut Stored>, written: i64, now: i64) -> (Self, bool) {
         let w = p.window;
         let fresh = Self {
             start: -1,
             count: 0,
         };
         // absent, or its window is over
-        let (Some((s, len, count)), moved) = as_of(raw.copied(), written, now) else {
+        let (Some((s, len, count)), moved) = as_of(stored.copied(), written, now) else {
             return (fresh, false);
         };
         // one of this limit's windows
@@ -115,7 +115,7 @@ impl Algo for FixedWindow {
     }
 
     /// The working state as the store keeps it.
-    fn save(self, p: &Params, _now: i64) -> Raw {
+    fn save(self, p: &Params, _now: i64) -> Stored {
         (self.start, p.len_at(self.start), self.count)
     }
 }

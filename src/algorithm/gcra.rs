@@ -18,14 +18,14 @@ pub(crate) struct Gcra {
 /// The fields of the script's key: `level / den` permits left, and when the
 /// bucket has refilled to `bmax`, the largest burst that wrote it (`exp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Raw {
+pub(crate) struct Stored {
     level: i64,
     den: i64,
     exp: i64,
     bmax: i64,
 }
 
-impl super::Raw for Raw {
+impl super::StoredForm for Stored {
     fn expires_at(&self) -> i64 {
         self.exp
     }
@@ -45,24 +45,24 @@ impl Gcra {
 
 impl Algo for Gcra {
     type Params = Params;
-    type Stored = Raw;
+    type Stored = Stored;
     const NAME: &'static str = "GCRA";
     const KEYS: &'static [&'static str] = &["gcra"];
     const AMOUNT: &'static str = "burst";
     const RATE: Option<&'static str> = Some("rate");
 
     /// `None`: fresh.
-    fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn prepare(p: &Params, stored: Option<&mut Stored>, written: i64, now: i64) -> (Self, bool) {
         let mut s = Self {
             tat: now,
             frac: 0,
             bmax: p.capacity,
         };
-        let (raw, moved) = as_of(raw.copied(), written, now);
-        if let Some(raw) = raw {
-            s.bmax = s.bmax.max(raw.bmax);
-            let debt = if fdiv(raw.level, raw.den) < p.capacity {
-                p.capacity * p.period - rescale(raw.level, raw.den, p.period)
+        let (stored, moved) = as_of(stored.copied(), written, now);
+        if let Some(stored) = stored {
+            s.bmax = s.bmax.max(stored.bmax);
+            let debt = if fdiv(stored.level, stored.den) < p.capacity {
+                p.capacity * p.period - rescale(stored.level, stored.den, p.period)
             } else {
                 0
             };
@@ -128,10 +128,10 @@ impl Algo for Gcra {
     }
 
     /// The working state as the store keeps it, as of `now`.
-    fn save(self, p: &Params, now: i64) -> Raw {
+    fn save(self, p: &Params, now: i64) -> Stored {
         let debt = (self.tat - now) * p.rate + self.frac;
         let extra = (self.bmax - p.capacity).min(fdiv(EXACT - 1, p.period));
-        Raw {
+        Stored {
             level: p.capacity * p.period - debt,
             den: p.period,
             exp: self.ceil() + 1 + cdiv(extra * p.period, p.rate),

@@ -28,7 +28,7 @@ pub(crate) use self::driver::{charge, decide, take, Operand};
 pub(crate) use self::reply::ignored;
 #[cfg(feature = "redis")]
 pub(crate) use self::reply::packed_len;
-pub(crate) use self::reply::{Outcome, Reply, Status, Statuses};
+pub(crate) use self::reply::{Reply, Status, Statuses, VerdictCode};
 
 // Every algorithm: its public name, its id on the wire (what a limit's
 // string starts with, and its place in `lua/wire.lua`'s list), its state.
@@ -63,7 +63,7 @@ pub(crate) trait Algo: Sized + std::fmt::Debug + Clone + Eq {
     /// The integers it decides with, derived once from a quota.
     type Params: Shape;
     /// What the store keeps of a key: the fields its script writes.
-    type Stored: Raw + std::fmt::Debug + Clone + Eq;
+    type Stored: StoredForm + std::fmt::Debug + Clone + Eq;
     /// Its name in prose (how [`Algorithm`] displays).
     const NAME: &'static str;
     /// The suffixes of the keys it stores under, in the order its script
@@ -165,9 +165,10 @@ pub(crate) fn believed(store_now: i64, written: i64, p: &Params) -> i64 {
     }
 }
 
-/// What the store keeps of a key: the fields the scripts write, absolute
-/// times and amounts, independent of the quota.
-pub(crate) trait Raw {
+/// What every algorithm's stored form (its `Stored`: what the store keeps of
+/// a key, the fields the scripts write, absolute times and amounts,
+/// independent of the quota) tells of its times.
+pub(crate) trait StoredForm {
     /// When the state becomes equal to a fresh one.
     fn expires_at(&self) -> i64;
     /// Moves every time it holds back by `by` microseconds.
@@ -179,16 +180,16 @@ pub(crate) trait Raw {
 /// ahead of `now` (see "Clock steps" in `lua/driver.lua`), `None` once equal
 /// to a fresh state; and whether it was moved back.
 #[inline]
-pub(crate) fn as_of<R: Raw + Copy>(
-    mut raw: Option<R>,
+pub(crate) fn as_of<S: StoredForm + Copy>(
+    mut stored: Option<S>,
     written: i64,
     now: i64,
-) -> (Option<R>, bool) {
+) -> (Option<S>, bool) {
     let moved = written > now;
-    if let Some(raw) = raw.as_mut().filter(|_| moved) {
-        raw.move_back(written - now);
+    if let Some(stored) = stored.as_mut().filter(|_| moved) {
+        stored.move_back(written - now);
     }
-    let live = raw.filter(|raw| raw.expires_at() > now);
+    let live = stored.filter(|stored| stored.expires_at() > now);
     (live, moved && live.is_some())
 }
 
@@ -197,11 +198,11 @@ mod tests {
     use super::{cdiv, fdiv, Params};
     use proptest::prelude::*;
 
-    /// A kept quota reads in the form the crate writes, three parameters,
+    /// A stored quota reads in the form the crate writes, three parameters,
     /// and in the one 0.1 wrote, with a fourth slot that must be 0.
     #[test]
     #[cfg(feature = "redis")]
-    fn kept_quotas_read_in_both_forms() {
+    fn stored_quotas_read_in_both_forms() {
         let gcra = Params::Gcra(super::gcra::Params {
             capacity: 5,
             rate: 1,

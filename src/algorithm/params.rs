@@ -1,11 +1,12 @@
 //! The parameters of a limit's algorithm: derived once from its quota and
 //! checked to stay exact in the doubles Redis Lua computes with, read from a
-//! kept quota's stored form.
+//! stored quota's form in the store.
 
 use std::time::Duration;
 
-use super::calendar::Calendar;
+use super::calendar;
 use super::{Params, State, Stored, EXACT};
+use crate::calendar::Calendar;
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
 
@@ -33,7 +34,7 @@ pub(super) fn exact(value: u128, what: &str) -> Result<i64, ConfigError> {
 /// a bucket's ([`Bucket`]), a sliding window counter's.
 pub(crate) trait Shape: Copy + std::fmt::Debug + Eq {
     /// Its name in `lua/wire.lua`, which `valid_kept` in `lua/kept.lua`
-    /// checks a kept quota's parameters by.
+    /// checks a stored quota's parameters by.
     const KIND: &'static str;
     /// The parameters of a quota whose window (`window` microseconds, at
     /// most ten years) and amount are checked (see [`Params::derive`]).
@@ -71,7 +72,7 @@ impl Window {
         match self.calendar {
             None => (at - at.rem_euclid(self.window), self.window),
             Some(c) => {
-                let (start, len, _) = c.window(at);
+                let (start, len, _) = calendar::window(c, at);
                 (start, len)
             }
         }
@@ -79,7 +80,8 @@ impl Window {
 
     /// The length of the window that begins at `start` (us).
     pub(crate) fn len_at(&self, start: i64) -> i64 {
-        self.calendar.map_or(self.window, |c| c.window(start).1)
+        self.calendar
+            .map_or(self.window, |c| calendar::window(c, start).1)
     }
 }
 
@@ -109,7 +111,7 @@ impl Shape for Window {
         [
             self.limit,
             self.window,
-            self.calendar.map_or(0, |c| c.code()),
+            self.calendar.map_or(0, calendar::code),
         ]
     }
 }
@@ -259,7 +261,7 @@ fn quota_of(algorithm: Algorithm, [a, b, c]: [i64; 3]) -> Quota {
         amount: n(a),
         window: Duration::from_micros(n(window)),
         extra,
-        // (a kept quota is never a calendar quota: its code is negative)
+        // (a stored quota is never a calendar quota: its code is negative)
         calendar: None,
     }
 }

@@ -1,4 +1,4 @@
-//! A decision's reply: its outcome and each limit's status, as the scripts
+//! A decision's reply: its verdict and each limit's status, as the scripts
 //! write it and the memory store makes it.
 
 use smallvec::SmallVec;
@@ -86,9 +86,10 @@ pub(crate) fn packed_len(limits: usize, extra: usize) -> usize {
     8 * (2 + STATUS_FIELDS * limits + extra)
 }
 
-/// How a decision ended: the first number of the scripts' reply.
+/// How a decision ended, as the scripts code it: the first number of their
+/// reply, which the limiter reads as the decision's [`Verdict`](crate::Verdict).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum VerdictCode {
     /// Granted, now or at `now + wait`.
     Granted = 0,
     /// Refused: a retry after `wait` would be granted.
@@ -97,13 +98,13 @@ pub(crate) enum Outcome {
     Never = 2,
 }
 
-impl Outcome {
-    /// The outcome the scripts write as `code`.
+impl VerdictCode {
+    /// The verdict the scripts write as `code`.
     pub(crate) fn from_code(code: i64) -> Option<Self> {
         match code {
-            0 => Some(Outcome::Granted),
-            1 => Some(Outcome::Denied),
-            2 => Some(Outcome::Never),
+            0 => Some(VerdictCode::Granted),
+            1 => Some(VerdictCode::Denied),
+            2 => Some(VerdictCode::Never),
             _ => None,
         }
     }
@@ -112,18 +113,18 @@ impl Outcome {
 /// What a store answers for one decision, in the units of the scripts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Reply {
-    pub(crate) outcome: Outcome,
+    pub(crate) verdict: VerdictCode,
     /// Microseconds until the grant, or until a retry would be granted; -1
-    /// for [`Outcome::Never`].
+    /// for [`VerdictCode::Never`].
     pub(crate) wait: i64,
     /// The decision's clock: the store's, or a key's clock ahead of it as
     /// believed (see [`believed`]).
     pub(crate) now: i64,
     /// Per limit, its status.
     pub(crate) limits: Statuses,
-    /// Per limit, the parameters of the quota kept in the store that
+    /// Per limit, the parameters of the stored quota that
     /// decided in place of the limit's own (see
-    /// [`Limit::quota_from_store`](crate::Limit::quota_from_store)); `None`
+    /// [`Limit::use_stored_quota`](crate::Limit::use_stored_quota)); `None`
     /// when every limit decided with its own.
     pub(crate) stored: Option<Box<[Option<Params>]>>,
 }
@@ -133,7 +134,7 @@ impl Reply {
     /// nothing (a charge).
     pub(crate) fn at_rest(now: i64) -> Self {
         Self {
-            outcome: Outcome::Granted,
+            verdict: VerdictCode::Granted,
             wait: 0,
             now,
             limits: Statuses::new(),
@@ -143,7 +144,7 @@ impl Reply {
 
     /// Whether the decision was granted (now or as a reservation).
     pub(crate) fn granted(&self) -> bool {
-        self.outcome == Outcome::Granted
+        self.verdict == VerdictCode::Granted
     }
 
     /// The store time of the grant (us): `now + wait` for a grant; what a
@@ -152,8 +153,8 @@ impl Reply {
         self.now + self.wait.max(0)
     }
 
-    /// The parameters limit `i` decided with, when a quota kept in the
-    /// store decided in place of its own.
+    /// The parameters limit `i` decided with, when a stored quota decided
+    /// in place of its own.
     pub(crate) fn stored(&self, i: usize) -> Option<&Params> {
         self.stored.as_ref()?.get(i)?.as_ref()
     }
@@ -172,11 +173,11 @@ impl Reply {
         exact.then_some((reply, x as i64))
     }
 
-    /// Parses the driver's reply: outcome and now, then per limit its kind
+    /// Parses the driver's reply: verdict and now, then per limit its kind
     /// (see [`StatusKind`]), wait, remaining and reset: little-endian
     /// doubles (see [`packed_len`]), each an integer below 2^53 in
     /// magnitude; then `i=<stored form>;` for each limit `i` (from 1) a
-    /// quota kept in the store decided. The decision's wait is the longest
+    /// stored quota decided. The decision's wait is the longest
     /// of its limits' (all are granted at once, or none), -1 when it is
     /// never granted.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -190,19 +191,19 @@ impl Reply {
             exact.then_some(x as i64)
         });
         let mut next = || values.next().flatten();
-        let (outcome, now) = (Outcome::from_code(next()?)?, next()?);
+        let (verdict, now) = (VerdictCode::from_code(next()?)?, next()?);
         let mut per: Statuses = SmallVec::with_capacity(limits);
         for _ in 0..limits {
             per.push(Status::from_fields(next()?, next()?, next()?, next()?)?);
         }
-        let wait = match outcome {
-            Outcome::Never => -1,
-            Outcome::Granted | Outcome::Denied => {
+        let wait = match verdict {
+            VerdictCode::Never => -1,
+            VerdictCode::Granted | VerdictCode::Denied => {
                 per.iter().filter_map(Status::wait).max().unwrap_or(0)
             }
         };
         Some(Self {
-            outcome,
+            verdict,
             wait,
             now,
             limits: per,
@@ -235,7 +236,7 @@ fn stored_quotas(tail: &[u8], limits: usize) -> Option<Option<Box<[Option<Params
 }
 
 /// The limits (from 0) of a decision's reply `bytes` over `limits` limits
-/// whose quota kept in the store, or override, in force was ignored: not
+/// whose stored quota, or override, in force was ignored: not
 /// valid (see [`Params::from_stored`]) or of another algorithm than the
 /// limit's (`i=!;` in the reply's tail, see `lua/driver.lua`). `extra`
 /// doubles follow the statuses (a take's amount).
@@ -275,7 +276,7 @@ mod tests {
         // denied at 100: a limit blocked for 50 more, one that allows in 10
         let reply =
             Reply::from_packed(&packed(&[1, 100, 2, 50, 0, 50, 0, 10, 3, 20]), 2).expect("a reply");
-        assert_eq!(reply.outcome, Outcome::Denied);
+        assert_eq!(reply.verdict, VerdictCode::Denied);
         assert_eq!(reply.wait, 50);
         assert_eq!(
             &reply.limits[..],

@@ -33,9 +33,9 @@ pub(crate) struct Log {
 }
 
 /// What the store keeps of a sliding log: its [`Log`] and expiry.
-pub(crate) type Kept = Box<(Log, i64)>;
+pub(crate) type Stored = Box<(Log, i64)>;
 
-impl super::Raw for Kept {
+impl super::StoredForm for Stored {
     fn expires_at(&self) -> i64 {
         self.1
     }
@@ -127,7 +127,7 @@ impl SlidingLog {
 
 impl Algo for SlidingLog {
     type Params = Params;
-    type Stored = Kept;
+    type Stored = Stored;
     const NAME: &'static str = "sliding log";
     const KEYS: &'static [&'static str] = &["log", "meta"];
     const AMOUNT: &'static str = "limit";
@@ -138,8 +138,8 @@ impl Algo for SlidingLog {
     /// still counts, once a log dated after `now` (its writer's clock
     /// `written`) is moved back to it (see `State::prepare`); `true` when it
     /// was and still holds something.
-    fn prepare(p: &Params, stored: Option<&mut Kept>, written: i64, now: i64) -> (Self, bool) {
-        let mut log = stored.map_or_else(Log::default, |kept| std::mem::take(&mut kept.0));
+    fn prepare(p: &Params, stored: Option<&mut Stored>, written: i64, now: i64) -> (Self, bool) {
+        let mut log = stored.map_or_else(Log::default, |stored| std::mem::take(&mut stored.0));
         let moved = written > now;
         if moved {
             log.move_back(written - now);
@@ -210,8 +210,8 @@ impl Algo for SlidingLog {
         Some(base.max(self.last().unwrap_or(now) + w))
     }
 
-    fn restore(self, kept: &mut Kept) {
-        kept.0 = self.into_log();
+    fn restore(self, stored: &mut Stored) {
+        stored.0 = self.into_log();
     }
 
     fn grant(&mut self, _p: &Params, at: i64, cost: i64) {
@@ -250,15 +250,15 @@ impl Algo for SlidingLog {
         ((n - sum).max(0), reset)
     }
 
-    fn save(mut self, p: &Params, now: i64) -> Kept {
+    fn save(mut self, p: &Params, now: i64) -> Stored {
         let expires_at = self.close(p, now);
         Box::new((self.into_log(), expires_at))
     }
 
-    /// Reuses the allocation of `kept`.
-    fn save_into(mut self, p: &Params, now: i64, kept: &mut Kept) -> i64 {
+    /// Reuses the allocation of `stored`.
+    fn save_into(mut self, p: &Params, now: i64, stored: &mut Stored) -> i64 {
         let expires_at = self.close(p, now);
-        **kept = (self.into_log(), expires_at);
+        **stored = (self.into_log(), expires_at);
         expires_at
     }
 }

@@ -1,8 +1,9 @@
 //! Mirror of `lua/sliding_window.lua`: previous and current window counts.
 
-use super::calendar::Calendar;
+use super::calendar;
 use super::params::Shape;
 use super::{as_of, cdiv, fdiv, Algo, ConfigError, Quota};
+use crate::calendar::Calendar;
 
 /// The weights of a window's estimate have 2^20 steps per window.
 const WEIGHT_STEPS: u64 = 1 << 20;
@@ -28,7 +29,7 @@ impl Params {
     pub(crate) fn window_at(&self, at: i64) -> (i64, i64, i64) {
         match self.calendar {
             None => (at - at.rem_euclid(self.window), self.window, self.window),
-            Some(c) => c.window(at),
+            Some(c) => calendar::window(c, at),
         }
     }
 
@@ -36,7 +37,7 @@ impl Params {
     /// before it (us).
     fn lengths(&self, start: i64) -> (i64, i64) {
         self.calendar.map_or((self.window, self.window), |c| {
-            let (_, len, before) = c.window(start);
+            let (_, len, before) = calendar::window(c, start);
             (len, before)
         })
     }
@@ -101,7 +102,7 @@ impl Shape for Params {
         [
             self.limit,
             self.window,
-            self.calendar.map_or(i64::from(self.step), |c| c.code()),
+            self.calendar.map_or(i64::from(self.step), calendar::code),
         ]
     }
 }
@@ -114,9 +115,9 @@ pub(crate) struct SlidingWindow {
 }
 
 /// What the store keeps: (start, window length, previous, current).
-pub(crate) type Raw = (i64, i64, i64, i64);
+pub(crate) type Stored = (i64, i64, i64, i64);
 
-impl super::Raw for Raw {
+impl super::StoredForm for Stored {
     fn expires_at(&self) -> i64 {
         self.0 + 2 * self.1
     }
@@ -128,7 +129,7 @@ impl super::Raw for Raw {
 
 impl SlidingWindow {
     /// What the store keeps, as counts of this limit's windows.
-    fn read(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn read(p: &Params, stored: Option<&mut Stored>, written: i64, now: i64) -> (Self, bool) {
         let w = p.window;
         let mut s = Self {
             start: -1,
@@ -136,7 +137,7 @@ impl SlidingWindow {
             cur: 0,
         };
         // absent, or both windows over
-        let (Some((start, len, prev, cur)), moved) = as_of(raw.copied(), written, now) else {
+        let (Some((start, len, prev, cur)), moved) = as_of(stored.copied(), written, now) else {
             return (s, false);
         };
         // one of this limit's windows
@@ -181,14 +182,14 @@ impl SlidingWindow {
 
 impl Algo for SlidingWindow {
     type Params = Params;
-    type Stored = Raw;
+    type Stored = Stored;
     const NAME: &'static str = "sliding window counter";
     const KEYS: &'static [&'static str] = &["sw"];
     const AMOUNT: &'static str = "limit";
     const RATE: Option<&'static str> = None;
 
     /// `None`: fresh.
-    fn prepare(p: &Params, stored: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn prepare(p: &Params, stored: Option<&mut Stored>, written: i64, now: i64) -> (Self, bool) {
         let (mut s, moved) = Self::read(p, stored, written, now);
         // rolled forward to the window of now: from here `start` is at or
         // after it (a past window's count is previous, if it was the window
@@ -279,7 +280,7 @@ impl Algo for SlidingWindow {
     }
 
     /// The working state as the store keeps it.
-    fn save(self, p: &Params, _now: i64) -> Raw {
+    fn save(self, p: &Params, _now: i64) -> Stored {
         (self.start, p.lengths(self.start).0, self.prev, self.cur)
     }
 }

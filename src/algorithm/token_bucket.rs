@@ -19,7 +19,7 @@ pub(crate) struct TokenBucket {
 /// the bucket has refilled to `cmax`, the largest capacity that wrote it
 /// (`exp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Raw {
+pub(crate) struct Stored {
     level: i64,
     den: i64,
     ts: i64,
@@ -27,7 +27,7 @@ pub(crate) struct Raw {
     cmax: i64,
 }
 
-impl super::Raw for Raw {
+impl super::StoredForm for Stored {
     fn expires_at(&self) -> i64 {
         self.exp
     }
@@ -54,25 +54,25 @@ impl TokenBucket {
 
 impl Algo for TokenBucket {
     type Params = Params;
-    type Stored = Raw;
+    type Stored = Stored;
     const NAME: &'static str = "token bucket";
     const KEYS: &'static [&'static str] = &["tb"];
     const AMOUNT: &'static str = "capacity";
     const RATE: Option<&'static str> = Some("refill");
 
     /// `None`: a full bucket.
-    fn prepare(p: &Params, raw: Option<&mut Raw>, written: i64, now: i64) -> (Self, bool) {
+    fn prepare(p: &Params, stored: Option<&mut Stored>, written: i64, now: i64) -> (Self, bool) {
         let mut s = Self {
             level: p.capacity * p.period,
             ts: now,
             cmax: p.capacity,
         };
-        let (raw, moved) = as_of(raw.copied(), written, now);
-        if let Some(raw) = raw {
-            s.cmax = s.cmax.max(raw.cmax);
-            s.ts = raw.ts;
-            if fdiv(raw.level, raw.den) < p.capacity {
-                s.level = rescale(raw.level, raw.den, p.period);
+        let (stored, moved) = as_of(stored.copied(), written, now);
+        if let Some(stored) = stored {
+            s.cmax = s.cmax.max(stored.cmax);
+            s.ts = stored.ts;
+            if fdiv(stored.level, stored.den) < p.capacity {
+                s.level = rescale(stored.level, stored.den, p.period);
             }
             // refilled to now: from here `ts >= now` (the fill is linear
             // up to the capacity, so this changes no decision)
@@ -126,10 +126,10 @@ impl Algo for TokenBucket {
     }
 
     /// The working state as the store keeps it.
-    fn save(self, p: &Params, now: i64) -> Raw {
+    fn save(self, p: &Params, now: i64) -> Stored {
         let t = now.max(self.ts);
         let top = self.cmax.min(fdiv(EXACT - 1, p.period)) * p.period;
-        Raw {
+        Stored {
             level: self.level,
             den: p.period,
             ts: self.ts,

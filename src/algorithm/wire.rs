@@ -5,7 +5,7 @@
 //! differs.
 
 #[cfg(test)]
-use super::{Outcome, ALGORITHMS};
+use super::{VerdictCode, ALGORITHMS};
 
 /// What a call of the library does: the `op` option (slot
 /// [`Opt::Op`]); a call without options decides.
@@ -16,7 +16,7 @@ pub(crate) enum Op {
     Refund = 1,
     /// Take what is available, at most the cost.
     Take = 2,
-    /// Change a kept quota (`HSET`, `HSETNX` or `HDEL` on its hash).
+    /// Change a stored quota (`HSET`, `HSETNX` or `HDEL` on its hash).
     Change = 3,
     /// Charge each cost, whatever is left.
     Charge = 4,
@@ -226,10 +226,10 @@ pub(crate) fn lua() -> String {
          -- granted, {} denied, {} never (a cost over a capacity). `verdict` in\n\
          -- common.lua decides it and the driver tests `outcome == {}`: as\n\
          -- literals (a literal is an operand, an upvalue must be loaded first).\n",
-        Outcome::Granted as i64,
-        Outcome::Denied as i64,
-        Outcome::Never as i64,
-        Outcome::Granted as i64,
+        VerdictCode::Granted as i64,
+        VerdictCode::Denied as i64,
+        VerdictCode::Never as i64,
+        VerdictCode::Granted as i64,
     );
     let _ = writeln!(
         out,
@@ -320,22 +320,22 @@ mod tests {
         );
     }
 
-    /// `verdict`, the one place the scripts decide an outcome, writes the
-    /// codes `Outcome` reads.
+    /// `verdict`, the one place the scripts decide a decision's verdict,
+    /// writes the codes `VerdictCode` reads.
     #[test]
-    fn lua_verdict_writes_the_outcome_codes() {
+    fn lua_verdict_writes_the_verdict_codes() {
         let common = include_str!("../../lua/common.lua");
         for line in [
-            format!("if t < 0 then return {}, -1 end", Outcome::Never as i64),
+            format!("if t < 0 then return {}, -1 end", VerdictCode::Never as i64),
             format!(
                 "if wait > max_wait then return {}, wait end",
-                Outcome::Denied as i64
+                VerdictCode::Denied as i64
             ),
-            format!("return {}, wait", Outcome::Granted as i64),
+            format!("return {}, wait", VerdictCode::Granted as i64),
         ] {
             assert!(common.contains(&line), "lua/common.lua lacks `{line}`");
         }
-        let grant = format!("outcome == {} and not dry", Outcome::Granted as i64);
+        let grant = format!("outcome == {} and not dry", VerdictCode::Granted as i64);
         // the loop over several limits and the one-limit template
         let driver = [
             include_str!("../../lua/driver.lua"),

@@ -10,12 +10,12 @@ use http::Response;
 
 use super::body::RejectionBody;
 use super::outage::{OutageLog, DEFAULT_LOG_INTERVAL};
-use super::response::HeaderSet;
 use super::rule::{CompiledRule, RequestPredicate, ResponsePredicate};
 use super::{
     Config, MissingKey, OnStoreError, RateLimitLayer, Rejection, Rejector, Rule,
     DEFAULT_MAX_WAITING,
 };
+use crate::fields::HeaderSet;
 use crate::key::KeyExtractor;
 use crate::store::fleet::FleetShare;
 use crate::store::Store;
@@ -346,7 +346,7 @@ impl RateLimitLayerBuilder {
         let policy = if rules.iter().any(CompiledRule::varies) {
             None
         } else {
-            super::response::policy_value(
+            crate::fields::policy_value(
                 shown
                     .iter()
                     .map(|l| (l.name(), l.capacity(), l.policy_window())),

@@ -9,7 +9,7 @@ use http::Response;
 use smallvec::SmallVec;
 
 use super::refusal::rejection;
-use super::response::Answers;
+use super::response::Protocol;
 use super::rule::{Arrival, Cost};
 use super::{Config, MissingKey, Rejection, ResponseBody, Rule};
 use crate::key::KeyBuf;
@@ -31,11 +31,11 @@ pub(super) struct Applies<'a> {
 /// order of the limiter's checks, so a check's index finds its rule.
 pub(super) type Chosen<'a> = SmallVec<[Applies<'a>; 2]>;
 
-/// The limits that apply to a request, or the layer's answer to a request
+/// The limits that apply to a request, or the layer's response to a request
 /// a rule refuses before the store is asked: no key where the rule needs
 /// one, or an estimate over what one request may ask for (a shadow rule
 /// counts that as a would-refuse and refuses nothing).
-// (the answer is returned once per refused request: not worth a box)
+// (the response is returned once per refused request: not worth a box)
 #[allow(clippy::result_large_err)]
 pub(super) fn choose<'a, B>(
     config: &'a Config,
@@ -58,8 +58,8 @@ pub(super) fn choose<'a, B>(
                 let name = rule.limit().name();
                 tracing::debug!(target: "tower_ratelimit", limit = name, "request without a rate-limit key");
                 let why = Rejection::MissingKey(name);
-                let answer = || Answers::to(parts).missing_key(*status, name);
-                return Err(rejection(config, why, answer));
+                let response = || Protocol::of(parts).missing_key(*status, name);
+                return Err(rejection(config, why, response));
             }
         };
         let cost = match rule.cost(parts, &limit) {
@@ -81,7 +81,7 @@ pub(super) fn choose<'a, B>(
                     most,
                 };
                 return Err(rejection(config, why, || {
-                    Answers::to(parts).estimate_too_large(name, estimate, most)
+                    Protocol::of(parts).estimate_too_large(name, estimate, most)
                 }));
             }
         };

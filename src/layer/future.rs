@@ -9,8 +9,8 @@ use std::task::{ready, Context, Poll};
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::response::Fields;
 use super::ResponseBody;
+use crate::fields::Fields;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit).
@@ -39,16 +39,18 @@ pin_project! {
         },
         // Answered by the layer.
         Ready {
-            outcome: Option<Outcome<B, E>>,
+            result: Option<ResponseResult<B, E>>,
         },
         // Awaiting the store, a delay, a refund or the inner service's readiness.
         Boxed {
-            future: Pin<Box<dyn Future<Output = Outcome<B, E>> + Send>>,
+            future: Pin<Box<dyn Future<Output = ResponseResult<B, E>> + Send>>,
         },
     }
 }
 
-pub(super) type Outcome<B, E> = Result<Response<ResponseBody<B>>, E>;
+/// What the service gives for a request: the response, or the inner
+/// service's error.
+pub(super) type ResponseResult<B, E> = Result<Response<ResponseBody<B>>, E>;
 
 impl<F, B, E> ResponseFuture<F, B, E> {
     /// The inner service's future, and the fields to add to its response.
@@ -58,14 +60,16 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(super) fn ready(outcome: Outcome<B, E>) -> Self {
-        let outcome = Some(outcome);
+    pub(super) fn ready(result: ResponseResult<B, E>) -> Self {
+        let result = Some(result);
         Self {
-            state: State::Ready { outcome },
+            state: State::Ready { result },
         }
     }
 
-    pub(super) fn boxed(future: impl Future<Output = Outcome<B, E>> + Send + 'static) -> Self {
+    pub(super) fn boxed(
+        future: impl Future<Output = ResponseResult<B, E>> + Send + 'static,
+    ) -> Self {
         let future = Box::pin(future);
         Self {
             state: State::Boxed { future },
@@ -77,7 +81,7 @@ impl<F, B, E> Future for ResponseFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Outcome<B, E>;
+    type Output = ResponseResult<B, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
@@ -89,8 +93,8 @@ where
                 }
                 Poll::Ready(Ok(response))
             }
-            StateProj::Ready { outcome } => match outcome.take() {
-                Some(outcome) => Poll::Ready(outcome),
+            StateProj::Ready { result } => match result.take() {
+                Some(result) => Poll::Ready(result),
                 // polled again after it completed: nothing more will come
                 None => Poll::Pending,
             },

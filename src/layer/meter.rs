@@ -103,10 +103,10 @@ impl MeterSpec {
                 State::Events(Events::new(path.clone()))
             }
             MeterSpec::JsonPath(path) => {
-                State::Kept(Kept::new(head, MAX_JSON_BODY, Read::Json(path.clone())))
+                State::Buffered(Buffered::new(head, MAX_JSON_BODY, Read::Json(path.clone())))
             }
             MeterSpec::Whole { max_bytes, cost } => {
-                State::Kept(Kept::new(head, *max_bytes, Read::Whole(cost.clone())))
+                State::Buffered(Buffered::new(head, *max_bytes, Read::Whole(cost.clone())))
             }
         };
         Meter { state }
@@ -134,7 +134,7 @@ pub(crate) struct Meter {
 impl fmt::Debug for Meter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.state {
-            State::Kept(_) => "Kept",
+            State::Buffered(_) => "Buffered",
             State::Events(_) => "Events",
         };
         f.debug_struct("Meter")
@@ -147,7 +147,7 @@ impl Meter {
     /// Counts one data chunk.
     pub(crate) fn chunk(&mut self, data: &[u8]) {
         match &mut self.state {
-            State::Kept(kept) => kept.chunk(data),
+            State::Buffered(buffered) => buffered.chunk(data),
             State::Events(events) => events.chunk(data),
         }
     }
@@ -158,13 +158,13 @@ impl Meter {
     ///
     /// Called when the body ended or was dropped (for an event stream, a
     /// stream dropped mid-way still tells the usage of the last complete
-    /// event that carried one). A kept body is known to be cut short when
+    /// event that carried one). A buffered body is known to be cut short when
     /// the response has a `content-length` and fewer (or more) bytes came;
     /// without one, a plain JSON body cut short is no complete JSON value,
     /// but a function of the whole body is given what came.
     pub(crate) fn finish(self) -> Option<u64> {
         match self.state {
-            State::Kept(kept) => kept.finish(),
+            State::Buffered(buffered) => buffered.finish(),
             State::Events(events) => events.finish(),
         }
     }
@@ -173,12 +173,12 @@ impl Meter {
 /// What a meter reads.
 enum State {
     /// The whole body, kept up to a bound.
-    Kept(Kept),
+    Buffered(Buffered),
     /// A stream of server-sent events, read event by event.
     Events(Events),
 }
 
-/// What is read from a kept body.
+/// What is read from a buffered body.
 enum Read {
     /// The number at this path of the body's JSON.
     Json(Arc<[Box<str>]>),
@@ -186,8 +186,8 @@ enum Read {
     Whole(WholeCost),
 }
 
-/// A body kept whole, up to a bound, to be read when it ends.
-struct Kept {
+/// A body buffered whole, up to a bound, to be read when it ends.
+struct Buffered {
     /// The body so far; emptied (and no more kept) once over the bound.
     body: Vec<u8>,
     /// The most bytes kept.
@@ -202,8 +202,8 @@ struct Kept {
     read: Read,
 }
 
-impl Kept {
-    /// A kept body for the response with head `head`, at most `max` bytes.
+impl Buffered {
+    /// A buffered body for the response with head `head`, at most `max` bytes.
     fn new(head: &http::response::Parts, max: usize, read: Read) -> Self {
         let expected = head
             .headers
@@ -219,7 +219,7 @@ impl Kept {
             }
             _ => Vec::new(),
         };
-        Kept {
+        Buffered {
             body,
             max,
             over,
@@ -243,7 +243,7 @@ impl Kept {
         self.body.extend_from_slice(data);
     }
 
-    /// The cost the kept body tells.
+    /// The cost the buffered body tells.
     fn finish(self) -> Option<u64> {
         if self.over || self.expected.is_some_and(|length| length != self.seen) {
             return None;
@@ -826,18 +826,22 @@ mod tests {
         for chunk in over.chunks(4096) {
             meter.chunk(chunk);
         }
-        let State::Kept(kept) = &meter.state else {
-            panic!("not kept");
+        let State::Buffered(buffered) = &meter.state else {
+            panic!("not buffered");
         };
-        assert!(kept.over);
-        assert_eq!(kept.body.capacity(), 0, "nothing kept once over the bound");
+        assert!(buffered.over);
+        assert_eq!(
+            buffered.body.capacity(),
+            0,
+            "nothing kept once over the bound"
+        );
         assert_eq!(meter.finish(), None);
         // said over by its length: nothing kept from the start
         let meter = spec.meter(&head(None, Some(MAX_JSON_BODY + 1)));
-        let State::Kept(kept) = &meter.state else {
-            panic!("not kept");
+        let State::Buffered(buffered) = &meter.state else {
+            panic!("not buffered");
         };
-        assert!(kept.over);
+        assert!(buffered.over);
         assert_eq!(read(&spec, &head(None, Some(over.len())), &[&over]), None);
     }
 

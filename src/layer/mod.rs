@@ -103,22 +103,21 @@ pub use self::body::ResponseBody;
 pub use self::builder::RateLimitLayerBuilder;
 pub use self::future::ResponseFuture;
 pub use self::info::RateLimitInfo;
-pub(crate) use self::refusal::insert_fields;
-pub use self::refusal::{answer, Refusal, Unavailable};
-pub use self::response::{
-    QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
-    X_RATELIMIT_RESET,
-};
+pub use self::refusal::{respond, Refusal, Unavailable};
+pub use self::response::QUOTA_EXCEEDED;
 pub use self::rule::Rule;
 pub use self::service::RateLimit;
+pub use crate::fields::{
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
 #[cfg(feature = "resolver")]
 #[cfg_attr(docsrs, doc(cfg(feature = "resolver")))]
 pub use crate::plan::{Plan, PlanResolver, PlanResolverBuilder};
 
 use self::body::RejectionResponse;
 use self::outage::OutageLog;
-use self::response::HeaderSet;
 use self::rule::{CompiledRule, RequestPredicate, ResponsePredicate};
+use crate::fields::HeaderSet;
 use crate::key::KeyExtractor;
 use crate::{Decision, Error, LimitSource, Limiter};
 
@@ -203,7 +202,7 @@ pub enum OnStoreError {
 }
 
 /// The `Retry-After` of the default [`OnStoreError::FailClosed`], and of
-/// [`Error::unavailable`].
+/// [`Unavailable::of`].
 pub(crate) const FAIL_CLOSED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 impl Default for OnStoreError {

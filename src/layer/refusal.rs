@@ -1,21 +1,20 @@
-//! The layer's own answers: a refusal, a deny-listed request, a store
+//! The layer's own responses: a refusal, a deny-listed request, a store
 //! failure (per [`OnStoreError`]); a custom handler's when there is one.
 
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{HeaderMap, Response};
+use http::Response;
 use smallvec::SmallVec;
 
 use super::body::RejectionResponse;
-use super::response::HeaderSet;
 use super::response::{
-    insert_headers, insert_retry_after, service_unavailable, too_many_requests, Answers,
+    insert_headers, insert_retry_after, service_unavailable, too_many_requests, Protocol,
 };
 use super::{Config, OnStoreError, Rejection, ResponseBody};
 use crate::{Decision, Error, Limiter};
 
-/// The layer's answer for `why`: the custom handler's, else `default`. An
+/// The layer's response for `why`: the custom handler's, else `default`. An
 /// estimate too large is counted here, under its limit
 /// ([`Outcome::EstimateTooLarge`](crate::metrics::Outcome::EstimateTooLarge)):
 /// no decision counts it.
@@ -25,7 +24,7 @@ pub(super) fn rejection<B>(
     default: impl FnOnce() -> RejectionResponse,
 ) -> Response<ResponseBody<B>> {
     if let Rejection::EstimateTooLarge { limit, .. } = &why {
-        crate::metrics::count_named(limit, crate::metrics::Outcome::EstimateTooLarge);
+        crate::limit::Name::count(limit, crate::metrics::Outcome::EstimateTooLarge);
     }
     let response = match &config.rejector {
         Some(handler) => handler(&why),
@@ -45,7 +44,7 @@ pub(super) fn refused<B>(
     let violated: SmallVec<[&str; 2]> = decision.violated_limits().map(|s| s.name()).collect();
     tracing::debug!(target: "tower_ratelimit", limits = ?violated, retry_after = ?decision.retry_after(), "request rate-limited");
     let mut response = rejection(config, Rejection::Limited(decision), || {
-        Answers::to(parts).refused(decision)
+        Protocol::of(parts).refused(decision)
     });
     insert_retry_after(response.headers_mut(), decision);
     insert_headers(response.headers_mut(), shown, &config.headers);
@@ -61,7 +60,7 @@ pub(super) fn deny_listed<B>(config: &Config, parts: &Parts) -> Response<Respons
         crate::limiter::count::count_one(&rule.limit().load(), crate::metrics::Outcome::DenyListed);
     }
     rejection(config, Rejection::DenyListed, || {
-        Answers::to(parts).forbidden()
+        Protocol::of(parts).forbidden()
     })
 }
 
@@ -69,8 +68,8 @@ pub(super) fn deny_listed<B>(config: &Config, parts: &Parts) -> Response<Respons
 pub(super) enum AfterFailure<'a, B> {
     /// Decide with the in-process fallback.
     Fallback(&'a Limiter),
-    /// Answer this (fail closed).
-    Answer(Response<ResponseBody<B>>),
+    /// Reject the request with this response (fail closed).
+    Reject(Response<ResponseBody<B>>),
     /// Forward without a decision (fail open).
     Pass,
 }
@@ -88,8 +87,8 @@ pub(super) fn after_failure<'a, B>(
         (OnStoreError::FailClosed { retry_after }, _) => {
             config.outage.failure(error, "refusing requests");
             let why = Rejection::StoreFailed(error);
-            let answer = || Answers::to(parts).store_unavailable(retry_after);
-            AfterFailure::Answer(rejection(config, why, answer))
+            let response = || Protocol::of(parts).store_unavailable(retry_after);
+            AfterFailure::Reject(rejection(config, why, response))
         }
         _ => {
             config.outage.failure(error, "letting requests through");
@@ -102,18 +101,19 @@ pub(super) fn after_failure<'a, B>(
 /// when it calls a [`Limiter`] itself: 429 (without `Retry-After` when the
 /// cost can never fit), `Retry-After`, `Cache-Control: no-store`, the
 /// `RateLimit-Policy` and `RateLimit` fields (shadow limits left out), and
-/// the `quota-exceeded` problem body, as the layer answers. Made by
-/// [`Decision::refusal`]; returned from an axum handler (it implements
+/// the `quota-exceeded` problem body, as the layer responds. Made by
+/// [`Refusal::of`]; returned from an axum handler (it implements
 /// `IntoResponse`, feature `axum`) or turned into an `http::Response` of
 /// any body made from a `String`.
 ///
 /// ```
+/// use tower_ratelimit::layer::Refusal;
 /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let limiter = Limiter::new(MemoryStore::new(), Limit::new("login", Quota::per_minute(1).sliding_log())?);
-/// assert!(limiter.check("ann", 1).await?.refusal().is_none()); // allowed
-/// let refusal = limiter.check("ann", 1).await?.refusal().expect("refused");
+/// assert!(Refusal::of(&limiter.check("ann", 1).await?).is_none()); // allowed
+/// let refusal = Refusal::of(&limiter.check("ann", 1).await?).expect("refused");
 /// let response: http::Response<String> = refusal.into();
 /// assert_eq!(response.status(), 429);
 /// assert_eq!(response.headers()["retry-after"], "60");
@@ -126,18 +126,15 @@ pub(super) fn after_failure<'a, B>(
 pub struct Refusal(Response<String>);
 
 impl Refusal {
-    /// The refusal of `decision`; `None` when it was allowed.
-    pub(crate) fn of(decision: &Decision) -> Option<Refusal> {
+    /// The layer's refusal of `decision` as a response, for a handler that
+    /// calls the limiter itself; `None` when it was allowed.
+    pub fn of(decision: &Decision) -> Option<Refusal> {
         if decision.is_allowed() {
             return None;
         }
         let mut response = too_many_requests(decision);
         insert_retry_after(response.headers_mut(), decision);
-        insert_headers(
-            response.headers_mut(),
-            &decision.without_shadow(),
-            &HeaderSet::default(),
-        );
+        decision.insert_headers(response.headers_mut());
         Some(Refusal(response))
     }
 }
@@ -156,20 +153,13 @@ impl axum::response::IntoResponse for Refusal {
     }
 }
 
-/// Adds to `headers` the rate-limit fields the layer writes on a response
-/// it forwards with `decision` (default header set, shadow limits left
-/// out): see [`Decision::insert_headers`].
-pub(crate) fn insert_fields(decision: &Decision, headers: &mut HeaderMap) {
-    insert_headers(headers, &decision.without_shadow(), &HeaderSet::default());
-}
-
-/// The layer's answer when its store fails and it fails closed
+/// The layer's response when its store fails and it fails closed
 /// ([`OnStoreError::FailClosed`], the default), as a response a handler
 /// returns when it calls a [`Limiter`] itself and the call fails: 503
 /// Service Unavailable, `Retry-After`, `Cache-Control: no-store` and an
 /// RFC 9457 problem body (`about:blank`) with a generic detail. Nothing of
 /// the error is in it (Redis and Lua messages, addresses are for the
-/// logs). Made by [`Error::unavailable`] with the layer's default
+/// logs). Made by [`Unavailable::of`] with the layer's default
 /// `Retry-After` of 1 s; [`retry_after`](Self::retry_after) sets another.
 /// Returned from an axum handler (it implements `IntoResponse`, feature
 /// `axum`) or turned into an `http::Response` of any body made from a
@@ -177,29 +167,69 @@ pub(crate) fn insert_fields(decision: &Decision, headers: &mut HeaderMap) {
 ///
 /// ```
 /// use std::time::Duration;
+/// use tower_ratelimit::layer::Unavailable;
 /// use tower_ratelimit::Error;
 ///
 /// let error = Error::Timeout(Duration::from_millis(50)); // as limiter.check(..) may fail
-/// let response: http::Response<String> = error.unavailable().into();
+/// let response: http::Response<String> = Unavailable::of(&error).into();
 /// assert_eq!(response.status(), 503);
 /// assert_eq!(response.headers()["retry-after"], "1");
 /// assert_eq!(response.headers()["content-type"], "application/problem+json");
 /// assert!(!response.body().contains("50ms"));
 ///
-/// let later: http::Response<String> = error.unavailable().retry_after(Duration::from_secs(5)).into();
+/// let later: http::Response<String> = Unavailable::of(&error).retry_after(Duration::from_secs(5)).into();
 /// assert_eq!(later.headers()["retry-after"], "5");
 /// ```
 #[derive(Debug)]
 pub struct Unavailable(Response<String>);
 
 impl Unavailable {
-    /// The answer with `Retry-After` for `retry_after` (whole seconds,
+    /// The layer's response to the store failure `error` when it fails closed
+    /// (the default [`OnStoreError`]): 503, `Retry-After: 1`, and a problem
+    /// body that says nothing of the error, for a handler that calls a
+    /// [`Limiter`] itself and fails closed as the layer does;
+    /// [`retry_after`](Self::retry_after) sets another wait.
+    ///
+    /// It is the same for every error, as the layer's is; the errors a
+    /// caller's own arguments cause ([`EmptyKey`](Error::EmptyKey),
+    /// [`KeyCount`](Error::KeyCount), [`WaitTooLong`](Error::WaitTooLong),
+    /// [`Config`](Error::Config)) are better met otherwise (a request
+    /// without a key: 400, as the layer's [`MissingKey`](super::MissingKey)
+    /// default).
+    ///
+    /// ```
+    /// # #[cfg(feature = "redis")] {
+    /// use tower_ratelimit::layer::Unavailable;
+    /// use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// // nothing listens on port 1: the check fails
+    /// let store = RedisStore::new("redis://127.0.0.1:1/")?;
+    /// let limiter = Limiter::new(store, Limit::new("sms", Quota::per_hour(3).fixed_window())?);
+    /// let response: http::Response<String> = match limiter.check("+15550100", 1).await {
+    ///     Ok(decision) => http::Response::new(format!("{} left", decision.remaining())),
+    ///     Err(error) => Unavailable::of(&error).into(),
+    /// };
+    /// assert_eq!(response.status(), 503);
+    /// assert_eq!(response.headers()["retry-after"], "1");
+    /// assert!(!response.body().contains("127.0.0.1"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// # }
+    /// ```
+    pub fn of(error: &Error) -> Unavailable {
+        // nothing of the error is told: it is for the logs
+        let _ = error;
+        Unavailable::new(super::FAIL_CLOSED_RETRY_AFTER)
+    }
+
+    /// The response with `Retry-After` for `retry_after` (whole seconds,
     /// rounded up, at least 1).
     pub(crate) fn new(retry_after: Duration) -> Unavailable {
         Unavailable(service_unavailable(retry_after))
     }
 
-    /// The same answer with `Retry-After` for `retry_after` (whole
+    /// The same response with `Retry-After` for `retry_after` (whole
     /// seconds, rounded up, at least 1), as a layer configured with
     /// `OnStoreError::FailClosed { retry_after }` sends it.
     #[must_use]
@@ -222,15 +252,14 @@ impl axum::response::IntoResponse for Unavailable {
     }
 }
 
-/// A handler's answer to a decision it asked of a [`Limiter`] itself, as
-/// the layer would answer: `granted` with the decision's rate-limit fields
+/// A handler's response to a decision it asked of a [`Limiter`] itself, as
+/// the layer would respond: `granted` with the decision's rate-limit fields
 /// ([`Decision::insert_headers`]) when it was allowed, the layer's 429
-/// ([`Decision::refusal`]) when it was refused, the layer's 503
-/// ([`Error::unavailable`](crate::Error::unavailable)) when the store
-/// failed.
+/// ([`Refusal::of`]) when it was refused, the layer's 503
+/// ([`Unavailable::of`]) when the store failed.
 ///
 /// ```
-/// use tower_ratelimit::layer::answer;
+/// use tower_ratelimit::layer::respond;
 /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -238,22 +267,22 @@ impl axum::response::IntoResponse for Unavailable {
 /// let sms = Limiter::new(MemoryStore::new(), Limit::new("sms", Quota::per_minute(3).sliding_log())?);
 /// let queued = || http::Response::builder().status(202).body(String::new()).unwrap();
 /// for _ in 0..3 {
-///     let response = answer(sms.check("+15550100", 1).await, queued());
+///     let response = respond(sms.check("+15550100", 1).await, queued());
 ///     assert_eq!(response.status(), 202);
 ///     assert!(response.headers().contains_key("ratelimit"));
 /// }
-/// let response = answer(sms.check("+15550100", 1).await, queued());
+/// let response = respond(sms.check("+15550100", 1).await, queued());
 /// assert_eq!(response.status(), 429);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-pub fn answer<B: From<String>>(
+pub fn respond<B: From<String>>(
     decided: Result<Decision, crate::Error>,
     granted: Response<B>,
 ) -> Response<B> {
     match decided {
-        Err(error) => error.unavailable().into(),
-        Ok(decision) => match decision.refusal() {
+        Err(error) => Unavailable::of(&error).into(),
+        Ok(decision) => match Refusal::of(&decision) {
             Some(refusal) => refusal.into(),
             None => {
                 let mut granted = granted;

@@ -463,13 +463,13 @@ impl CompiledRule {
     }
 
     /// Whether a request's quota can differ from the default's (tiers, a
-    /// live limit, a quota kept in the store), or a keyless request be
+    /// live limit, a stored quota), or a keyless request be
     /// counted under another name.
     pub(crate) fn varies(&self) -> bool {
         !self.tiers.is_empty()
             || self.default.keyless.is_some()
             || self.default.limit.live().is_some()
-            || self.default.limit.load().is_quota_from_store()
+            || self.default.limit.load().uses_stored_quota()
     }
 
     /// Whether the rule holds its grants until the response body ends (a

@@ -16,8 +16,8 @@ use super::after::{give_back, wait_for, After};
 use super::choose::{checks_of, choose};
 use super::future::ResponseFuture;
 use super::refusal::{after_failure, deny_listed, refused, AfterFailure};
-use super::response::Fields;
 use super::{Config, RateLimitInfo, ResponseBody};
+use crate::fields::Fields;
 use crate::limiter::Ask;
 use crate::store::Answer;
 use crate::{Decision, Grant};
@@ -169,9 +169,10 @@ impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
 /// `memcpy` call (what is rare is boxed): it is the output of the decision
 /// polled inside `call`.
 enum Step<B> {
-    /// Answer this: no key where the rule requires one, an estimate over
-    /// its cap, or the store failed and the layer fails closed.
-    Answer(Box<Response<ResponseBody<B>>>),
+    /// Reject the request with this response: no key where the rule
+    /// requires one, an estimate over its cap, or the store failed and the
+    /// layer fails closed.
+    Reject(Box<Response<ResponseBody<B>>>),
     /// Refused: answered 429 in `respond`.
     Refused(Decision),
     /// Forward the request, its [`RateLimitInfo`] already among its
@@ -211,7 +212,7 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
     }
     let chosen = match choose(config, parts) {
         Ok(chosen) => chosen,
-        Err(answer) => return Step::Answer(Box::new(answer)),
+        Err(rejected) => return Step::Reject(Box::new(rejected)),
     };
     #[cfg(feature = "resolver")]
     super::resolved::forget(parts);
@@ -248,7 +249,7 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
                     Err(_) => return pass(parts, true),
                 }
             }
-            AfterFailure::Answer(answer) => return Step::Answer(Box::new(answer)),
+            AfterFailure::Reject(rejected) => return Step::Reject(Box::new(rejected)),
             AfterFailure::Pass => return pass(parts, true),
         },
     };
@@ -258,7 +259,7 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
     if grant.refund.is_none() && grant.decision.delay().is_zero() {
         // nothing after the grant: forwarded as it is
         let decision = grant.into_decision();
-        let fields = Fields::of(&decision.without_shadow(), &config.headers);
+        let fields = decision.without_shadow().fields(&config.headers);
         let info = RateLimitInfo::new(Some(decision), store_failed);
         parts.extensions.insert(info);
         return Step::Forward(fields);
@@ -294,10 +295,10 @@ where
     ResBody: Send + 'static,
 {
     match step {
-        Step::Answer(answer) => ResponseFuture::ready(Ok(*answer)),
+        Step::Reject(rejected) => ResponseFuture::ready(Ok(*rejected)),
         Step::Refused(decision) => {
-            let answer = refused(config, &parts, &decision, &decision.without_shadow());
-            ResponseFuture::ready(Ok(answer))
+            let refused = refused(config, &parts, &decision, &decision.without_shadow());
+            ResponseFuture::ready(Ok(refused))
         }
         Step::Forward(fields) => forward(inner, parts, body, fields),
         Step::Serve(granted) => {
@@ -380,7 +381,7 @@ where
     // at their maximum hold if they set one
     let lease = refund.as_ref().and_then(|refund| refund.hold_leases());
     let shown = decision.without_shadow();
-    let mut fields = Fields::of(&shown, &config.headers);
+    let mut fields = shown.fields(&config.headers);
     // what the fields show after a refund, kept where one may follow
     let shown = (refund.is_some() && config.refunds_on_response).then(|| shown.into_owned());
     let mut request = Request::from_parts(parts, body);
@@ -402,7 +403,7 @@ where
                 (charged[j].limit.name(), amount)
             });
             shown.given_back(each);
-            fields = Fields::of(&shown, &config.headers);
+            fields = shown.fields(&config.headers);
         }
         if config.settles_after {
             let (head, body) = response.into_parts();

@@ -42,6 +42,17 @@ impl std::fmt::Debug for Name {
 }
 
 impl Name {
+    /// Counts one decision of the limit named `limit` with `outcome`, for
+    /// a caller that has the name and not the [`Limit`](crate::Limit) (a
+    /// layer's rejection): the name's keys are looked up under a lock, so
+    /// this is for answers that are not on the common path (without
+    /// metrics: nothing).
+    #[cfg_attr(not(feature = "metrics"), inline(always), allow(unused_variables))]
+    pub(crate) fn count(limit: &str, outcome: crate::metrics::Outcome) {
+        #[cfg(feature = "metrics")]
+        Name::of(limit).keys.increment(outcome);
+    }
+
     /// The one `Name` of `text`, made on its first use.
     pub(crate) fn of(text: &str) -> &'static Name {
         static NAMES: Mutex<Option<HashMap<&'static str, &'static Name>>> = Mutex::new(None);

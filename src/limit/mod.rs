@@ -24,10 +24,10 @@ use crate::ConfigError;
 /// use std::time::Duration;
 /// use tower_ratelimit::{ConfigError, Limit, Quota};
 ///
-/// let sms = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?;
+/// let sms = Limit::new("sms", Quota::per_minute(3).sliding_log())?;
 /// assert_eq!(sms.name(), "sms");
 /// assert!(matches!(
-///     Limit::new("sms", Quota::sliding_log(0, Duration::from_secs(60))),
+///     Limit::new("sms", Quota::per_minute(0).sliding_log()),
 ///     Err(ConfigError::ZeroAmount { .. })
 /// ));
 /// # Ok::<(), ConfigError>(())
@@ -45,9 +45,9 @@ pub struct Limit {
     penalty: Option<Arc<(Penalty, PenParams)>>,
     /// Shadow mode: decides and records, never refuses.
     shadow: bool,
-    /// Whether a quota kept in the store (or a key's override) decides in
-    /// place of `quota` (see [`Limit::quota_from_store`]).
-    from_store: bool,
+    /// Whether a stored quota (or a key's override) decides in place of
+    /// `quota` (see [`Limit::use_stored_quota`]).
+    stored_quota: bool,
     /// A concurrency limit: its grants are leases, given back when the
     /// work ends (see [`Limit::concurrency`]).
     leases: bool,
@@ -88,7 +88,7 @@ impl Limit {
             policy_window_us: u64::try_from(policy_window.as_micros()).unwrap_or(u64::MAX),
             penalty: None,
             shadow: false,
-            from_store: false,
+            stored_quota: false,
             leases: false,
             max_hold: None,
             hot: None,

@@ -1,5 +1,5 @@
 //! What a limit does besides counting its quota: leases (a concurrency
-//! limit), shadow mode, a quota kept in the store, a penalty, hot keys.
+//! limit), shadow mode, a stored quota, a penalty, hot keys.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,7 +54,7 @@ impl Limit {
         max: u64,
         lease: Duration,
     ) -> Result<Self, ConfigError> {
-        let mut limit = Self::new(name, Quota::sliding_log(max, lease))?;
+        let mut limit = Self::new(name, Quota::rate(max, lease).sliding_log())?;
         limit.leases = true;
         Ok(limit)
     }
@@ -148,8 +148,8 @@ impl Limit {
         self
     }
 
-    /// This limit takes its quota from the store when one is kept there for
-    /// it, shared by every instance: set with
+    /// This limit uses its stored quota when it has one: a quota kept in
+    /// the store for it, shared by every instance, set with
     /// [`Admin::set_stored_quota`](crate::Admin::set_stored_quota), and
     /// per key with [`Admin::set_override`](crate::Admin::set_override).
     /// Both are read in the round trip of each decision (no call of their
@@ -177,7 +177,7 @@ impl Limit {
     /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let reports = Limit::new("reports", Quota::per_hour(2).fixed_window())?.quota_from_store();
+    /// let reports = Limit::new("reports", Quota::per_hour(2).fixed_window())?.use_stored_quota();
     /// let store = MemoryStore::new();
     /// let (a, b) = (Limiter::new(store.clone(), reports.clone()), Limiter::new(store, reports));
     /// a.admin().set_stored_quota("reports", Quota::per_hour(10).fixed_window()).await?;
@@ -188,8 +188,8 @@ impl Limit {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub fn quota_from_store(mut self) -> Self {
-        self.from_store = true;
+    pub fn use_stored_quota(mut self) -> Self {
+        self.stored_quota = true;
         self
     }
 
@@ -307,10 +307,10 @@ impl Limit {
         self.penalty.as_ref().map(|p| &p.1)
     }
 
-    /// Whether the limit takes its quota from the store when one is kept
-    /// there (see [`quota_from_store`](Self::quota_from_store)).
-    pub fn is_quota_from_store(&self) -> bool {
-        self.from_store
+    /// Whether the limit uses its stored quota when it has one (see
+    /// [`use_stored_quota`](Self::use_stored_quota)).
+    pub fn uses_stored_quota(&self) -> bool {
+        self.stored_quota
     }
 
     /// Whether the limit is in [shadow mode](Self::shadow).

@@ -187,7 +187,7 @@ impl Limiter {
         let max_wait = i64::try_from(ask.max_wait.as_micros()).unwrap_or(i64::MAX);
         // A denial known to hold needs no round trip (not for a look, which
         // must see what the store says now; a cost over a capacity is
-        // answered "never" by the store; a quota kept in the store may be
+        // answered "never" by the store; a stored quota may be
         // raised, and a lease of a concurrency limit released, by another
         // instance at any time). A denial is cached at one cost: not for
         // checks of several costs (a layer's rules may each cost another).
@@ -196,7 +196,7 @@ impl Limiter {
             checks.iter().all(|c| {
                 c.cost == cost
                     && c.cost <= c.limit.params().capacity()
-                    && !c.limit.is_quota_from_store()
+                    && !c.limit.uses_stored_quota()
                     && !c.limit.is_concurrency()
             })
         };
@@ -301,20 +301,20 @@ impl Limiter {
             )));
         }
         let us = |us: i64| u64::try_from(us).unwrap_or(0);
-        let (verdict, wait) = match reply.outcome {
-            algorithm::Outcome::Granted => (Verdict::Allowed, us(reply.wait)),
-            algorithm::Outcome::Denied => (
+        let (verdict, wait) = match reply.verdict {
+            algorithm::VerdictCode::Granted => (Verdict::Allowed, us(reply.wait)),
+            algorithm::VerdictCode::Denied => (
                 Verdict::Denied {
                     retry_after: Duration::from_micros(us(reply.wait)),
                 },
                 0,
             ),
-            algorithm::Outcome::Never => (Verdict::CostExceedsCapacity, 0),
+            algorithm::VerdictCode::Never => (Verdict::CostExceedsCapacity, 0),
         };
         let mut decision = Decision::unbound(verdict, wait);
         for (i, (check, status)) in checks.iter().zip(&reply.limits).enumerate() {
             let limit = check.limit;
-            // a quota kept in the store, when one decided
+            // a stored quota, when one decided
             let (capacity, window_us) = match reply.stored(i) {
                 Some(params) => (
                     u64::try_from(params.capacity()).unwrap_or(0),
@@ -326,10 +326,10 @@ impl Limiter {
             let wait = status.wait();
             // (a block refuses whatever the wait allowed: it is never
             // reserved through)
-            let violated = match reply.outcome {
-                algorithm::Outcome::Never => wait.is_none(),
-                algorithm::Outcome::Denied => blocked || wait.is_some_and(|w| w > max_wait),
-                algorithm::Outcome::Granted => false,
+            let violated = match reply.verdict {
+                algorithm::VerdictCode::Never => wait.is_none(),
+                algorithm::VerdictCode::Denied => blocked || wait.is_some_and(|w| w > max_wait),
+                algorithm::VerdictCode::Granted => false,
             };
             // a limit in shadow mode never refuses
             let shadow = limit.is_shadow();

@@ -318,17 +318,21 @@ impl Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::Statuses;
+    use crate::decision::LimitStatuses;
     use crate::{Limit, ManualClock, Quota};
 
     const T0: i64 = 1_800_000_000_000_000;
 
     fn limit() -> Limit {
-        Limit::new("login", Quota::gcra(1, Duration::from_secs(60), 1)).expect("limit")
+        Limit::new("login", Quota::per_minute(1).allow_burst(1).gcra()).expect("limit")
     }
 
     fn denied(retry: Duration) -> Decision {
-        Decision::new(Verdict::Denied { retry_after: retry }, 0, Statuses::new())
+        Decision::new(
+            Verdict::Denied { retry_after: retry },
+            0,
+            LimitStatuses::new(),
+        )
     }
 
     fn cache() -> (DenyCache, ManualClock) {

@@ -1,6 +1,6 @@
 //! The programmatic API: [`Limiter`] with the decisions a request makes
 //! (`check`, `acquire`, `peek`, `take_up_to`, `reset`, ...), and beside it
-//! [`Admin`] (`admin/`), what an operator does (kept quotas, overrides,
+//! [`Admin`] (`admin/`), what an operator does (stored quotas, overrides,
 //! penalties). How a limiter is made ([`LimiterBuilder`], the limits
 //! registered on the store) is `builder.rs`.
 //!
@@ -373,7 +373,7 @@ impl Limiter {
         Ok(Lease::of(self, decision, &charged))
     }
 
-    /// The operator's handle: quotas kept in the store, per-key overrides,
+    /// The operator's handle: stored quotas, per-key overrides,
     /// blocks and inspection (see [`Admin`]).
     pub fn admin(&self) -> Admin<'_> {
         Admin { limiter: self }

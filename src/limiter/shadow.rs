@@ -6,7 +6,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::{Ask, Checks, Grant, Limiter};
-use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
+use crate::decision::{Decision, LimitStatus, LimitStatuses, Verdict};
 use crate::metrics::Outcome;
 use crate::store::Check;
 use crate::Error;
@@ -158,7 +158,7 @@ pub(super) async fn decide_ahead(
         passed
     });
     let mut enforced_statuses = std::mem::take(&mut outcome.statuses).into_iter();
-    let statuses: Statuses = checks
+    let statuses: LimitStatuses = checks
         .iter()
         .filter_map(|c| {
             if c.limit.is_shadow() {

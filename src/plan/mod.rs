@@ -84,9 +84,11 @@ impl Plan {
 }
 
 type BoxError = Box<dyn StdError + Send + Sync>;
-type Answer = Result<Option<Plan>, BoxError>;
-type Lookup = dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync;
-/// A cached answer: the plan, or `None` for a lookup key that belongs to
+/// What a lookup finds: the plan, `None` for a lookup key that belongs to
+/// no client, or the lookup's error.
+type Found = Result<Option<Plan>, BoxError>;
+type Lookup = dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = Found> + Send>> + Send + Sync;
+/// What is cached of a lookup: the plan, or `None` for a lookup key that belongs to
 /// no client (cached too).
 type Cached = Option<Arc<Plan>>;
 
@@ -238,9 +240,9 @@ impl PlanResolver {
     {
         let lookup_kind = lookup_key.key_kind();
         let lookup = move |key: Vec<u8>| {
-            let answer = lookup(key);
-            Box::pin(async move { answer.await.map_err(BoxError::from) })
-                as Pin<Box<dyn Future<Output = Answer> + Send>>
+            let found = lookup(key);
+            Box::pin(async move { found.await.map_err(BoxError::from) })
+                as Pin<Box<dyn Future<Output = Found> + Send>>
         };
         PlanResolverBuilder {
             lookup_key: Box::new(lookup_key),
@@ -297,15 +299,15 @@ impl PlanResolver {
         // request waiting for it.
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let lookup = async {
-            let answer = tokio::time::timeout_at(deadline, (inner.lookup)(key.as_bytes().to_vec()));
-            let (result, answer) = match answer.await {
+            let found = tokio::time::timeout_at(deadline, (inner.lookup)(key.as_bytes().to_vec()));
+            let (result, cached) = match found.await {
                 Ok(Ok(Some(plan))) => ("found", Ok(Some(Arc::new(plan)))),
                 Ok(Ok(None)) => ("unknown", Ok(None)),
                 Ok(Err(error)) => ("failed", Err(Failure::Failed(error))),
                 Err(_) => ("timed_out", Err(Failure::TimedOut(inner.timeout))),
             };
             count_lookup(result);
-            answer
+            cached
         };
         let cached = inner.cache.try_get_with_by_ref(key.as_bytes(), lookup);
         match tokio::time::timeout_at(deadline, cached).await {

@@ -140,11 +140,8 @@ mod tests {
 mod long_keys {
     #[test]
     fn keys_longer_than_the_bound_are_kept_as_digests() {
-        let limit = crate::Limit::new(
-            "l",
-            crate::Quota::fixed_window(1, std::time::Duration::from_secs(1)),
-        )
-        .expect("limit");
+        let limit =
+            crate::Limit::new("l", crate::Quota::per_second(1).fixed_window()).expect("limit");
         let (long, longer) = (vec![b'k'; 10_000], vec![b'k'; 10_001]);
         let checks = [
             super::Check {

@@ -126,7 +126,7 @@ pub(crate) trait Engine: Send + Sync + 'static {
     ) -> Answer<'a, Result<(), Error>>;
     /// Reads or changes the quota kept in the store for `check`'s limit:
     /// its key's override when `keyed`, else the limit's (see
-    /// [`Limit::quota_from_store`](crate::Limit::quota_from_store)).
+    /// [`Limit::use_stored_quota`](crate::Limit::use_stored_quota)).
     fn quotas<'a>(
         &'a self,
         check: &'a Check<'a>,
@@ -310,7 +310,7 @@ impl Settled {
 }
 
 /// What [`Engine::quotas`] does with a quota kept in the store (see
-/// [`Limit::quota_from_store`](crate::Limit::quota_from_store)).
+/// [`Limit::use_stored_quota`](crate::Limit::use_stored_quota)).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Quotas<'a> {
     /// Read it.

@@ -54,7 +54,6 @@ async fn main() -> Result<(), Error> {
 }
 
 async fn limited(app: Router, mode: &str, url: &str) -> Result<Router, Error> {
-    let second = Duration::from_secs(1);
     // 1000 per second per key with bursts of 65535: tower-rate-limit-redis'
     // largest capacity and 1 ms emission interval; 10k keys share the load.
     let per_key_with = |quota: Quota, headers: bool| -> Result<RateLimitLayer, Error> {
@@ -88,7 +87,12 @@ async fn limited(app: Router, mode: &str, url: &str) -> Result<Router, Error> {
         }
         "ours-mem" | "ours-mem-noheaders" => {
             // 1000 per microsecond per client IP: never reached
-            let limit = Limit::new("per-ip", Quota::gcra(1_000_000_000, second, 1_000_000_000))?;
+            let limit = Limit::new(
+                "per-ip",
+                Quota::per_second(1_000_000_000)
+                    .allow_burst(1_000_000_000)
+                    .gcra(),
+            )?;
             app.layer(
                 RateLimitLayer::builder()
                     .store(MemoryStore::new())
@@ -111,21 +115,27 @@ async fn limited(app: Router, mode: &str, url: &str) -> Result<Router, Error> {
                     .build(),
             )
         }
-        "ours-redis" => app.layer(per_key(Quota::gcra(1000, second, 65_535))?),
-        "ours-redis-noheaders" => {
-            app.layer(per_key_with(Quota::gcra(1000, second, 65_535), false)?)
-        }
-        "ours-redis-tb" => app.layer(per_key(Quota::token_bucket(65_535, 1000, second))?),
-        "ours-redis-fw" => app.layer(per_key(Quota::fixed_window(65_535, second))?),
-        "ours-redis-sw" => app.layer(per_key(Quota::sliding_window(65_535, second))?),
+        "ours-redis" => app.layer(per_key(Quota::per_second(1000).allow_burst(65_535).gcra())?),
+        "ours-redis-noheaders" => app.layer(per_key_with(
+            Quota::per_second(1000).allow_burst(65_535).gcra(),
+            false,
+        )?),
+        "ours-redis-tb" => app.layer(per_key(
+            Quota::per_second(1000).allow_burst(65_535).token_bucket(),
+        )?),
+        "ours-redis-fw" => app.layer(per_key(Quota::per_second(65_535).fixed_window())?),
+        "ours-redis-sw" => app.layer(per_key(Quota::per_second(65_535).sliding_window())?),
         // a short window keeps each key's log to the grant or two of the last second
-        "ours-redis-log" => app.layer(per_key(Quota::sliding_log(1000, second))?),
+        "ours-redis-log" => app.layer(per_key(Quota::per_second(1000).sliding_log())?),
         "ours-redis-flood" => {
             let store = RedisStore::builder(url).prefix("flood").build()?;
             app.layer(
                 RateLimitLayer::builder()
                     .store(store)
-                    .limit(Limit::new("global", Quota::gcra(10, second, 10))?, Global)
+                    .limit(
+                        Limit::new("global", Quota::per_second(10).allow_burst(10).gcra())?,
+                        Global,
+                    )
                     .timeout(Duration::from_millis(300))
                     .build()?,
             )

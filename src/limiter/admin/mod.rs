@@ -3,8 +3,8 @@
 //!
 //! A [`Limiter`]'s own methods are the decisions a request makes (`check`,
 //! `acquire`, `peek`, `take_up_to`, `reset`, ...). Managing the limits
-//! behind them lives here: the quotas kept in the store and their per-key
-//! overrides (`stored.rs`, see [`Limit::quota_from_store`](crate::Limit::quota_from_store)),
+//! behind them lives here: the stored quotas and their per-key
+//! overrides (`stored.rs`, see [`Limit::use_stored_quota`](crate::Limit::use_stored_quota)),
 //! and the penalties and bans (`penalties.rs`, see
 //! [`Limit::with_penalty`](crate::Limit::with_penalty)): block, unblock, inspect. Each
 //! operation names the limit it acts on.
@@ -18,14 +18,14 @@ mod stored;
 pub use self::penalties::Inspection;
 use super::Limiter;
 
-/// The operator's handle on a [`Limiter`]: kept quotas, overrides,
+/// The operator's handle on a [`Limiter`]: stored quotas, overrides,
 /// penalties; from [`Limiter::admin`].
 ///
 /// ```
 /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let limit = Limit::new("reports", Quota::per_hour(10).fixed_window())?.quota_from_store();
+/// let limit = Limit::new("reports", Quota::per_hour(10).fixed_window())?.use_stored_quota();
 /// let limiter = Limiter::new(MemoryStore::new(), limit);
 /// let admin = limiter.admin();
 /// admin.set_stored_quota("reports", Quota::per_hour(500).fixed_window()).await?;

@@ -1,5 +1,5 @@
 //! Penalties and bans (see [`Limit::with_penalty`]): block, unblock and inspect
-//! a key, each naming the limit, as the kept quotas' operations do.
+//! a key, each naming the limit, as the stored quotas' operations do.
 
 use std::time::Duration;
 

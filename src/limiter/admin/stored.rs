@@ -1,5 +1,5 @@
-//! Quotas kept in the store, shared by every instance (see
-//! [`Limit::quota_from_store`]): a limit's, and per key, an override.
+//! Stored quotas, shared by every instance (see
+//! [`Limit::use_stored_quota`]): a limit's, and per key, an override.
 
 use std::time::Duration;
 
@@ -7,9 +7,9 @@ use super::Admin;
 use crate::store::{Check, Deadline, Quotas, Quoted};
 use crate::{ConfigError, Error, Limit, Quota};
 
-/// The check that names where `own`'s kept quota is: `key`'s override, or
-/// (no key) the limit's.
-fn kept_check<'a>(own: &'a Limit, key: Option<&'a [u8]>) -> Check<'a> {
+/// The check that names where `own`'s stored quota is: `key`'s override,
+/// or (no key) the limit's.
+fn stored_check<'a>(own: &'a Limit, key: Option<&'a [u8]>) -> Check<'a> {
     Check {
         limit: own,
         key: key.unwrap_or_default(),
@@ -22,10 +22,10 @@ fn kept_check<'a>(own: &'a Limit, key: Option<&'a [u8]>) -> Check<'a> {
 const STORED_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Admin<'_> {
-    /// This limiter's limit named `name`, if it takes its quota from the
-    /// store (and `key`, when given, is not empty); with `quota`, also that
-    /// quota as the limit (validated, of the limit's algorithm).
-    fn kept(
+    /// This limiter's limit named `name`, if it uses a stored quota (and
+    /// `key`, when given, is not empty); with `quota`, also that quota as
+    /// the limit (validated, of the limit's algorithm).
+    fn stored_limit(
         &self,
         name: &str,
         key: Option<&[u8]>,
@@ -36,11 +36,11 @@ impl Admin<'_> {
             .limiter
             .limits()
             .into_iter()
-            .find(|l| l.name() == name && l.is_quota_from_store())
+            .find(|l| l.name() == name && l.uses_stored_quota())
         else {
-            return Err(ConfigError::Stored(format!(
-                "the limiter has no limit {name:?} that takes its quota from the store \
-                 (see Limit::quota_from_store)"
+            return Err(ConfigError::StoredQuota(format!(
+                "the limiter has no limit {name:?} that uses a stored quota \
+                 (see Limit::use_stored_quota)"
             ))
             .into());
         };
@@ -48,7 +48,7 @@ impl Admin<'_> {
             return Ok((own, None));
         };
         if quota.algorithm() != own.quota().algorithm() {
-            return Err(ConfigError::Stored(format!(
+            return Err(ConfigError::StoredQuota(format!(
                 "limit {name:?} uses the {} algorithm, the quota the {}: a stored quota \
                  keeps the limit's algorithm (its state)",
                 own.quota().algorithm(),
@@ -57,18 +57,18 @@ impl Admin<'_> {
             .into());
         }
         if quota.calendar().is_some() {
-            // its code is negative on the wire, where a kept quota's
+            // its code is negative on the wire, where a stored quota's
             // parameters are digits (`Params::from_stored`, `valid_kept`)
-            return Err(ConfigError::Stored(format!(
-                "limit {name:?}: a calendar quota cannot be kept in the store"
+            return Err(ConfigError::StoredQuota(format!(
+                "limit {name:?}: a calendar quota cannot be a stored quota"
             ))
             .into());
         }
-        let mut kept = Limit::new(name, quota)?.quota_from_store();
+        let mut stored = Limit::new(name, quota)?.use_stored_quota();
         if own.is_shadow() {
-            kept = kept.shadow();
+            stored = stored.shadow();
         }
-        Ok((own, Some(kept)))
+        Ok((own, Some(stored)))
     }
 
     fn stored_deadline(&self) -> Deadline {
@@ -76,8 +76,8 @@ impl Admin<'_> {
     }
 
     async fn read(&self, name: &str, key: Option<&[u8]>) -> Result<Option<Quota>, Error> {
-        let (own, _) = self.kept(name, key, None)?;
-        let check = kept_check(&own, key);
+        let (own, _) = self.stored_limit(name, key, None)?;
+        let check = stored_check(&own, key);
         let store = &self.limiter.inner.store;
         let deadline = self.stored_deadline();
         let read = store
@@ -97,8 +97,8 @@ impl Admin<'_> {
         ttl: Option<Duration>,
         if_absent: bool,
     ) -> Result<bool, Error> {
-        let (own, kept) = self.kept(name, key, quota)?;
-        let change = match &kept {
+        let (own, stored) = self.stored_limit(name, key, quota)?;
+        let change = match &stored {
             Some(limit) => Quotas::Keep {
                 limit,
                 ttl,
@@ -106,7 +106,7 @@ impl Admin<'_> {
             },
             None => Quotas::Remove,
         };
-        let check = kept_check(&own, key);
+        let check = stored_check(&own, key);
         let store = &self.limiter.inner.store;
         let deadline = self.stored_deadline();
         let written = store
@@ -118,17 +118,17 @@ impl Admin<'_> {
         }
     }
 
-    /// The quota kept in the store for the limit `limit` (Redisson's
+    /// The stored quota of the limit `limit` (Redisson's
     /// `getConfig`), if any: an equal one (a bucket's rate and period in
-    /// lowest terms). See [`Limit::quota_from_store`].
+    /// lowest terms). See [`Limit::use_stored_quota`].
     pub async fn stored_quota(self, limit: &str) -> Result<Option<Quota>, Error> {
         self.read(limit, None).await
     }
 
-    /// Keeps `quota` in the store for the limit `limit` (Redisson's
+    /// Stores `quota` as the stored quota of the limit `limit` (Redisson's
     /// `setRate`): every instance's next decision of that limit uses it,
-    /// for every key without an override. The limit must take its quota from
-    /// the store ([`Limit::quota_from_store`]) and `quota` must be valid and
+    /// for every key without an override. The limit must use a stored
+    /// quota ([`Limit::use_stored_quota`]) and `quota` must be valid and
     /// of the limit's algorithm ([`Error::Config`] otherwise). State carries
     /// over as in a rolling deploy.
     ///
@@ -141,8 +141,8 @@ impl Admin<'_> {
         Ok(())
     }
 
-    /// [`set_stored_quota`](Self::set_stored_quota) unless a quota is kept
-    /// already (Redisson's `trySetRate`); whether it was set.
+    /// [`set_stored_quota`](Self::set_stored_quota) unless the limit has a
+    /// stored quota already (Redisson's `trySetRate`); whether it was set.
     pub async fn set_stored_quota_if_absent(
         self,
         limit: &str,
@@ -151,8 +151,8 @@ impl Admin<'_> {
         self.write(limit, None, Some(quota), None, true).await
     }
 
-    /// Removes the quota kept for the limit `limit`: its own quota decides
-    /// again, state carried over. Whether one was kept.
+    /// Removes the stored quota of the limit `limit`: its own quota decides
+    /// again, state carried over. Whether there was one.
     pub async fn remove_stored_quota(self, limit: &str) -> Result<bool, Error> {
         self.write(limit, None, None, None, false).await
     }

@@ -42,7 +42,7 @@ mod refill;
 
 use super::{Checks, Limiter};
 use crate::clock::Clock;
-use crate::decision::{Decision, LimitStatus, Statuses, Verdict};
+use crate::decision::{Decision, LimitStatus, LimitStatuses, Verdict};
 use crate::metrics::Outcome;
 use crate::store::{keys, Check};
 use crate::{Error, Limit};
@@ -316,7 +316,7 @@ impl HotPools {
         decision: Decision,
         local: impl IntoIterator<Item = (usize, LimitStatus)>,
     ) -> Decision {
-        let mut statuses: Statuses = decision.statuses().iter().cloned().collect();
+        let mut statuses: LimitStatuses = decision.statuses().iter().cloned().collect();
         for (i, status) in local {
             statuses.insert(i.min(statuses.len()), status);
         }

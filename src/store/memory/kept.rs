@@ -1,4 +1,4 @@
-//! Quotas kept in the store (see `Limit::quota_from_store`): a limit's, in
+//! Quotas kept in the store (see `Limit::use_stored_quota`): a limit's, in
 //! a map swapped whole on a change (read without a lock), and a key's
 //! override, in the shard of the key beside its state (an ended one is
 //! dropped when looked up, or by the background sweep, `reclaim.rs`).
@@ -83,7 +83,7 @@ impl Inner {
 /// Whether `check`'s quota may be kept in the store.
 #[inline(always)]
 pub(super) fn may_be_kept(check: &Check<'_>) -> bool {
-    check.limit.is_quota_from_store()
+    check.limit.uses_stored_quota()
 }
 
 /// What an operation answers, told which kept quotas decided (see
@@ -136,7 +136,7 @@ impl MemoryStore {
             .iter()
             .map(|c| {
                 c.limit
-                    .is_quota_from_store()
+                    .uses_stored_quota()
                     .then(|| self.inner.kept_for(c, now))
                     .flatten()
             })
@@ -264,7 +264,7 @@ mod tests {
         let limit = |n| {
             Limit::new("l", Quota::per_minute(n).fixed_window())
                 .expect("limit")
-                .quota_from_store()
+                .use_stored_quota()
         };
         let (own, kept) = (limit(1), limit(5));
         let check = Check {

@@ -52,7 +52,7 @@ struct Inner {
     #[cfg(feature = "metrics")]
     size_gauge: crate::metrics::SizeGauge,
     shared: super::Shared,
-    /// Quotas kept in the store (see `Limit::quota_from_store`).
+    /// Quotas kept in the store (see `Limit::use_stored_quota`).
     kept: kept::Kept,
     /// Penalty states, by the shard of their key (see `penalized.rs`).
     pens: Box<[Mutex<penalized::Pens>]>,
@@ -124,7 +124,7 @@ impl Inner {
 /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let limit = Limit::new("sms", Quota::sliding_log(3, Duration::from_secs(60)))?;
+/// let limit = Limit::new("sms", Quota::per_minute(3).sliding_log())?;
 /// let limiter = Limiter::new(MemoryStore::new(), limit);
 /// for _ in 0..3 {
 ///     assert!(limiter.check("+15550100", 1).await?.is_allowed());
@@ -375,7 +375,7 @@ mod tests {
     /// decides it (in one-element arrays, see `decide.rs`) or several do.
     #[test]
     fn a_long_key_is_stored_bounded_on_every_path() {
-        let quota = || Quota::gcra(10, Duration::from_secs(1), 10);
+        let quota = || Quota::per_second(10).allow_burst(10).gcra();
         let one = Limit::new("one", quota()).expect("limit");
         let two = Limit::new("two", quota()).expect("limit");
         let long = vec![b'k'; 10_000];
@@ -436,8 +436,8 @@ mod several_shards {
     /// limit leaves the other's state as it was.
     #[test]
     fn a_decision_over_keys_in_one_shard_or_two_is_all_or_nothing() {
-        let one = Limit::new("one", Quota::gcra(1, Duration::from_secs(60), 1)).expect("limit");
-        let three = Limit::new("three", Quota::gcra(3, Duration::from_secs(60), 3)).expect("limit");
+        let one = Limit::new("one", Quota::per_minute(1).allow_burst(1).gcra()).expect("limit");
+        let three = Limit::new("three", Quota::per_minute(3).allow_burst(3).gcra()).expect("limit");
         for same in [true, false] {
             let store = MemoryStore::new();
             let (a, b) = keys(&store, same);

@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use super::key::{Hasher, Key};
 use super::share::{Kind, Usage};
 use super::{lock, Inner, MemoryStore, SHARDS};
-use crate::algorithm::{Outcome, Reply, Status};
+use crate::algorithm::{Reply, Status, VerdictCode};
 use crate::penalty::{PenParams, PenState};
 use crate::store::Check;
 use crate::store::Penalty;
@@ -534,7 +534,7 @@ impl MemoryStore {
                 // one limit, blocked: its quota is not consulted
                 let left = lefts.first().copied().flatten().unwrap_or(0);
                 let reply = Reply {
-                    outcome: Outcome::Denied,
+                    verdict: VerdictCode::Denied,
                     wait: left,
                     now: store_now,
                     limits: smallvec::smallvec![Status::Blocked { left }],
@@ -552,7 +552,7 @@ impl MemoryStore {
             return ran;
         };
         let reply = ran.reply();
-        if dry || reply.outcome != Outcome::Denied {
+        if dry || reply.verdict != VerdictCode::Denied {
             return ran;
         }
         // count a refusal for each penalized limit that refused
@@ -636,7 +636,7 @@ fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
         }
     }
     if reply.limits.iter().any(|l| l.wait().is_none()) {
-        (reply.outcome, reply.wait) = (Outcome::Never, -1);
+        (reply.verdict, reply.wait) = (VerdictCode::Never, -1);
     } else {
         let wait = reply
             .limits
@@ -644,7 +644,7 @@ fn block_statuses(reply: &mut Reply, lefts: &[Option<i64>]) {
             .filter_map(Status::wait)
             .max()
             .unwrap_or(0);
-        (reply.outcome, reply.wait) = (Outcome::Denied, wait);
+        (reply.verdict, reply.wait) = (VerdictCode::Denied, wait);
     }
 }
 
@@ -664,7 +664,7 @@ mod tests {
         let minute = Duration::from_secs(60);
         let clock = ManualClock::new(1_800_000_000_000_000);
         let store = MemoryStore::with_clock(clock.clone());
-        let limit = Limit::new("l", Quota::fixed_window(1, minute))
+        let limit = Limit::new("l", Quota::rate(1, minute).fixed_window())
             .expect("limit")
             .with_penalty(
                 Penalty::new(1, minute, [minute])

@@ -421,14 +421,15 @@ mod tests {
         let hasher = Hasher(foldhash::quality::RandomState::default());
         let now = 1_800_000_000_000_000;
         for quota in [
-            Quota::sliding_log(10, minute),
-            Quota::token_bucket(10, 10, minute),
-            Quota::gcra(10, minute, 10),
-            Quota::fixed_window(10, minute),
-            Quota::sliding_window(10, minute),
+            Quota::rate(10, minute).sliding_log(),
+            Quota::rate(10, minute).allow_burst(10).token_bucket(),
+            Quota::rate(10, minute).allow_burst(10).gcra(),
+            Quota::rate(10, minute).fixed_window(),
+            Quota::rate(10, minute).sliding_window(),
         ] {
             let limit = Limit::new("l", quota).expect("limit");
-            let other = Limit::new("o", Quota::gcra(100, minute, 100)).expect("limit");
+            let other =
+                Limit::new("o", Quota::rate(100, minute).allow_burst(100).gcra()).expect("limit");
             let limits = Limits::default();
             let mut shard = Shard::default();
             let (t, o) = (shard.table(&limit, &limits), shard.table(&other, &limits));

@@ -25,7 +25,7 @@
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use crate::algorithm::{Outcome, Params, Reply, Status, Statuses};
+use crate::algorithm::{Params, Reply, Status, Statuses, VerdictCode};
 use crate::store::{keys, Answer, Check, Deadline, Engine, Settle, Settled};
 use crate::Error;
 
@@ -157,15 +157,15 @@ impl<'a> Split<'a> {
         for reply in replies {
             reply?;
         }
-        let (outcome, wait) = if never {
-            (Outcome::Never, -1)
+        let (verdict, wait) = if never {
+            (VerdictCode::Never, -1)
         } else if wait > 0 {
-            (Outcome::Denied, wait)
+            (VerdictCode::Denied, wait)
         } else {
-            (Outcome::Granted, 0)
+            (VerdictCode::Granted, 0)
         };
         Ok(Reply {
-            outcome,
+            verdict,
             wait,
             now,
             limits,
@@ -190,7 +190,7 @@ pub(super) const SLOTS: u16 = 16384;
 
 /// A hash tag for each slot (`{n}` for the smallest number n that lands
 /// there): where a quota kept in the store is copied, once per slot, so
-/// that a decision finds it in its own slot (see `Limit::quota_from_store`).
+/// that a decision finds it in its own slot (see `Limit::use_stored_quota`).
 pub(super) fn slot_tag(of: u16) -> &'static str {
     static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     let tags = TAGS.get_or_init(|| {

@@ -140,7 +140,7 @@ impl Encoder {
             for part in check.limit.params().algorithm().key_parts() {
                 tag = Some(out.push_key(prefix, tag, check.key, name, part.as_bytes()));
             }
-            if configured && check.limit.is_quota_from_store() {
+            if configured && check.limit.uses_stored_quota() {
                 let written = tag.clone().and_then(|t| out.buf.get(t));
                 let hash = self.quota_key(check.limit.name(), written.unwrap_or_default());
                 out.keys.push(out.buf.len()..out.buf.len() + hash.len());
@@ -339,7 +339,7 @@ fn write_limit(out: &mut Vec<u8>, limit: &Limit, digits: &mut itoa::Buffer) {
         }
         out.push(b';');
     }
-    if limit.is_quota_from_store() {
+    if limit.uses_stored_quota() {
         out.push(b'c');
     }
     write_stored_form(out, limit.params(), digits);
@@ -398,8 +398,8 @@ mod tests {
     fn encoded_keys_and_arguments_name_every_key_of_every_check() {
         let encoder = encoder();
         let minute = Duration::from_secs(60);
-        let log = Limit::new("log", Quota::sliding_log(3, minute)).expect("limit");
-        let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
+        let log = Limit::new("log", Quota::rate(3, minute).sliding_log()).expect("limit");
+        let gcra = Limit::new("g", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
         let checks = [
             check(&log, b"a}:{b", 1),
             check(&gcra, b"a}:{b", 1),
@@ -434,10 +434,10 @@ mod tests {
     fn a_key_shared_with_a_limit_whose_quota_is_kept_keeps_its_tag() {
         let encoder = encoder();
         let minute = Duration::from_secs(60);
-        let kept = Limit::new("a", Quota::gcra(1, minute, 2))
+        let kept = Limit::new("a", Quota::rate(1, minute).allow_burst(2).gcra())
             .expect("limit")
-            .quota_from_store();
-        let own = Limit::new("b", Quota::gcra(1, minute, 2)).expect("limit");
+            .use_stored_quota();
+        let own = Limit::new("b", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
         let checks = [check(&kept, b"k", 1), check(&own, b"k", 1)];
         let decided = encoder.keys(&checks, true);
         let expected: [&[u8]; 3] = [b"p:{k}:a:gcra", b"p:q:a", b"p:{k}:b:gcra"];
@@ -452,7 +452,7 @@ mod tests {
     fn a_batch_sends_the_arguments_of_a_run_once() {
         let encoder = encoder();
         let minute = Duration::from_secs(60);
-        let gcra = Limit::new("g", Quota::gcra(1, minute, 2)).expect("limit");
+        let gcra = Limit::new("g", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
         let one = |key, cost| encoder.decide(&[check(&gcra, key, cost)], 0, false);
         let parts = [one(b"a", 1), one(b"b", 1), one(b"c", 2), one(b"d", 1)];
         let batch = Encoded::batch(&parts.iter().collect::<Vec<_>>());

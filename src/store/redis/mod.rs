@@ -118,7 +118,7 @@ struct Inner {
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::builder("redis://127.0.0.1:6379").prefix("myapp-rl").build()?;
-/// let limit = Limit::new("login", Quota::gcra(5, Duration::from_secs(60), 5))?;
+/// let limit = Limit::new("login", Quota::per_minute(5).allow_burst(5).gcra())?;
 /// let limiter = Limiter::new(store, limit);
 /// let decision = limiter.check("user-42", 1).await?;
 /// # let _ = decision; Ok(()) }

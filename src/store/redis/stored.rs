@@ -1,7 +1,7 @@
 //! The Redis engine's admin operations: the quotas kept in the store and
 //! the keys' penalty states, read and changed by hand.
 //!
-//! Quotas kept in Redis (see `Limit::quota_from_store`): one hash per limit,
+//! Quotas kept in Redis (see `Limit::use_stored_quota`): one hash per limit,
 //! `<prefix>:q:<limit>` (on a cluster, one per slot, see
 //! `Encoder::quota_key`), field `""` the limit's quota (on a cluster,
 //! copied to every slot's hash), and per key an override, under the key's

@@ -48,7 +48,7 @@ async fn main() -> Result<(), Error> {
         ))
     };
     let limit = match hot {
-        None => Limit::new("api", Quota::gcra(1000, Duration::from_secs(1), 65_535))?,
+        None => Limit::new("api", Quota::per_second(1000).allow_burst(65_535).gcra())?,
         Some(permits) => {
             let global = Limit::new("api", Quota::per_second(100_000_000).gcra())?;
             if permits > 0 {

@@ -4,7 +4,6 @@
 //! instructions go (no sockets, no HTTP parsing).
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -36,7 +35,9 @@ async fn main() -> Result<(), Error> {
         _ => {
             let limit = Limit::new(
                 "per-ip",
-                Quota::gcra(1_000_000_000, Duration::from_secs(1), 1_000_000_000),
+                Quota::per_second(1_000_000_000)
+                    .allow_burst(1_000_000_000)
+                    .gcra(),
             )?;
             app.layer(
                 RateLimitLayer::builder()
