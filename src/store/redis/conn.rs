@@ -62,6 +62,7 @@ impl Live {
     }
 }
 
+#[derive(Default)]
 struct Lane {
     live: Mutex<Option<Live>>,
     /// How many answers this lane's connections have received: a request
@@ -79,8 +80,6 @@ impl Lane {
 /// The connections a store multiplexes its requests over, and their health.
 pub(super) struct Lanes {
     connector: Connector,
-    /// Whether the connections route by slot over several nodes.
-    cluster: bool,
     lanes: Box<[Lane]>,
     generation: AtomicU64,
     /// Failures since the last success (requests and connection attempts).
@@ -111,14 +110,8 @@ pub(super) enum Landing<T> {
 impl Lanes {
     pub(super) fn new(connector: Connector, lanes: usize) -> Arc<Lanes> {
         Arc::new(Lanes {
-            cluster: connector.is_cluster(),
             connector,
-            lanes: (0..lanes)
-                .map(|_| Lane {
-                    live: Mutex::new(None),
-                    answers: AtomicU64::new(0),
-                })
-                .collect(),
+            lanes: (0..lanes).map(|_| Lane::default()).collect(),
             generation: AtomicU64::new(0),
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
@@ -130,7 +123,7 @@ impl Lanes {
     /// Whether the connections route by slot over several nodes.
     #[cfg(feature = "cluster")]
     pub(super) fn is_cluster(&self) -> bool {
-        self.cluster
+        self.connector.is_cluster()
     }
 
     pub(super) fn len(&self) -> usize {
@@ -405,7 +398,7 @@ impl Flight<'_> {
             // left is newer news than its silence: requests that were in
             // flight on the silent connections, timed out after the
             // recovery, must not open the circuit again
-            if !self.lanes.cluster
+            if !self.lanes.connector.is_cluster()
                 && self.lanes.generation.load(Ordering::Relaxed) == self.installed
             {
                 self.lanes.failed();
