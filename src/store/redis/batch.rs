@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 
 use super::encode::Encoded;
 use super::RedisStore;
-use crate::store::Deadline;
+use crate::store::{Check, Deadline};
 use crate::Error;
 
 /// The most decisions one call carries: one call runs its decisions one
@@ -41,10 +41,17 @@ const MAX_BATCH: usize = 64;
 /// further with up to sixteen.
 const GATHER_YIELDS: usize = 4;
 
-/// The decisions waiting for the call in flight, per cluster slot (a call's
-/// keys share one; on one server, all are slot 0).
-#[derive(Default)]
-pub(super) struct Batcher {
+/// The Redis engine's coalescer: whether decisions are coalesced, and
+/// the decisions waiting for the call in flight, per cluster slot (a
+/// call's keys share one; on one server, all are slot 0).
+pub(super) struct Coalescer {
+    /// Whether decisions are coalesced (see
+    /// [`RedisStoreBuilder::coalesce_decisions`](super::RedisStoreBuilder::coalesce_decisions)).
+    on: bool,
+    /// Whether calls route by slot over a cluster's nodes: batches form
+    /// per slot then.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    per_slot: bool,
     slots: Mutex<HashMap<u16, State>>,
 }
 
@@ -62,41 +69,31 @@ struct Waiter {
     reply: oneshot::Sender<Result<Vec<u8>, Error>>,
 }
 
-impl Batcher {
-    /// Runs `f` on `slot`'s state, which is dropped once idle (a cluster's
-    /// slots come and go with their keys).
-    fn with<R>(&self, slot: u16, f: impl FnOnce(&mut State) -> R) -> R {
-        let mut slots = crate::store::lock(&self.slots);
-        let state = slots.entry(slot).or_default();
-        let result = f(state);
-        if !state.busy && state.waiting.is_empty() {
-            slots.remove(&slot);
+impl Coalescer {
+    pub(super) fn new(on: bool, per_slot: bool) -> Self {
+        Self {
+            on,
+            per_slot,
+            slots: Mutex::default(),
         }
-        result
     }
-}
 
-/// Marks the end of a flight when dropped, landed or abandoned: the
-/// decisions that arrived meanwhile go out then.
-struct InFlight<'a>(&'a RedisStore, u16);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.landed(self.1);
-    }
-}
-
-impl RedisStore {
-    /// The reply to a decision's call `encoded`, whose keys lie in `slot`:
-    /// sent at once when nothing is in flight there, else in the next batch.
-    pub(super) async fn decide_coalesced(
+    /// The reply to `encoded`, the call of a decision over `checks` (whose
+    /// keys share a slot), sent by `store`: at once when decisions are not
+    /// coalesced or none is in flight in its slot, else in the next batch.
+    pub(super) async fn decide(
         &self,
+        store: &RedisStore,
+        checks: &[Check<'_>],
         encoded: Encoded,
-        slot: u16,
         deadline: Deadline,
     ) -> Result<Vec<u8>, Error> {
+        if !self.on {
+            return store.call(&encoded, deadline).await;
+        }
+        let slot = self.slot(checks);
         // queued behind the call in flight, or sent now (`Err`: nothing is)
-        let queued = self.inner.batcher.with(slot, |state| {
+        let queued = self.with(slot, |state| {
             if state.busy {
                 let (reply, receiver) = oneshot::channel();
                 state.waiting.push(Waiter {
@@ -116,18 +113,55 @@ impl RedisStore {
                 deadline.bound(reply).await
             }
             Err(encoded) => {
-                let _flight = InFlight(self, slot);
-                self.call(&encoded, deadline).await
+                let _flight = InFlight(self, store, slot);
+                store.call(&encoded, deadline).await
             }
         }
     }
 
+    /// The slot whose batch a decision over `checks` joins.
+    fn slot(&self, checks: &[Check<'_>]) -> u16 {
+        #[cfg(feature = "cluster")]
+        if self.per_slot {
+            let first = checks
+                .first()
+                .map(|check| crate::store::keys::tag(check.key));
+            return first.map_or(0, super::cluster::slot);
+        }
+        let _ = checks;
+        0
+    }
+
+    /// Runs `f` on `slot`'s state, which is dropped once idle (a cluster's
+    /// slots come and go with their keys).
+    fn with<R>(&self, slot: u16, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut slots = crate::store::lock(&self.slots);
+        let state = slots.entry(slot).or_default();
+        let result = f(state);
+        if !state.busy && state.waiting.is_empty() {
+            slots.remove(&slot);
+        }
+        result
+    }
+}
+
+/// Marks the end of a flight when dropped, landed or abandoned: the
+/// decisions that arrived meanwhile go out then.
+struct InFlight<'a>(&'a Coalescer, &'a RedisStore, u16);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.landed(self.1, self.2);
+    }
+}
+
+impl Coalescer {
     /// A flight landed: the decisions that arrived meanwhile go out as one
     /// batch, on a task of their own (the caller whose call landed is not
     /// held up), which sends the next batch when it lands, and so on until
     /// none is waiting.
-    fn landed(&self, slot: u16) {
-        let waiting = self.inner.batcher.with(slot, |state| {
+    fn landed(&self, store: &RedisStore, slot: u16) {
+        let waiting = self.with(slot, |state| {
             if state.waiting.is_empty() {
                 state.busy = false;
             }
@@ -137,9 +171,9 @@ impl RedisStore {
             return;
         }
         // (a runtime gone before the task ran drops it, and the driver
-        // with it, which frees the batcher)
+        // with it, which frees the coalescer)
         let driver = Driver {
-            store: self.clone(),
+            store: store.clone(),
             slot,
             done: false,
         };
@@ -148,23 +182,28 @@ impl RedisStore {
             Err(_) => drop(driver),
         }
     }
+
+    /// How many decisions wait in `slot`.
+    fn waiting(&self, slot: u16) -> usize {
+        self.with(slot, |state| state.waiting.len())
+    }
 }
 
 /// Sends the batches while decisions keep arriving. Dropped before it is
-/// done (its task cancelled, its runtime shut down), it frees the batcher:
+/// done (its task cancelled, its runtime shut down), it frees the coalescer:
 /// the decisions still waiting fail (their replies are dropped), and the
 /// next decision goes out at once.
 struct Driver {
     store: RedisStore,
     slot: u16,
-    /// Nothing was left waiting when it stopped: the batcher is free.
+    /// Nothing was left waiting when it stopped: the coalescer is free.
     done: bool,
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
         if !self.done {
-            self.store.inner.batcher.with(self.slot, |state| {
+            self.store.inner.coalescer.with(self.slot, |state| {
                 state.busy = false;
                 state.waiting.clear();
             });
@@ -189,28 +228,23 @@ impl Driver {
     /// a driver), and a driver starts as if the last call was full.
     async fn send_batches(mut self) {
         let store = self.store.clone();
+        let coalescer = &store.inner.coalescer;
         // how many decisions the last call carried (a full call before the first)
         let mut last = MAX_BATCH;
         loop {
-            let ready = store
-                .inner
-                .batcher
-                .with(self.slot, |state| state.waiting.len());
+            let ready = coalescer.waiting(self.slot);
             let yields = if 2 * ready >= last { 0 } else { GATHER_YIELDS };
             // yields while the batch grows (a few times at most)
             let mut gathered = 0;
             for _ in 0..yields {
                 tokio::task::yield_now().await;
-                let now = store
-                    .inner
-                    .batcher
-                    .with(self.slot, |state| state.waiting.len());
+                let now = coalescer.waiting(self.slot);
                 if now == gathered || now >= MAX_BATCH {
                     break;
                 }
                 gathered = now;
             }
-            let mut waiting = store.inner.batcher.with(self.slot, |state| {
+            let mut waiting = coalescer.with(self.slot, |state| {
                 if state.waiting.is_empty() {
                     state.busy = false;
                 }
@@ -228,10 +262,10 @@ impl Driver {
                 let rest = waiting.split_off(MAX_BATCH);
                 let batch = std::mem::replace(&mut waiting, rest);
                 let store = store.clone();
-                calls.push(tokio::spawn(async move { store.send_batch(batch).await }));
+                calls.push(tokio::spawn(async move { send_batch(&store, batch).await }));
             }
             if !waiting.is_empty() {
-                store.send_batch(std::mem::take(&mut waiting)).await;
+                send_batch(&store, std::mem::take(&mut waiting)).await;
             }
             for call in calls {
                 let _ = call.await;
@@ -240,37 +274,36 @@ impl Driver {
     }
 }
 
-impl RedisStore {
-    async fn send_batch(&self, mut waiting: Vec<Waiter>) {
-        // the batch may take as long as its most patient decision
-        let deadline = waiting
-            .iter()
-            .map(|w| w.deadline)
-            .max_by_key(|d| d.at())
-            .unwrap_or_else(|| Deadline::after(std::time::Duration::ZERO).start());
-        if let [waiter] = waiting.as_mut_slice() {
-            let result = self.call(&waiter.encoded, deadline).await;
-            if let Some(waiter) = waiting.pop() {
-                let _ = waiter.reply.send(result);
-            }
-            return;
+/// Sends `waiting` as one call over `store`, and each decision its reply.
+async fn send_batch(store: &RedisStore, mut waiting: Vec<Waiter>) {
+    // the batch may take as long as its most patient decision
+    let deadline = waiting
+        .iter()
+        .map(|w| w.deadline)
+        .max_by_key(|d| d.at())
+        .unwrap_or_else(|| Deadline::after(std::time::Duration::ZERO).start());
+    if let [waiter] = waiting.as_mut_slice() {
+        let result = store.call(&waiter.encoded, deadline).await;
+        if let Some(waiter) = waiting.pop() {
+            let _ = waiter.reply.send(result);
         }
-        let parts: Vec<&Encoded> = waiting.iter().map(|w| &w.encoded).collect();
-        let batch = Encoded::batch(&parts);
-        let replies = self
-            .call(&batch, deadline)
-            .await
-            .and_then(|packed| split(&packed, waiting.len()));
-        match replies {
-            Ok(replies) => {
-                for (waiter, reply) in waiting.into_iter().zip(replies) {
-                    let _ = waiter.reply.send(reply);
-                }
+        return;
+    }
+    let parts: Vec<&Encoded> = waiting.iter().map(|w| &w.encoded).collect();
+    let batch = Encoded::batch(&parts);
+    let replies = store
+        .call(&batch, deadline)
+        .await
+        .and_then(|packed| split(&packed, waiting.len()));
+    match replies {
+        Ok(replies) => {
+            for (waiter, reply) in waiting.into_iter().zip(replies) {
+                let _ = waiter.reply.send(reply);
             }
-            Err(error) => {
-                for waiter in waiting {
-                    let _ = waiter.reply.send(Err(error.clone()));
-                }
+        }
+        Err(error) => {
+            for waiter in waiting {
+                let _ = waiter.reply.send(Err(error.clone()));
             }
         }
     }
@@ -321,13 +354,19 @@ fn failed(text: &[u8]) -> Error {
 mod tests {
     use super::split;
 
-    #[test]
-    fn a_batch_reply_splits_into_its_decisions_replies() {
+    /// A batch's reply: each of `replies` after its length.
+    fn packed(replies: &[&[u8]]) -> Vec<u8> {
         let mut packed = Vec::new();
-        for reply in [&b"abc"[..], b"", b"de"] {
+        for reply in replies {
             packed.extend_from_slice(&(reply.len() as f64).to_le_bytes());
             packed.extend_from_slice(reply);
         }
+        packed
+    }
+
+    #[test]
+    fn a_batch_reply_splits_into_its_decisions_replies() {
+        let packed = packed(&[b"abc", b"", b"de"]);
         let replies = split(&packed, 3).expect("three replies");
         let replies: Vec<_> = replies.into_iter().map(Result::unwrap).collect();
         assert_eq!(replies, [b"abc".to_vec(), Vec::new(), b"de".to_vec()]);
@@ -338,11 +377,7 @@ mod tests {
 
     #[test]
     fn a_decision_the_library_failed_on_fails_alone() {
-        let mut packed = Vec::new();
-        for reply in [&b"\0abc"[..], b"!table index is NaN", b"\0de"] {
-            packed.extend_from_slice(&(reply.len() as f64).to_le_bytes());
-            packed.extend_from_slice(reply);
-        }
+        let packed = packed(&[b"\0abc", b"!table index is NaN", b"\0de"]);
         let replies = split(&packed, 3).expect("three replies");
         assert_eq!(replies[0].as_deref().ok(), Some(&b"\0abc"[..]));
         let error = replies[1].as_ref().expect_err("the second failed");

@@ -1,16 +1,18 @@
 //! Configuring a [`RedisStore`]: what it connects to (one server, a
 //! cluster, Sentinel), with what prefix, lanes, clock and certificates.
 
-use std::sync::atomic::{AtomicBool, AtomicU8};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, Runtime};
 use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 
+use super::batch::Coalescer;
 use super::conn::Lanes;
 use super::connector::Connector;
-use super::script::UNTRIED;
+use super::encode::Encoder;
+use super::fleet::Heartbeat;
+use super::script::Library;
 use super::{Inner, RedisStore};
 use crate::clock::Clock;
 use crate::ConfigError;
@@ -234,27 +236,31 @@ impl RedisStoreBuilder {
                 )));
             }
         }
+        let cluster = connector.is_cluster();
+        let slack = i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4);
         Ok(RedisStore {
             inner: Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
-                prefix: self.prefix,
-                mode: AtomicU8::new(UNTRIED),
-                loading: tokio::sync::Mutex::new(()),
-                scripts_until: Mutex::new(None),
-                load_failed: AtomicBool::new(false),
+                encoder: Encoder {
+                    prefix: self.prefix,
+                    slack,
+                    clock: self.clock.clone(),
+                    cluster,
+                },
+                library: Library::default(),
+                coalescer: Coalescer::new(self.coalesce, cluster),
                 lanes: Lanes::new(connector, self.lanes),
-                slack: i64::try_from(self.slack.as_micros()).unwrap_or(i64::MAX / 4),
-                fleet: OnceLock::new(),
-                heartbeat: self.heartbeat,
+                heartbeat: Heartbeat::new(self.heartbeat),
                 shared: crate::store::Shared::new(
                     "redis",
                     self.clock,
                     Some(crate::store::Fallback::new({
                         let weak = weak.clone();
-                        move || RedisStore::fleet_of(weak.upgrade()?)
+                        move || {
+                            let inner = weak.upgrade()?;
+                            inner.heartbeat.fleet(&inner)
+                        }
                     })),
                 ),
-                batcher: Default::default(),
-                coalesce: self.coalesce,
             }),
         })
     }

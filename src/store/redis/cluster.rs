@@ -25,37 +25,153 @@
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use crate::algorithm::{Params, Reply, VerdictCode};
-use crate::store::Engine;
-use crate::store::{keys, Check, Deadline, Settle, Settled};
+use crate::algorithm::{Params, Reply, Status, Statuses, VerdictCode};
+use crate::store::{keys, Answer, Check, Deadline, Engine, Settle, Settled};
 use crate::Error;
 
-/// The indices of a decision's checks, grouped by the cluster slot of their
-/// keys (first appearance first); `None` when all share one slot.
-pub(super) fn slot_groups(checks: &[Check<'_>]) -> Option<Vec<SmallVec<[usize; 2]>>> {
-    if checks.len() < 2 {
-        return None;
-    }
-    let mut groups: Vec<(u16, SmallVec<[usize; 2]>)> = Vec::new();
-    for (index, check) in checks.iter().enumerate() {
-        let slot = slot(keys::tag(check.key));
-        match groups.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, group)) => group.push(index),
-            None => groups.push((slot, smallvec::smallvec![index])),
-        }
-    }
-    (groups.len() > 1).then(|| groups.into_iter().map(|(_, group)| group).collect())
+/// A call of a store over checks split by the cluster slot of their
+/// keys, each slot's made on its own.
+pub(super) struct Split<'a> {
+    store: &'a RedisStore,
+    /// One per slot, first appearance first.
+    groups: Vec<Group<'a>>,
+    /// How many checks the call has.
+    len: usize,
 }
 
-/// The checks of each group, in order.
-fn subsets<'c>(
-    checks: &[Check<'c>],
-    groups: &[SmallVec<[usize; 2]>],
-) -> Vec<SmallVec<[Check<'c>; 2]>> {
-    groups
-        .iter()
-        .map(|group| group.iter().map(|&i| checks[i]).collect())
-        .collect()
+/// The checks of one slot: their indices in the call, and the checks.
+type Group<'a> = (SmallVec<[usize; 2]>, SmallVec<[Check<'a>; 2]>);
+
+impl<'a> Split<'a> {
+    /// `store`'s call over `checks` split by slot; `None` when all share
+    /// one.
+    pub(super) fn of(store: &'a RedisStore, checks: &[Check<'a>]) -> Option<Self> {
+        if checks.len() < 2 {
+            return None;
+        }
+        let mut slots: SmallVec<[u16; 2]> = SmallVec::new();
+        let mut groups: Vec<Group<'a>> = Vec::new();
+        for (index, check) in checks.iter().enumerate() {
+            let slot = slot(keys::tag(check.key));
+            let at = slots.iter().position(|&s| s == slot).unwrap_or_else(|| {
+                slots.push(slot);
+                groups.push(Default::default());
+                groups.len() - 1
+            });
+            groups[at].0.push(index);
+            groups[at].1.push(*check);
+        }
+        let len = checks.len();
+        (groups.len() > 1).then_some(Split { store, groups, len })
+    }
+
+    /// The answers of `call` on each slot's checks, made in parallel.
+    async fn each<'s, T>(&'s self, call: impl Fn(&'s [Check<'a>]) -> Answer<'s, T>) -> Vec<T> {
+        let calls = self.groups.iter().map(|(_, checks)| call(checks).get());
+        futures_util::future::join_all(calls).await
+    }
+
+    /// Settles a grant across slots: each slot's checks in parallel; the
+    /// first error, if any, after all were tried.
+    pub(super) async fn settle(&self, how: Settle, deadline: Deadline) -> Result<Settled, Error> {
+        let store = self.store;
+        let results = self
+            .each(|checks| store.settle(checks, how, deadline))
+            .await;
+        let mut settled = Settled::default();
+        if let Settle::Renew { .. } = how {
+            settled.renewed = smallvec::smallvec![None; self.len];
+        }
+        for ((group, _), result) in self.groups.iter().zip(results) {
+            for (&index, renewed) in group.iter().zip(result?.renewed) {
+                if let Some(slot) = settled.renewed.get_mut(index) {
+                    *slot = renewed;
+                }
+            }
+        }
+        Ok(settled)
+    }
+
+    /// Decides across slots: each slot's checks in parallel, what they
+    /// granted given back when one refused (see the module docs).
+    pub(super) async fn decide(&self, dry: bool, deadline: Deadline) -> Result<Reply, Error> {
+        let store = self.store;
+        let replies = self
+            .each(|checks| store.decide(checks, 0, dry, deadline))
+            .await;
+        let allows = Status::Allows {
+            wait: 0,
+            remaining: 0,
+            reset: 0,
+        };
+        let mut limits: Statuses = smallvec::smallvec![allows; self.len];
+        let mut stored: Option<Box<[Option<Params>]>> = None;
+        let (mut never, mut wait, mut now) = (false, 0i64, 0i64);
+        for ((group, _), reply) in self.groups.iter().zip(&replies) {
+            let Ok(reply) = reply else { continue };
+            now = now.max(reply.now);
+            for (j, (&index, status)) in group.iter().zip(&reply.limits).enumerate() {
+                if let Some(params) = reply.stored(j) {
+                    let all = stored.get_or_insert_with(|| vec![None; self.len].into());
+                    if let Some(slot) = all.get_mut(index) {
+                        *slot = Some(*params);
+                    }
+                }
+                limits[index] = *status;
+                match status.wait() {
+                    Some(w) => wait = wait.max(w),
+                    None => never = true,
+                }
+            }
+        }
+        let failed = replies.iter().any(Result::is_err);
+        let granted_all = !failed && !never && wait == 0;
+        if !granted_all && !dry {
+            // all or nothing: what the other slots granted goes back
+            for ((group, checks), reply) in self.groups.iter().zip(&replies) {
+                let Ok(reply) = reply else { continue };
+                if !reply.granted() {
+                    continue;
+                }
+                let refund = Settle::Refund { at: reply.at() };
+                match store.settle(checks, refund, deadline).get().await {
+                    Ok(_) => {
+                        for (j, (&index, check)) in group.iter().zip(checks).enumerate() {
+                            let capacity =
+                                reply.stored(j).unwrap_or(check.limit.params()).capacity();
+                            if let Some(status) = limits.get_mut(index) {
+                                status.give_back(check.cost, capacity);
+                            }
+                        }
+                    }
+                    Err(error) => tracing::warn!(
+                        target: "tower_ratelimit::redis",
+                        %error,
+                        "could not give back a grant of a decision refused in another slot: \
+                         its limit counts one request too many until its window passes"
+                    ),
+                }
+            }
+        }
+        // the first error, as one slot's decision would have failed
+        for reply in replies {
+            reply?;
+        }
+        let (verdict, wait) = if never {
+            (VerdictCode::Never, -1)
+        } else if wait > 0 {
+            (VerdictCode::Denied, wait)
+        } else {
+            (VerdictCode::Granted, 0)
+        };
+        Ok(Reply {
+            verdict,
+            wait,
+            now,
+            limits,
+            stored,
+        })
+    }
 }
 
 /// The slot of a key whose hash tag is `tag` (`{...}`): CRC16 (XMODEM) of
@@ -93,130 +209,6 @@ pub(super) fn slot_tag(of: u16) -> &'static str {
         tags
     });
     tags.get(usize::from(of)).map_or("{0}", String::as_str)
-}
-
-impl RedisStore {
-    /// Settles a grant across slots: each slot's group in parallel; the
-    /// first error, if any, after all were tried.
-    pub(super) async fn settle_across_slots(
-        &self,
-        checks: &[Check<'_>],
-        groups: &[SmallVec<[usize; 2]>],
-        how: Settle,
-        deadline: Deadline,
-    ) -> Result<Settled, Error> {
-        let subsets = subsets(checks, groups);
-        let results = futures_util::future::join_all(
-            subsets
-                .iter()
-                .map(|subset| self.settle_group(subset, how, deadline)),
-        )
-        .await;
-        let mut settled = Settled::default();
-        if let Settle::Renew { .. } = how {
-            settled.renewed = smallvec::smallvec![None; checks.len()];
-        }
-        for (group, result) in groups.iter().zip(results) {
-            for (&index, renewed) in group.iter().zip(result?.renewed) {
-                if let Some(slot) = settled.renewed.get_mut(index) {
-                    *slot = renewed;
-                }
-            }
-        }
-        Ok(settled)
-    }
-
-    pub(super) async fn decide_across_slots(
-        &self,
-        checks: &[Check<'_>],
-        groups: &[SmallVec<[usize; 2]>],
-        dry: bool,
-        deadline: Deadline,
-    ) -> Result<Reply, Error> {
-        let subsets = subsets(checks, groups);
-        let replies = futures_util::future::join_all(
-            subsets
-                .iter()
-                .map(|subset| self.decide(subset, 0, dry, deadline).get()),
-        )
-        .await;
-        let mut limits: crate::algorithm::Statuses = smallvec::smallvec![
-            crate::algorithm::Status::Allows {
-                wait: 0,
-                remaining: 0,
-                reset: 0,
-            };
-            checks.len()
-        ];
-        let mut stored: Option<Box<[Option<Params>]>> = None;
-        let (mut never, mut wait, mut now) = (false, 0i64, 0i64);
-        for (group, reply) in groups.iter().zip(&replies) {
-            let Ok(reply) = reply else { continue };
-            now = now.max(reply.now);
-            for (j, (&index, status)) in group.iter().zip(&reply.limits).enumerate() {
-                if let Some(params) = reply.stored(j) {
-                    let all = stored.get_or_insert_with(|| vec![None; checks.len()].into());
-                    if let Some(slot) = all.get_mut(index) {
-                        *slot = Some(*params);
-                    }
-                }
-                limits[index] = *status;
-                match status.wait() {
-                    Some(w) => wait = wait.max(w),
-                    None => never = true,
-                }
-            }
-        }
-        let failed = replies.iter().any(Result::is_err);
-        let granted_all = !failed && !never && wait == 0;
-        if !granted_all && !dry {
-            // all or nothing: what the other groups granted goes back
-            for ((group, subset), reply) in groups.iter().zip(&subsets).zip(&replies) {
-                let Ok(reply) = reply else { continue };
-                if !reply.granted() {
-                    continue;
-                }
-                match self
-                    .settle_group(subset, Settle::Refund { at: reply.at() }, deadline)
-                    .await
-                {
-                    Ok(_) => {
-                        for (j, (&index, check)) in group.iter().zip(subset).enumerate() {
-                            let capacity =
-                                reply.stored(j).unwrap_or(check.limit.params()).capacity();
-                            if let Some(status) = limits.get_mut(index) {
-                                status.give_back(check.cost, capacity);
-                            }
-                        }
-                    }
-                    Err(error) => tracing::warn!(
-                        target: "tower_ratelimit::redis",
-                        %error,
-                        "could not give back a grant of a decision refused in another slot: \
-                         its limit counts one request too many until its window passes"
-                    ),
-                }
-            }
-        }
-        // the first error, as one slot's decision would have failed
-        for reply in replies {
-            reply?;
-        }
-        let (verdict, wait) = if never {
-            (VerdictCode::Never, -1)
-        } else if wait > 0 {
-            (VerdictCode::Denied, wait)
-        } else {
-            (VerdictCode::Granted, 0)
-        };
-        Ok(Reply {
-            verdict,
-            wait,
-            now,
-            limits,
-            stored,
-        })
-    }
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ impl Live {
     }
 }
 
+#[derive(Default)]
 struct Lane {
     live: Mutex<Option<Live>>,
     /// How many answers this lane's connections have received: a request
@@ -79,8 +80,6 @@ impl Lane {
 /// The connections a store multiplexes its requests over, and their health.
 pub(super) struct Lanes {
     connector: Connector,
-    /// Whether the connections route by slot over several nodes.
-    cluster: bool,
     lanes: Box<[Lane]>,
     generation: AtomicU64,
     /// Failures since the last success (requests and connection attempts).
@@ -93,14 +92,14 @@ pub(super) struct Lanes {
     changed: tokio::sync::Notify,
 }
 
-/// A connection lent to one request.
-pub(super) struct Lease {
-    pub(super) conn: Conn,
+/// A connection lent to one request (see [`Lanes::run`]).
+struct Loan {
+    conn: Conn,
     index: usize,
     generation: u64,
 }
 
-/// What became of one request on a lease.
+/// What became of one request on a loaned connection.
 pub(super) enum Landing<T> {
     /// An answer, or an error that is not the connection's.
     Done(RedisResult<T>),
@@ -111,14 +110,8 @@ pub(super) enum Landing<T> {
 impl Lanes {
     pub(super) fn new(connector: Connector, lanes: usize) -> Arc<Lanes> {
         Arc::new(Lanes {
-            cluster: connector.is_cluster(),
             connector,
-            lanes: (0..lanes)
-                .map(|_| Lane {
-                    live: Mutex::new(None),
-                    answers: AtomicU64::new(0),
-                })
-                .collect(),
+            lanes: (0..lanes).map(|_| Lane::default()).collect(),
             generation: AtomicU64::new(0),
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
@@ -130,7 +123,7 @@ impl Lanes {
     /// Whether the connections route by slot over several nodes.
     #[cfg(feature = "cluster")]
     pub(super) fn is_cluster(&self) -> bool {
-        self.cluster
+        self.connector.is_cluster()
     }
 
     pub(super) fn len(&self) -> usize {
@@ -160,18 +153,18 @@ impl Lanes {
             // the common case, a live connection in the first lane, needs no
             // future; waiting for one is boxed, so that every request's
             // future stays small
-            let lease = match self.lease_now() {
-                Some(lease) => lease,
-                None => deadline.bound(Box::pin(self.lease())).await?,
+            let loan = match self.try_loan() {
+                Some(loan) => loan,
+                None => deadline.bound(Box::pin(self.loan())).await?,
             };
             let flight = Flight {
                 lanes: self,
-                index: lease.index,
-                generation: lease.generation,
-                answers: self.lanes[lease.index].answers.load(Ordering::Relaxed),
+                index: loan.index,
+                generation: loan.generation,
+                answers: self.lanes[loan.index].answers.load(Ordering::Relaxed),
                 installed: self.generation.load(Ordering::Relaxed),
             };
-            let Ok(result) = tokio::time::timeout_at(deadline.at(), op(lease.conn)).await else {
+            let Ok(result) = tokio::time::timeout_at(deadline.at(), op(loan.conn)).await else {
                 flight.unanswered();
                 return Err(deadline.error());
             };
@@ -186,6 +179,16 @@ impl Lanes {
         }
     }
 
+    /// `cmd`'s reply over a lane's connection (see [`run`](Self::run)).
+    pub(super) async fn command<T: redis::FromRedisValue>(
+        self: &Arc<Self>,
+        cmd: &redis::Cmd,
+        deadline: Deadline,
+    ) -> Result<T, Error> {
+        self.run(deadline, |mut conn| async move { conn.query(cmd).await })
+            .await
+    }
+
     /// The first live lane's connection, if any and the circuit is closed.
     ///
     /// Lanes are tried in order, not in turn: every decision goes over the
@@ -195,7 +198,7 @@ impl Lanes {
     /// lanes in turn would make more and smaller writes and reads, which
     /// cost the server more CPU per decision, and one more shared counter
     /// written per decision.
-    fn lease_now(&self) -> Option<Lease> {
+    fn try_loan(&self) -> Option<Loan> {
         if self.is_open() {
             return None;
         }
@@ -204,7 +207,7 @@ impl Lanes {
 
     /// A connection: the first live one; waits for the background task
     /// when no lane has one.
-    async fn lease(self: &Arc<Self>) -> Result<Lease, Error> {
+    async fn loan(self: &Arc<Self>) -> Result<Loan, Error> {
         loop {
             if self.is_open() {
                 self.repair();
@@ -213,17 +216,12 @@ impl Lanes {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let mut empty = false;
-            for index in 0..self.lanes.len() {
-                match self.live(index) {
-                    Some(lease) => {
-                        if empty {
-                            self.repair();
-                        }
-                        return Ok(lease);
-                    }
-                    None => empty = true,
+            if let Some(loan) = self.try_loan() {
+                // (the lanes before it have none)
+                if loan.index > 0 {
+                    self.repair();
                 }
+                return Ok(loan);
             }
             self.repair();
             notified.await;
@@ -231,10 +229,10 @@ impl Lanes {
     }
 
     /// Lane `index`'s connection, if it has one.
-    fn live(&self, index: usize) -> Option<Lease> {
+    fn live(&self, index: usize) -> Option<Loan> {
         let lane = self.lanes.get(index)?.lock();
         let live = lane.as_ref()?;
-        Some(Lease {
+        Some(Loan {
             conn: live.conn.clone(),
             index,
             generation: live.generation,
@@ -350,7 +348,7 @@ impl Lanes {
     }
 }
 
-/// One request in flight on a lease, until it lands or meets its deadline.
+/// One request in flight on a loaned connection, until it lands or meets its deadline.
 /// Dropped otherwise (its caller went away), it leaves no trace: a caller
 /// leaving is no news of the connection.
 struct Flight<'a> {
@@ -400,7 +398,7 @@ impl Flight<'_> {
             // left is newer news than its silence: requests that were in
             // flight on the silent connections, timed out after the
             // recovery, must not open the circuit again
-            if !self.lanes.cluster
+            if !self.lanes.connector.is_cluster()
                 && self.lanes.generation.load(Ordering::Relaxed) == self.installed
             {
                 self.lanes.failed();

@@ -5,9 +5,10 @@
 //! [`CalendarRate`](crate::CalendarRate#in-redis)).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::RedisStore;
+use super::conn::Lanes;
 use crate::store::Deadline;
 
 /// How long the check may take: it runs on a task of its own, never in a
@@ -39,45 +40,46 @@ fn lacks(config: &HashMap<String, String>) -> Vec<String> {
     lacks
 }
 
-impl RedisStore {
-    /// Checks, on a task of its own, that the server keeps calendar
-    /// quotas, and logs what it lacks (see the module docs).
-    pub(super) fn check_durability(&self) {
-        let store = self.clone();
-        tokio::spawn(async move { store.log_durability().await });
-    }
+/// Checks, on a task of its own, that the server behind `lanes` keeps
+/// calendar quotas, and logs what it lacks (see the module docs) for the
+/// store of prefix `prefix`.
+pub(super) fn check(lanes: &Arc<Lanes>, prefix: &str) {
+    let (lanes, prefix) = (lanes.clone(), prefix.to_owned());
+    tokio::spawn(async move { log(&lanes, &prefix).await });
+}
 
-    async fn log_durability(&self) {
-        let deadline = Deadline::after(CHECK_TIMEOUT).start();
-        let mut config = HashMap::new();
-        // one parameter per call: several at once need Redis 7
-        for name in ["maxmemory", "maxmemory-policy", "appendonly", "save"] {
-            let mut cmd = redis::cmd("CONFIG");
-            cmd.arg("GET").arg(name);
-            match self.command::<HashMap<String, String>>(cmd, deadline).await {
-                Ok(values) => config.extend(values),
-                Err(error) => {
-                    tracing::debug!(
-                        target: "tower_ratelimit",
-                        %error,
-                        "could not read the Redis configuration (CONFIG disabled or renamed?): \
-                         not checking that it keeps calendar quotas"
-                    );
-                    return;
-                }
+async fn log(lanes: &Arc<Lanes>, prefix: &str) {
+    let deadline = Deadline::after(CHECK_TIMEOUT).start();
+    let mut config = HashMap::new();
+    // one parameter per call: several at once need Redis 7
+    for name in ["maxmemory", "maxmemory-policy", "appendonly", "save"] {
+        let get = redis::cmd("CONFIG").arg("GET").arg(name).clone();
+        match lanes
+            .command::<HashMap<String, String>>(&get, deadline)
+            .await
+        {
+            Ok(values) => config.extend(values),
+            Err(error) => {
+                tracing::debug!(
+                    target: "tower_ratelimit",
+                    %error,
+                    "could not read the Redis configuration (CONFIG disabled or renamed?): \
+                     not checking that it keeps calendar quotas"
+                );
+                return;
             }
         }
-        let lacks = lacks(&config);
-        if !lacks.is_empty() {
-            tracing::warn!(
-                target: "tower_ratelimit",
-                prefix = %self.inner.prefix,
-                "a limit with a calendar quota (per day, week, month, year) is decided in a Redis \
-                 that may forget what it counted: {}. A forgotten count starts the period over \
-                 for its key (see CalendarRate's docs).",
-                lacks.join("; and ")
-            );
-        }
+    }
+    let lacks = lacks(&config);
+    if !lacks.is_empty() {
+        tracing::warn!(
+            target: "tower_ratelimit",
+            prefix = %prefix,
+            "a limit with a calendar quota (per day, week, month, year) is decided in a Redis \
+             that may forget what it counted: {}. A forgotten count starts the period over \
+             for its key (see CalendarRate's docs).",
+            lacks.join("; and ")
+        );
     }
 }
 

@@ -1,34 +1,198 @@
-//! One call of the library, encoded: its keys (the Redis key names, made
-//! here only) and its arguments (the options and each limit's wire string
-//! with its cost), written into one buffer.
+//! The Redis engine's encoder: each call of the library written into one
+//! buffer, its keys (the Redis key names, made here only) and its
+//! arguments (the options, with the op code of the contract's operation,
+//! and each limit's wire string with its cost).
 
 use std::cell::RefCell;
 use std::ops::Range;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::RedisStore;
 use crate::algorithm::wire::{Op, Opt, Options, PENALTY_KEY};
 use crate::algorithm::Params;
-use crate::store::{keys, Check};
+use crate::clock::Clock;
+use crate::store::{keys, Check, Penalty, Settle};
 use crate::Limit;
 
-/// What one call of the library does (the [`Op`] of its options, see
-/// `lua/driver.lua`; [`Op::Change`] is [`Encoded::change`]).
-#[derive(Clone, Copy)]
-pub(super) enum Operation {
-    /// Decide, reserving up to `max_wait` us ahead; a `dry` run grants
-    /// nothing (no op).
-    Decide { max_wait: i64, dry: bool },
-    /// Give back the grants made at store time `at` ([`Op::Refund`]).
-    Refund { at: i64 },
-    /// Take what is available, at most each check's cost ([`Op::Take`]).
-    Take,
-    /// Charge each check's cost, whatever is left ([`Op::Charge`]).
-    Charge,
-    /// Move the grants made at store time `at` to now, where still held
-    /// ([`Op::Renew`]).
-    Renew { at: i64 },
+/// Writes the calls of one store: its keys under its prefix, its options
+/// with its clock and slack. The contract's operations become the
+/// library's here, each by its own name: [`decide`](Self::decide) (no
+/// op), [`take`](Self::take), [`settle`](Self::settle) (the op of its
+/// [`Settle`]), [`penalty`](Self::penalty), [`Encoded::change`] (a
+/// quota's) and [`Encoded::batch`].
+pub(super) struct Encoder {
+    /// The prefix of every key.
+    pub(super) prefix: String,
+    /// Microseconds keys outlive their state.
+    pub(super) slack: i64,
+    /// The clock the store decides on, if not Redis `TIME`.
+    pub(super) clock: Option<Arc<dyn Clock>>,
+    /// Whether the keys live on a cluster: a kept quota's hash is then one
+    /// per slot (see [`quota_key`](Self::quota_key)).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(super) cluster: bool,
+}
+
+impl Encoder {
+    /// The time of the store's own clock (us), if it has one.
+    pub(super) fn clock_time(&self) -> Option<i64> {
+        self.clock.as_ref().map(|clock| clock.now_micros())
+    }
+
+    /// A decision over `checks`, reserving up to `max_wait` us ahead; a
+    /// `dry` one grants nothing. The options travel only when one differs
+    /// from the production default.
+    pub(super) fn decide(&self, checks: &[Check<'_>], max_wait: i64, dry: bool) -> Encoded {
+        let now = self.clock_time().unwrap_or(0);
+        let options = ((now, max_wait, dry, self.slack) != (0, 0, false, 0)).then(|| {
+            Options::default()
+                .with(Opt::Now, now)
+                .with(Opt::Slack, self.slack)
+                .with(Opt::MaxWait, max_wait)
+                .with(Opt::Dry, i64::from(dry))
+        });
+        self.call(checks, options)
+    }
+
+    /// A take of what is available, at most each check's cost.
+    pub(super) fn take(&self, checks: &[Check<'_>]) -> Encoded {
+        self.call(checks, Some(self.options(Op::Take)))
+    }
+
+    /// A settlement: [`Op::Refund`], [`Op::Charge`] or [`Op::Renew`].
+    pub(super) fn settle(&self, checks: &[Check<'_>], how: Settle) -> Encoded {
+        let options = match how {
+            Settle::Refund { at } => self.options(Op::Refund).with(Opt::At, at),
+            Settle::Charge => self.options(Op::Charge),
+            Settle::Renew { at } => self.options(Op::Renew).with(Opt::At, at),
+        };
+        self.call(checks, Some(options))
+    }
+
+    /// `op` on the penalty state of `check`'s key ([`Op::Penalty`], see
+    /// `lua/penalty.lua`): its penalty key, the options (with what to do)
+    /// and the limit's string with a cost of 0; `None` for a limit without
+    /// a penalty.
+    pub(super) fn penalty(&self, check: &Check<'_>, op: Penalty) -> Option<Encoded> {
+        check.limit.pen_params()?;
+        let keys = self.keys(std::slice::from_ref(check), true);
+        let key = keys.keys().last()?;
+        let (what, us) = op.code();
+        let mut options = Vec::new();
+        self.options(Op::Penalty)
+            .with(Opt::At, what)
+            .with(Opt::Block, us)
+            .write(&mut options);
+        let mut wire = Vec::new();
+        write_limit(&mut wire, check.limit, &mut itoa::Buffer::new());
+        wire.push(b'0');
+        Some(Encoded::of(&[key], &[&options, &wire]))
+    }
+
+    /// The options of a call of `op`, with the clock and the slack.
+    fn options(&self, op: Op) -> Options {
+        Options::op(op)
+            .with(Opt::Now, self.clock_time().unwrap_or(0))
+            .with(Opt::Slack, self.slack)
+    }
+
+    /// The keys and arguments of one call of the library over `checks`
+    /// (see the header of `lua/driver.lua`): every key of every check, the
+    /// `options` if any, then each limit with its cost.
+    fn call(&self, checks: &[Check<'_>], options: Option<Options>) -> Encoded {
+        let mut out = self.keys(checks, true);
+        if let Some(options) = options {
+            out.push_arg(|buf| options.write(buf));
+        }
+        let mut digits = itoa::Buffer::new();
+        for check in checks {
+            out.push_arg(|buf| {
+                write_limit(buf, check.limit, &mut digits);
+                buf.extend_from_slice(digits.format(check.cost).as_bytes());
+            });
+        }
+        out
+    }
+
+    /// Every key of every check (`<prefix>:{<escaped key>}:<limit>:<part>`,
+    /// see [`keys`]): the one place Redis key names are made. With
+    /// `configured`, a limit whose quota may be kept in the store has one
+    /// more after its own: the hash of its kept quotas (see
+    /// [`quota_key`](Self::quota_key)), and a limit with a penalty one
+    /// more after all of its own, its penalty key,
+    /// `<prefix>:{<escaped key>}:<limit>:pen` (in the same slot).
+    pub(super) fn keys(&self, checks: &[Check<'_>], configured: bool) -> Encoded {
+        let prefix = self.prefix.as_bytes();
+        let mut out = Encoded {
+            buf: Vec::with_capacity(checks.iter().map(|c| 2 * c.key.len() + 96).sum()),
+            keys: SmallVec::new(),
+            args: SmallVec::new(),
+        };
+        // where the tag of the check's key is written: limits of one
+        // request often share its key, which is escaped once
+        let mut tag: Option<Range<usize>> = None;
+        for (i, check) in checks.iter().enumerate() {
+            if i > 0 && checks[i - 1].key != check.key {
+                tag = None;
+            }
+            let name = check.limit.name().as_bytes();
+            for part in check.limit.params().algorithm().key_parts() {
+                tag = Some(out.push_key(prefix, tag, check.key, name, part.as_bytes()));
+            }
+            if configured && check.limit.uses_stored_quota() {
+                let written = tag.clone().and_then(|t| out.buf.get(t));
+                let hash = self.quota_key(check.limit.name(), written.unwrap_or_default());
+                out.keys.push(out.buf.len()..out.buf.len() + hash.len());
+                out.buf.extend_from_slice(&hash);
+            }
+            if configured && check.limit.pen_params().is_some() {
+                let pen = PENALTY_KEY.as_bytes();
+                tag = Some(out.push_key(prefix, tag, check.key, name, pen));
+            }
+        }
+        out
+    }
+
+    /// The hash of the quotas kept in the store for the limit `name`, as a
+    /// decision in the slot of the hash tag `tag` reads it: field `""` the
+    /// limit's, and per key an override under the key's first state key
+    /// (see `lua/kept.lua`). One hash, `<prefix>:q:<name>`, or on a
+    /// cluster one per slot, `<prefix>:q:{<slot's tag>}:<name>` (see
+    /// `cluster::slot_tag`), each with the limit's quota and the overrides
+    /// of the keys in that slot.
+    fn quota_key(&self, name: &str, tag: &[u8]) -> Vec<u8> {
+        let mut out = format!("{}:q:", self.prefix).into_bytes();
+        #[cfg(feature = "cluster")]
+        if self.cluster {
+            let slot = super::cluster::slot(tag);
+            out.extend_from_slice(super::cluster::slot_tag(slot).as_bytes());
+            out.push(b':');
+        }
+        let _ = tag;
+        out.extend_from_slice(name.as_bytes());
+        out
+    }
+
+    /// The hashes where the limit `name`'s own quota is copied besides
+    /// `own`, its hash in a check's slot: every other slot's on a cluster
+    /// (a decision reads it in its own slot), none on one server.
+    pub(super) fn quota_copies(&self, name: &str, own: &[u8]) -> Vec<Vec<u8>> {
+        #[cfg(feature = "cluster")]
+        if self.cluster {
+            let slots = 0..super::cluster::SLOTS;
+            let hashes =
+                slots.map(|slot| self.quota_key(name, super::cluster::slot_tag(slot).as_bytes()));
+            return hashes.filter(|hash| hash != own).collect();
+        }
+        let _ = (name, own);
+        Vec::new()
+    }
+
+    /// The sorted set of the fleet's heartbeats (see `fleet.rs`).
+    pub(super) fn fleet_key(&self) -> String {
+        format!("{}:fleet", self.prefix)
+    }
 }
 
 /// One call's keys and arguments, written into one buffer.
@@ -73,6 +237,40 @@ impl Encoded {
         let keys = keys.iter().map(&mut put).collect();
         let args = args.iter().map(&mut put).collect();
         Encoded { buf, keys, args }
+    }
+
+    /// Appends the key `<prefix>:<tag>:<name>:<part>`, its tag copied from
+    /// `tag` where it is written already, else escaped from `key`; answers
+    /// where its tag lies.
+    fn push_key(
+        &mut self,
+        prefix: &[u8],
+        tag: Option<Range<usize>>,
+        key: &[u8],
+        name: &[u8],
+        part: &[u8],
+    ) -> Range<usize> {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(prefix);
+        self.buf.push(b':');
+        let at = self.buf.len();
+        match tag {
+            Some(tag) => self.buf.extend_from_within(tag),
+            None => keys::write_tag(&mut self.buf, key),
+        }
+        let tag = at..self.buf.len();
+        for piece in [b":", name, b":", part] {
+            self.buf.extend_from_slice(piece);
+        }
+        self.keys.push(start..self.buf.len());
+        tag
+    }
+
+    /// Appends the argument `write` writes.
+    fn push_arg(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        let start = self.buf.len();
+        write(&mut self.buf);
+        self.args.push(start..self.buf.len());
     }
 
     /// Several decisions' calls as one ([`Op::Batch`], see
@@ -123,36 +321,13 @@ impl Encoded {
         all.extend_from_slice(args);
         Encoded::of(&[hash], &all)
     }
-
-    /// An operation on a key's penalty state ([`Op::Penalty`] of the library's
-    /// options, see `lua/penalty.lua`): the key `key`, the options (with
-    /// what to do) and the limit's string with a cost of 0.
-    pub(super) fn penalty(key: &[u8], options: &[u8], limit: &Limit) -> Encoded {
-        let mut wire = Vec::new();
-        write_limit(&mut wire, limit, &mut itoa::Buffer::new());
-        wire.push(b'0');
-        Encoded::of(&[key], &[options, &wire])
-    }
-
-    /// Where the hash tag lies in the key written at `key`: after the
-    /// prefix and its colon, up to and including the first `}` (escaped
-    /// tags hold no other).
-    fn tag_of(&self, key: Range<usize>, prefix: usize) -> Range<usize> {
-        let start = key.start + prefix + 1;
-        let end = self
-            .buf
-            .get(start..key.end)
-            .and_then(|rest| rest.iter().position(|&b| b == b'}'))
-            .map_or(key.end, |i| start + i + 1);
-        start..end
-    }
 }
 
 /// Appends `limit`'s argument to the decision function, less its cost
 /// (see `lua/driver.lua`): its penalty's `p<refusals>:<within>:<forget>:<block
 /// 1>:...;` when it has one, `c` when its quota may be kept in the store,
 /// then its [stored form](write_stored_form).
-pub(super) fn write_limit(out: &mut Vec<u8>, limit: &Limit, digits: &mut itoa::Buffer) {
+fn write_limit(out: &mut Vec<u8>, limit: &Limit, digits: &mut itoa::Buffer) {
     if let Some(pen) = limit.pen_params() {
         out.push(b'p');
         let head = [pen.refusals, pen.within, pen.forget];
@@ -197,193 +372,40 @@ pub(super) fn write_stored_form(out: &mut Vec<u8>, p: &Params, digits: &mut itoa
     });
 }
 
-impl RedisStore {
-    /// Every key of every check (`<prefix>:{<escaped key>}:<limit>:<part>`,
-    /// see [`keys`]), written into a new buffer: the one place Redis key
-    /// names are made. With `configured`, a limit whose quota may be kept in
-    /// the store has one more after its own: the hash of its kept quotas
-    /// (see [`quota_key`](Self::quota_key)), and a limit with a penalty one
-    /// more after all of its own, its penalty key,
-    /// `<prefix>:{<escaped key>}:<limit>:pen` (in the same slot).
-    pub(super) fn encode_keys(&self, checks: &[Check<'_>], configured: bool) -> Encoded {
-        let prefix = self.inner.prefix.as_bytes();
-        let mut out = Encoded {
-            buf: Vec::with_capacity(checks.iter().map(|c| 2 * c.key.len() + 96).sum()),
-            keys: SmallVec::new(),
-            args: SmallVec::new(),
-        };
-        for (i, check) in checks.iter().enumerate() {
-            // limits of one request often share its key: escape it once
-            let shared = i > 0 && checks[i - 1].key == check.key;
-            let tag = match (shared, out.keys.last()) {
-                (true, Some(last)) => Some(out.tag_of(last.clone(), prefix.len())),
-                _ => None,
-            };
-            let name = check.limit.name().as_bytes();
-            let stored = configured && check.limit.uses_stored_quota();
-            let own = out.keys.len();
-            for part in check.limit.params().algorithm().key_parts() {
-                let start = out.buf.len();
-                out.buf.extend_from_slice(prefix);
-                out.buf.push(b':');
-                match &tag {
-                    Some(range) => out.buf.extend_from_within(range.clone()),
-                    None => keys::write_tag(&mut out.buf, check.key),
-                }
-                out.buf.push(b':');
-                out.buf.extend_from_slice(name);
-                out.buf.push(b':');
-                out.buf.extend_from_slice(part.as_bytes());
-                out.keys.push(start..out.buf.len());
-            }
-            if stored {
-                let tag = out.keys.last().map(|k| out.tag_of(k.clone(), prefix.len()));
-                let tag = tag
-                    .and_then(|t| out.buf.get(t))
-                    .unwrap_or_default()
-                    .to_vec();
-                let start = out.buf.len();
-                self.write_quota_key(&mut out.buf, check.limit.name(), &tag);
-                out.keys.push(start..out.buf.len());
-            }
-            if configured && check.limit.pen_params().is_some() {
-                let start = out.buf.len();
-                out.buf.extend_from_slice(prefix);
-                out.buf.push(b':');
-                if let Some(first) = out.keys.get(own) {
-                    let tag = out.tag_of(first.clone(), prefix.len());
-                    out.buf.extend_from_within(tag);
-                }
-                out.buf.push(b':');
-                out.buf.extend_from_slice(name);
-                out.buf.push(b':');
-                out.buf.extend_from_slice(PENALTY_KEY.as_bytes());
-                out.keys.push(start..out.buf.len());
-            }
-        }
-        out
-    }
-
-    /// The hash of the quotas kept in the store for the limit `name`, as a
-    /// decision in the slot of the hash tag `tag` reads it: field `""` the
-    /// limit's, and per key an override under the key's first state key
-    /// (see `lua/kept.lua`). One hash, `<prefix>:q:<name>`, or on a
-    /// cluster one per slot, `<prefix>:q:{<slot's tag>}:<name>` (see
-    /// `cluster::slot_tag`), each with the limit's quota and the overrides
-    /// of the keys in that slot.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    pub(super) fn quota_key(&self, name: &str, tag: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.write_quota_key(&mut out, name, tag);
-        out
-    }
-
-    /// Appends [`quota_key`](Self::quota_key)`(name, tag)` to `out`.
-    fn write_quota_key(&self, out: &mut Vec<u8>, name: &str, tag: &[u8]) {
-        out.extend_from_slice(self.inner.prefix.as_bytes());
-        out.extend_from_slice(b":q:");
-        #[cfg(feature = "cluster")]
-        if self.inner.lanes.is_cluster() {
-            let slot = super::cluster::slot(tag);
-            out.extend_from_slice(super::cluster::slot_tag(slot).as_bytes());
-            out.push(b':');
-        }
-        let _ = tag;
-        out.extend_from_slice(name.as_bytes());
-    }
-
-    /// The keys and arguments of one call of the library (see the header of
-    /// `lua/driver.lua`): every key of every check, the options when they
-    /// differ from a plain decision's, then each limit with its cost, written
-    /// into one buffer.
-    pub(super) fn encode(&self, checks: &[Check<'_>], operation: Operation) -> Encoded {
-        let mut out = self.encode_keys(checks, true);
-        let now = self
-            .inner
-            .shared
-            .clock
-            .as_ref()
-            .map_or(0, |c| c.now_micros());
-        let slack = self.inner.slack;
-        let base = Options::default()
-            .with(Opt::Now, now)
-            .with(Opt::Slack, slack);
-        let options = match operation {
-            // The options travel only when one differs from the production default.
-            Operation::Decide { max_wait, dry } => {
-                ((now, max_wait, dry, slack) != (0, 0, false, 0)).then(|| {
-                    base.with(Opt::MaxWait, max_wait)
-                        .with(Opt::Dry, i64::from(dry))
-                })
-            }
-            Operation::Refund { at } => {
-                Some(base.with(Opt::Op, Op::Refund as i64).with(Opt::At, at))
-            }
-            Operation::Take => Some(base.with(Opt::Op, Op::Take as i64)),
-            Operation::Charge => Some(base.with(Opt::Op, Op::Charge as i64)),
-            Operation::Renew { at } => Some(base.with(Opt::Op, Op::Renew as i64).with(Opt::At, at)),
-        };
-        if let Some(options) = options {
-            let start = out.buf.len();
-            options.write(&mut out.buf);
-            out.args.push(start..out.buf.len());
-        }
-        let mut digits = itoa::Buffer::new();
-        for check in checks {
-            let start = out.buf.len();
-            write_limit(&mut out.buf, check.limit, &mut digits);
-            out.buf
-                .extend_from_slice(digits.format(check.cost).as_bytes());
-            out.args.push(start..out.buf.len());
-        }
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::store::redis::RedisStore;
     use crate::Quota;
+
+    fn encoder() -> Encoder {
+        Encoder {
+            prefix: "p".into(),
+            slack: 0,
+            clock: None,
+            cluster: false,
+        }
+    }
+
+    fn check<'a>(limit: &'a Limit, key: &'a [u8], cost: i64) -> Check<'a> {
+        Check { limit, key, cost }
+    }
 
     /// One buffer holds what the reset's key names and the limits' wire
     /// strings say, in order, with a key's tag written once and reused.
     #[test]
     fn encoded_keys_and_arguments_name_every_key_of_every_check() {
-        let store = RedisStore::builder("redis://127.0.0.1:1/")
-            .prefix("p")
-            .build()
-            .expect("store");
+        let encoder = encoder();
         let minute = Duration::from_secs(60);
         let log = Limit::new("log", Quota::rate(3, minute).sliding_log()).expect("limit");
         let gcra = Limit::new("g", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
-        let keys: [&[u8]; 3] = [b"a}:{b", b"a}:{b", b"x"];
         let checks = [
-            Check {
-                limit: &log,
-                key: keys[0],
-                cost: 1,
-            },
-            Check {
-                limit: &gcra,
-                key: keys[1],
-                cost: 1,
-            },
-            Check {
-                limit: &gcra,
-                key: keys[2],
-                cost: 2,
-            },
+            check(&log, b"a}:{b", 1),
+            check(&gcra, b"a}:{b", 1),
+            check(&gcra, b"x", 2),
         ];
-        let encoded = store.encode(
-            &checks,
-            Operation::Decide {
-                max_wait: 0,
-                dry: false,
-            },
-        );
+        let encoded = encoder.decide(&checks, 0, false);
         let got: Vec<&[u8]> = encoded.keys().collect();
         let expected: [&[u8]; 4] = [
             b"p:{a%7D:%7Bb}:log:log",
@@ -392,7 +414,7 @@ mod tests {
             b"p:{x}:g:gcra",
         ];
         assert_eq!(got, expected);
-        let reset = store.encode_keys(&checks, false);
+        let reset = encoder.keys(&checks, false);
         assert!(reset.keys().eq(expected.iter().copied()));
         assert_eq!(reset.args().count(), 0);
         let args: Vec<&[u8]> = encoded.args().collect();
@@ -400,43 +422,43 @@ mod tests {
         let (log, gcra) = ("1:3:60000000:0:".to_owned(), "3:2:1:60000000:".to_owned());
         let wire = |l: &str, cost: &str| format!("{l}{cost}").into_bytes();
         assert_eq!(args, [wire(&log, "1"), wire(&gcra, "1"), wire(&gcra, "2")]);
-        let refund = store.encode(&checks[2..], Operation::Refund { at: 7 });
+        let refund = encoder.settle(&checks[2..], Settle::Refund { at: 7 });
         let args: Vec<&[u8]> = refund.args().collect();
         assert_eq!(args, [b"o:0:0:0:0:1:7".to_vec(), wire(&gcra, "2")]);
+    }
+
+    /// A limit keyed like the one before it takes that key's tag from the
+    /// other's own keys, not from the hash of its kept quotas that
+    /// follows them: a decision and a reset name the same keys.
+    #[test]
+    fn a_key_shared_with_a_limit_whose_quota_is_kept_keeps_its_tag() {
+        let encoder = encoder();
+        let minute = Duration::from_secs(60);
+        let kept = Limit::new("a", Quota::rate(1, minute).allow_burst(2).gcra())
+            .expect("limit")
+            .use_stored_quota();
+        let own = Limit::new("b", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
+        let checks = [check(&kept, b"k", 1), check(&own, b"k", 1)];
+        let decided = encoder.keys(&checks, true);
+        let expected: [&[u8]; 3] = [b"p:{k}:a:gcra", b"p:q:a", b"p:{k}:b:gcra"];
+        assert!(decided.keys().eq(expected.iter().copied()));
+        let reset = encoder.keys(&checks, false);
+        assert!(reset.keys().eq([expected[0], expected[2]]));
     }
 
     /// A batch sends consecutive decisions with the same arguments as one
     /// run, their limit's string once, every key in order.
     #[test]
     fn a_batch_sends_the_arguments_of_a_run_once() {
-        let store = RedisStore::builder("redis://127.0.0.1:1/")
-            .prefix("p")
-            .build()
-            .expect("store");
+        let encoder = encoder();
         let minute = Duration::from_secs(60);
         let gcra = Limit::new("g", Quota::rate(1, minute).allow_burst(2).gcra()).expect("limit");
-        let decide = Operation::Decide {
-            max_wait: 0,
-            dry: false,
-        };
-        let one = |key: &'static [u8], cost: i64| {
-            let check = Check {
-                limit: &gcra,
-                key,
-                cost,
-            };
-            store.encode(&[check], decide)
-        };
+        let one = |key, cost| encoder.decide(&[check(&gcra, key, cost)], 0, false);
         let parts = [one(b"a", 1), one(b"b", 1), one(b"c", 2), one(b"d", 1)];
         let batch = Encoded::batch(&parts.iter().collect::<Vec<_>>());
         let keys: Vec<&[u8]> = batch.keys().collect();
-        let expected: [&[u8]; 4] = [
-            b"p:{a}:g:gcra",
-            b"p:{b}:g:gcra",
-            b"p:{c}:g:gcra",
-            b"p:{d}:g:gcra",
-        ];
-        assert_eq!(keys, expected);
+        let expected = ["a", "b", "c", "d"].map(|key| format!("p:{{{key}}}:g:gcra"));
+        assert_eq!(keys, expected.map(String::into_bytes));
         let args: Vec<Vec<u8>> = batch.args().map(<[u8]>::to_vec).collect();
         let wire = |cost: &str| format!("3:2:1:60000000:{cost}").into_bytes();
         let expected = [

@@ -5,10 +5,10 @@
 //! `store/fleet.rs` for what the fallback does with it). One `EVAL` per
 //! period and handle; decisions never wait for it nor read the set.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use super::{Inner, RedisStore};
+use super::Inner;
 use crate::store::fleet::{Fleet, PERIODS_COUNTED};
 use crate::store::Deadline;
 use crate::Error;
@@ -38,32 +38,45 @@ end
 return redis.call('ZCARD', KEYS[1])
 ";
 
-impl RedisStore {
-    /// The fleet of the store `inner`, its heartbeat started (see
-    /// [`Fallback::fleet`](crate::store::Fallback::fleet)).
-    pub(super) fn fleet_of(inner: Arc<Inner>) -> Option<Arc<Fleet>> {
-        RedisStore { inner }.fleet()
+/// The Redis engine's fleet heartbeat: its period, and the fleet it
+/// keeps.
+pub(super) struct Heartbeat {
+    /// Its period; zero: none.
+    period: Duration,
+    /// This handle's place among the instances sharing the store, made
+    /// (and its heartbeat started) when the fallback is set up.
+    fleet: OnceLock<Arc<Fleet>>,
+}
+
+impl Heartbeat {
+    pub(super) fn new(period: Duration) -> Self {
+        Self {
+            period,
+            fleet: OnceLock::new(),
+        }
     }
 
-    /// The store's fleet, its heartbeat started.
-    pub(super) fn fleet(&self) -> Option<Arc<Fleet>> {
-        let period = self.inner.heartbeat;
+    /// The fleet of `store`, whose heartbeat this is, its heartbeat
+    /// started (see [`Fallback::fleet`](crate::store::Fallback::fleet));
+    /// `None` without a heartbeat.
+    pub(super) fn fleet(&self, store: &Arc<Inner>) -> Option<Arc<Fleet>> {
+        let period = self.period;
         if period.is_zero() {
             return None;
         }
-        let fleet = self.inner.fleet.get_or_init(|| Arc::new(Fleet::new()));
+        let fleet = self.fleet.get_or_init(|| Arc::new(Fleet::new()));
         if !fleet.beating() {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
                     if fleet.start() {
-                        let beat = beat(Arc::downgrade(&self.inner), fleet.clone(), period);
+                        let beat = beat(Arc::downgrade(store), fleet.clone(), period);
                         drop(runtime.spawn(beat));
                     }
                 }
                 // (tried again by the next layer built over the store)
                 Err(_) => tracing::warn!(
                     target: "tower_ratelimit",
-                    prefix = %self.inner.prefix,
+                    prefix = %store.encoder.prefix,
                     "a memory fallback was set up outside a Tokio runtime: its fleet heartbeat \
                      cannot start, so during a Redis outage this instance grants the full quota \
                      of each limit rather than its share. Build the layer inside the runtime."
@@ -72,25 +85,26 @@ impl RedisStore {
         }
         Some(fleet.clone())
     }
+}
 
-    /// One heartbeat: how many instances count now, this one included.
-    async fn heartbeat(&self, fleet: &Fleet, period: Duration) -> Result<u64, Error> {
-        let counted = period.saturating_mul(PERIODS_COUNTED);
-        let counted = u64::try_from(counted.as_millis()).unwrap_or(u64::MAX);
-        let now = match &self.inner.shared.clock {
-            Some(clock) => (clock.now_micros() / 1000).to_string(),
-            None => String::new(),
-        };
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(HEARTBEAT)
-            .arg(1)
-            .arg(format!("{}:fleet", self.inner.prefix))
-            .arg(fleet.id())
-            .arg(counted)
-            .arg(now);
-        let deadline = Deadline::after(period.min(Duration::from_secs(2))).start();
-        self.command::<u64>(cmd, deadline).await
-    }
+/// One heartbeat of `store`: how many instances count now, this one
+/// included.
+async fn heartbeat(store: &Inner, fleet: &Fleet, period: Duration) -> Result<u64, Error> {
+    let counted = period.saturating_mul(PERIODS_COUNTED);
+    let counted = u64::try_from(counted.as_millis()).unwrap_or(u64::MAX);
+    let now = match store.encoder.clock_time() {
+        Some(us) => (us / 1000).to_string(),
+        None => String::new(),
+    };
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(HEARTBEAT)
+        .arg(1)
+        .arg(store.encoder.fleet_key())
+        .arg(fleet.id())
+        .arg(counted)
+        .arg(now);
+    let deadline = Deadline::after(period.min(Duration::from_secs(2))).start();
+    store.lanes.command::<u64>(&cmd, deadline).await
 }
 
 /// Beats every `period` while a handle of the store is left.
@@ -98,11 +112,10 @@ async fn beat(store: Weak<Inner>, fleet: Arc<Fleet>, period: Duration) {
     // heartbeats that reached the store in a row
     let mut streak = 0_u32;
     loop {
-        let Some(inner) = store.upgrade() else {
+        let Some(store) = store.upgrade() else {
             return;
         };
-        let store = RedisStore { inner };
-        match store.heartbeat(&fleet, period).await {
+        match heartbeat(&store, &fleet, period).await {
             Ok(counted) => {
                 streak = streak.saturating_add(1);
                 // after a whole window of them, every instance alive has

@@ -2,16 +2,24 @@
 //! pooled connection (`EVALSHA` of the same code where Functions are missing),
 //! or per batch of the decisions that arrived while one was in flight.
 //!
-//! `builder.rs` configures it, `backend.rs` is its side of the store
-//! trait (decide, reset, settle, take), `encode.rs` writes each call's keys and
-//! arguments, `batch.rs` coalesces decisions under load, `script.rs` runs
-//! the library (loading it where missing),
-//! `connector.rs` makes the connections, `conn.rs` keeps them healthy,
-//! `cluster.rs` splits a decision
-//! whose keys live in several slots, `durability.rs` checks once that
-//! calendar quotas will be kept (persistence, no eviction).
+//! The engine is a struct of components, each a type of its own in a file
+//! of its own, which its side of the store contract (here, top to bottom)
+//! puts together:
+//! - the encoder (`encode.rs`): every key name and each call's arguments,
+//!   the contract's operations mapped to the library's op codes;
+//! - the library (`script.rs`): the one call that runs it, `FCALL` or
+//!   `EVALSHA`, loading it where missing;
+//! - the coalescer (`batch.rs`): decisions under load, in batches;
+//! - the lanes (`conn.rs`, connections from `connector.rs`): the
+//!   connections, kept healthy;
+//! - the fleet heartbeat (`fleet.rs`);
+//!
+//! and, over these, the admin operations (`stored.rs`: the quotas kept in
+//! the store, the penalties by hand), the split of a decision whose keys
+//! live in several cluster slots (`cluster.rs`), and the check that
+//! calendar quotas will be kept (`durability.rs`: persistence, no
+//! eviction). `builder.rs` configures it all.
 
-mod backend;
 mod batch;
 mod builder;
 #[cfg(feature = "cluster")]
@@ -24,49 +32,40 @@ mod fleet;
 mod script;
 mod stored;
 
-use std::sync::atomic::{AtomicBool, AtomicU8};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::future::Future;
+use std::sync::Arc;
 
 use deadpool_redis::Pool;
 
-use self::backend::read_reply;
+use self::batch::Coalescer;
 pub use self::builder::RedisStoreBuilder;
 use self::builder::Target;
+#[cfg(feature = "cluster")]
+use self::cluster::Split;
 use self::conn::Lanes;
-use self::encode::Operation;
-use self::script::DELIVERY;
-use super::{Check, Deadline, Settle, Settled};
+use self::encode::{Encoded, Encoder};
+use self::fleet::Heartbeat;
+use self::script::{Library, DELIVERY};
+use self::stored::Admin;
+use super::{Answer, Check, Deadline, Engine, Penalty, Quotas, Quoted, Settle, Settled, Shared};
+use crate::algorithm::Reply;
 use crate::{ConfigError, Error};
 
+/// The Redis engine: its components, shared by the store's clones.
 struct Inner {
-    prefix: String,
-    /// `UNTRIED`, `FUNCTIONS` or `SCRIPTS`.
-    mode: AtomicU8,
-    /// Held while the library is loaded: one `FUNCTION LOAD` at a time, the
-    /// other decisions wait for it rather than each compiling the library.
-    loading: tokio::sync::Mutex<()>,
-    /// After a failed `FUNCTION LOAD` (say, Redis over `maxmemory` refuses
-    /// it), decisions run as scripts until then, and the load is tried again.
-    scripts_until: Mutex<Option<tokio::time::Instant>>,
-    /// Whether `scripts_until` may hold a time: read by every decision, so
-    /// that the common one takes no lock.
-    load_failed: AtomicBool,
+    /// Each call's keys and arguments: the prefix, the slack, the clock.
+    encoder: Encoder,
+    /// The library as the servers run it, loaded where missing.
+    library: Library,
+    /// Decisions waiting to go out together.
+    coalescer: Coalescer,
     /// The connections, and what replaces them when they fail.
     lanes: Arc<Lanes>,
-    /// Microseconds keys outlive their state.
-    slack: i64,
-    /// This handle's place among the instances sharing the store, kept by
-    /// a heartbeat every `heartbeat` (see `fleet.rs`); made when the
-    /// fallback is set up.
-    fleet: OnceLock<Arc<crate::store::fleet::Fleet>>,
-    /// The fleet heartbeat's period; zero: none.
-    heartbeat: std::time::Duration,
-    /// The clock, the names, the fallback (see [`Shared`](super::Shared)).
-    shared: super::Shared,
-    /// Decisions waiting to go out together (see `batch.rs`).
-    batcher: batch::Batcher,
-    /// Whether decisions are coalesced (per slot on a cluster).
-    coalesce: bool,
+    /// This handle's place among the instances sharing the store, and
+    /// the heartbeat that keeps it.
+    heartbeat: Heartbeat,
+    /// The clock, the names, the fallback (see [`Shared`]).
+    shared: Shared,
 }
 
 /// Limit state in Redis, shared by every instance that uses the same Redis
@@ -132,7 +131,7 @@ pub struct RedisStore {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("prefix", &self.inner.prefix)
+            .field("prefix", &self.inner.encoder.prefix)
             .field("lanes", &self.inner.lanes.len())
             .finish()
     }
@@ -215,7 +214,7 @@ impl RedisStore {
 
     /// The key prefix.
     pub fn prefix(&self) -> &str {
-        &self.inner.prefix
+        &self.inner.encoder.prefix
     }
 
     /// The name of the Redis Function that decides (what `FCALL` calls); its
@@ -246,62 +245,163 @@ impl RedisStore {
     pub fn script_hash() -> &'static str {
         DELIVERY.script.get_hash()
     }
+}
 
-    /// The groups of `checks` whose keys share a cluster slot, when they
-    /// are several: each is decided by a call of its own (see `cluster.rs`).
-    /// `None` when one call serves them all.
-    #[cfg(feature = "cluster")]
-    fn slot_groups(&self, checks: &[Check<'_>]) -> Option<Vec<smallvec::SmallVec<[usize; 2]>>> {
-        if !self.inner.lanes.is_cluster() {
-            return None;
-        }
-        cluster::slot_groups(checks)
+impl Engine for RedisStore {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        max_wait: i64,
+        dry: bool,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Reply, Error>> {
+        let deadline = deadline.start();
+        Answer::Later(Box::pin(async move {
+            let inner = &*self.inner;
+            if inner.shared.names.take_calendar_check() {
+                durability::check(&inner.lanes, self.prefix());
+            }
+            #[cfg(feature = "cluster")]
+            if let Some(split) = self.split(checks) {
+                // boxed: the common decision's future stays small
+                return Box::pin(split.decide(dry, deadline)).await;
+            }
+            // keys in one slot: one call, perhaps in a batch
+            let encoded = inner.encoder.decide(checks, max_wait, dry);
+            let packed = inner
+                .coalescer
+                .decide(self, checks, encoded, deadline)
+                .await?;
+            stored::report_ignored(self.prefix(), &packed, checks, 0);
+            read_reply(&packed, checks.len(), Reply::from_packed, "")
+        }))
     }
 
-    /// The cluster slot of checks whose keys share one (0 on one server):
-    /// what their decisions are coalesced per (see `batch.rs`).
-    fn slot_of(&self, checks: &[Check<'_>]) -> u16 {
-        #[cfg(feature = "cluster")]
-        if self.inner.lanes.is_cluster() {
-            return checks
-                .first()
-                .map_or(0, |check| cluster::slot(super::keys::tag(check.key)));
-        }
-        let _ = checks;
-        0
+    /// One call (a take is not split across cluster slots).
+    fn take<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        deadline: Deadline,
+    ) -> Answer<'a, Result<(Reply, i64), Error>> {
+        let deadline = deadline.start();
+        Answer::Later(Box::pin(async move {
+            let packed = self
+                .call(&self.inner.encoder.take(checks), deadline)
+                .await?;
+            stored::report_ignored(self.prefix(), &packed, checks, 1);
+            let read = Reply::from_packed_take;
+            read_reply(&packed, checks.len(), read, "taking from ")
+        }))
     }
 
-    /// A settlement of checks whose keys share a slot (the library's ops 1,
-    /// 4 and 5, see `lua/limits.lua`): one call.
-    async fn settle_group(
-        &self,
-        checks: &[Check<'_>],
+    fn settle<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
         how: Settle,
         deadline: Deadline,
-    ) -> Result<Settled, Error> {
-        let operation = match how {
-            Settle::Refund { at } => Operation::Refund { at },
-            Settle::Charge => Operation::Charge,
-            Settle::Renew { at } => Operation::Renew { at },
-        };
-        let packed = self.invoke(checks, operation, deadline).await?;
-        match how {
-            Settle::Renew { .. } => {
-                read_reply(&packed, checks.len(), Settled::from_packed, "renewing ")
+    ) -> Answer<'a, Result<Settled, Error>> {
+        let deadline = deadline.start();
+        Answer::Later(Box::pin(async move {
+            #[cfg(feature = "cluster")]
+            if let Some(split) = self.split(checks) {
+                return split.settle(how, deadline).await;
             }
-            _ => Ok(Settled::default()),
+            let packed = self
+                .call(&self.inner.encoder.settle(checks, how), deadline)
+                .await?;
+            match how {
+                Settle::Renew { .. } => {
+                    read_reply(&packed, checks.len(), Settled::from_packed, "renewing ")
+                }
+                Settle::Refund { .. } | Settle::Charge => Ok(Settled::default()),
+            }
+        }))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        deadline: Deadline,
+    ) -> Answer<'a, Result<(), Error>> {
+        let deadline = deadline.start();
+        Answer::Later(Box::pin(async move {
+            let mut del = redis::cmd("DEL");
+            for key in self.inner.encoder.keys(checks, false).keys() {
+                del.arg(key);
+            }
+            self.inner.lanes.command(&del, deadline).await
+        }))
+    }
+
+    fn quotas<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        keyed: bool,
+        op: Quotas<'a>,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Quoted, Error>> {
+        Answer::Later(Box::pin(self.admin().quotas(
+            check,
+            keyed,
+            op,
+            deadline.start(),
+        )))
+    }
+
+    fn penalty<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+        op: Penalty,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Option<(crate::penalty::PenState, i64)>, Error>> {
+        Answer::Later(Box::pin(self.admin().penalty(check, op, deadline.start())))
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+}
+
+impl RedisStore {
+    /// Runs the library on `encoded` over a lane's connection.
+    fn call<'a>(
+        &'a self,
+        encoded: &'a Encoded,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<Vec<u8>, Error>> + Send + 'a {
+        self.inner
+            .library
+            .call(&self.inner.lanes, encoded, deadline)
+    }
+
+    /// The admin operations, over the store's components.
+    fn admin(&self) -> Admin<'_> {
+        Admin {
+            encoder: &self.inner.encoder,
+            library: &self.inner.library,
+            lanes: &self.inner.lanes,
         }
     }
 
-    /// Runs the library's function for `operation` on `checks` over a
-    /// lane's connection: the one way every operation but a reset reaches
-    /// Redis.
-    async fn invoke(
-        &self,
-        checks: &[Check<'_>],
-        operation: Operation,
-        deadline: Deadline,
-    ) -> Result<Vec<u8>, Error> {
-        self.call(&self.encode(checks, operation), deadline).await
+    /// A call over `checks` split by cluster slot, on a cluster when their
+    /// keys live in several: each slot's are made by a call of its own.
+    #[cfg(feature = "cluster")]
+    fn split<'a>(&'a self, checks: &[Check<'a>]) -> Option<Split<'a>> {
+        let cluster = self.inner.lanes.is_cluster();
+        cluster.then(|| Split::of(self, checks)).flatten()
     }
+}
+
+/// Reads `packed`, the library's reply to a call over `limits` limits, with
+/// `read`; a reply it cannot read is an [`Error::UnexpectedReply`] (`what`:
+/// the operation, as the error names it).
+fn read_reply<T>(
+    packed: &[u8],
+    limits: usize,
+    read: fn(&[u8], usize) -> Option<T>,
+    what: &str,
+) -> Result<T, Error> {
+    read(packed, limits).ok_or_else(|| {
+        Error::UnexpectedReply(format!("{} bytes for {what}{limits} limits", packed.len()))
+    })
 }

@@ -2,15 +2,15 @@
 //! per server (`FCALL`, Redis 7 and later), or the same code as a script
 //! (`EVALSHA`), and the one call that runs it, loading it where missing.
 
-use std::sync::atomic::Ordering;
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use redis::Script;
 
+use super::conn::Lanes;
 use super::connector::Conn;
 use super::encode::Encoded;
-use super::RedisStore;
 use crate::store::{lock, Deadline};
 use crate::Error;
 
@@ -62,17 +62,35 @@ pub(super) static DELIVERY: LazyLock<Delivery> = LazyLock::new(|| {
 /// How long decisions run as scripts after a failed `FUNCTION LOAD`.
 const LOAD_RETRY: Duration = Duration::from_secs(10);
 
-/// [`Inner::mode`]: Functions untried, in use, or missing on this server.
-pub(super) const UNTRIED: u8 = 0;
+/// [`Library::mode`]: Functions in use, or missing on this server (0:
+/// untried, a new library's mode).
 const FUNCTIONS: u8 = 1;
 const SCRIPTS: u8 = 2;
 
-impl RedisStore {
-    /// Runs the decision code for `encoded` over a lane's connection (see
-    /// `Lanes::run`), by `deadline`: `FCALL`, loading the library when the
-    /// server lacks it (a new server, a flushed one, a promoted replica), or
-    /// `EVALSHA` on a server without Functions (before Redis 7). The one way
-    /// every operation but a reset reaches Redis.
+/// The library on the store's servers: how it is called (`FCALL`, or
+/// `EVALSHA` where Functions are missing or failed to load), and its
+/// loading.
+#[derive(Default)]
+pub(super) struct Library {
+    /// 0 (untried), `FUNCTIONS` or `SCRIPTS`.
+    mode: AtomicU8,
+    /// Held while the library is loaded: one `FUNCTION LOAD` at a time, the
+    /// other decisions wait for it rather than each compiling the library.
+    loading: tokio::sync::Mutex<()>,
+    /// After a failed `FUNCTION LOAD` (say, Redis over `maxmemory` refuses
+    /// it), decisions run as scripts until then, and the load is tried again.
+    scripts_until: Mutex<Option<tokio::time::Instant>>,
+    /// Whether `scripts_until` may hold a time: read by every decision, so
+    /// that the common one takes no lock.
+    load_failed: AtomicBool,
+}
+
+impl Library {
+    /// Runs the decision code for `encoded` over a connection of `lanes`
+    /// (see [`Lanes::run`]), by `deadline`: `FCALL`, loading the library
+    /// when the server lacks it (a new server, a flushed one, a promoted
+    /// replica), or `EVALSHA` on a server without Functions (before Redis
+    /// 7). The one way every operation but a reset reaches Redis.
     ///
     /// Only the common path, one `FCALL` that finds the library, lives in
     /// this future; loading the library and `EVALSHA` are boxed in
@@ -81,14 +99,14 @@ impl RedisStore {
     /// decision.
     pub(super) async fn call(
         &self,
+        lanes: &Arc<Lanes>,
         encoded: &Encoded,
         deadline: Deadline,
     ) -> Result<Vec<u8>, Error> {
-        self.inner
-            .lanes
+        lanes
             .run(deadline, |mut conn| async move {
                 let conn = &mut conn;
-                let mode = self.inner.mode.load(Ordering::Relaxed);
+                let mode = self.mode.load(Ordering::Relaxed);
                 if mode == SCRIPTS || self.load_failed_lately() {
                     return Box::pin(self.call_slowly(conn, encoded, None)).await;
                 }
@@ -109,7 +127,7 @@ impl RedisStore {
                         // written once, not by every decision: a store to the line
                         // that every thread reads
                         if mode != FUNCTIONS {
-                            self.inner.mode.store(FUNCTIONS, Ordering::Relaxed);
+                            self.mode.store(FUNCTIONS, Ordering::Relaxed);
                         }
                         Ok(values)
                     }
@@ -134,7 +152,7 @@ impl RedisStore {
         let delivery = &*DELIVERY;
         match failed {
             Some((fcall, e)) if is_missing_function(&e) => {
-                let _loading = self.inner.loading.lock().await;
+                let _loading = self.loading.lock().await;
                 // another decision may have loaded it while this one waited
                 match fcall.query_async::<Vec<u8>>(conn).await {
                     Err(e) if is_missing_function(&e) => {}
@@ -154,15 +172,14 @@ impl RedisStore {
                     }
                     Err(e) => {
                         tracing::warn!(target: "tower_ratelimit", error = %e, "cannot load the decision library; deciding with EVALSHA for {LOAD_RETRY:?}");
-                        *lock(&self.inner.scripts_until) =
-                            Some(tokio::time::Instant::now() + LOAD_RETRY);
-                        self.inner.load_failed.store(true, Ordering::Relaxed);
+                        *lock(&self.scripts_until) = Some(tokio::time::Instant::now() + LOAD_RETRY);
+                        self.load_failed.store(true, Ordering::Relaxed);
                     }
                 }
             }
             Some(_) => {
                 tracing::info!(target: "tower_ratelimit", "Redis has no Functions (before 7.0): deciding with EVALSHA");
-                self.inner.mode.store(SCRIPTS, Ordering::Relaxed);
+                self.mode.store(SCRIPTS, Ordering::Relaxed);
             }
             None => {}
         }
@@ -178,15 +195,15 @@ impl RedisStore {
 
     /// Whether a recent `FUNCTION LOAD` failed, so decisions run as scripts.
     fn load_failed_lately(&self) -> bool {
-        if !self.inner.load_failed.load(Ordering::Relaxed) {
+        if !self.load_failed.load(Ordering::Relaxed) {
             return false;
         }
-        let mut until = lock(&self.inner.scripts_until);
+        let mut until = lock(&self.scripts_until);
         match *until {
             Some(at) if tokio::time::Instant::now() < at => true,
             Some(_) => {
                 *until = None;
-                self.inner.load_failed.store(false, Ordering::Relaxed);
+                self.load_failed.store(false, Ordering::Relaxed);
                 false
             }
             None => false,

@@ -1,6 +1,9 @@
+//! The Redis engine's admin operations: the quotas kept in the store and
+//! the keys' penalty states, read and changed by hand.
+//!
 //! Quotas kept in Redis (see `Limit::use_stored_quota`): one hash per limit,
 //! `<prefix>:q:<limit>` (on a cluster, one per slot, see
-//! `RedisStore::quota_key`), field `""` the limit's quota (on a cluster,
+//! `Encoder::quota_key`), field `""` the limit's quota (on a cluster,
 //! copied to every slot's hash), and per key an override, under the key's
 //! first state key, in the hash of that key's slot. Each value is the
 //! limit's stored form (`encode::write_stored_form`), an override's
@@ -15,128 +18,58 @@
 //! override is next set or removed.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use super::encode::Encoded;
-use super::RedisStore;
-use crate::algorithm::wire::{Op, Opt, Options};
+use super::conn::Lanes;
+use super::encode::{Encoded, Encoder};
+use super::script::Library;
 use crate::algorithm::Params;
 use crate::penalty::PenState;
-use crate::store::{lock, Check, Deadline, Penalty, Quotas};
+use crate::store::{lock, Check, Deadline, Penalty, Quotas, Quoted};
 use crate::{Error, Quota};
 
 /// Hashes written at once while a limit's quota is copied to every slot.
 #[cfg(feature = "cluster")]
 const COPIES_AT_ONCE: usize = 512;
 
-/// Where a kept quota is: the hashes (the first in the slot of the check's
-/// key; the others, every other slot's, for a limit's quota on a cluster)
-/// and the field.
-struct Place {
-    hashes: Vec<Vec<u8>>,
-    field: Vec<u8>,
+/// The admin operations of a store (the contract's `quotas` and
+/// `penalty`), over its encoder, library and lanes.
+#[derive(Clone, Copy)]
+pub(super) struct Admin<'a> {
+    pub(super) encoder: &'a Encoder,
+    pub(super) library: &'a Library,
+    pub(super) lanes: &'a Arc<Lanes>,
 }
 
-impl RedisStore {
-    /// Where `check`'s kept quota is: its key's override when `keyed`, else
-    /// its limit's.
-    fn place(&self, check: &Check<'_>, keyed: bool) -> Place {
-        // a configured limit's keys: its state keys, then its quotas' hash
-        let encoded = self.encode_keys(std::slice::from_ref(check), true);
-        let keys: Vec<&[u8]> = encoded.keys().collect();
-        // (after the state keys; a penalty key may follow)
-        let n = check.limit.params().algorithm().key_parts().len();
-        let (first, hash) = match (keys.first(), keys.get(n)) {
-            (Some(first), Some(hash)) => (first.to_vec(), hash.to_vec()),
-            _ => (Vec::new(), Vec::new()),
-        };
-        #[allow(unused_mut)]
-        let mut hashes = vec![hash];
-        #[cfg(feature = "cluster")]
-        if !keyed && self.inner.lanes.is_cluster() {
-            let name = check.limit.name();
-            let own = hashes[0].clone();
-            hashes.extend((0..super::cluster::SLOTS).filter_map(|slot| {
-                let key = self.quota_key(name, super::cluster::slot_tag(slot).as_bytes());
-                (key != own).then_some(key)
-            }));
-        }
-        let field = if keyed { first } else { Vec::new() };
-        Place { hashes, field }
-    }
-
-    /// Runs one command on a lane's connection.
-    pub(super) async fn command<T: redis::FromRedisValue>(
-        &self,
-        cmd: redis::Cmd,
-        deadline: Deadline,
-    ) -> Result<T, Error> {
-        let cmd = &cmd;
-        self.inner
-            .lanes
-            .run(deadline, |mut conn| async move { conn.query(cmd).await })
-            .await
-    }
-
-    /// The store's time (us): its clock's, or the server's `TIME`.
-    async fn store_now(&self, deadline: Deadline) -> Result<i64, Error> {
-        if let Some(clock) = &self.inner.shared.clock {
-            return Ok(clock.now_micros());
-        }
-        let (secs, micros): (i64, i64) = self.command(redis::cmd("TIME"), deadline).await?;
-        Ok(secs * 1_000_000 + micros)
-    }
-
-    pub(super) async fn read_quota_now(
-        &self,
+impl Admin<'_> {
+    /// Reads `check`'s kept quota, or changes it: its key's override when
+    /// `keyed`, else its limit's (on a cluster, in every slot's hash).
+    pub(super) async fn quotas(
+        self,
         check: &Check<'_>,
         keyed: bool,
+        op: Quotas<'_>,
         deadline: Deadline,
-    ) -> Result<Option<Quota>, Error> {
-        let place = self.place(check, keyed);
-        let Some(hash) = place.hashes.first() else {
-            return Ok(None);
-        };
-        let get = redis::cmd("HGET").arg(hash).arg(&place.field).clone();
-        let value: Option<Vec<u8>> = self.command(get, deadline).await?;
-        let Some(value) = value else {
-            return Ok(None);
-        };
-        // (one the library would ignore reads as none)
-        let Some((params, ends)) = split_ends(&value) else {
-            return Ok(None);
-        };
-        if let Some(ends) = ends {
-            if ends <= self.store_now(deadline).await? {
-                return Ok(None);
-            }
+    ) -> Result<Quoted, Error> {
+        if let Quotas::Read = op {
+            return Ok(Quoted::Read(self.read_quota(check, keyed, deadline).await?));
         }
-        Ok(Params::from_stored(params).map(|p| p.quota()))
-    }
-
-    pub(super) async fn write_quota_now(
-        &self,
-        check: &Check<'_>,
-        keyed: bool,
-        change: Quotas<'_>,
-        deadline: Deadline,
-    ) -> Result<bool, Error> {
-        let place = self.place(check, keyed);
-        let Some((first, copies)) = place.hashes.split_first() else {
-            return Ok(false);
+        let (hash, field) = self.place(check, keyed);
+        let copies = match keyed {
+            true => Vec::new(),
+            false => self.encoder.quota_copies(check.limit.name(), &hash),
         };
-        let field = &place.field;
         // whether an override lasts (an ended one is replaced or dropped)
-        let lasting = keyed && self.read_quota_now(check, true, deadline).await?.is_some();
-        let changed = match change {
-            Quotas::Read => return Ok(false),
+        let lasting = keyed && self.read_quota(check, true, deadline).await?.is_some();
+        let changed = match op {
+            Quotas::Read => false,
             Quotas::Keep {
                 limit,
                 ttl,
                 if_absent,
             } => {
                 if if_absent && lasting {
-                    return Ok(false);
+                    return Ok(Quoted::Changed(false));
                 }
                 let mut value = Vec::new();
                 super::encode::write_stored_form(
@@ -147,7 +80,7 @@ impl RedisStore {
                 let mut value = String::from_utf8_lossy(&value).into_owned();
                 if let Some(ttl) = ttl {
                     let us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX).max(1);
-                    let ends = self.store_now(deadline).await?.saturating_add(us);
+                    let ends = self.store_time(deadline).await?.saturating_add(us);
                     value.push('@');
                     value.push_str(&ends.to_string());
                 }
@@ -155,22 +88,70 @@ impl RedisStore {
                 let nx = if_absent && !keyed;
                 let set = if nx { "HSETNX" } else { "HSET" };
                 let added = self
-                    .change(first, set, &[field, value.as_bytes()], deadline)
+                    .change(&hash, set, &[&field, value.as_bytes()], deadline)
                     .await?;
                 let written = !nx || added == 1;
                 if written {
-                    self.copy_everywhere(copies, Some(&value), deadline).await?;
+                    self.copy_everywhere(&copies, Some(&value), deadline)
+                        .await?;
                 }
                 written
             }
             Quotas::Remove => {
-                let deleted = self.change(first, "HDEL", &[field], deadline).await?;
-                self.copy_everywhere(copies, None, deadline).await?;
+                let deleted = self.change(&hash, "HDEL", &[&field], deadline).await?;
+                self.copy_everywhere(&copies, None, deadline).await?;
                 // an override that had ended counts as none
                 lasting || (!keyed && deleted > 0)
             }
         };
-        Ok(changed)
+        Ok(Quoted::Changed(changed))
+    }
+
+    /// Where `check`'s kept quota is: the hash in its key's slot, and the
+    /// field, its key's (its first state key) when `keyed`, else the
+    /// limit's (`""`).
+    fn place(self, check: &Check<'_>, keyed: bool) -> (Vec<u8>, Vec<u8>) {
+        // a configured limit's keys: its state keys, then its quotas' hash
+        // (a penalty key may follow)
+        let encoded = self.encoder.keys(std::slice::from_ref(check), true);
+        let keys: Vec<&[u8]> = encoded.keys().collect();
+        let key = |i: usize| keys.get(i).map_or_else(Vec::new, |key| key.to_vec());
+        let n = check.limit.params().algorithm().key_parts().len();
+        (key(n), if keyed { key(0) } else { Vec::new() })
+    }
+
+    async fn read_quota(
+        self,
+        check: &Check<'_>,
+        keyed: bool,
+        deadline: Deadline,
+    ) -> Result<Option<Quota>, Error> {
+        let (hash, field) = self.place(check, keyed);
+        let get = redis::cmd("HGET").arg(hash).arg(field).clone();
+        let value: Option<Vec<u8>> = self.lanes.command(&get, deadline).await?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        // (one the library would ignore reads as none)
+        let Some((params, ends)) = split_ends(&value) else {
+            return Ok(None);
+        };
+        if let Some(ends) = ends {
+            if ends <= self.store_time(deadline).await? {
+                return Ok(None);
+            }
+        }
+        Ok(Params::from_stored(params).map(|p| p.quota()))
+    }
+
+    /// The store's time (us): its clock's, or the server's `TIME`.
+    async fn store_time(self, deadline: Deadline) -> Result<i64, Error> {
+        if let Some(us) = self.encoder.clock_time() {
+            return Ok(us);
+        }
+        let time = redis::cmd("TIME");
+        let (secs, micros): (i64, i64) = self.lanes.command(&time, deadline).await?;
+        Ok(secs * 1_000_000 + micros)
     }
 
     /// Runs `command` (`HSET`, `HSETNX` or `HDEL`) with `args` on the hash
@@ -178,15 +159,14 @@ impl RedisStore {
     /// its mirror of the hash: the command's integer, which the library
     /// answers as text.
     async fn change(
-        &self,
+        self,
         hash: &[u8],
         command: &str,
         args: &[&[u8]],
         deadline: Deadline,
     ) -> Result<i64, Error> {
-        let reply = self
-            .call(&Encoded::change(hash, command, args), deadline)
-            .await?;
+        let change = Encoded::change(hash, command, args);
+        let reply = self.library.call(self.lanes, &change, deadline).await?;
         let count = std::str::from_utf8(&reply)
             .ok()
             .and_then(|t| t.parse().ok());
@@ -201,7 +181,7 @@ impl RedisStore {
     /// library (see [`change`](Self::change)).
     #[cfg_attr(not(feature = "cluster"), allow(clippy::unused_async))]
     async fn copy_everywhere(
-        &self,
+        self,
         copies: &[Vec<u8>],
         value: Option<&str>,
         deadline: Deadline,
@@ -215,47 +195,29 @@ impl RedisStore {
                     None => Encoded::change(hash, "HDEL", &[b""]),
                 })
                 .collect();
-            let sent = calls.iter().map(|encoded| self.call(encoded, deadline));
+            let sent = calls
+                .iter()
+                .map(|encoded| self.library.call(self.lanes, encoded, deadline));
             futures_util::future::try_join_all(sent).await?;
         }
         #[cfg(not(feature = "cluster"))]
         let _ = (copies, value, deadline);
         Ok(())
     }
-}
 
-impl RedisStore {
-    /// Applies `change` to `check`'s penalty state through the library
-    /// (op 6, see `lua/penalty.lua`).
-    pub(super) async fn penalty_now(
-        &self,
+    /// Applies `op` to `check`'s penalty state through the library (op 6,
+    /// see `lua/penalty.lua`): the state after it (before it, for an
+    /// unblock) and the store time; `None` for a limit without a penalty.
+    pub(super) async fn penalty(
+        self,
         check: &Check<'_>,
-        change: Penalty,
+        op: Penalty,
         deadline: Deadline,
     ) -> Result<Option<(PenState, i64)>, Error> {
-        if check.limit.pen_params().is_none() {
-            return Ok(None);
-        }
-        let encoded = self.encode_keys(std::slice::from_ref(check), true);
-        let Some(key) = encoded.keys().last() else {
+        let Some(encoded) = self.encoder.penalty(check, op) else {
             return Ok(None);
         };
-        let now = self
-            .inner
-            .shared
-            .clock
-            .as_ref()
-            .map_or(0, |c| c.now_micros());
-        let (what, us) = change.code();
-        let mut options = Vec::new();
-        Options::op(Op::Penalty)
-            .with(Opt::Now, now)
-            .with(Opt::Slack, self.inner.slack)
-            .with(Opt::At, what)
-            .with(Opt::Block, us)
-            .write(&mut options);
-        let encoded = Encoded::penalty(key, &options, check.limit);
-        let reply = self.call(&encoded, deadline).await?;
+        let reply = self.library.call(self.lanes, &encoded, deadline).await?;
         let values: Vec<i64> = reply
             .chunks_exact(8)
             .filter_map(|c| c.try_into().ok().map(f64::from_le_bytes))
@@ -280,32 +242,31 @@ impl RedisStore {
     }
 }
 
-impl RedisStore {
-    /// Logs, once per limit name and process, that a decision's reply
-    /// `packed` over `checks` says a limit's quota kept in the store, or
-    /// its key's override, was ignored (not valid, or of another algorithm:
-    /// see `valid_kept` in `lua/kept.lua`); the limit's own quota decided.
-    /// `extra` doubles follow the statuses (a take's amount). Reads nothing
-    /// from a reply without notes, the usual one.
-    pub(super) fn report_ignored(&self, packed: &[u8], checks: &[Check<'_>], extra: usize) {
-        if packed.len() <= crate::algorithm::packed_len(checks.len(), extra) {
-            return;
-        }
-        static WARNED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
-        for i in crate::algorithm::ignored(packed, checks.len(), extra) {
-            let Some(check) = checks.get(i) else { continue };
-            let name = check.limit.shared_name();
-            let first = lock(&WARNED).get_or_insert_with(HashSet::new).insert(name);
-            if first {
-                tracing::warn!(
-                    target: "tower_ratelimit",
-                    limit = name,
-                    prefix = %self.inner.prefix,
-                    "a quota kept in the store for this limit, or an override of one of its \
-                     keys, in <prefix>:q:<limit> is not valid (or of another algorithm): \
-                     ignored, the limit's own quota decides; logged once"
-                );
-            }
+/// Logs, once per limit name and process, that a decision's reply
+/// `packed` over `checks` (of the store of prefix `prefix`) says a
+/// limit's quota kept in the store, or
+/// its key's override, was ignored (not valid, or of another algorithm:
+/// see `valid_kept` in `lua/kept.lua`); the limit's own quota decided.
+/// `extra` doubles follow the statuses (a take's amount). Reads nothing
+/// from a reply without notes, the usual one.
+pub(super) fn report_ignored(prefix: &str, packed: &[u8], checks: &[Check<'_>], extra: usize) {
+    if packed.len() <= crate::algorithm::packed_len(checks.len(), extra) {
+        return;
+    }
+    static WARNED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+    for i in crate::algorithm::ignored(packed, checks.len(), extra) {
+        let Some(check) = checks.get(i) else { continue };
+        let name = check.limit.shared_name();
+        let first = lock(&WARNED).get_or_insert_with(HashSet::new).insert(name);
+        if first {
+            tracing::warn!(
+                target: "tower_ratelimit",
+                limit = name,
+                prefix = %prefix,
+                "a quota kept in the store for this limit, or an override of one of its \
+                 keys, in <prefix>:q:<limit> is not valid (or of another algorithm): \
+                 ignored, the limit's own quota decides; logged once"
+            );
         }
     }
 }
