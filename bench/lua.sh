@@ -7,6 +7,7 @@
 #   bench/lua.sh /tmp/variant        # or of a folder holding the lua/ files
 #   ROUNDS=5 ALGS="gcra log" bench/lua.sh
 #   CALLGRIND=1 N=20000 bench/lua.sh # instructions per call instead of time
+#   BATCH=32 CALLGRIND=1 N=2000 bench/lua.sh main # batches of 32 decisions a call
 #
 # One private redis-server (pinned to REDIS_CPU, no persistence) gets the
 # library of each version exactly as RedisStore loads it (what
@@ -49,7 +50,8 @@
 # per call: slow (use a small N) but insensitive to the other load on the
 # machine.
 #
-# Environment: ROUNDS (3), N (200000), C (50), KEYS (10000), ALGS (gcra tb fw
+# Environment: ROUNDS (3), N (200000), C (50), KEYS (10000), BATCH (1: one
+# decision a call; see batched below), ALGS (gcra tb fw
 # sw log; gcra-stored, gcra-kept, gcra-override and gcra-override-all on
 # request), FLOOR (1:
 # also the empty Function and script), REDIS_CPU (0),
@@ -177,7 +179,25 @@ command_of() {
     log) echo "FCALL $fn 2 bench:{k{k}}:hello:log bench:{k{k}}:hello:meta 1:1000:1000000:0:0:1" ;;
     gcra-stored | gcra-kept | gcra-override | gcra-override-all) echo "FCALL $fn 2 bench:{k{k}}:hello:gcra bench:q:hello c3:65535:1:1000:0:1" ;;
     *) echo "unknown algorithm $alg" >&2; exit 1 ;;
-  esac | in_wire "${mode%/*}"
+  esac | in_wire "${mode%/*}" | batched
+}
+
+# With BATCH=B above 1, the call of one decision becomes a batch of B
+# decisions of its limit (op 7, as the coalescer sends them), each on keys
+# of its own: `FCALL fn <B*nk> <keys 1>..<keys B> o:0:0:0:0:7 #<nk>:1:<B>
+# <limit>`; the figures are then per call (per B decisions).
+batched() {
+  local line
+  read -r line
+  if [ "${BATCH:-1}" -le 1 ] || [[ $line != FCALL* ]]; then echo "$line"; return; fi
+  python3 -c '
+import sys
+b = int(sys.argv[1]); words = sys.argv[2].split()
+fn, nk = words[1], int(words[2])
+keys, spec = words[3:3 + nk], words[3 + nk:]
+batch = [k.replace("}:", "}:%d:" % j, 1) for j in range(b) for k in keys]
+print(" ".join(["FCALL", fn, str(b * nk)] + batch + ["o:0:0:0:0:7", "#%d:%d:%d" % (nk, len(spec), b)] + spec))
+' "$BATCH" "$line"
 }
 
 # usec_per_call (or, under callgrind, instructions per call) of FCALL and
@@ -189,7 +209,7 @@ figure() {
     callgrind_control -d "$SERVER_PID" >/dev/null 2>&1
     dump=$(ls -t "$OUT"/callgrind.* | head -1)
     awk -v calls="$calls" '/^(summary|totals):/ {ir=$2} END {printf "%.0f", ir/calls}' "$dump"
-    rm -f "$dump"
+    [ -n "${KEEP_DUMPS:-}" ] && mv "$dump" "$OUT/kept.$(date +%s%N)" || rm -f "$dump"
   else
     rc INFO commandstats | tr -d '\r' |
       awk -F'[:,=]' '/^cmdstat_(fcall|evalsha):/ {c+=$3; u+=$5} END {if (c) printf "%.3f", u/c; else printf "-"}'

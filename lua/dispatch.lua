@@ -83,6 +83,39 @@ local function failed(e)
 end
 -- A reply's length as a little-endian double, by length.
 local lengths = {}
+local function length(len)
+  local packed = lengths[len]
+  if not packed then
+    packed = struct.pack('<d', len)
+    if len < 4096 then lengths[len] = packed end
+  end
+  return packed
+end
+-- Decides `count` decisions of a run, each on the next `nk` keys of
+-- `keys` after the `k` first, by the spec `s` (false: through `decide`,
+-- with the run's arguments in `as`), and appends each reply after its
+-- length to `out`, which holds `n` entries. Called protected, once for a
+-- run rather than once for each decision (that cost a batch of GCRA
+-- decisions about 1.2% more): a decision that fails stops it there, and
+-- what `out` holds then says how many were made.
+local function decide_run(out, n, keys, k, s, nk, count, store_now)
+  for _ = 1, count do
+    for i = 1, nk do ks[i] = keys[k + i] end
+    for i = nk + 1, nks do ks[i] = nil end
+    nks = nk
+    local r
+    if s then
+      r = s[1](ks, s, store_now, 0, false, store_now)
+    else
+      r = decide(ks, as)
+    end
+    if type(r) ~= 'string' then r = failed(r) end
+    local len = #r
+    out[n + 1], out[n + 2], n = lengths[len] or length(len), r, n + 2
+    k = k + nk
+  end
+end
+
 function batch(keys, args)
   -- (a batch may be the first call a server's VM runs)
   if not rcall then bind() end
@@ -103,29 +136,19 @@ function batch(keys, args)
       return redis.error_reply(NOT_BATCHED)
     end
     -- a string the library cannot read fails the run's decisions
-    local ok, s = true, false
-    if na == 1 then ok, s = lpcall(run_spec, as[1]) end
-    for _ = 1, count do
-      for i = 1, nk do ks[i] = keys[k + i] end
-      for i = nk + 1, nks do ks[i] = nil end
-      nks = nk
-      local done, r = ok, s
+    local readable, s = true, false
+    if na == 1 then readable, s = lpcall(run_spec, as[1]) end
+    while count > 0 do
+      local ok, e = false, s
+      if readable then ok, e = lpcall(decide_run, out, n, keys, k, s, nk, count, store_now) end
+      -- the decisions made (each put two entries), then the one that failed, alone
+      local made = (#out - n) / 2
+      n, k, count = n + 2 * made, k + made * nk, count - made
       if not ok then
-        r = failed(s)
-      elseif s then
-        done, r = lpcall(s[1], ks, s, store_now, 0, false, store_now)
-      else
-        done, r = lpcall(decide, ks, as)
+        local r = failed(e)
+        out[n + 1], out[n + 2], n = length(#r), r, n + 2
+        k, count = k + nk, count - 1
       end
-      if not done or type(r) ~= 'string' then r = failed(r) end
-      local len = #r
-      local packed = lengths[len]
-      if not packed then
-        packed = struct.pack('<d', len)
-        if len < 4096 then lengths[len] = packed end
-      end
-      out[n + 1], out[n + 2], n = packed, r, n + 2
-      k = k + nk
     end
     a = a + na + 1
   end
