@@ -357,10 +357,6 @@ mod tests {
                 include_str!("../../lua/sliding_window.lua"),
             ),
             ("sliding_log", include_str!("../../lua/sliding_log.lua")),
-            (
-                "sliding_log_steps",
-                include_str!("../../lua/sliding_log_steps.lua"),
-            ),
         ] {
             assert!(
                 !code.contains("outcome"),
