@@ -108,7 +108,7 @@ pub enum Error {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("the Redis store failed: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(#[source] redis::RedisError),
     /// No connection could be taken from the pool.
     #[error("no Redis connection available: {0}")]
     Pool(String),
@@ -160,4 +160,13 @@ pub enum Error {
         /// Keys passed.
         got: usize,
     },
+}
+
+/// A Redis error, in which a Lua error at a line of the decision library
+/// names the line of `lua/` it came from (`lua/gcra.lua:60`).
+#[cfg(feature = "redis")]
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        Error::Redis(crate::store::in_sources(e))
+    }
 }
