@@ -16,8 +16,6 @@ use std::pin::Pin;
 
 pub use self::memory::{MemoryStore, MemoryStoreBuilder, DEFAULT_MAX_KEYS, DEFAULT_SWEEP_INTERVAL};
 #[cfg(feature = "redis")]
-pub(crate) use self::redis::in_sources;
-#[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 

@@ -45,7 +45,6 @@ use self::cluster::Split;
 use self::conn::Lanes;
 use self::encode::{Encoded, Encoder};
 use self::fleet::Heartbeat;
-pub(crate) use self::script::in_sources;
 use self::script::{Library, DELIVERY};
 use self::stored::Admin;
 use super::{Answer, Check, Deadline, Engine, Penalty, Quotas, Quoted, Settle, Settled, Shared};
