@@ -47,7 +47,17 @@
 //! A paste becomes the fragment's body in a `do ... end` block, each
 //! parameter named by its argument (`t` written `at`: the arguments are
 //! names, and nothing is bound at run time); its results are the caller's
-//! locals of those names (the same names, or the build fails).
+//! locals of those names (the same names, or the build fails). (Plain Lua
+//! functions in their place cost a fixed window's decision 1.4 to 1.8 %
+//! more Redis instructions, a sliding window's 2.3 to 2.9 %: `CALLGRIND=1
+//! bench/lua.sh`.)
+//!
+//! Every block the build writes or splices names its source in a comment,
+//! `-- lua/gcra.lua:60 earliest` (the directive's file and line), and
+//! `$OUT_DIR/library_lines.rs` maps each line of the library back to the
+//! line of `lua/` it came from (a line the build writes: its directive's),
+//! so that an error Redis reports at a line of the library names the source
+//! (see `src/store/redis/script.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -59,8 +69,7 @@ const FILES: [&str; 7] = [
 
 /// The library's files, in the order Redis reads them: `common`, then each
 /// algorithm's of `lua/wire.lua`'s list (written from the registry in
-/// `src/algorithm/mod.rs`), `<name>.lua` and, if it has one,
-/// `<name>_steps.lua`, then [`FILES`].
+/// `src/algorithm/mod.rs`), `<name>.lua`, then [`FILES`].
 fn files(dir: &str) -> Vec<String> {
     let wire = std::fs::read_to_string(format!("{dir}/lua/wire.lua")).expect("lua/wire.lua");
     let list = wire
@@ -68,20 +77,21 @@ fn files(dir: &str) -> Vec<String> {
         .find_map(|line| line.strip_prefix("local algorithms = {")?.strip_suffix('}'))
         .expect("lua/wire.lua lists the algorithms");
     let mut files = vec!["common".to_owned()];
-    for name in list.split(',').map(str::trim) {
-        files.push(name.to_owned());
-        if std::path::Path::new(&format!("{dir}/lua/{name}_steps.lua")).exists() {
-            files.push(format!("{name}_steps"));
-        }
-    }
+    files.extend(list.split(',').map(|name| name.trim().to_owned()));
     files.extend(FILES.map(str::to_owned));
     files
 }
 
+/// A line of the library, as the line (0-based) of the concatenated
+/// sources that it came from: the line itself, or the directive that wrote it.
+type Line = (usize, String);
+
 struct Step {
+    /// The directive's line.
+    at: usize,
     args: Vec<String>,
     outs: Vec<String>,
-    body: Vec<String>,
+    body: Vec<Line>,
 }
 
 #[derive(Default)]
@@ -93,30 +103,78 @@ struct Algorithm {
     steps: HashMap<String, Step>,
 }
 
+/// The library being written: its text, and for each of its lines the
+/// line of the sources it came from.
+struct Out<'a> {
+    text: String,
+    origins: Vec<usize>,
+    /// `lua/<file>.lua:<line>` of a line of the sources.
+    source: &'a dyn Fn(usize) -> String,
+}
+
+impl Out<'_> {
+    fn line(&mut self, origin: usize, line: &str) {
+        self.text.push_str(line);
+        self.text.push('\n');
+        self.origins.push(origin);
+    }
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=lua");
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let mut source = String::new();
     // where each file starts in `source`, in lines
     let mut starts = Vec::new();
-    for file in files(&dir) {
+    let files = files(&dir);
+    for file in &files {
         println!("cargo:rerun-if-changed=lua/{file}.lua");
         let path = format!("{dir}/lua/{file}.lua");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        starts.push((source.lines().count(), file.clone()));
+        starts.push(source.lines().count());
         source.push_str(&text);
     }
-    let library = expand(&source).unwrap_or_else(|(line, e)| {
-        // the file that holds the line (0-based in `source`)
-        let (start, file) = starts
+    // the file (its index) and line (from 1) of a line (0-based) of `source`
+    let place = |line: usize| {
+        let k = starts.iter().rposition(|start| *start <= line).unwrap_or(0);
+        (k, line - starts[k] + 1)
+    };
+    let name = |line: usize| {
+        let (k, n) = place(line);
+        format!("lua/{}.lua:{n}", files[k])
+    };
+    let mut out = Out {
+        text: String::with_capacity(source.len() * 2),
+        origins: Vec::new(),
+        source: &name,
+    };
+    expand(&source, &mut out).unwrap_or_else(|(line, e)| panic!("{}: {e}", name(line)));
+    let out_dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    std::fs::write(format!("{out_dir}/library.lua"), &out.text).expect("write library.lua");
+    let mut lines = String::new();
+    let _ = writeln!(
+        lines,
+        "/// The files of `lua/` the library is assembled from.\n\
+         pub(crate) const LUA_FILES: [&str; {}] = [{}];\n\
+         /// Each line of the library (the first: line 1) as the line of\n\
+         /// `lua/` it came from: its file in `LUA_FILES`, and its line.\n\
+         pub(crate) const LUA_LINES: [(u8, u16); {}] = [",
+        files.len(),
+        files
             .iter()
-            .rev()
-            .find(|(start, _)| *start <= line)
-            .map_or((0, "?"), |(start, file)| (*start, file.as_str()));
-        panic!("lua/{file}.lua:{}: {e}", line - start + 1)
-    });
-    let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
-    std::fs::write(format!("{out}/library.lua"), library).expect("write library.lua");
+            .map(|f| format!("{f:?}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        out.origins.len(),
+    );
+    for origin in &out.origins {
+        let (k, n) = place(*origin);
+        let k = u8::try_from(k).expect("fewer than 256 files");
+        let n = u16::try_from(n).expect("files under 65536 lines");
+        let _ = write!(lines, "({k}, {n}),");
+    }
+    lines.push_str("];\n");
+    std::fs::write(format!("{out_dir}/library_lines.rs"), lines).expect("write library_lines.rs");
 }
 
 /// `name(a, b) -> x, y` as ("name", [a, b], [x, y]).
@@ -146,7 +204,7 @@ fn directive(line: &str) -> Option<&str> {
 }
 
 /// The lines up to `--: end` after line `i`, and the index of that line.
-fn block(lines: &[&str], i: usize) -> Result<(Vec<String>, usize), (usize, String)> {
+fn block(lines: &[&str], i: usize) -> Result<(Vec<Line>, usize), (usize, String)> {
     let mut body = Vec::new();
     for (j, line) in lines.iter().enumerate().skip(i + 1) {
         match directive(line) {
@@ -158,20 +216,20 @@ fn block(lines: &[&str], i: usize) -> Result<(Vec<String>, usize), (usize, Strin
             {
                 return Err((j, format!("`--: {other}` inside a block")))
             }
-            _ => body.push((*line).to_owned()),
+            _ => body.push((j, (*line).to_owned())),
         }
     }
     Err((i, "a block without `--: end`".to_owned()))
 }
 
-/// The library: `source` with its directives expanded; an error names the
-/// line (0-based) of the directive it concerns.
-fn expand(source: &str) -> Result<String, (usize, String)> {
+/// The library: `source` with its directives expanded, into `out`; an
+/// error names the line (0-based) of the directive it concerns.
+fn expand(source: &str, out: &mut Out) -> Result<(), (usize, String)> {
     let lines: Vec<&str> = source.lines().collect();
     // First pass: every algorithm's state, parameters and steps, and the
     // templates, wherever they are.
     let mut algorithms: HashMap<String, Algorithm> = HashMap::new();
-    let mut templates: HashMap<String, Vec<String>> = HashMap::new();
+    let mut templates: HashMap<String, (usize, Vec<Line>)> = HashMap::new();
     let mut constants: HashMap<String, String> = HashMap::new();
     let mut fragments: HashMap<String, Step> = HashMap::new();
     let mut i = 0;
@@ -195,7 +253,7 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                 a.stored = true;
                 a.steps.insert(
                     "load".to_owned(),
-                    load(tag.trim(), &names(list)).map_err(|e| (i, e))?,
+                    load(i, tag.trim(), &names(list)).map_err(|e| (i, e))?,
                 );
             }
             "state" | "params" => {
@@ -216,8 +274,11 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                     .ok_or_else(|| (i, "`--: step alg name(...)`".to_owned()))?;
                 let (name, args, outs) = signature(sig).map_err(|e| (i, e))?;
                 let (body, end) = block(&lines, i)?;
-                let body = paste(body, &fragments).map_err(|e| (i, e))?;
-                if let Some(line) = body.iter().find(|l| l.trim_start().starts_with("return")) {
+                let body = paste(body, &fragments, out.source).map_err(|e| (i, e))?;
+                if let Some((_, line)) = body
+                    .iter()
+                    .find(|(_, l)| l.trim_start().starts_with("return"))
+                {
                     return Err((
                         i,
                         format!(
@@ -227,18 +288,32 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                     ));
                 }
                 let a = algorithms.entry(alg.to_owned()).or_default();
-                a.steps.insert(name, Step { args, outs, body });
+                a.steps.insert(
+                    name,
+                    Step {
+                        at: i,
+                        args,
+                        outs,
+                        body,
+                    },
+                );
                 i = end;
             }
             "template" => {
                 let (body, end) = block(&lines, i)?;
-                templates.insert(rest.to_owned(), body);
+                templates.insert(rest.to_owned(), (i, body));
                 i = end;
             }
             "fragment" => {
                 let (name, args, outs) = signature(rest).map_err(|e| (i, e))?;
                 let (body, end) = block(&lines, i)?;
-                fragments.insert(name, Step { args, outs, body });
+                let step = Step {
+                    at: i,
+                    args,
+                    outs,
+                    body,
+                };
+                fragments.insert(name, step);
                 i = end;
             }
             "one" | "end" | "locals" | "inline" | "paste" => {}
@@ -249,12 +324,10 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
 
     // Second pass: steps become functions over a state table, `--: one`
     // the template's instance, the other directives go.
-    let mut out = String::with_capacity(source.len() * 2);
     let mut i = 0;
     while i < lines.len() {
         let Some(d) = directive(lines[i]) else {
-            out.push_str(lines[i]);
-            out.push('\n');
+            out.line(i, lines[i]);
             i += 1;
             continue;
         };
@@ -264,13 +337,13 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                 let (alg, sig) = rest.split_once(' ').unwrap_or((rest, ""));
                 let (name, _, _) = signature(sig).map_err(|e| (i, e))?;
                 let a = &algorithms[alg];
-                function(&mut out, alg, &name, a);
+                function(out, alg, &name, a);
                 i = block(&lines, i)?.1;
             }
             "template" | "fragment" => i = block(&lines, i)?.1,
             "stored" => {
                 let alg = rest.split(' ').next().unwrap_or_default();
-                function(&mut out, alg, "load", &algorithms[alg]);
+                function(out, alg, "load", &algorithms[alg]);
             }
             "one" => {
                 let (alg, table) = rest.split_once(' ').unwrap_or((rest, rest));
@@ -280,28 +353,41 @@ fn expand(source: &str) -> Result<String, (usize, String)> {
                 let template = templates
                     .get("one")
                     .ok_or_else(|| (i, "`--: one` without `--: template one`".to_owned()))?;
-                instance(&mut out, alg, a, template, &constants).map_err(|e| (i, e))?;
+                let here = (out.source)(i);
+                out.line(
+                    i,
+                    &format!(
+                        "-- {} template one, for {alg} ({here} one {alg})",
+                        (out.source)(template.0)
+                    ),
+                );
+                instance(out, alg, a, &template.1, &constants).map_err(|e| (i, e))?;
                 let mut steps: Vec<&String> = a.steps.keys().collect();
                 steps.sort();
-                let _ = writeln!(out, "local {table} = {{");
+                out.line(i, &format!("local {table} = {{ -- {here} one {alg}"));
                 for step in steps {
-                    let _ = writeln!(out, "  {step} = {alg}_{step},");
+                    out.line(i, &format!("  {step} = {alg}_{step},"));
                 }
-                let _ = writeln!(out, "  one = {alg}_one,\n}}");
+                out.line(i, &format!("  one = {alg}_one,"));
+                out.line(i, "}");
             }
             _ => {}
         }
         i += 1;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// `body` with each `--: paste` replaced by its fragment (see the top).
-fn paste(body: Vec<String>, fragments: &HashMap<String, Step>) -> Result<Vec<String>, String> {
+fn paste(
+    body: Vec<Line>,
+    fragments: &HashMap<String, Step>,
+    source: &dyn Fn(usize) -> String,
+) -> Result<Vec<Line>, String> {
     let mut out = Vec::with_capacity(body.len());
-    for line in body {
+    for (at, line) in body {
         let Some(sig) = directive(&line).and_then(|d| d.strip_prefix("paste")) else {
-            out.push(line);
+            out.push((at, line));
             continue;
         };
         let indent: String = line.chars().take_while(|c| c.is_whitespace()).collect();
@@ -309,24 +395,33 @@ fn paste(body: Vec<String>, fragments: &HashMap<String, Step>) -> Result<Vec<Str
         let fragment = fragments
             .get(&call.0)
             .ok_or_else(|| format!("no fragment `{}` defined before this paste", call.0))?;
-        out.extend(spliced("paste", &indent, &call, fragment, false)?);
+        out.extend(spliced(
+            "paste",
+            (at, &indent),
+            &call,
+            fragment,
+            false,
+            source,
+        )?);
     }
     Ok(out)
 }
 
 /// `step`'s body in a `do ... end` block at `indent`, for the call `(name,
-/// args, outs)` (`what` names the caller in an error). Each parameter is
-/// renamed to its argument in the body, as a constant is (see `literals`:
-/// nothing is bound at run time); with `by_name` the arguments must be the
+/// args, outs)` at the line `at` (`what` names the caller in an error),
+/// its first line naming the step's source. Each parameter is renamed to
+/// its argument in the body, as a constant is (see `literals`: nothing is
+/// bound at run time); with `by_name` the arguments must be the
 /// parameters' own names. The results are the caller's locals of the
 /// step's result names.
 fn spliced(
     what: &str,
-    indent: &str,
+    (at, indent): (usize, &str),
     (name, args, outs): &(String, Vec<String>, Vec<String>),
     step: &Step,
     by_name: bool,
-) -> Result<Vec<String>, String> {
+    source: &dyn Fn(usize) -> String,
+) -> Result<Vec<Line>, String> {
     let args_fit = if by_name {
         *args == step.args
     } else {
@@ -348,19 +443,19 @@ fn spliced(
         .filter(|(param, arg)| param != arg)
         .map(|(param, arg)| (param.clone(), arg.clone()))
         .collect();
-    let mut lines = vec![format!("{indent}do -- {name}")];
+    let mut lines = vec![(step.at, format!("{indent}do -- {} {name}", source(step.at)))];
     lines.extend(
         step.body
             .iter()
-            .map(|l| format!("{indent}{}", literals(l, &renamed))),
+            .map(|(origin, l)| (*origin, format!("{indent}{}", literals(l, &renamed)))),
     );
-    lines.push(format!("{indent}end"));
+    lines.push((at, format!("{indent}end")));
     Ok(lines)
 }
 
 /// `local p1, p2 = s[2], s[3]` for the algorithm's parameters that `used`
-/// admits.
-fn params(out: &mut String, indent: &str, a: &Algorithm, used: impl Fn(&str) -> bool) {
+/// admits, at the line `at`.
+fn params(out: &mut Out, (at, indent): (usize, &str), a: &Algorithm, used: impl Fn(&str) -> bool) {
     let (names, slots): (Vec<&str>, Vec<String>) = a
         .params
         .iter()
@@ -369,33 +464,37 @@ fn params(out: &mut String, indent: &str, a: &Algorithm, used: impl Fn(&str) -> 
         .map(|(k, p)| (p.as_str(), format!("s[{}]", k + 2)))
         .unzip();
     if !names.is_empty() {
-        let _ = writeln!(
-            out,
-            "{indent}local {} = {}",
-            names.join(", "),
-            slots.join(", ")
+        out.line(
+            at,
+            &format!("{indent}local {} = {}", names.join(", "), slots.join(", ")),
         );
     }
 }
 
 /// The identifiers in `lines`.
-fn words(lines: &[String]) -> HashSet<&str> {
+fn words(lines: &[Line]) -> HashSet<&str> {
     lines
         .iter()
-        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .flat_map(|(_, l)| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
         .filter(|w| !w.is_empty())
         .collect()
 }
 
 /// A step as a function over the state table `st` and the spec `s`: the
 /// fields and parameters its body names, as locals, and the fields back.
-fn function(out: &mut String, alg: &str, name: &str, a: &Algorithm) {
+fn function(out: &mut Out, alg: &str, name: &str, a: &Algorithm) {
     let step = &a.steps[name];
+    let at = step.at;
     let named = words(&step.body);
     let mut args = vec!["st".to_owned(), "s".to_owned()];
     args.extend(step.args.iter().cloned());
-    let _ = writeln!(out, "local function {alg}_{name}({})", args.join(", "));
-    params(out, "  ", a, |p| named.contains(p));
+    let header = format!(
+        "local function {alg}_{name}({}) -- {} {name}",
+        args.join(", "),
+        (out.source)(at)
+    );
+    out.line(at, &header);
+    params(out, (at, "  "), a, |p| named.contains(p));
     let state: Vec<&str> = a
         .state
         .iter()
@@ -404,22 +503,27 @@ fn function(out: &mut String, alg: &str, name: &str, a: &Algorithm) {
         .collect();
     let fields: Vec<String> = state.iter().map(|f| format!("st.{f}")).collect();
     if !state.is_empty() {
-        let _ = writeln!(out, "  local {} = {}", state.join(", "), fields.join(", "));
+        out.line(
+            at,
+            &format!("  local {} = {}", state.join(", "), fields.join(", ")),
+        );
     }
     if !step.outs.is_empty() {
-        let _ = writeln!(out, "  local {}", step.outs.join(", "));
+        out.line(at, &format!("  local {}", step.outs.join(", ")));
     }
-    for line in &step.body {
-        out.push_str(line);
-        out.push('\n');
+    for (origin, line) in &step.body {
+        out.line(*origin, line);
     }
     if !state.is_empty() {
-        let _ = writeln!(out, "  {} = {}", fields.join(", "), state.join(", "));
+        out.line(
+            at,
+            &format!("  {} = {}", fields.join(", "), state.join(", ")),
+        );
     }
     if !step.outs.is_empty() {
-        let _ = writeln!(out, "  return {}", step.outs.join(", "));
+        out.line(at, &format!("  return {}", step.outs.join(", ")));
     }
-    out.push_str("end\n");
+    out.line(at, "end");
 }
 
 /// Reads `local A, B = 1, 2` at the start of a line, integers only, into
@@ -465,25 +569,24 @@ fn literals(line: &str, constants: &HashMap<String, String>) -> String {
 /// parameters and state as locals, and each `--: inline` the step's body;
 /// the `constants` of `lua/wire.lua` as literals (see the top).
 fn instance(
-    out: &mut String,
+    out: &mut Out,
     alg: &str,
     a: &Algorithm,
-    template: &[String],
+    template: &[Line],
     constants: &HashMap<String, String>,
 ) -> Result<(), String> {
-    for line in template {
+    for (origin, line) in template {
         let indent: String = line.chars().take_while(|c| c.is_whitespace()).collect();
         match directive(line) {
             None => {
                 let line = literals(line, constants)
                     .replace("ALG_", &format!("{alg}_"))
                     .replace("STORED", if a.stored { "true" } else { "false" });
-                out.push_str(&line);
-                out.push('\n');
+                out.line(*origin, &line);
             }
             Some("locals") => {
-                params(out, &indent, a, |_| true);
-                let _ = writeln!(out, "{indent}local {}", a.state.join(", "));
+                params(out, (*origin, &indent), a, |_| true);
+                out.line(*origin, &format!("{indent}local {}", a.state.join(", ")));
             }
             Some(d) => {
                 let sig = d
@@ -494,9 +597,10 @@ fn instance(
                     .steps
                     .get(&call.0)
                     .ok_or_else(|| format!("{alg} has no step `{}`", call.0))?;
-                for line in spliced(&format!("template of {alg}:"), &indent, &call, step, true)? {
-                    out.push_str(&line);
-                    out.push('\n');
+                let what = format!("template of {alg}:");
+                let block = spliced(&what, (*origin, &indent), &call, step, true, out.source)?;
+                for (origin, line) in block {
+                    out.line(origin, &line);
                 }
             }
         }
@@ -504,11 +608,11 @@ fn instance(
     Ok(())
 }
 
-/// The `load(keys, i, v)` step of a state kept as a STRING: the tag byte
-/// `tag`, then `fields` as little-endian doubles (a `+` after a name:
-/// positive); `v` the key's value when the caller has it (false: absent),
-/// nil to read it.
-fn load(tag: &str, fields: &[String]) -> Result<Step, String> {
+/// The `load(keys, i, v)` step of a state kept as a STRING (its directive
+/// at line `at`): the tag byte `tag`, then `fields` as little-endian
+/// doubles (a `+` after a name: positive); `v` the key's value when the
+/// caller has it (false: absent), nil to read it.
+fn load(at: usize, tag: &str, fields: &[String]) -> Result<Step, String> {
     if tag.len() != 1 || !fields.iter().any(|f| f == "written") {
         return Err(format!(
             "`--: stored`: tag `{tag}`, fields {fields:?} (one byte; `written` among them)"
@@ -547,9 +651,10 @@ fn load(tag: &str, fields: &[String]) -> Result<Step, String> {
         checks = checks.join("\n      and "),
     );
     Ok(Step {
+        at,
         args: vec!["keys".to_owned(), "i".to_owned(), "v".to_owned()],
         outs: Vec::new(),
-        body: body.lines().map(str::to_owned).collect(),
+        body: body.lines().map(|l| (at, l.to_owned())).collect(),
     })
 }
 

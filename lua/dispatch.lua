@@ -20,7 +20,7 @@ local function decide(keys, args)
     opts = ints(string.sub(args[1], 3))
     local op = opts[OPT_OP]
     if op == OP_TAKE then return take(keys, args, opts) end
-    if op == OP_CHANGE then return change(keys, args) end
+    if op == OP_QUOTAS then return quotas(keys, args) end
     if op == OP_CHARGE then return charge(keys, args, opts) end
     if op == OP_REFUND or op == OP_RENEW then return settle(keys, args, opts, op) end
     if op == OP_PENALTY then return penalty(keys, args, opts) end

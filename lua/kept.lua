@@ -1,7 +1,7 @@
 -- kept.lua: quotas kept in the store (`Limit::quota_from_store`), read
--- through a mirror in this Lua VM, and op 3, which changes them.
+-- through a mirror in this Lua VM, and op 3 (OP_QUOTAS), which changes them.
 --
--- Change (op 3): KEYS the hash of a limit's kept quotas, ARGV the options,
+-- Quotas (op 3): KEYS the hash of a limit's kept quotas, ARGV the options,
 -- then HSET, HSETNX or HDEL, the field and, for a set, the value: runs that
 -- command and drops the hash's mirror. Reply: the command's, as text.
 --
@@ -183,11 +183,12 @@ local function configured(s, keys, k, i, now)
   return decides, (ignored or '') .. i .. '=' .. quota.params .. ';'
 end
 
--- Op 3: changes a kept quota: keys[1] its hash, args[2] the command (HSET,
--- HSETNX or HDEL), then its field and, for a set, the value. Drops the
--- hash's mirror. Reply: the command's, as text.
+-- Op 3 (OP_QUOTAS, the store's `quotas`): changes a kept quota: keys[1]
+-- its hash, args[2] the command (HSET, HSETNX or HDEL), then its field
+-- and, for a set, the value. Drops the hash's mirror. Reply: the
+-- command's, as text.
 local CHANGES = { HSET = true, HSETNX = true, HDEL = true }
-local function change(keys, args)
+local function quotas(keys, args)
   local hash = keys[1]
   if not rcall then bind() end
   if not CHANGES[args[2]] then return redis.error_reply('not a change of a kept quota') end

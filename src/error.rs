@@ -108,7 +108,7 @@ pub enum Error {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("the Redis store failed: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(#[source] redis::RedisError),
     /// No connection could be taken from the pool.
     #[error("no Redis connection available: {0}")]
     Pool(String),
@@ -160,4 +160,164 @@ pub enum Error {
         /// Keys passed.
         got: usize,
     },
+}
+
+/// A Redis error, in which a Lua error at a line of the decision library
+/// names the line of `lua/` it came from (`lua/gcra.lua:60`).
+#[cfg(feature = "redis")]
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        Error::Redis(lua_source::in_sources(e))
+    }
+}
+
+/// Where a line of the Redis library came from in `lua/`.
+#[cfg(feature = "redis")]
+mod lua_source {
+    // `LUA_FILES` and `LUA_LINES`: where each line of the library came from
+    // in `lua/` (written by `build.rs`).
+    include!(concat!(env!("OUT_DIR"), "/library_lines.rs"));
+
+    /// `e` with each line of the library it names (`user_function:N`, a line
+    /// of the Function library, whose first line is its `#!lua` one;
+    /// `user_script:N`, of the script) named as the line of `lua/` it came
+    /// from, `lua/<file>.lua:<line>`: a Lua error names its source. Other
+    /// errors are returned as they are.
+    pub(super) fn in_sources(e: redis::RedisError) -> redis::RedisError {
+        let (Some(code), Some(detail)) = (e.code(), e.detail()) else {
+            return e;
+        };
+        if detail.contains(['\r', '\n']) {
+            return e;
+        }
+        let Some(detail) = source_lines(detail) else {
+            return e;
+        };
+        // the error as Redis would have sent it, of the same kind
+        match redis::parse_redis_value(format!("-{code} {detail}\r\n").as_bytes())
+            .and_then(redis::Value::extract_error)
+        {
+            Err(located) => located,
+            Ok(_) => e,
+        }
+    }
+
+    /// `text` with each `user_function:N` and `user_script:N` that names a line
+    /// of the library named as its line of `lua/`; `None` when none does.
+    fn source_lines(text: &str) -> Option<String> {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        let mut found = false;
+        while let Some(k) = rest.find("user_") {
+            let (before, after) = rest.split_at(k);
+            out.push_str(before);
+            // the library's code starts at line 1 of the script, after `#!lua`
+            // in the Function
+            let (number, first) = if let Some(n) = after.strip_prefix("user_function:") {
+                (n, 2)
+            } else if let Some(n) = after.strip_prefix("user_script:") {
+                (n, 1)
+            } else {
+                out.push_str("user_");
+                rest = &after[5..];
+                continue;
+            };
+            let digits = number.bytes().take_while(u8::is_ascii_digit).count();
+            let place = number[..digits]
+                .parse::<usize>()
+                .ok()
+                .and_then(|n| n.checked_sub(first))
+                .and_then(|k| LUA_LINES.get(k));
+            match place {
+                Some(&(file, line)) => {
+                    out.push_str(&format!("lua/{}.lua:{line}", LUA_FILES[usize::from(file)]));
+                    rest = &number[digits..];
+                    found = true;
+                }
+                None => {
+                    out.push_str(&after[..after.len() - number.len()]);
+                    rest = number;
+                }
+            }
+        }
+        out.push_str(rest);
+        found.then_some(out)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// The library's code (see `src/store/redis/script.rs`).
+        const CODE: &str = include_str!(concat!(env!("OUT_DIR"), "/library.lua"));
+
+        /// `line` without its indent, each name or number written `x`.
+        fn shape(line: &str) -> String {
+            let mut out = String::new();
+            for c in line.trim().chars() {
+                if !(c.is_ascii_alphanumeric() || c == '_') {
+                    out.push(c);
+                } else if !out.ends_with('x') {
+                    out.push('x');
+                }
+            }
+            out
+        }
+
+        /// Each line of the library maps to the line of `lua/` it came from:
+        /// the same text (names may differ: a template's are filled in, a
+        /// fragment's parameters named by a paste's arguments), or the
+        /// directive that wrote it.
+        #[test]
+        fn each_line_of_the_library_names_its_source() {
+            assert_eq!(CODE.lines().count(), LUA_LINES.len());
+            let sources: Vec<String> = LUA_FILES
+                .iter()
+                .map(|file| {
+                    let path = format!("{}/lua/{file}.lua", env!("CARGO_MANIFEST_DIR"));
+                    std::fs::read_to_string(path).expect("read lua/")
+                })
+                .collect();
+            for (k, line) in CODE.lines().enumerate() {
+                let (file, n) = LUA_LINES[k];
+                let source = sources[usize::from(file)]
+                    .lines()
+                    .nth(usize::from(n) - 1)
+                    .expect("a line of the file");
+                let copied = shape(line) == shape(source);
+                let written = source.trim_start().starts_with("--:");
+                assert!(
+                    copied || written,
+                    "library line {}: `{line}` from lua/{}.lua:{n}: `{source}`",
+                    k + 1,
+                    LUA_FILES[usize::from(file)]
+                );
+            }
+        }
+
+        /// A line of the Function library (line 1: `#!lua`) or of the script.
+        #[test]
+        fn lines_of_the_function_and_the_script_name_the_same_source() {
+            let k = CODE
+                .lines()
+                .position(|l| l.contains("string.byte(args[1], 1) == 111"))
+                .expect("the entry point");
+            let (file, n) = LUA_LINES[k];
+            let expected = format!("lua/{}.lua:{n}", LUA_FILES[usize::from(file)]);
+            for (said, to) in [
+                (
+                    format!("user_function:{}: x", k + 2),
+                    format!("{expected}: x"),
+                ),
+                (
+                    format!("on @user_script:{}.", k + 1),
+                    format!("on @{expected}."),
+                ),
+            ] {
+                assert_eq!(source_lines(&said).as_deref(), Some(to.as_str()));
+            }
+            assert_eq!(source_lines("user_function:999999: x"), None);
+            assert_eq!(source_lines("no user_ line"), None);
+        }
+    }
 }

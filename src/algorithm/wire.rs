@@ -16,8 +16,9 @@ pub(crate) enum Op {
     Refund = 1,
     /// Take what is available, at most the cost.
     Take = 2,
-    /// Change a stored quota (`HSET`, `HSETNX` or `HDEL` on its hash).
-    Change = 3,
+    /// Change a kept quota (`HSET`, `HSETNX` or `HDEL` on its hash): the
+    /// store's `quotas`.
+    Quotas = 3,
     /// Charge each cost, whatever is left.
     Charge = 4,
     /// Move the grants made at store time [`Opt::At`] to now.
@@ -35,7 +36,7 @@ impl Op {
     const ALL: [Op; 7] = [
         Op::Refund,
         Op::Take,
-        Op::Change,
+        Op::Quotas,
         Op::Charge,
         Op::Renew,
         Op::Penalty,
@@ -48,7 +49,7 @@ impl Op {
         match self {
             Op::Refund => "REFUND",
             Op::Take => "TAKE",
-            Op::Change => "CHANGE",
+            Op::Quotas => "QUOTAS",
             Op::Charge => "CHARGE",
             Op::Renew => "RENEW",
             Op::Penalty => "PENALTY",
@@ -357,10 +358,6 @@ mod tests {
                 include_str!("../../lua/sliding_window.lua"),
             ),
             ("sliding_log", include_str!("../../lua/sliding_log.lua")),
-            (
-                "sliding_log_steps",
-                include_str!("../../lua/sliding_log_steps.lua"),
-            ),
         ] {
             assert!(
                 !code.contains("outcome"),

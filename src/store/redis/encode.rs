@@ -311,12 +311,12 @@ impl Encoded {
         Encoded::of(&keys, &args)
     }
 
-    /// A change of a kept quota ([`Op::Change`], see
+    /// A change of a kept quota ([`Op::Quotas`], see
     /// `lua/kept.lua`): the hash `hash`, then `command` (`HSET`, `HSETNX`
     /// or `HDEL`) and its arguments after the key.
     pub(super) fn change(hash: &[u8], command: &str, args: &[&[u8]]) -> Encoded {
         let mut options = Vec::new();
-        Options::op(Op::Change).write(&mut options);
+        Options::op(Op::Quotas).write(&mut options);
         let mut all: SmallVec<[&[u8]; 4]> = smallvec::smallvec![&options[..], command.as_bytes()];
         all.extend_from_slice(args);
         Encoded::of(&[hash], &all)
