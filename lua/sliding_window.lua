@@ -33,11 +33,11 @@ local function sw_counts(start, prev, cur, at, w)
   return 0, 0
 end
 
--- When the count of the window at `start` stops weighing: its length
--- after the next window begins, or that window's end if sooner (a
--- calendar quota's windows differ in length).
-local function sw_until(start, w, u)
-  if u > 0 then return start + 2 * w end
+-- When the count of the window at `start` stops weighing: W after the
+-- next window begins (inline where it is used); for a calendar quota (code
+-- `u`), whose windows differ in length, its length after the next window
+-- begins, or that window's end if sooner.
+local function cal_until(start, u)
   local _, len, _, next_len = cal(start, u)
   return start + len + min(len, next_len)
 end
@@ -157,7 +157,8 @@ end
   local ws, wl, wb
   --: paste window_of(at, u, w) -> ws, wl, wb
   if start > ws then
-    remaining, reset = 0, sw_until(start, w, u) - now
+    remaining, reset = 0, start + 2 * w - now
+    if u < 0 then reset = cal_until(start, u) - now end
   else
     local p0, c0 = prev, cur
     if start ~= ws then p0, c0 = sw_counts(start, prev, cur, ws, wb) end
@@ -179,7 +180,8 @@ end
     if remaining < 0 then remaining = 0 end
     reset = 0
     if c0 > 0 then
-      reset = sw_until(ws, w, u) - now
+      reset = ws + 2 * w - now
+      if u < 0 then reset = cal_until(ws, u) - now end
     elseif p0 > 0 then
       reset = ws + min(wb, wl) - now
     end
