@@ -19,16 +19,15 @@ pub(super) const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 /// The shortest heartbeat period a builder accepts.
 pub(super) const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
 
-/// Adds or refreshes `ARGV[1]`, counted until `ARGV[2]` ms from now (the
-/// server's `TIME`, or `ARGV[3]` ms when the store has a clock of its own),
-/// drops the ids no longer counted, keeps the set as long as its last id,
-/// and answers how many count.
+/// Adds or refreshes `ARGV[1]`, counted until `ARGV[2]` ms from now, drops
+/// the ids no longer counted, keeps the set as long as its last id, and
+/// answers how many count. "Now" is the server's `TIME`, whatever clock
+/// the store decides with (`RedisStoreBuilder::clock`): every instance
+/// stamps and prunes on one clock, so an instance whose clock runs ahead
+/// cannot drop the others, nor one behind keep the gone.
 const HEARTBEAT: &str = r"
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
@@ -92,38 +91,25 @@ impl Heartbeat {
 async fn heartbeat(store: &Inner, fleet: &Fleet, period: Duration) -> Result<u64, Error> {
     let counted = period.saturating_mul(PERIODS_COUNTED);
     let counted = u64::try_from(counted.as_millis()).unwrap_or(u64::MAX);
-    let now = match store.encoder.clock_time() {
-        Some(us) => (us / 1000).to_string(),
-        None => String::new(),
-    };
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(HEARTBEAT)
         .arg(1)
         .arg(store.encoder.fleet_key())
         .arg(fleet.id())
-        .arg(counted)
-        .arg(now);
+        .arg(counted);
     let deadline = Deadline::after(period.min(Duration::from_secs(2))).start();
     store.lanes.command::<u64>(&cmd, deadline).await
 }
 
 /// Beats every `period` while a handle of the store is left.
 async fn beat(store: Weak<Inner>, fleet: Arc<Fleet>, period: Duration) {
-    // heartbeats that reached the store in a row
-    let mut streak = 0_u32;
     loop {
         let Some(store) = store.upgrade() else {
             return;
         };
         match heartbeat(&store, &fleet, period).await {
-            Ok(counted) => {
-                streak = streak.saturating_add(1);
-                // after a whole window of them, every instance alive has
-                // beaten since the store came back
-                fleet.learn(counted, streak > PERIODS_COUNTED);
-            }
+            Ok(counted) => fleet.learn(counted),
             Err(error) => {
-                streak = 0;
                 tracing::debug!(
                     target: "tower_ratelimit",
                     %error,
