@@ -5,7 +5,9 @@
 //!
 //! A shared store that has a fallback keeps a [`Fleet`]: an id of its own,
 //! registered in the store by a background heartbeat, and the number of
-//! instances the heartbeat last counted there (see the Redis store's
+//! instances the heartbeat counted there: the largest count of its last
+//! [`COUNTS_KEPT`] beats, so that a count does not fall while the store's
+//! set fills again after it was emptied (see the Redis store's
 //! `fleet.rs`). The fallback's store is a [`FleetShare`]: the shared
 //! store's [`MemoryStore`] with every check's cost multiplied by that count
 //! (at most the limit's capacity), so each instance grants its share of the
