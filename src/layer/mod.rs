@@ -207,7 +207,7 @@ pub enum OnStoreError {
     /// quota. Once Redis answers again, decisions go back to it at once
     /// (nothing to restart) and the heartbeat resumes. While Redis
     /// answers, the share costs decisions nothing: they never read the
-    /// count, and the heartbeat is one `EVAL` per period per store handle.
+    /// count, and the heartbeat is one `FCALL` per period per store handle.
     FallbackToMemory,
 }
 

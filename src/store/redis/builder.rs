@@ -154,12 +154,12 @@ impl RedisStoreBuilder {
     /// for the exact bound); without a heartbeat, each instance grants the
     /// full quota.
     ///
-    /// One `EVAL` per period on a task of its own (decisions neither wait
-    /// for it nor read what it counts): it adds this handle's random id to
-    /// the sorted set `<prefix>:fleet`, scored by when it stops counting,
-    /// three periods later on the server's clock (Redis `TIME`, even with a
-    /// [`clock`](Self::clock) of the store's own), drops the ids past
-    /// theirs, and counts the rest. The instance's count is the largest of
+    /// One call of the library (`FCALL`) per period, on a task of its own
+    /// (decisions neither wait for it nor read what it counts): it adds
+    /// this handle's random id to the sorted set `<prefix>:fleet`, scored
+    /// by when it stops counting, three periods later on the server's
+    /// clock (Redis `TIME`, even with a [`clock`](Self::clock) of the
+    /// store's own), drops the ids past theirs, and counts the rest. The instance's count is the largest of
     /// its last four heartbeats', so that a set deleted, flushed or evicted,
     /// or a forward step of the server's clock, does not lower it while the
     /// others beat again. Every instance sharing a prefix should use the
