@@ -63,8 +63,8 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 /// The library's files after the algorithms', in the order Redis reads them.
-const FILES: [&str; 7] = [
-    "wire", "driver", "kept", "penalty", "limits", "one", "dispatch",
+const FILES: [&str; 8] = [
+    "wire", "driver", "kept", "penalty", "limits", "one", "fleet", "dispatch",
 ];
 
 /// The library's files, in the order Redis reads them: `common`, then each

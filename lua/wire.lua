@@ -18,7 +18,7 @@
 -- A call's options, `o:<slot 1>:<slot 2>:...` (`wire::Opt`), by slot:
 local OPT_NOW, OPT_MAX_WAIT, OPT_DRY, OPT_SLACK, OPT_OP, OPT_AT, OPT_BLOCK = 1, 2, 3, 4, 5, 6, 7
 -- The operations, in slot OPT_OP (`wire::Op`; absent or 0: decide):
-local OP_REFUND, OP_TAKE, OP_QUOTAS, OP_CHARGE, OP_RENEW, OP_PENALTY, OP_BATCH = 1, 2, 3, 4, 5, 6, 7
+local OP_REFUND, OP_TAKE, OP_QUOTAS, OP_CHARGE, OP_RENEW, OP_PENALTY, OP_BATCH, OP_FLEET = 1, 2, 3, 4, 5, 6, 7, 8
 -- What a penalty call (OP_PENALTY) does, in slot OPT_AT (`wire::PENALTY_CODES`):
 local PEN_READ, PEN_BLOCK, PEN_UNBLOCK = 0, 1, 2
 -- A decision's reply: its outcome and clock, then each limit's status,

@@ -28,12 +28,15 @@ pub(crate) enum Op {
     Penalty = 6,
     /// Several decisions in one call.
     Batch = 7,
+    /// The fleet's heartbeat: register an instance, count the instances
+    /// (`lua/fleet.lua`).
+    Fleet = 8,
 }
 
 impl Op {
     /// Every operation, for `lua/wire.lua`.
     #[cfg(test)]
-    const ALL: [Op; 7] = [
+    const ALL: [Op; 8] = [
         Op::Refund,
         Op::Take,
         Op::Quotas,
@@ -41,6 +44,7 @@ impl Op {
         Op::Renew,
         Op::Penalty,
         Op::Batch,
+        Op::Fleet,
     ];
 
     /// Its name in the scripts, after `OP_`.
@@ -54,6 +58,7 @@ impl Op {
             Op::Renew => "RENEW",
             Op::Penalty => "PENALTY",
             Op::Batch => "BATCH",
+            Op::Fleet => "FLEET",
         }
     }
 }

@@ -179,10 +179,20 @@ pub enum OnStoreError {
     /// - the count is learned up to one heartbeat before the outage: an
     ///   instance started within that time may be missing from the
     ///   others' counts (their shares are then of `n - 1`); one that
-    ///   stopped is still counted for up to three heartbeats (shares
+    ///   stopped is still counted for up to seven heartbeats (shares
     ///   smaller than needed, never larger). Counts are per prefix:
     ///   instances that share the prefix but not the limit make the shares
     ///   smaller than needed, never larger;
+    /// - the count does not fall when the fleet's set is emptied (`DEL`,
+    ///   `FLUSHDB`, eviction, a failover or restart that lost it) or the
+    ///   Redis clock steps forward: each instance keeps the largest count
+    ///   of its last four heartbeats, by which time every instance alive
+    ///   has beaten again, and heartbeats are stamped with Redis `TIME`
+    ///   even for a store with its own
+    ///   [`clock`](crate::RedisStoreBuilder::clock), so a clock ahead
+    ///   drops no other instance. Only an instance started after the set
+    ///   was emptied and before the others beat again counts fewer than
+    ///   there are;
     /// - as with any fallback, the fallback does not know what Redis
     ///   granted before the outage, nor Redis what the fallback granted:
     ///   the windows in which the outage begins and ends may each let up
@@ -197,7 +207,7 @@ pub enum OnStoreError {
     /// quota. Once Redis answers again, decisions go back to it at once
     /// (nothing to restart) and the heartbeat resumes. While Redis
     /// answers, the share costs decisions nothing: they never read the
-    /// count, and the heartbeat is one `EVAL` per period per store handle.
+    /// count, and the heartbeat is one `FCALL` per period per store handle.
     FallbackToMemory,
 }
 

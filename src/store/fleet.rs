@@ -5,7 +5,9 @@
 //!
 //! A shared store that has a fallback keeps a [`Fleet`]: an id of its own,
 //! registered in the store by a background heartbeat, and the number of
-//! instances the heartbeat last counted there (see the Redis store's
+//! instances the heartbeat counted there: the largest count of its last
+//! [`COUNTS_KEPT`] beats, so that a count does not fall while the store's
+//! set fills again after it was emptied (see the Redis store's
 //! `fleet.rs`). The fallback's store is a [`FleetShare`]: the shared
 //! store's [`MemoryStore`] with every check's cost multiplied by that count
 //! (at most the limit's capacity), so each instance grants its share of the
@@ -14,13 +16,13 @@
 //! never read the count, the heartbeat does not wait for them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
 use super::{
-    Answer, Check, Deadline, Engine, MemoryStore, Penalty, Quotas, Quoted, Reply, Settle, Settled,
-    Shared, Store,
+    lock, Answer, Check, Deadline, Engine, MemoryStore, Penalty, Quotas, Quoted, Reply, Settle,
+    Settled, Shared, Store,
 };
 use crate::algorithm::Status;
 use crate::Error;
@@ -29,15 +31,31 @@ use crate::Error;
 /// missed two in a row (a long pause, a slow store) still counts.
 pub(crate) const PERIODS_COUNTED: u32 = 3;
 
+/// The heartbeats whose counts an instance keeps: its fleet's count is the
+/// largest of them. A set emptied under the heartbeats (`DEL`, `FLUSHDB`,
+/// eviction, a forward step of the server's clock, a restart without
+/// persistence, a failover) holds at first only the instances that have
+/// beaten since; each of them has beaten again within one period, and
+/// within the [`PERIODS_COUNTED`] periods after that even one that missed
+/// two beats in a row has: until then, a count from before the set was
+/// emptied is kept. The price: an instance gone is still counted for up to
+/// this many heartbeats after the set stops counting it (fewer grants
+/// during an outage in that time, never more).
+pub(crate) const COUNTS_KEPT: usize = PERIODS_COUNTED as usize + 1;
+
 /// This instance's place in the fleet of instances that share a store.
 #[derive(Debug)]
 pub(crate) struct Fleet {
     /// Registered in the store by the heartbeat: random, new per store
     /// handle (per process, as separate processes build their own).
     id: String,
-    /// Instances counted by the last heartbeat that reached the store
-    /// (0: none has yet).
+    /// The largest of `counts`: what the fallback reads (0: no heartbeat
+    /// has reached the store yet).
     count: AtomicU64,
+    /// What the last [`COUNTS_KEPT`] heartbeats that reached the store
+    /// counted (0: none yet), and where the next one goes; written by the
+    /// heartbeat alone, once a period.
+    counts: Mutex<([u64; COUNTS_KEPT], usize)>,
     /// Whether the heartbeat was started.
     beating: AtomicBool,
 }
@@ -54,6 +72,7 @@ impl Fleet {
         Self {
             id: format!("{random:016x}-{}", std::process::id()),
             count: AtomicU64::new(0),
+            counts: Mutex::new(([0; COUNTS_KEPT], 0)),
             beating: AtomicBool::new(false),
         }
     }
@@ -79,17 +98,17 @@ impl Fleet {
         self.count.load(Ordering::Relaxed).max(1)
     }
 
-    /// Records what a heartbeat counted. Until the heartbeats have
-    /// succeeded for a whole counting window in a row (`settled`), a count
-    /// only rises: a store that comes back empty (restarted without
-    /// persistence) holds only the instances that have beaten since, and
-    /// the others' shares must not grow from that partial count.
-    pub(crate) fn learn(&self, counted: u64, settled: bool) {
-        if settled {
-            self.count.store(counted, Ordering::Relaxed);
-        } else {
-            self.count.fetch_max(counted, Ordering::Relaxed);
-        }
+    /// Records what a heartbeat that reached the store counted: the count
+    /// is the largest of the last [`COUNTS_KEPT`] heartbeats', so it rises
+    /// at once and falls only once a whole counting window of heartbeats
+    /// has counted fewer (see there why).
+    pub(crate) fn learn(&self, counted: u64) {
+        let mut counts = lock(&self.counts);
+        let (last, next) = &mut *counts;
+        last[*next % COUNTS_KEPT] = counted;
+        *next = (*next + 1) % COUNTS_KEPT;
+        let largest = last.iter().copied().max().unwrap_or(counted);
+        self.count.store(largest, Ordering::Relaxed);
     }
 }
 
@@ -286,14 +305,21 @@ mod tests {
     }
 
     #[test]
-    fn a_count_only_rises_until_the_heartbeats_settle() {
+    fn a_count_falls_only_after_a_window_of_lower_counts() {
         let fleet = Fleet::new();
-        assert_eq!(fleet.count(), 1);
-        fleet.learn(4, false);
-        fleet.learn(1, false);
-        assert_eq!(fleet.count(), 4, "a store that came back empty");
-        fleet.learn(3, true);
-        assert_eq!(fleet.count(), 3);
+        assert_eq!(fleet.count(), 1, "nothing learned: the full quota");
+        fleet.learn(4);
+        fleet.learn(4);
+        // the set emptied: the next heartbeats count 1, 2, ...
+        fleet.learn(1);
+        assert_eq!(fleet.count(), 4);
+        fleet.learn(2);
+        fleet.learn(3);
+        assert_eq!(fleet.count(), 4, "the last count from before is kept");
+        fleet.learn(3);
+        assert_eq!(fleet.count(), 3, "a whole window of 3: one left");
+        fleet.learn(5);
+        assert_eq!(fleet.count(), 5, "a rise counts at once");
         assert_ne!(Fleet::new().id(), fleet.id());
     }
 }

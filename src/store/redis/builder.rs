@@ -154,13 +154,17 @@ impl RedisStoreBuilder {
     /// for the exact bound); without a heartbeat, each instance grants the
     /// full quota.
     ///
-    /// One `EVAL` per period on a task of its own (decisions neither wait
-    /// for it nor read what it counts): it adds this handle's random id to
-    /// the sorted set `<prefix>:fleet`, scored by when it stops counting,
-    /// three periods later on the server's clock, drops the ids past
-    /// theirs, and counts the rest. Every instance sharing a prefix should
-    /// use the same period; an instance gone is counted for up to three
-    /// periods, one just started is counted by the others within one.
+    /// One call of the library (`FCALL`) per period, on a task of its own
+    /// (decisions neither wait for it nor read what it counts): it adds
+    /// this handle's random id to the sorted set `<prefix>:fleet`, scored
+    /// by when it stops counting, three periods later on the server's
+    /// clock (Redis `TIME`, even with a [`clock`](Self::clock) of the
+    /// store's own), drops the ids past theirs, and counts the rest. The instance's count is the largest of
+    /// its last four heartbeats', so that a set deleted, flushed or evicted,
+    /// or a forward step of the server's clock, does not lower it while the
+    /// others beat again. Every instance sharing a prefix should use the
+    /// same period; an instance gone is counted for up to seven periods,
+    /// one just started is counted by the others within one.
     pub fn fleet_heartbeat(mut self, period: Duration) -> Self {
         self.heartbeat = period;
         self
@@ -168,6 +172,8 @@ impl RedisStoreBuilder {
 
     /// Uses this clock instead of Redis `TIME`: for tests that drive time, or
     /// for deployments that trust the application clocks more than Redis'.
+    /// Decisions only: the [fleet heartbeat](Self::fleet_heartbeat) keeps
+    /// to Redis `TIME`, the one clock every instance shares.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self

@@ -20,7 +20,8 @@ use crate::Limit;
 /// library's here, each by its own name: [`decide`](Self::decide) (no
 /// op), [`take`](Self::take), [`settle`](Self::settle) (the op of its
 /// [`Settle`]), [`penalty`](Self::penalty), [`Encoded::change`] (a
-/// quota's) and [`Encoded::batch`].
+/// quota's), [`Encoded::batch`] and the fleet's
+/// [`heartbeat`](Self::heartbeat).
 pub(super) struct Encoder {
     /// The prefix of every key.
     pub(super) prefix: String,
@@ -192,6 +193,21 @@ impl Encoder {
     /// The sorted set of the fleet's heartbeats (see `fleet.rs`).
     pub(super) fn fleet_key(&self) -> String {
         format!("{}:fleet", self.prefix)
+    }
+
+    /// A heartbeat of the instance `id`, counted `counted_ms` after it
+    /// (`lua/fleet.lua`): no clock in its options, the server's is the
+    /// heartbeats' one clock.
+    pub(super) fn heartbeat(&self, id: &str, counted_ms: u64) -> Encoded {
+        let mut options = Vec::new();
+        Options::op(Op::Fleet).write(&mut options);
+        let key = self.fleet_key();
+        let mut digits = itoa::Buffer::new();
+        let counted = digits.format(counted_ms);
+        Encoded::of(
+            &[key.as_bytes()],
+            &[&options, id.as_bytes(), counted.as_bytes()],
+        )
     }
 }
 

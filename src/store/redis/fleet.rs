@@ -1,9 +1,11 @@
 //! The fleet's heartbeat: each store handle with a fallback registers a
 //! random id in the sorted set `<prefix>:fleet`, scored by when it stops
-//! counting (its last heartbeat plus three periods, on the server's clock),
-//! every period, on a task of its own, and reads how many ids count (see
-//! `store/fleet.rs` for what the fallback does with it). One `EVAL` per
-//! period and handle; decisions never wait for it nor read the set.
+//! counting (its last heartbeat plus three periods, on the server's clock:
+//! Redis `TIME`, whatever clock the store decides with), every period, on
+//! a task of its own, and reads how many ids count (see `store/fleet.rs`
+//! for what the fallback does with it). One call of the library per period
+//! and handle (op 8, `lua/fleet.lua`); decisions never wait for it nor
+//! read the set.
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -18,25 +20,6 @@ pub(super) const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// The shortest heartbeat period a builder accepts.
 pub(super) const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
-
-/// Adds or refreshes `ARGV[1]`, counted until `ARGV[2]` ms from now (the
-/// server's `TIME`, or `ARGV[3]` ms when the store has a clock of its own),
-/// drops the ids no longer counted, keeps the set as long as its last id,
-/// and answers how many count.
-const HEARTBEAT: &str = r"
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-if last[2] then
-  redis.call('PEXPIREAT', KEYS[1], last[2])
-end
-return redis.call('ZCARD', KEYS[1])
-";
 
 /// The Redis engine's fleet heartbeat: its period, and the fleet it
 /// keeps.
@@ -87,43 +70,29 @@ impl Heartbeat {
     }
 }
 
-/// One heartbeat of `store`: how many instances count now, this one
-/// included.
+/// One heartbeat of `store` (op 8 of the library, `lua/fleet.lua`): how
+/// many instances count now, this one included.
 async fn heartbeat(store: &Inner, fleet: &Fleet, period: Duration) -> Result<u64, Error> {
     let counted = period.saturating_mul(PERIODS_COUNTED);
     let counted = u64::try_from(counted.as_millis()).unwrap_or(u64::MAX);
-    let now = match store.encoder.clock_time() {
-        Some(us) => (us / 1000).to_string(),
-        None => String::new(),
-    };
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(HEARTBEAT)
-        .arg(1)
-        .arg(store.encoder.fleet_key())
-        .arg(fleet.id())
-        .arg(counted)
-        .arg(now);
+    let encoded = store.encoder.heartbeat(fleet.id(), counted);
     let deadline = Deadline::after(period.min(Duration::from_secs(2))).start();
-    store.lanes.command::<u64>(&cmd, deadline).await
+    let reply = store.library.call(&store.lanes, &encoded, deadline).await?;
+    std::str::from_utf8(&reply)
+        .ok()
+        .and_then(|count| count.parse().ok())
+        .ok_or_else(|| Error::UnexpectedReply(format!("{} bytes for a heartbeat", reply.len())))
 }
 
 /// Beats every `period` while a handle of the store is left.
 async fn beat(store: Weak<Inner>, fleet: Arc<Fleet>, period: Duration) {
-    // heartbeats that reached the store in a row
-    let mut streak = 0_u32;
     loop {
         let Some(store) = store.upgrade() else {
             return;
         };
         match heartbeat(&store, &fleet, period).await {
-            Ok(counted) => {
-                streak = streak.saturating_add(1);
-                // after a whole window of them, every instance alive has
-                // beaten since the store came back
-                fleet.learn(counted, streak > PERIODS_COUNTED);
-            }
+            Ok(counted) => fleet.learn(counted),
             Err(error) => {
-                streak = 0;
                 tracing::debug!(
                     target: "tower_ratelimit",
                     %error,
