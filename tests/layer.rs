@@ -1054,7 +1054,10 @@ async fn a_trusted_proxy_naming_no_client_gives_no_key_when_required() {
     let app = |resolver: ClientIpResolver, policy: MissingKey| {
         hello_app(
             RateLimitLayer::builder()
-                .limit(limit("per-ip", per_minute(1)), ClientIp::with_resolver(resolver))
+                .limit(
+                    limit("per-ip", per_minute(1)),
+                    ClientIp::with_resolver(resolver),
+                )
                 .on_missing_key(policy)
                 .build()
                 .expect("layer"),
@@ -1070,7 +1073,9 @@ async fn a_trusted_proxy_naming_no_client_gives_no_key_when_required() {
     }
     // only trusted hops named: no key either
     assert_eq!(
-        send(&strict, from_peer("/", "10.0.0.5", Some("10.0.0.9"))).await.0,
+        send(&strict, from_peer("/", "10.0.0.5", Some("10.0.0.9")))
+            .await
+            .0,
         StatusCode::BAD_REQUEST
     );
     // with the header: the client's own key, one limit each

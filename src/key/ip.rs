@@ -281,7 +281,8 @@ impl ClientIpResolver {
     /// even with [`require_forwarded_client`](Self::require_forwarded_client):
     /// [`try_client_ip`](Self::try_client_ip) tells that case apart.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        self.walk(peer, headers).unwrap_or_else(|last_trusted| last_trusted)
+        self.walk(peer, headers)
+            .unwrap_or_else(|last_trusted| last_trusted)
     }
 
     /// The client address as [`client_ip`](Self::client_ip) finds it, or

@@ -4,16 +4,23 @@
 //! extensions (a private type, taken out again before the request goes on).
 //! The rule's key extractor and tier choice then read them there, so the
 //! rest of the layer (exemptions, the missing-key policy, tiers) applies to
-//! a resolved rule as to any other.
+//! a resolved rule as to any other. A lookup that fails under
+//! `OnLookupError::FailClosed` is answered 503 before any limit is chosen.
+//! A forwarded request carries what was found to the handler: the first
+//! plan as a [`Plan`] extension, every resolver's through
+//! [`PlanResolver::found_in`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::request::Parts;
+use http::Response;
 
+use super::refusal::rejection;
+use super::response::Protocol;
 use super::rule::Rule;
-use super::Config;
-use crate::plan::{PlanKey, PlanResolver, Resolved};
+use super::{Config, Rejection, ResponseBody};
+use crate::plan::{Plan, PlanKey, PlanResolver, Resolved};
 use crate::ConfigError;
 
 impl Rule {
@@ -23,8 +30,12 @@ impl Rule {
     /// [`tier`](Self::tier); the tier is never chosen with
     /// [`choose_tier`](Self::choose_tier) (a [`ConfigError::Tiers`] when
     /// the layer is built). A request whose plan is not found (no lookup
-    /// key, an unknown one, a failed or slow lookup) has no key for this
-    /// limit: its [`MissingKey`](super::MissingKey) policy applies.
+    /// key, an unknown one) has no key for this limit: its
+    /// [`MissingKey`](super::MissingKey) policy applies. A failed or slow
+    /// lookup gets the resolver's
+    /// [`OnLookupError`](crate::layer::OnLookupError) policy: 503 by
+    /// default, or no key. The handler of a forwarded request finds the
+    /// [`Plan`] among the request's extensions (see [`PlanResolver`]).
     ///
     /// A layer with a resolved rule decides in its response future, never
     /// within `call` (as it does for other layers over a
@@ -83,10 +94,17 @@ where
 
 /// Looks up the plans of `parts`' resolved rules (each resolver once, the
 /// rules the request is exempt from left out) and puts them among its
-/// extensions, for the rules' keys and tiers; [`forget`] takes them out.
-/// Each resolver waits at most its timeout, one after the other.
-pub(crate) async fn resolve(config: &Config, parts: &mut Parts) {
-    let mut resolved = Resolved::default();
+/// extensions, for the rules' keys and tiers, and for the handler (see
+/// [`hand_over`]). Each resolver waits at most its timeout, one after the
+/// other. A resolver an outer layer already asked for this request is not
+/// asked again. A lookup that failed under `OnLookupError::FailClosed` is
+/// the 503 returned, unless every rule it keys here is a shadow limit
+/// (which never refuses: the request has no key for it).
+pub(crate) async fn resolve<B>(
+    config: &Config,
+    parts: &mut Parts,
+) -> Result<(), Response<ResponseBody<B>>> {
+    let mut resolved = parts.extensions.remove::<Resolved>().unwrap_or_default();
     for rule in &config.rules {
         let Some(plans) = &rule.plan else { continue };
         if resolved.0.iter().any(|(id, _)| *id == plans.id())
@@ -94,14 +112,44 @@ pub(crate) async fn resolve(config: &Config, parts: &mut Parts) {
         {
             continue;
         }
-        let plan = plans.plan_of(parts).await;
+        let plan = match plans.plan_of(parts).await {
+            Ok(plan) => plan,
+            Err(failed) => {
+                let applies = |other: &&super::rule::CompiledRule| {
+                    other.plan.as_ref().is_some_and(|p| p.id() == plans.id())
+                        && !other.skip.as_ref().is_some_and(|skip| skip(parts))
+                        && !other.limit().load().is_shadow()
+                };
+                if let Some(refusing) = config.rules.iter().find(applies) {
+                    let name = refusing.limit().name();
+                    tracing::debug!(target: "tower_ratelimit", limit = name, "a plan lookup failed: 503");
+                    let why = Rejection::LookupFailed { limit: name };
+                    let response = || Protocol::of(parts).store_unavailable(failed.retry_after);
+                    return Err(rejection(config, why, response));
+                }
+                None
+            }
+        };
         resolved.0.push((plans.id(), plan));
     }
     parts.extensions.insert(resolved);
+    Ok(())
 }
 
-/// Takes the plans [`resolve`] put among the extensions out again: the
-/// inner service never sees them.
-pub(crate) fn forget(parts: &mut Parts) {
-    parts.extensions.remove::<Resolved>();
+/// After the limits are chosen: puts the first plan found among the
+/// request's extensions as a [`Plan`], for the handler (unless an outer
+/// layer put one there). The plans of every resolver stay there too (a
+/// private type), for [`PlanResolver::found_in`].
+pub(crate) fn hand_over(parts: &mut Parts) {
+    if parts.extensions.get::<Plan>().is_some() {
+        return;
+    }
+    let first = parts
+        .extensions
+        .get::<Resolved>()
+        .and_then(|resolved| resolved.0.iter().find_map(|(_, plan)| plan.as_deref()))
+        .cloned();
+    if let Some(plan) = first {
+        parts.extensions.insert(plan);
+    }
 }

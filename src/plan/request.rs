@@ -1,20 +1,30 @@
 //! The plans of one request, and the key of a resolved rule read from them.
 
 use http::request::Parts;
+use http::Extensions;
 use smallvec::SmallVec;
 
 use super::{Cached, Plan, PlanResolver};
 use crate::key::{KeyBuf, KeyExtractor};
 
-/// The plans of one request, per resolver: put among its extensions while
-/// the layer chooses its limits.
+/// The plans of one request, per resolver: put among its extensions when
+/// the layer chooses its limits, and left there for the handler
+/// ([`PlanResolver::found_in`]).
 #[derive(Clone, Default)]
 pub(crate) struct Resolved(pub(crate) SmallVec<[(u64, Cached); 1]>);
 
 impl Resolved {
     /// The plan `resolver` found for the request.
     pub(crate) fn of<'a>(parts: &'a Parts, resolver: &PlanResolver) -> Option<&'a Plan> {
-        let resolved = parts.extensions.get::<Resolved>()?;
+        Self::among(&parts.extensions, resolver)
+    }
+
+    /// The plan `resolver` found, among a request's `extensions`.
+    pub(crate) fn among<'a>(
+        extensions: &'a Extensions,
+        resolver: &PlanResolver,
+    ) -> Option<&'a Plan> {
+        let resolved = extensions.get::<Resolved>()?;
         let (_, plan) = resolved.0.iter().find(|(id, _)| *id == resolver.0.id)?;
         plan.as_deref()
     }
