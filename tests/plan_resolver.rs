@@ -740,3 +740,73 @@ async fn one_lookup_per_request_keys_every_rule_of_its_resolver() {
         assert_eq!(calls_of(&calls), i);
     }
 }
+
+/// One lookup keys rules by different keys: the organisation's budget per
+/// the plan's key, each user's limit per its key named "user"; a plan
+/// without that key has no key for the per-user rule.
+#[tokio::test]
+async fn one_lookup_keys_rules_by_the_plans_different_keys() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counting = calls.clone();
+    let plans = PlanResolver::builder(api_key(), move |api_key: Vec<u8>| {
+        counting.fetch_add(1, Ordering::SeqCst);
+        async move {
+            Ok::<_, io::Error>(match api_key.as_slice() {
+                b"ann" | b"bob" => Some(Plan::new("acme").with_key("user", api_key)),
+                b"service" => Some(Plan::new("acme")),
+                _ => None,
+            })
+        }
+    })
+    .ttl(Duration::ZERO)
+    .build()
+    .expect("resolver");
+    let both = &app([
+        Rule::resolved(limit("org", per_minute(4)), plans.clone()),
+        Rule::resolved_per(limit("user", per_minute(2)), plans.clone(), "user"),
+    ]);
+    assert_eq!(send(both, Some("ann")).await.0, StatusCode::OK);
+    assert_eq!(send(both, Some("ann")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(both, Some("ann")).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "ann's own 2"
+    );
+    assert_eq!(send(both, Some("bob")).await.0, StatusCode::OK);
+    assert_eq!(send(both, Some("bob")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(both, Some("bob")).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "acme's 4 (and bob's 2)"
+    );
+    // one lookup per request for both rules (nothing cached)
+    assert_eq!(calls_of(&calls), 6);
+    // a plan without a user key: no key for the per-user rule (400)
+    assert_eq!(
+        send(both, Some("service")).await,
+        (StatusCode::BAD_REQUEST, false)
+    );
+    // ...or skipped, counted by the organisation only
+    let skipping = app([
+        Rule::resolved(limit("org2", per_minute(1)), plans.clone()),
+        Rule::resolved_per(limit("user2", per_minute(5)), plans, "user")
+            .on_missing_key(MissingKey::Skip),
+    ]);
+    assert_eq!(send(&skipping, Some("service")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&skipping, Some("service")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[test]
+fn a_plans_named_keys() {
+    let plan = Plan::new("acme")
+        .with_key("user", "ann")
+        .with_key("team", "red")
+        .with_key("user", "bob");
+    assert_eq!(plan.key(), b"acme");
+    assert_eq!(plan.key_named("user"), Some(&b"bob"[..]), "the last wins");
+    assert_eq!(plan.key_named("team"), Some(&b"red"[..]));
+    assert_eq!(plan.key_named("org"), None);
+}

@@ -43,7 +43,62 @@ impl Rule {
     /// See [`PlanResolver`] for an example.
     #[cfg_attr(docsrs, doc(cfg(feature = "resolver")))]
     pub fn resolved(limit: impl Into<crate::LimitSource>, plans: PlanResolver) -> Self {
-        let mut rule = Rule::new(limit, PlanKey(plans.clone()));
+        let mut rule = Rule::new(limit, PlanKey(plans.clone(), None));
+        rule.plan = Some(plans);
+        rule
+    }
+
+    /// [`resolved`](Self::resolved), counted per the plan's key named
+    /// `key` ([`Plan::with_key`]) instead of its main key, in the plan's
+    /// tier: one lookup keys rules by different keys (a tenant's budget
+    /// per [`Plan::key`], each of its users per `"user"`). A plan without
+    /// a key of that name (or with an empty one) gives the request no key
+    /// for this limit: its [`MissingKey`](super::MissingKey) policy
+    /// applies. Rules made from clones of one resolver share its lookup,
+    /// whichever key they count per.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use axum::{body::Body, routing::get, Router};
+    /// use http::{HeaderName, Request, StatusCode};
+    /// use tower::ServiceExt;
+    /// use tower_ratelimit::key::Header;
+    /// use tower_ratelimit::layer::{Plan, PlanResolver, RateLimitLayer, Rule};
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// // API key -> its organisation, and its user: one lookup
+    /// let plans = PlanResolver::builder(Header::new(HeaderName::from_static("x-api-key")), |api_key: Vec<u8>| async move {
+    ///     let user = String::from_utf8_lossy(&api_key).into_owned();
+    ///     Ok::<_, std::io::Error>(Some(Plan::new("acme").with_key("user", user)))
+    /// })
+    /// .build()?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::resolved(Limit::new("org", Quota::per_hour(3).fixed_window())?, plans.clone()))
+    ///     .rule(Rule::resolved_per(Limit::new("user", Quota::per_hour(2).fixed_window())?, plans, "user"))
+    ///     .build()?;
+    /// let app = Router::new().route("/", get(|| async { "hi" })).layer(layer);
+    /// let send = |api_key: &str| {
+    ///     let request = Request::get("/").header("x-api-key", api_key).body(Body::empty()).unwrap();
+    ///     app.clone().oneshot(request)
+    /// };
+    /// assert_eq!(send("ann").await?.status(), StatusCode::OK);
+    /// assert_eq!(send("ann").await?.status(), StatusCode::OK);
+    /// assert_eq!(send("ann").await?.status(), StatusCode::TOO_MANY_REQUESTS); // ann's 2
+    /// assert_eq!(send("bob").await?.status(), StatusCode::OK);
+    /// assert_eq!(send("bob").await?.status(), StatusCode::TOO_MANY_REQUESTS); // acme's 3
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "resolver")))]
+    pub fn resolved_per(
+        limit: impl Into<crate::LimitSource>,
+        plans: PlanResolver,
+        key: impl Into<String>,
+    ) -> Self {
+        let name = key.into().into_boxed_str();
+        let mut rule = Rule::new(limit, PlanKey(plans.clone(), Some(name)));
         rule.plan = Some(plans);
         rule
     }

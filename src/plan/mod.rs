@@ -51,10 +51,20 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 ///
 /// [`Rule::tier`]: crate::layer::Rule::tier
 /// [`Rule::choose_tier`]: crate::layer::Rule::choose_tier
+///
+/// One lookup can key several rules by different keys: a plan may carry
+/// more keys, each under a name ([`with_key`](Self::with_key)), for rules
+/// made with [`Rule::resolved_per`] (an organisation's budget by its
+/// [`key`](Self::key), and each of its users' limit by the key named
+/// `"user"`, from one lookup of the API key).
+///
+/// [`Rule::resolved_per`]: crate::layer::Rule::resolved_per
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     key: Box<[u8]>,
     tier: Option<Box<str>>,
+    /// More keys, by name (few: a list).
+    named: Vec<(Box<str>, Box<[u8]>)>,
 }
 
 impl Plan {
@@ -63,7 +73,30 @@ impl Plan {
         Self {
             key: key.into().into_boxed_slice(),
             tier: None,
+            named: Vec::new(),
         }
+    }
+
+    /// Another key of this plan, named `name`: the key of the rules made
+    /// with [`Rule::resolved_per`](crate::layer::Rule::resolved_per)`(..,
+    /// name)`. A second key of the same name replaces the first.
+    pub fn with_key(mut self, name: impl Into<String>, key: impl Into<Vec<u8>>) -> Self {
+        let name = name.into().into_boxed_str();
+        let key = key.into().into_boxed_slice();
+        match self.named.iter_mut().find(|(known, _)| *known == name) {
+            Some(slot) => slot.1 = key,
+            None => self.named.push((name, key)),
+        }
+        self
+    }
+
+    /// The key named `name` ([`with_key`](Self::with_key)); `None` when the
+    /// plan has none of that name.
+    pub fn key_named(&self, name: &str) -> Option<&[u8]> {
+        self.named
+            .iter()
+            .find(|(known, _)| &**known == name)
+            .map(|(_, key)| &**key)
     }
 
     /// Requests count in the tier named `tier`.

@@ -30,18 +30,30 @@ impl Resolved {
     }
 }
 
-/// A resolved rule's key: the key of the plan its resolver found.
-pub(crate) struct PlanKey(pub(crate) PlanResolver);
+/// A resolved rule's key: the key of the plan its resolver found, or the
+/// plan's key of that name.
+pub(crate) struct PlanKey(pub(crate) PlanResolver, pub(crate) Option<Box<str>>);
+
+impl PlanKey {
+    /// The key of `parts`' plan this rule counts under.
+    fn of<'a>(&self, parts: &'a Parts) -> Option<&'a [u8]> {
+        let plan = Resolved::of(parts, &self.0)?;
+        match &self.1 {
+            None => Some(plan.key()),
+            Some(name) => plan.key_named(name),
+        }
+    }
+}
 
 impl KeyExtractor for PlanKey {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
-        Resolved::of(parts, &self.0).map(|plan| plan.key.to_vec())
+        self.of(parts).map(<[u8]>::to_vec)
     }
 
     fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
-        match Resolved::of(parts, &self.0) {
-            Some(plan) => {
-                key.extend_from_slice(&plan.key);
+        match self.of(parts) {
+            Some(found) => {
+                key.extend_from_slice(found);
                 true
             }
             None => false,
@@ -49,6 +61,9 @@ impl KeyExtractor for PlanKey {
     }
 
     fn key_kind(&self) -> String {
-        format!("Plan({})", self.0 .0.lookup_kind)
+        match &self.1 {
+            None => format!("Plan({})", self.0 .0.lookup_kind),
+            Some(name) => format!("Plan({}).{name}", self.0 .0.lookup_kind),
+        }
     }
 }
