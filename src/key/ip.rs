@@ -289,6 +289,7 @@ impl ClientIpResolver {
     /// `None` when the resolver
     /// [requires a forwarded client](Self::require_forwarded_client) and a
     /// trusted peer's request names none. Never panics and never allocates.
+    #[inline]
     pub fn try_client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpAddr> {
         match self.walk(peer, headers) {
             Ok(client) => Some(client),
@@ -300,6 +301,7 @@ impl ClientIpResolver {
     /// The client: the untrusted peer, or the rightmost untrusted hop of a
     /// trusted peer's header; `Err` with the last trusted hop when the walk
     /// ends without an untrusted one.
+    #[inline]
     fn walk(&self, peer: IpAddr, headers: &HeaderMap) -> Result<IpAddr, IpAddr> {
         let peer = peer.to_canonical();
         if !self.is_trusted(peer) {
@@ -342,6 +344,7 @@ impl ClientIpResolver {
 
     /// [`try_client_ip`](Self::try_client_ip), grouped by the configured
     /// prefix: what [`ClientIp`](super::ClientIp) keys by.
+    #[inline]
     pub fn try_client_net(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpNet> {
         self.try_client_ip(peer, headers).map(|ip| self.group(ip))
     }
