@@ -318,17 +318,44 @@ async fn a_rejection_handler_sees_the_failed_lookup() {
     assert_eq!(body, "lookup failed for api");
 }
 
-/// A shadow limit never refuses: a failed lookup for it is no key.
+/// A shadow limit never refuses: a failed lookup for it is no key; a limit
+/// keyed by the same lookup that is not shadow answers 503.
 #[tokio::test]
 async fn a_failed_lookup_for_a_shadow_limit_refuses_nothing() {
     let calls = Arc::new(AtomicUsize::new(0));
     let plans = counted(&calls).build().expect("resolver");
-    let app = app([Rule::resolved(limit("api", per_minute(1)).shadow(), plans)
+    let watched = app([Rule::resolved(limit("api", per_minute(1)).shadow(), plans)
         .on_missing_key(MissingKey::Skip)]);
     for _ in 0..3 {
-        assert_eq!(send(&app, Some("broken")).await.0, StatusCode::OK);
+        assert_eq!(send(&watched, Some("broken")).await.0, StatusCode::OK);
     }
     assert_eq!(calls_of(&calls), 3);
+    // a limit that is not shadow, keyed by the same lookup, still refuses:
+    // in the same layer, and in an inner layer (which asks no second time)
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).build().expect("resolver");
+    let shadow = || {
+        Rule::resolved(limit("watched", per_minute(1)).shadow(), plans.clone())
+            .on_missing_key(MissingKey::Skip)
+    };
+    let one_layer = app([
+        shadow(),
+        Rule::resolved(limit("enforced", per_minute(100)), plans.clone()),
+    ]);
+    let (status, _) = send(&one_layer, Some("broken")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(calls_of(&calls), 1);
+    let layer = |rule: Rule| RateLimitLayer::builder().rule(rule).build().expect("layer");
+    let nested = Router::new()
+        .route("/", get(|| async { "hi" }))
+        .layer(layer(Rule::resolved(
+            limit("enforced", per_minute(100)),
+            plans.clone(),
+        )))
+        .layer(layer(shadow()));
+    let (status, _) = send(&nested, Some("broken")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(calls_of(&calls), 2, "one lookup for both layers");
 }
 
 /// With `OnLookupError::MissingKey`, a failed lookup has no key: the

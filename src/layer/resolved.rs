@@ -153,7 +153,7 @@ where
 /// [`hand_over`]). Each resolver waits at most its timeout, one after the
 /// other. A resolver an outer layer already asked for this request is not
 /// asked again. A lookup that failed under `OnLookupError::FailClosed` is
-/// the 503 returned, unless every rule it keys here is a shadow limit
+/// the 503 returned for the first rule it keys that is not a shadow limit
 /// (which never refuses: the request has no key for it).
 pub(crate) async fn resolve<B>(
     config: &Config,
@@ -162,30 +162,30 @@ pub(crate) async fn resolve<B>(
     let mut resolved = parts.extensions.remove::<Resolved>().unwrap_or_default();
     for rule in &config.rules {
         let Some(plans) = &rule.plan else { continue };
-        if resolved.0.iter().any(|(id, _)| *id == plans.id())
-            || rule.skip.as_ref().is_some_and(|skip| skip(parts))
-        {
+        if rule.skip.as_ref().is_some_and(|skip| skip(parts)) {
             continue;
         }
-        let plan = match plans.plan_of(parts).await {
-            Ok(plan) => plan,
-            Err(failed) => {
-                let applies = |other: &&super::rule::CompiledRule| {
-                    other.plan.as_ref().is_some_and(|p| p.id() == plans.id())
-                        && !other.skip.as_ref().is_some_and(|skip| skip(parts))
-                        && !other.limit().load().is_shadow()
-                };
-                if let Some(refusing) = config.rules.iter().find(applies) {
-                    let name = refusing.limit().name();
-                    tracing::debug!(target: "tower_ratelimit", limit = name, "a plan lookup failed: 503");
-                    let why = Rejection::LookupFailed { limit: name };
-                    let response = || Protocol::of(parts).store_unavailable(failed.retry_after);
-                    return Err(rejection(config, why, response));
-                }
-                None
+        // (a resolver asked already, by an earlier rule or an outer layer,
+        // is not asked again)
+        let asked = resolved.0.iter().find(|(id, _)| *id == plans.id());
+        let failed = match asked {
+            Some((_, found)) => found.as_ref().err().copied(),
+            None => {
+                let found = plans.plan_of(parts).await;
+                let failed = found.as_ref().err().copied();
+                resolved.0.push((plans.id(), found));
+                failed
             }
         };
-        resolved.0.push((plans.id(), plan));
+        if let Some(failed) = failed {
+            if !rule.limit().load().is_shadow() {
+                let name = rule.limit().name();
+                tracing::debug!(target: "tower_ratelimit", limit = name, "a plan lookup failed: 503");
+                let why = Rejection::LookupFailed { limit: name };
+                let response = || Protocol::of(parts).store_unavailable(failed.retry_after);
+                return Err(rejection(config, why, response));
+            }
+        }
     }
     parts.extensions.insert(resolved);
     Ok(())
@@ -202,7 +202,12 @@ pub(crate) fn hand_over(parts: &mut Parts) {
     let first = parts
         .extensions
         .get::<Resolved>()
-        .and_then(|resolved| resolved.0.iter().find_map(|(_, plan)| plan.as_deref()))
+        .and_then(|resolved| {
+            resolved
+                .0
+                .iter()
+                .find_map(|(_, found)| found.as_ref().ok()?.as_deref())
+        })
         .cloned();
     if let Some(plan) = first {
         parts.extensions.insert(plan);

@@ -4,14 +4,14 @@ use http::request::Parts;
 use http::Extensions;
 use smallvec::SmallVec;
 
-use super::{Cached, Plan, PlanResolver};
+use super::{Cached, LookupFailed, Plan, PlanResolver};
 use crate::key::{KeyBuf, KeyExtractor};
 
 /// The plans of one request, per resolver: put among its extensions when
 /// the layer chooses its limits, and left there for the handler
 /// ([`PlanResolver::found_in`]).
 #[derive(Clone, Default)]
-pub(crate) struct Resolved(pub(crate) SmallVec<[(u64, Cached); 1]>);
+pub(crate) struct Resolved(pub(crate) SmallVec<[(u64, Result<Cached, LookupFailed>); 1]>);
 
 impl Resolved {
     /// The plan `resolver` found for the request.
@@ -25,8 +25,8 @@ impl Resolved {
         resolver: &PlanResolver,
     ) -> Option<&'a Plan> {
         let resolved = extensions.get::<Resolved>()?;
-        let (_, plan) = resolved.0.iter().find(|(id, _)| *id == resolver.0.id)?;
-        plan.as_deref()
+        let (_, found) = resolved.0.iter().find(|(id, _)| *id == resolver.0.id)?;
+        found.as_ref().ok()?.as_deref()
     }
 }
 
