@@ -207,7 +207,9 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
     };
     // the plans of resolved rules, read while choosing (boxed: rare)
     #[cfg(feature = "resolver")]
-    if config.rules.iter().any(|rule| rule.is_resolved()) {
+    let resolving = config.rules.iter().any(|rule| rule.is_resolved());
+    #[cfg(feature = "resolver")]
+    if resolving {
         if let Err(failed) = Box::pin(super::resolved::resolve(config, parts)).await {
             return Step::Reject(Box::new(failed));
         }
@@ -216,8 +218,11 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
         Ok(chosen) => chosen,
         Err(rejected) => return Step::Reject(Box::new(rejected)),
     };
+    // what was resolved, for the handler
     #[cfg(feature = "resolver")]
-    super::resolved::hand_over(parts);
+    if resolving {
+        super::resolved::hand_over(parts);
+    }
     if chosen.is_empty() {
         return pass(parts, false);
     }
