@@ -370,6 +370,12 @@ impl ClientIpResolver {
         self.header
     }
 
+    /// Whether a trusted peer's request must name its client
+    /// ([`require_forwarded_client`](Self::require_forwarded_client)).
+    pub(crate) fn requires_client(&self) -> bool {
+        self.require_client
+    }
+
     /// Returns whether `ip` (IPv4-mapped addresses as IPv4) falls in a
     /// trusted range.
     pub fn is_trusted(&self, ip: IpAddr) -> bool {

@@ -219,6 +219,9 @@ where
 ///   directly and wrote the header themselves; it is then rightly ignored);
 /// - a trusted proxy that sends only the header the resolver does not read:
 ///   choose it with [`ClientIpResolver::proxy_header`];
+/// - a trusted proxy that sends no forwarding header at all (the request
+///   counts under the proxy): if every request through it should name its
+///   client, use [`ClientIpResolver::require_forwarded_client`];
 /// - a request without a peer address: serve with
 ///   `into_make_service_with_connect_info::<SocketAddr>()`.
 #[derive(Debug, Clone, Default)]
