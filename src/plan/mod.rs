@@ -180,8 +180,8 @@ type Cached = Option<Arc<Plan>>;
 ///
 /// # In the handler
 ///
-/// A forwarded request carries the [`Plan`] found (the first resolved
-/// rule's) as an extension: an axum handler takes it with
+/// A forwarded request carries the [`Plan`] found (the first found, in
+/// the order of the layer's rules) as an extension: an axum handler takes it with
 /// `Extension<Plan>` (`Option<Extension<Plan>>` when a request may have
 /// none: an exempt request, or one whose rule skips missing keys), other
 /// services with `request.extensions().get::<Plan>()`, so the app never
