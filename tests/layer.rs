@@ -1040,6 +1040,85 @@ async fn a_trusted_chain_yields_the_rightmost_untrusted_address() {
     );
 }
 
+/// A trusted proxy that sends no `X-Forwarded-For` (or names only trusted
+/// hops) gives, with `require_forwarded_client`, no key: the rule's
+/// `MissingKey` policy applies instead of one limit for every client behind
+/// the proxy. Without it, such requests count under the proxy.
+#[tokio::test]
+async fn a_trusted_proxy_naming_no_client_gives_no_key_when_required() {
+    let resolver = || {
+        ClientIpResolver::new()
+            .trust_proxies(["10.0.0.0/8"])
+            .expect("cidrs")
+    };
+    let app = |resolver: ClientIpResolver, policy: MissingKey| {
+        hello_app(
+            RateLimitLayer::builder()
+                .limit(
+                    limit("per-ip", per_minute(1)),
+                    ClientIp::with_resolver(resolver),
+                )
+                .on_missing_key(policy)
+                .build()
+                .expect("layer"),
+        )
+    };
+    let strict = app(resolver().require_forwarded_client(), MissingKey::default());
+    // from the proxy without the header: no key, 400, nothing counted
+    for _ in 0..3 {
+        let (status, headers, body) = send(&strict, from_peer("/", "10.0.0.5", None)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(!headers.contains_key("ratelimit"));
+        assert!(body.contains("per-ip"), "{body}");
+    }
+    // only trusted hops named: no key either
+    assert_eq!(
+        send(&strict, from_peer("/", "10.0.0.5", Some("10.0.0.9")))
+            .await
+            .0,
+        StatusCode::BAD_REQUEST
+    );
+    // with the header: the client's own key, one limit each
+    for client in ["203.0.113.1", "203.0.113.2"] {
+        let via_proxy = || from_peer("/", "10.0.0.5", Some(client));
+        assert_eq!(send(&strict, via_proxy()).await.0, StatusCode::OK);
+        assert_eq!(
+            send(&strict, via_proxy()).await.0,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{client} has its own limit"
+        );
+    }
+    // an untrusted peer is keyed by itself, header or not
+    assert_eq!(
+        send(&strict, from_peer("/", "198.51.100.9", None)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&strict, from_peer("/", "198.51.100.9", Some("203.0.113.3")))
+            .await
+            .0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // the rule's policy decides: skipped
+    let skipping = app(resolver().require_forwarded_client(), MissingKey::Skip);
+    for _ in 0..3 {
+        let (status, headers, _) = send(&skipping, from_peer("/", "10.0.0.5", None)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(!headers.contains_key("ratelimit"));
+    }
+    // without the requirement (the default), the proxy is the key: its
+    // clients share its one limit
+    let lenient = app(resolver(), MissingKey::default());
+    assert_eq!(
+        send(&lenient, from_peer("/", "10.0.0.5", None)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&lenient, from_peer("/", "10.0.0.5", None)).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 #[tokio::test]
 async fn rotating_ipv6_addresses_inside_a_64_does_not_escape() {
     let app = hello_app(RateLimitLayer::new(

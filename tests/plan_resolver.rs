@@ -20,7 +20,8 @@ use http::{HeaderName, Request, StatusCode};
 use tower::ServiceExt;
 use tower_ratelimit::key::Header;
 use tower_ratelimit::layer::{
-    MissingKey, Plan, PlanResolver, PlanResolverBuilder, RateLimitLayer, Rule,
+    MissingKey, OnLookupError, Plan, PlanResolver, PlanResolverBuilder, RateLimitLayer, Rejection,
+    Rule,
 };
 use tower_ratelimit::{ConfigError, Limit, Quota};
 
@@ -231,10 +232,141 @@ async fn an_unknown_key_is_cached_as_unknown_and_has_no_key() {
     assert_eq!(calls_of(&calls), 2, "unknown keys expire too");
 }
 
+/// The response to a request with `x-api-key: key`.
+async fn respond(app: &Router, key: &str) -> http::Response<Body> {
+    let request = Request::get("/")
+        .header("x-api-key", key)
+        .body(Body::empty())
+        .expect("request");
+    // (a bound on a hung request, not a measurement)
+    tokio::time::timeout(Duration::from_secs(30), app.clone().oneshot(request))
+        .await
+        .expect("the request is answered")
+        .expect("infallible")
+}
+
+/// A lookup that fails or times out is an outage of the directory, not an
+/// unknown key: 503 with `Retry-After` (the layer's store-failure answer),
+/// never the 400 of an unknown key, never cached. An unknown key stays a
+/// missing key.
 #[tokio::test]
-async fn a_failed_lookup_is_not_cached_and_has_no_key() {
+async fn a_failed_or_slow_lookup_is_503_not_an_unknown_key() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls)
+        .timeout(Duration::from_millis(100))
+        .build()
+        .expect("resolver");
+    let failing = &app([Rule::resolved(limit("api", per_minute(100)), plans)]);
+    for key in ["broken", "slow", "broken"] {
+        let response = respond(failing, key).await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{key}");
+        assert_eq!(response.headers()["retry-after"], "1", "{key}");
+        assert!(!response.headers().contains_key("ratelimit"), "{key}");
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .expect("body");
+        let body = String::from_utf8_lossy(&body);
+        assert!(!body.contains("directory unavailable"), "{body}");
+    }
+    assert_eq!(calls_of(&calls), 3, "failures are not cached");
+    // an unknown key is still no key (400), and a known one is served
+    assert_eq!(
+        send(failing, Some("made-up")).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(send(failing, Some("a1")).await, (StatusCode::OK, true));
+    // the wait is the policy's, rounded up to whole seconds
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls)
+        .on_lookup_error(OnLookupError::FailClosed {
+            retry_after: Duration::from_millis(4_500),
+        })
+        .build()
+        .expect("resolver");
+    let waiting = app([Rule::resolved(limit("api", per_minute(100)), plans)]);
+    let response = respond(&waiting, "broken").await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "5");
+}
+
+/// A custom rejection handler is told the lookup failed, and which limit.
+#[tokio::test]
+async fn a_rejection_handler_sees_the_failed_lookup() {
     let calls = Arc::new(AtomicUsize::new(0));
     let plans = counted(&calls).build().expect("resolver");
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::resolved(limit("api", per_minute(100)), plans))
+        .on_rejection(|why: &Rejection<'_>| {
+            let text = match why {
+                Rejection::LookupFailed { limit } => format!("lookup failed for {limit}"),
+                _ => "other".to_owned(),
+            };
+            let mut response = http::Response::new(http_body_util::Full::from(text));
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+        })
+        .build()
+        .expect("layer");
+    let app = Router::new()
+        .route("/", get(|| async { "hi" }))
+        .layer(layer);
+    let response = respond(&app, "broken").await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .expect("body");
+    assert_eq!(body, "lookup failed for api");
+}
+
+/// A shadow limit never refuses: a failed lookup for it is no key; a limit
+/// keyed by the same lookup that is not shadow answers 503.
+#[tokio::test]
+async fn a_failed_lookup_for_a_shadow_limit_refuses_nothing() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).build().expect("resolver");
+    let watched = app([Rule::resolved(limit("api", per_minute(1)).shadow(), plans)
+        .on_missing_key(MissingKey::Skip)]);
+    for _ in 0..3 {
+        assert_eq!(send(&watched, Some("broken")).await.0, StatusCode::OK);
+    }
+    assert_eq!(calls_of(&calls), 3);
+    // a limit that is not shadow, keyed by the same lookup, still refuses:
+    // in the same layer, and in an inner layer (which asks no second time)
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).build().expect("resolver");
+    let shadow = || {
+        Rule::resolved(limit("watched", per_minute(1)).shadow(), plans.clone())
+            .on_missing_key(MissingKey::Skip)
+    };
+    let one_layer = app([
+        shadow(),
+        Rule::resolved(limit("enforced", per_minute(100)), plans.clone()),
+    ]);
+    let (status, _) = send(&one_layer, Some("broken")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(calls_of(&calls), 1);
+    let layer = |rule: Rule| RateLimitLayer::builder().rule(rule).build().expect("layer");
+    let nested = Router::new()
+        .route("/", get(|| async { "hi" }))
+        .layer(layer(Rule::resolved(
+            limit("enforced", per_minute(100)),
+            plans.clone(),
+        )))
+        .layer(layer(shadow()));
+    let (status, _) = send(&nested, Some("broken")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(calls_of(&calls), 2, "one lookup for both layers");
+}
+
+/// With `OnLookupError::MissingKey`, a failed lookup has no key: the
+/// rule's missing-key policy applies (400, or shared, or skipped).
+#[tokio::test]
+async fn a_failed_lookup_is_not_cached_and_has_no_key_when_chosen() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls)
+        .on_lookup_error(OnLookupError::MissingKey)
+        .build()
+        .expect("resolver");
     let rejecting = app([Rule::resolved(limit("api", per_minute(100)), plans.clone())]);
     assert_eq!(
         send(&rejecting, Some("broken")).await,
@@ -258,10 +390,11 @@ async fn a_failed_lookup_is_not_cached_and_has_no_key() {
 }
 
 #[tokio::test]
-async fn a_lookup_slower_than_the_timeout_has_no_key() {
+async fn a_lookup_slower_than_the_timeout_has_no_key_when_chosen() {
     let calls = Arc::new(AtomicUsize::new(0));
     let plans = counted(&calls)
         .timeout(Duration::from_millis(100))
+        .on_lookup_error(OnLookupError::MissingKey)
         .build()
         .expect("resolver");
     let rejecting = app([Rule::resolved(limit("api", per_minute(100)), plans.clone())]);
@@ -328,7 +461,10 @@ async fn failed_lookups_are_logged_once_per_interval_without_their_keys() {
         .expect("resolver");
     let app = app([Rule::resolved(limit("api", per_minute(100)), plans)]);
     for _ in 0..20 {
-        assert_eq!(send(&app, Some("broken")).await.0, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            send(&app, Some("broken")).await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
     assert_eq!(calls_of(&calls), 20);
     let warnings: Vec<String> = events
@@ -338,7 +474,7 @@ async fn failed_lookups_are_logged_once_per_interval_without_their_keys() {
         .collect();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(
-        warnings[0].contains("directory unavailable"),
+        warnings[0].contains("directory unavailable") && warnings[0].contains("503"),
         "{warnings:?}"
     );
     assert!(
@@ -483,4 +619,221 @@ async fn a_plan_with_an_empty_key_gets_the_missing_key_policy() {
             (StatusCode::OK, false)
         );
     }
+}
+
+/// The handler is handed what was resolved, as an extension: the app never
+/// looks the key up again. With several resolvers, `found_in` asks each.
+#[tokio::test]
+async fn the_handler_is_handed_the_plan_it_was_limited_by() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls).build().expect("resolver");
+    // a second resolver, by another header: the user's own plan
+    let users = PlanResolver::builder(
+        Header::new(HeaderName::from_static("x-user")),
+        |user: Vec<u8>| async move { Ok::<_, io::Error>(Some(Plan::new(user).with_tier("seat"))) },
+    )
+    .build()
+    .expect("resolver");
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::resolved(limit("tenant", per_minute(100)), plans.clone())
+                .tier("pro", per_minute(100)),
+        )
+        .rule(
+            Rule::resolved(limit("user", per_minute(100)), users.clone())
+                .on_missing_key(MissingKey::Skip),
+        )
+        .build()
+        .expect("layer");
+    let (for_tenant, for_user) = (plans.clone(), users.clone());
+    let app = Router::new()
+        .route(
+            "/",
+            get(
+                move |axum::Extension(plan): axum::Extension<Plan>,
+                      request: Request<Body>| async move {
+                    let tenant = for_tenant.found_in(request.extensions()).cloned();
+                    let user = for_user.found_in(request.extensions()).cloned();
+                    // the extension is the first resolved rule's plan
+                    assert_eq!(Some(&plan), tenant.as_ref());
+                    format!(
+                        "{} {} {}",
+                        String::from_utf8_lossy(plan.key()),
+                        plan.tier().unwrap_or("-"),
+                        user.map_or("-".to_owned(), |user| String::from_utf8_lossy(user.key())
+                            .into_owned()),
+                    )
+                },
+            ),
+        )
+        .layer(layer);
+    let body_of = |key: &'static str, user: Option<&'static str>| {
+        let app = app.clone();
+        async move {
+            let mut request = Request::get("/").header("x-api-key", key);
+            if let Some(user) = user {
+                request = request.header("x-user", user);
+            }
+            let response = app
+                .oneshot(request.body(Body::empty()).expect("request"))
+                .await
+                .expect("infallible");
+            assert_eq!(response.status(), StatusCode::OK);
+            let body = axum::body::to_bytes(response.into_body(), 4096)
+                .await
+                .expect("body");
+            String::from_utf8_lossy(&body).into_owned()
+        }
+    };
+    assert_eq!(body_of("b", Some("ann")).await, "globex pro ann");
+    assert_eq!(body_of("a1", None).await, "acme - -");
+    assert_eq!(body_of("a2", Some("bob")).await, "acme - bob");
+    // one lookup per API key, none by the handler
+    assert_eq!(calls_of(&calls), 3);
+    // a request with no plan: the handler takes `Option<Extension<Plan>>`
+    let skipping = RateLimitLayer::builder()
+        .rule(Rule::resolved(limit("api", per_minute(100)), plans).on_missing_key(MissingKey::Skip))
+        .build()
+        .expect("layer");
+    let app = Router::new()
+        .route(
+            "/",
+            get(|plan: Option<axum::Extension<Plan>>| async move {
+                match plan {
+                    Some(axum::Extension(plan)) => String::from_utf8_lossy(plan.key()).into_owned(),
+                    None => "no plan".to_owned(),
+                }
+            }),
+        )
+        .layer(skipping);
+    for (key, expected) in [("made-up", "no plan"), ("a1", "acme")] {
+        let response = respond(&app, key).await;
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .expect("body");
+        assert_eq!(body, expected);
+    }
+}
+
+/// One lookup keys every rule of its resolver: with nothing cached (a TTL
+/// of zero), each request costs exactly one lookup, however many rules,
+/// and however many layers, share the resolver.
+#[tokio::test]
+async fn one_lookup_per_request_keys_every_rule_of_its_resolver() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls)
+        .ttl(Duration::ZERO)
+        .build()
+        .expect("resolver");
+    let three = app([
+        Rule::resolved(limit("per-minute", per_minute(3)), plans.clone()),
+        Rule::resolved(
+            limit("per-hour", Quota::per_hour(2).fixed_window()),
+            plans.clone(),
+        ),
+        Rule::resolved(
+            limit("per-day", Quota::per_day(100).fixed_window()),
+            plans.clone(),
+        ),
+    ]);
+    assert_eq!(send(&three, Some("a1")).await.0, StatusCode::OK);
+    assert_eq!(calls_of(&calls), 1);
+    assert_eq!(send(&three, Some("a2")).await.0, StatusCode::OK);
+    assert_eq!(calls_of(&calls), 2, "nothing is cached");
+    // acme's per-hour limit of 2 is spent: the third counts, refused
+    assert_eq!(
+        send(&three, Some("a1")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(calls_of(&calls), 3);
+    // an outer and an inner layer sharing the resolver: one lookup
+    let calls = Arc::new(AtomicUsize::new(0));
+    let plans = counted(&calls)
+        .ttl(Duration::ZERO)
+        .build()
+        .expect("resolver");
+    let layer = |name: &str| {
+        RateLimitLayer::builder()
+            .rule(Rule::resolved(limit(name, per_minute(100)), plans.clone()))
+            .build()
+            .expect("layer")
+    };
+    let nested = Router::new()
+        .route("/", get(|| async { "hi" }))
+        .layer(layer("inner"))
+        .layer(layer("outer"));
+    for i in 1..=4 {
+        assert_eq!(send(&nested, Some("b")).await, (StatusCode::OK, true));
+        assert_eq!(calls_of(&calls), i);
+    }
+}
+
+/// One lookup keys rules by different keys: the organisation's budget per
+/// the plan's key, each user's limit per its key named "user"; a plan
+/// without that key has no key for the per-user rule.
+#[tokio::test]
+async fn one_lookup_keys_rules_by_the_plans_different_keys() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counting = calls.clone();
+    let plans = PlanResolver::builder(api_key(), move |api_key: Vec<u8>| {
+        counting.fetch_add(1, Ordering::SeqCst);
+        async move {
+            Ok::<_, io::Error>(match api_key.as_slice() {
+                b"ann" | b"bob" => Some(Plan::new("acme").with_key("user", api_key)),
+                b"service" => Some(Plan::new("acme")),
+                _ => None,
+            })
+        }
+    })
+    .ttl(Duration::ZERO)
+    .build()
+    .expect("resolver");
+    let both = &app([
+        Rule::resolved(limit("org", per_minute(4)), plans.clone()),
+        Rule::resolved_per(limit("user", per_minute(2)), plans.clone(), "user"),
+    ]);
+    assert_eq!(send(both, Some("ann")).await.0, StatusCode::OK);
+    assert_eq!(send(both, Some("ann")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(both, Some("ann")).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "ann's own 2"
+    );
+    assert_eq!(send(both, Some("bob")).await.0, StatusCode::OK);
+    assert_eq!(send(both, Some("bob")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(both, Some("bob")).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "acme's 4 (and bob's 2)"
+    );
+    // one lookup per request for both rules (nothing cached)
+    assert_eq!(calls_of(&calls), 6);
+    // a plan without a user key: no key for the per-user rule (400)
+    assert_eq!(
+        send(both, Some("service")).await,
+        (StatusCode::BAD_REQUEST, false)
+    );
+    // ...or skipped, counted by the organisation only
+    let skipping = app([
+        Rule::resolved(limit("org2", per_minute(1)), plans.clone()),
+        Rule::resolved_per(limit("user2", per_minute(5)), plans, "user")
+            .on_missing_key(MissingKey::Skip),
+    ]);
+    assert_eq!(send(&skipping, Some("service")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&skipping, Some("service")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[test]
+fn a_plans_named_keys() {
+    let plan = Plan::new("acme")
+        .with_key("user", "ann")
+        .with_key("team", "red")
+        .with_key("user", "bob");
+    assert_eq!(plan.key(), b"acme");
+    assert_eq!(plan.key_named("user"), Some(&b"bob"[..]), "the last wins");
+    assert_eq!(plan.key_named("team"), Some(&b"red"[..]));
+    assert_eq!(plan.key_named("org"), None);
 }

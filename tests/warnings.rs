@@ -105,6 +105,44 @@ fn a_trusted_proxy_sending_the_header_not_read_warns_once() {
     );
 }
 
+/// A trusted proxy's request without a forwarding header counts under the
+/// proxy: warned about once, naming `require_forwarded_client`; not when
+/// the resolver already requires a client.
+#[test]
+fn a_trusted_proxy_sending_no_header_warns_once_unless_required() {
+    let events = Events::capture();
+    let resolver = || {
+        ClientIpResolver::new()
+            .trust_proxies(["10.0.0.0/8"])
+            .expect("cidr")
+    };
+    runtime().block_on(async {
+        let layer = layer(ClientIp::with_resolver(resolver()));
+        for _ in 0..5 {
+            status(&layer, request(Some("10.1.2.3"), None)).await;
+        }
+        // an untrusted peer without the header is simply the client
+        status(&layer, request(Some("198.51.100.9"), None)).await;
+    });
+    let warnings = events.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("10.1.2.3"), "{warnings:?}");
+    assert!(
+        warnings[0].contains("require_forwarded_client"),
+        "names the fix: {warnings:?}"
+    );
+    // (this thread's first 16 requests are all looked at)
+    runtime().block_on(async {
+        let layer = layer(ClientIp::with_resolver(
+            resolver().require_forwarded_client(),
+        ));
+        for _ in 0..5 {
+            status(&layer, request(Some("10.1.2.3"), None)).await;
+        }
+    });
+    assert_eq!(events.warnings(), warnings, "no new warning");
+}
+
 #[test]
 fn requests_without_a_peer_address_warn_once() {
     let events = Events::capture();

@@ -43,6 +43,11 @@ const DEFAULT_IPV6_PREFIX: u8 = 64;
 ///    the walk stops and the last trusted hop seen is returned: nothing left
 ///    of such an entry is believed, and the entry itself never becomes a key.
 ///    If every entry is trusted, the leftmost one is returned.
+///    With [`require_forwarded_client`](ClientIpResolver::require_forwarded_client),
+///    such a request (no header, an empty one, only trusted entries, or an
+///    unusable entry before any untrusted one) has no client address
+///    instead: [`ClientIp`](super::ClientIp) gives it no key, and the rule's
+///    [`MissingKey`](crate::layer::MissingKey) policy applies.
 /// 4. `X-Forwarded-For` entries may be `192.0.2.1`, `192.0.2.1:8080`,
 ///    `2001:db8::1`, `[2001:db8::1]` or `[2001:db8::1]:443`. In `Forwarded`,
 ///    only `for=` matters; IPv6 must be quoted and bracketed
@@ -99,6 +104,8 @@ pub struct ClientIpResolver {
     ipv4_prefix: u8,
     ipv6_prefix: u8,
     header: ProxyHeader,
+    /// A trusted peer's request must name an untrusted client.
+    require_client: bool,
 }
 
 /// The header your trusted proxies maintain. Only that one is read: a proxy
@@ -157,7 +164,49 @@ impl ClientIpResolver {
             ipv4_prefix: DEFAULT_IPV4_PREFIX,
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
             header: ProxyHeader::XForwardedFor,
+            require_client: false,
         }
+    }
+
+    /// A request from a trusted proxy whose forwarding header names no
+    /// untrusted client (no header at all, an empty one, only trusted
+    /// entries, or an unusable entry before any untrusted one) has no
+    /// client address, instead of the proxy's: [`ClientIp`](super::ClientIp)
+    /// gives it no key, so the rule's [`MissingKey`](crate::layer::MissingKey)
+    /// policy applies (400 by default, or one shared limit with
+    /// `MissingKey::Shared`, or no limit with `MissingKey::Skip`), and the
+    /// clients of a proxy that forgot the header never share its one limit.
+    /// A peer that is not a trusted proxy is still the client.
+    ///
+    /// Opt-in: without it such a request counts under the last trusted hop
+    /// (the proxy), as it always has, so that health checks and internal
+    /// callers on a trusted address keep working after an upgrade. Choose it
+    /// when every request through a trusted address really comes from a
+    /// proxy that writes the header.
+    ///
+    /// ```
+    /// use std::net::IpAddr;
+    ///
+    /// use http::HeaderMap;
+    /// use tower_ratelimit::key::ClientIpResolver;
+    ///
+    /// let resolver = ClientIpResolver::new()
+    ///     .trust_proxies(["10.0.0.0/8"])?
+    ///     .require_forwarded_client();
+    /// let proxy: IpAddr = "10.0.0.1".parse()?;
+    /// // the proxy sent no X-Forwarded-For: no client, so no key
+    /// assert_eq!(resolver.try_client_ip(proxy, &HeaderMap::new()), None);
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert("x-forwarded-for", "203.0.113.7".parse()?);
+    /// assert_eq!(resolver.try_client_ip(proxy, &headers), Some("203.0.113.7".parse()?));
+    /// // an untrusted peer is the client, header or not
+    /// let peer: IpAddr = "198.51.100.9".parse()?;
+    /// assert_eq!(resolver.try_client_ip(peer, &HeaderMap::new()), Some(peer));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn require_forwarded_client(mut self) -> Self {
+        self.require_client = true;
+        self
     }
 
     /// Chooses the header the trusted proxies maintain (default
@@ -227,10 +276,36 @@ impl ClientIpResolver {
     /// The result is always either the (normalised) peer or an address that
     /// appears in the request's `Forwarded` or `X-Forwarded-For` headers. See
     /// the [rules](ClientIpResolver#rules). Never panics and never allocates.
+    ///
+    /// A request that names no untrusted client gets the last trusted hop,
+    /// even with [`require_forwarded_client`](Self::require_forwarded_client):
+    /// [`try_client_ip`](Self::try_client_ip) tells that case apart.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        self.walk(peer, headers)
+            .unwrap_or_else(|last_trusted| last_trusted)
+    }
+
+    /// The client address as [`client_ip`](Self::client_ip) finds it, or
+    /// `None` when the resolver
+    /// [requires a forwarded client](Self::require_forwarded_client) and a
+    /// trusted peer's request names none. Never panics and never allocates.
+    #[inline]
+    pub fn try_client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpAddr> {
+        match self.walk(peer, headers) {
+            Ok(client) => Some(client),
+            Err(_) if self.require_client => None,
+            Err(last_trusted) => Some(last_trusted),
+        }
+    }
+
+    /// The client: the untrusted peer, or the rightmost untrusted hop of a
+    /// trusted peer's header; `Err` with the last trusted hop when the walk
+    /// ends without an untrusted one.
+    #[inline]
+    fn walk(&self, peer: IpAddr, headers: &HeaderMap) -> Result<IpAddr, IpAddr> {
         let peer = peer.to_canonical();
         if !self.is_trusted(peer) {
-            return peer;
+            return Ok(peer);
         }
 
         // Walk from the right. Running out of hops (all trusted, or the cap
@@ -257,7 +332,7 @@ impl ClientIpResolver {
             ProxyHeader::Forwarded => forwarded::forwarded_from_right(headers, visit),
             ProxyHeader::XForwardedFor => forwarded::x_forwarded_for_from_right(headers, visit),
         }
-        client.unwrap_or(last_trusted)
+        client.ok_or(last_trusted)
     }
 
     /// Returns the client address (see [`client_ip`](Self::client_ip))
@@ -265,6 +340,13 @@ impl ClientIpResolver {
     /// `2001:db8:1:2::/64`.
     pub fn client_net(&self, peer: IpAddr, headers: &HeaderMap) -> IpNet {
         self.group(self.client_ip(peer, headers))
+    }
+
+    /// [`try_client_ip`](Self::try_client_ip), grouped by the configured
+    /// prefix: what [`ClientIp`](super::ClientIp) keys by.
+    #[inline]
+    pub fn try_client_net(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpNet> {
+        self.try_client_ip(peer, headers).map(|ip| self.group(ip))
     }
 
     /// Groups `ip` by the configured prefix, after turning an IPv4-mapped
@@ -286,6 +368,12 @@ impl ClientIpResolver {
     /// The header the trusted proxies are believed to maintain.
     pub(crate) fn header(&self) -> ProxyHeader {
         self.header
+    }
+
+    /// Whether a trusted peer's request must name its client
+    /// ([`require_forwarded_client`](Self::require_forwarded_client)).
+    pub(crate) fn requires_client(&self) -> bool {
+        self.require_client
     }
 
     /// Returns whether `ip` (IPv4-mapped addresses as IPv4) falls in a
@@ -426,6 +514,43 @@ mod tests {
     #[test]
     fn trusted_peer_without_headers_is_client() {
         assert_eq!(via_proxy(&HeaderMap::new()), ip(PROXY));
+    }
+
+    #[test]
+    fn a_required_client_is_never_a_trusted_hop() {
+        let strict = resolver().require_forwarded_client();
+        let proxy = ip(PROXY);
+        // a trusted proxy that names no untrusted client: none
+        for h in [
+            HeaderMap::new(),
+            xff(&[""]),
+            xff(&["10.0.0.2, 10.0.0.3"]),
+            xff(&["203.0.113.7, nonsense"]),
+            fwd(&["for=203.0.113.7"]), // not the header it reads
+        ] {
+            assert_eq!(strict.try_client_ip(proxy, &h), None, "{h:?}");
+            assert_eq!(strict.try_client_net(proxy, &h), None, "{h:?}");
+            // client_ip still answers the last trusted hop
+            assert!(strict.is_trusted(strict.client_ip(proxy, &h)), "{h:?}");
+            // and without the requirement, so does try_client_ip
+            assert_eq!(
+                resolver().try_client_ip(proxy, &h),
+                Some(resolver().client_ip(proxy, &h))
+            );
+        }
+        // the client it names
+        let h = xff(&["6.6.6.6, 203.0.113.7, 10.0.0.2"]);
+        assert_eq!(strict.try_client_ip(proxy, &h), Some(ip("203.0.113.7")));
+        let h = fwd(&["for=203.0.113.7"]);
+        let strict_fwd = strict.clone().proxy_header(ProxyHeader::Forwarded);
+        assert_eq!(strict_fwd.try_client_ip(proxy, &h), Some(ip("203.0.113.7")));
+        // an untrusted peer is the client, whatever it sends
+        for h in [HeaderMap::new(), xff(&["1.2.3.4"])] {
+            assert_eq!(
+                strict.try_client_ip(ip("198.51.100.9"), &h),
+                Some(ip("198.51.100.9"))
+            );
+        }
     }
 
     // --- Rule 3: walking the list -------------------------------------------

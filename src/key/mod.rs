@@ -200,6 +200,11 @@ where
 /// or a plain `SocketAddr` in the request extensions (what a hyper or tower
 /// server without axum inserts itself).
 ///
+/// A request has no key (the rule's [`MissingKey`](crate::layer::MissingKey)
+/// policy applies) without a peer address, or when its resolver
+/// [requires a forwarded client](ClientIpResolver::require_forwarded_client)
+/// and a trusted proxy's request names none.
+///
 /// # Misconfiguration warnings
 ///
 /// The commonest way a deployed limiter goes wrong is a service behind a
@@ -214,6 +219,9 @@ where
 ///   directly and wrote the header themselves; it is then rightly ignored);
 /// - a trusted proxy that sends only the header the resolver does not read:
 ///   choose it with [`ClientIpResolver::proxy_header`];
+/// - a trusted proxy that sends no forwarding header at all (the request
+///   counts under the proxy): if every request through it should name its
+///   client, use [`ClientIpResolver::require_forwarded_client`];
 /// - a request without a peer address: serve with
 ///   `into_make_service_with_connect_info::<SocketAddr>()`.
 #[derive(Debug, Clone, Default)]
@@ -257,7 +265,11 @@ impl KeyExtractor for ClientIp {
         };
         self.warnings
             .check_forwarding(&self.resolver, peer.ip(), &parts.headers);
-        let net = self.resolver.client_net(peer.ip(), &parts.headers);
+        // (no client: a trusted proxy named none, and the resolver
+        // requires one)
+        let Some(net) = self.resolver.try_client_net(peer.ip(), &parts.headers) else {
+            return false;
+        };
         write_net_key(&net, key);
         true
     }

@@ -22,6 +22,8 @@ pub(super) struct Warnings(Arc<Flags>);
 struct Flags {
     untrusted_forwarder: AtomicBool,
     unread_header: AtomicBool,
+    /// A trusted proxy's request without the header, counted under it.
+    silent_proxy: AtomicBool,
     no_peer: AtomicBool,
     /// Both forwarding warnings given: nothing left to check per request.
     forwarding_done: AtomicBool,
@@ -78,6 +80,20 @@ impl Warnings {
         let xff = headers.contains_key(X_FORWARDED_FOR);
         let forwarded = headers.contains_key(FORWARDED);
         if !xff && !forwarded {
+            if !resolver.requires_client()
+                && resolver.is_trusted(peer)
+                && first(&flags.silent_proxy)
+            {
+                tracing::warn!(
+                    target: "tower_ratelimit",
+                    peer = %peer,
+                    "a request from the trusted proxy {peer} has no forwarding header: it counts \
+                     under {peer}, in one limit with every other such request. If every request \
+                     through {peer} should name its client, build the resolver with \
+                     `.require_forwarded_client()`: such a request then has no key (the \
+                     MissingKey policy applies). (Logged once.)"
+                );
+            }
             return;
         }
         let name = if xff { "X-Forwarded-For" } else { "Forwarded" };

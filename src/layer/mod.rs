@@ -60,7 +60,8 @@
 //! | delay mode, grant within `max_delay` | forwarded after the wait; nothing is answered early |
 //! | delay mode, [`max_waiting`](RateLimitLayerBuilder::max_waiting) requests already waiting | decided without waiting: forwarded if granted now, else 429 with the wait as `Retry-After` |
 //! | no key for a limit | per [`MissingKey`] (the layer's, or the limit's own [`Rule::on_missing_key`]): 400 by default; when every limit is skipped, forwarded without a decision |
-//! | a resolved limit's plan (feature `resolver`, `Rule::resolved`) is not found: unknown lookup key, lookup failed or timed out, lookup key too long | as no key for that limit, per [`MissingKey`]; the failures logged at `warn` at most once per interval |
+//! | a resolved limit's plan (feature `resolver`, `Rule::resolved`) is not found: no lookup key, an unknown one, one too long | as no key for that limit, per [`MissingKey`] |
+//! | a resolved limit's lookup fails or times out | per the resolver's `OnLookupError`: 503 with `Retry-After` (1 s) by default, as a store failing closed (not for a shadow limit), or as no key; logged at `warn` at most once per interval |
 //! | exempt ([`RateLimitLayerBuilder::skip_if`]; one limit: [`Rule::skip_if`]) | forwarded without a decision (that limit left out), nothing counted |
 //! | deny-listed ([`RateLimitLayerBuilder::deny_if`]) | 403 Forbidden with a generic problem body, without asking the store; counted `deny_listed` under every limit of the layer; before exemptions (a request both deny-listed and exempt is refused) |
 //! | a key blocked by a limit's [penalty](crate::Limit::with_penalty) | 429 like any refusal: `Retry-After` the time left of the block, `RateLimit` remaining 0; answered from the cache of denials while the block lasts (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)) |
@@ -70,7 +71,7 @@
 //! | an estimate over the share of a limit one request may take ([`Rule::settle_estimates`]) | 400 with a problem body naming the limit, the estimate and the most one request may take, nothing taken; counted `estimate_too_large` under the limit |
 //! | a limit in [shadow mode](crate::Limit::shadow) would refuse | forwarded; counted `shadow_denied`; shadow limits are left out of the headers |
 //! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state, each instance granting its share of every limit (the quota divided by the instances its heartbeat counted: see [`OnStoreError::FallbackToMemory`] for the bound) |
-//! | any of the layer's own answers above to a gRPC call (`content-type: application/grpc...`), feature `grpc` | a trailers-only gRPC response (HTTP 200, `grpc-status`, `grpc-message`) instead: refused, `RESOURCE_EXHAUSTED` with the wait as `google.rpc.RetryInfo` (none when the cost can never fit); deny-listed, `PERMISSION_DENIED`; store failure, `UNAVAILABLE` with the fail-closed `retry_after` as `RetryInfo`; no key, `INVALID_ARGUMENT` (a configured 401, 403, 404: `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`); each with `Cache-Control: no-store`. The rate-limit headers and `Retry-After` are kept, as metadata; a custom [`on_rejection`](RateLimitLayerBuilder::on_rejection) handler is not overridden |
+//! | any of the layer's own answers above to a gRPC call (`content-type: application/grpc...`), feature `grpc` | a trailers-only gRPC response (HTTP 200, `grpc-status`, `grpc-message`) instead: refused, `RESOURCE_EXHAUSTED` with the wait as `google.rpc.RetryInfo` (none when the cost can never fit); deny-listed, `PERMISSION_DENIED`; store failure (or a failed plan lookup), `UNAVAILABLE` with the fail-closed `retry_after` as `RetryInfo`; no key, `INVALID_ARGUMENT` (a configured 401, 403, 404: `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`); each with `Cache-Control: no-store`. The rate-limit headers and `Retry-After` are kept, as metadata; a custom [`on_rejection`](RateLimitLayerBuilder::on_rejection) handler is not overridden |
 //!
 //! Tracing (target `tower_ratelimit`): denials at `debug` (a flood of them
 //! must not flood the logs). Store failures are logged per outage, not per
@@ -112,7 +113,7 @@ pub use crate::fields::{
 };
 #[cfg(feature = "resolver")]
 #[cfg_attr(docsrs, doc(cfg(feature = "resolver")))]
-pub use crate::plan::{Plan, PlanResolver, PlanResolverBuilder};
+pub use crate::plan::{OnLookupError, Plan, PlanResolver, PlanResolverBuilder};
 
 use self::body::RejectionResponse;
 use self::outage::OutageLog;
@@ -266,6 +267,13 @@ pub enum Rejection<'a> {
     /// The layer's deny-list refused the request
     /// ([`RateLimitLayerBuilder::deny_if`]).
     DenyListed,
+    /// The plan lookup of limit `limit`'s resolver failed or timed out
+    /// and its policy is `OnLookupError::FailClosed` (feature `resolver`):
+    /// 503 with `Retry-After` by default, as [`Rejection::StoreFailed`].
+    LookupFailed {
+        /// The (first) limit keyed by the resolver.
+        limit: &'a str,
+    },
     /// The request's estimate is over the share of limit `limit`'s capacity
     /// one request may take ([`Rule::settle_estimates`]):
     /// 400 Bad Request by default (the client must ask for less; waiting

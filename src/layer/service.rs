@@ -207,15 +207,22 @@ async fn decide<B>(config: &Config, parts: &mut Parts) -> Step<B> {
     };
     // the plans of resolved rules, read while choosing (boxed: rare)
     #[cfg(feature = "resolver")]
-    if config.rules.iter().any(|rule| rule.is_resolved()) {
-        Box::pin(super::resolved::resolve(config, parts)).await;
+    let resolving = config.rules.iter().any(|rule| rule.is_resolved());
+    #[cfg(feature = "resolver")]
+    if resolving {
+        if let Err(failed) = Box::pin(super::resolved::resolve(config, parts)).await {
+            return Step::Reject(Box::new(failed));
+        }
     }
     let chosen = match choose(config, parts) {
         Ok(chosen) => chosen,
         Err(rejected) => return Step::Reject(Box::new(rejected)),
     };
+    // what was resolved, for the handler
     #[cfg(feature = "resolver")]
-    super::resolved::forget(parts);
+    if resolving {
+        super::resolved::hand_over(parts);
+    }
     if chosen.is_empty() {
         return pass(parts, false);
     }

@@ -22,7 +22,43 @@ pub struct PlanResolverBuilder {
     pub(super) unknown_ttl: Duration,
     pub(super) timeout: Duration,
     pub(super) max_key_len: usize,
+    pub(super) on_error: OnLookupError,
     pub(super) log_interval: Duration,
+}
+
+/// What a request gets when its plan's lookup fails (the lookup's error)
+/// or does not answer within the resolver's
+/// [`timeout`](PlanResolverBuilder::timeout): chosen with
+/// [`PlanResolverBuilder::on_lookup_error`]. An unknown key (the lookup
+/// answered `None`) is not a failure: it has no key, whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnLookupError {
+    /// Answer 503 Service Unavailable with this `Retry-After`, as the layer
+    /// answers a store failure with
+    /// [`OnStoreError::FailClosed`](crate::layer::OnStoreError::FailClosed)
+    /// (a custom rejection handler sees
+    /// [`Rejection::LookupFailed`](crate::layer::Rejection::LookupFailed)).
+    /// The default, with 1 s. A client is never told it is unknown because
+    /// the directory is down, and is told to come back.
+    FailClosed {
+        /// Sent as `Retry-After`, rounded up to whole seconds (at least 1).
+        retry_after: Duration,
+    },
+    /// The request has no key for the resolver's rules, as for an unknown
+    /// key: each rule's [`MissingKey`](crate::layer::MissingKey) policy
+    /// applies. With `MissingKey::Skip` the rule fails open (the request is
+    /// not limited by it); with `MissingKey::Shared` the requests whose
+    /// lookup failed share one limit; with the default `Reject`, 400.
+    MissingKey,
+}
+
+impl Default for OnLookupError {
+    fn default() -> Self {
+        OnLookupError::FailClosed {
+            retry_after: Duration::from_secs(1),
+        }
+    }
 }
 
 impl std::fmt::Debug for PlanResolverBuilder {
@@ -34,6 +70,7 @@ impl std::fmt::Debug for PlanResolverBuilder {
             .field("unknown_ttl", &self.unknown_ttl)
             .field("timeout", &self.timeout)
             .field("max_key_len", &self.max_key_len)
+            .field("on_lookup_error", &self.on_error)
             .finish_non_exhaustive()
     }
 }
@@ -67,9 +104,18 @@ impl PlanResolverBuilder {
 
     /// The longest a request waits for its plan (default 1 s; more than
     /// zero, at most an hour). A lookup still running then is dropped, and
-    /// its requests have no key for the rule.
+    /// its requests get the [`on_lookup_error`](Self::on_lookup_error)
+    /// policy.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// What a request gets when its lookup fails or times out (default
+    /// [`OnLookupError::FailClosed`] with a `Retry-After` of 1 s: 503).
+    /// Failures are never cached, whatever the policy.
+    pub fn on_lookup_error(mut self, policy: OnLookupError) -> Self {
+        self.on_error = policy;
         self
     }
 
@@ -122,6 +168,7 @@ impl PlanResolverBuilder {
             cache,
             timeout: self.timeout,
             max_key_len: self.max_key_len,
+            on_error: self.on_error,
             failures: FailureLog::new(self.log_interval),
         })))
     }

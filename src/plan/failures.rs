@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
-use super::BoxError;
+use super::{BoxError, OnLookupError};
 
 /// Why a lookup gave no answer.
 #[derive(Debug)]
@@ -23,7 +23,8 @@ impl std::fmt::Display for Failure {
 }
 
 /// Failed lookups in the logs: at most one `warn` line per interval, with
-/// the number of requests they left without a key since the line before.
+/// the number of requests they failed since the line before and what the
+/// policy did with them.
 /// (The store's outage log, which logs each outage's start and end at
 /// once, would log twice per change when lookups of some keys fail and
 /// others answer.)
@@ -44,8 +45,8 @@ impl FailureLog {
         }
     }
 
-    /// A request got no key because its lookup failed.
-    pub(super) fn record(&self, failure: &Failure) {
+    /// A request's lookup failed; `policy` says what it got.
+    pub(super) fn record(&self, failure: &Failure, policy: OnLookupError) {
         self.unreported.fetch_add(1, Ordering::AcqRel);
         // whoever holds the lock is already deciding whether to log
         let mut last = match self.last_line.try_lock() {
@@ -59,12 +60,17 @@ impl FailureLog {
         }
         *last = Some(now);
         let failed = self.unreported.swap(0, Ordering::AcqRel);
+        let action = match policy {
+            OnLookupError::FailClosed { .. } => "answered 503 Service Unavailable",
+            OnLookupError::MissingKey => {
+                "left without a rate-limit key (the missing-key policy applied to them)"
+            }
+        };
         tracing::warn!(
             target: "tower_ratelimit",
             error = %failure,
             failed_requests = failed,
-            "plan lookups left {failed} requests without a rate-limit key (the missing-key policy applied to them); \
-             at most one such line per {:?}",
+            "plan lookups failed for {failed} requests, {action}; at most one such line per {:?}",
             self.interval
         );
     }

@@ -26,7 +26,7 @@ use moka::future::Cache;
 
 use crate::key::{KeyBuf, KeyExtractor};
 
-pub use self::builder::PlanResolverBuilder;
+pub use self::builder::{OnLookupError, PlanResolverBuilder};
 pub(crate) use self::request::{PlanKey, Resolved};
 
 use self::failures::{count_lookup, Failure, FailureLog};
@@ -51,10 +51,20 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 ///
 /// [`Rule::tier`]: crate::layer::Rule::tier
 /// [`Rule::choose_tier`]: crate::layer::Rule::choose_tier
+///
+/// One lookup can key several rules by different keys: a plan may carry
+/// more keys, each under a name ([`with_key`](Self::with_key)), for rules
+/// made with [`Rule::resolved_per`] (an organisation's budget by its
+/// [`key`](Self::key), and each of its users' limit by the key named
+/// `"user"`, from one lookup of the API key).
+///
+/// [`Rule::resolved_per`]: crate::layer::Rule::resolved_per
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     key: Box<[u8]>,
     tier: Option<Box<str>>,
+    /// More keys, by name (few: a list).
+    named: Vec<(Box<str>, Box<[u8]>)>,
 }
 
 impl Plan {
@@ -63,7 +73,30 @@ impl Plan {
         Self {
             key: key.into().into_boxed_slice(),
             tier: None,
+            named: Vec::new(),
         }
+    }
+
+    /// Another key of this plan, named `name`: the key of the rules made
+    /// with [`Rule::resolved_per`](crate::layer::Rule::resolved_per)`(..,
+    /// name)`. A second key of the same name replaces the first.
+    pub fn with_key(mut self, name: impl Into<String>, key: impl Into<Vec<u8>>) -> Self {
+        let name = name.into().into_boxed_str();
+        let key = key.into().into_boxed_slice();
+        match self.named.iter_mut().find(|(known, _)| *known == name) {
+            Some(slot) => slot.1 = key,
+            None => self.named.push((name, key)),
+        }
+        self
+    }
+
+    /// The key named `name` ([`with_key`](Self::with_key)); `None` when the
+    /// plan has none of that name.
+    pub fn key_named(&self, name: &str) -> Option<&[u8]> {
+        self.named
+            .iter()
+            .find(|(known, _)| &**known == name)
+            .map(|(_, key)| &**key)
     }
 
     /// Requests count in the tier named `tier`.
@@ -108,10 +141,16 @@ type Cached = Option<Arc<Plan>>;
 /// - it has no lookup key, or an empty one;
 /// - its lookup key is longer than [`max_key_len`](PlanResolverBuilder::max_key_len)
 ///   bytes (256 by default): never looked up, never cached;
-/// - the lookup answers `None` (an unknown API key);
-/// - the lookup fails, or does not answer within the
-///   [`timeout`](PlanResolverBuilder::timeout) (1 s by default; the lookup's
-///   future is dropped then).
+/// - the lookup answers `None` (an unknown API key).
+///
+/// A lookup that fails, or does not answer within the
+/// [`timeout`](PlanResolverBuilder::timeout) (1 s by default; the lookup's
+/// future is dropped then), is not an unknown key: its request gets the
+/// [`on_lookup_error`](PlanResolverBuilder::on_lookup_error) policy, by
+/// default 503 Service Unavailable with `Retry-After: 1` (the layer's answer
+/// to a store that fails closed), so that an outage of the directory does
+/// not refuse every client as unknown. [`OnLookupError::MissingKey`] gives
+/// such a request no key instead (the rule's [`MissingKey`] policy).
 ///
 /// Answers are cached, per lookup key, in a cache of at most
 /// [`max_entries`](PlanResolverBuilder::max_entries) (10 000 by default):
@@ -129,12 +168,25 @@ type Cached = Option<Arc<Plan>>;
 ///
 /// Failures are logged (target `tower_ratelimit`) at `warn`, at most one
 /// line per [`error_log_interval`](PlanResolverBuilder::error_log_interval)
-/// (10 s by default), with the number of requests they left without a key;
+/// (10 s by default), with the number of requests they failed and what the
+/// policy did with them;
 /// lookup keys are never logged. With the `metrics` feature, the counter
 /// [`PLAN_LOOKUPS`](crate::metrics::PLAN_LOOKUPS) counts lookups by result.
 ///
 /// A clone shares the cache: rules made with clones of one resolver (a
-/// per-minute and a per-day limit per tenant) look each key up once.
+/// per-minute and a per-day limit per tenant) look each key up once per
+/// request, and at most once per [`ttl`](PlanResolverBuilder::ttl) while
+/// cached; so does a resolver used by an outer and an inner layer.
+///
+/// # In the handler
+///
+/// A forwarded request carries the [`Plan`] found (the first found, in
+/// the order of the layer's rules) as an extension: an axum handler takes it with
+/// `Extension<Plan>` (`Option<Extension<Plan>>` when a request may have
+/// none: an exempt request, or one whose rule skips missing keys), other
+/// services with `request.extensions().get::<Plan>()`, so the app never
+/// looks the key up again. With several resolvers in one layer, ask each
+/// with [`found_in`](Self::found_in).
 ///
 /// [`MissingKey`]: crate::layer::MissingKey
 /// [`Rule`]: crate::layer::Rule
@@ -145,7 +197,7 @@ type Cached = Option<Arc<Plan>>;
 /// use std::sync::Arc;
 /// use std::time::Duration;
 ///
-/// use axum::{body::Body, routing::get, Router};
+/// use axum::{body::Body, routing::get, Extension, Router};
 /// use http::{HeaderName, Request, StatusCode};
 /// use tower::ServiceExt;
 /// use tower_ratelimit::key::Header;
@@ -175,8 +227,13 @@ type Cached = Option<Arc<Plan>>;
 ///
 /// let reports = Rule::resolved(Limit::new("reports", Quota::per_hour(2).fixed_window())?, plans)
 ///     .tier("pro", Quota::per_hour(1_000).fixed_window());
+/// // the handler is handed the plan found: no second lookup
+/// let report = |Extension(plan): Extension<Plan>| async move {
+///     let tenant = String::from_utf8_lossy(plan.key()).into_owned();
+///     format!("report for {tenant} on {}", plan.tier().unwrap_or("basic"))
+/// };
 /// let app = Router::new()
-///     .route("/", get(|| async { "report" }))
+///     .route("/", get(report))
 ///     .layer(RateLimitLayer::builder().rule(reports).build()?);
 /// let send = |api_key: &str| {
 ///     let request = Request::get("/").header("x-api-key", api_key).body(Body::empty()).unwrap();
@@ -188,7 +245,10 @@ type Cached = Option<Arc<Plan>>;
 /// assert_eq!(send("key-a2").await?.status(), StatusCode::OK);
 /// assert_eq!(send("key-a1").await?.status(), StatusCode::TOO_MANY_REQUESTS);
 /// for _ in 0..3 {
-///     assert_eq!(send("key-b").await?.status(), StatusCode::OK);
+///     let response = send("key-b").await?;
+///     assert_eq!(response.status(), StatusCode::OK);
+///     let body = axum::body::to_bytes(response.into_body(), 1024).await?;
+///     assert_eq!(body, "report for globex on pro");
 /// }
 /// // an unknown key has no key for the limit: 400 by default
 /// assert_eq!(send("made-up").await?.status(), StatusCode::BAD_REQUEST);
@@ -208,7 +268,16 @@ struct Inner {
     cache: Cache<Vec<u8>, Cached>,
     timeout: Duration,
     max_key_len: usize,
+    on_error: OnLookupError,
     failures: FailureLog,
+}
+
+/// A lookup failed or timed out, and the resolver's policy is
+/// [`OnLookupError::FailClosed`]: the request is answered 503 with this
+/// `Retry-After`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LookupFailed {
+    pub(crate) retry_after: Duration,
 }
 
 impl std::fmt::Debug for PlanResolver {
@@ -218,6 +287,7 @@ impl std::fmt::Debug for PlanResolver {
             .field("lookup_key", &self.0.lookup_kind)
             .field("timeout", &self.0.timeout)
             .field("max_key_len", &self.0.max_key_len)
+            .field("on_lookup_error", &self.0.on_error)
             .finish_non_exhaustive()
     }
 }
@@ -253,6 +323,7 @@ impl PlanResolver {
             unknown_ttl: DEFAULT_UNKNOWN_TTL,
             timeout: DEFAULT_TIMEOUT,
             max_key_len: DEFAULT_MAX_KEY_LEN,
+            on_error: OnLookupError::default(),
             log_interval: DEFAULT_LOG_INTERVAL,
         }
     }
@@ -276,13 +347,14 @@ impl PlanResolver {
         self.0.cache.entry_count()
     }
 
-    /// The plan of a request: `None` when it has no key for the rule (see
-    /// the type's docs).
-    pub(crate) async fn plan_of(&self, parts: &Parts) -> Cached {
+    /// The plan of a request: `None` when it has no key for the rule, an
+    /// error when its lookup failed and the policy answers 503 (see the
+    /// type's docs).
+    pub(crate) async fn plan_of(&self, parts: &Parts) -> Result<Cached, LookupFailed> {
         let inner = &*self.0;
         let mut key = KeyBuf::new();
         if !inner.lookup_key.extract_into(parts, &mut key) || key.is_empty() {
-            return None;
+            return Ok(None);
         }
         if key.len() > inner.max_key_len {
             tracing::debug!(
@@ -292,7 +364,7 @@ impl PlanResolver {
                 inner.max_key_len
             );
             count_lookup("oversized");
-            return None;
+            return Ok(None);
         }
         // One deadline for the lookup and for this request's wait: the
         // lookup's own timeout ends it first, and its failure reaches every
@@ -310,19 +382,28 @@ impl PlanResolver {
             cached
         };
         let cached = inner.cache.try_get_with_by_ref(key.as_bytes(), lookup);
-        match tokio::time::timeout_at(deadline, cached).await {
-            Ok(Ok(plan)) => plan,
-            Ok(Err(failure)) => {
-                inner.failures.record(&failure);
-                None
-            }
+        let failure = match tokio::time::timeout_at(deadline, cached).await {
+            Ok(Ok(plan)) => return Ok(plan),
+            Ok(Err(failure)) => failure,
             // a lookup taken over from a request that went away, still
             // running at this request's deadline
-            Err(_) => {
-                inner.failures.record(&Failure::TimedOut(inner.timeout));
-                None
-            }
+            Err(_) => Arc::new(Failure::TimedOut(inner.timeout)),
+        };
+        inner.failures.record(&failure, inner.on_error);
+        match inner.on_error {
+            OnLookupError::FailClosed { retry_after } => Err(LookupFailed { retry_after }),
+            OnLookupError::MissingKey => Ok(None),
         }
+    }
+
+    /// The plan this resolver found for a request a layer forwarded, read
+    /// from the request's extensions (in the handler, or a service inside
+    /// the layer): `None` when it found none (no lookup key, an unknown one,
+    /// a lookup that failed under [`OnLookupError::MissingKey`]) or did not
+    /// look (the request was exempt from its rules). With one resolver, the
+    /// [`Plan`] extension says the same; with several, ask each.
+    pub fn found_in<'a>(&self, extensions: &'a http::Extensions) -> Option<&'a Plan> {
+        Resolved::among(extensions, self)
     }
 
     /// Tells the answers of this resolver apart from other resolvers' in
