@@ -24,6 +24,7 @@
 //!   expired states of all of them (the decisions that add keys reclaim a
 //!   few as well).
 
+mod bans;
 mod builder;
 mod decide;
 mod kept;
