@@ -436,9 +436,11 @@ async fn a_block_beyond_half_the_bound_is_an_error() {
 /// penalty state, cannot fill the store with penalty states: new clients
 /// still get their quota. When each is a count of refusals, in the flooded
 /// limit too (the counts are given up first). When each is a block (at
-/// the first refusal), the flooded limit fails closed once active blocks
-/// take half the bound (issue 47: no ban is dropped), but another limit's
-/// new clients still get theirs.
+/// the first refusal), in the flooded limit too but for the keys that
+/// share a bucket of the key hash with a ban not kept on its own (1/8192
+/// at most: here at most 1 of 20; before issue 53, the limit failed closed
+/// per shard once active blocks took half the bound), and in another
+/// limit.
 #[tokio::test]
 async fn a_flood_of_penalty_states_refuses_no_new_client() {
     let minute = Duration::from_secs(60);
@@ -465,13 +467,17 @@ async fn a_flood_of_penalty_states_refuses_no_new_client() {
             }
         }
         assert!(store.len() <= 200, "{} states", store.len());
+        let mut refused = 0;
         for i in 0..20 {
             let key = format!("new-{i}");
+            let passed = passes(&limiter, &key, 10).await;
             if refusals == 2 {
-                assert_eq!(passes(&limiter, &key, 10).await, 10, "{key}");
+                assert_eq!(passed, 10, "{key}");
             }
+            refused += u32::from(passed < 10);
             assert_eq!(passes(&other, &key, 10).await, 10, "{key}: another limit");
         }
+        assert!(refused <= 1, "{refused} of 20 new clients refused");
     }
 }
 
@@ -595,7 +601,8 @@ fn concurrent_floods_at_the_bound_keep_it() {
     }
     assert!(store.len() <= 64, "{} states", store.len());
     // and new clients still get their quota in the limit without a
-    // penalty (the one with a penalty, full of active blocks, fails closed)
+    // penalty (in the one with a penalty, full of active blocks, a client
+    // may be refused by a block its bucket shares: no more than its quota)
     let w = Limiter::new(
         store.clone(),
         Limit::new("w", Quota::rate(5, minute).fixed_window()).expect("limit"),

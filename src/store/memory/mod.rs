@@ -165,8 +165,8 @@ impl MemoryStore {
 
     /// Number of stored key states (one per key and limit, and one per key
     /// and limit with a [penalty](crate::Limit::with_penalty) while it holds
-    /// refusals, offences or a block), including expired ones not yet
-    /// swept.
+    /// refusals, offences or a block; ban records count 4 to a state,
+    /// rounded up), including expired ones not yet swept.
     pub fn len(&self) -> usize {
         self.inner.states.len()
     }
