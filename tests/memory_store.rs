@@ -971,3 +971,40 @@ async fn a_flood_of_banned_keys_refuses_almost_no_other_client() {
         assert!(limiter.check(key, 1).await.unwrap().is_allowed(), "{key}");
     }
 }
+
+/// Issue 53, item 3: in a store of 2 keys, one penalty state holds 4 bans
+/// as records; an offender beyond is banned on its bucket of the key hash
+/// (told "blocked", refused), and an unblock by hand lifts that block.
+#[tokio::test]
+async fn an_unblock_lifts_a_ban_kept_on_a_bucket() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(2)
+        .build()
+        .expect("store");
+    let limiter = Limiter::new(store.clone(), login_with_ban("login", 1));
+    let hour = Duration::from_secs(3_600);
+    for i in 0..4 {
+        let key = format!("b{i}");
+        limiter.admin().block("login", &key, hour).await.unwrap();
+    }
+    assert!(matches!(
+        limiter.admin().block("login", "b4", hour).await,
+        Err(Error::PenaltyNotStored)
+    ));
+    assert_eq!(passes(&limiter, "offender", 6).await, 5);
+    let seen = limiter.admin().inspect("login", "offender").await.unwrap();
+    assert!(seen.blocked_for.is_some(), "{seen:?}");
+    clock.advance(Duration::from_secs(60));
+    assert!(!limiter.check("offender", 1).await.unwrap().is_allowed());
+    assert!(limiter.admin().unblock("login", "offender").await.unwrap());
+    let seen = limiter.admin().inspect("login", "offender").await.unwrap();
+    assert_eq!(seen.blocked_for, None, "{seen:?}");
+    assert!(limiter.check("offender", 1).await.unwrap().is_allowed());
+    for i in 0..4 {
+        let key = format!("b{i}");
+        assert!(!limiter.check(&key, 1).await.unwrap().is_allowed(), "{key}");
+    }
+    assert!(store.len() <= 2, "{} states", store.len());
+}

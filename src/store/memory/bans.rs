@@ -192,15 +192,16 @@ impl Buckets {
         }
     }
 
-    /// Removes the state of the bucket of `hash`; whether it blocked at
-    /// `now`.
+    /// Removes the state of the bucket of `hash` if it blocks at `now`;
+    /// whether it did.
     pub(super) fn remove(&mut self, hash: u64, now: i64) -> bool {
         let id = bucket(hash);
-        let Some(i) = self.0.iter().position(|b| b.id == id) else {
+        let blocks = |b: &Bucket| b.id == id && b.exp > now && b.state.blocked(now).is_some();
+        let Some(i) = self.0.iter().position(blocks) else {
             return false;
         };
-        let b = self.0.swap_remove(i);
-        b.exp > now && b.state.blocked(now).is_some()
+        self.0.swap_remove(i);
+        true
     }
 
     /// Drops the bucket states that are fresh at `now`.

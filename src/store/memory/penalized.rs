@@ -218,10 +218,11 @@ impl Penalties {
                 let name = check.limit.shared_name();
                 if let Some(i) = pens.find(hash, name, check.key) {
                     self.remove(states, &mut pens, i);
-                } else if !self.unrecord(states, &mut pens, name, hash) {
-                    // a block its bucket shares: lifted for the bucket
-                    pens.unbucket(name, hash, now);
                 }
+                self.unrecord(states, &mut pens, name, hash);
+                // a block its bucket shares, which it now reads: lifted
+                // for the bucket
+                pens.unbucket(name, hash, now);
             }
         }
         Ok(Some((state, now)))

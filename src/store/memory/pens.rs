@@ -122,8 +122,8 @@ impl PenShard {
         buckets.put(hash, state, exp, now)
     }
 
-    /// Removes the state of the bucket of `hash` under `name`; whether it
-    /// blocked at `now`.
+    /// Removes the state of the bucket of `hash` under `name` if it blocks
+    /// at `now`; whether it did.
     pub(super) fn unbucket(&mut self, name: &'static str, hash: u64, now: i64) -> bool {
         self.limit_mut_of(name)
             .is_some_and(|l| l.buckets.remove(hash, now))
