@@ -319,7 +319,7 @@ impl Penalties {
         if recordable(&state, now) && self.record_in_room(states, pens, name, hash, &state) {
             return true;
         }
-        let stored = share && pens.to_bucket(&states.shares, name, hash, state, exp, now);
+        let stored = share && pens.put_in_bucket(&states.shares, name, hash, state, exp, now);
         self.not_stored(states, name);
         stored
     }

@@ -109,7 +109,7 @@ impl PenShard {
 
     /// Makes `state`, fresh at `exp`, the state of the bucket of `hash`
     /// under `name` (see [`Buckets::put`]); whether it was kept.
-    pub(super) fn to_bucket(
+    pub(super) fn put_in_bucket(
         &mut self,
         shares: &Limits,
         name: &'static str,
