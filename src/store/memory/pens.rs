@@ -178,11 +178,14 @@ impl PenShard {
         hasher: &Hasher,
     ) -> Option<bool> {
         let slot = self.remove(i, hasher)?;
-        if slot.state.blocked(now).is_none() {
+        // (a state dated ahead, moved back first: a record keeps no date)
+        let mut state = slot.state;
+        state.dated(now);
+        if state.blocked(now).is_none() {
             return Some(false);
         }
         let hash = hasher.hash(&slot.key);
-        Some(self.record(shares, slot.name, hash, &slot.state))
+        Some(self.record(shares, slot.name, hash, &state))
     }
 
     /// Drops the states that are fresh at `now`, the ban records whose
