@@ -146,8 +146,8 @@ pub enum Error {
     /// penalty states take at most half its
     /// [`max_keys`](crate::MemoryStoreBuilder::max_keys), so that no flood
     /// of them leaves new clients' rate states without room, and they
-    /// already do (in a full store, a penalty state takes a rate state's
-    /// place, never another penalty state's). Nothing was changed; counted
+    /// already do, every one an active block (kept as ban records, 4 to a
+    /// state, never dropped). Nothing was changed; counted
     /// under [`PENALTIES_NOT_STORED`](crate::metrics::PENALTIES_NOT_STORED)
     /// (feature `metrics`).
     #[error("penalty states take half the memory store's bound: the penalty state was not stored")]

@@ -71,7 +71,9 @@ impl Admin<'_> {
     /// [`Error::Config`] otherwise, or for a zero duration or one over ten
     /// years. A [`MemoryStore`](crate::MemoryStore) at its bound keeps the
     /// block in place of a rate state it gives up; one whose penalty
-    /// states take half its bound keeps no new one:
+    /// states take half its bound keeps it in place of one given up (an
+    /// active block kept as a ban record, 4 to a state); when all of them
+    /// are active blocks and no record fits, it keeps no new one:
     /// [`Error::PenaltyNotStored`].
     ///
     /// ```
@@ -114,7 +116,11 @@ impl Admin<'_> {
     /// Forgives `key` in the limit `limit`: lifts its block and forgets
     /// the refusals counted and the offences (the next offence is a first
     /// one again). Whether it was blocked. The limit must have a
-    /// [penalty](Limit::with_penalty) ([`Error::Config`] otherwise).
+    /// [penalty](Limit::with_penalty) ([`Error::Config`] otherwise). In a
+    /// [`MemoryStore`](crate::MemoryStore), a key whose block is the one
+    /// its bucket of the key hash shares (see
+    /// [`MemoryStoreBuilder::max_keys`](crate::MemoryStoreBuilder::max_keys))
+    /// has that block lifted for its bucket.
     ///
     /// Cached denials of the key in this limiter are dropped (see
     /// [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials));

@@ -93,17 +93,22 @@ impl MemoryStoreBuilder {
     /// takes the place of a penalty state of the limit that holds the most
     /// (its own preferred on a tie): of those compared (32 per shard, 64 at
     /// least), first one that only counts refusals, then an ended block,
-    /// the one written longest ago first. An active block is never dropped:
-    /// given up for another limit's state, it goes to its limit's block
-    /// shared per shard; and when every state compared is an active block of
-    /// the new one's own limit, the store fails closed for that limit: the
-    /// new state goes to that shared block, which every key of the limit and
-    /// shard without a state of its own reads (refused while it lasts). So a
-    /// flood of offenders banned at once can refuse new clients of its own
-    /// limit, never another's. A block by hand is not put in a shared
-    /// block: it fails with
-    /// [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored). Both
-    /// are counted (see
+    /// the one written longest ago first, then an active block. An active
+    /// block is never dropped: it is kept as a ban record of 16 bytes (its
+    /// key's hash, the block's end and its offences; its refusals counted
+    /// and its offences' memory after the block are given up), 4 records
+    /// counted as one state. So the half holds up to `4 * (max_keys / 2)`
+    /// bans (2,000 for a bound of 1,000), fewer while it holds refusal
+    /// counts. Beyond, a new ban (or count of refusals) goes to the state
+    /// its key's bucket shares (the keys of its shard whose hash has the
+    /// same top 16 bits: 1/2^21 of a limit's keys, read by those without a
+    /// state of their own), at most 8 per limit and shard holding a block
+    /// (about 14 KB per limit, outside the bound): so blocks no key has on
+    /// its own refuse at most 1/8192 of a limit's other keys. Beyond that,
+    /// it is not stored: the key is held to the limit's quota alone, and not
+    /// told it is blocked. A block by hand is not put in a bucket: it fails
+    /// with [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored).
+    /// Both are counted (see
     /// [`PENALTIES_NOT_STORED`](crate::metrics::PENALTIES_NOT_STORED)) and
     /// logged. Only when no rate state could be given up at once (a bound
     /// below a few states per shard, the other shards busy), a new key's

@@ -24,6 +24,7 @@
 //!   expired states of all of them (the decisions that add keys reclaim a
 //!   few as well).
 
+mod bans;
 mod builder;
 mod decide;
 mod kept;
@@ -164,8 +165,8 @@ impl MemoryStore {
 
     /// Number of stored key states (one per key and limit, and one per key
     /// and limit with a [penalty](crate::Limit::with_penalty) while it holds
-    /// refusals, offences or a block), including expired ones not yet
-    /// swept.
+    /// refusals, offences or a block; ban records count 4 to a state,
+    /// rounded up), including expired ones not yet swept.
     pub fn len(&self) -> usize {
         self.inner.states.len()
     }

@@ -8,12 +8,21 @@
 //! itself is counted, the N-th within the time blocks. Only limits with a
 //! penalty take these locks (always before a shard's), so others pay one
 //! test.
+//!
+//! Penalty states take at most half the store's bound. Once they do, a
+//! new one takes the place of one given up; a ban given up is kept as a
+//! record of 16 bytes (`bans.rs`), [`RECORDS_PER_STATE`] counted as one
+//! state, so that a half of `max_keys / 2` states keeps up to about
+//! `2 * max_keys` bans. When none can be given up, a ban goes to its
+//! bucket of the key hash (at most 1/8192 of a limit's keys blocked so),
+//! else it is not stored (the client is not told it is blocked).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
+use super::bans::{recordable, RECORDS_PER_STATE};
 use super::key::{shards, Hasher, Key};
 use super::pens::{PenShard, PenSlot, PEN_SAMPLE};
 use super::share::{search, Usage};
@@ -33,8 +42,11 @@ pub(super) struct Penalties {
     clock: Arc<dyn Clock>,
     /// By the shard of their key.
     shards: Box<[Mutex<PenShard>]>,
-    /// Penalty states in all shards (counted in the store's states too).
+    /// Penalty states in all shards, and the states their ban records
+    /// count as (see [`record_units`]; counted in the store's states too).
     count: AtomicUsize,
+    /// Ban records in all shards.
+    records: AtomicUsize,
     /// Whether the store said its penalty states took half its bound.
     warned: AtomicBool,
 }
@@ -51,6 +63,7 @@ impl Penalties {
             clock,
             shards: shards(),
             count: AtomicUsize::new(0),
+            records: AtomicUsize::new(0),
             warned: AtomicBool::new(false),
         }
     }
@@ -164,10 +177,11 @@ impl Penalties {
                     return None;
                 }
                 let offence = state.refuse(p, store_now);
-                if let Some(pens) = guards.get_mut(guard_of(hash)) {
-                    self.put(states, pens, hash, check, p, state, store_now, true);
-                }
-                offence.then(|| state.until - store_now)
+                let stored = guards.get_mut(guard_of(hash)).is_some_and(|pens| {
+                    self.put(states, pens, hash, check, p, state, store_now, true)
+                });
+                // told "blocked" only for a block that was stored
+                (offence && stored).then(|| state.until - store_now)
             })
             .collect();
         block_statuses(reply, &lefts);
@@ -177,8 +191,8 @@ impl Penalties {
     /// Changes `check`'s penalty state (see [`Penalty`]); its state
     /// after a block (before a forget), and the store time.
     /// [`Error::PenaltyNotStored`] when a new block finds penalty states
-    /// taking half the store's bound, none of which can be given up (see
-    /// [`put`](Self::put)).
+    /// taking half the store's bound, none of which can be given up, and
+    /// no room among ban records (see [`put`](Self::put)).
     pub(super) fn change(
         &self,
         states: &States,
@@ -201,21 +215,27 @@ impl Penalties {
                 }
             }
             Penalty::Unblock => {
-                if let Some(i) = pens.find(hash, check.limit.shared_name(), check.key) {
+                let name = check.limit.shared_name();
+                if let Some(i) = pens.find(hash, name, check.key) {
                     self.remove(states, &mut pens, i);
                 }
+                self.unrecord(states, &mut pens, name, hash);
+                // a block its bucket shares, which it now reads: lifted
+                // for the bucket
+                pens.unbucket(name, hash, now);
             }
         }
         Ok(Some((state, now)))
     }
 
-    /// Drops the states of shard `s` that are fresh (and shared blocks
-    /// that ended); returns how many states.
+    /// Drops the states of shard `s` that are fresh (and the records and
+    /// bucket states that ended); returns how many states it uncounted.
     pub(super) fn sweep(&self, states: &States, s: usize) -> usize {
         let now = self.clock.now_micros();
-        let removed = (self.shards.get(s)).map_or(0, |pens| lock(pens).sweep(now, &states.hasher));
+        let (removed, records) =
+            (self.shards.get(s)).map_or((0, 0), |pens| lock(pens).sweep(now, &states.hasher));
         self.forget(states, removed);
-        removed
+        removed + self.uncount_records(states, records)
     }
 
     /// `check`'s penalty state at `now` (see [`PenShard::state`]); one
@@ -237,16 +257,18 @@ impl Penalties {
         state
     }
 
-    /// Writes `state` back for `check` (or drops it, fresh at `now`). A
+    /// Writes `state` back for `check` (or drops it, fresh at `now`):
+    /// into its full state, or its ban record while it is a block only. A
     /// new state takes the place of a rate state or, once penalty states
     /// take half the bound, of a penalty state given up (see
-    /// [`admit`](Self::admit)). When none can be given up (every one
-    /// compared holds an active block of its own limit), the store fails
-    /// closed: with `share`, the state goes to the limit's shared block in
-    /// this shard, which the keys not kept on their own read; without (a
-    /// block by hand), it is not stored and `false` returned. Both are
-    /// counted (see [`crate::metrics::PENALTIES_NOT_STORED`]). Takes shard
-    /// locks: none may be held (a penalty lock is taken first).
+    /// [`admit`](Self::admit)). When none can be given up, a block (no
+    /// refusals counted) is kept as a record if a record needs no more
+    /// room; else, with `share`, the state goes to the state of its key's
+    /// bucket (see `bans.rs`), while one of the limit's buckets in the shard
+    /// holds no block in force. Whether it was stored; a state that went
+    /// to a bucket or was not stored is counted (see
+    /// [`crate::metrics::PENALTIES_NOT_STORED`]). Takes shard locks: none
+    /// may be held (a penalty lock is taken first).
     #[allow(clippy::too_many_arguments)]
     fn put(
         &self,
@@ -266,11 +288,19 @@ impl Penalties {
             if let Some(i) = found {
                 self.remove(states, pens, i);
             }
+            self.unrecord(states, pens, name, hash);
             return true;
         }
         if let Some(slot) = found.and_then(|i| pens.get_mut(i)) {
             (slot.state, slot.exp, slot.written) = (state, exp, now);
             return true;
+        }
+        if pens.has_record(name, hash) {
+            if recordable(&state, now) {
+                pens.record(&states.shares, name, hash, &state);
+                return true;
+            }
+            self.unrecord(states, pens, name, hash);
         }
         let usage = states.shares.usage(name);
         if self.admit(states, pens, Hasher::shard(hash), &usage, now) {
@@ -286,12 +316,12 @@ impl Penalties {
             }
             self.forget(states, 1);
         }
-        if share {
-            // read from the shared block (or fresh): it becomes the shared one
-            pens.share(&states.shares, name, state, exp, now);
+        if recordable(&state, now) && self.record_in_room(states, pens, name, hash, &state) {
+            return true;
         }
-        self.shared_block(states, name);
-        share
+        let stored = share && pens.put_in_bucket(&states.shares, name, hash, state, exp, now);
+        self.not_stored(states, name);
+        stored
     }
 
     /// Makes room for a new penalty state of `usage` in the shard `own`
@@ -300,7 +330,8 @@ impl Penalties {
     /// shared overflow state, where new keys would share one drained
     /// state), counted in, in place of a rate state given up if the store
     /// is full (see [`States::give_up`]); else in place of a penalty state
-    /// given up (see [`give_up`](Self::give_up)). Whether it made room.
+    /// given up (see [`give_up`](Self::give_up)), or of the next when that
+    /// one's room went to its ban record. Whether it made room.
     fn admit(
         &self,
         states: &States,
@@ -322,7 +353,14 @@ impl Penalties {
             }
             self.count.fetch_sub(1, Ordering::AcqRel);
         }
-        self.give_up(states, pens, own, usage, now)
+        for _ in 0..3 {
+            match self.give_up(states, pens, own, usage, now) {
+                Some(true) => return true,
+                Some(false) => {}
+                None => return false,
+            }
+        }
+        false
     }
 
     /// Makes room among penalty states for a new one of `asking`: gives up,
@@ -332,9 +370,9 @@ impl Penalties {
     /// compared: of the shard `own` (`pens`, locked), then of the next
     /// shards (see [`search`]), until [`PEN_COMPARED`] were compared and
     /// one holds no active block, or every shard was. An active block is
-    /// given up only for another limit's state: it goes to its limit's
-    /// shared block. Whether it gave one up (its place in the counts is
-    /// the new state's).
+    /// kept as its key's ban record. `None` when none was given up, else
+    /// whether its place in the counts is the new state's (not when its
+    /// record took it, see [`add_record`](Self::add_record)).
     fn give_up(
         &self,
         states: &States,
@@ -342,34 +380,80 @@ impl Penalties {
         own: usize,
         asking: &Arc<Usage>,
         now: i64,
-    ) -> bool {
-        let Some(donor) = states.shares.donor(|u| &u.pens, Some(asking)) else {
-            return false;
-        };
+    ) -> Option<bool> {
+        let donor = states.shares.donor(|u| &u.pens, Some(asking))?;
         let in_own = pens.first_to_give_up(&donor, now);
-        let best = search(
+        let (mut guard, _, i) = search(
             &self.shards,
             own,
             Some(in_own),
             PEN_COMPARED,
             |r| r.0 < 2,
             |p| p.first_to_give_up(&donor, now),
-        );
-        let (mut guard, i) = match best {
-            Some((_, (2, _), _)) if Arc::ptr_eq(&donor, asking) => return false,
-            Some((guard, _, i)) => (guard, i),
-            None => return false,
-        };
+        )?;
         let pens = guard.as_deref_mut().unwrap_or(pens);
-        match pens.give_up(&states.shares, i, now, &states.hasher) {
-            Some(shared) => {
-                if shared {
-                    self.shared_block(states, donor.name);
-                }
-                true
-            }
-            None => false,
+        let recorded = pens.give_up(&states.shares, i, now, &states.hasher)?;
+        Some(!recorded || !self.add_record())
+    }
+
+    /// Counts a new ban record made of a state given up; whether it takes
+    /// that state's place in the counts (one state per
+    /// [`RECORDS_PER_STATE`] records, see [`record_units`]).
+    fn add_record(&self) -> bool {
+        let before = self.records.fetch_add(1, Ordering::AcqRel);
+        record_units(before + 1) > record_units(before)
+    }
+
+    /// Keeps `state` as the new ban record of `hash` under `name` if the
+    /// records need no more room for it (see [`record_units`]); whether it
+    /// did.
+    fn record_in_room(
+        &self,
+        states: &States,
+        pens: &mut PenShard,
+        name: &'static str,
+        hash: u64,
+        state: &PenState,
+    ) -> bool {
+        let counted = self
+            .records
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (record_units(n + 1) == record_units(n)).then_some(n + 1)
+            })
+            .is_ok();
+        if counted && !pens.record(&states.shares, name, hash, state) {
+            // (replaced one: the caller removed it first)
+            self.uncount_records(states, 1);
         }
+        counted
+    }
+
+    /// Removes the ban record of `hash` under `name`, uncounted; whether
+    /// there was one.
+    fn unrecord(
+        &self,
+        states: &States,
+        pens: &mut PenShard,
+        name: &'static str,
+        hash: u64,
+    ) -> bool {
+        let removed = pens.unrecord(name, hash);
+        if removed {
+            self.uncount_records(states, 1);
+        }
+        removed
+    }
+
+    /// Uncounts `removed` ban records; returns how many states they
+    /// counted as.
+    fn uncount_records(&self, states: &States, removed: usize) -> usize {
+        if removed == 0 {
+            return 0;
+        }
+        let before = self.records.fetch_sub(removed, Ordering::AcqRel);
+        let units = record_units(before) - record_units(before.saturating_sub(removed));
+        self.forget(states, units);
+        units
     }
 
     /// Removes slot `i` of `pens`, uncounted.
@@ -387,21 +471,27 @@ impl Penalties {
         }
     }
 
-    /// Counts and logs a block kept shared by the keys of `limit` a shard
-    /// could not keep on their own.
-    fn shared_block(&self, states: &States, limit: &'static str) {
+    /// Counts and logs a penalty state of `limit` not kept on its own: in
+    /// its bucket's state, or not at all.
+    fn not_stored(&self, states: &States, limit: &'static str) {
         crate::metrics::penalty_not_stored(limit);
         if !self.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 target: "tower_ratelimit",
                 limit,
                 max_keys = states.max_keys,
-                "penalty states that hold active blocks take half the memory store's bound: \
-                 the keys of a limit that it cannot keep on their own share one block per \
-                 shard, refused while it lasts (logged once per store, counted each time)"
+                "penalty states and ban records that hold active blocks take half the memory \
+                 store's bound: a new one goes to the state its key's bucket shares (1/2^21 of \
+                 the limit's keys), or is not stored (logged once per store, counted each time)"
             );
         }
     }
+}
+
+/// The states `records` ban records count as: one per
+/// [`RECORDS_PER_STATE`], rounded up.
+fn record_units(records: usize) -> usize {
+    records.div_ceil(RECORDS_PER_STATE)
 }
 
 /// Marks the limits blocked (`lefts[i]`: the time left of limit i's block)

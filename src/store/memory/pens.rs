@@ -1,10 +1,12 @@
 //! One shard's penalty states (see `penalized.rs`), by limit name and key,
-//! in [`Slots`] (as the rate tables); and per limit, the block shared by
-//! its keys the shard could not keep on their own.
+//! in [`Slots`] (as the rate tables); and per limit, the compact forms of
+//! the bans the shard could not keep as full states (`bans.rs`): ban
+//! records, and the states of buckets of the key hash.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::bans::{Buckets, Records};
 use super::key::{Hasher, Key};
 use super::share::{Limits, Look, Usage};
 use super::slots::{Keyed, Slots};
@@ -26,11 +28,12 @@ pub(super) struct PenSlot {
     pub(super) written: i64,
 }
 
-/// One limit's penalty states in a shard: its usage, and the block shared
-/// by its keys the shard could not keep on their own.
+/// One limit's penalty states in a shard: its usage, its ban records and
+/// its buckets' states.
 struct PenLimit {
     usage: Arc<Usage>,
-    shared: Option<(PenState, i64)>,
+    records: Records,
+    buckets: Buckets,
 }
 
 /// One shard's penalty states.
@@ -56,9 +59,9 @@ impl PenShard {
         self.slots.get_mut(i)
     }
 
-    /// The state of `key` under `name` at `now`: fresh when absent or
-    /// expired; a key not kept on its own reads its limit's shared block,
-    /// if one lasts.
+    /// The state of `key` (of hash `hash`) under `name` at `now`: fresh
+    /// when absent or expired; a key without a full state reads its ban
+    /// record, else its bucket's state, if one lasts.
     pub(super) fn state(&self, hash: u64, name: &'static str, key: &[u8], now: i64) -> PenState {
         match self.find(hash, name, key) {
             Some(i) => self
@@ -67,11 +70,63 @@ impl PenShard {
                 .filter(|s| s.exp > now)
                 .map_or_else(PenState::default, |s| s.state),
             None if self.limits.is_empty() => PenState::default(),
-            None => match self.limit(name).and_then(|l| l.shared) {
-                Some((state, exp)) if exp > now => state,
-                _ => PenState::default(),
-            },
+            None => self
+                .limit(name)
+                .and_then(|l| {
+                    l.records
+                        .get(hash, now)
+                        .or_else(|| l.buckets.get(hash, now))
+                })
+                .unwrap_or_default(),
         }
+    }
+
+    /// Whether the key of hash `hash` has a ban record under `name` (ended
+    /// or not).
+    pub(super) fn has_record(&self, name: &'static str, hash: u64) -> bool {
+        self.limit(name).is_some_and(|l| l.records.contains(hash))
+    }
+
+    /// Keeps `state` (see [`bans::recordable`](super::bans::recordable))
+    /// as the ban record of the key of hash `hash` under `name`; whether it
+    /// is a new record (else it replaced one).
+    pub(super) fn record(
+        &mut self,
+        shares: &Limits,
+        name: &'static str,
+        hash: u64,
+        state: &PenState,
+    ) -> bool {
+        self.limit_mut(shares, name).records.put(hash, state)
+    }
+
+    /// Removes the ban record of the key of hash `hash` under `name`;
+    /// whether there was one.
+    pub(super) fn unrecord(&mut self, name: &'static str, hash: u64) -> bool {
+        self.limit_mut_of(name)
+            .is_some_and(|l| l.records.remove(hash))
+    }
+
+    /// Makes `state`, fresh at `exp`, the state of the bucket of `hash`
+    /// under `name` (see [`Buckets::put`]); whether it was kept.
+    pub(super) fn put_in_bucket(
+        &mut self,
+        shares: &Limits,
+        name: &'static str,
+        hash: u64,
+        state: PenState,
+        exp: i64,
+        now: i64,
+    ) -> bool {
+        let buckets = &mut self.limit_mut(shares, name).buckets;
+        buckets.put(hash, state, exp, now)
+    }
+
+    /// Removes the state of the bucket of `hash` under `name` if it blocks
+    /// at `now`; whether it did.
+    pub(super) fn unbucket(&mut self, name: &'static str, hash: u64, now: i64) -> bool {
+        self.limit_mut_of(name)
+            .is_some_and(|l| l.buckets.remove(hash, now))
     }
 
     /// Adds a slot (its limit's usage from `shares`); whether there was
@@ -111,10 +166,10 @@ impl PenShard {
         (self.slots.first_of(n, of), n)
     }
 
-    /// Gives up slot `i` for a new state: a block still active goes to its
-    /// limit's shared block (the keys not kept on their own are then
-    /// refused with it: no ban is dropped). `None` when there is no such
-    /// slot, else whether a block went to the shared one.
+    /// Gives up slot `i` for a new state: a block in force is kept as its
+    /// key's ban record (no ban is dropped; its refusals counted and its
+    /// offences' memory past the block are). `None` when there is no such
+    /// slot, else whether it made a new record.
     pub(super) fn give_up(
         &mut self,
         shares: &Limits,
@@ -123,43 +178,24 @@ impl PenShard {
         hasher: &Hasher,
     ) -> Option<bool> {
         let slot = self.remove(i, hasher)?;
-        if slot.state.blocked(now).is_none() {
+        // (a state dated ahead, moved back first: a record keeps no date)
+        let mut state = slot.state;
+        state.dated(now);
+        if state.blocked(now).is_none() {
             return Some(false);
         }
-        let limit = self.limit_mut(shares, slot.name);
-        limit.shared = Some(match limit.shared.filter(|(_, exp)| *exp > now) {
-            Some((shared, exp)) => (merged(shared, slot.state), exp.max(slot.exp)),
-            None => (slot.state, slot.exp),
-        });
-        Some(true)
+        let hash = hasher.hash(&slot.key);
+        Some(self.record(shares, slot.name, hash, &state))
     }
 
-    /// Makes `state`, fresh at `exp`, the block `name`'s keys share (it was
-    /// read from it, or is fresh), lasting at least as long as the one that
-    /// lasts at `now`.
-    pub(super) fn share(
-        &mut self,
-        shares: &Limits,
-        name: &'static str,
-        state: PenState,
-        exp: i64,
-        now: i64,
-    ) {
-        let limit = self.limit_mut(shares, name);
-        let exp = limit
-            .shared
-            .filter(|(_, e)| *e > now)
-            .map_or(exp, |(_, e)| e.max(exp));
-        limit.shared = Some((state, exp));
-    }
-
-    /// Drops the states that are fresh at `now` (and shared blocks that
-    /// ended); returns how many states.
-    pub(super) fn sweep(&mut self, now: i64, hasher: &Hasher) -> usize {
+    /// Drops the states that are fresh at `now`, the ban records whose
+    /// block ended and the bucket states that are fresh; returns how many
+    /// states, and how many records.
+    pub(super) fn sweep(&mut self, now: i64, hasher: &Hasher) -> (usize, usize) {
+        let mut records = 0;
         for limit in &mut self.limits {
-            if limit.shared.is_some_and(|(_, exp)| exp <= now) {
-                limit.shared = None;
-            }
+            records += limit.records.sweep(now);
+            limit.buckets.sweep(now);
         }
         let mut removed = 0;
         let mut i = 0;
@@ -170,12 +206,18 @@ impl PenShard {
                 i += 1;
             }
         }
-        removed
+        (removed, records)
     }
 
     fn limit(&self, name: &'static str) -> Option<&PenLimit> {
         self.limits
             .iter()
+            .find(|l| std::ptr::eq(l.usage.name, name))
+    }
+
+    fn limit_mut_of(&mut self, name: &'static str) -> Option<&mut PenLimit> {
+        self.limits
+            .iter_mut()
             .find(|l| std::ptr::eq(l.usage.name, name))
     }
 
@@ -189,7 +231,8 @@ impl PenShard {
             None => {
                 self.limits.push(PenLimit {
                     usage: shares.usage(name),
-                    shared: None,
+                    records: Records::default(),
+                    buckets: Buckets::default(),
                 });
                 self.limits.len() - 1
             }
@@ -205,15 +248,6 @@ fn rank(slot: &PenSlot, now: i64) -> Rank {
         _ => 2,
     };
     (class, slot.written)
-}
-
-/// A block `b` added to the shared `a`: the later end, the more offences.
-fn merged(a: PenState, b: PenState) -> PenState {
-    PenState {
-        until: a.until.max(b.until),
-        offences: a.offences.max(b.offences),
-        ..a
-    }
 }
 
 impl Keyed for PenSlot {
