@@ -68,6 +68,7 @@
 //! | a [concurrency limit](crate::Limit::concurrency) grants | its permit (a lease, renewed meanwhile) is held from the decision through the handler until the response body has been sent, then given back; at once when the request is dropped (the client went away), the inner service fails or the body is dropped; when a client stops reading, a lease time after the body had data the server did not ask for, and at the limit's [maximum hold](crate::Limit::hold_at_most) if it sets one (none by default: a client that reads keeps it), when the body ends with an error; a request it refuses gets 429 with `Retry-After` until the oldest lease would expire (an upper bound); in delay mode it waits instead, decided again at pauses of 10 ms to 200 ms, until a permit is free or `max_delay` is over |
 //! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_header`], [`Rule::cost_from_body`], [`Rule::cost_from_json_body`], [`Rule::cost_from_whole_body`]) | the request's cost to that rule ([`Rule::cost`], 1 by default) is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own (with [`Rule::settle_estimates`], what it cost less is given back); a key in debt gets 429 until paid back. Every rule's charge goes in one store call, every surplus in one more. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs, beyond what they paid on arrival (each at most the capacity), of the responses admitted before it ran out and still unsettled |
 //! | an estimate over the share of a limit one request may take ([`Rule::settle_estimates`]) | 400 with a problem body naming the limit, the estimate and the most one request may take, nothing taken; counted `estimate_too_large` under the limit |
+//! | an estimate that cannot be read unambiguously ([`Rule::settle_estimates`]) | 400 with a problem body naming the limit, nothing taken; counted `estimate_unreadable` under the limit |
 //! | a limit in [shadow mode](crate::Limit::shadow) would refuse | forwarded; counted `shadow_denied`; shadow limits are left out of the headers |
 //! | the store fails or times out | per [`OnStoreError`]: 503 with `Retry-After` and a generic problem body by default (the error goes to the log, not the client); fail-open forwards without a decision; the memory fallback decides with the store's shared in-process state, each instance granting its share of every limit (the quota divided by the instances its heartbeat counted: see [`OnStoreError::FallbackToMemory`] for the bound) |
 //! | any of the layer's own answers above to a gRPC call (`content-type: application/grpc...`), feature `grpc` | a trailers-only gRPC response (HTTP 200, `grpc-status`, `grpc-message`) instead: refused, `RESOURCE_EXHAUSTED` with the wait as `google.rpc.RetryInfo` (none when the cost can never fit); deny-listed, `PERMISSION_DENIED`; store failure, `UNAVAILABLE` with the fail-closed `retry_after` as `RetryInfo`; no key, `INVALID_ARGUMENT` (a configured 401, 403, 404: `UNAUTHENTICATED`, `PERMISSION_DENIED`, `NOT_FOUND`); each with `Cache-Control: no-store`. The rate-limit headers and `Retry-After` are kept, as metadata; a custom [`on_rejection`](RateLimitLayerBuilder::on_rejection) handler is not overridden |
@@ -270,6 +271,18 @@ pub enum Rejection<'a> {
         estimate: u64,
         /// The most one request may take of it.
         most: u64,
+    },
+    /// The request's estimate for limit `limit` cannot be read
+    /// unambiguously ([`Rule::settle_estimates`]): several header lines,
+    /// a name given twice in the JSON body, a value that is no cost
+    /// (a string, a negative, a fraction, over 2^53, `null`, 0), a body
+    /// that is no JSON object or was not read whole. 400 Bad Request by
+    /// default, with a problem body naming the limit; counted
+    /// [`estimate_unreadable`](crate::metrics::Outcome::EstimateUnreadable)
+    /// under the limit. Nothing is taken.
+    EstimateUnreadable {
+        /// The limit.
+        limit: &'a str,
     },
 }
 
