@@ -22,8 +22,8 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use futures::StreamExt as _;
 use common::{patient_limiter, settles_to, unique_prefix, PATIENT};
+use futures::StreamExt as _;
 use http::{header, HeaderName, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -93,7 +93,7 @@ async fn upstream(State(up): State<Arc<Upstream>>, headers: HeaderMap, body: Byt
     let from_header = headers
         .get_all(MAX_TOKENS)
         .iter()
-        .last()
+        .next_back()
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok());
     let told = from_header.or_else(|| lenient(&request["max_tokens"]));
@@ -102,7 +102,10 @@ async fn upstream(State(up): State<Arc<Upstream>>, headers: HeaderMap, body: Byt
     let served = told.unwrap_or(UPSTREAM_DEFAULT);
     up.served.fetch_add(served, Ordering::SeqCst);
     let usage = json!({"usage": {"total_tokens": served}});
-    let mode = headers.get("x-mode").and_then(|m| m.to_str().ok()).unwrap_or("told");
+    let mode = headers
+        .get("x-mode")
+        .and_then(|m| m.to_str().ok())
+        .unwrap_or("told");
     let gzip_accepted = accept
         .and_then(|a| a.to_str().ok())
         .is_some_and(|a| a.contains("gzip"));
@@ -151,7 +154,11 @@ fn gzipped(value: Value) -> Response {
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255];
     let blocks: Vec<&[u8]> = data.chunks(0xffff).collect();
-    let blocks = if blocks.is_empty() { vec![&[][..]] } else { blocks };
+    let blocks = if blocks.is_empty() {
+        vec![&[][..]]
+    } else {
+        blocks
+    };
     for (i, block) in blocks.iter().enumerate() {
         out.push(u8::from(i + 1 == blocks.len()));
         let len = block.len() as u16;
@@ -163,7 +170,11 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     for &byte in data {
         crc ^= u32::from(byte);
         for _ in 0..8 {
-            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
         }
     }
     out.extend((!crc).to_le_bytes());
@@ -204,8 +215,16 @@ fn stores(test: &str) -> Vec<(&'static str, Store, Limiter)> {
     let memory = MemoryStore::new();
     let redis = common::redis_store(&unique_prefix(test));
     vec![
-        ("memory", memory.clone().into(), patient_limiter(memory, tokens())),
-        ("redis", redis.clone().into(), patient_limiter(redis, tokens())),
+        (
+            "memory",
+            memory.clone().into(),
+            patient_limiter(memory, tokens()),
+        ),
+        (
+            "redis",
+            redis.clone().into(),
+            patient_limiter(redis, tokens()),
+        ),
     ]
 }
 
@@ -226,7 +245,12 @@ fn request(body: &str, lines: &[&str], mode: &str) -> Request<Body> {
 async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Bytes) {
     let response = app.clone().oneshot(request).await.expect("infallible");
     let status = response.status();
-    let body = response.into_body().collect().await.expect("body").to_bytes();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
     (status, body)
 }
 
@@ -237,7 +261,10 @@ async fn an_estimate_that_cannot_be_read_unambiguously_is_refused_and_takes_noth
     let padding = "x".repeat(READ_BOUND);
     let over_bound = format!(r#"{{"max_tokens":10,"pad":"{padding}"}}"#);
     let field_forms: Vec<(&str, String)> = vec![
-        ("duplicate name", r#"{"max_tokens":1,"max_tokens":100000}"#.into()),
+        (
+            "duplicate name",
+            r#"{"max_tokens":1,"max_tokens":100000}"#.into(),
+        ),
         ("string", r#"{"max_tokens":"100000"}"#.into()),
         ("2^64", r#"{"max_tokens":18446744073709551616}"#.into()),
         ("1e400", r#"{"max_tokens":1e400}"#.into()),
@@ -304,7 +331,10 @@ async fn every_reader_reads_one_number_grammar() {
             };
             let (status, answer) = send(&app, request).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{store}: {side:?} 1e5");
-            assert!(String::from_utf8_lossy(&answer).contains("100000"), "{store}");
+            assert!(
+                String::from_utf8_lossy(&answer).contains("100000"),
+                "{store}"
+            );
         }
     }
 }
@@ -368,13 +398,17 @@ async fn a_compressed_answer_does_not_defeat_the_meter() {
             .insert(header::ACCEPT_ENCODING, "gzip, br".parse().expect("value"));
         let (status, answer) = send(&app, ask).await;
         assert_eq!(status, StatusCode::OK, "{store}");
-        assert_eq!(up.accept_encoding.lock().unwrap().as_deref(), Some("identity"));
+        assert_eq!(
+            up.accept_encoding.lock().unwrap().as_deref(),
+            Some("identity")
+        );
         let usage: Value = serde_json::from_slice(&answer).expect("an answer not gzipped");
         assert_eq!(usage["usage"]["total_tokens"], 40);
         settles_to(&looker, BUDGET - 40, store).await;
 
         // an upstream that gzips whatever it is asked: the estimate stays
-        let (status, answer) = send(&app, request(r#"{"max_tokens":30}"#, &[], "gzip-anyway")).await;
+        let (status, answer) =
+            send(&app, request(r#"{"max_tokens":30}"#, &[], "gzip-anyway")).await;
         assert_eq!(status, StatusCode::OK, "{store}");
         assert_eq!(&answer[..2], &[0x1f, 0x8b], "{store}: gzip");
         settles_to(&looker, BUDGET - 40 - 30, store).await;
@@ -440,17 +474,65 @@ async fn the_attackers_loops_take_at_most_the_budget() {
     // with an answer that tells no usage, hides it or tells it; whether
     // the form is granted (the others are refused, 400)
     let forms: Vec<(Side, &str, Vec<&str>, &str, bool)> = vec![
-        (Side::Field, r#"{"messages":[]}"#, vec![], "stream-untold", true),
-        (Side::Field, r#"{"messages":[],"stream":true}"#, vec![], "gzip-anyway", true),
+        (
+            Side::Field,
+            r#"{"messages":[]}"#,
+            vec![],
+            "stream-untold",
+            true,
+        ),
+        (
+            Side::Field,
+            r#"{"messages":[],"stream":true}"#,
+            vec![],
+            "gzip-anyway",
+            true,
+        ),
         (Side::Field, r#"{"messages":[]}"#, vec![], "hang", true),
-        (Side::Field, r#"{"max_tokens":50}"#, vec![], "stream-untold", true),
+        (
+            Side::Field,
+            r#"{"max_tokens":50}"#,
+            vec![],
+            "stream-untold",
+            true,
+        ),
         (Side::Field, r#"{"max_tokens":5e1}"#, vec![], "gzip", true),
-        (Side::Field, r#"{"max_tokens":1,"max_tokens":100000}"#, vec![], "stream-untold", false),
-        (Side::Field, r#"{"max_tokens":"100000"}"#, vec![], "stream-untold", false),
-        (Side::Field, r#"{"max_tokens":1e5}"#, vec![], "stream-untold", false),
-        (Side::Field, r#"{"max_tokens":18446744073709551616}"#, vec![], "told", false),
+        (
+            Side::Field,
+            r#"{"max_tokens":1,"max_tokens":100000}"#,
+            vec![],
+            "stream-untold",
+            false,
+        ),
+        (
+            Side::Field,
+            r#"{"max_tokens":"100000"}"#,
+            vec![],
+            "stream-untold",
+            false,
+        ),
+        (
+            Side::Field,
+            r#"{"max_tokens":1e5}"#,
+            vec![],
+            "stream-untold",
+            false,
+        ),
+        (
+            Side::Field,
+            r#"{"max_tokens":18446744073709551616}"#,
+            vec![],
+            "told",
+            false,
+        ),
         (Side::Header, "{}", vec![], "stream-untold", true),
-        (Side::Header, "{}", vec!["1", "100000"], "stream-untold", false),
+        (
+            Side::Header,
+            "{}",
+            vec!["1", "100000"],
+            "stream-untold",
+            false,
+        ),
         (Side::Header, "{}", vec!["50"], "gzip-anyway", true),
         (Side::Field, r#"{"max_tokens":40}"#, vec![], "told", true),
         (Side::Field, "{}", vec![], "stream", true),

@@ -265,7 +265,11 @@ impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
         if let Some(mut data) = this.read.take() {
-            if let Some(rewritten) = this.rewrite.take().and_then(|r| crate::sync::lock(&r).take()) {
+            if let Some(rewritten) = this
+                .rewrite
+                .take()
+                .and_then(|r| crate::sync::lock(&r).take())
+            {
                 data = rewritten;
             }
             if !data.is_empty() {
@@ -292,8 +296,8 @@ impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
     }
 
     fn size_hint(&self) -> SizeHint {
-        let rewritten = (self.rewrite.as_ref())
-            .and_then(|r| crate::sync::lock(r).as_ref().map(Bytes::len));
+        let rewritten =
+            (self.rewrite.as_ref()).and_then(|r| crate::sync::lock(r).as_ref().map(Bytes::len));
         let first = rewritten.or(self.read.as_ref().map(Bytes::len));
         let read = (first.into_iter())
             .chain(self.over.as_ref().map(Bytes::len))
@@ -506,9 +510,10 @@ pub(crate) fn write_cost(parts: &mut Parts, field: &str, cost: u64) -> bool {
     *body = written;
     let length = body.len();
     if parts.headers.contains_key(http::header::CONTENT_LENGTH) {
-        parts
-            .headers
-            .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(length));
+        parts.headers.insert(
+            http::header::CONTENT_LENGTH,
+            http::HeaderValue::from(length),
+        );
     }
     true
 }

@@ -35,8 +35,9 @@ pub(crate) fn of_i64(value: i64) -> Option<u64> {
 /// A JSON float token (a fraction or an exponent) read as a cost: its
 /// value when integral, from 0 (`-0.0` included) to [`MAX_COST`].
 pub(crate) fn of_f64(value: f64) -> Option<u64> {
-    // (`MAX_COST as f64` is exact; within the range, the cast is too)
-    (value.fract() == 0.0 && (0.0..=MAX_COST as f64).contains(&value)).then(|| value as u64)
+    // (`MAX_COST as f64` is exact; within the range, the cast is too, and
+    // out of it a saturating one, unused)
+    (value.fract() == 0.0 && (0.0..=MAX_COST as f64).contains(&value)).then_some(value as u64)
 }
 
 /// A JSON number read as a cost.
@@ -54,7 +55,10 @@ pub(crate) fn of_number(number: &serde_json::Number) -> Option<u64> {
 /// (the same reading as a number in a JSON body).
 pub(crate) fn of_text(text: &[u8]) -> Option<u64> {
     // a JSON text of one number, nothing around it
-    if text.first().is_none_or(|b| !(b.is_ascii_digit() || *b == b'-')) {
+    if text
+        .first()
+        .is_none_or(|b| !(b.is_ascii_digit() || *b == b'-'))
+    {
         return None;
     }
     let number: serde_json::Number = serde_json::from_slice(text).ok()?;
@@ -72,7 +76,9 @@ pub(crate) fn of_header(headers: &http::HeaderMap, name: &http::HeaderName) -> s
     let mut lines = headers.get_all(name).iter();
     match (lines.next(), lines.next()) {
         (None, _) => super::Told::Absent,
-        (Some(value), None) => of_text(value.as_bytes()).map_or(super::Told::Unreadable, super::Told::Cost),
+        (Some(value), None) => {
+            of_text(value.as_bytes()).map_or(super::Told::Unreadable, super::Told::Cost)
+        }
         (Some(_), Some(_)) => super::Told::Unreadable,
     }
 }
@@ -117,7 +123,10 @@ mod tests {
             // the same value in a JSON body
             let json = format!("{{\"n\":{text}}}");
             if let Ok(serde_json::Value::Object(object)) = serde_json::from_str(&json) {
-                let read = object.get("n").and_then(|n| n.as_number()).and_then(of_number);
+                let read = object
+                    .get("n")
+                    .and_then(|n| n.as_number())
+                    .and_then(of_number);
                 // (whitespace around a number is JSON's, not a header value's)
                 let expected = of_text(text.trim().as_bytes());
                 assert_eq!(read, expected, "{json}");

@@ -166,7 +166,9 @@ impl Rule {
 
     /// Charges this limit, after the response, what `cost` makes of its
     /// whole body (`None`: nothing told), kept up to `max_bytes` as it
-    /// streams to the client; a longer body tells nothing.
+    /// streams to the client; a longer body tells nothing, and so does a
+    /// compressed one (the request forwarded asks for
+    /// `Accept-Encoding: identity`).
     pub fn cost_from_whole_body(
         mut self,
         max_bytes: usize,

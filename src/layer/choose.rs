@@ -241,10 +241,10 @@ impl Rule {
     ///   function must only answer `None` where the upstream's own
     ///   default is at most that;
     /// - a response that tells no cost (a stream without its usage event, a
-    ///   client gone before it, a compressed body, a request dropped before
-    ///   its response) keeps the estimate, counted
-    ///   `result="estimate_kept"` under
-    ///   [`CHARGES`](crate::metrics::CHARGES). A rule that reads the
+    ///   client gone before it, a compressed body) keeps the estimate,
+    ///   counted `result="estimate_kept"` under
+    ///   [`CHARGES`](crate::metrics::CHARGES); so does a request dropped
+    ///   before its response (not counted there). A rule that reads the
     ///   response body asks the upstream for it uncompressed
     ///   (`Accept-Encoding: identity`).
     ///

@@ -789,10 +789,7 @@ mod tests {
             json(r#"{"usage":{"total_tokens":18446744073709551615}}"#),
             None
         );
-        assert_eq!(
-            json(r#"{"usage":{"total_tokens":9007199254740993}}"#),
-            None
-        );
+        assert_eq!(json(r#"{"usage":{"total_tokens":9007199254740993}}"#), None);
         assert_eq!(
             json(r#"{"usage":{"total_tokens":18446744073709551616}}"#),
             None

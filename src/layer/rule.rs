@@ -91,8 +91,8 @@ pub struct Rule {
     /// Settling the cost on arrival as an estimate: the share of the
     /// limit's capacity one request may ask for.
     pub(crate) estimates: Option<f64>,
-    /// What a cost not told (absent, unreadable; for an estimate, 0 too)
-    /// counts as.
+    /// What a cost not told counts as (absent or unreadable; for an
+    /// estimate, absent only).
     pub(crate) fallback: Option<u64>,
     pub(crate) tiers: Vec<(String, Quota)>,
     pub(crate) choose: Option<TierChoice>,
