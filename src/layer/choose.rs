@@ -42,6 +42,9 @@ pub(super) fn choose<'a, B>(
     parts: &mut Parts,
 ) -> Result<Chosen<'a>, Response<ResponseBody<B>>> {
     let mut chosen = Chosen::new();
+    // estimates not told: (rule, the fallback charged), written once every
+    // rule has read its own
+    let mut untold: SmallVec<[(usize, u64); 1]> = SmallVec::new();
     for (i, rule) in config.rules.iter().enumerate() {
         if rule.skip.as_ref().is_some_and(|skip| skip(parts)) {
             continue;
@@ -64,6 +67,12 @@ pub(super) fn choose<'a, B>(
         };
         let cost = match rule.cost(parts, &limit) {
             Cost::Is(cost) => cost,
+            // (a shadow limit observes: it changes nothing of the request)
+            Cost::Untold(cost) if limit.is_shadow() => cost,
+            Cost::Untold(cost) => {
+                untold.push((i, cost));
+                cost
+            }
             Cost::Unreadable if limit.is_shadow() => {
                 let name = limit.name();
                 tracing::debug!(target: "tower_ratelimit", limit = name, "shadow limit would have refused an unreadable estimate");
@@ -113,7 +122,42 @@ pub(super) fn choose<'a, B>(
             cost,
         });
     }
+    if !untold.is_empty() {
+        tell_untold(config, parts, &chosen, &untold)?;
+    }
     Ok(chosen)
+}
+
+/// Writes the fallbacks charged for estimates not told into the request
+/// forwarded, the smallest first where rules share a place (the upstream
+/// is held to at most what each of them charged); a request whose body
+/// cannot hold it is refused (400), as an unreadable estimate.
+#[cold]
+#[allow(clippy::result_large_err)]
+fn tell_untold<B>(
+    config: &Config,
+    parts: &mut Parts,
+    chosen: &Chosen<'_>,
+    untold: &[(usize, u64)],
+) -> Result<(), Response<ResponseBody<B>>> {
+    let mut untold = untold.to_vec();
+    untold.sort_by_key(|&(_, cost)| cost);
+    for (j, &(i, cost)) in untold.iter().enumerate() {
+        let earlier = untold[..j].iter().map(|&(r, _)| &config.rules[r]);
+        if config.rules[i].tell(parts, cost, earlier) {
+            continue;
+        }
+        let name = match chosen.iter().find(|applies| applies.rule == i) {
+            Some(applies) => applies.limit.name(),
+            None => config.rules[i].limit().name(),
+        };
+        tracing::debug!(target: "tower_ratelimit", limit = name, "an estimate not told cannot be written into the request");
+        let why = Rejection::EstimateUnreadable { limit: name };
+        return Err(rejection(config, why, || {
+            Protocol::of(parts).estimate_unreadable(name)
+        }));
+    }
+    Ok(())
 }
 
 /// The chosen limits and keys as the limiter decides them, each at its

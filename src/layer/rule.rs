@@ -397,6 +397,15 @@ impl Arrival {
         }
     }
 
+    /// Whether `self` and `other` read the same place of a request.
+    fn same_place(&self, other: &Arrival) -> bool {
+        match (self, other) {
+            (Arrival::Header(a), Arrival::Header(b)) => a == b,
+            (Arrival::JsonField { field: a, .. }, Arrival::JsonField { field: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+
     /// Writes `cost` where the request tells its cost, so that the request
     /// forwarded says it: the header set, or the field written into the
     /// JSON body; `false` when it cannot be (a cost from a function of the
@@ -433,6 +442,9 @@ pub(crate) enum Cost {
     },
     /// An estimate that cannot be read unambiguously (refused, 400).
     Unreadable,
+    /// An estimate not told: the fallback, to be written into the request
+    /// ([`CompiledRule::tell`]) once every rule has read its own.
+    Untold(u64),
 }
 
 /// Refuses a missing key answered with a success or informational status.
@@ -554,11 +566,11 @@ impl CompiledRule {
     /// fallback (1 unless set). With estimates: one over the most one
     /// request may ask for is too large; one that is unreadable, or 0
     /// (which some upstreams read as "no maximum"), is refused; one not
-    /// told counts as the fallback (that most unless set), written into
-    /// the request (`parts`) where it tells its cost, so that the upstream
-    /// sees what was charged (refused when it cannot be written there).
+    /// told counts as the fallback (that most unless set), to be written
+    /// into the request where it tells its cost ([`tell`](Self::tell)), so
+    /// that the upstream sees what was charged.
     #[inline]
-    pub(crate) fn cost(&self, parts: &mut Parts, limit: &Limit) -> Cost {
+    pub(crate) fn cost(&self, parts: &Parts, limit: &Limit) -> Cost {
         let told = match &self.cost {
             // (the common case: a fixed cost, no estimate)
             Arrival::Fixed(cost) if self.estimates.is_none() => return Cost::Is(*cost),
@@ -580,9 +592,25 @@ impl CompiledRule {
             Told::Cost(estimate) => Cost::Is(estimate),
             // a function of the request has nowhere to write it
             Told::Absent if matches!(self.cost, Arrival::Request(_)) => Cost::Is(fallback),
-            Told::Absent if self.cost.tell(parts, fallback) => Cost::Is(fallback),
-            Told::Absent => Cost::Unreadable,
+            Told::Absent => Cost::Untold(fallback),
         }
+    }
+
+    /// Writes `cost`, charged for an estimate not told, where the request
+    /// tells its estimate (the header set, the field written into the JSON
+    /// body), unless `earlier` (rules that wrote theirs before) wrote that
+    /// place already; `false` when it cannot be written (a body that is no
+    /// JSON object).
+    pub(crate) fn tell<'r>(
+        &self,
+        parts: &mut Parts,
+        cost: u64,
+        mut earlier: impl Iterator<Item = &'r CompiledRule>,
+    ) -> bool {
+        if earlier.any(|rule| rule.cost.same_place(&self.cost)) {
+            return true;
+        }
+        self.cost.tell(parts, cost)
     }
 
     /// Whether the rule reads its cost from the response body
