@@ -69,6 +69,8 @@ struct Upstream {
     told: Mutex<Option<u64>>,
     /// Held by a `hang` answer after its first event.
     hang: tokio::sync::Notify,
+    /// The body of the last request.
+    body: Mutex<Bytes>,
 }
 
 /// The most a request tells the upstream, read as an upstream can: the
@@ -83,6 +85,7 @@ fn lenient(value: &Value) -> Option<f64> {
 
 async fn upstream(State(up): State<Arc<Upstream>>, headers: HeaderMap, body: Bytes) -> Response {
     up.calls.fetch_add(1, Ordering::SeqCst);
+    *up.body.lock().unwrap() = body.clone();
     let length = headers.get(header::CONTENT_LENGTH);
     if length.is_some_and(|l| l.to_str().ok() != Some(&body.len().to_string())) {
         up.bad_lengths.fetch_add(1, Ordering::SeqCst);
@@ -365,6 +368,64 @@ async fn an_absent_estimate_is_charged_the_fallback_and_the_upstream_is_told_it(
         assert_eq!(status, StatusCode::OK, "{store}");
         assert_eq!(*up.told.lock().unwrap(), Some(20), "{store}");
         settles_to(&looker, left - 20, store).await;
+    }
+}
+
+/// Two budgets read one field: the request that tells none is charged each
+/// one's fallback, and the body forwarded holds the field once, the
+/// smaller (the upstream is held to at most what each charged). A rule
+/// without estimates reading the same header keeps its own fallback.
+#[tokio::test]
+async fn rules_reading_one_place_write_it_once() {
+    for (store, made, looker) in stores("one-place") {
+        let small = Limit::new("small", Quota::per_day(400).fixed_window()).expect("limit");
+        let small_looker = patient_limiter(made.clone(), small.clone());
+        let second = Rule::new(small, Global)
+            .cost_from_json_field("max_tokens")
+            .cost_from_json_body("usage.total_tokens")
+            .settle_estimates(0.05);
+        let up = Arc::new(Upstream::default());
+        let layer = RateLimitLayer::builder()
+            .store(made.clone())
+            .timeout(PATIENT)
+            .rule(llm_rule(Side::Field))
+            .rule(second)
+            .build()
+            .expect("layer");
+        let app = Router::new()
+            .route("/v1/chat/completions", post(upstream))
+            .with_state(up.clone())
+            .layer(ReadBody::new().max_bytes(READ_BOUND).around(layer));
+        let (status, _) = send(&app, request(r#"{"messages":[]}"#, &[], "stream-untold")).await;
+        assert_eq!(status, StatusCode::OK, "{store}");
+        let body = up.body.lock().unwrap().clone();
+        let text = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(text.matches("max_tokens").count(), 1, "{store}: {text}");
+        assert_eq!(*up.told.lock().unwrap(), Some(20), "{store}");
+        settles_to(&looker, BUDGET - MOST, store).await;
+        settles_to(&small_looker, 400 - 20, store).await;
+
+        // a rule without estimates on the same header: its fallback, 1
+        let count = Limit::new("count", Quota::per_day(3).fixed_window()).expect("limit");
+        let count_looker = patient_limiter(made.clone(), count.clone());
+        let plain =
+            Rule::new(count, Global).cost_from_request_header(HeaderName::from_static(MAX_TOKENS));
+        let layer = RateLimitLayer::builder()
+            .store(made.clone())
+            .timeout(PATIENT)
+            .rule(llm_rule(Side::Header))
+            .rule(plain)
+            .build()
+            .expect("layer");
+        let app = Router::new()
+            .route("/v1/chat/completions", post(upstream))
+            .with_state(up.clone())
+            .layer(ReadBody::new().max_bytes(READ_BOUND).around(layer));
+        let (status, _) = send(&app, request("{}", &[], "stream-untold")).await;
+        assert_eq!(status, StatusCode::OK, "{store}");
+        assert_eq!(*up.told.lock().unwrap(), Some(MOST), "{store}");
+        let peeked = count_looker.peek("global", 0).await.expect("peek");
+        assert_eq!(peeked.remaining(), 2, "{store}");
     }
 }
 
