@@ -169,8 +169,9 @@ impl ReadBody {
         let rest = (!ended).then_some(body);
         let rewrite = Rewrite::default();
         let replay = ReplayBody {
-            // (a body read whole may be rewritten, even an empty one)
-            read: (!buffer.is_empty() || whole).then_some(buffer),
+            // (a body read whole may be rewritten; an empty one is no JSON
+            // object, never rewritten)
+            read: (!buffer.is_empty()).then_some(buffer),
             rewrite: whole.then(|| rewrite.clone()),
             over,
             after,
@@ -272,9 +273,7 @@ impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
             {
                 data = rewritten;
             }
-            if !data.is_empty() {
-                return Poll::Ready(Some(Ok(Frame::data(data))));
-            }
+            return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         if let Some(data) = this.over.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
