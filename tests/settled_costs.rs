@@ -665,6 +665,14 @@ async fn the_attackers_loops_take_at_most_the_budget() {
                 served <= BUDGET,
                 "{store}: {side:?} {body} {lines:?} {mode}: 60 in flight, {served} served"
             );
+            if *granted {
+                assert!(
+                    served > BUDGET - MOST,
+                    "{what}: 60 in flight, {served} served"
+                );
+            } else {
+                assert_eq!(up.calls.load(Ordering::SeqCst), 0, "{what}: forwarded");
+            }
         }
         drop(made);
     }
