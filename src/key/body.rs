@@ -391,7 +391,7 @@ impl JsonField {
 
     /// The field's value in `body`, if it is there once, as a string.
     fn value(&self, body: &[u8]) -> Option<String> {
-        match field_of(body, &self.field)? {
+        match field_of(body, &self.field)?? {
             serde_json::Value::String(text) => Some(text),
             _ => None,
         }
@@ -451,11 +451,9 @@ pub(crate) fn json_cost(parts: &Parts, field: &str, warned: &AtomicBool) -> Told
     let Some(body) = read.as_deref() else {
         return Told::Unreadable;
     };
-    let mut json = serde_json::Deserializer::from_slice(body);
-    let value = FieldOf(field).deserialize(&mut json);
-    match (value, json.end()) {
-        (Ok(None), Ok(())) => Told::Absent,
-        (Ok(Some(serde_json::Value::Number(number))), Ok(())) => {
+    match field_of(body, field) {
+        Some(None) => Told::Absent,
+        Some(Some(serde_json::Value::Number(number))) => {
             super::cost::of_number(&number).map_or(Told::Unreadable, Told::Cost)
         }
         _ => Told::Unreadable,
@@ -517,13 +515,14 @@ pub(crate) fn write_cost(parts: &mut Parts, field: &str, cost: u64) -> bool {
     true
 }
 
-/// The top-level field `field` of the JSON object `body`; `None` when the
-/// body is no JSON object, or the field is absent or given twice.
-fn field_of(body: &[u8], field: &str) -> Option<serde_json::Value> {
+/// The top-level field `field` of the JSON object `body` (`Some(None)`:
+/// absent); `None` when the body is no JSON object, or has the field
+/// twice.
+fn field_of(body: &[u8], field: &str) -> Option<Option<serde_json::Value>> {
     let mut json = serde_json::Deserializer::from_slice(body);
     let value = FieldOf(field).deserialize(&mut json).ok()?;
     json.end().ok()?;
-    value
+    Some(value)
 }
 
 /// Finds one field of a JSON object, skipping the others unparsed into
