@@ -279,7 +279,9 @@ impl Rule {
     ///   [fallback](Self::estimate_fallback) (by default the most one
     ///   request may ask for), and the request forwarded says so: the
     ///   header is set to it, or the field is written into the JSON body
-    ///   (`Content-Length` updated).
+    ///   (`Content-Length` updated); where rules read one place, once, the
+    ///   smallest of their fallbacks (a rule without estimates reading it
+    ///   reads the request as it came).
     ///   With [`cost_from_request`](Self::cost_from_request), the function's
     ///   `None` is charged the fallback and nothing is written: the
     ///   function must only answer `None` where the upstream's own

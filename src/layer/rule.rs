@@ -38,7 +38,8 @@ type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync
 ///   [`cost_from_json_body`](Self::cost_from_json_body) and
 ///   [`cost_from_whole_body`](Self::cost_from_whole_body): a cost known only
 ///   from the response, charged after it, or settling an estimate
-///   ([`settle_estimates`](Self::settle_estimates));
+///   ([`settle_estimates`](Self::settle_estimates)); and what a response
+///   that tells none costs ([`cost_if_untold`](Self::cost_if_untold));
 /// - [`tier`](Self::tier) and [`choose_tier`](Self::choose_tier): the quota
 ///   chosen per request (a plan), in the same limit.
 ///
