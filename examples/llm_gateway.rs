@@ -15,10 +15,12 @@
 //! - `POST /v1/chat/completions` (`Authorization: Bearer <API key>`, an
 //!   OpenAI-style JSON body): 401 for an unknown key; `requests` per API
 //!   key per calendar month, and `tokens` per tenant per minute in the same
-//!   layer: a call pays its `max_tokens` on arrival (absent or 0: the most
-//!   one call may ask for, a tenth of the budget; more than that: 400), and
-//!   is settled to the `usage.total_tokens` of the answer, streamed or not
-//!   (`"stream": true`: server-sent events, the last with the usage).
+//!   layer: a call pays its `max_tokens` on arrival (absent: the most one
+//!   call may ask for, a tenth of the budget, written into the body the
+//!   model reads; more than that, 0, or unreadable, as `"100"` or given
+//!   twice: 400), and is settled to the `usage.total_tokens` of the answer,
+//!   streamed or not (`"stream": true`: server-sent events, the last with
+//!   the usage; an answer without it keeps what was paid).
 //!   The monthly quota is keyed by a hash of the `Authorization` header,
 //!   never the API key itself; its counts need a Redis that keeps them
 //!   (AOF or RDB, `noeviction`: see `CalendarRate`), as the crate warns.

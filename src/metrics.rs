@@ -8,7 +8,7 @@
 //! | [`DECISIONS`] | counter | `limit`, `outcome` | decisions, per limit and [`Outcome`] |
 //! | [`STORE_DURATION`] | histogram | `store` (`redis`, `memory`), `operation` (`decide`, `reset`, `refund`, `take`, `charge`, `renew`) | seconds per store call, failures and timeouts included |
 //! | [`MEMORY_STORE_KEYS`] | gauge | | key states held by this process's memory stores (the stores, a layer's memory fallback), refreshed at most once a second per store |
-//! | [`CHARGES`] | counter | `result` (`charged`, `retried`, `failed`) | costs charged after the fact ([`Limiter::charge`](crate::Limiter::charge), a rule's cost from its response): `retried` charged after a failed try, `failed` not charged |
+//! | [`CHARGES`] | counter | `result` (`charged`, `retried`, `failed`, `estimate_kept`, `untold`) | costs charged after the fact ([`Limiter::charge`](crate::Limiter::charge), a rule's cost from its response): `retried` charged after a failed try, `failed` not charged; `estimate_kept`: a response that told no cost to a rule that [settles estimates](crate::layer::Rule::settle_estimates) (no usage event, a client gone before it, a compressed or unreadable body), its estimate kept as its cost; `untold`: one that told none to a rule with [`cost_if_untold`](crate::layer::Rule::cost_if_untold), charged that |
 //! | [`PENALTIES_NOT_STORED`] | counter | `limit` | new penalty states (a block, refusals or offences counted) a [`MemoryStore`](crate::MemoryStore) did not keep on their own: they take at most half its `max_keys` (active blocks kept as ban records, 4 to a state), and when none can be given up and no record fits, the state goes to the state its key's bucket of the hash shares (1/2^21 of the limit's keys, at most 8 blocking per limit and shard), or is not stored (the key is not told it is blocked); a block by [`Admin::block`](crate::Admin::block) then fails with [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored) |
 //! | [`PLAN_LOOKUPS`] | counter | `result` (`found`, `unknown`, `failed`, `timed_out`, `oversized`) | lookups of plan resolvers (feature `resolver`), cache hits not counted; `oversized`: a lookup key too long, refused without a lookup |
 //! | [`LIMIT_CAPACITY`] | gauge | `limit` | the capacity of the quota that last decided for the limit |
@@ -31,7 +31,9 @@
 //! `denied` (or `local_cache`) like any refusal. A request whose estimate
 //! a layer refuses as over its share of a limit (see
 //! [`settle_estimates`](crate::layer::Rule::settle_estimates))
-//! counts `estimate_too_large` under that limit, and nothing is decided.
+//! counts `estimate_too_large` under that limit, and nothing is decided;
+//! one whose estimate cannot be read unambiguously counts
+//! `estimate_unreadable`.
 //!
 //! The quota gauges show what decided: a limit's quota, its new value after
 //! a [live change](crate::LiveLimit) (from the first decision the new
@@ -225,11 +227,16 @@ pub enum Outcome {
     /// [`on_rejection`](crate::layer::RateLimitLayerBuilder::on_rejection)
     /// handler gives.
     EstimateTooLarge,
+    /// Refused by a layer before asking the store: the request's estimate
+    /// cannot be read unambiguously (see
+    /// [`Rejection::EstimateUnreadable`](crate::layer::Rejection::EstimateUnreadable)).
+    /// Counted under that limit.
+    EstimateUnreadable,
 }
 
 impl Outcome {
     /// Every outcome, for dashboards and exporters that declare label values.
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Allowed,
         Outcome::Denied,
         Outcome::ShadowDenied,
@@ -238,6 +245,7 @@ impl Outcome {
         Outcome::LocalCache,
         Outcome::DenyListed,
         Outcome::EstimateTooLarge,
+        Outcome::EstimateUnreadable,
     ];
 
     /// The label value.
@@ -251,6 +259,7 @@ impl Outcome {
             Outcome::LocalCache => "local_cache",
             Outcome::DenyListed => "deny_listed",
             Outcome::EstimateTooLarge => "estimate_too_large",
+            Outcome::EstimateUnreadable => "estimate_unreadable",
         }
     }
 }

@@ -303,17 +303,17 @@ async fn the_token_budget_is_estimated_from_max_tokens_then_settled_to_usage() {
     left -= usage;
     settles_to(&tokens, "acme", left).await;
 
-    // no max_tokens, or 0: not free, the most one call may ask for (1000)
-    // on arrival, then the usage (the prompt + 256 streamed; + 0)
+    // no max_tokens: not free, the most one call may ask for (1000) on
+    // arrival, written into the body the upstream reads, then the usage
+    // (the prompt + 256 streamed)
     let answer = send(fleet.app(2), chat(acme[0], "x", None, true)).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.remaining("tokens"), left - 1000);
     left -= prompt_tokens("x") + gateway::MAX_COMPLETION;
     settles_to(&tokens, "acme", left).await;
+    // 0 (some upstreams read it as no maximum): refused, nothing taken
     let answer = send(fleet.app(3), chat(acme[1], "y", Some(0), false)).await;
-    assert_eq!(answer.status, StatusCode::OK);
-    assert_eq!(answer.remaining("tokens"), left - 1000);
-    left -= prompt_tokens("y");
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
     settles_to(&tokens, "acme", left).await;
 
     // more than a tenth of the budget: refused, nothing taken

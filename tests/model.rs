@@ -1038,7 +1038,8 @@ impl Model {
     }
 
     /// A request's cost in rule `rule` of capacity `cap`: `Err` when it is
-    /// an estimate over what one request may take.
+    /// an estimate over what one request may take, or one that cannot be
+    /// read (0, garbage, negative).
     fn cost(&self, rule: &RuleSpec, cap: u64, req: &Req) -> Result<i64, ()> {
         match rule.cost {
             CostSpec::Fixed(n) => Ok(n as i64),
@@ -1047,11 +1048,12 @@ impl Model {
             }
             CostSpec::Estimate { share, fallback } => {
                 let most = share_of(cap, share);
-                let estimate = req
-                    .cost
-                    .read()
-                    .filter(|&n| n > 0)
-                    .unwrap_or(fallback.unwrap_or(most));
+                // absent: the fallback; 0, garbage or negative: refused
+                let estimate = match req.cost {
+                    Num::Absent => fallback.unwrap_or(most),
+                    Num::Value(n) if n > 0 => n,
+                    _ => return Err(()),
+                };
                 if estimate > most {
                     Err(())
                 } else {

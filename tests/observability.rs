@@ -351,6 +351,63 @@ fn an_estimate_too_large_has_its_own_outcome() {
     assert_eq!(decisions(Outcome::Denied), None);
 }
 
+/// An estimate the layer cannot read counts `estimate_unreadable` under its
+/// limit (400, nothing decided); an answer that tells no cost keeps the
+/// estimate, counted `result="estimate_kept"` under the charges.
+#[test]
+fn an_unreadable_estimate_and_a_kept_one_are_counted() {
+    use http::{HeaderName, Request, Response, StatusCode};
+    use tower::{service_fn, Layer, ServiceExt};
+    use tower_ratelimit::key::Global;
+    use tower_ratelimit::layer::{RateLimitLayer, Rule};
+    use tower_ratelimit::metrics::CHARGES;
+
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let limit = Limit::new("llm-budget", Quota::per_hour(1000).fixed_window()).expect("limit");
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new(limit, Global)
+                .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
+                .cost_from_header(HeaderName::from_static("x-tokens-used"))
+                .settle_estimates(0.1),
+        )
+        .build()
+        .expect("layer");
+    let service = layer.layer(service_fn(|_: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    }));
+    let status = |estimate: &'static str| {
+        let service = service.clone();
+        async move {
+            let request = Request::get("/")
+                .header("x-max-tokens", estimate)
+                .body(String::new())
+                .expect("request");
+            service.oneshot(request).await.expect("infallible").status()
+        }
+    };
+    runtime().block_on(async {
+        assert_eq!(status("1.5").await, StatusCode::BAD_REQUEST);
+        assert_eq!(status("\"10\"").await, StatusCode::BAD_REQUEST);
+        assert_eq!(status("10").await, StatusCode::OK);
+    });
+    let decisions = |outcome: Outcome| {
+        sample(
+            &handle,
+            DECISIONS,
+            &[("limit", "llm-budget"), ("outcome", outcome.as_str())],
+        )
+    };
+    assert_eq!(decisions(Outcome::EstimateUnreadable), Some(2.0));
+    assert_eq!(decisions(Outcome::Allowed), Some(1.0));
+    assert_eq!(
+        sample(&handle, CHARGES, &[("result", "estimate_kept")]),
+        Some(1.0)
+    );
+}
+
 /// The metric names a query of `text` reads: the `tower_ratelimit_...`
 /// words in it.
 fn metric_names(text: &str) -> Vec<String> {

@@ -26,9 +26,15 @@ pub const DEFAULT_MAX_BODY: usize = 16 * 1024;
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What [`ReadBody`] read: the whole body, or `None` when it was longer
-/// than the bound, too slow, or failed.
+/// than the bound, too slow, or failed; and the body to forward instead,
+/// when the rate-limit layer wrote a field into it (see [`write_cost`]),
+/// shared with the [`ReplayBody`] that gives the body back.
 #[derive(Clone)]
-struct BodyRead(Option<Bytes>);
+struct BodyRead(Option<Bytes>, Rewrite);
+
+/// The body a [`ReplayBody`] gives back instead of what was read, set
+/// before the body is forwarded.
+type Rewrite = Arc<std::sync::Mutex<Option<Bytes>>>;
 
 /// A Tower layer that reads the start of each request's body, at most
 /// [`max_bytes`](Self::max_bytes) within [`timeout`](Self::timeout), for
@@ -127,13 +133,13 @@ impl ReadBody {
     /// far more memory than its bytes (a body dripped a byte per segment
     /// holds hundreds of bytes per byte as hyper's chunks). The chunk that
     /// goes over the bound is kept as it is, and is the only one.
-    async fn read<B>(self, mut body: B) -> (Option<Bytes>, B)
+    async fn read<B>(self, mut body: B) -> (Option<Bytes>, Rewrite, B)
     where
         B: Body<Data = Bytes> + From<ReplayBody<B>> + Unpin,
     {
         let expected = body.size_hint().lower();
         if expected > self.max_bytes as u64 {
-            return (None, body);
+            return (None, Rewrite::default(), body);
         }
         let deadline = tokio::time::Instant::now() + self.timeout;
         // (at most max_bytes: checked above)
@@ -161,13 +167,17 @@ impl ReadBody {
         let buffer = Bytes::from(buffer);
         let read = whole.then(|| buffer.clone());
         let rest = (!ended).then_some(body);
+        let rewrite = Rewrite::default();
         let replay = ReplayBody {
+            // (a body read whole may be rewritten; an empty one is no JSON
+            // object, never rewritten)
             read: (!buffer.is_empty()).then_some(buffer),
+            rewrite: whole.then(|| rewrite.clone()),
             over,
             after,
             rest,
         };
-        (read, B::from(replay))
+        (read, rewrite, B::from(replay))
     }
 }
 
@@ -221,8 +231,8 @@ where
         let read = self.read;
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            let (bytes, body) = read.read(body).await;
-            parts.extensions.insert(BodyRead(bytes));
+            let (bytes, rewrite, body) = read.read(body).await;
+            parts.extensions.insert(BodyRead(bytes, rewrite));
             inner.call(Request::from_parts(parts, body)).await
         })
     }
@@ -231,9 +241,14 @@ where
 pin_project! {
     /// A body given back by [`ReadBody`]: what it read, as one frame (and
     /// the chunk that went over its bound, if one did), then the rest of
-    /// the original body, frame for frame.
+    /// the original body, frame for frame. When the rate-limit layer wrote
+    /// a request's cost into the body it read whole
+    /// ([`Rule::cost_from_json_field`](crate::layer::Rule::cost_from_json_field)
+    /// with [`settle_estimates`](crate::layer::Rule::settle_estimates)),
+    /// that body instead of what was read.
     pub struct ReplayBody<B: Body> {
         read: Option<Bytes>,
+        rewrite: Option<Rewrite>,
         over: Option<Bytes>,
         after: Option<Result<Frame<Bytes>, B::Error>>,
         #[pin]
@@ -250,7 +265,17 @@ impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        if let Some(data) = this.read.take().or_else(|| this.over.take()) {
+        if let Some(mut data) = this.read.take() {
+            if let Some(rewritten) = this
+                .rewrite
+                .take()
+                .and_then(|r| crate::sync::lock(&r).take())
+            {
+                data = rewritten;
+            }
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(data) = this.over.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         if let Some(after) = this.after.take() {
@@ -270,10 +295,12 @@ impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
     }
 
     fn size_hint(&self) -> SizeHint {
-        let read = [&self.read, &self.over]
-            .into_iter()
-            .flatten()
-            .map(|data| data.len() as u64)
+        let rewritten =
+            (self.rewrite.as_ref()).and_then(|r| crate::sync::lock(r).as_ref().map(Bytes::len));
+        let first = rewritten.or(self.read.as_ref().map(Bytes::len));
+        let read = (first.into_iter())
+            .chain(self.over.as_ref().map(Bytes::len))
+            .map(|len| len as u64)
             .sum();
         let Some(rest) = &self.rest else {
             return SizeHint::with_exact(read);
@@ -364,7 +391,7 @@ impl JsonField {
 
     /// The field's value in `body`, if it is there once, as a string.
     fn value(&self, body: &[u8]) -> Option<String> {
-        match field_of(body, &self.field)? {
+        match field_of(body, &self.field)?? {
             serde_json::Value::String(text) => Some(text),
             _ => None,
         }
@@ -377,7 +404,7 @@ impl KeyExtractor for JsonField {
     }
 
     fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
-        let Some(BodyRead(read)) = parts.extensions.get::<BodyRead>() else {
+        let Some(BodyRead(read, _)) = parts.extensions.get::<BodyRead>() else {
             if !self.warned.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     target: "tower_ratelimit",
@@ -402,12 +429,15 @@ impl KeyExtractor for JsonField {
     }
 }
 
-/// The top-level field `field` of the JSON body [`ReadBody`] read, as an
-/// integer of at least 0 (a rule's cost: [`Rule::cost_from_json_field`](crate::layer::Rule::cost_from_json_field));
-/// `None` when the body was not read (warned once through `warned`), is no
-/// JSON object, or the field is absent, given twice, or not such a number.
-pub(crate) fn json_number(parts: &Parts, field: &str, warned: &AtomicBool) -> Option<u64> {
-    let Some(BodyRead(read)) = parts.extensions.get::<BodyRead>() else {
+/// What the top-level field `field` of the JSON body [`ReadBody`] read
+/// tells as a cost ([`Rule::cost_from_json_field`](crate::layer::Rule::cost_from_json_field)):
+/// the cost (read as [`cost`](super::cost) says), or absent (the body is a
+/// JSON object without the field), or unreadable: the body was not read
+/// (no `ReadBody` around the layer: warned once through `warned`; or
+/// over its bound, too slow, failed), is no JSON object, has the field
+/// twice, or the field is no cost (`null` included).
+pub(crate) fn json_cost(parts: &Parts, field: &str, warned: &AtomicBool) -> Told {
+    let Some(BodyRead(read, _)) = parts.extensions.get::<BodyRead>() else {
         if !warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 target: "tower_ratelimit",
@@ -416,18 +446,83 @@ pub(crate) fn json_number(parts: &Parts, field: &str, warned: &AtomicBool) -> Op
                  ReadBody around the rate-limit layer (ReadBody::new().around(layer))"
             );
         }
-        return None;
+        return Told::Unreadable;
     };
-    field_of(read.as_deref()?, field)?.as_u64()
+    let Some(body) = read.as_deref() else {
+        return Told::Unreadable;
+    };
+    match field_of(body, field) {
+        Some(None) => Told::Absent,
+        Some(Some(serde_json::Value::Number(number))) => {
+            super::cost::of_number(&number).map_or(Told::Unreadable, Told::Cost)
+        }
+        _ => Told::Unreadable,
+    }
 }
 
-/// The top-level field `field` of the JSON object `body`; `None` when the
-/// body is no JSON object, or the field is absent or given twice.
-fn field_of(body: &[u8], field: &str) -> Option<serde_json::Value> {
+/// What a request tells of its cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Told {
+    /// A cost.
+    Cost(u64),
+    /// Nothing: the header or field is not there.
+    Absent,
+    /// Something that cannot be read as one cost unambiguously.
+    Unreadable,
+}
+
+/// Writes `"field":cost` into the JSON object body [`ReadBody`] read whole
+/// (which [`json_cost`] found without the field), so that the body
+/// forwarded says the cost charged: right after its opening brace, the
+/// rest unchanged byte for byte; `Content-Length`, if the request has
+/// one, set to the new length. `false` when there is no such body.
+pub(crate) fn write_cost(parts: &mut Parts, field: &str, cost: u64) -> bool {
+    let Some(BodyRead(Some(body), rewrite)) = parts.extensions.get_mut::<BodyRead>() else {
+        return false;
+    };
+    let Some(brace) = body.iter().position(|b| !b.is_ascii_whitespace()) else {
+        return false;
+    };
+    if body[brace] != b'{' {
+        return false;
+    }
+    let empty = body[brace + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'}');
+    let Ok(name) = serde_json::to_string(field) else {
+        return false;
+    };
+    let mut written = Vec::with_capacity(body.len() + name.len() + 24);
+    written.extend_from_slice(&body[..=brace]);
+    written.extend_from_slice(name.as_bytes());
+    written.push(b':');
+    written.extend_from_slice(cost.to_string().as_bytes());
+    if !empty {
+        written.push(b',');
+    }
+    written.extend_from_slice(&body[brace + 1..]);
+    let written = Bytes::from(written);
+    *crate::sync::lock(rewrite) = Some(written.clone());
+    *body = written;
+    let length = body.len();
+    if parts.headers.contains_key(http::header::CONTENT_LENGTH) {
+        parts.headers.insert(
+            http::header::CONTENT_LENGTH,
+            http::HeaderValue::from(length),
+        );
+    }
+    true
+}
+
+/// The top-level field `field` of the JSON object `body` (`Some(None)`:
+/// absent); `None` when the body is no JSON object, or has the field
+/// twice.
+fn field_of(body: &[u8], field: &str) -> Option<Option<serde_json::Value>> {
     let mut json = serde_json::Deserializer::from_slice(body);
     let value = FieldOf(field).deserialize(&mut json).ok()?;
     json.end().ok()?;
-    value
+    Some(value)
 }
 
 /// Finds one field of a JSON object, skipping the others unparsed into

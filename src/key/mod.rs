@@ -19,6 +19,7 @@
 mod axum;
 mod body;
 mod buf;
+pub(crate) mod cost;
 mod forwarded;
 mod hashed;
 mod ip;
@@ -37,7 +38,7 @@ use http::HeaderName;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[allow(deprecated)]
 pub use self::axum::{MatchedRoute, PathParam, Route};
-pub(crate) use self::body::json_number;
+pub(crate) use self::body::{json_cost, write_cost, Told};
 pub use self::body::{
     JsonField, ReadBody, ReadBodyService, ReplayBody, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY,
 };

@@ -25,6 +25,9 @@ pub(crate) struct CostAfter {
     /// A cost read out of the body ([`Rule::cost_from_json_body`],
     /// [`Rule::cost_from_whole_body`]), or why it cannot be.
     pub(crate) meter: Option<Result<MeterSpec, String>>,
+    /// What a request costs in all when its response tells no cost
+    /// ([`Rule::cost_if_untold`]).
+    pub(crate) untold: Option<u64>,
 }
 
 pub(crate) type HeadCost = Arc<dyn Fn(&ResponseParts) -> Option<u64> + Send + Sync>;
@@ -61,13 +64,50 @@ impl Rule {
     }
 
     /// [`cost_from_response`](Self::cost_from_response) read from the
-    /// response header `name`, a decimal integer (absent or unreadable:
-    /// nothing more).
+    /// response header `name`: one JSON number token that is a whole
+    /// number from 0 to 2^53 (`100`, `100.0`, `1e2`: the one grammar of a
+    /// cost, see [`cost_from_request_header`](Self::cost_from_request_header)).
+    /// Absent, given more than once or not such a number: no cost told.
     pub fn cost_from_header(self, name: http::HeaderName) -> Self {
         self.cost_from_response(move |response| {
-            let value = response.headers.get(&name)?.to_str().ok()?;
-            value.trim().parse().ok()
+            match crate::key::cost::of_header(&response.headers, &name) {
+                crate::key::Told::Cost(cost) => Some(cost),
+                _ => None,
+            }
         })
+    }
+
+    /// What a request costs this limit in all when its response tells no
+    /// cost (the response's head and body read as the rule says: a header
+    /// absent, a stream without its usage, a compressed or unreadable
+    /// body): the most a request may cost, say. Without it such a request
+    /// costs what it paid on arrival: its [`cost`](Self::cost) (1 by
+    /// default), or its [estimate](Self::settle_estimates), kept. With it,
+    /// what `cost` exceeds that by is charged, as a cost told would be.
+    /// A request dropped before its response pays only what it paid on
+    /// arrival. Over the limit's capacity, or on a rule that reads no cost
+    /// after the response, the layer does not build
+    /// ([`ConfigError::Layer`](crate::ConfigError::Layer)).
+    ///
+    /// ```
+    /// use tower_ratelimit::key::Global;
+    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// // a call that reports no usage pays 4096 tokens, the most it may use
+    /// let tokens = Limit::new("tokens", Quota::per_minute(100_000).sliding_window())?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(
+    ///         Rule::new(tokens, Global)
+    ///             .cost_from_json_body("usage.total_tokens")
+    ///             .cost_if_untold(4096),
+    ///     )
+    ///     .build()?;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn cost_if_untold(mut self, cost: u64) -> Self {
+        self.cost_after.untold = Some(cost);
+        self
     }
 
     /// Charges this limit, after the response, the cost `cost` counts in
@@ -85,17 +125,22 @@ impl Rule {
     }
 
     /// Charges this limit, after the response, the integer at the dotted
-    /// `path` (`"usage.total_tokens"`) of the response's JSON body, read
+    /// `path` (`"usage.total_tokens"`) of the response's JSON body (a
+    /// whole number from 0 to 2^53 in the one grammar of a cost: `100`,
+    /// `100.0`, `1e2`; see
+    /// [`cost_from_request_header`](Self::cost_from_request_header)), read
     /// as the body streams to the client (unchanged, and without waiting
     /// for its end), whatever its chunks, and settled when it ends or is
     /// dropped. A streamed response (`content-type: text/event-stream`,
     /// server-sent events, as a streamed completion is) tells the number
     /// at `path` in the JSON data of the last event that carries one, so
     /// a stream dropped mid-way tells the usage it had sent. A body that
-    /// is not JSON, is cut short, is over 1 MiB, compressed, or has no
-    /// integer of at least 0 there tells nothing (for an
-    /// [estimate](Self::settle_estimates): it is kept). A path with an
-    /// empty segment is a build error
+    /// is not JSON, is cut short, is over 1 MiB, compressed (a
+    /// `Content-Encoding` other than `identity`: the request forwarded asks
+    /// for `Accept-Encoding: identity`), or has no such number there
+    /// tells nothing (for an [estimate](Self::settle_estimates): it is
+    /// kept; see also [`cost_if_untold`](Self::cost_if_untold)). A path
+    /// with an empty segment is a build error
     /// ([`ConfigError::Layer`](crate::ConfigError::Layer)).
     ///
     /// ```
@@ -121,7 +166,9 @@ impl Rule {
 
     /// Charges this limit, after the response, what `cost` makes of its
     /// whole body (`None`: nothing told), kept up to `max_bytes` as it
-    /// streams to the client; a longer body tells nothing.
+    /// streams to the client; a longer body tells nothing, and so does a
+    /// compressed one (the request forwarded asks for
+    /// `Accept-Encoding: identity`).
     pub fn cost_from_whole_body(
         mut self,
         max_bytes: usize,
@@ -183,6 +230,8 @@ struct Charge {
     body: Option<(BodyCost, u64)>,
     meter: Option<Meter>,
     estimate: bool,
+    /// What the request costs in all when nothing is told.
+    untold: Option<u64>,
 }
 
 impl After {
@@ -218,6 +267,7 @@ impl After {
                     _ => None,
                 },
                 estimate: rule.estimates.is_some(),
+                untold: after.untold,
             });
         }
         // a cost the head tells is charged now, not when the body ends
@@ -314,6 +364,16 @@ impl Charge {
         let cost = (self.head.unwrap_or(0))
             .saturating_add(body)
             .saturating_add(metered.unwrap_or(0));
+        let cost = match self.untold {
+            Some(untold) if !told => untold,
+            _ => cost,
+        };
+        if !told && self.estimate {
+            // the estimate the upstream was held to is binding
+            crate::metrics::charged("estimate_kept");
+        } else if !told && self.untold.is_some() {
+            crate::metrics::charged("untold");
+        }
         let cost = Limiter::cost(cost);
         let paid = self.charged.cost;
         let (charge, amount) = if cost > paid {

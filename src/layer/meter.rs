@@ -8,8 +8,10 @@
 //! bytes (a function of the whole body, up to its own `max_bytes`); an event
 //! stream keeps only its current line and event, up to the same bound.
 //!
-//! A body is read as it is sent: a compressed body (`content-encoding`)
-//! tells no cost, so the layer that meters must sit inside the compression.
+//! A body is read as it is sent: a compressed body (a `content-encoding`
+//! other than `identity`) tells no cost, so the layer asks the upstream for
+//! `Accept-Encoding: identity` and must sit inside any compression of its
+//! own app.
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,10 +27,6 @@ pub(crate) const MAX_JSON_BODY: usize = 1024 * 1024;
 /// The byte order mark an event stream may start with (ignored, per the
 /// WHATWG parsing rules).
 const BOM: &[u8] = b"\xEF\xBB\xBF";
-
-/// The largest integer every smaller one is exactly representable as an
-/// `f64` (2^53): an integral float up to it is accepted as a cost.
-const MAX_EXACT_FLOAT: f64 = 9_007_199_254_740_992.0;
 
 /// A function of a whole body giving its cost.
 type WholeCost = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
@@ -47,9 +45,9 @@ pub(crate) enum MeterSpec {
     /// `data: [DONE]`, comments and non-JSON data are skipped). Otherwise
     /// the whole body is one JSON value.
     ///
-    /// The value must be an integer from 0 to `u64::MAX`, or a float that is
-    /// integral and at most 2^53 (`12.0`, `1e3`; every integer up to 2^53 is
-    /// exact as a float); any other value (negative, fractional, string,
+    /// The value must be a cost in the crate's one grammar (a JSON number
+    /// that is a whole number from 0 to 2^53: `12`, `12.0`, `1e3`; see
+    /// `key/cost.rs`); any other value (negative, fractional, string,
     /// object, ...) tells no cost. A `null` at the path (or on the way to
     /// it) counts as the field missing: in an event stream, an event with
     /// `"usage": null` does not replace the usage of an earlier one. A name
@@ -96,9 +94,11 @@ impl MeterSpec {
         Ok(MeterSpec::JsonPath(segments.into()))
     }
 
-    /// A meter for one response with head `head`.
+    /// A meter for one response with head `head` (one that tells nothing
+    /// when the body is compressed).
     pub(crate) fn meter(&self, head: &http::response::Parts) -> Meter {
         let state = match self {
+            _ if is_encoded(head) => State::Encoded,
             MeterSpec::JsonPath(path) if is_event_stream(head) => {
                 State::Events(Events::new(path.clone()))
             }
@@ -126,6 +126,19 @@ fn is_event_stream(head: &http::response::Parts) -> bool {
     })
 }
 
+/// Whether the response's body is sent encoded: a `content-encoding` other
+/// than `identity` (a body the meter cannot read as it is).
+fn is_encoded(head: &http::response::Parts) -> bool {
+    head.headers
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .any(|coding| {
+            let coding = coding.trim_ascii();
+            !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity")
+        })
+}
+
 /// One response's meter.
 pub(crate) struct Meter {
     state: State,
@@ -136,6 +149,7 @@ impl fmt::Debug for Meter {
         let kind = match &self.state {
             State::Buffered(_) => "Buffered",
             State::Events(_) => "Events",
+            State::Encoded => "Encoded",
         };
         f.debug_struct("Meter")
             .field("reads", &kind)
@@ -149,6 +163,7 @@ impl Meter {
         match &mut self.state {
             State::Buffered(buffered) => buffered.chunk(data),
             State::Events(events) => events.chunk(data),
+            State::Encoded => {}
         }
     }
 
@@ -166,6 +181,7 @@ impl Meter {
         match self.state {
             State::Buffered(buffered) => buffered.finish(),
             State::Events(events) => events.finish(),
+            State::Encoded => None,
         }
     }
 }
@@ -176,6 +192,8 @@ enum State {
     Buffered(Buffered),
     /// A stream of server-sent events, read event by event.
     Events(Events),
+    /// A compressed body: not read, no cost told.
+    Encoded,
 }
 
 /// What is read from a buffered body.
@@ -480,16 +498,6 @@ fn find(json: &[u8], path: &[Box<str>]) -> Option<Found> {
     Some(found)
 }
 
-/// The cost an integral float is, when it is at most 2^53.
-fn integral(value: f64) -> Option<u64> {
-    if value.fract() == 0.0 && (0.0..=MAX_EXACT_FLOAT).contains(&value) {
-        // exact: integral and within the range where floats are integers
-        Some(value as u64)
-    } else {
-        None
-    }
-}
-
 /// Reads the value at a path of the JSON, skipping everything else
 /// unparsed into values.
 struct At<'p>(&'p [Box<str>]);
@@ -568,16 +576,17 @@ impl<'de> Visitor<'de> for Leaf {
         f.write_str("any JSON value")
     }
 
+    // (the one grammar of a cost: `key/cost.rs`)
     fn visit_u64<E>(self, value: u64) -> Result<Found, E> {
-        Ok(Found::Told(Some(value)))
+        Ok(Found::Told(crate::key::cost::of_u64(value)))
     }
 
     fn visit_i64<E>(self, value: i64) -> Result<Found, E> {
-        Ok(Found::Told(u64::try_from(value).ok()))
+        Ok(Found::Told(crate::key::cost::of_i64(value)))
     }
 
     fn visit_f64<E>(self, value: f64) -> Result<Found, E> {
-        Ok(Found::Told(integral(value)))
+        Ok(Found::Told(crate::key::cost::of_f64(value)))
     }
 
     fn visit_unit<E>(self) -> Result<Found, E> {
@@ -775,10 +784,12 @@ mod tests {
         assert_eq!(json(r#"{"usage":{"total_tokens":null}}"#), None);
         assert_eq!(json(r#"{"usage":{"total_tokens":[12]}}"#), None);
         assert_eq!(json(r#"{"usage":{"total_tokens":{"n":12}}}"#), None);
+        // over 2^53: no cost (the one grammar, `key/cost.rs`)
         assert_eq!(
             json(r#"{"usage":{"total_tokens":18446744073709551615}}"#),
-            Some(u64::MAX)
+            None
         );
+        assert_eq!(json(r#"{"usage":{"total_tokens":9007199254740993}}"#), None);
         assert_eq!(
             json(r#"{"usage":{"total_tokens":18446744073709551616}}"#),
             None
@@ -1027,6 +1038,30 @@ mod tests {
         body.insert(start.len(), b'x');
         let chunks: Vec<&[u8]> = body.chunks(1000).collect();
         assert_eq!(read(&spec, &stream, &chunks), None);
+    }
+
+    #[test]
+    fn a_compressed_body_tells_nothing() {
+        let body = br#"{"usage":{"total_tokens":5}}"#;
+        let mut encoded = head(Some("application/json"), None);
+        for (coding, told) in [
+            ("gzip", None),
+            ("br", None),
+            ("identity", Some(5)),
+            ("Identity", Some(5)),
+            ("identity, gzip", None),
+        ] {
+            encoded
+                .headers
+                .insert(http::header::CONTENT_ENCODING, coding.parse().unwrap());
+            assert_eq!(read(&usage(), &encoded, &[body]), told, "{coding}");
+        }
+        let mut stream = head(Some("text/event-stream"), None);
+        stream
+            .headers
+            .insert(http::header::CONTENT_ENCODING, "gzip".parse().unwrap());
+        let events = b"data: {\"usage\":{\"total_tokens\":5}}\n\n";
+        assert_eq!(read(&usage(), &stream, &[events]), None);
     }
 
     #[test]

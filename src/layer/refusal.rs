@@ -15,7 +15,7 @@ use super::{Config, OnStoreError, Rejection, ResponseBody};
 use crate::{Decision, Error, Limiter};
 
 /// The layer's response for `why`: the custom handler's, else `default`. An
-/// estimate too large is counted here, under its limit
+/// estimate too large or unreadable is counted here, under its limit
 /// ([`Outcome::EstimateTooLarge`](crate::metrics::Outcome::EstimateTooLarge)):
 /// no decision counts it.
 pub(super) fn rejection<B>(
@@ -23,8 +23,14 @@ pub(super) fn rejection<B>(
     why: Rejection<'_>,
     default: impl FnOnce() -> RejectionResponse,
 ) -> Response<ResponseBody<B>> {
-    if let Rejection::EstimateTooLarge { limit, .. } = &why {
-        crate::limit::Name::count(limit, crate::metrics::Outcome::EstimateTooLarge);
+    match &why {
+        Rejection::EstimateTooLarge { limit, .. } => {
+            crate::limit::Name::count(limit, crate::metrics::Outcome::EstimateTooLarge);
+        }
+        Rejection::EstimateUnreadable { limit } => {
+            crate::limit::Name::count(limit, crate::metrics::Outcome::EstimateUnreadable);
+        }
+        _ => {}
     }
     let response = match &config.rejector {
         Some(handler) => handler(&why),

@@ -214,6 +214,16 @@ impl Protocol {
         self.response(StatusCode::BAD_REQUEST, detail, None)
     }
 
+    /// An estimate for `limit` that cannot be read unambiguously: 400, or
+    /// `INVALID_ARGUMENT` (the client must send one that can).
+    pub(crate) fn estimate_unreadable(self, limit: &str) -> Response {
+        let detail = format!(
+            "The request's estimated cost for rate limit {limit} cannot be read: send it once, \
+             as a whole number from 1 to the most one request may take."
+        );
+        self.response(StatusCode::BAD_REQUEST, detail, None)
+    }
+
     /// `status` with an `about:blank` problem saying `detail`, or for a gRPC
     /// call the code corresponding to `status`
     /// ([`crate::grpc::code_of`]) with `retry` as

@@ -7,7 +7,7 @@ use http::response::Parts as ResponseParts;
 
 use super::after::CostAfter;
 use super::MissingKey;
-use crate::key::{KeyExtractor, KeyKind};
+use crate::key::{KeyExtractor, KeyKind, Told};
 use crate::live::Current;
 use crate::{ConfigError, Limit, LimitSource, Quota};
 
@@ -38,7 +38,8 @@ type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync
 ///   [`cost_from_json_body`](Self::cost_from_json_body) and
 ///   [`cost_from_whole_body`](Self::cost_from_whole_body): a cost known only
 ///   from the response, charged after it, or settling an estimate
-///   ([`settle_estimates`](Self::settle_estimates));
+///   ([`settle_estimates`](Self::settle_estimates)); and what a response
+///   that tells none costs ([`cost_if_untold`](Self::cost_if_untold));
 /// - [`tier`](Self::tier) and [`choose_tier`](Self::choose_tier): the quota
 ///   chosen per request (a plan), in the same limit.
 ///
@@ -91,8 +92,8 @@ pub struct Rule {
     /// Settling the cost on arrival as an estimate: the share of the
     /// limit's capacity one request may ask for.
     pub(crate) estimates: Option<f64>,
-    /// What a cost not told (absent, unreadable; for an estimate, 0 too)
-    /// counts as.
+    /// What a cost not told counts as (absent or unreadable; for an
+    /// estimate, absent only).
     pub(crate) fallback: Option<u64>,
     pub(crate) tiers: Vec<(String, Quota)>,
     pub(crate) choose: Option<TierChoice>,
@@ -254,14 +255,34 @@ impl Rule {
                      cost_from_json_body, cost_from_whole_body): the rule reads none"
                 )))
             }
+            Some(_) if self.fallback == Some(0) => {
+                return Err(ConfigError::Layer(format!(
+                    "limit {name:?}: an estimate's fallback is written into the request, \
+                     and 0 is read by some upstreams as no maximum: it must be at least 1"
+                )))
+            }
             Some(share) => Some(Estimates {
                 share,
                 fallback: self.fallback,
             }),
         };
+        if let Some(untold) = self.cost_after.untold {
+            if !self.cost_after.any() {
+                return Err(ConfigError::Layer(format!(
+                    "limit {name:?}: cost_if_untold is charged when the response tells no \
+                     cost, and the rule reads none from it"
+                )));
+            }
+            if untold > current.capacity() {
+                return Err(ConfigError::Layer(format!(
+                    "limit {name:?}: cost_if_untold({untold}) is over the capacity {}",
+                    current.capacity()
+                )));
+            }
+        }
         let fixed = match self.cost {
             Arrival::Fixed(cost) => Some(cost),
-            Arrival::Request(_) => None,
+            _ => None,
         };
         let on_missing = self.on_missing.unwrap_or_else(|| layer_missing.clone());
         check_missing(&on_missing)?;
@@ -354,6 +375,52 @@ pub(crate) enum Arrival {
     Fixed(u64),
     /// Read from the request; `None`: not told.
     Request(RequestCost),
+    /// Read from the request header of this name
+    /// ([`Rule::cost_from_request_header`]).
+    Header(http::HeaderName),
+    /// Read from the top-level field of the JSON body
+    /// ([`Rule::cost_from_json_field`]), warned once when no body was
+    /// read.
+    JsonField {
+        field: Arc<str>,
+        warned: Arc<std::sync::atomic::AtomicBool>,
+    },
+}
+
+impl Arrival {
+    /// What `parts` tells of its cost.
+    fn told(&self, parts: &Parts) -> Told {
+        match self {
+            Arrival::Fixed(cost) => Told::Cost(*cost),
+            Arrival::Request(cost) => cost(parts).map_or(Told::Absent, Told::Cost),
+            Arrival::Header(name) => crate::key::cost::of_header(&parts.headers, name),
+            Arrival::JsonField { field, warned } => crate::key::json_cost(parts, field, warned),
+        }
+    }
+
+    /// Whether `self` and `other` read the same place of a request.
+    fn same_place(&self, other: &Arrival) -> bool {
+        match (self, other) {
+            (Arrival::Header(a), Arrival::Header(b)) => a == b,
+            (Arrival::JsonField { field: a, .. }, Arrival::JsonField { field: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+
+    /// Writes `cost` where the request tells its cost, so that the request
+    /// forwarded says it: the header set, or the field written into the
+    /// JSON body; `false` when it cannot be (a cost from a function of the
+    /// request, a body that is no JSON object).
+    fn tell(&self, parts: &mut Parts, cost: u64) -> bool {
+        match self {
+            Arrival::Header(name) => {
+                parts.headers.insert(name, http::HeaderValue::from(cost));
+                true
+            }
+            Arrival::JsonField { field, .. } => crate::key::write_cost(parts, field, cost),
+            Arrival::Fixed(_) | Arrival::Request(_) => false,
+        }
+    }
 }
 
 /// A rule's cost on arrival taken as an estimate, settled after the
@@ -362,16 +429,23 @@ pub(crate) enum Arrival {
 pub(crate) struct Estimates {
     /// The share of the limit's capacity one request may ask for.
     pub(crate) share: f64,
-    /// What an estimate not told, 0 or unreadable counts as (`None`: the
-    /// most one request may ask for).
+    /// What an estimate not told counts as (`None`: the most one request
+    /// may ask for).
     fallback: Option<u64>,
 }
 
-/// A request's cost to a rule, or the estimate over what one request may
-/// ask for.
+/// A request's cost to a rule, or why the rule refuses it.
 pub(crate) enum Cost {
     Is(u64),
-    TooLarge { estimate: u64, most: u64 },
+    TooLarge {
+        estimate: u64,
+        most: u64,
+    },
+    /// An estimate that cannot be read unambiguously (refused, 400).
+    Unreadable,
+    /// An estimate not told: the fallback, to be written into the request
+    /// ([`CompiledRule::tell`]) once every rule has read its own.
+    Untold(u64),
 }
 
 /// Refuses a missing key answered with a success or informational status.
@@ -487,34 +561,71 @@ impl CompiledRule {
         false
     }
 
-    /// What `parts` costs this rule under `limit` (its tier's, now): an
-    /// estimate not told, 0 or unreadable counts as the fallback (the
-    /// most one request may ask for unless set), and one over that most
-    /// is too large.
+    /// What `parts` costs this rule under `limit` (its tier's, now).
+    ///
+    /// Without estimates, a cost not told or unreadable counts as the
+    /// fallback (1 unless set). With estimates: one over the most one
+    /// request may ask for is too large; one that is unreadable, or 0
+    /// (which some upstreams read as "no maximum"), is refused; one not
+    /// told counts as the fallback (that most unless set), to be written
+    /// into the request where it tells its cost ([`tell`](Self::tell)), so
+    /// that the upstream sees what was charged.
     #[inline]
     pub(crate) fn cost(&self, parts: &Parts, limit: &Limit) -> Cost {
         let told = match &self.cost {
             // (the common case: a fixed cost, no estimate)
             Arrival::Fixed(cost) if self.estimates.is_none() => return Cost::Is(*cost),
-            Arrival::Fixed(cost) => Some(*cost),
-            Arrival::Request(cost) => cost(parts),
+            arrival => arrival.told(parts),
         };
         let Some(estimates) = self.estimates else {
-            return Cost::Is(told.unwrap_or(self.fallback));
+            return Cost::Is(match told {
+                Told::Cost(cost) => cost,
+                Told::Absent | Told::Unreadable => self.fallback,
+            });
         };
         let most = crate::limiter::share_of(limit.capacity(), estimates.share);
+        let fallback = estimates.fallback.unwrap_or(most);
         match told {
-            Some(estimate) if estimate > most => Cost::TooLarge { estimate, most },
-            Some(estimate) if estimate > 0 => Cost::Is(estimate),
-            _ => Cost::Is(estimates.fallback.unwrap_or(most)),
+            Told::Cost(estimate) if estimate > most => Cost::TooLarge { estimate, most },
+            // (a fixed estimate of 0 is the operator's: not told)
+            Told::Cost(0) if matches!(self.cost, Arrival::Fixed(_)) => Cost::Is(fallback),
+            Told::Cost(0) | Told::Unreadable => Cost::Unreadable,
+            Told::Cost(estimate) => Cost::Is(estimate),
+            // a function of the request has nowhere to write it
+            Told::Absent if matches!(self.cost, Arrival::Request(_)) => Cost::Is(fallback),
+            Told::Absent => Cost::Untold(fallback),
         }
+    }
+
+    /// Writes `cost`, charged for an estimate not told, where the request
+    /// tells its estimate (the header set, the field written into the JSON
+    /// body), unless `earlier` (rules that wrote theirs before) wrote that
+    /// place already; `false` when it cannot be written (a body that is no
+    /// JSON object).
+    pub(crate) fn tell<'r>(
+        &self,
+        parts: &mut Parts,
+        cost: u64,
+        mut earlier: impl Iterator<Item = &'r CompiledRule>,
+    ) -> bool {
+        if earlier.any(|rule| rule.cost.same_place(&self.cost)) {
+            return true;
+        }
+        self.cost.tell(parts, cost)
+    }
+
+    /// Whether the rule reads its cost from the response body
+    /// ([`Rule::cost_from_json_body`], [`Rule::cost_from_whole_body`]): the
+    /// body must come as it is sent, not compressed.
+    pub(crate) fn meters_body(&self) -> bool {
+        self.cost_after.meter.is_some()
     }
 
     /// The fixed cost of every request, if it is one.
     pub(crate) fn fixed_cost(&self) -> Option<u64> {
         match self.cost {
             Arrival::Fixed(cost) => Some(cost),
-            Arrival::Request(_) => None,
+            _ => None,
         }
     }
 
