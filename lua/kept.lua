@@ -137,8 +137,8 @@ end
 -- when read: by the first decision of its key after its end, or by the
 -- next read of a mirrored hash (of at most FIELDS_MIRRORED fields), so one
 -- HDEL per ended override, and nothing on the path of one that lasts. The
--- override while it lasts, else the limit's, decides in place of `s.own`
--- when it is of the same algorithm and valid. Returns the spec that
+-- override while it lasts, else the limit's (not for a tier, `s.tier`),
+-- decides in place of `s.own` when it is of the same algorithm and valid. Returns the spec that
 -- decides, and the reply's note of it for limit `i` (nil for its own),
 -- after the note "i=!;" when a kept value in force was ignored.
 local function configured(s, keys, k, i, now)
@@ -168,6 +168,8 @@ local function configured(s, keys, k, i, now)
   if not (quota and quota.id == own.id and quota.ends > now) then
     -- an override in force that cannot decide: not valid, or of another algorithm
     if quota and quota.ends > now then ignored = i .. '=!;' end
+    -- a tier's quota is replaced by its key's override only
+    if s.tier then return own, ignored end
     quota = m.quota
     if not (quota and quota.id == own.id and quota.ends > now) then
       if quota and quota.ends > now then ignored = i .. '=!;' end
