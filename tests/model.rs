@@ -669,9 +669,6 @@ struct Check {
     concurrency: bool,
     /// Of the tier "pro".
     pro: bool,
-    /// The tier's own capacity: what the layer bounds an estimate and a
-    /// charge by (it reads no stored quota before the store decides).
-    own: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -826,6 +823,9 @@ impl Model {
     /// blocked one refuses for its block's time left, nothing counted.
     fn round(&mut self, checks: &[Check], max_wait: i64, dry: bool) -> Round {
         let now = self.now;
+        // (decided again at pauses, a check reads the quotas kept then)
+        let checks: Vec<Check> = checks.iter().map(|c| self.kept_now(c)).collect();
+        let checks = &checks[..];
         let lefts: Vec<Option<i64>> = checks.iter().map(|c| self.blocked(c.id)).collect();
         if lefts.iter().any(Option::is_some) {
             let statuses: Vec<Status> = checks
@@ -1085,7 +1085,6 @@ impl Model {
                     shadow: rule.shadow,
                     concurrency: rule.algo == Algo::Concurrency,
                     pro,
-                    own: cap as i64,
                 }),
                 // a shadow rule never refuses: it takes nothing
                 Err(()) if rule.shadow => {}
@@ -1253,7 +1252,8 @@ impl Model {
                 count(Event::Refunded);
                 let now = self.now;
                 let j = checks.iter().position(|k| k.id == c.id).unwrap_or(0);
-                statuses[j].remaining = self.state(c).remaining(c.q, now, d.at);
+                let q = self.kept_now(c).q;
+                statuses[j].remaining = self.state(c).remaining(q, now, d.at);
             }
         }
         let expect = Expect {
@@ -1296,7 +1296,7 @@ impl Model {
     /// the cost paid charged, what it is under given back (an estimate).
     fn settle(&mut self, (c, at, told, estimate): Settle) {
         if told > c.cost {
-            self.charge(&c, (told - c.cost).min(c.own));
+            self.charge(&c, told - c.cost);
             count(Event::Charged);
         } else if told < c.cost && estimate {
             self.give_back(&c, at, c.cost - told);
@@ -1339,15 +1339,21 @@ impl Model {
         self.state(c).refund(c.q, now, at, cost);
     }
 
+    /// `c` with the quota that decides it now (see `Kept::cap`).
+    fn kept_now(&self, c: &Check) -> Check {
+        let rule = &self.spec.rules[c.id.0];
+        let q = q_of(rule, self.kept.cap(rule, c.id, c.pro, self.now));
+        Check { q, ..*c }
+    }
+
     /// Charges `cost` whatever is left, where a cost of 1 would be granted
-    /// by the quota that decides now.
+    /// by the quota that decides now, at most its capacity.
     fn charge(&mut self, c: &Check, cost: i64) {
         let now = self.now;
-        let rule = &self.spec.rules[c.id.0];
-        let q = q_of(rule, self.kept.cap(rule, c.id, c.pro, now));
+        let q = self.kept_now(c).q;
         let st = self.state(c);
         let at = st.earliest(q, now, 1).unwrap_or(now);
-        st.grant(q, at, cost);
+        st.grant(q, at, cost.min(q.cap));
     }
 
     fn release(&mut self, leases: &[(Check, i64)]) {

@@ -297,3 +297,91 @@ async fn the_layers_admin_blocks_unblocks_resets_and_sets_stored_quotas() {
         );
     }
 }
+
+/// Answers with the response header `x-used` the request's `x-use`.
+fn tells_use(request: Request<String>) -> std::future::Ready<Result<Response<String>, Infallible>> {
+    let mut response = Response::new(String::new());
+    if let Some(used) = request.headers().get("x-use") {
+        response.headers_mut().insert("x-used", used.clone());
+    }
+    std::future::ready(Ok(response))
+}
+
+/// Waits (at most `PATIENT`) until `limiter` has `remaining` left for
+/// `key`: a charge over Redis lands on a task of its own.
+async fn settles_to(limiter: &tower_ratelimit::Limiter, key: &str, remaining: u64, store: &str) {
+    let until = std::time::Instant::now() + PATIENT;
+    loop {
+        let now = limiter.peek(key, 1).await.expect("peek").remaining();
+        if now == remaining {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{store}: {key} has {now} left, not {remaining}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_charge_after_the_response_is_bounded_by_the_quota_that_decides() {
+    let tokens = |n| {
+        Limit::new("tokens", per_hour(n))
+            .expect("limit")
+            .use_stored_quota()
+    };
+    let prefix = unique_prefix("tier-charge");
+    let stores: [(&str, Store); 2] = [
+        ("memory", MemoryStore::new().into()),
+        ("redis", common::redis_store(&prefix).into()),
+    ];
+    for (store, on) in stores {
+        let rule = Rule::new(tokens(10), key())
+            .tier("pro", per_hour(20))
+            .choose_tier(|r| {
+                let pro = r.headers.get("x-plan").is_some_and(|p| p == "pro");
+                pro.then_some("pro")
+            })
+            .cost_from_header(http::HeaderName::from_static("x-used"));
+        let layer = layer(on.clone(), rule);
+        let handler: fn(Request<String>) -> _ = tells_use;
+        let svc = layer.layer(tower::service_fn(handler));
+        let peeks = common::limiter_of(on, &[tokens(10)]);
+        let used = |key: &'static str, plan: &'static str, used: u64| {
+            let request = Request::get("/")
+                .header("x-key", key)
+                .header("x-plan", plan)
+                .header("x-use", used.to_string())
+                .body(String::new())
+                .expect("request");
+            svc.clone().oneshot(request)
+        };
+        // an override of 1000 in the tier "pro" (20): a response that
+        // tells 500 is charged 500, not at most the tier's 20
+        let admin = layer.admin();
+        admin
+            .set_override("tokens", "acme", per_hour(1000), None)
+            .await
+            .expect("override");
+        let response = used("acme", "pro", 500).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK, "{store}");
+        settles_to(&peeks, "acme", 500, store).await;
+        // a stored quota of 1000 in the default tier (10): the same
+        admin
+            .set_stored_quota("tokens", per_hour(1000))
+            .await
+            .expect("stored");
+        let response = used("globex", "free", 300).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK, "{store}");
+        settles_to(&peeks, "globex", 700, store).await;
+        // an override lowered to 3: spent (a charge is at most one quota)
+        admin
+            .set_override("tokens", "initech", per_hour(3), None)
+            .await
+            .expect("override");
+        let response = used("initech", "pro", 500).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK, "{store}");
+        settles_to(&peeks, "initech", 0, store).await;
+    }
+}
