@@ -174,7 +174,11 @@ impl Admin<'_> {
     /// rule counts under its shared key
     /// ([`MissingKey::Shared`](crate::layer::MissingKey::Shared)) are kept
     /// apart from every real key, the one of that name too: neither an
-    /// override nor the stored quota applies to them.
+    /// override nor the stored quota applies to them. A cost charged after
+    /// the response is bounded by the override's capacity; the most one
+    /// estimate may ask ([`Rule::settle_estimates`](crate::layer::Rule::settle_estimates))
+    /// is a share of the tier's own capacity, known before the store is
+    /// asked.
     pub async fn set_override(
         self,
         limit: &str,
