@@ -1252,7 +1252,9 @@ impl Model {
                 count(Event::Refunded);
                 let now = self.now;
                 let j = checks.iter().position(|k| k.id == c.id).unwrap_or(0);
-                let q = self.kept_now(c).q;
+                // (shown against the quota of the decision, made at `at_answer`)
+                let rule = &rules[c.id.0];
+                let q = q_of(rule, self.kept.cap(rule, c.id, c.pro, at_answer));
                 statuses[j].remaining = self.state(c).remaining(q, now, d.at);
             }
         }
@@ -2182,4 +2184,114 @@ fn the_defects_of_layer_level_costs_are_found() {
     })
     .collect::<Vec<_>>();
     assert!(defects.is_empty(), "{}", defects.join("\n"));
+}
+
+/// Cases of stored quotas and overrides the random runs found, kept: an
+/// override that ends while a request waits in delay mode, the request
+/// decided again at pauses (a concurrency limit) or given back after its
+/// wait; a tier's key raised by an override and charged after the
+/// response. On both stores.
+#[test]
+fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
+    let req = |user: usize, team: usize, pro: bool, used: Num| {
+        Step::Req(Req {
+            keys: [Some(user), Some(team)],
+            skip: false,
+            pro,
+            cost: Num::Absent,
+            status: 200,
+            used,
+            fate: Fate::Complete,
+        })
+    };
+    let ends_in_a_second = |rule, key, cap| {
+        Step::Admin(AdminStep {
+            rule,
+            op: AdminOp::Override {
+                key,
+                cap,
+                ttl_ms: Some(1_000),
+            },
+        })
+    };
+    let team = |algo, stored| RuleSpec {
+        key: 1,
+        stored,
+        ..plain(algo, 1)
+    };
+    let decided_again = Case {
+        layer: LayerSpec {
+            rules: vec![
+                plain(Algo::Fixed, 3),
+                plain(Algo::Fixed, 1),
+                team(Algo::Fixed, true),
+                plain(Algo::Concurrency, 1),
+            ],
+            delay_ms: 2_000,
+            refund_all: None,
+        },
+        steps: vec![
+            ends_in_a_second(2, 1, 2),
+            req(2, 0, false, Num::Absent),
+            req(2, 1, false, Num::Absent),
+        ],
+    };
+    let given_back = Case {
+        layer: LayerSpec {
+            rules: vec![
+                team(Algo::Fixed, false),
+                plain(Algo::Fixed, 1),
+                RuleSpec {
+                    refund: Some(RefundOn::Success),
+                    ..team(Algo::Fixed, true)
+                },
+            ],
+            delay_ms: 2_000,
+            refund_all: None,
+        },
+        steps: vec![
+            req(0, 0, false, Num::Absent),
+            ends_in_a_second(2, 2, 2),
+            req(0, 2, false, Num::Absent),
+        ],
+    };
+    let charged = Case {
+        layer: LayerSpec {
+            rules: vec![RuleSpec {
+                pro: Some(2),
+                after: true,
+                stored: true,
+                ..plain(Algo::Log, 1)
+            }],
+            delay_ms: 0,
+            refund_all: None,
+        },
+        steps: vec![
+            Step::Admin(AdminStep {
+                rule: 0,
+                op: AdminOp::Override {
+                    key: 0,
+                    cap: 6,
+                    ttl_ms: None,
+                },
+            }),
+            req(0, 0, true, Num::Value(5)),
+            req(0, 0, true, Num::Absent),
+        ],
+    };
+    for (what, case) in [
+        ("decided again", &decided_again),
+        ("given back", &given_back),
+        ("charged", &charged),
+    ] {
+        memory_case(case).unwrap_or_else(|why| panic!("{what}, memory: {why}"));
+        let redis = Case {
+            layer: LayerSpec {
+                delay_ms: 0,
+                ..case.layer.clone()
+            },
+            ..case.clone()
+        };
+        redis_case(&redis).unwrap_or_else(|why| panic!("{what}, redis: {why}"));
+    }
 }
