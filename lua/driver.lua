@@ -26,8 +26,9 @@
 --            window; p3 0 for the algorithms of two parameters, and a
 --            calendar quota's code, negative, for a window (see `cal` in
 --            common.lua); cost 0 changes nothing), with "c" first for a limit
---            whose quota may be kept in the store: one more key follows
---            its own, the hash of its kept quotas (see `configured`),
+--            whose quota may be kept in the store ("k" for a tier of one,
+--            which only its key's override may replace): one more key
+--            follows its own, the hash of its kept quotas (see `configured`),
 --            and before that "p<refusals>:<within>:<forget>:<block>...;"
 --            for a limit with a penalty: one more key follows all of its
 --            own, its penalty key (see "Penalties" in penalty.lua)
@@ -103,10 +104,12 @@ local function spec(s)
     specs[s] = v
     return v
   end
-  if first == 99 then -- 'c': its quota may be kept in the store
+  -- 'c': its quota may be kept in the store; 'k': a tier's, which only its
+  -- key's override may replace (`Limit::overrides_only`)
+  if first == 99 or first == 107 then
     local own = spec(string.sub(s, 2))
     v = { configured_one, own = own, cfg = true, alg = own.alg, cost = own.cost, h = own.h,
-      cost_text = string.match(s, '%d+$') }
+      cost_text = string.match(s, '%d+$'), tier = first == 107 }
     specs[s] = v
     return v
   end

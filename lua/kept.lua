@@ -47,8 +47,8 @@ local NOT_VALID = { id = 0, ends = 1 / 0 }
 -- wrote, with a fourth parameter 0, is read as today's), maybe followed
 -- by '@' and when it ends, else its algorithm's id (the string's first
 -- byte), when it ends (us, store time; infinity when it does not), its note
--- as limit 1 of a reply, and by cost text the spec that decides with it.
--- Checked once per distinct string.
+-- as limit 1 of a reply, and in `costs` by cost text the spec that decides
+-- with it. Checked once per distinct string.
 local kept, n_kept = {}, 0
 local function kept_quota(q)
   local k = kept[q]
@@ -66,7 +66,7 @@ local function kept_quota(q)
     local f = ints(params)
     if valid_kept(f[1], f[2], f[3], f[4], tonumber(d)) then
       k = { id = string.byte(q, 1), params = params, note = '1=' .. params .. ';', ends = ends,
-        text = q }
+        text = q, costs = {}, n_costs = 0 }
     end
   end
   kept, n_kept = cache_put(kept, n_kept, q, k)
@@ -137,8 +137,8 @@ end
 -- when read: by the first decision of its key after its end, or by the
 -- next read of a mirrored hash (of at most FIELDS_MIRRORED fields), so one
 -- HDEL per ended override, and nothing on the path of one that lasts. The
--- override while it lasts, else the limit's, decides in place of `s.own`
--- when it is of the same algorithm and valid. Returns the spec that
+-- override while it lasts, else the limit's (not for a tier, `s.tier`),
+-- decides in place of `s.own` when it is of the same algorithm and valid. Returns the spec that
 -- decides, and the reply's note of it for limit `i` (nil for its own),
 -- after the note "i=!;" when a kept value in force was ignored.
 local function configured(s, keys, k, i, now)
@@ -168,16 +168,20 @@ local function configured(s, keys, k, i, now)
   if not (quota and quota.id == own.id and quota.ends > now) then
     -- an override in force that cannot decide: not valid, or of another algorithm
     if quota and quota.ends > now then ignored = i .. '=!;' end
+    -- a tier's quota is replaced by its key's override only
+    if s.tier then return own, ignored end
     quota = m.quota
     if not (quota and quota.id == own.id and quota.ends > now) then
       if quota and quota.ends > now then ignored = i .. '=!;' end
       return own, ignored
     end
   end
-  local decides = quota[s.cost_text]
+  -- (the specs by cost, as many as `cache_put` keeps: a cost read from a
+  -- request or a response may take any value)
+  local decides = quota.costs[s.cost_text]
   if not decides then
     decides = spec(quota.params .. s.cost_text)
-    quota[s.cost_text] = decides
+    quota.costs, quota.n_costs = cache_put(quota.costs, quota.n_costs, s.cost_text, decides)
   end
   if i == 1 and not ignored then return decides, quota.note end
   return decides, (ignored or '') .. i .. '=' .. quota.params .. ';'

@@ -192,7 +192,11 @@ local function charge(keys, args, opts)
   for i = 1, #limits do
     local l = limits[i]
     l.alg.prepare(l.st, l.s, now)
-    if l.cost > 0 then l.alg.grant(l.st, l.s, l.alg.earliest(l.st, l.s, now, 1), l.cost) end
+    -- at most the capacity of the quota that decides (s[2]: a stored
+    -- quota's or an override's too): one charge is at most one quota
+    if l.cost > 0 then
+      l.alg.grant(l.st, l.s, l.alg.earliest(l.st, l.s, now, 1), min(l.cost, l.s[2]))
+    end
     l.alg.save(l.st, l.s, now, store_now - opts[OPT_SLACK])
   end
   return ''

@@ -43,6 +43,10 @@ struct Needs {
     /// The algorithm of its tiers, when a rule gives it some (tiers share
     /// the limit's state, so they share its algorithm).
     algorithm: Option<Algorithm>,
+    /// Whether its tiers read their keys' overrides, when a rule gives it
+    /// some: built from the value of the time, they keep it (see
+    /// [`Rule::tier`](crate::layer::Rule::tier)), so every value does.
+    stored: Option<bool>,
 }
 
 #[derive(Debug)]
@@ -148,6 +152,20 @@ impl LiveLimit {
                 capacity: limit.capacity(),
             });
         }
+        if needs
+            .stored
+            .is_some_and(|stored| stored != limit.uses_stored_quota())
+        {
+            return Err(ConfigError::Tiers(format!(
+                "limit {name:?} has tiers, built when it {} a stored quota: it keeps that \
+                 (an override would not apply to them, or apply to them alone)",
+                if limit.uses_stored_quota() {
+                    "used no"
+                } else {
+                    "used"
+                }
+            )));
+        }
         match needs.algorithm {
             Some(algorithm) if algorithm != limit.quota().algorithm() => {
                 Err(ConfigError::Tiers(format!(
@@ -165,22 +183,33 @@ impl LiveLimit {
     }
 
     /// Registers what a layer needs of every value: a fixed `cost` it can
-    /// hold, and, for a rule with tiers, their `algorithm`. Checked against
-    /// the current value first.
+    /// hold, and, for a rule with tiers, their algorithm and whether they
+    /// read their keys' overrides (`tiers`, what they were built with).
+    /// Checked against the current value first.
     pub(crate) fn require(
         &self,
         cost: Option<u64>,
-        algorithm: Option<Algorithm>,
+        tiers: Option<(Algorithm, bool)>,
     ) -> Result<(), ConfigError> {
         let mut needs = self.lock_needs();
+        let algorithm = tiers.map(|t| t.0);
         let wanted = Needs {
             cost: needs.cost.max(cost.unwrap_or(0)),
             algorithm: algorithm.or(needs.algorithm),
+            stored: tiers.map(|t| t.1).or(needs.stored),
         };
         if let (Some(a), Some(b)) = (algorithm, needs.algorithm) {
             if a != b {
                 return Err(ConfigError::Tiers(format!(
                     "limit {:?} has tiers of the {a} and of the {b} algorithm",
+                    self.name()
+                )));
+            }
+        }
+        if let (Some((_, a)), Some(b)) = (tiers, needs.stored) {
+            if a != b {
+                return Err(ConfigError::Tiers(format!(
+                    "limit {:?} has tiers that read overrides and tiers that do not",
                     self.name()
                 )));
             }
@@ -414,7 +443,7 @@ mod tests {
             live.set(limit("b", 10)),
             Err(ConfigError::Live(_))
         ));
-        live.require(Some(5), Some(Algorithm::SlidingLog))
+        live.require(Some(5), Some((Algorithm::SlidingLog, false)))
             .expect("10 holds 5");
         assert!(matches!(
             live.set(limit("a", 4)),

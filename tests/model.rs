@@ -11,11 +11,15 @@
 //! on arrival, fixed, from a request header (with a fallback) or an
 //! estimate settled after the response; shadow mode; an exemption; a
 //! second tier; a refund predicate on the status; a cost told by a
-//! response header or by the JSON body's `usage`; a penalty), optionally
-//! delay mode and a layer-wide refund predicate, and a few steps of traffic
-//! (requests with their keys, costs (0, absent, garbage, negative
-//! included), statuses and usage, some dropped before their response, some
-//! with their body held; waits; releases of held bodies).
+//! response header or by the JSON body's `usage`; a penalty; a stored
+//! quota), optionally delay mode and a layer-wide refund predicate, and a
+//! few steps of traffic (requests with their keys, costs (0, absent,
+//! garbage, negative included), statuses and usage, some dropped before
+//! their response, some with their body held; waits; releases of held
+//! bodies; admin steps through `RateLimitLayer::admin`: a rule's stored
+//! quota set or removed, a key's override set, for a while or for good,
+//! or removed, each answered as the model says, a rule without a stored
+//! quota refusing them).
 //! Every response is compared with the model (status, `Retry-After`, the
 //! `RateLimit` field's remaining amounts), and after every step what every
 //! limit has left for every key (`Limiter::peek` through a limiter of the
@@ -33,8 +37,9 @@
 //!
 //! Not drawn: GCRA and sliding windows, tiers of token buckets (a full
 //! bucket is forgotten and read again as full by any tier), tiers of
-//! another window, layer-wide exemptions and deny-lists, store failures,
-//! live limits, hot keys.
+//! another window, stored quotas of token buckets (the same reason) and of
+//! concurrency limits, layer-wide exemptions and deny-lists, store
+//! failures, live limits, hot keys.
 //!
 //! Case counts: `MODEL_CASES` (default 2000) memory cases, and
 //! `MODEL_REDIS_CASES` (default 200) Redis cases. A longer run:
@@ -70,7 +75,9 @@ use tokio::sync::Notify;
 use tower::{Layer, ServiceExt};
 use tower_ratelimit::key::Header;
 use tower_ratelimit::layer::{MissingKey, RateLimitLayer, RateLimitLayerBuilder, Rule};
-use tower_ratelimit::{Limit, Limiter, ManualClock, MemoryStore, Penalty, Quota, Store};
+use tower_ratelimit::{
+    ConfigError, Error, Limit, Limiter, ManualClock, MemoryStore, Penalty, Quota, Store,
+};
 
 const T0: i64 = 1_800_000_000_000_000;
 const MS: i64 = 1_000;
@@ -159,6 +166,9 @@ struct RuleSpec {
     cost: CostSpec,
     /// (refusals, within ms, blocks ms)
     penalty: Option<(u32, i64, [i64; 2])>,
+    /// `Limit::use_stored_quota`: admin steps set its stored quota (the
+    /// default tier's) and its keys' overrides (in every tier).
+    stored: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -224,6 +234,32 @@ enum Step {
     Wait(i64),
     /// Drops the oldest held body.
     Release,
+    /// Through the layer's admin handle, between requests.
+    Admin(AdminStep),
+}
+
+/// A change of a rule's stored quota or of a key's override, made through
+/// `RateLimitLayer::admin`: rule `rule` modulo the layer's rules.
+#[derive(Debug, Clone, Copy)]
+struct AdminStep {
+    rule: usize,
+    op: AdminOp,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum AdminOp {
+    /// `set_override(key, cap)`, for `ttl_ms` when given.
+    Override {
+        key: usize,
+        cap: u64,
+        ttl_ms: Option<i64>,
+    },
+    /// `remove_override(key)`: whether one was in force.
+    Unoverride { key: usize },
+    /// `set_stored_quota(cap)`.
+    Stored { cap: u64 },
+    /// `remove_stored_quota()`: whether there was one.
+    Unstored,
 }
 
 #[derive(Debug, Clone)]
@@ -326,9 +362,13 @@ enum Event {
     Charged,
     SurplusBack,
     Released,
+    /// A stored quota or an override changed by an admin step.
+    AdminChange,
+    /// A check decided by an override or a stored quota.
+    KeptDecides,
 }
 
-static EVENTS: [AtomicUsize; 13] = [const { AtomicUsize::new(0) }; 13];
+static EVENTS: [AtomicUsize; 15] = [const { AtomicUsize::new(0) }; 15];
 
 fn count(event: Event) {
     EVENTS[event as usize].fetch_add(1, Ordering::Relaxed);
@@ -351,6 +391,8 @@ fn print_events() {
             Charged,
             SurplusBack,
             Released,
+            AdminChange,
+            KeptDecides,
         ];
         for e in all {
             eprintln!("{e:?}: {}", EVENTS[e as usize].load(Ordering::Relaxed));
@@ -619,10 +661,14 @@ type Id = (usize, Option<usize>);
 #[derive(Debug, Clone, Copy)]
 struct Check {
     id: Id,
+    /// The quota that decides (a key's override, the stored quota, the
+    /// tier's own), when the check is made.
     q: Q,
     cost: i64,
     shadow: bool,
     concurrency: bool,
+    /// Of the tier "pro".
+    pro: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -693,6 +739,7 @@ struct Model {
     states: HashMap<Id, St>,
     pens: HashMap<Id, Pen>,
     held: Vec<Holding>,
+    kept: Kept,
 }
 
 /// The quota of `rule` at capacity `cap` (a tier's, or its own).
@@ -747,6 +794,7 @@ impl Model {
             states: HashMap::new(),
             pens: HashMap::new(),
             held: Vec::new(),
+            kept: Kept::default(),
         }
     }
 
@@ -775,6 +823,9 @@ impl Model {
     /// blocked one refuses for its block's time left, nothing counted.
     fn round(&mut self, checks: &[Check], max_wait: i64, dry: bool) -> Round {
         let now = self.now;
+        // (decided again at pauses, a check reads the quotas kept then)
+        let checks: Vec<Check> = checks.iter().map(|c| self.kept_now(c)).collect();
+        let checks = &checks[..];
         let lefts: Vec<Option<i64>> = checks.iter().map(|c| self.blocked(c.id)).collect();
         if lefts.iter().any(Option::is_some) {
             let statuses: Vec<Status> = checks
@@ -1008,11 +1059,11 @@ impl Model {
             if rule.skip && req.skip {
                 continue;
             }
+            let pro = rule.pro.is_some() && req.pro;
             let cap = match (rule.pro, req.pro) {
                 (Some(pro), true) => pro,
                 _ => rule.cap,
             };
-            let q = q_of(rule, cap);
             let key = match (req.keys[rule.key], rule.missing) {
                 (Some(k), _) => Some(k),
                 (None, Missing::Skip) => continue,
@@ -1020,6 +1071,11 @@ impl Model {
                 (None, Missing::Reject400) => return Err(400),
                 (None, Missing::Reject401) => return Err(401),
             };
+            let decides = self.kept.cap(rule, (i, key), pro, self.now);
+            if decides != cap {
+                count(Event::KeptDecides);
+            }
+            let q = q_of(rule, decides);
             // rule by rule: its key, then its cost
             match self.cost(rule, cap, req) {
                 Ok(cost) => chosen.push(Check {
@@ -1028,6 +1084,7 @@ impl Model {
                     cost,
                     shadow: rule.shadow,
                     concurrency: rule.algo == Algo::Concurrency,
+                    pro,
                 }),
                 // a shadow rule never refuses: it takes nothing
                 Err(()) if rule.shadow => {}
@@ -1197,7 +1254,10 @@ impl Model {
                 count(Event::Refunded);
                 let now = self.now;
                 let j = checks.iter().position(|k| k.id == c.id).unwrap_or(0);
-                statuses[j].remaining = self.state(c).remaining(c.q, now, d.at);
+                // (shown against the quota of the decision, made at `at_answer`)
+                let rule = &rules[c.id.0];
+                let q = q_of(rule, self.kept.cap(rule, c.id, c.pro, at_answer));
+                statuses[j].remaining = self.state(c).remaining(q, now, d.at);
             }
         }
         let expect = Expect {
@@ -1240,7 +1300,7 @@ impl Model {
     /// the cost paid charged, what it is under given back (an estimate).
     fn settle(&mut self, (c, at, told, estimate): Settle) {
         if told > c.cost {
-            self.charge(&c, (told - c.cost).min(c.q.cap));
+            self.charge(&c, told - c.cost);
             count(Event::Charged);
         } else if told < c.cost && estimate {
             self.give_back(&c, at, c.cost - told);
@@ -1283,12 +1343,21 @@ impl Model {
         self.state(c).refund(c.q, now, at, cost);
     }
 
-    /// Charges `cost` whatever is left, where a cost of 1 would be granted.
+    /// `c` with the quota that decides it now (see `Kept::cap`).
+    fn kept_now(&self, c: &Check) -> Check {
+        let rule = &self.spec.rules[c.id.0];
+        let q = q_of(rule, self.kept.cap(rule, c.id, c.pro, self.now));
+        Check { q, ..*c }
+    }
+
+    /// Charges `cost` whatever is left, where a cost of 1 would be granted
+    /// by the quota that decides now, at most its capacity.
     fn charge(&mut self, c: &Check, cost: i64) {
         let now = self.now;
+        let q = self.kept_now(c).q;
         let st = self.state(c);
-        let at = st.earliest(c.q, now, 1).unwrap_or(now);
-        st.grant(c.q, at, cost);
+        let at = st.earliest(q, now, 1).unwrap_or(now);
+        st.grant(q, at, cost.min(q.cap));
     }
 
     fn release(&mut self, leases: &[(Check, i64)]) {
@@ -1312,8 +1381,8 @@ impl Model {
     /// What rule `i`'s default tier has left for `key` now (a peek).
     fn left(&mut self, i: usize, key: usize) -> i64 {
         let rule = &self.spec.rules[i];
-        let q = q_of(rule, rule.cap);
         let id = (i, Some(key));
+        let q = q_of(rule, self.kept.cap(rule, id, false, self.now));
         if self.blocked(id).is_some() {
             return 0;
         }
@@ -1325,6 +1394,106 @@ impl Model {
                 st.remaining(q, now, now)
             }
         }
+    }
+}
+
+// ------------------------------------- stored quotas and overrides
+
+/// The quotas kept in the store (`Limit::use_stored_quota`) as the model
+/// sees them: a rule's stored quota, and a key's override of a rule with
+/// the store time it ends, if it does.
+#[derive(Debug, Default)]
+struct Kept {
+    stored: HashMap<usize, u64>,
+    overrides: HashMap<(usize, usize), (u64, Option<i64>)>,
+}
+
+impl Kept {
+    /// The capacity that decides `id` of rule `rule` (in its tier "pro"
+    /// when `pro`) at `now` (`Rule::tier`, `Admin::set_override`): the
+    /// key's override, whatever the tier; else, in the default tier, the
+    /// rule's stored quota; else the tier's own. A keyless request's
+    /// shared key (`MissingKey::Shared`) is kept apart from every key: the
+    /// tier's own.
+    fn cap(&self, rule: &RuleSpec, (i, key): Id, pro: bool, now: i64) -> u64 {
+        let own = match (rule.pro, pro) {
+            (Some(cap), true) => cap,
+            _ => rule.cap,
+        };
+        let Some(key) = key.filter(|_| rule.stored) else {
+            return own;
+        };
+        if let Some(cap) = self.lasting(i, key, now) {
+            return cap;
+        }
+        match pro {
+            true => own,
+            false => self.stored.get(&i).copied().unwrap_or(own),
+        }
+    }
+
+    /// Rule `i`'s override of `key` while it lasts at `now`.
+    fn lasting(&self, i: usize, key: usize, now: i64) -> Option<u64> {
+        let (cap, until) = self.overrides.get(&(i, key))?;
+        until.is_none_or(|until| until > now).then_some(*cap)
+    }
+
+    /// Applies `op` to rule `i` at `now`: what the admin call answers,
+    /// `Err` for a rule without a stored quota (nothing changed), else
+    /// whether a removal found one in force (a set: `true`).
+    fn apply(&mut self, i: usize, rule: &RuleSpec, op: AdminOp, now: i64) -> Result<bool, ()> {
+        if !rule.stored {
+            return Err(());
+        }
+        count(Event::AdminChange);
+        Ok(match op {
+            AdminOp::Override { key, cap, ttl_ms } => {
+                let until = ttl_ms.map(|ms| now + ms * MS);
+                self.overrides.insert((i, key), (cap, until));
+                true
+            }
+            AdminOp::Unoverride { key } => {
+                let lasting = self.lasting(i, key, now).is_some();
+                self.overrides.remove(&(i, key));
+                lasting
+            }
+            AdminOp::Stored { cap } => {
+                self.stored.insert(i, cap);
+                true
+            }
+            AdminOp::Unstored => self.stored.remove(&i).is_some(),
+        })
+    }
+}
+
+/// `op` on rule `i` through the layer's admin handle: its answer, `Err(())`
+/// for the refusal of a rule without a stored quota.
+async fn admin(
+    layer: &RateLimitLayer,
+    i: usize,
+    rule: &RuleSpec,
+    op: AdminOp,
+) -> Result<Result<bool, ()>, String> {
+    let admin = layer.admin();
+    let name = format!("r{i}");
+    let answer = match op {
+        AdminOp::Override { key, cap, ttl_ms } => {
+            let ttl = ttl_ms.map(|ms| Duration::from_millis(ms as u64));
+            let quota = quota(rule, cap);
+            let set = admin.set_override(&name, KEYS[key], quota, ttl).await;
+            set.map(|()| true)
+        }
+        AdminOp::Unoverride { key } => admin.remove_override(&name, KEYS[key]).await,
+        AdminOp::Stored { cap } => {
+            let set = admin.set_stored_quota(&name, quota(rule, cap)).await;
+            set.map(|()| true)
+        }
+        AdminOp::Unstored => admin.remove_stored_quota(&name).await,
+    };
+    match answer {
+        Ok(done) => Ok(Ok(done)),
+        Err(Error::Config(ConfigError::StoredQuota(_))) => Ok(Err(())),
+        Err(e) => Err(format!("{op:?} on r{i} failed: {e}")),
     }
 }
 
@@ -1386,6 +1555,10 @@ fn limits(i: usize, rule: &RuleSpec) -> (Limit, Limit) {
         _ => Limit::new(name, quota(rule, rule.cap)),
     }
     .expect("limit");
+    let base = match rule.stored {
+        true => base.use_stored_quota(),
+        false => base,
+    };
     let base = match rule.penalty {
         Some((refusals, within, blocks)) => {
             let ms = |n: i64| Duration::from_millis(n as u64);
@@ -1567,6 +1740,17 @@ async fn run(
                 }
                 model.release_oldest();
             }
+            Step::Admin(step) => {
+                let i = step.rule % spec.rules.len();
+                let rule = &spec.rules[i];
+                let expect = model.kept.apply(i, rule, step.op, model.now);
+                let got = admin(&layer, i, rule, step.op).await?;
+                if got != expect {
+                    return Err(format!(
+                        "step {n} {step:?}: the admin answered {got:?}, the model {expect:?}"
+                    ));
+                }
+            }
             Step::Req(req) => {
                 let expect = model.request(req);
                 let reached = Arc::new(Notify::new());
@@ -1729,7 +1913,7 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
             prop_oneof![Just(0.25f64), Just(0.5), Just(1.0)],
             proptest::option::of(1u64..=3),
         ),
-        penalty,
+        (penalty, proptest::bool::weighted(0.4)),
     )
         .prop_map(
             |(
@@ -1737,7 +1921,7 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
                 (pro, key, missing),
                 (shadow, skip, refund),
                 (after, body, c, share, fallback),
-                penalty,
+                (penalty, stored),
             )| {
                 let concurrency = algo == Algo::Concurrency;
                 // (no tiers of buckets: a full bucket is forgotten, and read
@@ -1776,6 +1960,8 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
                     body: body && after,
                     cost,
                     penalty,
+                    // (not of buckets, as tiers; not of concurrency limits)
+                    stored: stored && matches!(algo, Algo::Fixed | Algo::Log),
                 }
             },
         )
@@ -1823,11 +2009,24 @@ fn req() -> impl Strategy<Value = Req> {
         })
 }
 
+fn admin_step() -> impl Strategy<Value = AdminStep> {
+    let ttl = prop_oneof![2 => Just(None), 1 => Just(Some(1_000i64)), 1 => Just(Some(3_000))];
+    let op = prop_oneof![
+        4 => (0usize..3, 1u64..=6, ttl)
+            .prop_map(|(key, cap, ttl_ms)| AdminOp::Override { key, cap, ttl_ms }),
+        1 => (0usize..3).prop_map(|key| AdminOp::Unoverride { key }),
+        2 => (1u64..=6).prop_map(|cap| AdminOp::Stored { cap }),
+        1 => Just(AdminOp::Unstored),
+    ];
+    (0usize..4, op).prop_map(|(rule, op)| AdminStep { rule, op })
+}
+
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         7 => req().prop_map(Step::Req),
         2 => prop_oneof![Just(100i64), Just(400), Just(1_000), Just(2_500)].prop_map(Step::Wait),
         1 => Just(Step::Release),
+        1 => admin_step().prop_map(Step::Admin),
     ]
 }
 
@@ -1894,6 +2093,7 @@ fn plain(algo: Algo, cap: u64) -> RuleSpec {
         body: false,
         cost: CostSpec::Fixed(1),
         penalty: None,
+        stored: false,
     }
 }
 
@@ -2490,5 +2690,115 @@ proptest! {
         if RUN.fetch_add(1, Ordering::Relaxed) + 1 == cases("MODEL_FLOOD_CASES", 300) as usize {
             penalty_flood::print_found();
         }
+    }
+}
+
+/// Cases of stored quotas and overrides the random runs found, kept: an
+/// override that ends while a request waits in delay mode, the request
+/// decided again at pauses (a concurrency limit) or given back after its
+/// wait; a tier's key raised by an override and charged after the
+/// response. On both stores.
+#[test]
+fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
+    let req = |user: usize, team: usize, pro: bool, used: Num| {
+        Step::Req(Req {
+            keys: [Some(user), Some(team)],
+            skip: false,
+            pro,
+            cost: Num::Absent,
+            status: 200,
+            used,
+            fate: Fate::Complete,
+        })
+    };
+    let ends_in_a_second = |rule, key, cap| {
+        Step::Admin(AdminStep {
+            rule,
+            op: AdminOp::Override {
+                key,
+                cap,
+                ttl_ms: Some(1_000),
+            },
+        })
+    };
+    let team = |algo, stored| RuleSpec {
+        key: 1,
+        stored,
+        ..plain(algo, 1)
+    };
+    let decided_again = Case {
+        layer: LayerSpec {
+            rules: vec![
+                plain(Algo::Fixed, 3),
+                plain(Algo::Fixed, 1),
+                team(Algo::Fixed, true),
+                plain(Algo::Concurrency, 1),
+            ],
+            delay_ms: 2_000,
+            refund_all: None,
+        },
+        steps: vec![
+            ends_in_a_second(2, 1, 2),
+            req(2, 0, false, Num::Absent),
+            req(2, 1, false, Num::Absent),
+        ],
+    };
+    let given_back = Case {
+        layer: LayerSpec {
+            rules: vec![
+                team(Algo::Fixed, false),
+                plain(Algo::Fixed, 1),
+                RuleSpec {
+                    refund: Some(RefundOn::Success),
+                    ..team(Algo::Fixed, true)
+                },
+            ],
+            delay_ms: 2_000,
+            refund_all: None,
+        },
+        steps: vec![
+            req(0, 0, false, Num::Absent),
+            ends_in_a_second(2, 2, 2),
+            req(0, 2, false, Num::Absent),
+        ],
+    };
+    let charged = Case {
+        layer: LayerSpec {
+            rules: vec![RuleSpec {
+                pro: Some(2),
+                after: true,
+                stored: true,
+                ..plain(Algo::Log, 1)
+            }],
+            delay_ms: 0,
+            refund_all: None,
+        },
+        steps: vec![
+            Step::Admin(AdminStep {
+                rule: 0,
+                op: AdminOp::Override {
+                    key: 0,
+                    cap: 6,
+                    ttl_ms: None,
+                },
+            }),
+            req(0, 0, true, Num::Value(5)),
+            req(0, 0, true, Num::Absent),
+        ],
+    };
+    for (what, case) in [
+        ("decided again", &decided_again),
+        ("given back", &given_back),
+        ("charged", &charged),
+    ] {
+        memory_case(case).unwrap_or_else(|why| panic!("{what}, memory: {why}"));
+        let redis = Case {
+            layer: LayerSpec {
+                delay_ms: 0,
+                ..case.layer.clone()
+            },
+            ..case.clone()
+        };
+        redis_case(&redis).unwrap_or_else(|why| panic!("{what}, redis: {why}"));
     }
 }

@@ -72,11 +72,13 @@ pub(crate) fn decide(ops: &mut [Operand<'_>], now: i64, max_wait: i64, dry: bool
 /// Charges each limit its cost whatever is left, where a cost of 1 would be
 /// granted (now, or the earliest time a spent limit allows one): the mirror
 /// of `charge` (op 4) in `lua/limits.lua`. A limit may end in debt, and
-/// refuses until it is paid back.
+/// refuses until it is paid back. Each is charged at most the capacity of
+/// the quota that decides it (a stored quota or an override, else its
+/// own): one charge is never more than one full quota.
 pub(crate) fn charge(ops: &mut [Operand<'_>], now: i64) {
     for op in ops.iter_mut().filter(|op| op.cost > 0) {
         let at = op.state.earliest(op.p, now, 1).unwrap_or(now);
-        op.state.grant(op.p, at, op.cost);
+        op.state.grant(op.p, at, op.cost.min(op.p.capacity()));
     }
 }
 

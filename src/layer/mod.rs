@@ -369,6 +369,55 @@ impl RateLimitLayer {
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder::new()
     }
+
+    /// The operator's handle on this layer's limits, over its store: the
+    /// same [`Admin`](crate::Admin) a [`Limiter`] lends, bound to every
+    /// rule's limit (a rule's [tiers](Rule::tier) share its name, so they
+    /// are reached through it). Stored quotas and overrides
+    /// ([`Limit::use_stored_quota`](crate::Limit::use_stored_quota)),
+    /// [`reset`](crate::Admin::reset) of a key in every limit, penalties
+    /// (block, unblock, inspect): no second [`Limiter`] repeating the
+    /// layer's limits. An unblock or a reset drops the denials this layer
+    /// cached for the key. A change is made in the store, shared by every
+    /// instance; during an outage a
+    /// [`FallbackToMemory`](OnStoreError::FallbackToMemory) decides with
+    /// the limits' own quotas.
+    ///
+    /// ```
+    /// use http::{Request, StatusCode};
+    /// use tower::{Layer, ServiceExt};
+    /// use tower_ratelimit::key::Header;
+    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
+    /// use tower_ratelimit::{Limit, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let reports = Limit::new("reports", Quota::per_hour(1).fixed_window())?.use_stored_quota();
+    /// let rule = Rule::new(reports, Header::new(http::HeaderName::from_static("x-api-key")))
+    ///     .tier("pro", Quota::per_hour(2).fixed_window())
+    ///     .choose_tier(|r| r.headers.get("x-plan").is_some_and(|p| p == "pro").then_some("pro"));
+    /// let layer = RateLimitLayer::builder().rule(rule).build()?;
+    /// let app = layer.layer(tower::service_fn(|_: Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// }));
+    /// let call = |plan: &'static str| {
+    ///     let request = Request::get("/").header("x-api-key", "acme").header("x-plan", plan);
+    ///     app.clone().oneshot(request.body(String::new()).unwrap())
+    /// };
+    /// assert_eq!(call("pro").await?.status(), StatusCode::OK);
+    /// assert_eq!(call("pro").await?.status(), StatusCode::OK);
+    /// assert_eq!(call("pro").await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    ///
+    /// // support raises acme's quota: in force in its tier too, at once
+    /// let admin = layer.admin();
+    /// admin.set_override("reports", "acme", Quota::per_hour(5).fixed_window(), None).await?;
+    /// assert_eq!(call("pro").await?.status(), StatusCode::OK);
+    /// admin.reset("acme").await?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn admin(&self) -> crate::Admin<'_> {
+        self.config.limiter.admin()
+    }
 }
 
 impl<S> tower_layer::Layer<S> for RateLimitLayer {

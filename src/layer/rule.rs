@@ -184,6 +184,17 @@ impl Rule {
     /// ([`ConfigError::Tiers`] when the layer is built otherwise, or when a
     /// [live](crate::LiveLimit) limit is set to another). A tier's quota is
     /// fixed; its shadow mode is the limit's when the layer is built.
+    ///
+    /// When the limit [uses a stored quota](Limit::use_stored_quota), a
+    /// key's override ([`Admin::set_override`](crate::Admin::set_override))
+    /// decides that key's requests in every tier: an override is about the
+    /// customer, so it wins over the plan. The limit's stored quota
+    /// ([`Admin::set_stored_quota`](crate::Admin::set_stored_quota)) is the
+    /// default tier's: the other tiers keep their own quotas. Both are read
+    /// in the decision's own round trip, as for a limit without tiers. (A
+    /// live limit with tiers keeps whether it uses a stored quota:
+    /// [`ConfigError::Tiers`] for a value that changes it.) The layer's
+    /// handle on them is [`RateLimitLayer::admin`](super::RateLimitLayer::admin).
     pub fn tier(mut self, tier: impl Into<String>, quota: Quota) -> Self {
         self.tiers.push((tier.into(), quota));
         self
@@ -342,11 +353,17 @@ impl Rule {
             if let Some(penalty) = current.penalty() {
                 limit = limit.with_penalty(penalty.clone());
             }
+            // a key's override applies whatever the tier; the limit's
+            // stored quota is the default tier's
+            if current.uses_stored_quota() {
+                limit = limit.overrides_only();
+            }
             tiers.push(Tier::new(Some(tier), limit.into(), keyless));
         }
         if let Some(live) = self.limit.live() {
-            let algorithm = (!tiers.is_empty()).then(|| current.quota().algorithm());
-            live.require(fixed, algorithm)?;
+            let algorithm = current.quota().algorithm();
+            let tiered = (!tiers.is_empty()).then(|| (algorithm, current.uses_stored_quota()));
+            live.require(fixed, tiered)?;
         }
         let default = Tier::new(None, self.limit, keyless);
         Ok(CompiledRule {

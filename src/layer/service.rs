@@ -61,6 +61,12 @@ impl<S> RateLimit<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
+
+    /// The operator's handle on the limits of its layer, as
+    /// [`RateLimitLayer::admin`](super::RateLimitLayer::admin) gives it.
+    pub fn admin(&self) -> crate::Admin<'_> {
+        self.config.limiter.admin()
+    }
 }
 
 /// Readies `inner` and calls it: readiness is taken only once the request

@@ -48,6 +48,10 @@ pub struct Limit {
     /// Whether a stored quota (or a key's override) decides in place of
     /// `quota` (see [`Limit::use_stored_quota`]).
     stored_quota: bool,
+    /// With `stored_quota`: a tier of a layer's rule (`Rule::tier`), which
+    /// its key's override decides, never the limit's stored quota (that is
+    /// the default tier's).
+    overrides_only: bool,
     /// A concurrency limit: its grants are leases, given back when the
     /// work ends (see [`Limit::concurrency`]).
     leases: bool,
@@ -89,6 +93,7 @@ impl Limit {
             penalty: None,
             shadow: false,
             stored_quota: false,
+            overrides_only: false,
             leases: false,
             max_hold: None,
             hot: None,

@@ -313,6 +313,22 @@ impl Limit {
         self.stored_quota
     }
 
+    /// This limit as a tier of a layer's rule whose limit uses a stored
+    /// quota ([`Rule::tier`](crate::layer::Rule::tier)): a key's override
+    /// decides in place of its quota, the limit's stored quota never (it is
+    /// the default tier's).
+    pub(crate) fn overrides_only(mut self) -> Self {
+        self.stored_quota = true;
+        self.overrides_only = true;
+        self
+    }
+
+    /// Whether only a key's override may decide in place of the quota, not
+    /// the limit's stored quota (see [`overrides_only`](Self::overrides_only)).
+    pub(crate) fn is_overrides_only(&self) -> bool {
+        self.overrides_only
+    }
+
     /// Whether the limit is in [shadow mode](Self::shadow).
     pub fn is_shadow(&self) -> bool {
         self.shadow

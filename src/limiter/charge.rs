@@ -16,8 +16,10 @@ impl Limiter {
     /// completion, the bytes served, the rows exported). The charge is
     /// granted whatever is left, so a limit may end in debt: it refuses the
     /// key until the debt is paid back by time, as its algorithm returns
-    /// capacity. Each limit is charged at most its capacity per call (a
-    /// charge is never more than one full quota), so one charge refuses a
+    /// capacity. Each limit is charged at most its capacity per call (the
+    /// capacity of the quota that decides it: a
+    /// [stored quota](crate::Limit::use_stored_quota) or a key's override
+    /// too; a charge is never more than one full quota), so one charge refuses a
     /// key for at most one more [policy window](crate::Limit::policy_window).
     ///
     /// A charge that fails is tried again, with pauses of 5 ms, 10 ms, ...,
@@ -59,15 +61,20 @@ impl Limiter {
         self.charge_charged(&charged).await
     }
 
-    /// Charges each of `charged` its cost (at most its limit's capacity),
+    /// Charges each of `charged` its cost (at most the capacity of the
+    /// quota that decides it),
     /// tried again while the timeout lasts (see [`charge`](Self::charge)).
     pub(crate) async fn charge_charged(&self, charged: &[ChargedTo]) -> Result<(), Error> {
+        // (the store charges at most the capacity of the quota that
+        // decides: a stored quota's or an override's, unknown here)
+        let most = |limit: &crate::Limit| match limit.uses_stored_quota() {
+            true => crate::algorithm::EXACT - 1,
+            false => i64::try_from(limit.capacity()).unwrap_or(i64::MAX),
+        };
         let checks: Vec<Check<'_>> = charged
             .iter()
             .map(|c| Check {
-                cost: c
-                    .cost
-                    .min(i64::try_from(c.limit.capacity()).unwrap_or(i64::MAX)),
+                cost: c.cost.min(most(&c.limit)),
                 ..Self::check_of(c)
             })
             .filter(|check| check.cost > 0)

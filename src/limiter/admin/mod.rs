@@ -10,7 +10,10 @@
 //! operation names the limit it acts on.
 //!
 //! The handle borrows the limiter (nothing is cloned to make it); keep a
-//! [`Limiter`] (cheap to clone) where an admin endpoint needs one.
+//! [`Limiter`] (cheap to clone) where an admin endpoint needs one, or the
+//! [`RateLimitLayer`](crate::layer::RateLimitLayer), whose
+//! [`admin`](crate::layer::RateLimitLayer::admin) is the same handle on
+//! the layer's limits.
 
 mod penalties;
 mod stored;
@@ -19,7 +22,9 @@ pub use self::penalties::Inspection;
 use super::Limiter;
 
 /// The operator's handle on a [`Limiter`]: stored quotas, overrides,
-/// penalties; from [`Limiter::admin`].
+/// penalties, reset; from [`Limiter::admin`], or for a layer's limits
+/// (every rule's, tiers included) from
+/// [`RateLimitLayer::admin`](crate::layer::RateLimitLayer::admin).
 ///
 /// ```
 /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota};
@@ -36,4 +41,12 @@ use super::Limiter;
 #[derive(Debug, Clone, Copy)]
 pub struct Admin<'a> {
     pub(in crate::limiter) limiter: &'a Limiter,
+}
+
+impl Admin<'_> {
+    /// Forgets `key`'s state in every limit of the limiter (or layer):
+    /// [`Limiter::reset`]. Its overrides stay.
+    pub async fn reset(self, key: impl AsRef<[u8]>) -> Result<(), crate::Error> {
+        self.limiter.reset(key).await
+    }
 }

@@ -132,6 +132,10 @@ impl Admin<'_> {
     /// of the limit's algorithm ([`Error::Config`] otherwise). State carries
     /// over as in a rolling deploy.
     ///
+    /// In a layer's rule with [tiers](crate::layer::Rule::tier) it is the
+    /// default tier's quota: requests of another tier keep their tier's
+    /// (a key's [override](Self::set_override) applies in every tier).
+    ///
     /// On a cluster the quota is copied to every slot, one write per slot,
     /// so that each decision reads it in its own slot; a change that fails
     /// part way (an error) may leave slots with the old quota: set it
@@ -163,6 +167,18 @@ impl Admin<'_> {
     /// next decision. Same conditions as
     /// [`set_stored_quota`](Self::set_stored_quota). Kept beside the key's
     /// state (one slot on a cluster); [`reset`](crate::Limiter::reset) leaves it.
+    ///
+    /// In a layer's rule with [tiers](crate::layer::Rule::tier) it decides
+    /// the key's requests whatever their tier: an override is about the
+    /// customer, so it wins over the plan. Requests without a key that a
+    /// rule counts under its shared key
+    /// ([`MissingKey::Shared`](crate::layer::MissingKey::Shared)) are kept
+    /// apart from every real key, the one of that name too: neither an
+    /// override nor the stored quota applies to them. A cost charged after
+    /// the response is bounded by the override's capacity; the most one
+    /// estimate may ask ([`Rule::settle_estimates`](crate::layer::Rule::settle_estimates))
+    /// is a share of the tier's own capacity, known before the store is
+    /// asked.
     pub async fn set_override(
         self,
         limit: &str,

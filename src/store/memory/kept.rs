@@ -186,13 +186,17 @@ impl Kept {
         }
     }
 
-    /// The quota kept for `check`: its key's override, else its limit's;
-    /// one of another algorithm than the limit's does not count.
+    /// The quota kept for `check`: its key's override, else its limit's
+    /// (not for a tier, see `Limit::overrides_only`); one of another
+    /// algorithm than the limit's does not count.
     fn kept_for(&self, check: &Check<'_>, now: i64) -> Option<Limit> {
         let algorithm = check.limit.params().algorithm();
         let same = |limit: &Limit| limit.params().algorithm() == algorithm;
         if let Some(limit) = self.override_of(check, now).filter(same) {
             return Some(limit);
+        }
+        if check.limit.is_overrides_only() {
+            return None;
         }
         let limits = self.limits.load();
         limits

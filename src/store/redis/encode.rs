@@ -356,7 +356,13 @@ fn write_limit(out: &mut Vec<u8>, limit: &Limit, digits: &mut itoa::Buffer) {
         out.push(b';');
     }
     if limit.uses_stored_quota() {
-        out.push(b'c');
+        // 'k': a tier, which only its key's override decides in place of
+        // its own quota (see `Limit::overrides_only`)
+        out.push(if limit.is_overrides_only() {
+            b'k'
+        } else {
+            b'c'
+        });
     }
     write_stored_form(out, limit.params(), digits);
 }
