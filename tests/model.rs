@@ -2317,6 +2317,9 @@ mod penalty_flood {
                     } => {
                         let i = limit % case.limits.len();
                         let key = format!("c{client}");
+                        // its own penalty state counted: a block that does
+                        // not fit the half may fail (PenaltyNotStored)
+                        model.penalized.insert((i, key.clone()));
                         let exact = model.exact(case.max_keys);
                         let blocked = limiters[i]
                             .admin()
@@ -2332,7 +2335,6 @@ mod penalty_flood {
                         } else if exact {
                             return Err(format!("block {key}: {blocked:?} in a store not full"));
                         }
-                        model.penalized.insert((i, key));
                     }
                     FloodStep::Unblock { limit, client } => {
                         let i = limit % case.limits.len();
