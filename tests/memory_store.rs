@@ -1008,3 +1008,84 @@ async fn an_unblock_lifts_a_ban_kept_on_a_bucket() {
     }
     assert!(store.len() <= 2, "{} states", store.len());
 }
+
+/// 1 a minute; the first refusal bans for an hour.
+fn banned_at_first_refusal(name: &str) -> Limit {
+    let (minute, hour) = (Duration::from_secs(60), Duration::from_secs(3_600));
+    Limit::new(name, Quota::rate(1, minute).fixed_window())
+        .expect("valid limit")
+        .with_penalty(Penalty::new(1, hour, [hour]).expect("valid penalty"))
+}
+
+/// Issue 53, item 3 (found by the model-based test): a store of 4 keys is
+/// filled by an offender of limit `a` and one of `b` (their rate states and
+/// bans); limit `c`, which holds no rate state, decides its new keys on its
+/// tables' shared overflow states (see `MemoryStoreBuilder::max_keys`),
+/// which hold the first grant of each shard: the keys after are refused
+/// there, and that is no offence of theirs (before, each was banned for an
+/// hour at once: 7 of 17 keys in the case found). Nor when `c` decides with
+/// `a` in one call. A key refused by its own state in the full store is
+/// still banned, and the offenders' bans hold.
+#[tokio::test]
+async fn fresh_keys_refused_on_the_shared_overflow_state_are_not_banned() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(4)
+        .build()
+        .expect("store");
+    let [a, b, c] =
+        ["a", "b", "c"].map(|n| Limiter::new(store.clone(), banned_at_first_refusal(n)));
+    let banned = |limiter: &Limiter, limit: &'static str, key: String| {
+        let limiter = limiter.clone();
+        async move {
+            let seen = limiter.admin().inspect(limit, &key).await.unwrap();
+            (seen.blocked_for.is_some(), seen.offences, seen.refusals)
+        }
+    };
+    assert_eq!(passes(&a, "x", 2).await, 1);
+    assert_eq!(passes(&b, "y", 2).await, 1);
+    assert_eq!(store.len(), 4, "full: two rate states, two bans");
+
+    let mut refused = Vec::new();
+    for i in 0..100 {
+        let key = format!("fresh-{i}");
+        let d = c.check(&key, 1).await.unwrap();
+        assert!(!d.statuses()[0].is_blocked(), "{key}: {d:?}");
+        if !d.is_allowed() {
+            refused.push(key.clone());
+        }
+        assert_eq!(banned(&c, "c", key.clone()).await, (false, 0, 0), "{key}");
+    }
+    // at most one grant per shard (32) in its overflow state, the rest
+    // refused on it
+    assert!(refused.len() >= 100 - 32, "{} refused", refused.len());
+
+    // with `a` in one call: `a` allows on the key's own (fresh) state, `c`
+    // refuses on the shared one
+    let both = Limiter::builder(store.clone())
+        .limit(banned_at_first_refusal("a"))
+        .limit(banned_at_first_refusal("c"))
+        .build()
+        .expect("limiter");
+    for key in refused.iter().take(10) {
+        let d = both.check(key, 1).await.unwrap();
+        assert!(!d.is_allowed(), "{key}: {d:?}");
+        assert!(d.statuses().iter().all(|s| !s.is_blocked()), "{key}: {d:?}");
+        for limit in ["a", "c"] {
+            assert_eq!(
+                banned(&both, limit, key.clone()).await,
+                (false, 0, 0),
+                "{limit} {key}"
+            );
+        }
+    }
+
+    // a key refused by its own state (room made among `a`'s): banned
+    assert_eq!(passes(&a, "x2", 2).await, 1);
+    for (limiter, limit, key) in [(&a, "a", "x2"), (&a, "a", "x"), (&b, "b", "y")] {
+        let (blocked, offences, _) = banned(limiter, limit, key.to_owned()).await;
+        assert!(blocked && offences == 1, "{limit} {key}");
+    }
+    assert!(store.len() <= 4, "{} states", store.len());
+}

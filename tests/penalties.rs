@@ -262,6 +262,53 @@ async fn only_the_limit_that_refused_counts_and_a_block_charges_no_other() {
     }
 }
 
+/// Issue 53, item 3: the same traffic bans the same keys on Redis, where
+/// every key has its own state, and on a memory store of 4 keys made full
+/// by two offenders, where a limit without rate states decides its new keys
+/// on a shared overflow state: 40 new keys of it, once each (on memory the
+/// later ones of a shard refused there, on Redis all granted), are banned
+/// on neither; an offender refused by its own state is banned on both.
+#[tokio::test]
+async fn a_full_memory_store_bans_the_keys_redis_bans() {
+    let clock = ManualClock::new(T0);
+    let tiny = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(4)
+        .build()
+        .expect("store");
+    let redis = redis_store_with_clock(&unique_prefix("penalties-full"), &clock);
+    let mut traffic = vec![(0, "x".to_owned(), 2), (1, "y".to_owned(), 2)];
+    traffic.extend((0..40).map(|i| (2, format!("new-{i}"), 1)));
+    traffic.push((0, "x2".to_owned(), 2));
+    let mut banned = Vec::new();
+    for store in [Store::from(tiny), Store::from(redis)] {
+        // 1 a minute, banned an hour at the first refusal
+        let limiters: Vec<Limiter> = ["a", "b", "c"]
+            .iter()
+            .map(|name| {
+                let limit = Limit::new(*name, Quota::rate(1, secs(60)).fixed_window())
+                    .expect("limit")
+                    .with_penalty(Penalty::new(1, secs(3_600), [secs(3_600)]).expect("penalty"));
+                limiter(store.clone(), &[limit])
+            })
+            .collect();
+        let mut here = Vec::new();
+        for (i, key, tries) in &traffic {
+            let (limiter, name) = (&limiters[*i], ["a", "b", "c"][*i]);
+            for _ in 0..*tries {
+                limiter.check(key, 1).await.expect("check");
+            }
+            let seen = limiter.admin().inspect(name, key).await.expect("inspect");
+            if seen.blocked_for.is_some() {
+                here.push(format!("{name} {key}"));
+            }
+        }
+        banned.push(here);
+    }
+    assert_eq!(banned[0], ["a x", "b y", "a x2"], "memory");
+    assert_eq!(banned[1], banned[0], "redis");
+}
+
 /// A limit without a penalty has none of its operations.
 #[tokio::test]
 async fn penalty_operations_need_a_penalty() {

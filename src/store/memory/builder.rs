@@ -110,11 +110,19 @@ impl MemoryStoreBuilder {
     /// with [`Error::PenaltyNotStored`](crate::Error::PenaltyNotStored).
     /// Both are counted (see
     /// [`PENALTIES_NOT_STORED`](crate::metrics::PENALTIES_NOT_STORED)) and
-    /// logged. Only when no rate state could be given up at once (a bound
-    /// below a few states per shard, the other shards busy), a new key's
-    /// grant is recorded in a state shared per limit and shard (not counted
-    /// in the bound) on which keys not stored are decided while it holds
-    /// grants: it only over-counts.
+    /// logged. Only when no rate state could be given up at once (the limit
+    /// to give up one is the new key's own and holds none, as a limit
+    /// without rate states beside limits that each hold their share of a
+    /// bound of a few states; or none was found, the other shards busy), a
+    /// new key's grant is recorded in a state shared per limit and shard
+    /// (not counted in the bound) on which keys not stored are decided
+    /// while it holds grants: it only over-counts. A refusal decided on
+    /// that shared state is no offence of the key's (it counts towards no
+    /// penalty): the state holds other keys' grants, and the key's own,
+    /// not stored, is fresh (in Redis, where every key has its own state,
+    /// the key is granted). So a key is banned only for refusals of its own
+    /// state, on both stores; a key not stored is refused by the shared
+    /// state but not banned while it is decided there.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

@@ -199,18 +199,21 @@ impl Engine for MemoryStore {
         // decision, without the steps' closures
         let reply = match checks {
             [check] if is_bounded(check) && !is_penalized(check) && !may_be_kept(check) => {
-                inner.decide(checks, decision(max_wait, dry))
+                inner.decide(checks, &mut [], decision(max_wait, dry))
             }
             _ => bounded_keys(checks, |checks| {
                 // a refusal beyond the wait asked counts towards a penalty
                 let refusals = (!dry).then_some(max_wait);
-                inner
-                    .pens
-                    .run(&inner.states, checks, refusals, |checks, blocked| {
+                inner.pens.run(
+                    &inner.states,
+                    checks,
+                    refusals,
+                    |checks, blocked, shared| {
                         inner.kept.with(checks, |checks| {
-                            inner.decide(checks, decision(max_wait, dry || blocked))
+                            inner.decide(checks, shared, decision(max_wait, dry || blocked))
                         })
-                    })
+                    },
+                )
             }),
         };
         #[cfg(feature = "metrics")]
@@ -228,21 +231,21 @@ impl Engine for MemoryStore {
         Answer::Now(Ok(bounded_keys(checks, |checks| {
             inner
                 .pens
-                .run(&inner.states, checks, None, |checks, blocked| {
+                .run(&inner.states, checks, None, |checks, blocked, _| {
                     if blocked {
                         // a cost of 1 decided, not granted (as k = 0 is)
                         let ones: SmallVec<[Check<'_>; 2]> =
                             checks.iter().map(|c| Check { cost: 1, ..*c }).collect();
                         let reply = inner
                             .kept
-                            .with(&ones, |c| inner.decide(c, decision(0, true)));
+                            .with(&ones, |c| inner.decide(c, &mut [], decision(0, true)));
                         return (reply, 0);
                     }
                     inner.kept.with(checks, |checks| {
                         // min(`most`, what every limit has left now): see
                         // `algorithm::take`
                         let mut taken = 0;
-                        let reply = inner.decide(checks, |ops, now| {
+                        let reply = inner.decide(checks, &mut [], |ops, now| {
                             let (reply, k) = algorithm::take(ops, most, now);
                             taken = k;
                             let write = reply.granted() && k > 0;
@@ -265,7 +268,7 @@ impl Engine for MemoryStore {
             inner.kept.with(checks, |checks| match how {
                 Settle::Charge => {
                     // one clock for all, as a decision (`charge` in the driver)
-                    inner.decide(checks, |ops, now| {
+                    inner.decide(checks, &mut [], |ops, now| {
                         algorithm::charge(ops, now);
                         (Reply::at_rest(now), true)
                     });
@@ -323,15 +326,17 @@ impl Engine for MemoryStore {
 
 impl Inner {
     /// One atomic decision over the rate states of `checks`, which
-    /// `decide` makes (see [`States::decide`]); the background reclaimer
-    /// started if it stored a new key.
+    /// `decide` makes, noting in `shared` (unless empty) the checks decided
+    /// on a shared overflow state (see [`States::decide`]); the background
+    /// reclaimer started if it stored a new key.
     #[inline(always)]
     fn decide(
         &self,
         checks: &[Check<'_>],
+        shared: &mut [bool],
         decide: impl FnOnce(&mut [Operand<'_>], i64) -> (Reply, bool),
     ) -> Reply {
-        let (reply, added) = self.states.decide(checks, decide);
+        let (reply, added) = self.states.decide(checks, shared, decide);
         if added {
             self.reclaimer.ensure();
         }

@@ -9,6 +9,13 @@
 //! penalty take these locks (always before a shard's), so others pay one
 //! test.
 //!
+//! An offence is a refusal by the key's own state: one decided on its
+//! table's shared overflow state (a key not stored in a full store, see
+//! `States::decide`) is not counted, since that state holds other keys'
+//! grants. The key's own state is then absent, so fresh, and would not
+//! refuse; in Redis, where every key has its own state, such a key is
+//! granted and counts no refusal either.
+//!
 //! Penalty states take at most half the store's bound. Once they do, a
 //! new one takes the place of one given up; a ban given up is kept as a
 //! record of 16 bytes (`bans.rs`), [`RECORDS_PER_STATE`] counted as one
@@ -69,21 +76,23 @@ impl Penalties {
     }
 
     /// Runs `run` on `checks` under their limits' penalties (see the
-    /// module): `run(checks, blocked)` decides (a take takes), or, when
-    /// `blocked`, decides without granting (a take: a cost of 1). A
-    /// refusal by a penalized limit beyond the wait `refusals` counts
-    /// (none: a dry run or a take, which count none). Returns its answer
-    /// with the blocks' statuses.
+    /// module): `run(checks, blocked, shared)` decides (a take takes), or,
+    /// when `blocked`, decides without granting (a take: a cost of 1),
+    /// noting in `shared` (unless empty) the checks decided on a shared
+    /// overflow state (see `States::decide`). A refusal by a penalized
+    /// limit beyond the wait `refusals` counts, unless decided on a shared
+    /// state (none: a dry run or a take, which count none). Returns its
+    /// answer with the blocks' statuses.
     #[inline(always)]
     pub(super) fn run<R: Replied>(
         &self,
         states: &States,
         checks: &[Check<'_>],
         refusals: Option<i64>,
-        run: impl FnOnce(&[Check<'_>], bool) -> R,
+        run: impl FnOnce(&[Check<'_>], bool, &mut [bool]) -> R,
     ) -> R {
         if !checks.iter().any(is_penalized) {
-            return run(checks, false);
+            return run(checks, false, &mut []);
         }
         self.penalized(states, checks, refusals, run)
     }
@@ -94,7 +103,7 @@ impl Penalties {
         states: &States,
         checks: &[Check<'_>],
         refusals: Option<i64>,
-        run: impl FnOnce(&[Check<'_>], bool) -> R,
+        run: impl FnOnce(&[Check<'_>], bool, &mut [bool]) -> R,
     ) -> R {
         // each penalized check's key's hash
         let hashes: SmallVec<[Option<u64>; 2]> = checks
@@ -148,19 +157,21 @@ impl Penalties {
                 }
             }
             // several (or a take): the others decided, nothing granted
-            let mut ran = run(checks, true);
+            let mut ran = run(checks, true, &mut []);
             if let Some(reply) = ran.reply() {
                 block_statuses(reply, &lefts);
             }
             return ran;
         }
-        let mut ran = run(checks, false);
+        let mut shared: SmallVec<[bool; 2]> = smallvec::smallvec![false; checks.len()];
+        let mut ran = run(checks, false, &mut shared);
         let counted = refusals.zip(ran.reply());
         let Some((max_wait, reply)) = counted.filter(|(_, r)| r.verdict == VerdictCode::Denied)
         else {
             return ran;
         };
-        // count a refusal for each penalized limit that refused
+        // count a refusal for each penalized limit that refused, on its
+        // key's own state (see the module)
         let lefts: SmallVec<[Option<i64>; 2]> = checks
             .iter()
             .zip(&hashes)
@@ -173,7 +184,7 @@ impl Penalties {
                     .get(i)
                     .and_then(Status::wait)
                     .is_some_and(|w| w > max_wait);
-                if !refused {
+                if !refused || shared.get(i).copied().unwrap_or(false) {
                     return None;
                 }
                 let offence = state.refuse(p, store_now);

@@ -92,16 +92,20 @@ impl States {
 
     /// One atomic decision over `checks` with every key's state prepared and
     /// locked: `decide` makes it and says whether the states are written
-    /// back. Returns its reply, and whether it stored a new key.
+    /// back. Returns its reply, and whether it stored a new key. `shared`,
+    /// unless empty (one per check), is told which checks were decided on
+    /// their table's shared overflow state: no state of their key's own
+    /// (see [`Table::overflow`]).
     #[inline(always)]
     pub(super) fn decide(
         &self,
         checks: &[Check<'_>],
+        shared: &mut [bool],
         decide: impl FnOnce(&mut [Operand<'_>], i64) -> (Reply, bool),
     ) -> (Reply, bool) {
         match <&[Check<'_>; 1]>::try_from(checks) {
-            Ok(one) => self.decide_in::<One>(one, decide),
-            Err(_) => self.decide_in::<Many>(checks, decide),
+            Ok(one) => self.decide_in::<One>(one, shared, decide),
+            Err(_) => self.decide_in::<Many>(checks, shared, decide),
         }
     }
 
@@ -110,6 +114,7 @@ impl States {
     fn decide_in<'c, 'a: 'c, W: Width>(
         &self,
         checks: W::Checks<'c, 'a>,
+        shared: &mut [bool],
         decide: impl FnOnce(&mut [Operand<'_>], i64) -> (Reply, bool),
     ) -> (Reply, bool) {
         let store_now = self.clock.now_micros();
@@ -133,13 +138,16 @@ impl States {
         // believed (at most the limit's horizon ahead), so within that time
         // it never runs back.
         let mut now = store_now;
-        for (check, place) in checks.as_ref().iter().zip(places.as_mut()) {
+        for (i, (check, place)) in checks.as_ref().iter().zip(places.as_mut()).enumerate() {
             let Some(shard) = W::shard(&mut locks, place) else {
                 continue;
             };
             place.table = shard.table(check.limit, &self.shares);
             let table = &mut shard.tables[place.table];
             place.found = locate(table, place.hash, check.key, store_now);
+            if let Some(noted) = shared.get_mut(i) {
+                *noted = matches!(place.found, Found::Shared);
+            }
             if let Some(slot) = table.found(place.found) {
                 now = now.max(algorithm::believed(
                     store_now,

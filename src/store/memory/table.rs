@@ -53,7 +53,8 @@ pub(super) struct Table {
     /// full and its shard without a state to give up (its key is empty): it
     /// holds all their grants, so it counts at least what each of them was
     /// granted. While it is live, a key not stored is decided on a copy of
-    /// it (see [`MemoryStoreBuilder::max_keys`]).
+    /// it (see [`MemoryStoreBuilder::max_keys`]); a refusal so decided is
+    /// no offence of the key's (see `penalized.rs`).
     pub(super) overflow: Option<Slot>,
     /// A new key's state that found the store full, while the decision
     /// that made it puts its other states back (see `States::write_back`).
