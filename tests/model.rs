@@ -102,6 +102,10 @@ enum Algo {
     /// `Limit::concurrency`: a sliding log of `cap` per `LEASE`, each grant
     /// given back when the response body is dropped.
     Concurrency,
+    /// GCRA: bursts of `cap`, `refill` per window.
+    Gcra,
+    /// The sliding window counter: about `cap` per window.
+    Window,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -374,6 +378,28 @@ fn count(event: Event) {
     EVENTS[event as usize].fetch_add(1, Ordering::Relaxed);
 }
 
+/// The rules drawn of each algorithm, per test (0: memory, 1: Redis),
+/// printed with `MODEL_STATS=1`.
+static RULES: [[AtomicUsize; 6]; 2] = [const { [const { AtomicUsize::new(0) }; 6] }; 2];
+
+fn count_rules(test: usize, case: &Case) {
+    for r in &case.layer.rules {
+        RULES[test][r.algo as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn print_rules(test: usize) {
+    if std::env::var_os("MODEL_STATS").is_some() {
+        use Algo::*;
+        let all = [Fixed, Log, Bucket, Concurrency, Gcra, Window];
+        let n: usize = RULES[test].iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        for a in all {
+            let k = RULES[test][a as usize].load(Ordering::Relaxed);
+            eprintln!("rules ({test}) {a:?}: {k} of {n}");
+        }
+    }
+}
+
 fn print_events() {
     if std::env::var_os("MODEL_STATS").is_some() {
         use Event::*;
@@ -409,6 +435,11 @@ enum St {
     Log(Vec<(i64, i64)>),
     /// Tokens (in 1/`period` of a token) at `ts`.
     Bucket { level: i64, ts: i64 },
+    /// The theoretical arrival time `tat + frac/rate` us.
+    Gcra { tat: i64, frac: i64 },
+    /// The window counted (its start, -1 for none), the count of the one
+    /// before it and its own.
+    Window { start: i64, prev: i64, cur: i64 },
 }
 
 /// How a quota counts.
@@ -421,6 +452,54 @@ enum Kind {
         rate: i64,
         period: i64,
     },
+    /// As a bucket's: `rate` permits per `period` us.
+    Gcra {
+        rate: i64,
+        period: i64,
+    },
+    /// The previous window weighs in steps of `step` us.
+    Window {
+        step: i64,
+    },
+}
+
+/// `a / b` rounded up (`b` > 0).
+fn ceil_div(a: i64, b: i64) -> i64 {
+    -(-a).div_euclid(b)
+}
+
+/// A GCRA state as read at `now`: a TAT whose tick has passed is a full
+/// burst from `now` (`ceil(tat)`, see `src/algorithm/gcra.rs`).
+fn gcra_at((tat, frac): (i64, i64), now: i64) -> (i64, i64) {
+    if tat + i64::from(frac > 0) < now {
+        (now, 0)
+    } else {
+        (tat, frac)
+    }
+}
+
+/// The (previous, current) counts of a sliding window state seen from the
+/// window beginning at `start`.
+fn window_counts(q: Q, (at, prev, cur): (i64, i64, i64), start: i64) -> (i64, i64) {
+    if at == start {
+        (prev, cur)
+    } else if at == start - q.w {
+        (cur, 0)
+    } else {
+        (0, 0)
+    }
+}
+
+/// A sliding window state as read at `now`: rolled forward to the window
+/// of `now`.
+fn window_at(q: Q, s: (i64, i64, i64), now: i64) -> (i64, i64, i64) {
+    let current = now - now.rem_euclid(q.w);
+    if s.0 < current {
+        let (prev, cur) = window_counts(q, s, current);
+        (current, prev, cur)
+    } else {
+        s
+    }
 }
 
 fn gcd(a: i64, b: i64) -> i64 {
@@ -467,6 +546,12 @@ impl St {
             Kind::Bucket { .. } => St::Bucket {
                 level: i64::MAX / 4,
                 ts: now,
+            },
+            Kind::Gcra { .. } => St::Gcra { tat: now, frac: 0 },
+            Kind::Window { .. } => St::Window {
+                start: -1,
+                prev: 0,
+                cur: 0,
             },
         }
     }
@@ -522,6 +607,38 @@ impl St {
                     Some(base + (need + rate - 1) / rate)
                 }
             }
+            St::Gcra { tat, frac } => {
+                let Kind::Gcra { rate, period } = q.kind else {
+                    return None;
+                };
+                let (tat, frac) = gcra_at((*tat, *frac), now);
+                Some(now.max(tat - ((q.cap - cost) * period - frac).div_euclid(rate)))
+            }
+            St::Window { start, prev, cur } => {
+                let Kind::Window { step } = q.kind else {
+                    return None;
+                };
+                let s = window_at(q, (*start, *prev, *cur), now);
+                // the window of now, or the counted one after it
+                let mut start = (now - now.rem_euclid(q.w)).max(s.0);
+                let from = now.max(start);
+                for _ in 0..3 {
+                    let (prev, cur) = window_counts(q, s, start);
+                    if cur + cost <= q.cap {
+                        if prev == 0 {
+                            return Some(from.max(start));
+                        }
+                        // the previous window weighs until `w` after `start`
+                        let steps = ((q.cap - cur - cost) * ceil_div(q.w, step)).div_euclid(prev);
+                        let t = start.max(start + q.w - steps * step);
+                        if t < start + q.w {
+                            return Some(from.max(t));
+                        }
+                    }
+                    start += q.w;
+                }
+                Some(from.max(start))
+            }
         }
     }
 
@@ -546,6 +663,20 @@ impl St {
                 };
                 *level = bucket_at(q, (*level, *ts), at.max(*ts)) - cost * period;
                 *ts = at.max(*ts);
+            }
+            St::Gcra { tat, frac } => {
+                let Kind::Gcra { rate, period } = q.kind else {
+                    return;
+                };
+                let (t, f) = gcra_at((*tat, *frac), at);
+                let total = f + cost * period;
+                let whole = total.div_euclid(rate);
+                (*tat, *frac) = (t + whole, total - whole * rate);
+            }
+            St::Window { start, prev, cur } => {
+                let window = at - at.rem_euclid(q.w);
+                let (p, c) = window_counts(q, (*start, *prev, *cur), window);
+                (*start, *prev, *cur) = (window, p, c + cost);
             }
         }
     }
@@ -577,6 +708,33 @@ impl St {
                     *level = (l + cost * period).min(full);
                     *ts = t;
                 }
+            }
+            // the TAT moves back by the cost, never before now
+            St::Gcra { tat, frac } => {
+                let Kind::Gcra { rate, period } = q.kind else {
+                    return;
+                };
+                let (t, f) = gcra_at((*tat, *frac), now);
+                let x = (t - now) * rate + f - cost * period;
+                let whole = x.div_euclid(rate);
+                (*tat, *frac) = if x > 0 {
+                    (now + whole, x - whole * rate)
+                } else {
+                    (now, 0)
+                };
+            }
+            // from the window that holds `at`, if still counted
+            St::Window { start, prev, cur } => {
+                let (s, p, c) = window_at(q, (*start, *prev, *cur), now);
+                let window = at - at.rem_euclid(q.w);
+                let (p, c) = if window == s && c > 0 {
+                    (p, (c - cost).max(0))
+                } else if window + q.w == s && p > 0 {
+                    ((p - cost).max(0), c)
+                } else {
+                    (p, c)
+                };
+                (*start, *prev, *cur) = (s, p, c);
             }
         }
     }
@@ -614,6 +772,32 @@ impl St {
                 } else {
                     bucket_at(q, (*level, *ts), at).div_euclid(period).max(0)
                 }
+            }
+            St::Gcra { tat, frac } => {
+                let Kind::Gcra { period, rate } = q.kind else {
+                    return 0;
+                };
+                let (tat, frac) = gcra_at((*tat, *frac), now);
+                let used = if tat >= at {
+                    (tat - at) * rate + frac
+                } else {
+                    0
+                };
+                (q.cap * period - used).div_euclid(period).clamp(0, q.cap)
+            }
+            St::Window { start, prev, cur } => {
+                let Kind::Window { step } = q.kind else {
+                    return 0;
+                };
+                let s = window_at(q, (*start, *prev, *cur), now);
+                let window = at - at.rem_euclid(q.w);
+                if s.0 > window {
+                    return 0;
+                }
+                let (prev, cur) = window_counts(q, s, window);
+                let weight = ceil_div((window + q.w - at).max(0), step);
+                let used = cur + ceil_div(prev * weight, ceil_div(q.w, step));
+                (q.cap - used).max(0)
             }
         }
     }
@@ -748,14 +932,19 @@ fn q_of(rule: &RuleSpec, cap: u64) -> Q {
     let kind = match rule.algo {
         Algo::Fixed => Kind::Fixed,
         Algo::Log | Algo::Concurrency => Kind::Log,
-        Algo::Bucket => {
+        Algo::Bucket | Algo::Gcra => {
             let refill = rule.refill as i64;
             let g = gcd(refill, w);
-            Kind::Bucket {
-                rate: refill / g,
-                period: w / g,
+            let (rate, period) = (refill / g, w / g);
+            match rule.algo {
+                Algo::Gcra => Kind::Gcra { rate, period },
+                _ => Kind::Bucket { rate, period },
             }
         }
+        // one 2^-20 of the window, rounded up
+        Algo::Window => Kind::Window {
+            step: ceil_div(w, 1 << 20),
+        },
     };
     Q {
         cap: cap as i64,
@@ -1540,6 +1729,8 @@ fn quota(rule: &RuleSpec, cap: u64) -> Quota {
     match rule.algo {
         Algo::Fixed => Quota::rate(cap, w).fixed_window(),
         Algo::Bucket => Quota::rate(rule.refill, w).allow_burst(cap).token_bucket(),
+        Algo::Gcra => Quota::rate(rule.refill, w).allow_burst(cap).gcra(),
+        Algo::Window => Quota::rate(cap, w).sliding_window(),
         _ => Quota::rate(cap, w).sliding_log(),
     }
 }
@@ -1877,7 +2068,14 @@ fn refund_on() -> impl Strategy<Value = Option<RefundOn>> {
 }
 
 fn rule() -> impl Strategy<Value = RuleSpec> {
-    let algo = prop_oneof![3 => Just(Algo::Fixed), 3 => Just(Algo::Log), 3 => Just(Algo::Bucket), 1 => Just(Algo::Concurrency)];
+    let algo = prop_oneof![
+        3 => Just(Algo::Fixed),
+        3 => Just(Algo::Log),
+        3 => Just(Algo::Bucket),
+        3 => Just(Algo::Gcra),
+        3 => Just(Algo::Window),
+        1 => Just(Algo::Concurrency),
+    ];
     let missing = prop_oneof![
         2 => Just(Missing::Reject400),
         1 => Just(Missing::Reject401),
@@ -1924,9 +2122,13 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
                 (penalty, stored),
             )| {
                 let concurrency = algo == Algo::Concurrency;
-                // (no tiers of buckets: a full bucket is forgotten, and read
-                // again as full by any tier, which the model does not follow)
-                let pro = pro.filter(|_| !concurrency && algo != Algo::Bucket);
+                // (no tiers of buckets or GCRA: a full bucket is forgotten,
+                // and read again as full by any tier, which the model does
+                // not follow; nor of sliding windows, whose counts a tier of
+                // another window reads otherwise)
+                let pro = pro.filter(|_| {
+                    !concurrency && !matches!(algo, Algo::Bucket | Algo::Gcra | Algo::Window)
+                });
                 let smallest = pro.map_or(cap, |p| p.min(cap));
                 let after = after && !concurrency;
                 let cost = match c {
@@ -2052,11 +2254,13 @@ proptest! {
     #[test]
     fn random_layers_on_the_memory_store_answer_as_the_model(case in case(true)) {
         static RUN: AtomicUsize = AtomicUsize::new(0);
+        count_rules(0, &case);
         if let Err(why) = memory_case(&case) {
             prop_assert!(false, "{}", why);
         }
         if RUN.fetch_add(1, Ordering::Relaxed) + 1 == cases("MODEL_CASES", 2000) as usize {
             print_events();
+            print_rules(0);
         }
     }
 }
@@ -2069,8 +2273,13 @@ proptest! {
     })]
     #[test]
     fn random_layers_on_redis_answer_as_the_model(case in case(false)) {
+        static RUN: AtomicUsize = AtomicUsize::new(0);
+        count_rules(1, &case);
         if let Err(why) = redis_case(&case) {
             prop_assert!(false, "{}", why);
+        }
+        if RUN.fetch_add(1, Ordering::Relaxed) + 1 == cases("MODEL_REDIS_CASES", 200) as usize {
+            print_rules(1);
         }
     }
 }
