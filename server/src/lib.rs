@@ -1,0 +1,5 @@
+//! A drop-in replacement for envoyproxy/ratelimit: Envoy's rate limit service
+//! (`envoy.service.ratelimit.v3`), its YAML configuration and environment,
+//! decided by tower-ratelimit on Redis or in memory.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]

@@ -1,0 +1,3 @@
+//! `ratelimit`: the server binary (see the package's README section).
+
+fn main() {}
