@@ -3,3 +3,5 @@
 //! decided by tower-ratelimit on Redis or in memory.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+
+pub mod config;
