@@ -90,6 +90,8 @@ const KEY_HEADERS: [&str; 2] = ["x-user", "x-team"];
 const KEYS: [&str; 3] = ["a", "b", "c"];
 const COST: &str = "x-cost";
 const USED: &str = "x-used";
+/// The cost header as the handler saw it, told back.
+const SEEN_COST: &str = "x-seen-cost";
 
 // ---------------------------------------------------------------- the case
 
@@ -193,6 +195,9 @@ struct RuleSpec {
     /// A calendar quota of `cap` per period (a fixed or sliding window),
     /// in place of `window_ms`.
     cal: Option<Cal>,
+    /// `Rule::cost_if_untold(n)` (with `after`): what a request costs in
+    /// all when its response tells no cost.
+    untold: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -378,9 +383,13 @@ enum Event {
     AdminChange,
     /// A check decided by an override or a stored quota.
     KeptDecides,
+    /// A response that told no cost charged `Rule::cost_if_untold`.
+    Untold,
+    /// An estimate not told written into the request forwarded.
+    EstimateWritten,
 }
 
-static EVENTS: [AtomicUsize; 15] = [const { AtomicUsize::new(0) }; 15];
+static EVENTS: [AtomicUsize; 17] = [const { AtomicUsize::new(0) }; 17];
 
 fn count(event: Event) {
     EVENTS[event as usize].fetch_add(1, Ordering::Relaxed);
@@ -431,6 +440,7 @@ fn count_features(test: usize, case: &Case) {
             "an estimate settled",
             any(&|r| matches!(r.cost, CostSpec::Estimate { .. })),
         ),
+        ("a cost if untold", any(&|r| r.untold.is_some())),
     ];
     for (name, drawn) in drawn {
         if drawn {
@@ -482,6 +492,8 @@ fn print_events() {
             Released,
             AdminChange,
             KeptDecides,
+            Untold,
+            EstimateWritten,
         ];
         for e in all {
             eprintln!("{e:?}: {}", EVENTS[e as usize].load(Ordering::Relaxed));
@@ -1042,15 +1054,20 @@ struct Expect {
     retry_after: Option<u64>,
     /// The `RateLimit` field: (limit, remaining) each; `None`: no field.
     ratelimit: Option<Vec<(String, u64)>>,
+    /// The cost header the handler saw (`None`: none, or not forwarded):
+    /// an estimate not told is written into the request forwarded.
+    forwarded: Option<String>,
 }
 
 /// A request whose permits are held while its body is.
 #[derive(Debug, Clone)]
 struct Holding {
     leases: Vec<(Check, i64)>,
-    /// What its body tells, settled when it ends (a held body is dropped
-    /// unread: it tells nothing).
+    /// What its body tells, settled when it ends.
     settles: Vec<Settle>,
+    /// What settles instead when the body is dropped unread (it tells
+    /// nothing): `Rule::cost_if_untold`.
+    unread: Vec<Settle>,
 }
 
 /// A settlement: the check, its grant's time, the cost told, whether the
@@ -1500,6 +1517,7 @@ impl Model {
             status,
             retry_after: None,
             ratelimit: None,
+            forwarded: None,
         };
         let checks = match self.choose(req) {
             Ok(checks) => checks,
@@ -1543,6 +1561,7 @@ impl Model {
                     status: 429,
                     retry_after: Some(ceil_secs(d.retry).max(1)),
                     ratelimit: shown(&d),
+                    forwarded: None,
                 });
             }
             Outcome::Never => {
@@ -1551,6 +1570,7 @@ impl Model {
                     status: 429,
                     retry_after: None,
                     ratelimit: shown(&d),
+                    forwarded: None,
                 });
             }
             Outcome::Granted => {}
@@ -1605,6 +1625,16 @@ impl Model {
                 statuses[j].remaining = (statuses[j].remaining + c.cost).min(q.cap);
             }
         }
+        // an estimate not told: the smallest charged written in its place
+        let written = checks
+            .iter()
+            .filter(|c| !c.shadow && req.cost == Num::Absent)
+            .filter(|c| matches!(rules[c.id.0].cost, CostSpec::Estimate { .. }))
+            .map(|c| c.cost)
+            .min();
+        if written.is_some() {
+            count(Event::EstimateWritten);
+        }
         let expect = Expect {
             status: req.status,
             retry_after: None,
@@ -1612,28 +1642,47 @@ impl Model {
                 statuses,
                 ..d.clone()
             }),
+            forwarded: written.map(|n| n.to_string()).or(req.cost.text()),
         };
         // costs told by the response, settled once its head is known, or,
         // told by its body, once the body ends (a request given back does
         // not count: nothing to settle)
         let mut settles = Vec::new();
+        let mut unread = Vec::new();
         for c in &charged {
             let rule = &rules[c.id.0];
             if !rule.after || refunded.contains(&c.id) {
                 continue;
             }
-            let Some(told) = req.used.read() else {
-                continue;
-            };
+            // a cost told settles an estimate both ways; nothing told,
+            // `cost_if_untold` is charged what it exceeds the cost paid by
+            // (an estimate is binding: kept)
             let estimate = matches!(rule.cost, CostSpec::Estimate { .. });
-            let settle = (*c, d.at, told as i64, estimate);
+            let untold = rule.untold.map(|n| (*c, d.at, n as i64, false));
+            if rule.body {
+                unread.extend(untold);
+            }
+            let settle = match req.used.read() {
+                Some(told) => (*c, d.at, told as i64, estimate),
+                None => match untold {
+                    Some(untold) => {
+                        count(Event::Untold);
+                        untold
+                    }
+                    None => continue,
+                },
+            };
             if rule.body {
                 settles.push(settle);
             } else {
                 self.settle(settle);
             }
         }
-        let holding = Holding { leases, settles };
+        let holding = Holding {
+            leases,
+            settles,
+            unread,
+        };
         match req.fate {
             Fate::Held => self.held.push(holding),
             _ => self.end(holding),
@@ -1671,12 +1720,14 @@ impl Model {
                     self.held.push(Holding {
                         leases: Vec::new(),
                         settles: Vec::new(),
+                        unread: Vec::new(),
                     });
                 }
                 Some(Expect {
                     status: req.status,
                     retry_after: None,
                     ratelimit: None,
+                    forwarded: req.cost.text(),
                 })
             }
         }
@@ -1719,6 +1770,10 @@ impl Model {
         if !self.held.is_empty() {
             // dropped unread: its body told nothing
             let holding = self.held.remove(0);
+            for settle in holding.unread {
+                count(Event::Untold);
+                self.settle(settle);
+            }
             self.release(&holding.leases);
         }
     }
@@ -1863,6 +1918,9 @@ fn handler(request: Request<Body>) -> BoxFut {
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(200);
         let mut response = Response::builder().status(status);
+        if let Some(cost) = request.headers().get(COST) {
+            response = response.header(SEEN_COST, cost.clone());
+        }
         // the cost told in the header and as the body's `usage` (a number
         // as it is, anything else as a string)
         let mut body = "{}".to_owned();
@@ -1970,6 +2028,9 @@ fn build_layer(store: impl Into<Store>, spec: &LayerSpec) -> RateLimitLayer {
         } else if r.after {
             rule = rule.cost_from_header(HeaderName::from_static(USED));
         }
+        if let Some(n) = r.untold {
+            rule = rule.cost_if_untold(n);
+        }
         builder = builder.rule(rule_cost(rule, r));
     }
     if spec.delay_ms > 0 {
@@ -2038,6 +2099,10 @@ fn seen(response: &Response<impl http_body::Body>) -> Expect {
             .get("retry-after")
             .and_then(|v| v.to_str().ok()?.parse().ok()),
         ratelimit: ratelimit(response),
+        forwarded: response
+            .headers()
+            .get(SEEN_COST)
+            .and_then(|v| Some(v.to_str().ok()?.to_owned())),
     }
 }
 
@@ -2301,7 +2366,12 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
             prop_oneof![Just(0.25f64), Just(0.5), Just(1.0)],
             proptest::option::of(1u64..=3),
         ),
-        (penalty, proptest::bool::weighted(0.4), calendar()),
+        (
+            penalty,
+            proptest::bool::weighted(0.4),
+            calendar(),
+            proptest::option::weighted(0.4, 1u64..=6),
+        ),
     )
         .prop_map(
             |(
@@ -2309,7 +2379,7 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
                 (pro, key, missing),
                 (shadow, skip, refund),
                 (after, body, c, share, fallback),
-                (penalty, stored, cal),
+                (penalty, stored, cal, untold),
             )| {
                 // (calendar quotas: fixed and sliding windows, no tiers, no
                 // stored quota)
@@ -2360,6 +2430,8 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
                     // (not of buckets, as tiers; not of concurrency limits)
                     stored: stored && matches!(algo, Algo::Fixed | Algo::Log) && cal.is_none(),
                     cal,
+                    // (at most the capacity of every tier)
+                    untold: untold.filter(|_| after).map(|n| n.min(smallest)),
                 }
             },
         )
@@ -2559,6 +2631,7 @@ fn plain(algo: Algo, cap: u64) -> RuleSpec {
         penalty: None,
         stored: false,
         cal: None,
+        untold: None,
     }
 }
 
