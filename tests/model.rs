@@ -203,6 +203,11 @@ struct RuleSpec {
 #[derive(Debug, Clone)]
 struct LayerSpec {
     rules: Vec<RuleSpec>,
+    /// A memory store of at most this many states
+    /// (`MemoryStoreBuilder::max_keys`), with one rule that keeps no
+    /// other kind of state (no penalty, stored quota, tier, concurrency
+    /// or keyless key).
+    max_keys: Option<usize>,
     /// Delay mode's `max_delay` (0: off).
     delay_ms: i64,
     refund_all: Option<RefundOn>,
@@ -387,9 +392,11 @@ enum Event {
     Untold,
     /// An estimate not told written into the request forwarded.
     EstimateWritten,
+    /// A state given up for another key's in a full memory store.
+    GivenUp,
 }
 
-static EVENTS: [AtomicUsize; 17] = [const { AtomicUsize::new(0) }; 17];
+static EVENTS: [AtomicUsize; 18] = [const { AtomicUsize::new(0) }; 18];
 
 fn count(event: Event) {
     EVENTS[event as usize].fetch_add(1, Ordering::Relaxed);
@@ -441,6 +448,7 @@ fn count_features(test: usize, case: &Case) {
             any(&|r| matches!(r.cost, CostSpec::Estimate { .. })),
         ),
         ("a cost if untold", any(&|r| r.untold.is_some())),
+        ("a small memory store", layer.max_keys.is_some()),
     ];
     for (name, drawn) in drawn {
         if drawn {
@@ -494,6 +502,7 @@ fn print_events() {
             KeptDecides,
             Untold,
             EstimateWritten,
+            GivenUp,
         ];
         for e in all {
             eprintln!("{e:?}: {}", EVENTS[e as usize].load(Ordering::Relaxed));
@@ -1084,6 +1093,10 @@ struct Model {
     pens: HashMap<Id, Pen>,
     held: Vec<Holding>,
     kept: Kept,
+    /// Whether the model still knows every state: a full store gives up a
+    /// state the model cannot single out (see `make_room`), after which
+    /// only the store's bound is checked.
+    exact: bool,
 }
 
 /// The quota of `rule` at capacity `cap` (a tier's, or its own).
@@ -1152,6 +1165,7 @@ impl Model {
             pens: HashMap::new(),
             held: Vec::new(),
             kept: Kept::default(),
+            exact: true,
         }
     }
 
@@ -1233,6 +1247,9 @@ impl Model {
         let mut statuses = Vec::new();
         for (c, w) in checks.iter().zip(&waits) {
             let granted = outcome == Outcome::Granted && !dry;
+            if granted && c.cost > 0 {
+                self.make_room(c);
+            }
             let st = self.state(c);
             if granted && c.cost > 0 {
                 st.grant(c.q, at, c.cost);
@@ -1750,6 +1767,7 @@ impl Model {
     /// by the quota that decides now, at most its capacity.
     fn charge(&mut self, c: &Check, cost: i64) {
         let now = self.now;
+        self.make_room(c);
         let q = self.kept_now(c).q;
         let st = self.state(c);
         let at = st.earliest(q, now, 1).unwrap_or(now);
@@ -1762,6 +1780,74 @@ impl Model {
         }
         for (c, at) in leases {
             self.give_back(c, *at, c.cost);
+        }
+    }
+
+    /// How much of its capacity `id`'s state holds in use now (0: as a
+    /// fresh one), measured in its rule's quota.
+    fn used(&self, id: Id) -> Option<i64> {
+        let rule = &self.spec.rules[id.0];
+        let q = q_of(rule, rule.cap as u64);
+        let mut st = self.states.get(&id)?.clone();
+        st.prune(q, self.now);
+        Some(q.cap - st.remaining(q, self.now, self.now))
+    }
+
+    /// When `id`'s state expires (equal to a fresh one), for fixed and
+    /// sliding windows and logs: `None` for the others.
+    fn expiry(&self, id: Id) -> Option<i64> {
+        let rule = &self.spec.rules[id.0];
+        let q = q_of(rule, rule.cap);
+        match self.states.get(&id)? {
+            St::Fixed { start, .. } => Some(start + q.span(*start).1),
+            St::Window { start, .. } => Some(start + 2 * q.span(*start).1),
+            St::Log(log) => log.last().map(|&(t, _)| t + q.w),
+            _ => None,
+        }
+    }
+
+    /// Before a state for `c` is written in a full store
+    /// (`MemoryStoreBuilder::max_keys`): a key without a state of its own
+    /// takes the place of the state that holds the smallest share of its
+    /// capacity in use (one limit: the smallest amount), then the one that
+    /// expires first. A state as a fresh one may be given up unseen
+    /// (nothing is lost); the model follows a state given up only when one
+    /// alone comes first (else it stops being exact: the next criterion,
+    /// the key seen longest ago, is not modelled).
+    fn make_room(&mut self, c: &Check) {
+        let Some(max) = self.spec.max_keys else {
+            return;
+        };
+        let own = self.used(c.id);
+        if own.is_some_and(|used| used > 0) {
+            return;
+        }
+        let mut live: Vec<(Id, i64)> = (self.states.keys())
+            .filter(|&&id| id != c.id)
+            .filter_map(|&id| Some((id, self.used(id)?)))
+            .filter(|&(_, used)| used > 0)
+            .collect();
+        if live.len() < max {
+            return;
+        }
+        let least = live.iter().map(|&(_, used)| used).min().unwrap_or(0);
+        live.retain(|&(_, used)| used == least);
+        // then the earliest expiry (known to the model for windows and
+        // logs)
+        let expiry = |id: &Id| self.expiry(*id);
+        if live.iter().all(|(id, _)| expiry(id).is_some()) {
+            let first = live.iter().filter_map(|(id, _)| expiry(id)).min();
+            live.retain(|(id, _)| expiry(id) == first);
+        }
+        // (the key's own state, as a fresh one, is not in the store: the
+        // others fill it)
+        match &live[..] {
+            [(id, _)] => {
+                let id = *id;
+                self.states.remove(&id);
+                count(Event::GivenUp);
+            }
+            _ => self.exact = false,
         }
     }
 
@@ -2135,11 +2221,13 @@ impl tower_ratelimit::Clock for TokioClock {
 }
 
 /// Runs `case` against the layer over `store`; the first disagreement.
+/// (`held`: how many states the store holds, for a bounded memory store.)
 async fn run(
     case: &Case,
     store: impl Into<Store> + Clone,
     time: Time,
     settle: bool,
+    held: &dyn Fn() -> usize,
 ) -> Result<(), String> {
     let spec = &case.layer;
     let layer = build_layer(store.clone(), spec);
@@ -2157,8 +2245,10 @@ async fn run(
         })
         .collect();
     let mut model = Model::new(spec.clone(), case.start);
+    let states = held;
     let mut held = Vec::new();
     for (n, step) in case.steps.iter().enumerate() {
+        let exact = model.exact;
         match step {
             Step::Wait(ms) => {
                 time.advance(ms * MS).await;
@@ -2206,7 +2296,7 @@ async fn run(
                     _ => Some(call.await.expect("infallible")),
                 };
                 let got = response.as_ref().map(seen);
-                if got != expect {
+                if got != expect && exact {
                     return Err(format!(
                         "step {n} {req:?}: the layer answered {got:?}, the model {expect:?}"
                     ));
@@ -2230,9 +2320,21 @@ async fn run(
                 }
             }
         }
+        // a bounded store within its bound
+        if let Some(max) = spec.max_keys {
+            let states = states();
+            if states > max {
+                return Err(format!(
+                    "after step {n}: the store holds {states} states of {max}"
+                ));
+            }
+        }
         // what every limit has left for every key
         let patience = std::time::Instant::now() + Duration::from_secs(2);
         loop {
+            if !model.exact {
+                break;
+            }
             let mut wrong = None;
             for (i, limiter) in peeks.iter().enumerate() {
                 for (k, key) in KEYS.iter().enumerate() {
@@ -2255,6 +2357,12 @@ async fn run(
                 Some(wrong) => return Err(wrong),
             }
         }
+    }
+    if spec.max_keys.is_some() && !model.exact {
+        feature(
+            test_of(&time),
+            "a small memory store beyond the model (its bound checked)",
+        );
     }
     // a calendar quota's period turned within the case
     if let Some(cal) = spec.rules.iter().find_map(|r| r.cal) {
@@ -2285,8 +2393,13 @@ fn memory_case(case: &Case) -> Result<(), String> {
         .expect("runtime");
     runtime.block_on(async {
         let clock = TokioClock(tokio::time::Instant::now(), case.start);
-        let store = MemoryStore::with_clock(clock);
-        run(case, store, Time::Tokio, false).await
+        let store = MemoryStore::builder()
+            .clock(clock)
+            .max_keys(case.layer.max_keys.unwrap_or(100_000))
+            .build()
+            .expect("a memory store");
+        let bounded = store.clone();
+        run(case, store, Time::Tokio, false, &|| bounded.len()).await
     })
 }
 
@@ -2298,7 +2411,7 @@ fn redis_case(case: &Case) -> Result<(), String> {
     runtime.block_on(async {
         let clock = ManualClock::new(case.start);
         let store = redis_store_with_clock(&unique_prefix("model"), &clock);
-        run(case, store, Time::Manual(clock), true).await
+        run(case, store, Time::Manual(clock), true, &|| 0).await
     })
 }
 
@@ -2480,21 +2593,44 @@ fn start(rules: &[RuleSpec], turn: usize, lead_ms: i64) -> i64 {
     }
 }
 
-fn layer_spec(delay: bool) -> impl Strategy<Value = LayerSpec> {
-    let delay = if delay {
+/// `memory`: the memory store's cases (delay mode, a full store).
+fn layer_spec(memory: bool) -> impl Strategy<Value = LayerSpec> {
+    let delay = if memory {
         prop_oneof![2 => Just(0i64), 1 => Just(500), 2 => Just(2_000)].boxed()
     } else {
         Just(0i64).boxed()
+    };
+    let full = if memory {
+        proptest::option::weighted(0.15, 1usize..=2).boxed()
+    } else {
+        Just(None).boxed()
     };
     (
         proptest::collection::vec(rule(), 1..=4),
         delay,
         prop_oneof![5 => Just(None), 1 => refund_on()],
+        full,
     )
-        .prop_map(|(rules, delay_ms, refund_all)| LayerSpec {
-            rules,
-            delay_ms,
-            refund_all,
+        .prop_map(|(mut rules, delay_ms, refund_all, max_keys)| {
+            if max_keys.is_some() {
+                // one limit's rate states, keyed by x-user (3 keys)
+                rules.truncate(1);
+                for r in &mut rules {
+                    if r.algo == Algo::Concurrency {
+                        r.algo = Algo::Fixed;
+                    }
+                    if r.missing == Missing::Shared {
+                        r.missing = Missing::Skip;
+                    }
+                    (r.penalty, r.stored, r.pro) = (None, false, None);
+                }
+            }
+            LayerSpec {
+                rules,
+                max_keys,
+                delay_ms,
+                refund_all,
+            }
         })
 }
 
@@ -2665,6 +2801,7 @@ fn the_defects_of_layer_level_costs_are_found() {
     let zero = Case {
         start: T0,
         layer: LayerSpec {
+            max_keys: None,
             rules: vec![tokens, plain(Algo::Fixed, 1)],
             delay_ms: 0,
             refund_all: None,
@@ -2679,6 +2816,7 @@ fn the_defects_of_layer_level_costs_are_found() {
     let shadow_first = Case {
         start: T0,
         layer: LayerSpec {
+            max_keys: None,
             rules: vec![
                 RuleSpec {
                     shadow: true,
@@ -2701,6 +2839,7 @@ fn the_defects_of_layer_level_costs_are_found() {
     let shadow_budget = Case {
         start: T0,
         layer: LayerSpec {
+            max_keys: None,
             rules: vec![budget, plain(Algo::Log, 5)],
             delay_ms: 0,
             refund_all: None,
@@ -3270,6 +3409,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     let decided_again = Case {
         start: T0,
         layer: LayerSpec {
+            max_keys: None,
             rules: vec![
                 plain(Algo::Fixed, 3),
                 plain(Algo::Fixed, 1),
@@ -3288,6 +3428,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     let given_back = Case {
         start: T0,
         layer: LayerSpec {
+            max_keys: None,
             rules: vec![
                 team(Algo::Fixed, false),
                 plain(Algo::Fixed, 1),
@@ -3308,6 +3449,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     let charged = Case {
         start: T0,
         layer: LayerSpec {
+            max_keys: None,
             rules: vec![RuleSpec {
                 pro: Some(2),
                 after: true,
@@ -3339,6 +3481,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
         let redis = Case {
             start: T0,
             layer: LayerSpec {
+                max_keys: None,
                 delay_ms: 0,
                 ..case.layer.clone()
             },
@@ -3371,6 +3514,7 @@ fn a_bucket_refilled_between_milliseconds_in_delay_mode_answers_as_the_model() {
     let case = Case {
         start: T0,
         layer: LayerSpec {
+            max_keys: None,
             rules: vec![bucket],
             delay_ms: 500,
             refund_all: None,
