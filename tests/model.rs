@@ -67,16 +67,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{redis_store_with_clock, unique_prefix, PATIENT};
+use common::proxy::FaultProxy;
+use common::{redis_store_with_clock, redis_url, unique_prefix, PATIENT, TEST_CLOCK_SLACK};
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tokio::sync::Notify;
 use tower::{Layer, ServiceExt};
 use tower_ratelimit::key::Header;
-use tower_ratelimit::layer::{MissingKey, RateLimitLayer, RateLimitLayerBuilder, Rule};
+use tower_ratelimit::layer::{
+    MissingKey, OnStoreError, RateLimitLayer, RateLimitLayerBuilder, Rule,
+};
 use tower_ratelimit::{
-    ConfigError, Error, Limit, Limiter, ManualClock, MemoryStore, Penalty, Period, Quota, Store,
+    ConfigError, Error, Limit, Limiter, ManualClock, MemoryStore, Penalty, Period, Quota,
+    RedisStore, Store,
 };
 
 const T0: i64 = 1_800_000_000_000_000;
@@ -200,9 +204,21 @@ struct RuleSpec {
     untold: Option<u64>,
 }
 
+/// The layer's `OnStoreError` (drawn for Redis cases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnErr {
+    /// `FailClosed` with this `retry_after` (ms).
+    Closed(i64),
+    Open,
+    /// `FallbackToMemory`, in a fleet of this many instances (the others
+    /// are stores with a fallback on the same prefix, beating).
+    Fallback(u64),
+}
+
 #[derive(Debug, Clone)]
 struct LayerSpec {
     rules: Vec<RuleSpec>,
+    on_error: OnErr,
     /// A memory store of at most this many states
     /// (`MemoryStoreBuilder::max_keys`), with one rule that keeps no
     /// other kind of state (no penalty, stored quota, tier, concurrency
@@ -270,6 +286,10 @@ enum Step {
     Release,
     /// Through the layer's admin handle, between requests.
     Admin(AdminStep),
+    /// On Redis, the store's connections reset and refused (`true`) or
+    /// accepted again (`false`): an outage begins or ends (a memory
+    /// case's does nothing).
+    Outage(bool),
 }
 
 /// A change of a rule's stored quota or of a key's override, made through
@@ -394,9 +414,17 @@ enum Event {
     EstimateWritten,
     /// A state given up for another key's in a full memory store.
     GivenUp,
+    /// An outage began.
+    Outage,
+    /// A request forwarded undecided while the store was down.
+    FailedOpen,
+    /// A request answered 503 while the store was down.
+    FailedClosed,
+    /// A request decided by the memory fallback.
+    FellBack,
 }
 
-static EVENTS: [AtomicUsize; 18] = [const { AtomicUsize::new(0) }; 18];
+static EVENTS: [AtomicUsize; 22] = [const { AtomicUsize::new(0) }; 22];
 
 fn count(event: Event) {
     EVENTS[event as usize].fetch_add(1, Ordering::Relaxed);
@@ -449,6 +477,15 @@ fn count_features(test: usize, case: &Case) {
         ),
         ("a cost if untold", any(&|r| r.untold.is_some())),
         ("a small memory store", layer.max_keys.is_some()),
+        (
+            match layer.on_error {
+                OnErr::Closed(_) => "an outage, failing closed",
+                OnErr::Open => "an outage, failing open",
+                OnErr::Fallback(1) => "an outage, the memory fallback alone",
+                OnErr::Fallback(_) => "an outage, the memory fallback in a fleet of 2 or 3",
+            },
+            case.steps.iter().any(|s| matches!(s, Step::Outage(true))),
+        ),
     ];
     for (name, drawn) in drawn {
         if drawn {
@@ -503,6 +540,10 @@ fn print_events() {
             Untold,
             EstimateWritten,
             GivenUp,
+            Outage,
+            FailedOpen,
+            FailedClosed,
+            FellBack,
         ];
         for e in all {
             eprintln!("{e:?}: {}", EVENTS[e as usize].load(Ordering::Relaxed));
@@ -1097,6 +1138,12 @@ struct Model {
     /// state the model cannot single out (see `make_room`), after which
     /// only the store's bound is checked.
     exact: bool,
+    /// While the store is down: the states and penalties of the memory
+    /// fallback's store are in `states` and `pens`, Redis's here.
+    outage: Option<(HashMap<Id, St>, HashMap<Id, Pen>)>,
+    /// The fallback's states and penalties while Redis answers (kept from
+    /// one outage to the next: the store's own memory store).
+    fallback: (HashMap<Id, St>, HashMap<Id, Pen>),
 }
 
 /// The quota of `rule` at capacity `cap` (a tier's, or its own).
@@ -1166,6 +1213,8 @@ impl Model {
             held: Vec::new(),
             kept: Kept::default(),
             exact: true,
+            outage: None,
+            fallback: (HashMap::new(), HashMap::new()),
         }
     }
 
@@ -1527,6 +1576,26 @@ impl Model {
             && 10 * MS <= self.spec.delay_ms * MS
     }
 
+    /// An outage begins (`true`) or ends: the memory fallback's states take
+    /// the place of Redis's, or give it back.
+    fn outage(&mut self, on: bool) {
+        match (on, self.outage.take()) {
+            (true, None) => {
+                let fallback = std::mem::take(&mut self.fallback);
+                let states = std::mem::replace(&mut self.states, fallback.0);
+                let pens = std::mem::replace(&mut self.pens, fallback.1);
+                self.outage = Some((states, pens));
+                count(Event::Outage);
+            }
+            (false, Some((states, pens))) => {
+                let states = std::mem::replace(&mut self.states, states);
+                let pens = std::mem::replace(&mut self.pens, pens);
+                self.fallback = (states, pens);
+            }
+            (_, outage) => self.outage = outage,
+        }
+    }
+
     /// The response to `req`, and the model's state after it; `None` when
     /// the request is dropped before its response.
     fn request(&mut self, req: &Req) -> Option<Expect> {
@@ -1536,7 +1605,7 @@ impl Model {
             ratelimit: None,
             forwarded: None,
         };
-        let checks = match self.choose(req) {
+        let mut checks = match self.choose(req) {
             Ok(checks) => checks,
             Err(status) => {
                 count(Event::Answered);
@@ -1545,6 +1614,48 @@ impl Model {
         };
         if checks.is_empty() {
             return self.undecided(req);
+        }
+        // an estimate not told: the smallest charged written in its place
+        let rules = self.spec.rules.clone();
+        let written = checks
+            .iter()
+            .filter(|c| !c.shadow && req.cost == Num::Absent)
+            .filter(|c| matches!(rules[c.id.0].cost, CostSpec::Estimate { .. }))
+            .map(|c| c.cost)
+            .min();
+        let mut paid = Vec::new();
+        if self.outage.is_some() {
+            match self.spec.on_error {
+                OnErr::Open => {
+                    count(Event::FailedOpen);
+                    return self.undecided(req).map(|e| Expect {
+                        forwarded: written.map(|n| n.to_string()).or(req.cost.text()),
+                        ..e
+                    });
+                }
+                OnErr::Closed(ms) => {
+                    count(Event::FailedClosed);
+                    return Some(Expect {
+                        status: 503,
+                        retry_after: Some(ceil_secs(ms * MS)),
+                        ratelimit: None,
+                        forwarded: None,
+                    });
+                }
+                // each instance counts its share of a limit: a cost of c
+                // counted as c × n, at most the capacity (a cost that
+                // never fits as it is)
+                OnErr::Fallback(n) => {
+                    count(Event::FellBack);
+                    for c in &mut checks {
+                        paid.push(c.cost);
+                        let n = n as i64;
+                        if n > 1 && c.cost > 0 && c.cost <= c.q.cap {
+                            c.cost = (c.cost * n).min(c.q.cap);
+                        }
+                    }
+                }
+            }
         }
         let (d, at_answer) = if req.fate == Fate::Dropped {
             // polled once: a concurrency limit's first refusal waits
@@ -1562,12 +1673,18 @@ impl Model {
         } else {
             self.decision(&checks)
         };
+        // (a share's remaining counted in the request's own cost)
+        let unscaled = |i: usize, c: &Check, remaining: i64| match paid.get(i) {
+            Some(&cost) if c.cost > cost && cost > 0 => remaining * cost / c.cost,
+            _ => remaining,
+        };
         let shown = |d: &Dec| -> Option<Vec<(String, u64)>> {
             let v: Vec<(String, u64)> = checks
                 .iter()
                 .zip(&d.statuses)
-                .filter(|(c, _)| !c.shadow)
-                .map(|(c, s)| (name(c.id), s.remaining as u64))
+                .enumerate()
+                .filter(|(_, (c, _))| !c.shadow)
+                .map(|(i, (c, s))| (name(c.id), unscaled(i, c, s.remaining) as u64))
                 .collect();
             (!v.is_empty()).then_some(v)
         };
@@ -1610,6 +1727,7 @@ impl Model {
             }
             return None;
         }
+        let rules = self.spec.rules.clone();
         // forwarded (after the wait)
         count(if d.at > self.now {
             Event::Delayed
@@ -1622,7 +1740,6 @@ impl Model {
         self.now = self.now.max(woken(self.start, d.at));
         let mut statuses = d.statuses.clone();
         // refunds per the response
-        let rules = self.spec.rules.clone();
         let mut refunded = Vec::new();
         for c in &charged {
             let rule = &rules[c.id.0];
@@ -1642,13 +1759,6 @@ impl Model {
                 statuses[j].remaining = (statuses[j].remaining + c.cost).min(q.cap);
             }
         }
-        // an estimate not told: the smallest charged written in its place
-        let written = checks
-            .iter()
-            .filter(|c| !c.shadow && req.cost == Num::Absent)
-            .filter(|c| matches!(rules[c.id.0].cost, CostSpec::Estimate { .. }))
-            .map(|c| c.cost)
-            .min();
         if written.is_some() {
             count(Event::EstimateWritten);
         }
@@ -2085,7 +2195,17 @@ fn limits(i: usize, rule: &RuleSpec) -> (Limit, Limit) {
 }
 
 fn build_layer(store: impl Into<Store>, spec: &LayerSpec) -> RateLimitLayer {
-    let mut builder = RateLimitLayer::builder().store(store).timeout(PATIENT);
+    let on_error = match spec.on_error {
+        OnErr::Closed(ms) => OnStoreError::FailClosed {
+            retry_after: Duration::from_millis(ms as u64),
+        },
+        OnErr::Open => OnStoreError::FailOpen,
+        OnErr::Fallback(_) => OnStoreError::FallbackToMemory,
+    };
+    let mut builder = RateLimitLayer::builder()
+        .store(store)
+        .timeout(PATIENT)
+        .on_store_error(on_error);
     for (i, r) in spec.rules.iter().enumerate() {
         let (limit, _) = limits(i, r);
         let key = Header::new(HeaderName::from_static(KEY_HEADERS[r.key]));
@@ -2221,17 +2341,39 @@ impl tower_ratelimit::Clock for TokioClock {
 }
 
 /// Runs `case` against the layer over `store`; the first disagreement.
-/// (`held`: how many states the store holds, for a bounded memory store.)
+/// (`held`: how many states the store holds, for a bounded memory store;
+/// `proxy`: the store's way to Redis, for outages; `fleet`: the key of
+/// the fleet's set.)
 async fn run(
     case: &Case,
     store: impl Into<Store> + Clone,
     time: Time,
     settle: bool,
     held: &dyn Fn() -> usize,
+    proxy: Option<&FaultProxy>,
+    fleet: Option<&str>,
 ) -> Result<(), String> {
     let spec = &case.layer;
     let layer = build_layer(store.clone(), spec);
     let svc = layer.layer(tower::service_fn(handler));
+    if let (OnErr::Fallback(n @ 2..), Some(fleet)) = (spec.on_error, fleet) {
+        // the fleet: n - 1 more stores with a fallback on the prefix,
+        // beating every 10 ms, until all are in the fleet's set; then this
+        // store's next heartbeat counts them (learned at once: a rise)
+        let mut conn = common::connection();
+        let patience = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let beating: u64 = redis::cmd("ZCARD").arg(fleet).query(&mut conn).unwrap_or(0);
+            if beating >= n {
+                break;
+            }
+            if std::time::Instant::now() > patience {
+                return Err(format!("{beating} of a fleet of {n} beat"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
     let peeks: Vec<Limiter> = spec
         .rules
         .iter()
@@ -2260,6 +2402,39 @@ async fn run(
                 }
                 model.release_oldest();
             }
+            Step::Outage(on) => {
+                let Some(proxy) = proxy else {
+                    continue;
+                };
+                if *on == model.outage.is_some() {
+                    continue;
+                }
+                model.outage(*on);
+                proxy.refuse(*on);
+                if *on {
+                    // every connection reset before a request is sent
+                    proxy.kill_all();
+                    let patience = std::time::Instant::now() + Duration::from_secs(5);
+                    while proxy.connections() > 0 {
+                        if std::time::Instant::now() > patience {
+                            return Err(format!("step {n}: connections left open"));
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                } else {
+                    // until the store answers again (it reconnects)
+                    let patience = std::time::Instant::now() + Duration::from_secs(10);
+                    while peeks[0].peek("probe", 0).await.is_err() {
+                        if std::time::Instant::now() > patience {
+                            return Err(format!("step {n}: the store is not back"));
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                continue;
+            }
+            // (an admin step while the store is down is not drawn)
+            Step::Admin(_) if model.outage.is_some() => continue,
             Step::Admin(step) => {
                 let i = step.rule % spec.rules.len();
                 let rule = &spec.rules[i];
@@ -2332,7 +2507,8 @@ async fn run(
         // what every limit has left for every key
         let patience = std::time::Instant::now() + Duration::from_secs(2);
         loop {
-            if !model.exact {
+            // (a peek asks Redis: not while it is down)
+            if !model.exact || model.outage.is_some() {
                 break;
             }
             let mut wrong = None;
@@ -2399,7 +2575,16 @@ fn memory_case(case: &Case) -> Result<(), String> {
             .build()
             .expect("a memory store");
         let bounded = store.clone();
-        run(case, store, Time::Tokio, false, &|| bounded.len()).await
+        run(
+            case,
+            store,
+            Time::Tokio,
+            false,
+            &|| bounded.len(),
+            None,
+            None,
+        )
+        .await
     })
 }
 
@@ -2410,9 +2595,57 @@ fn redis_case(case: &Case) -> Result<(), String> {
         .expect("runtime");
     runtime.block_on(async {
         let clock = ManualClock::new(case.start);
-        let store = redis_store_with_clock(&unique_prefix("model"), &clock);
-        run(case, store, Time::Manual(clock), true, &|| 0).await
+        let prefix = unique_prefix("model");
+        if !case.steps.iter().any(|s| matches!(s, Step::Outage(_))) {
+            let store = redis_store_with_clock(&prefix, &clock);
+            return run(case, store, Time::Manual(clock), true, &|| 0, None, None).await;
+        }
+        // through a proxy that makes the outages; with a fleet of others
+        let proxy = FaultProxy::start(redis_addr());
+        let beating = |url: &str| {
+            RedisStore::builder(url)
+                .prefix(&prefix)
+                .expiry_slack(TEST_CLOCK_SLACK)
+                .clock(clock.clone())
+                .fleet_heartbeat(Duration::from_millis(10))
+                .build()
+                .expect("build the Redis store")
+        };
+        let fleet = match case.layer.on_error {
+            OnErr::Fallback(n) => n,
+            _ => 1,
+        };
+        let others: Vec<RateLimitLayer> = (1..fleet)
+            .map(|_| build_layer(beating(&redis_url()), &case.layer))
+            .collect();
+        let store = beating(&proxy.url());
+        let fleet = format!("{prefix}:fleet");
+        let ran = run(
+            case,
+            store,
+            Time::Manual(clock),
+            true,
+            &|| 0,
+            Some(&proxy),
+            Some(&fleet),
+        )
+        .await;
+        drop(others);
+        ran
     })
+}
+
+/// The address of the test binary's Redis (for a proxy to it).
+fn redis_addr() -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let url = redis_url();
+    let rest = url.trim_start_matches("redis://");
+    let host = rest.split('/').next().unwrap_or(rest);
+    let host = host.rsplit('@').next().unwrap_or(host);
+    host.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .expect("the Redis URL's address")
 }
 
 // ----------------------------------------------------------- strategies
@@ -2605,13 +2838,27 @@ fn layer_spec(memory: bool) -> impl Strategy<Value = LayerSpec> {
     } else {
         Just(None).boxed()
     };
+    let on_error = if memory {
+        Just(OnErr::Closed(1_000)).boxed()
+    } else {
+        prop_oneof![
+            Just(OnErr::Closed(1_000)),
+            Just(OnErr::Closed(2_500)),
+            Just(OnErr::Open),
+            Just(OnErr::Fallback(1)),
+            Just(OnErr::Fallback(2)),
+            Just(OnErr::Fallback(3)),
+        ]
+        .boxed()
+    };
     (
         proptest::collection::vec(rule(), 1..=4),
         delay,
         prop_oneof![5 => Just(None), 1 => refund_on()],
         full,
+        on_error,
     )
-        .prop_map(|(mut rules, delay_ms, refund_all, max_keys)| {
+        .prop_map(|(mut rules, delay_ms, refund_all, max_keys, on_error)| {
             if max_keys.is_some() {
                 // one limit's rate states, keyed by x-user (3 keys)
                 rules.truncate(1);
@@ -2627,6 +2874,7 @@ fn layer_spec(memory: bool) -> impl Strategy<Value = LayerSpec> {
             }
             LayerSpec {
                 rules,
+                on_error,
                 max_keys,
                 delay_ms,
                 refund_all,
@@ -2670,29 +2918,55 @@ fn admin_step() -> impl Strategy<Value = AdminStep> {
     (0usize..4, op).prop_map(|(rule, op)| AdminStep { rule, op })
 }
 
-fn step() -> impl Strategy<Value = Step> {
+/// `memory`: a memory case's steps (no outage).
+fn step(memory: bool) -> impl Strategy<Value = Step> {
+    let outage = if memory { 0 } else { 1 };
     prop_oneof![
         7 => req().prop_map(Step::Req),
         2 => prop_oneof![Just(100i64), Just(400), Just(1_000), Just(2_500)].prop_map(Step::Wait),
         1 => Just(Step::Release),
         1 => admin_step().prop_map(Step::Admin),
+        outage => proptest::bool::ANY.prop_map(Step::Outage),
     ]
 }
 
-fn case(delay: bool) -> impl Strategy<Value = Case> {
+/// A case with an outage keeps to what an outage leaves well defined:
+/// no cost told by the response (a charge that fails is tried again for
+/// the timeout), no concurrency limit (a lease taken on one store and
+/// given back to the other), and with the memory fallback no stored
+/// quota (the fallback does not know Redis's).
+fn with_outage(mut case: Case) -> Case {
+    if !case.steps.iter().any(|s| matches!(s, Step::Outage(true))) {
+        return case;
+    }
+    let fallback = matches!(case.layer.on_error, OnErr::Fallback(_));
+    for r in &mut case.layer.rules {
+        (r.after, r.body, r.untold) = (false, false, None);
+        if let CostSpec::Estimate { .. } = r.cost {
+            r.cost = CostSpec::Header { fallback: None };
+        }
+        if r.algo == Algo::Concurrency {
+            r.algo = Algo::Log;
+        }
+        r.stored &= !fallback;
+    }
+    case
+}
+
+fn case(memory: bool) -> impl Strategy<Value = Case> {
     (
-        layer_spec(delay),
-        proptest::collection::vec(step(), 1..=10),
+        layer_spec(memory),
+        proptest::collection::vec(step(memory), 1..=10),
         0..TURNS.len(),
         prop_oneof![Just(100i64), Just(300), Just(1_000), Just(2_700)],
     )
         .prop_map(|(layer, steps, turn, lead_ms)| {
             let start = start(&layer.rules, turn, lead_ms);
-            adapt(Case {
+            with_outage(adapt(Case {
                 layer,
                 steps,
                 start,
-            })
+            }))
         })
         .prop_filter("a known defect (see KNOWN)", |c| known(c).is_none())
 }
@@ -2741,6 +3015,7 @@ proptest! {
             prop_assert!(false, "{}", why);
         }
         if RUN.fetch_add(1, Ordering::Relaxed) + 1 == cases("MODEL_REDIS_CASES", 200) as usize {
+            print_events();
             print_rules(1);
             print_features(1);
         }
@@ -2801,6 +3076,7 @@ fn the_defects_of_layer_level_costs_are_found() {
     let zero = Case {
         start: T0,
         layer: LayerSpec {
+            on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![tokens, plain(Algo::Fixed, 1)],
             delay_ms: 0,
@@ -2816,6 +3092,7 @@ fn the_defects_of_layer_level_costs_are_found() {
     let shadow_first = Case {
         start: T0,
         layer: LayerSpec {
+            on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![
                 RuleSpec {
@@ -2839,6 +3116,7 @@ fn the_defects_of_layer_level_costs_are_found() {
     let shadow_budget = Case {
         start: T0,
         layer: LayerSpec {
+            on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![budget, plain(Algo::Log, 5)],
             delay_ms: 0,
@@ -3409,6 +3687,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     let decided_again = Case {
         start: T0,
         layer: LayerSpec {
+            on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![
                 plain(Algo::Fixed, 3),
@@ -3428,6 +3707,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     let given_back = Case {
         start: T0,
         layer: LayerSpec {
+            on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![
                 team(Algo::Fixed, false),
@@ -3449,6 +3729,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     let charged = Case {
         start: T0,
         layer: LayerSpec {
+            on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![RuleSpec {
                 pro: Some(2),
@@ -3481,6 +3762,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
         let redis = Case {
             start: T0,
             layer: LayerSpec {
+                on_error: OnErr::Closed(1_000),
                 max_keys: None,
                 delay_ms: 0,
                 ..case.layer.clone()
@@ -3514,6 +3796,7 @@ fn a_bucket_refilled_between_milliseconds_in_delay_mode_answers_as_the_model() {
     let case = Case {
         start: T0,
         layer: LayerSpec {
+            on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![bucket],
             delay_ms: 500,
