@@ -290,6 +290,11 @@ enum Step {
     /// accepted again (`false`): an outage begins or ends (a memory
     /// case's does nothing).
     Outage(bool),
+    /// On Redis, requests sent at once: the first goes out alone, the
+    /// others wait for it and go together, coalesced into one call of the
+    /// library (`RedisStoreBuilder::coalesce_decisions`), decided in the
+    /// order they came.
+    Burst(Vec<Req>),
 }
 
 /// A change of a rule's stored quota or of a key's override, made through
@@ -445,6 +450,9 @@ fn count_rules(test: usize, case: &Case) {
 static FEATURES: std::sync::Mutex<Vec<(&'static str, [usize; 2])>> =
     std::sync::Mutex::new(Vec::new());
 static CASES_RUN: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+/// The requests of bursts sent while Redis answered, and the calls of the
+/// library (`FCALL`) they took, printed with `MODEL_STATS=1`.
+static BURSTS: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
 
 /// Counts a case of test `test` with `feature`.
 fn feature(test: usize, feature: &'static str) {
@@ -477,6 +485,10 @@ fn count_features(test: usize, case: &Case) {
         ),
         ("a cost if untold", any(&|r| r.untold.is_some())),
         ("a small memory store", layer.max_keys.is_some()),
+        (
+            "a burst (coalesced)",
+            case.steps.iter().any(|s| matches!(s, Step::Burst(_))),
+        ),
         (
             match layer.on_error {
                 OnErr::Closed(_) => "an outage, failing closed",
@@ -2433,6 +2445,43 @@ async fn run(
                 }
                 continue;
             }
+            Step::Burst(reqs) => {
+                let expects: Vec<Option<Expect>> = reqs.iter().map(|r| model.request(r)).collect();
+                let calls = |conn: &mut Option<redis::Connection>| {
+                    conn.as_mut()
+                        .map_or(0, |c| common::command_calls(c, "fcall"))
+                };
+                // (outside an outage: the calls the burst made)
+                let mut conn = match (&time, &model.outage) {
+                    (Time::Manual(_), None) => Some(common::connection()),
+                    _ => None,
+                };
+                let before = calls(&mut conn);
+                let sent = reqs.iter().map(|r| svc.clone().oneshot(http_request(r)));
+                let responses = futures::future::join_all(sent).await;
+                let made = calls(&mut conn).saturating_sub(before);
+                if conn.is_some() {
+                    BURSTS[0].fetch_add(reqs.len(), Ordering::Relaxed);
+                    BURSTS[1].fetch_add(made as usize, Ordering::Relaxed);
+                }
+                let mut wait = 0;
+                for (k, (response, expect)) in responses.into_iter().zip(expects).enumerate() {
+                    let response = response.expect("infallible");
+                    let got = Some(seen(&response));
+                    if got != expect && exact {
+                        return Err(format!(
+                            "step {n} {:?}, request {k}: the layer answered {got:?}, the model \
+                             {expect:?}",
+                            reqs[k]
+                        ));
+                    }
+                    wait = wait.max(got.and_then(|g| g.retry_after).unwrap_or(0));
+                    let _ = response.into_body().collect().await;
+                }
+                // every denial waited out (see below)
+                time.advance(wait as i64 * SEC).await;
+                model.now += wait as i64 * SEC;
+            }
             // (an admin step while the store is down is not drawn)
             Step::Admin(_) if model.outage.is_some() => continue,
             Step::Admin(step) => {
@@ -2918,16 +2967,47 @@ fn admin_step() -> impl Strategy<Value = AdminStep> {
     (0usize..4, op).prop_map(|(rule, op)| AdminStep { rule, op })
 }
 
-/// `memory`: a memory case's steps (no outage).
+/// `memory`: a memory case's steps (no outage, no burst).
 fn step(memory: bool) -> impl Strategy<Value = Step> {
-    let outage = if memory { 0 } else { 1 };
+    let redis = if memory { 0 } else { 1 };
+    let burst = proptest::collection::vec(req(), 2..=5).prop_map(|mut reqs| {
+        for r in &mut reqs {
+            r.fate = Fate::Complete;
+        }
+        Step::Burst(reqs)
+    });
     prop_oneof![
-        7 => req().prop_map(Step::Req),
-        2 => prop_oneof![Just(100i64), Just(400), Just(1_000), Just(2_500)].prop_map(Step::Wait),
-        1 => Just(Step::Release),
-        1 => admin_step().prop_map(Step::Admin),
-        outage => proptest::bool::ANY.prop_map(Step::Outage),
+        14 => req().prop_map(Step::Req),
+        4 => prop_oneof![Just(100i64), Just(400), Just(1_000), Just(2_500)].prop_map(Step::Wait),
+        2 => Just(Step::Release),
+        2 => admin_step().prop_map(Step::Admin),
+        2 * redis => proptest::bool::ANY.prop_map(Step::Outage),
+        redis => burst,
     ]
+}
+
+/// A case with a burst keeps to layers whose requests are decided in one
+/// round trip each and change nothing after their response: the model
+/// decides a burst's requests one after the other, as the store does,
+/// and would misplace what they do after it (no refund, no cost told by
+/// the response, no concurrency limit, no shadow limit (decided again
+/// without it), no stored quota (read on its own)).
+fn with_burst(mut case: Case) -> Case {
+    if !case.steps.iter().any(|s| matches!(s, Step::Burst(_))) {
+        return case;
+    }
+    case.layer.refund_all = None;
+    for r in &mut case.layer.rules {
+        (r.after, r.body, r.untold, r.refund) = (false, false, None, None);
+        (r.shadow, r.stored) = (false, false);
+        if let CostSpec::Estimate { .. } = r.cost {
+            r.cost = CostSpec::Header { fallback: None };
+        }
+        if r.algo == Algo::Concurrency {
+            r.algo = Algo::Log;
+        }
+    }
+    case
 }
 
 /// A case with an outage keeps to what an outage leaves well defined:
@@ -2962,11 +3042,11 @@ fn case(memory: bool) -> impl Strategy<Value = Case> {
     )
         .prop_map(|(layer, steps, turn, lead_ms)| {
             let start = start(&layer.rules, turn, lead_ms);
-            with_outage(adapt(Case {
+            with_burst(with_outage(adapt(Case {
                 layer,
                 steps,
                 start,
-            }))
+            })))
         })
         .prop_filter("a known defect (see KNOWN)", |c| known(c).is_none())
 }
@@ -3018,6 +3098,10 @@ proptest! {
             print_events();
             print_rules(1);
             print_features(1);
+            if std::env::var_os("MODEL_STATS").is_some() {
+                let n = |i: usize| BURSTS[i].load(Ordering::Relaxed);
+                eprintln!("bursts: {} requests decided in {} library calls", n(0), n(1));
+            }
         }
     }
 }
