@@ -2530,6 +2530,11 @@ async fn run(
                 // (for a larger cost, a `retry_after` that is a lower
                 // bound: documented, not exact): the traffic waits a
                 // denial out before it goes on.
+                // (a request that waited: the store's time is the model's
+                // once it is answered)
+                if let Time::Manual(clock) = &time {
+                    clock.set(model.now);
+                }
                 let retry = got.as_ref().and_then(|g| g.retry_after);
                 if let (Some(secs), Time::Manual(_)) = (retry, &time) {
                     time.advance(secs as i64 * SEC).await;
@@ -2877,10 +2882,11 @@ fn start(rules: &[RuleSpec], turn: usize, lead_ms: i64) -> i64 {
 
 /// `memory`: the memory store's cases (delay mode, a full store).
 fn layer_spec(memory: bool) -> impl Strategy<Value = LayerSpec> {
+    // (on Redis the layer sleeps in real time: a short delay)
     let delay = if memory {
         prop_oneof![2 => Just(0i64), 1 => Just(500), 2 => Just(2_000)].boxed()
     } else {
-        Just(0i64).boxed()
+        prop_oneof![5 => Just(0i64), 1 => Just(1_000)].boxed()
     };
     let full = if memory {
         proptest::option::weighted(0.15, 1usize..=2).boxed()
@@ -2996,6 +3002,9 @@ fn with_burst(mut case: Case) -> Case {
     if !case.steps.iter().any(|s| matches!(s, Step::Burst(_))) {
         return case;
     }
+    // (requests that wait are decided at one time, and the model's clock
+    // would move on between them)
+    case.layer.delay_ms = 0;
     case.layer.refund_all = None;
     for r in &mut case.layer.rules {
         (r.after, r.body, r.untold, r.refund) = (false, false, None, None);
@@ -3015,6 +3024,37 @@ fn with_burst(mut case: Case) -> Case {
 /// the timeout), no concurrency limit (a lease taken on one store and
 /// given back to the other), and with the memory fallback no stored
 /// quota (the fallback does not know Redis's).
+/// Delay mode on Redis: the layer sleeps in real time while the store's
+/// clock (a `ManualClock`) stands still, and the traffic moves it on to
+/// the model's time once the response is in. So a case in delay mode on
+/// Redis keeps to requests that ask nothing of the store after their
+/// decision (no refund, no cost told by the response, no concurrency
+/// limit), and none is dropped (over a network, one is dropped in the
+/// handler, after its wait).
+fn with_delay_on_redis(mut case: Case) -> Case {
+    if case.layer.delay_ms == 0 {
+        return case;
+    }
+    case.layer.refund_all = None;
+    for r in &mut case.layer.rules {
+        (r.after, r.body, r.untold, r.refund) = (false, false, None, None);
+        if let CostSpec::Estimate { .. } = r.cost {
+            r.cost = CostSpec::Header { fallback: None };
+        }
+        if r.algo == Algo::Concurrency {
+            r.algo = Algo::Log;
+        }
+    }
+    for step in &mut case.steps {
+        if let Step::Req(r) = step {
+            if r.fate == Fate::Dropped {
+                r.fate = Fate::Complete;
+            }
+        }
+    }
+    case
+}
+
 fn with_outage(mut case: Case) -> Case {
     if !case.steps.iter().any(|s| matches!(s, Step::Outage(true))) {
         return case;
@@ -3040,13 +3080,17 @@ fn case(memory: bool) -> impl Strategy<Value = Case> {
         0..TURNS.len(),
         prop_oneof![Just(100i64), Just(300), Just(1_000), Just(2_700)],
     )
-        .prop_map(|(layer, steps, turn, lead_ms)| {
+        .prop_map(move |(layer, steps, turn, lead_ms)| {
             let start = start(&layer.rules, turn, lead_ms);
-            with_burst(with_outage(adapt(Case {
+            let case = with_burst(with_outage(adapt(Case {
                 layer,
                 steps,
                 start,
-            })))
+            })));
+            match memory {
+                true => case,
+                false => with_delay_on_redis(case),
+            }
         })
         .prop_filter("a known defect (see KNOWN)", |c| known(c).is_none())
 }
@@ -3891,4 +3935,39 @@ fn a_bucket_refilled_between_milliseconds_in_delay_mode_answers_as_the_model() {
     if let Err(why) = memory_case(&case) {
         panic!("{why}");
     }
+}
+
+/// Delay mode on Redis: a request that waits for a token.
+#[test]
+fn a_request_waits_in_delay_mode_on_redis_as_the_model() {
+    let case = Case {
+        layer: LayerSpec {
+            rules: vec![plain(Algo::Bucket, 1)],
+            on_error: OnErr::Closed(1_000),
+            max_keys: None,
+            delay_ms: 600,
+            refund_all: None,
+        },
+        steps: vec![
+            by_a(Num::Absent, 200, Num::Absent),
+            Step::Wait(500),
+            by_a(Num::Absent, 200, Num::Absent),
+            by_a(Num::Absent, 200, Num::Absent),
+        ],
+        start: T0,
+    };
+    // the model: the second request waits 500 ms for the next token, the
+    // third is refused (its wait, a second, is over the delay)
+    let mut model = Model::new(case.layer.clone(), T0);
+    let mut answers = Vec::new();
+    for step in &case.steps {
+        match step {
+            Step::Req(req) => answers.push(model.request(req).map(|e| e.status)),
+            Step::Wait(ms) => model.now += ms * MS,
+            _ => {}
+        }
+    }
+    assert_eq!(answers, [Some(200), Some(200), Some(429)]);
+    assert_eq!(model.now, T0 + 1_000 * MS);
+    redis_case(&case).unwrap_or_else(|why| panic!("{why}"));
 }
