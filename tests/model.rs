@@ -5,41 +5,57 @@
 //! `i64` arithmetic over microseconds, written from the layer's documented
 //! semantics (the outcome table of `layer`, `Rule`, `Limit::shadow`,
 //! `Limit::with_penalty`, `Limit::concurrency`, the estimates of
-//! `Rule::settle_estimates`). A case is a layer of 1 to 4 rules (fixed
-//! window, sliding log, token bucket or concurrency limit; a key from one
-//! of two headers, sometimes missing, with its `MissingKey` policy; a cost
-//! on arrival, fixed, from a request header (with a fallback) or an
-//! estimate settled after the response; shadow mode; an exemption; a
-//! second tier; a refund predicate on the status; a cost told by a
-//! response header or by the JSON body's `usage`; a penalty; a stored
-//! quota), optionally delay mode and a layer-wide refund predicate, and a
-//! few steps of traffic (requests with their keys, costs (0, absent,
-//! garbage, negative included), statuses and usage, some dropped before
-//! their response, some with their body held; waits; releases of held
-//! bodies; admin steps through `RateLimitLayer::admin`: a rule's stored
-//! quota set or removed, a key's override set, for a while or for good,
-//! or removed, each answered as the model says, a rule without a stored
-//! quota refusing them).
+//! `Rule::settle_estimates`, `OnStoreError`, `MemoryStoreBuilder::max_keys`).
+//! A case is a layer of 1 to 4 rules (fixed window, sliding log, token
+//! bucket, GCRA, sliding window counter or concurrency limit; a calendar
+//! quota (a day, week, month or year at an offset from UTC) for some fixed
+//! and sliding windows; a key from one of two headers, sometimes missing,
+//! with its `MissingKey` policy; a cost on arrival, fixed, from a request
+//! header (with a fallback) or an estimate settled after the response
+//! (the fallback written into the request forwarded); shadow mode; an
+//! exemption; a second tier; a refund predicate on the status; a cost told
+//! by a response header or by the JSON body's `usage`, with
+//! `Rule::cost_if_untold`; a penalty; a stored quota), optionally delay
+//! mode, a layer-wide refund predicate, and (memory) a store of 1 or 2
+//! states or (Redis) a store-failure policy, and a few steps of traffic
+//! (requests with their keys, costs (0, absent, garbage, negative
+//! included), statuses and usage, some dropped before their response, some
+//! with their body held; waits; releases of held bodies; admin steps
+//! through `RateLimitLayer::admin`: a rule's stored quota set or removed, a
+//! key's override set, for a while or for good, or removed, each answered
+//! as the model says, a rule without a stored quota refusing them; on
+//! Redis, bursts of requests sent at once (coalesced into one call of the
+//! library) and outages that begin and end). A case with a calendar quota
+//! starts a little before its periods turn.
 //! Every response is compared with the model (status, `Retry-After`, the
-//! `RateLimit` field's remaining amounts), and after every step what every
-//! limit has left for every key (`Limiter::peek` through a limiter of the
-//! same limits on the same store).
+//! `RateLimit` field's remaining amounts, the cost header the handler
+//! saw), and after every step what every limit has left for every key
+//! (`Limiter::peek` through a limiter of the same limits on the same
+//! store; not during an outage). A memory store that fills gives up a
+//! state the model follows while it can single it out; beyond, only its
+//! bound is checked.
 //!
 //! On the memory store the store's clock is tokio's paused clock (from
 //! `T0`), so delay mode's sleeps (and a concurrency limit's pauses in delay
 //! mode) and the store's time are one timeline: a wait of the traffic is
-//! `tokio::time::advance`. On Redis (fewer cases, no delay mode: a paused
-//! clock would time out the store's calls) the store reads a `ManualClock`,
-//! and the traffic waits out each denial (the limiter's cache of denials
-//! answers within it, with a `Retry-After` documented as a lower bound for
-//! a larger cost); charges and refunds made on tasks of their own are
-//! waited for (up to 2 s) before what is left is compared.
+//! `tokio::time::advance` (tokio's timer wakes a sleeping request at the
+//! next whole millisecond). On Redis (fewer cases; a paused clock would
+//! time out the store's calls) the store reads a `ManualClock`, and the
+//! traffic waits out each denial (the limiter's cache of denials answers
+//! within it, with a `Retry-After` documented as a lower bound for a larger
+//! cost); charges and refunds made on tasks of their own are waited for
+//! (up to 2 s) before what is left is compared. In delay mode on Redis the
+//! layer sleeps in real time and the clock is moved on to the model's time
+//! once the response is in (so such a case asks nothing of the store after
+//! a decision: see `with_delay_on_redis`; and see `with_burst` and
+//! `with_outage` for what bursts and outages leave out).
 //!
-//! Not drawn: GCRA and sliding windows, tiers of token buckets (a full
-//! bucket is forgotten and read again as full by any tier), tiers of
-//! another window, stored quotas of token buckets (the same reason) and of
-//! concurrency limits, layer-wide exemptions and deny-lists, store
-//! failures, live limits, hot keys.
+//! Not drawn: tiers of token buckets, GCRA or sliding windows (a full
+//! bucket is forgotten and read again as full by any tier), stored quotas
+//! of those and of concurrency limits and calendar quotas (refused),
+//! layer-wide exemptions and deny-lists, live limits, hot keys. The fleet
+//! of the memory fallback is drawn on one Redis (other store handles on
+//! the same prefix), not across processes.
 //!
 //! Case counts: `MODEL_CASES` (default 2000) memory cases, and
 //! `MODEL_REDIS_CASES` (default 200) Redis cases. A longer run:
