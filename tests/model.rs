@@ -1169,6 +1169,8 @@ struct Model {
     /// While the store is down: the states and penalties of the memory
     /// fallback's store are in `states` and `pens`, Redis's here.
     outage: Option<(HashMap<Id, St>, HashMap<Id, Pen>)>,
+    /// Whether a request waited in delay mode.
+    delayed: bool,
     /// The fallback's states and penalties while Redis answers (kept from
     /// one outage to the next: the store's own memory store).
     fallback: (HashMap<Id, St>, HashMap<Id, Pen>),
@@ -1242,6 +1244,7 @@ impl Model {
             kept: Kept::default(),
             exact: true,
             outage: None,
+            delayed: false,
             fallback: (HashMap::new(), HashMap::new()),
         }
     }
@@ -1757,6 +1760,7 @@ impl Model {
         }
         let rules = self.spec.rules.clone();
         // forwarded (after the wait)
+        self.delayed |= d.at > self.now;
         count(if d.at > self.now {
             Event::Delayed
         } else {
@@ -2610,6 +2614,9 @@ async fn run(
             "a small memory store beyond the model (its bound checked)",
         );
     }
+    if model.delayed {
+        feature(test_of(&time), "a request waited in delay mode");
+    }
     // a calendar quota's period turned within the case
     if let Some(cal) = spec.rules.iter().find_map(|r| r.cal) {
         let (start, len, _) = cal.span(case.start);
@@ -2902,7 +2909,7 @@ fn layer_spec(memory: bool) -> impl Strategy<Value = LayerSpec> {
     let delay = if memory {
         prop_oneof![2 => Just(0i64), 1 => Just(500), 2 => Just(2_000)].boxed()
     } else {
-        prop_oneof![5 => Just(0i64), 1 => Just(1_000)].boxed()
+        prop_oneof![5 => Just(0i64), 1 => Just(200)].boxed()
     };
     let full = if memory {
         proptest::option::weighted(0.15, 1usize..=2).boxed()
@@ -3046,13 +3053,15 @@ fn with_burst(mut case: Case) -> Case {
 /// Redis keeps to requests that ask nothing of the store after their
 /// decision (no refund, no cost told by the response, no concurrency
 /// limit), and none is dropped (over a network, one is dropped in the
-/// handler, after its wait).
+/// handler, after its wait); and its windows are a tenth as long (100 to
+/// 500 ms), so that its requests wait often, and not long in real time.
 fn with_delay_on_redis(mut case: Case) -> Case {
     if case.layer.delay_ms == 0 {
         return case;
     }
     case.layer.refund_all = None;
     for r in &mut case.layer.rules {
+        r.window_ms /= 10;
         (r.after, r.body, r.untold, r.refund) = (false, false, None, None);
         if let CostSpec::Estimate { .. } = r.cost {
             r.cost = CostSpec::Header { fallback: None };
