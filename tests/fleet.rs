@@ -521,5 +521,9 @@ async fn the_fallback_decides_on_the_stores_clock() {
     assert_eq!(statuses(first), [ok, ok, ok, refused]);
     clock.advance(HOUR);
     let (status, by) = send(&app, "/sms", "clock").await;
-    assert_eq!((status, by.as_str()), (ok, "fallback"), "a new hour on the store's clock");
+    assert_eq!(
+        (status, by.as_str()),
+        (ok, "fallback"),
+        "a new hour on the store's clock"
+    );
 }

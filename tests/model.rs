@@ -1929,7 +1929,7 @@ impl Model {
     /// fresh one), measured in its rule's quota.
     fn used(&self, id: Id) -> Option<i64> {
         let rule = &self.spec.rules[id.0];
-        let q = q_of(rule, rule.cap as u64);
+        let q = q_of(rule, rule.cap);
         let mut st = self.states.get(&id)?.clone();
         st.prune(q, self.now);
         Some(q.cap - st.remaining(q, self.now, self.now))
