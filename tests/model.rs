@@ -84,7 +84,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::proxy::FaultProxy;
-use common::{redis_store_with_clock, redis_url, unique_prefix, PATIENT, TEST_CLOCK_SLACK};
+use common::{redis_url, unique_prefix, PATIENT, TEST_CLOCK_SLACK};
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
@@ -235,6 +235,9 @@ enum OnErr {
 struct LayerSpec {
     rules: Vec<RuleSpec>,
     on_error: OnErr,
+    /// On Redis, `RedisStoreBuilder::coalesce_decisions` (the default,
+    /// `true`; `false`: each decision sent at once, pipelined).
+    coalesce: bool,
     /// A memory store of at most this many states
     /// (`MemoryStoreBuilder::max_keys`), with one rule that keeps no
     /// other kind of state (no penalty, stored quota, tier, concurrency
@@ -467,8 +470,9 @@ static FEATURES: std::sync::Mutex<Vec<(&'static str, [usize; 2])>> =
     std::sync::Mutex::new(Vec::new());
 static CASES_RUN: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
 /// The requests of bursts sent while Redis answered, and the calls of the
-/// library (`FCALL`) they took, printed with `MODEL_STATS=1`.
-static BURSTS: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+/// library (`FCALL`) they took, coalesced and not, printed with
+/// `MODEL_STATS=1`.
+static BURSTS: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 
 /// Counts a case of test `test` with `feature`.
 fn feature(test: usize, feature: &'static str) {
@@ -502,7 +506,10 @@ fn count_features(test: usize, case: &Case) {
         ("a cost if untold", any(&|r| r.untold.is_some())),
         ("a small memory store", layer.max_keys.is_some()),
         (
-            "a burst (coalesced)",
+            match layer.coalesce {
+                true => "a burst (coalesced)",
+                false => "a burst (not coalesced: pipelined)",
+            },
             case.steps.iter().any(|s| matches!(s, Step::Burst(_))),
         ),
         (
@@ -2481,8 +2488,9 @@ async fn run(
                 let responses = futures::future::join_all(sent).await;
                 let made = calls(&mut conn).saturating_sub(before);
                 if conn.is_some() {
-                    BURSTS[0].fetch_add(reqs.len(), Ordering::Relaxed);
-                    BURSTS[1].fetch_add(made as usize, Ordering::Relaxed);
+                    let i = if spec.coalesce { 0 } else { 2 };
+                    BURSTS[i].fetch_add(reqs.len(), Ordering::Relaxed);
+                    BURSTS[i + 1].fetch_add(made as usize, Ordering::Relaxed);
                 }
                 let mut wait = 0;
                 for (k, (response, expect)) in responses.into_iter().zip(expects).enumerate() {
@@ -2674,7 +2682,13 @@ fn redis_case(case: &Case) -> Result<(), String> {
         let clock = ManualClock::new(case.start);
         let prefix = unique_prefix("model");
         if !case.steps.iter().any(|s| matches!(s, Step::Outage(_))) {
-            let store = redis_store_with_clock(&prefix, &clock);
+            let store = RedisStore::builder(redis_url())
+                .prefix(&prefix)
+                .expiry_slack(TEST_CLOCK_SLACK)
+                .clock(clock.clone())
+                .coalesce_decisions(case.layer.coalesce)
+                .build()
+                .expect("build the Redis store");
             return run(case, store, Time::Manual(clock), true, &|| 0, None, None).await;
         }
         // through a proxy that makes the outages; with a fleet of others
@@ -2684,6 +2698,7 @@ fn redis_case(case: &Case) -> Result<(), String> {
                 .prefix(&prefix)
                 .expiry_slack(TEST_CLOCK_SLACK)
                 .clock(clock.clone())
+                .coalesce_decisions(case.layer.coalesce)
                 .fleet_heartbeat(Duration::from_millis(10))
                 .build()
                 .expect("build the Redis store")
@@ -2929,35 +2944,43 @@ fn layer_spec(memory: bool) -> impl Strategy<Value = LayerSpec> {
         ]
         .boxed()
     };
+    let coalesce = if memory {
+        Just(true).boxed()
+    } else {
+        proptest::bool::weighted(0.75).boxed()
+    };
     (
         proptest::collection::vec(rule(), 1..=4),
         delay,
         prop_oneof![5 => Just(None), 1 => refund_on()],
         full,
-        on_error,
+        (on_error, coalesce),
     )
-        .prop_map(|(mut rules, delay_ms, refund_all, max_keys, on_error)| {
-            if max_keys.is_some() {
-                // one limit's rate states, keyed by x-user (3 keys)
-                rules.truncate(1);
-                for r in &mut rules {
-                    if r.algo == Algo::Concurrency {
-                        r.algo = Algo::Fixed;
+        .prop_map(
+            |(mut rules, delay_ms, refund_all, max_keys, (on_error, coalesce))| {
+                if max_keys.is_some() {
+                    // one limit's rate states, keyed by x-user (3 keys)
+                    rules.truncate(1);
+                    for r in &mut rules {
+                        if r.algo == Algo::Concurrency {
+                            r.algo = Algo::Fixed;
+                        }
+                        if r.missing == Missing::Shared {
+                            r.missing = Missing::Skip;
+                        }
+                        (r.penalty, r.stored, r.pro) = (None, false, None);
                     }
-                    if r.missing == Missing::Shared {
-                        r.missing = Missing::Skip;
-                    }
-                    (r.penalty, r.stored, r.pro) = (None, false, None);
                 }
-            }
-            LayerSpec {
-                rules,
-                on_error,
-                max_keys,
-                delay_ms,
-                refund_all,
-            }
-        })
+                LayerSpec {
+                    rules,
+                    on_error,
+                    coalesce,
+                    max_keys,
+                    delay_ms,
+                    refund_all,
+                }
+            },
+        )
 }
 
 fn req() -> impl Strategy<Value = Req> {
@@ -3169,7 +3192,8 @@ proptest! {
             print_features(1);
             if std::env::var_os("MODEL_STATS").is_some() {
                 let n = |i: usize| BURSTS[i].load(Ordering::Relaxed);
-                eprintln!("bursts: {} requests decided in {} library calls", n(0), n(1));
+                eprintln!("bursts, coalesced: {} requests decided in {} library calls", n(0), n(1));
+                eprintln!("bursts, not coalesced: {} requests in {} calls", n(2), n(3));
             }
         }
     }
@@ -3229,6 +3253,7 @@ fn the_defects_of_layer_level_costs_are_found() {
     let zero = Case {
         start: T0,
         layer: LayerSpec {
+            coalesce: true,
             on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![tokens, plain(Algo::Fixed, 1)],
@@ -3245,6 +3270,7 @@ fn the_defects_of_layer_level_costs_are_found() {
     let shadow_first = Case {
         start: T0,
         layer: LayerSpec {
+            coalesce: true,
             on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![
@@ -3269,6 +3295,7 @@ fn the_defects_of_layer_level_costs_are_found() {
     let shadow_budget = Case {
         start: T0,
         layer: LayerSpec {
+            coalesce: true,
             on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![budget, plain(Algo::Log, 5)],
@@ -3840,6 +3867,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     let decided_again = Case {
         start: T0,
         layer: LayerSpec {
+            coalesce: true,
             on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![
@@ -3860,6 +3888,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     let given_back = Case {
         start: T0,
         layer: LayerSpec {
+            coalesce: true,
             on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![
@@ -3882,6 +3911,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     let charged = Case {
         start: T0,
         layer: LayerSpec {
+            coalesce: true,
             on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![RuleSpec {
@@ -3915,6 +3945,7 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
         let redis = Case {
             start: T0,
             layer: LayerSpec {
+                coalesce: true,
                 on_error: OnErr::Closed(1_000),
                 max_keys: None,
                 delay_ms: 0,
@@ -3949,6 +3980,7 @@ fn a_bucket_refilled_between_milliseconds_in_delay_mode_answers_as_the_model() {
     let case = Case {
         start: T0,
         layer: LayerSpec {
+            coalesce: true,
             on_error: OnErr::Closed(1_000),
             max_keys: None,
             rules: vec![bucket],
@@ -3967,6 +3999,7 @@ fn a_bucket_refilled_between_milliseconds_in_delay_mode_answers_as_the_model() {
 fn a_request_waits_in_delay_mode_on_redis_as_the_model() {
     let case = Case {
         layer: LayerSpec {
+            coalesce: true,
             rules: vec![plain(Algo::Bucket, 1)],
             on_error: OnErr::Closed(1_000),
             max_keys: None,
