@@ -489,3 +489,41 @@ async fn the_heartbeat_adds_no_command_to_a_decision() {
         assert!(of(&fleet, name).abs_diff(of(&plain, name)) <= 2, "{name}");
     }
 }
+
+/// The memory fallback decides on the store's clock, when it has one: a
+/// store driven by a `ManualClock` (a test's, or an application clock a
+/// deployment trusts) keeps its time during an outage. (Before, the
+/// fallback's store read the system clock: the manual clock moved a window
+/// on, and the fallback still refused.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fallback_decides_on_the_stores_clock() {
+    let mut server = TestRedis::spawn();
+    let clock = tower_ratelimit::ManualClock::new(common::T0);
+    let store = builder(&server.url, &unique_prefix("fleet-clock"))
+        .clock(clock.clone())
+        .build()
+        .expect("store");
+    let app = instance_on(store, OnStoreError::FallbackToMemory);
+    assert_eq!(send(&app, "/sms", "clock").await.1, "redis");
+    server.stop();
+    // 3 per hour: the fallback grants 3, then refuses until the hour ends
+    // on the store's clock, an hour after the system clock's
+    let statuses = |answers: Vec<(StatusCode, String)>| -> Vec<StatusCode> {
+        answers.into_iter().map(|(status, _)| status).collect()
+    };
+    let mut first = Vec::new();
+    for _ in 0..4 {
+        first.push(send(&app, "/sms", "clock").await);
+    }
+    assert_eq!(first[0].1, "fallback");
+    let ok = StatusCode::OK;
+    let refused = StatusCode::TOO_MANY_REQUESTS;
+    assert_eq!(statuses(first), [ok, ok, ok, refused]);
+    clock.advance(HOUR);
+    let (status, by) = send(&app, "/sms", "clock").await;
+    assert_eq!(
+        (status, by.as_str()),
+        (ok, "fallback"),
+        "a new hour on the store's clock"
+    );
+}

@@ -5,41 +5,57 @@
 //! `i64` arithmetic over microseconds, written from the layer's documented
 //! semantics (the outcome table of `layer`, `Rule`, `Limit::shadow`,
 //! `Limit::with_penalty`, `Limit::concurrency`, the estimates of
-//! `Rule::settle_estimates`). A case is a layer of 1 to 4 rules (fixed
-//! window, sliding log, token bucket or concurrency limit; a key from one
-//! of two headers, sometimes missing, with its `MissingKey` policy; a cost
-//! on arrival, fixed, from a request header (with a fallback) or an
-//! estimate settled after the response; shadow mode; an exemption; a
-//! second tier; a refund predicate on the status; a cost told by a
-//! response header or by the JSON body's `usage`; a penalty; a stored
-//! quota), optionally delay mode and a layer-wide refund predicate, and a
-//! few steps of traffic (requests with their keys, costs (0, absent,
-//! garbage, negative included), statuses and usage, some dropped before
-//! their response, some with their body held; waits; releases of held
-//! bodies; admin steps through `RateLimitLayer::admin`: a rule's stored
-//! quota set or removed, a key's override set, for a while or for good,
-//! or removed, each answered as the model says, a rule without a stored
-//! quota refusing them).
+//! `Rule::settle_estimates`, `OnStoreError`, `MemoryStoreBuilder::max_keys`).
+//! A case is a layer of 1 to 4 rules (fixed window, sliding log, token
+//! bucket, GCRA, sliding window counter or concurrency limit; a calendar
+//! quota (a day, week, month or year at an offset from UTC) for some fixed
+//! and sliding windows; a key from one of two headers, sometimes missing,
+//! with its `MissingKey` policy; a cost on arrival, fixed, from a request
+//! header (with a fallback) or an estimate settled after the response
+//! (the fallback written into the request forwarded); shadow mode; an
+//! exemption; a second tier; a refund predicate on the status; a cost told
+//! by a response header or by the JSON body's `usage`, with
+//! `Rule::cost_if_untold`; a penalty; a stored quota), optionally delay
+//! mode, a layer-wide refund predicate, and (memory) a store of 1 or 2
+//! states or (Redis) a store-failure policy, and a few steps of traffic
+//! (requests with their keys, costs (0, absent, garbage, negative
+//! included), statuses and usage, some dropped before their response, some
+//! with their body held; waits; releases of held bodies; admin steps
+//! through `RateLimitLayer::admin`: a rule's stored quota set or removed, a
+//! key's override set, for a while or for good, or removed, each answered
+//! as the model says, a rule without a stored quota refusing them; on
+//! Redis, bursts of requests sent at once (coalesced into one call of the
+//! library) and outages that begin and end). A case with a calendar quota
+//! starts a little before its periods turn.
 //! Every response is compared with the model (status, `Retry-After`, the
-//! `RateLimit` field's remaining amounts), and after every step what every
-//! limit has left for every key (`Limiter::peek` through a limiter of the
-//! same limits on the same store).
+//! `RateLimit` field's remaining amounts, the cost header the handler
+//! saw), and after every step what every limit has left for every key
+//! (`Limiter::peek` through a limiter of the same limits on the same
+//! store; not during an outage). A memory store that fills gives up a
+//! state the model follows while it can single it out; beyond, only its
+//! bound is checked.
 //!
 //! On the memory store the store's clock is tokio's paused clock (from
 //! `T0`), so delay mode's sleeps (and a concurrency limit's pauses in delay
 //! mode) and the store's time are one timeline: a wait of the traffic is
-//! `tokio::time::advance`. On Redis (fewer cases, no delay mode: a paused
-//! clock would time out the store's calls) the store reads a `ManualClock`,
-//! and the traffic waits out each denial (the limiter's cache of denials
-//! answers within it, with a `Retry-After` documented as a lower bound for
-//! a larger cost); charges and refunds made on tasks of their own are
-//! waited for (up to 2 s) before what is left is compared.
+//! `tokio::time::advance` (tokio's timer wakes a sleeping request at the
+//! next whole millisecond). On Redis (fewer cases; a paused clock would
+//! time out the store's calls) the store reads a `ManualClock`, and the
+//! traffic waits out each denial (the limiter's cache of denials answers
+//! within it, with a `Retry-After` documented as a lower bound for a larger
+//! cost); charges and refunds made on tasks of their own are waited for
+//! (up to 2 s) before what is left is compared. In delay mode on Redis the
+//! layer sleeps in real time and the clock is moved on to the model's time
+//! once the response is in (so such a case asks nothing of the store after
+//! a decision: see `with_delay_on_redis`; and see `with_burst` and
+//! `with_outage` for what bursts and outages leave out).
 //!
-//! Not drawn: GCRA and sliding windows, tiers of token buckets (a full
-//! bucket is forgotten and read again as full by any tier), tiers of
-//! another window, stored quotas of token buckets (the same reason) and of
-//! concurrency limits, layer-wide exemptions and deny-lists, store
-//! failures, live limits, hot keys.
+//! Not drawn: tiers of token buckets, GCRA or sliding windows (a full
+//! bucket is forgotten and read again as full by any tier), stored quotas
+//! of those and of concurrency limits and calendar quotas (refused),
+//! layer-wide exemptions and deny-lists, live limits, hot keys. The fleet
+//! of the memory fallback is drawn on one Redis (other store handles on
+//! the same prefix), not across processes.
 //!
 //! Case counts: `MODEL_CASES` (default 2000) memory cases, and
 //! `MODEL_REDIS_CASES` (default 200) Redis cases. A longer run:
@@ -67,16 +83,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{redis_store_with_clock, unique_prefix, PATIENT};
+use common::proxy::FaultProxy;
+use common::{redis_url, unique_prefix, PATIENT, TEST_CLOCK_SLACK};
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tokio::sync::Notify;
 use tower::{Layer, ServiceExt};
 use tower_ratelimit::key::Header;
-use tower_ratelimit::layer::{MissingKey, RateLimitLayer, RateLimitLayerBuilder, Rule};
+use tower_ratelimit::layer::{
+    MissingKey, OnStoreError, RateLimitLayer, RateLimitLayerBuilder, Rule,
+};
 use tower_ratelimit::{
-    ConfigError, Error, Limit, Limiter, ManualClock, MemoryStore, Penalty, Quota, Store,
+    ConfigError, Error, Limit, Limiter, ManualClock, MemoryStore, Penalty, Period, Quota,
+    RedisStore, Store,
 };
 
 const T0: i64 = 1_800_000_000_000_000;
@@ -90,6 +110,8 @@ const KEY_HEADERS: [&str; 2] = ["x-user", "x-team"];
 const KEYS: [&str; 3] = ["a", "b", "c"];
 const COST: &str = "x-cost";
 const USED: &str = "x-used";
+/// The cost header as the handler saw it, told back.
+const SEEN_COST: &str = "x-seen-cost";
 
 // ---------------------------------------------------------------- the case
 
@@ -106,6 +128,23 @@ enum Algo {
     Gcra,
     /// The sliding window counter: about `cap` per window.
     Window,
+}
+
+/// A calendar period (`Quota::per_calendar`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Per {
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+/// A calendar quota's periods: which, and how many minutes east of UTC
+/// they begin (west: negative).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cal {
+    per: Per,
+    offset_min: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,11 +212,37 @@ struct RuleSpec {
     /// `Limit::use_stored_quota`: admin steps set its stored quota (the
     /// default tier's) and its keys' overrides (in every tier).
     stored: bool,
+    /// A calendar quota of `cap` per period (a fixed or sliding window),
+    /// in place of `window_ms`.
+    cal: Option<Cal>,
+    /// `Rule::cost_if_untold(n)` (with `after`): what a request costs in
+    /// all when its response tells no cost.
+    untold: Option<u64>,
+}
+
+/// The layer's `OnStoreError` (drawn for Redis cases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnErr {
+    /// `FailClosed` with this `retry_after` (ms).
+    Closed(i64),
+    Open,
+    /// `FallbackToMemory`, in a fleet of this many instances (the others
+    /// are stores with a fallback on the same prefix, beating).
+    Fallback(u64),
 }
 
 #[derive(Debug, Clone)]
 struct LayerSpec {
     rules: Vec<RuleSpec>,
+    on_error: OnErr,
+    /// On Redis, `RedisStoreBuilder::coalesce_decisions` (the default,
+    /// `true`; `false`: each decision sent at once, pipelined).
+    coalesce: bool,
+    /// A memory store of at most this many states
+    /// (`MemoryStoreBuilder::max_keys`), with one rule that keeps no
+    /// other kind of state (no penalty, stored quota, tier, concurrency
+    /// or keyless key).
+    max_keys: Option<usize>,
     /// Delay mode's `max_delay` (0: off).
     delay_ms: i64,
     refund_all: Option<RefundOn>,
@@ -240,6 +305,15 @@ enum Step {
     Release,
     /// Through the layer's admin handle, between requests.
     Admin(AdminStep),
+    /// On Redis, the store's connections reset and refused (`true`) or
+    /// accepted again (`false`): an outage begins or ends (a memory
+    /// case's does nothing).
+    Outage(bool),
+    /// On Redis, requests sent at once: the first goes out alone, the
+    /// others wait for it and go together, coalesced into one call of the
+    /// library (`RedisStoreBuilder::coalesce_decisions`), decided in the
+    /// order they came.
+    Burst(Vec<Req>),
 }
 
 /// A change of a rule's stored quota or of a key's override, made through
@@ -270,6 +344,9 @@ enum AdminOp {
 struct Case {
     layer: LayerSpec,
     steps: Vec<Step>,
+    /// The store's time at the first step (us): `T0`, or, with calendar
+    /// quotas, a little before a period ends.
+    start: i64,
 }
 
 // ---------------------------------------------------------- the cost API
@@ -317,22 +394,7 @@ type Combination = (&'static str, fn(&Case) -> bool);
 /// Feature combinations where the layer disagrees with its docs, reported
 /// and not fixed yet: cases with them are not drawn (unless `MODEL_KNOWN`
 /// draws it), so that the others keep being checked.
-const KNOWN: &[Combination] = &[(
-    "not explained yet (found by bench/model.sh at 20,000 cases, not by the \
-     default 2,000): in delay mode, a token bucket whose refill interval is \
-     not a whole number of milliseconds (3 per second) shows one token fewer \
-     for a key than the model after another key's request waited; tokio's \
-     timer fires at whole milliseconds, so the layer's instants and the \
-     model's may differ by under 1 ms at a token's boundary. Minimal case: \
-     one bucket of 3 per 1000 ms, delay 500 ms, costs from a header; key a \
-     costs 1 then 3, key b 1, key a 1: b shows 2 left, the model 3",
-    |case| {
-        case.layer.delay_ms > 0
-            && case.layer.rules.iter().any(|r| {
-                matches!(r.algo, Algo::Bucket) && (r.window_ms * 1000) % r.refill.max(1) as i64 != 0
-            })
-    },
-)];
+const KNOWN: &[Combination] = &[];
 
 /// The known defect `case` shows, unless drawn: `MODEL_KNOWN=all` draws
 /// every one, `MODEL_KNOWN=0,2` those (by their index in `KNOWN`).
@@ -370,9 +432,23 @@ enum Event {
     AdminChange,
     /// A check decided by an override or a stored quota.
     KeptDecides,
+    /// A response that told no cost charged `Rule::cost_if_untold`.
+    Untold,
+    /// An estimate not told written into the request forwarded.
+    EstimateWritten,
+    /// A state given up for another key's in a full memory store.
+    GivenUp,
+    /// An outage began.
+    Outage,
+    /// A request forwarded undecided while the store was down.
+    FailedOpen,
+    /// A request answered 503 while the store was down.
+    FailedClosed,
+    /// A request decided by the memory fallback.
+    FellBack,
 }
 
-static EVENTS: [AtomicUsize; 15] = [const { AtomicUsize::new(0) }; 15];
+static EVENTS: [AtomicUsize; 22] = [const { AtomicUsize::new(0) }; 22];
 
 fn count(event: Event) {
     EVENTS[event as usize].fetch_add(1, Ordering::Relaxed);
@@ -385,6 +461,83 @@ static RULES: [[AtomicUsize; 6]; 2] = [const { [const { AtomicUsize::new(0) }; 6
 fn count_rules(test: usize, case: &Case) {
     for r in &case.layer.rules {
         RULES[test][r.algo as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The cases of each feature, per test (0: memory, 1: Redis), and the
+/// cases run, printed with `MODEL_STATS=1`.
+static FEATURES: std::sync::Mutex<Vec<(&'static str, [usize; 2])>> =
+    std::sync::Mutex::new(Vec::new());
+static CASES_RUN: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+/// The requests of bursts sent while Redis answered, and the calls of the
+/// library (`FCALL`) they took, coalesced and not, printed with
+/// `MODEL_STATS=1`.
+static BURSTS: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+
+/// Counts a case of test `test` with `feature`.
+fn feature(test: usize, feature: &'static str) {
+    let mut features = FEATURES.lock().unwrap_or_else(|e| e.into_inner());
+    match features.iter_mut().find(|(f, _)| *f == feature) {
+        Some((_, n)) => n[test] += 1,
+        None => {
+            let mut n = [0; 2];
+            n[test] = 1;
+            features.push((feature, n));
+        }
+    }
+}
+
+/// The features a case draws (those found while it runs are counted by
+/// `run`).
+fn count_features(test: usize, case: &Case) {
+    CASES_RUN[test].fetch_add(1, Ordering::Relaxed);
+    let layer = &case.layer;
+    let any = |f: &dyn Fn(&RuleSpec) -> bool| layer.rules.iter().any(f);
+    let drawn = [
+        ("delay mode", layer.delay_ms > 0),
+        ("a calendar quota", any(&|r| r.cal.is_some())),
+        ("a stored quota", any(&|r| r.stored)),
+        ("a tier", any(&|r| r.pro.is_some())),
+        ("a penalty", any(&|r| r.penalty.is_some())),
+        (
+            "an estimate settled",
+            any(&|r| matches!(r.cost, CostSpec::Estimate { .. })),
+        ),
+        ("a cost if untold", any(&|r| r.untold.is_some())),
+        ("a small memory store", layer.max_keys.is_some()),
+        (
+            match layer.coalesce {
+                true => "a burst (coalesced)",
+                false => "a burst (not coalesced: pipelined)",
+            },
+            case.steps.iter().any(|s| matches!(s, Step::Burst(_))),
+        ),
+        (
+            match layer.on_error {
+                OnErr::Closed(_) => "an outage, failing closed",
+                OnErr::Open => "an outage, failing open",
+                OnErr::Fallback(1) => "an outage, the memory fallback alone",
+                OnErr::Fallback(_) => "an outage, the memory fallback in a fleet of 2 or 3",
+            },
+            case.steps.iter().any(|s| matches!(s, Step::Outage(true))),
+        ),
+    ];
+    for (name, drawn) in drawn {
+        if drawn {
+            feature(test, name);
+        }
+    }
+}
+
+fn print_features(test: usize) {
+    if std::env::var_os("MODEL_STATS").is_some() {
+        let n = CASES_RUN[test].load(Ordering::Relaxed).max(1);
+        let features = FEATURES.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, k) in features.iter() {
+            let k = k[test];
+            let share = 100.0 * k as f64 / n as f64;
+            eprintln!("feature ({test}) {name}: {k} of {n} cases ({share:.1}%)");
+        }
     }
 }
 
@@ -419,6 +572,13 @@ fn print_events() {
             Released,
             AdminChange,
             KeptDecides,
+            Untold,
+            EstimateWritten,
+            GivenUp,
+            Outage,
+            FailedOpen,
+            FailedClosed,
+            FellBack,
         ];
         for e in all {
             eprintln!("{e:?}: {}", EVENTS[e as usize].load(Ordering::Relaxed));
@@ -463,6 +623,62 @@ enum Kind {
     },
 }
 
+const DAY: i64 = 86_400 * SEC;
+
+fn leap(y: i64) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+fn month_days(y: i64, m: usize) -> i64 {
+    const DAYS: [i64; 12] = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    DAYS[m] + i64::from(m == 1 && leap(y))
+}
+
+/// The civil date of day `d` from 1970-01-01 (d >= 0): year, month (0 to
+/// 11), and the days from the epoch to the first of that month and year,
+/// counted a year and a month at a time.
+fn civil(d: i64) -> (i64, usize, i64, i64) {
+    let (mut y, mut first_of_year) = (1970, 0);
+    while first_of_year + 365 + i64::from(leap(y)) <= d {
+        first_of_year += 365 + i64::from(leap(y));
+        y += 1;
+    }
+    let (mut m, mut first) = (0, first_of_year);
+    while first + month_days(y, m) <= d {
+        first += month_days(y, m);
+        m += 1;
+    }
+    (y, m, first, first_of_year)
+}
+
+impl Cal {
+    /// The period that holds `t`: its start, its length and the length of
+    /// the one before it (us).
+    fn span(self, t: i64) -> (i64, i64, i64) {
+        let shift = self.offset_min * 60 * SEC;
+        let day = (t + shift).div_euclid(DAY);
+        let (y, m, first, first_of_year) = civil(day);
+        let (start, len, before) = match self.per {
+            Per::Day => (day, 1, 1),
+            // 1970-01-01 was a Thursday, 3 days after a Monday
+            Per::Week => (day - (day + 3).rem_euclid(7), 7, 7),
+            Per::Month => {
+                let before = match m {
+                    0 => 31,
+                    _ => month_days(y, m - 1),
+                };
+                (first, month_days(y, m), before)
+            }
+            Per::Year => (
+                first_of_year,
+                365 + i64::from(leap(y)),
+                365 + i64::from(leap(y - 1)),
+            ),
+        };
+        (start * DAY - shift, len * DAY, before * DAY)
+    }
+}
+
 /// `a / b` rounded up (`b` > 0).
 fn ceil_div(a: i64, b: i64) -> i64 {
     -(-a).div_euclid(b)
@@ -483,7 +699,7 @@ fn gcra_at((tat, frac): (i64, i64), now: i64) -> (i64, i64) {
 fn window_counts(q: Q, (at, prev, cur): (i64, i64, i64), start: i64) -> (i64, i64) {
     if at == start {
         (prev, cur)
-    } else if at == start - q.w {
+    } else if at == start - q.span(start).2 {
         (cur, 0)
     } else {
         (0, 0)
@@ -493,7 +709,7 @@ fn window_counts(q: Q, (at, prev, cur): (i64, i64, i64), start: i64) -> (i64, i6
 /// A sliding window state as read at `now`: rolled forward to the window
 /// of `now`.
 fn window_at(q: Q, s: (i64, i64, i64), now: i64) -> (i64, i64, i64) {
-    let current = now - now.rem_euclid(q.w);
+    let current = q.span(now).0;
     if s.0 < current {
         let (prev, cur) = window_counts(q, s, current);
         (current, prev, cur)
@@ -526,12 +742,36 @@ fn bucket_at(q: Q, (level, ts): (i64, i64), t: i64) -> i64 {
     }
 }
 
-/// The quota a request is decided with: capacity, window (us), kind.
+/// The quota a request is decided with: capacity, window (us), kind,
+/// and the calendar of a calendar quota.
 #[derive(Debug, Clone, Copy)]
 struct Q {
     cap: i64,
     w: i64,
     kind: Kind,
+    cal: Option<Cal>,
+}
+
+impl Q {
+    /// The window that holds `t`: its start, its length and the length of
+    /// the one before it.
+    fn span(self, t: i64) -> (i64, i64, i64) {
+        match self.cal {
+            Some(cal) => cal.span(t),
+            None => (t - t.rem_euclid(self.w), self.w, self.w),
+        }
+    }
+
+    /// A sliding window's weight step after a previous window of `before`
+    /// us, and the steps in it (one 2^-20 of the window, rounded up; of a
+    /// calendar quota's previous period).
+    fn steps(self, before: i64) -> (i64, i64) {
+        let step = match (self.cal, self.kind) {
+            (None, Kind::Window { step }) => step,
+            _ => ceil_div(before, 1 << 20),
+        };
+        (step, ceil_div(before, step))
+    }
 }
 
 impl St {
@@ -571,13 +811,13 @@ impl St {
         match self {
             St::Fixed { start, count } => {
                 // the window of now, or one counted after it (a debt)
-                let here = now - now.rem_euclid(q.w);
+                let here = q.span(now).0;
                 let from = here.max(*start);
                 let used = if *start == from { *count } else { 0 };
                 if used + cost <= q.cap {
                     Some(now.max(from))
                 } else {
-                    Some(from + q.w)
+                    Some(from + q.span(from).1)
                 }
             }
             St::Log(log) => {
@@ -615,27 +855,27 @@ impl St {
                 Some(now.max(tat - ((q.cap - cost) * period - frac).div_euclid(rate)))
             }
             St::Window { start, prev, cur } => {
-                let Kind::Window { step } = q.kind else {
-                    return None;
-                };
                 let s = window_at(q, (*start, *prev, *cur), now);
                 // the window of now, or the counted one after it
-                let mut start = (now - now.rem_euclid(q.w)).max(s.0);
+                let mut start = q.span(now).0.max(s.0);
                 let from = now.max(start);
                 for _ in 0..3 {
+                    let (_, len, before) = q.span(start);
                     let (prev, cur) = window_counts(q, s, start);
                     if cur + cost <= q.cap {
                         if prev == 0 {
                             return Some(from.max(start));
                         }
-                        // the previous window weighs until `w` after `start`
-                        let steps = ((q.cap - cur - cost) * ceil_div(q.w, step)).div_euclid(prev);
-                        let t = start.max(start + q.w - steps * step);
-                        if t < start + q.w {
+                        // the previous window weighs until `before` after
+                        // `start`
+                        let (step, steps_in) = q.steps(before);
+                        let steps = ((q.cap - cur - cost) * steps_in).div_euclid(prev);
+                        let t = start.max(start + before - steps * step);
+                        if t < start + len {
                             return Some(from.max(t));
                         }
                     }
-                    start += q.w;
+                    start += len;
                 }
                 Some(from.max(start))
             }
@@ -645,7 +885,7 @@ impl St {
     fn grant(&mut self, q: Q, at: i64, cost: i64) {
         match self {
             St::Fixed { start, count } => {
-                let window = at - at.rem_euclid(q.w);
+                let window = q.span(at).0;
                 *count = if *start == window {
                     *count + cost
                 } else {
@@ -674,7 +914,7 @@ impl St {
                 (*tat, *frac) = (t + whole, total - whole * rate);
             }
             St::Window { start, prev, cur } => {
-                let window = at - at.rem_euclid(q.w);
+                let window = q.span(at).0;
                 let (p, c) = window_counts(q, (*start, *prev, *cur), window);
                 (*start, *prev, *cur) = (window, p, c + cost);
             }
@@ -685,7 +925,7 @@ impl St {
     fn refund(&mut self, q: Q, now: i64, at: i64, cost: i64) {
         match self {
             St::Fixed { start, count } => {
-                if *start >= 0 && *count > 0 && at - at.rem_euclid(q.w) == *start {
+                if *start >= 0 && *count > 0 && q.span(at).0 == *start {
                     *count = (*count - cost).max(0);
                 }
             }
@@ -726,10 +966,10 @@ impl St {
             // from the window that holds `at`, if still counted
             St::Window { start, prev, cur } => {
                 let (s, p, c) = window_at(q, (*start, *prev, *cur), now);
-                let window = at - at.rem_euclid(q.w);
+                let (window, len, _) = q.span(at);
                 let (p, c) = if window == s && c > 0 {
                     (p, (c - cost).max(0))
-                } else if window + q.w == s && p > 0 {
+                } else if window + len == s && p > 0 {
                     ((p - cost).max(0), c)
                 } else {
                     (p, c)
@@ -743,7 +983,7 @@ impl St {
     fn remaining(&self, q: Q, now: i64, at: i64) -> i64 {
         match self {
             St::Fixed { start, count } => {
-                let window = at - at.rem_euclid(q.w);
+                let window = q.span(at).0;
                 if *start > window {
                     0
                 } else if *start == window {
@@ -786,17 +1026,15 @@ impl St {
                 (q.cap * period - used).div_euclid(period).clamp(0, q.cap)
             }
             St::Window { start, prev, cur } => {
-                let Kind::Window { step } = q.kind else {
-                    return 0;
-                };
                 let s = window_at(q, (*start, *prev, *cur), now);
-                let window = at - at.rem_euclid(q.w);
+                let (window, _, before) = q.span(at);
                 if s.0 > window {
                     return 0;
                 }
                 let (prev, cur) = window_counts(q, s, window);
-                let weight = ceil_div((window + q.w - at).max(0), step);
-                let used = cur + ceil_div(prev * weight, ceil_div(q.w, step));
+                let (step, steps_in) = q.steps(before);
+                let weight = ceil_div((window + before - at).max(0), step);
+                let used = cur + ceil_div(prev * weight, steps_in);
                 (q.cap - used).max(0)
             }
         }
@@ -901,15 +1139,20 @@ struct Expect {
     retry_after: Option<u64>,
     /// The `RateLimit` field: (limit, remaining) each; `None`: no field.
     ratelimit: Option<Vec<(String, u64)>>,
+    /// The cost header the handler saw (`None`: none, or not forwarded):
+    /// an estimate not told is written into the request forwarded.
+    forwarded: Option<String>,
 }
 
 /// A request whose permits are held while its body is.
 #[derive(Debug, Clone)]
 struct Holding {
     leases: Vec<(Check, i64)>,
-    /// What its body tells, settled when it ends (a held body is dropped
-    /// unread: it tells nothing).
+    /// What its body tells, settled when it ends.
     settles: Vec<Settle>,
+    /// What settles instead when the body is dropped unread (it tells
+    /// nothing): `Rule::cost_if_untold`.
+    unread: Vec<Settle>,
 }
 
 /// A settlement: the check, its grant's time, the cost told, whether the
@@ -919,11 +1162,25 @@ type Settle = (Check, i64, i64, bool);
 #[derive(Debug)]
 struct Model {
     spec: LayerSpec,
+    /// The store's time at the first step.
+    start: i64,
     now: i64,
     states: HashMap<Id, St>,
     pens: HashMap<Id, Pen>,
     held: Vec<Holding>,
     kept: Kept,
+    /// Whether the model still knows every state: a full store gives up a
+    /// state the model cannot single out (see `make_room`), after which
+    /// only the store's bound is checked.
+    exact: bool,
+    /// While the store is down: the states and penalties of the memory
+    /// fallback's store are in `states` and `pens`, Redis's here.
+    outage: Option<(HashMap<Id, St>, HashMap<Id, Pen>)>,
+    /// Whether a request waited in delay mode.
+    delayed: bool,
+    /// The fallback's states and penalties while Redis answers (kept from
+    /// one outage to the next: the store's own memory store).
+    fallback: (HashMap<Id, St>, HashMap<Id, Pen>),
 }
 
 /// The quota of `rule` at capacity `cap` (a tier's, or its own).
@@ -954,6 +1211,7 @@ fn q_of(rule: &RuleSpec, cap: u64) -> Q {
             w
         },
         kind,
+        cal: rule.cal,
     }
 }
 
@@ -964,6 +1222,12 @@ fn name((rule, key): Id) -> String {
         Some(_) => format!("r{rule}"),
         None => format!("r{rule}#keyless"),
     }
+}
+
+/// When a sleep until `at` ends: tokio's timer fires at whole
+/// milliseconds of the runtime's clock, started at `start`.
+fn woken(start: i64, at: i64) -> i64 {
+    start + ceil_div(at - start, MS) * MS
 }
 
 fn ceil_secs(us: i64) -> u64 {
@@ -979,11 +1243,16 @@ impl Model {
     fn new(spec: LayerSpec, now: i64) -> Model {
         Model {
             spec,
+            start: now,
             now,
             states: HashMap::new(),
             pens: HashMap::new(),
             held: Vec::new(),
             kept: Kept::default(),
+            exact: true,
+            outage: None,
+            delayed: false,
+            fallback: (HashMap::new(), HashMap::new()),
         }
     }
 
@@ -1065,6 +1334,9 @@ impl Model {
         let mut statuses = Vec::new();
         for (c, w) in checks.iter().zip(&waits) {
             let granted = outcome == Outcome::Granted && !dry;
+            if granted && c.cost > 0 {
+                self.make_room(c);
+            }
             let st = self.state(c);
             if granted && c.cost > 0 {
                 st.grant(c.q, at, c.cost);
@@ -1342,6 +1614,26 @@ impl Model {
             && 10 * MS <= self.spec.delay_ms * MS
     }
 
+    /// An outage begins (`true`) or ends: the memory fallback's states take
+    /// the place of Redis's, or give it back.
+    fn outage(&mut self, on: bool) {
+        match (on, self.outage.take()) {
+            (true, None) => {
+                let fallback = std::mem::take(&mut self.fallback);
+                let states = std::mem::replace(&mut self.states, fallback.0);
+                let pens = std::mem::replace(&mut self.pens, fallback.1);
+                self.outage = Some((states, pens));
+                count(Event::Outage);
+            }
+            (false, Some((states, pens))) => {
+                let states = std::mem::replace(&mut self.states, states);
+                let pens = std::mem::replace(&mut self.pens, pens);
+                self.fallback = (states, pens);
+            }
+            (_, outage) => self.outage = outage,
+        }
+    }
+
     /// The response to `req`, and the model's state after it; `None` when
     /// the request is dropped before its response.
     fn request(&mut self, req: &Req) -> Option<Expect> {
@@ -1349,8 +1641,9 @@ impl Model {
             status,
             retry_after: None,
             ratelimit: None,
+            forwarded: None,
         };
-        let checks = match self.choose(req) {
+        let mut checks = match self.choose(req) {
             Ok(checks) => checks,
             Err(status) => {
                 count(Event::Answered);
@@ -1359,6 +1652,48 @@ impl Model {
         };
         if checks.is_empty() {
             return self.undecided(req);
+        }
+        // an estimate not told: the smallest charged written in its place
+        let rules = self.spec.rules.clone();
+        let written = checks
+            .iter()
+            .filter(|c| !c.shadow && req.cost == Num::Absent)
+            .filter(|c| matches!(rules[c.id.0].cost, CostSpec::Estimate { .. }))
+            .map(|c| c.cost)
+            .min();
+        let mut paid = Vec::new();
+        if self.outage.is_some() {
+            match self.spec.on_error {
+                OnErr::Open => {
+                    count(Event::FailedOpen);
+                    return self.undecided(req).map(|e| Expect {
+                        forwarded: written.map(|n| n.to_string()).or(req.cost.text()),
+                        ..e
+                    });
+                }
+                OnErr::Closed(ms) => {
+                    count(Event::FailedClosed);
+                    return Some(Expect {
+                        status: 503,
+                        retry_after: Some(ceil_secs(ms * MS)),
+                        ratelimit: None,
+                        forwarded: None,
+                    });
+                }
+                // each instance counts its share of a limit: a cost of c
+                // counted as c × n, at most the capacity (a cost that
+                // never fits as it is)
+                OnErr::Fallback(n) => {
+                    count(Event::FellBack);
+                    for c in &mut checks {
+                        paid.push(c.cost);
+                        let n = n as i64;
+                        if n > 1 && c.cost > 0 && c.cost <= c.q.cap {
+                            c.cost = (c.cost * n).min(c.q.cap);
+                        }
+                    }
+                }
+            }
         }
         let (d, at_answer) = if req.fate == Fate::Dropped {
             // polled once: a concurrency limit's first refusal waits
@@ -1376,12 +1711,18 @@ impl Model {
         } else {
             self.decision(&checks)
         };
+        // (a share's remaining counted in the request's own cost)
+        let unscaled = |i: usize, c: &Check, remaining: i64| match paid.get(i) {
+            Some(&cost) if c.cost > cost && cost > 0 => remaining * cost / c.cost,
+            _ => remaining,
+        };
         let shown = |d: &Dec| -> Option<Vec<(String, u64)>> {
             let v: Vec<(String, u64)> = checks
                 .iter()
                 .zip(&d.statuses)
-                .filter(|(c, _)| !c.shadow)
-                .map(|(c, s)| (name(c.id), s.remaining as u64))
+                .enumerate()
+                .filter(|(_, (c, _))| !c.shadow)
+                .map(|(i, (c, s))| (name(c.id), unscaled(i, c, s.remaining) as u64))
                 .collect();
             (!v.is_empty()).then_some(v)
         };
@@ -1392,6 +1733,7 @@ impl Model {
                     status: 429,
                     retry_after: Some(ceil_secs(d.retry).max(1)),
                     ratelimit: shown(&d),
+                    forwarded: None,
                 });
             }
             Outcome::Never => {
@@ -1400,6 +1742,7 @@ impl Model {
                     status: 429,
                     retry_after: None,
                     ratelimit: shown(&d),
+                    forwarded: None,
                 });
             }
             Outcome::Granted => {}
@@ -1422,16 +1765,20 @@ impl Model {
             }
             return None;
         }
+        let rules = self.spec.rules.clone();
         // forwarded (after the wait)
+        self.delayed |= d.at > self.now;
         count(if d.at > self.now {
             Event::Delayed
         } else {
             Event::Granted
         });
-        self.now = self.now.max(d.at);
+        // (woken by tokio's timer, at the first whole millisecond at or
+        // after its grant's time: later than `at` by up to 1 ms when a
+        // token bucket's or GCRA's wait is not whole milliseconds)
+        self.now = self.now.max(woken(self.start, d.at));
         let mut statuses = d.statuses.clone();
         // refunds per the response
-        let rules = self.spec.rules.clone();
         let mut refunded = Vec::new();
         for c in &charged {
             let rule = &rules[c.id.0];
@@ -1441,13 +1788,18 @@ impl Model {
                 refunded.push(c.id);
                 self.give_back(c, d.at, c.cost);
                 count(Event::Refunded);
-                let now = self.now;
                 let j = checks.iter().position(|k| k.id == c.id).unwrap_or(0);
-                // (shown against the quota of the decision, made at `at_answer`)
+                // shown as the decision's remaining and the cost given
+                // back, at most the capacity of the decision's quota (made
+                // at `at_answer`; not read again: after a wait, the store's
+                // time is past the grant's)
                 let rule = &rules[c.id.0];
                 let q = q_of(rule, self.kept.cap(rule, c.id, c.pro, at_answer));
-                statuses[j].remaining = self.state(c).remaining(q, now, d.at);
+                statuses[j].remaining = (statuses[j].remaining + c.cost).min(q.cap);
             }
+        }
+        if written.is_some() {
+            count(Event::EstimateWritten);
         }
         let expect = Expect {
             status: req.status,
@@ -1456,28 +1808,47 @@ impl Model {
                 statuses,
                 ..d.clone()
             }),
+            forwarded: written.map(|n| n.to_string()).or(req.cost.text()),
         };
         // costs told by the response, settled once its head is known, or,
         // told by its body, once the body ends (a request given back does
         // not count: nothing to settle)
         let mut settles = Vec::new();
+        let mut unread = Vec::new();
         for c in &charged {
             let rule = &rules[c.id.0];
             if !rule.after || refunded.contains(&c.id) {
                 continue;
             }
-            let Some(told) = req.used.read() else {
-                continue;
-            };
+            // a cost told settles an estimate both ways; nothing told,
+            // `cost_if_untold` is charged what it exceeds the cost paid by
+            // (an estimate is binding: kept)
             let estimate = matches!(rule.cost, CostSpec::Estimate { .. });
-            let settle = (*c, d.at, told as i64, estimate);
+            let untold = rule.untold.map(|n| (*c, d.at, n as i64, false));
+            if rule.body {
+                unread.extend(untold);
+            }
+            let settle = match req.used.read() {
+                Some(told) => (*c, d.at, told as i64, estimate),
+                None => match untold {
+                    Some(untold) => {
+                        count(Event::Untold);
+                        untold
+                    }
+                    None => continue,
+                },
+            };
             if rule.body {
                 settles.push(settle);
             } else {
                 self.settle(settle);
             }
         }
-        let holding = Holding { leases, settles };
+        let holding = Holding {
+            leases,
+            settles,
+            unread,
+        };
         match req.fate {
             Fate::Held => self.held.push(holding),
             _ => self.end(holding),
@@ -1515,12 +1886,14 @@ impl Model {
                     self.held.push(Holding {
                         leases: Vec::new(),
                         settles: Vec::new(),
+                        unread: Vec::new(),
                     });
                 }
                 Some(Expect {
                     status: req.status,
                     retry_after: None,
                     ratelimit: None,
+                    forwarded: req.cost.text(),
                 })
             }
         }
@@ -1543,6 +1916,7 @@ impl Model {
     /// by the quota that decides now, at most its capacity.
     fn charge(&mut self, c: &Check, cost: i64) {
         let now = self.now;
+        self.make_room(c);
         let q = self.kept_now(c).q;
         let st = self.state(c);
         let at = st.earliest(q, now, 1).unwrap_or(now);
@@ -1558,11 +1932,83 @@ impl Model {
         }
     }
 
+    /// How much of its capacity `id`'s state holds in use now (0: as a
+    /// fresh one), measured in its rule's quota.
+    fn used(&self, id: Id) -> Option<i64> {
+        let rule = &self.spec.rules[id.0];
+        let q = q_of(rule, rule.cap);
+        let mut st = self.states.get(&id)?.clone();
+        st.prune(q, self.now);
+        Some(q.cap - st.remaining(q, self.now, self.now))
+    }
+
+    /// When `id`'s state expires (equal to a fresh one), for fixed and
+    /// sliding windows and logs: `None` for the others.
+    fn expiry(&self, id: Id) -> Option<i64> {
+        let rule = &self.spec.rules[id.0];
+        let q = q_of(rule, rule.cap);
+        match self.states.get(&id)? {
+            St::Fixed { start, .. } => Some(start + q.span(*start).1),
+            St::Window { start, .. } => Some(start + 2 * q.span(*start).1),
+            St::Log(log) => log.last().map(|&(t, _)| t + q.w),
+            _ => None,
+        }
+    }
+
+    /// Before a state for `c` is written in a full store
+    /// (`MemoryStoreBuilder::max_keys`): a key without a state of its own
+    /// takes the place of the state that holds the smallest share of its
+    /// capacity in use (one limit: the smallest amount), then the one that
+    /// expires first. A state as a fresh one may be given up unseen
+    /// (nothing is lost); the model follows a state given up only when one
+    /// alone comes first (else it stops being exact: the next criterion,
+    /// the key seen longest ago, is not modelled).
+    fn make_room(&mut self, c: &Check) {
+        let Some(max) = self.spec.max_keys else {
+            return;
+        };
+        let own = self.used(c.id);
+        if own.is_some_and(|used| used > 0) {
+            return;
+        }
+        let mut live: Vec<(Id, i64)> = (self.states.keys())
+            .filter(|&&id| id != c.id)
+            .filter_map(|&id| Some((id, self.used(id)?)))
+            .filter(|&(_, used)| used > 0)
+            .collect();
+        if live.len() < max {
+            return;
+        }
+        let least = live.iter().map(|&(_, used)| used).min().unwrap_or(0);
+        live.retain(|&(_, used)| used == least);
+        // then the earliest expiry (known to the model for windows and
+        // logs)
+        let expiry = |id: &Id| self.expiry(*id);
+        if live.iter().all(|(id, _)| expiry(id).is_some()) {
+            let first = live.iter().filter_map(|(id, _)| expiry(id)).min();
+            live.retain(|(id, _)| expiry(id) == first);
+        }
+        // (the key's own state, as a fresh one, is not in the store: the
+        // others fill it)
+        match &live[..] {
+            [(id, _)] => {
+                let id = *id;
+                self.states.remove(&id);
+                count(Event::GivenUp);
+            }
+            _ => self.exact = false,
+        }
+    }
+
     /// The oldest held body dropped.
     fn release_oldest(&mut self) {
         if !self.held.is_empty() {
             // dropped unread: its body told nothing
             let holding = self.held.remove(0);
+            for settle in holding.unread {
+                count(Event::Untold);
+                self.settle(settle);
+            }
             self.release(&holding.leases);
         }
     }
@@ -1707,6 +2153,9 @@ fn handler(request: Request<Body>) -> BoxFut {
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(200);
         let mut response = Response::builder().status(status);
+        if let Some(cost) = request.headers().get(COST) {
+            response = response.header(SEEN_COST, cost.clone());
+        }
         // the cost told in the header and as the body's `usage` (a number
         // as it is, anything else as a string)
         let mut body = "{}".to_owned();
@@ -1726,6 +2175,24 @@ fn handler(request: Request<Body>) -> BoxFut {
 
 fn quota(rule: &RuleSpec, cap: u64) -> Quota {
     let w = Duration::from_millis(rule.window_ms as u64);
+    if let Some(cal) = rule.cal {
+        let period = match cal.per {
+            Per::Day => Period::Day,
+            Per::Week => Period::Week,
+            Per::Month => Period::Month,
+            Per::Year => Period::Year,
+        };
+        let rate = Quota::per_calendar(cap, period);
+        let by = Duration::from_secs(cal.offset_min.unsigned_abs() * 60);
+        let rate = match cal.offset_min >= 0 {
+            true => rate.east_of_utc(by),
+            false => rate.west_of_utc(by),
+        };
+        return match rule.algo {
+            Algo::Window => rate.sliding_window(),
+            _ => rate.fixed_window(),
+        };
+    }
     match rule.algo {
         Algo::Fixed => Quota::rate(cap, w).fixed_window(),
         Algo::Bucket => Quota::rate(rule.refill, w).allow_burst(cap).token_bucket(),
@@ -1767,7 +2234,17 @@ fn limits(i: usize, rule: &RuleSpec) -> (Limit, Limit) {
 }
 
 fn build_layer(store: impl Into<Store>, spec: &LayerSpec) -> RateLimitLayer {
-    let mut builder = RateLimitLayer::builder().store(store).timeout(PATIENT);
+    let on_error = match spec.on_error {
+        OnErr::Closed(ms) => OnStoreError::FailClosed {
+            retry_after: Duration::from_millis(ms as u64),
+        },
+        OnErr::Open => OnStoreError::FailOpen,
+        OnErr::Fallback(_) => OnStoreError::FallbackToMemory,
+    };
+    let mut builder = RateLimitLayer::builder()
+        .store(store)
+        .timeout(PATIENT)
+        .on_store_error(on_error);
     for (i, r) in spec.rules.iter().enumerate() {
         let (limit, _) = limits(i, r);
         let key = Header::new(HeaderName::from_static(KEY_HEADERS[r.key]));
@@ -1795,6 +2272,9 @@ fn build_layer(store: impl Into<Store>, spec: &LayerSpec) -> RateLimitLayer {
             rule = rule.cost_from_json_body("usage");
         } else if r.after {
             rule = rule.cost_from_header(HeaderName::from_static(USED));
+        }
+        if let Some(n) = r.untold {
+            rule = rule.cost_if_untold(n);
         }
         builder = builder.rule(rule_cost(rule, r));
     }
@@ -1864,6 +2344,10 @@ fn seen(response: &Response<impl http_body::Body>) -> Expect {
             .get("retry-after")
             .and_then(|v| v.to_str().ok()?.parse().ok()),
         ratelimit: ratelimit(response),
+        forwarded: response
+            .headers()
+            .get(SEEN_COST)
+            .and_then(|v| Some(v.to_str().ok()?.to_owned())),
     }
 }
 
@@ -1885,26 +2369,50 @@ impl Time {
     }
 }
 
-/// The store's time on tokio's (paused) clock, from `T0`.
+/// The store's time on tokio's (paused) clock, from a start (us).
 #[derive(Clone)]
-struct TokioClock(tokio::time::Instant);
+struct TokioClock(tokio::time::Instant, i64);
 
 impl tower_ratelimit::Clock for TokioClock {
     fn now_micros(&self) -> i64 {
-        T0 + self.0.elapsed().as_micros() as i64
+        self.1 + self.0.elapsed().as_micros() as i64
     }
 }
 
 /// Runs `case` against the layer over `store`; the first disagreement.
+/// (`held`: how many states the store holds, for a bounded memory store;
+/// `proxy`: the store's way to Redis, for outages; `fleet`: the key of
+/// the fleet's set.)
 async fn run(
     case: &Case,
     store: impl Into<Store> + Clone,
     time: Time,
     settle: bool,
+    held: &dyn Fn() -> usize,
+    proxy: Option<&FaultProxy>,
+    fleet: Option<&str>,
 ) -> Result<(), String> {
     let spec = &case.layer;
     let layer = build_layer(store.clone(), spec);
     let svc = layer.layer(tower::service_fn(handler));
+    if let (OnErr::Fallback(n @ 2..), Some(fleet)) = (spec.on_error, fleet) {
+        // the fleet: n - 1 more stores with a fallback on the prefix,
+        // beating every 10 ms, until all are in the fleet's set; then this
+        // store's next heartbeat counts them (learned at once: a rise)
+        let mut conn = common::connection();
+        let patience = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let beating: u64 = redis::cmd("ZCARD").arg(fleet).query(&mut conn).unwrap_or(0);
+            if beating >= n {
+                break;
+            }
+            if std::time::Instant::now() > patience {
+                return Err(format!("{beating} of a fleet of {n} beat"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
     let peeks: Vec<Limiter> = spec
         .rules
         .iter()
@@ -1917,9 +2425,11 @@ async fn run(
                 .expect("limiter")
         })
         .collect();
-    let mut model = Model::new(spec.clone(), T0);
+    let mut model = Model::new(spec.clone(), case.start);
+    let states = held;
     let mut held = Vec::new();
     for (n, step) in case.steps.iter().enumerate() {
+        let exact = model.exact;
         match step {
             Step::Wait(ms) => {
                 time.advance(ms * MS).await;
@@ -1931,6 +2441,77 @@ async fn run(
                 }
                 model.release_oldest();
             }
+            Step::Outage(on) => {
+                let Some(proxy) = proxy else {
+                    continue;
+                };
+                if *on == model.outage.is_some() {
+                    continue;
+                }
+                model.outage(*on);
+                proxy.refuse(*on);
+                if *on {
+                    // every connection reset before a request is sent
+                    proxy.kill_all();
+                    let patience = std::time::Instant::now() + Duration::from_secs(5);
+                    while proxy.connections() > 0 {
+                        if std::time::Instant::now() > patience {
+                            return Err(format!("step {n}: connections left open"));
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                } else {
+                    // until the store answers again (it reconnects)
+                    let patience = std::time::Instant::now() + Duration::from_secs(10);
+                    while peeks[0].peek("probe", 0).await.is_err() {
+                        if std::time::Instant::now() > patience {
+                            return Err(format!("step {n}: the store is not back"));
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                continue;
+            }
+            Step::Burst(reqs) => {
+                let expects: Vec<Option<Expect>> = reqs.iter().map(|r| model.request(r)).collect();
+                let calls = |conn: &mut Option<redis::Connection>| {
+                    conn.as_mut()
+                        .map_or(0, |c| common::command_calls(c, "fcall"))
+                };
+                // (outside an outage: the calls the burst made)
+                let mut conn = match (&time, &model.outage) {
+                    (Time::Manual(_), None) => Some(common::connection()),
+                    _ => None,
+                };
+                let before = calls(&mut conn);
+                let sent = reqs.iter().map(|r| svc.clone().oneshot(http_request(r)));
+                let responses = futures::future::join_all(sent).await;
+                let made = calls(&mut conn).saturating_sub(before);
+                if conn.is_some() {
+                    let i = if spec.coalesce { 0 } else { 2 };
+                    BURSTS[i].fetch_add(reqs.len(), Ordering::Relaxed);
+                    BURSTS[i + 1].fetch_add(made as usize, Ordering::Relaxed);
+                }
+                let mut wait = 0;
+                for (k, (response, expect)) in responses.into_iter().zip(expects).enumerate() {
+                    let response = response.expect("infallible");
+                    let got = Some(seen(&response));
+                    if got != expect && exact {
+                        return Err(format!(
+                            "step {n} {:?}, request {k}: the layer answered {got:?}, the model \
+                             {expect:?}",
+                            reqs[k]
+                        ));
+                    }
+                    wait = wait.max(got.and_then(|g| g.retry_after).unwrap_or(0));
+                    let _ = response.into_body().collect().await;
+                }
+                // every denial waited out (see below)
+                time.advance(wait as i64 * SEC).await;
+                model.now += wait as i64 * SEC;
+            }
+            // (an admin step while the store is down is not drawn)
+            Step::Admin(_) if model.outage.is_some() => continue,
             Step::Admin(step) => {
                 let i = step.rule % spec.rules.len();
                 let rule = &spec.rules[i];
@@ -1967,7 +2548,7 @@ async fn run(
                     _ => Some(call.await.expect("infallible")),
                 };
                 let got = response.as_ref().map(seen);
-                if got != expect {
+                if got != expect && exact {
                     return Err(format!(
                         "step {n} {req:?}: the layer answered {got:?}, the model {expect:?}"
                     ));
@@ -1977,6 +2558,11 @@ async fn run(
                 // (for a larger cost, a `retry_after` that is a lower
                 // bound: documented, not exact): the traffic waits a
                 // denial out before it goes on.
+                // (a request that waited: the store's time is the model's
+                // once it is answered)
+                if let Time::Manual(clock) = &time {
+                    clock.set(model.now);
+                }
                 let retry = got.as_ref().and_then(|g| g.retry_after);
                 if let (Some(secs), Time::Manual(_)) = (retry, &time) {
                     time.advance(secs as i64 * SEC).await;
@@ -1991,9 +2577,22 @@ async fn run(
                 }
             }
         }
+        // a bounded store within its bound
+        if let Some(max) = spec.max_keys {
+            let states = states();
+            if states > max {
+                return Err(format!(
+                    "after step {n}: the store holds {states} states of {max}"
+                ));
+            }
+        }
         // what every limit has left for every key
         let patience = std::time::Instant::now() + Duration::from_secs(2);
         loop {
+            // (a peek asks Redis: not while it is down)
+            if !model.exact || model.outage.is_some() {
+                break;
+            }
             let mut wrong = None;
             for (i, limiter) in peeks.iter().enumerate() {
                 for (k, key) in KEYS.iter().enumerate() {
@@ -2017,7 +2616,31 @@ async fn run(
             }
         }
     }
+    if spec.max_keys.is_some() && !model.exact {
+        feature(
+            test_of(&time),
+            "a small memory store beyond the model (its bound checked)",
+        );
+    }
+    if model.delayed {
+        feature(test_of(&time), "a request waited in delay mode");
+    }
+    // a calendar quota's period turned within the case
+    if let Some(cal) = spec.rules.iter().find_map(|r| r.cal) {
+        let (start, len, _) = cal.span(case.start);
+        if model.now >= start + len {
+            feature(test_of(&time), "a calendar period turned");
+        }
+    }
     Ok(())
+}
+
+/// The test a timeline runs in (0: memory, 1: Redis).
+fn test_of(time: &Time) -> usize {
+    match time {
+        Time::Tokio => 0,
+        Time::Manual(_) => 1,
+    }
 }
 
 fn memory_case(case: &Case) -> Result<(), String> {
@@ -2030,8 +2653,23 @@ fn memory_case(case: &Case) -> Result<(), String> {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let store = MemoryStore::with_clock(TokioClock(tokio::time::Instant::now()));
-        run(case, store, Time::Tokio, false).await
+        let clock = TokioClock(tokio::time::Instant::now(), case.start);
+        let store = MemoryStore::builder()
+            .clock(clock)
+            .max_keys(case.layer.max_keys.unwrap_or(100_000))
+            .build()
+            .expect("a memory store");
+        let bounded = store.clone();
+        run(
+            case,
+            store,
+            Time::Tokio,
+            false,
+            &|| bounded.len(),
+            None,
+            None,
+        )
+        .await
     })
 }
 
@@ -2041,10 +2679,65 @@ fn redis_case(case: &Case) -> Result<(), String> {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let clock = ManualClock::new(T0);
-        let store = redis_store_with_clock(&unique_prefix("model"), &clock);
-        run(case, store, Time::Manual(clock), true).await
+        let clock = ManualClock::new(case.start);
+        let prefix = unique_prefix("model");
+        if !case.steps.iter().any(|s| matches!(s, Step::Outage(_))) {
+            let store = RedisStore::builder(redis_url())
+                .prefix(&prefix)
+                .expiry_slack(TEST_CLOCK_SLACK)
+                .clock(clock.clone())
+                .coalesce_decisions(case.layer.coalesce)
+                .build()
+                .expect("build the Redis store");
+            return run(case, store, Time::Manual(clock), true, &|| 0, None, None).await;
+        }
+        // through a proxy that makes the outages; with a fleet of others
+        let proxy = FaultProxy::start(redis_addr());
+        let beating = |url: &str| {
+            RedisStore::builder(url)
+                .prefix(&prefix)
+                .expiry_slack(TEST_CLOCK_SLACK)
+                .clock(clock.clone())
+                .coalesce_decisions(case.layer.coalesce)
+                .fleet_heartbeat(Duration::from_millis(10))
+                .build()
+                .expect("build the Redis store")
+        };
+        let fleet = match case.layer.on_error {
+            OnErr::Fallback(n) => n,
+            _ => 1,
+        };
+        let others: Vec<RateLimitLayer> = (1..fleet)
+            .map(|_| build_layer(beating(&redis_url()), &case.layer))
+            .collect();
+        let store = beating(&proxy.url());
+        let fleet = format!("{prefix}:fleet");
+        let ran = run(
+            case,
+            store,
+            Time::Manual(clock),
+            true,
+            &|| 0,
+            Some(&proxy),
+            Some(&fleet),
+        )
+        .await;
+        drop(others);
+        ran
     })
+}
+
+/// The address of the test binary's Redis (for a proxy to it).
+fn redis_addr() -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let url = redis_url();
+    let rest = url.trim_start_matches("redis://");
+    let host = rest.split('/').next().unwrap_or(rest);
+    let host = host.rsplit('@').next().unwrap_or(host);
+    host.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .expect("the Redis URL's address")
 }
 
 // ----------------------------------------------------------- strategies
@@ -2111,7 +2804,12 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
             prop_oneof![Just(0.25f64), Just(0.5), Just(1.0)],
             proptest::option::of(1u64..=3),
         ),
-        (penalty, proptest::bool::weighted(0.4)),
+        (
+            penalty,
+            proptest::bool::weighted(0.4),
+            calendar(),
+            proptest::option::weighted(0.4, 1u64..=6),
+        ),
     )
         .prop_map(
             |(
@@ -2119,15 +2817,20 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
                 (pro, key, missing),
                 (shadow, skip, refund),
                 (after, body, c, share, fallback),
-                (penalty, stored),
+                (penalty, stored, cal, untold),
             )| {
+                // (calendar quotas: fixed and sliding windows, no tiers, no
+                // stored quota)
+                let cal = cal.filter(|_| matches!(algo, Algo::Fixed | Algo::Window));
                 let concurrency = algo == Algo::Concurrency;
                 // (no tiers of buckets or GCRA: a full bucket is forgotten,
                 // and read again as full by any tier, which the model does
                 // not follow; nor of sliding windows, whose counts a tier of
                 // another window reads otherwise)
                 let pro = pro.filter(|_| {
-                    !concurrency && !matches!(algo, Algo::Bucket | Algo::Gcra | Algo::Window)
+                    !concurrency
+                        && !matches!(algo, Algo::Bucket | Algo::Gcra | Algo::Window)
+                        && cal.is_none()
                 });
                 let smallest = pro.map_or(cap, |p| p.min(cap));
                 let after = after && !concurrency;
@@ -2163,28 +2866,121 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
                     cost,
                     penalty,
                     // (not of buckets, as tiers; not of concurrency limits)
-                    stored: stored && matches!(algo, Algo::Fixed | Algo::Log),
+                    stored: stored && matches!(algo, Algo::Fixed | Algo::Log) && cal.is_none(),
+                    cal,
+                    // (at most the capacity of every tier)
+                    untold: untold.filter(|_| after).map(|n| n.min(smallest)),
                 }
             },
         )
 }
 
-fn layer_spec(delay: bool) -> impl Strategy<Value = LayerSpec> {
-    let delay = if delay {
+/// A calendar quota, for a third of the rules: a day, a week, a month or a
+/// year, at UTC or east or west of it.
+fn calendar() -> impl Strategy<Value = Option<Cal>> {
+    let per = prop_oneof![
+        1 => Just(Per::Day),
+        1 => Just(Per::Week),
+        2 => Just(Per::Month),
+        1 => Just(Per::Year),
+    ];
+    let offset = prop_oneof![
+        2 => Just(0i64),
+        1 => Just(330),
+        1 => Just(-300),
+        1 => Just(840),
+        1 => Just(-720),
+        1 => Just(45),
+    ];
+    proptest::option::weighted(
+        0.3,
+        (per, offset).prop_map(|(per, offset_min)| Cal { per, offset_min }),
+    )
+}
+
+/// Days from the epoch to the first of a month, midnight in UTC: periods
+/// turn there (at the offset of a case's first calendar quota).
+const TURNS: [i64; 3] = [
+    // 2029-01-01, a Monday: a day, a week, a month and a year
+    21_550,
+    // 2027-03-01, a Monday, after a February of 28 days
+    20_878,
+    // 2028-03-01, a Wednesday, after a February of 29 days
+    20_879 + 365,
+];
+
+/// Where a case starts: `T0`, or, with a calendar quota, a little before
+/// its periods turn (see `TURNS`).
+fn start(rules: &[RuleSpec], turn: usize, lead_ms: i64) -> i64 {
+    match rules.iter().find_map(|r| r.cal) {
+        None => T0,
+        Some(cal) => TURNS[turn] * DAY - cal.offset_min * 60 * SEC - lead_ms * MS,
+    }
+}
+
+/// `memory`: the memory store's cases (delay mode, a full store).
+fn layer_spec(memory: bool) -> impl Strategy<Value = LayerSpec> {
+    // (on Redis the layer sleeps in real time: a short delay)
+    let delay = if memory {
         prop_oneof![2 => Just(0i64), 1 => Just(500), 2 => Just(2_000)].boxed()
     } else {
-        Just(0i64).boxed()
+        prop_oneof![5 => Just(0i64), 1 => Just(200)].boxed()
+    };
+    let full = if memory {
+        proptest::option::weighted(0.15, 1usize..=2).boxed()
+    } else {
+        Just(None).boxed()
+    };
+    let on_error = if memory {
+        Just(OnErr::Closed(1_000)).boxed()
+    } else {
+        prop_oneof![
+            Just(OnErr::Closed(1_000)),
+            Just(OnErr::Closed(2_500)),
+            Just(OnErr::Open),
+            Just(OnErr::Fallback(1)),
+            Just(OnErr::Fallback(2)),
+            Just(OnErr::Fallback(3)),
+        ]
+        .boxed()
+    };
+    let coalesce = if memory {
+        Just(true).boxed()
+    } else {
+        proptest::bool::weighted(0.75).boxed()
     };
     (
         proptest::collection::vec(rule(), 1..=4),
         delay,
         prop_oneof![5 => Just(None), 1 => refund_on()],
+        full,
+        (on_error, coalesce),
     )
-        .prop_map(|(rules, delay_ms, refund_all)| LayerSpec {
-            rules,
-            delay_ms,
-            refund_all,
-        })
+        .prop_map(
+            |(mut rules, delay_ms, refund_all, max_keys, (on_error, coalesce))| {
+                if max_keys.is_some() {
+                    // one limit's rate states, keyed by x-user (3 keys)
+                    rules.truncate(1);
+                    for r in &mut rules {
+                        if r.algo == Algo::Concurrency {
+                            r.algo = Algo::Fixed;
+                        }
+                        if r.missing == Missing::Shared {
+                            r.missing = Missing::Skip;
+                        }
+                        (r.penalty, r.stored, r.pro) = (None, false, None);
+                    }
+                }
+                LayerSpec {
+                    rules,
+                    on_error,
+                    coalesce,
+                    max_keys,
+                    delay_ms,
+                    refund_all,
+                }
+            },
+        )
 }
 
 fn req() -> impl Strategy<Value = Req> {
@@ -2223,18 +3019,127 @@ fn admin_step() -> impl Strategy<Value = AdminStep> {
     (0usize..4, op).prop_map(|(rule, op)| AdminStep { rule, op })
 }
 
-fn step() -> impl Strategy<Value = Step> {
+/// `memory`: a memory case's steps (no outage, no burst).
+fn step(memory: bool) -> impl Strategy<Value = Step> {
+    let redis = if memory { 0 } else { 1 };
+    let burst = proptest::collection::vec(req(), 2..=5).prop_map(|mut reqs| {
+        for r in &mut reqs {
+            r.fate = Fate::Complete;
+        }
+        Step::Burst(reqs)
+    });
     prop_oneof![
-        7 => req().prop_map(Step::Req),
-        2 => prop_oneof![Just(100i64), Just(400), Just(1_000), Just(2_500)].prop_map(Step::Wait),
-        1 => Just(Step::Release),
-        1 => admin_step().prop_map(Step::Admin),
+        14 => req().prop_map(Step::Req),
+        4 => prop_oneof![Just(100i64), Just(400), Just(1_000), Just(2_500)].prop_map(Step::Wait),
+        2 => Just(Step::Release),
+        2 => admin_step().prop_map(Step::Admin),
+        2 * redis => proptest::bool::ANY.prop_map(Step::Outage),
+        redis => burst,
     ]
 }
 
-fn case(delay: bool) -> impl Strategy<Value = Case> {
-    (layer_spec(delay), proptest::collection::vec(step(), 1..=10))
-        .prop_map(|(layer, steps)| adapt(Case { layer, steps }))
+/// A case with a burst keeps to layers whose requests are decided in one
+/// round trip each and change nothing after their response: the model
+/// decides a burst's requests one after the other, as the store does,
+/// and would misplace what they do after it (no refund, no cost told by
+/// the response, no concurrency limit, no shadow limit (decided again
+/// without it), no stored quota (read on its own)).
+fn with_burst(mut case: Case) -> Case {
+    if !case.steps.iter().any(|s| matches!(s, Step::Burst(_))) {
+        return case;
+    }
+    // (requests that wait are decided at one time, and the model's clock
+    // would move on between them)
+    case.layer.delay_ms = 0;
+    case.layer.refund_all = None;
+    for r in &mut case.layer.rules {
+        (r.after, r.body, r.untold, r.refund) = (false, false, None, None);
+        (r.shadow, r.stored) = (false, false);
+        if let CostSpec::Estimate { .. } = r.cost {
+            r.cost = CostSpec::Header { fallback: None };
+        }
+        if r.algo == Algo::Concurrency {
+            r.algo = Algo::Log;
+        }
+    }
+    case
+}
+
+/// A case with an outage keeps to what an outage leaves well defined:
+/// no cost told by the response (a charge that fails is tried again for
+/// the timeout), no concurrency limit (a lease taken on one store and
+/// given back to the other), and with the memory fallback no stored
+/// quota (the fallback does not know Redis's).
+/// Delay mode on Redis: the layer sleeps in real time while the store's
+/// clock (a `ManualClock`) stands still, and the traffic moves it on to
+/// the model's time once the response is in. So a case in delay mode on
+/// Redis keeps to requests that ask nothing of the store after their
+/// decision (no refund, no cost told by the response, no concurrency
+/// limit), and none is dropped (over a network, one is dropped in the
+/// handler, after its wait); and its windows are a tenth as long (100 to
+/// 500 ms), so that its requests wait often, and not long in real time.
+fn with_delay_on_redis(mut case: Case) -> Case {
+    if case.layer.delay_ms == 0 {
+        return case;
+    }
+    case.layer.refund_all = None;
+    for r in &mut case.layer.rules {
+        r.window_ms /= 10;
+        (r.after, r.body, r.untold, r.refund) = (false, false, None, None);
+        if let CostSpec::Estimate { .. } = r.cost {
+            r.cost = CostSpec::Header { fallback: None };
+        }
+        if r.algo == Algo::Concurrency {
+            r.algo = Algo::Log;
+        }
+    }
+    for step in &mut case.steps {
+        if let Step::Req(r) = step {
+            if r.fate == Fate::Dropped {
+                r.fate = Fate::Complete;
+            }
+        }
+    }
+    case
+}
+
+fn with_outage(mut case: Case) -> Case {
+    if !case.steps.iter().any(|s| matches!(s, Step::Outage(true))) {
+        return case;
+    }
+    let fallback = matches!(case.layer.on_error, OnErr::Fallback(_));
+    for r in &mut case.layer.rules {
+        (r.after, r.body, r.untold) = (false, false, None);
+        if let CostSpec::Estimate { .. } = r.cost {
+            r.cost = CostSpec::Header { fallback: None };
+        }
+        if r.algo == Algo::Concurrency {
+            r.algo = Algo::Log;
+        }
+        r.stored &= !fallback;
+    }
+    case
+}
+
+fn case(memory: bool) -> impl Strategy<Value = Case> {
+    (
+        layer_spec(memory),
+        proptest::collection::vec(step(memory), 1..=10),
+        0..TURNS.len(),
+        prop_oneof![Just(100i64), Just(300), Just(1_000), Just(2_700)],
+    )
+        .prop_map(move |(layer, steps, turn, lead_ms)| {
+            let start = start(&layer.rules, turn, lead_ms);
+            let case = with_burst(with_outage(adapt(Case {
+                layer,
+                steps,
+                start,
+            })));
+            match memory {
+                true => case,
+                false => with_delay_on_redis(case),
+            }
+        })
         .prop_filter("a known defect (see KNOWN)", |c| known(c).is_none())
 }
 
@@ -2255,12 +3160,14 @@ proptest! {
     fn random_layers_on_the_memory_store_answer_as_the_model(case in case(true)) {
         static RUN: AtomicUsize = AtomicUsize::new(0);
         count_rules(0, &case);
+        count_features(0, &case);
         if let Err(why) = memory_case(&case) {
             prop_assert!(false, "{}", why);
         }
         if RUN.fetch_add(1, Ordering::Relaxed) + 1 == cases("MODEL_CASES", 2000) as usize {
             print_events();
             print_rules(0);
+            print_features(0);
         }
     }
 }
@@ -2275,11 +3182,19 @@ proptest! {
     fn random_layers_on_redis_answer_as_the_model(case in case(false)) {
         static RUN: AtomicUsize = AtomicUsize::new(0);
         count_rules(1, &case);
+        count_features(1, &case);
         if let Err(why) = redis_case(&case) {
             prop_assert!(false, "{}", why);
         }
         if RUN.fetch_add(1, Ordering::Relaxed) + 1 == cases("MODEL_REDIS_CASES", 200) as usize {
+            print_events();
             print_rules(1);
+            print_features(1);
+            if std::env::var_os("MODEL_STATS").is_some() {
+                let n = |i: usize| BURSTS[i].load(Ordering::Relaxed);
+                eprintln!("bursts, coalesced: {} requests decided in {} library calls", n(0), n(1));
+                eprintln!("bursts, not coalesced: {} requests in {} calls", n(2), n(3));
+            }
         }
     }
 }
@@ -2303,6 +3218,8 @@ fn plain(algo: Algo, cap: u64) -> RuleSpec {
         cost: CostSpec::Fixed(1),
         penalty: None,
         stored: false,
+        cal: None,
+        untold: None,
     }
 }
 
@@ -2334,7 +3251,11 @@ fn the_defects_of_layer_level_costs_are_found() {
         ..plain(Algo::Fixed, 4)
     };
     let zero = Case {
+        start: T0,
         layer: LayerSpec {
+            coalesce: true,
+            on_error: OnErr::Closed(1_000),
+            max_keys: None,
             rules: vec![tokens, plain(Algo::Fixed, 1)],
             delay_ms: 0,
             refund_all: None,
@@ -2347,7 +3268,11 @@ fn the_defects_of_layer_level_costs_are_found() {
         ..plain(Algo::Fixed, 1)
     };
     let shadow_first = Case {
+        start: T0,
         layer: LayerSpec {
+            coalesce: true,
+            on_error: OnErr::Closed(1_000),
+            max_keys: None,
             rules: vec![
                 RuleSpec {
                     shadow: true,
@@ -2368,7 +3293,11 @@ fn the_defects_of_layer_level_costs_are_found() {
         ..plain(Algo::Fixed, 2)
     };
     let shadow_budget = Case {
+        start: T0,
         layer: LayerSpec {
+            coalesce: true,
+            on_error: OnErr::Closed(1_000),
+            max_keys: None,
             rules: vec![budget, plain(Algo::Log, 5)],
             delay_ms: 0,
             refund_all: None,
@@ -2936,7 +3865,11 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
         ..plain(algo, 1)
     };
     let decided_again = Case {
+        start: T0,
         layer: LayerSpec {
+            coalesce: true,
+            on_error: OnErr::Closed(1_000),
+            max_keys: None,
             rules: vec![
                 plain(Algo::Fixed, 3),
                 plain(Algo::Fixed, 1),
@@ -2953,7 +3886,11 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
         ],
     };
     let given_back = Case {
+        start: T0,
         layer: LayerSpec {
+            coalesce: true,
+            on_error: OnErr::Closed(1_000),
+            max_keys: None,
             rules: vec![
                 team(Algo::Fixed, false),
                 plain(Algo::Fixed, 1),
@@ -2972,7 +3909,11 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
         ],
     };
     let charged = Case {
+        start: T0,
         layer: LayerSpec {
+            coalesce: true,
+            on_error: OnErr::Closed(1_000),
+            max_keys: None,
             rules: vec![RuleSpec {
                 pro: Some(2),
                 after: true,
@@ -3002,7 +3943,11 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
     ] {
         memory_case(case).unwrap_or_else(|why| panic!("{what}, memory: {why}"));
         let redis = Case {
+            start: T0,
             layer: LayerSpec {
+                coalesce: true,
+                on_error: OnErr::Closed(1_000),
+                max_keys: None,
                 delay_ms: 0,
                 ..case.layer.clone()
             },
@@ -3010,4 +3955,77 @@ fn overrides_that_end_while_a_request_waits_answer_as_the_model() {
         };
         redis_case(&redis).unwrap_or_else(|why| panic!("{what}, redis: {why}"));
     }
+}
+
+/// The case `KNOWN` parked: one bucket of 3 per second (a token every
+/// 333,333.3 us), delay mode.
+#[test]
+fn a_bucket_refilled_between_milliseconds_in_delay_mode_answers_as_the_model() {
+    let bucket = RuleSpec {
+        refill: 3,
+        cost: CostSpec::Header { fallback: None },
+        ..plain(Algo::Bucket, 3)
+    };
+    let by = |key: usize, cost: u64| {
+        Step::Req(Req {
+            keys: [Some(key), None],
+            skip: false,
+            pro: false,
+            cost: Num::Value(cost),
+            status: 200,
+            used: Num::Absent,
+            fate: Fate::Complete,
+        })
+    };
+    let case = Case {
+        start: T0,
+        layer: LayerSpec {
+            coalesce: true,
+            on_error: OnErr::Closed(1_000),
+            max_keys: None,
+            rules: vec![bucket],
+            delay_ms: 500,
+            refund_all: None,
+        },
+        steps: vec![by(0, 1), by(0, 3), by(1, 1), by(0, 1)],
+    };
+    if let Err(why) = memory_case(&case) {
+        panic!("{why}");
+    }
+}
+
+/// Delay mode on Redis: a request that waits for a token.
+#[test]
+fn a_request_waits_in_delay_mode_on_redis_as_the_model() {
+    let case = Case {
+        layer: LayerSpec {
+            coalesce: true,
+            rules: vec![plain(Algo::Bucket, 1)],
+            on_error: OnErr::Closed(1_000),
+            max_keys: None,
+            delay_ms: 600,
+            refund_all: None,
+        },
+        steps: vec![
+            by_a(Num::Absent, 200, Num::Absent),
+            Step::Wait(500),
+            by_a(Num::Absent, 200, Num::Absent),
+            by_a(Num::Absent, 200, Num::Absent),
+        ],
+        start: T0,
+    };
+    // the model: the second request waits 500 ms for the next token, the
+    // third is refused (its wait, a second, is over the delay)
+    let mut model = Model::new(case.layer.clone(), T0);
+    let mut answers = Vec::new();
+    for step in &case.steps {
+        match step {
+            Step::Req(req) => answers.push(model.request(req).map(|e| e.status)),
+            Step::Wait(ms) => model.now += ms * MS,
+            _ => {}
+        }
+    }
+    assert_eq!(answers, [Some(200), Some(200), Some(429)]);
+    assert_eq!(model.now, T0 + 1_000 * MS);
+    redis_case(&case).unwrap_or_else(|why| panic!("{why}"));
 }

@@ -72,6 +72,9 @@ impl Shared {
 /// store, when its heartbeat runs.
 pub(crate) struct Fallback {
     memory: OnceLock<MemoryStore>,
+    /// The store's own clock, if it has one: the fallback decides on it
+    /// too (else on the system clock).
+    clock: Option<Arc<dyn Clock>>,
     /// This instance's place among the instances that share the store,
     /// its heartbeat started (see `fleet.rs`); `None` when the heartbeat
     /// is off.
@@ -80,21 +83,38 @@ pub(crate) struct Fallback {
 
 impl Fallback {
     #[cfg(feature = "redis")]
-    pub(crate) fn new(fleet: impl Fn() -> Option<Arc<Fleet>> + Send + Sync + 'static) -> Self {
+    pub(crate) fn new(
+        clock: Option<Arc<dyn Clock>>,
+        fleet: impl Fn() -> Option<Arc<Fleet>> + Send + Sync + 'static,
+    ) -> Self {
         Self {
             memory: OnceLock::new(),
+            clock,
             fleet: Box::new(fleet),
         }
     }
 
-    /// The memory store, made on first use.
+    /// The memory store, made on first use, on the store's clock.
     pub(crate) fn memory(&self) -> MemoryStore {
-        self.memory.get_or_init(MemoryStore::new).clone()
+        let make = || match &self.clock {
+            Some(clock) => MemoryStore::with_clock(StoreClock(clock.clone())),
+            None => MemoryStore::new(),
+        };
+        self.memory.get_or_init(make).clone()
     }
 
     /// The fleet, its heartbeat started unless it runs.
     pub(crate) fn fleet(&self) -> Option<Arc<Fleet>> {
         (self.fleet)()
+    }
+}
+
+/// A store's clock, shared with its fallback.
+struct StoreClock(Arc<dyn Clock>);
+
+impl Clock for StoreClock {
+    fn now_micros(&self) -> i64 {
+        self.0.now_micros()
     }
 }
 

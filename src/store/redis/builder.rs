@@ -172,8 +172,10 @@ impl RedisStoreBuilder {
 
     /// Uses this clock instead of Redis `TIME`: for tests that drive time, or
     /// for deployments that trust the application clocks more than Redis'.
-    /// Decisions only: the [fleet heartbeat](Self::fleet_heartbeat) keeps
-    /// to Redis `TIME`, the one clock every instance shares.
+    /// Decisions only (and those of the memory fallback during an outage,
+    /// which otherwise reads the system clock): the [fleet
+    /// heartbeat](Self::fleet_heartbeat) keeps to Redis `TIME`, the one
+    /// clock every instance shares.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
@@ -258,8 +260,8 @@ impl RedisStoreBuilder {
                 heartbeat: Heartbeat::new(self.heartbeat),
                 shared: crate::store::Shared::new(
                     "redis",
-                    self.clock,
-                    Some(crate::store::Fallback::new({
+                    self.clock.clone(),
+                    Some(crate::store::Fallback::new(self.clock, {
                         let weak = weak.clone();
                         move || {
                             let inner = weak.upgrade()?;
