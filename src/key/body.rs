@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::read::{JsonPath, Value};
 use bytes::Bytes;
 use http::request::Parts;
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
-use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
 
 use super::{extract_via_buf, KeyBuf, KeyExtractor};
 
@@ -243,7 +243,7 @@ pin_project! {
     /// the chunk that went over its bound, if one did), then the rest of
     /// the original body, frame for frame. When the rate-limit layer wrote
     /// a request's cost into the body it read whole
-    /// ([`Rule::cost_from_json_field`](crate::layer::Rule::cost_from_json_field)
+    /// ([`Rule::cost_from_request_json`](crate::layer::Rule::cost_from_request_json)
     /// with [`settle_estimates`](crate::layer::Rule::settle_estimates)),
     /// that body instead of what was read.
     pub struct ReplayBody<B: Body> {
@@ -359,14 +359,16 @@ type Normalize = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 /// ```
 #[derive(Clone)]
 pub struct JsonField {
-    field: Arc<str>,
+    field: JsonPath,
     normalize: Option<Normalize>,
     warned: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for JsonField {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("JsonField").field(&self.field).finish()
+        f.debug_tuple("JsonField")
+            .field(&self.field.to_string())
+            .finish()
     }
 }
 
@@ -374,7 +376,7 @@ impl JsonField {
     /// The top-level field `field` of the body's JSON object.
     pub fn new(field: impl Into<String>) -> Self {
         Self {
-            field: Arc::from(field.into()),
+            field: JsonPath::name(&field.into()),
             normalize: None,
             warned: Arc::default(),
         }
@@ -391,8 +393,11 @@ impl JsonField {
 
     /// The field's value in `body`, if it is there once, as a string.
     fn value(&self, body: &[u8]) -> Option<String> {
-        match field_of(body, &self.field)?? {
-            serde_json::Value::String(text) => Some(text),
+        if !is_object(body) {
+            return None;
+        }
+        match crate::read::find(body, &self.field)?? {
+            Value::String(text) => Some(text),
             _ => None,
         }
     }
@@ -429,35 +434,39 @@ impl KeyExtractor for JsonField {
     }
 }
 
-/// What the top-level field `field` of the JSON body [`ReadBody`] read
-/// tells as a cost ([`Rule::cost_from_json_field`](crate::layer::Rule::cost_from_json_field)):
+/// What the dotted `path` of the JSON body [`ReadBody`] read tells as a
+/// cost ([`Rule::cost_from_request_json`](crate::layer::Rule::cost_from_request_json)):
 /// the cost (read as [`cost`](super::cost) says), or absent (the body is a
-/// JSON object without the field), or unreadable: the body was not read
+/// JSON object without the path), or unreadable: the body was not read
 /// (no `ReadBody` around the layer: warned once through `warned`; or
-/// over its bound, too slow, failed), is no JSON object, has the field
-/// twice, or the field is no cost (`null` included).
-pub(crate) fn json_cost(parts: &Parts, field: &str, warned: &AtomicBool) -> Told {
+/// over its bound, too slow, failed), is no JSON object, gives a name of
+/// the path twice, or the value is no cost (`null` included).
+pub(crate) fn json_cost(parts: &Parts, path: &JsonPath, warned: &AtomicBool) -> Told {
     let Some(BodyRead(read, _)) = parts.extensions.get::<BodyRead>() else {
         if !warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 target: "tower_ratelimit",
-                field,
-                "cost_from_json_field: no body was read, so no request tells its cost; put \
+                path = %path,
+                "cost_from_request_json: no body was read, so no request tells its cost; put \
                  ReadBody around the rate-limit layer (ReadBody::new().around(layer))"
             );
         }
         return Told::Unreadable;
     };
-    let Some(body) = read.as_deref() else {
+    let Some(body) = read.as_deref().filter(|body| is_object(body)) else {
         return Told::Unreadable;
     };
-    match field_of(body, field) {
+    match crate::read::find(body, path) {
         Some(None) => Told::Absent,
-        Some(Some(serde_json::Value::Number(number))) => {
-            super::cost::of_number(&number).map_or(Told::Unreadable, Told::Cost)
-        }
+        Some(Some(Value::Number(Some(cost)))) => Told::Cost(cost),
         _ => Told::Unreadable,
     }
+}
+
+/// Whether `body` starts as a JSON object does (its first byte that is not
+/// white space is `{`).
+fn is_object(body: &[u8]) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 /// What a request tells of its cost.
@@ -471,12 +480,14 @@ pub(crate) enum Told {
     Unreadable,
 }
 
-/// Writes `"field":cost` into the JSON object body [`ReadBody`] read whole
-/// (which [`json_cost`] found without the field), so that the body
-/// forwarded says the cost charged: right after its opening brace, the
-/// rest unchanged byte for byte; `Content-Length`, if the request has
-/// one, set to the new length. `false` when there is no such body.
-pub(crate) fn write_cost(parts: &mut Parts, field: &str, cost: u64) -> bool {
+/// Writes the cost at `path` into the JSON object body [`ReadBody`] read
+/// whole (which [`json_cost`] found without it), so that the body
+/// forwarded says the cost charged: `"name":cost` (for a longer path,
+/// `"a":{"b":cost}`) right after its opening brace, the rest unchanged byte
+/// for byte; `Content-Length`, if the request has one, set to the new
+/// length. `false` when there is no such body, or when the body has the
+/// first name of a longer path (an object on the way is not written into).
+pub(crate) fn write_cost(parts: &mut Parts, path: &JsonPath, cost: u64) -> bool {
     let Some(BodyRead(Some(body), rewrite)) = parts.extensions.get_mut::<BodyRead>() else {
         return false;
     };
@@ -486,18 +497,20 @@ pub(crate) fn write_cost(parts: &mut Parts, field: &str, cost: u64) -> bool {
     if body[brace] != b'{' {
         return false;
     }
+    let names = path.names();
+    if names.len() > 1 && crate::read::find(body, &JsonPath::name(&names[0])) != Some(None) {
+        return false;
+    }
+    let Some(field) = nest(names, cost) else {
+        return false;
+    };
     let empty = body[brace + 1..]
         .iter()
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|&b| b == b'}');
-    let Ok(name) = serde_json::to_string(field) else {
-        return false;
-    };
-    let mut written = Vec::with_capacity(body.len() + name.len() + 24);
+    let mut written = Vec::with_capacity(body.len() + field.len() + 1);
     written.extend_from_slice(&body[..=brace]);
-    written.extend_from_slice(name.as_bytes());
-    written.push(b':');
-    written.extend_from_slice(cost.to_string().as_bytes());
+    written.extend_from_slice(field.as_bytes());
     if !empty {
         written.push(b',');
     }
@@ -515,44 +528,13 @@ pub(crate) fn write_cost(parts: &mut Parts, field: &str, cost: u64) -> bool {
     true
 }
 
-/// The top-level field `field` of the JSON object `body` (`Some(None)`:
-/// absent); `None` when the body is no JSON object, or has the field
-/// twice.
-fn field_of(body: &[u8], field: &str) -> Option<Option<serde_json::Value>> {
-    let mut json = serde_json::Deserializer::from_slice(body);
-    let value = FieldOf(field).deserialize(&mut json).ok()?;
-    json.end().ok()?;
-    Some(value)
-}
-
-/// Finds one field of a JSON object, skipping the others unparsed into
-/// values; an error when the body is no object or has the field twice.
-struct FieldOf<'f>(&'f str);
-
-impl<'de> DeserializeSeed<'de> for FieldOf<'_> {
-    type Value = Option<serde_json::Value>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, json: D) -> Result<Self::Value, D::Error> {
-        json.deserialize_map(self)
+/// `"a":{"b":cost}` for the names `a`, `b` (`None` if a name cannot be
+/// written as a JSON string).
+fn nest(names: &[Box<str>], cost: u64) -> Option<String> {
+    let (last, outer) = names.split_last()?;
+    let mut field = format!("{}:{cost}", serde_json::to_string(last).ok()?);
+    for name in outer.iter().rev() {
+        field = format!("{}:{{{field}}}", serde_json::to_string(name).ok()?);
     }
-}
-
-impl<'de> Visitor<'de> for FieldOf<'_> {
-    type Value = Option<serde_json::Value>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        while let Some(name) = map.next_key::<String>()? {
-            if name != self.0 {
-                map.next_value::<IgnoredAny>()?;
-            } else if found.replace(map.next_value()?).is_some() {
-                return Err(A::Error::custom("the field is given twice"));
-            }
-        }
-        Ok(found)
-    }
+    Some(field)
 }

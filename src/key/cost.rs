@@ -1,8 +1,8 @@
 //! The one grammar of a cost, read the same way by every reader: a
 //! request's header ([`Rule::cost_from_request_header`]) and JSON field
-//! ([`Rule::cost_from_json_field`]), a response's header
-//! ([`Rule::cost_from_header`]) and JSON or event-stream body
-//! ([`Rule::cost_from_json_body`]).
+//! ([`Rule::cost_from_request_json`]), a response's header
+//! ([`Rule::cost_from_response_header`]) and JSON or event-stream body
+//! ([`Rule::cost_from_response_json`]).
 //!
 //! A cost is a JSON number token (RFC 8259, section 6; in a header, the
 //! whole value) whose value is an integer from 0 to [`MAX_COST`] (2^53):
@@ -15,9 +15,9 @@
 //! upstream in any language) reads the same number.
 //!
 //! [`Rule::cost_from_request_header`]: crate::layer::Rule::cost_from_request_header
-//! [`Rule::cost_from_json_field`]: crate::layer::Rule::cost_from_json_field
-//! [`Rule::cost_from_header`]: crate::layer::Rule::cost_from_header
-//! [`Rule::cost_from_json_body`]: crate::layer::Rule::cost_from_json_body
+//! [`Rule::cost_from_request_json`]: crate::layer::Rule::cost_from_request_json
+//! [`Rule::cost_from_response_header`]: crate::layer::Rule::cost_from_response_header
+//! [`Rule::cost_from_response_json`]: crate::layer::Rule::cost_from_response_json
 
 /// The largest cost (2^53): every integer up to it is exact as an `f64`.
 pub(crate) const MAX_COST: u64 = 1 << 53;

@@ -36,8 +36,7 @@ use http::HeaderName;
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-#[allow(deprecated)]
-pub use self::axum::{MatchedRoute, PathParam, Route};
+pub use self::axum::{MatchedRoute, PathParam};
 pub(crate) use self::body::{json_cost, write_cost, Told};
 pub use self::body::{
     JsonField, ReadBody, ReadBodyService, ReplayBody, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY,
@@ -419,13 +418,6 @@ pub struct RequestExtension<T> {
     _type: PhantomData<fn() -> T>,
 }
 
-/// The former name of [`RequestExtension`].
-#[deprecated(
-    since = "0.2.0",
-    note = "renamed to `RequestExtension`: `Extension` clashed with `axum::Extension`"
-)]
-pub type Extension<T> = RequestExtension<T>;
-
 impl<T> RequestExtension<T> {
     /// Reads the extension of type `T`.
     pub fn new() -> Self {
@@ -642,21 +634,6 @@ mod tests {
         let other = |_: &Parts| None::<String>;
         assert_eq!(closure.key_kind(), other.key_kind());
         assert_ne!(KeyKind::of(&closure), KeyKind::of(&other));
-    }
-
-    /// The former names still compile (with a deprecation warning).
-    #[test]
-    #[allow(deprecated)]
-    fn former_names_are_aliases() {
-        let mut req = http::Request::new(());
-        req.extensions_mut().insert(7u8);
-        let p = parts(req);
-        assert_eq!(Extension::<u8>::new().extract(&p), Some(b"7".to_vec()));
-        #[cfg(feature = "axum")]
-        {
-            let route: Route = Route;
-            assert_eq!(route.extract(&p), MatchedRoute.extract(&p));
-        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! response (`give_back`), a reservation's wait (`wait_for`), the leases of
 //! concurrency limits, held until its body ends, and the costs charged
 //! after it ([`Rule::cost_from_response`](super::Rule::cost_from_response),
-//! [`Rule::cost_from_body`](super::Rule::cost_from_body)).
+//! [`Rule::cost_from_response_chunks`](super::Rule::cost_from_response_chunks)).
 
 use std::sync::Arc;
 
@@ -17,13 +17,13 @@ use crate::limiter::{run_detached, Charged, ChargedTo, LeaseGuard, Refund, Refun
 use crate::Limiter;
 
 /// How a rule's cost after the response is read (see
-/// [`Rule::cost_from_response`], [`Rule::cost_from_body`]).
+/// [`Rule::cost_from_response`], [`Rule::cost_from_response_chunks`]).
 #[derive(Clone, Default)]
 pub(crate) struct CostAfter {
     pub(crate) head: Option<HeadCost>,
     pub(crate) body: Option<BodyCost>,
-    /// A cost read out of the body ([`Rule::cost_from_json_body`],
-    /// [`Rule::cost_from_whole_body`]), or why it cannot be.
+    /// A cost read out of the body ([`Rule::cost_from_response_json`],
+    /// [`Rule::cost_from_response_body`]), or why it cannot be.
     pub(crate) meter: Option<Result<MeterSpec, String>>,
     /// What a request costs in all when its response tells no cost
     /// ([`Rule::cost_if_untold`]).
@@ -44,7 +44,7 @@ impl CostAfter {
 impl Rule {
     /// Charges this limit, after the response, the cost `cost` reads from
     /// its head (`None`: nothing more), such as the tokens an LLM reports:
-    /// see [`cost_from_header`](Self::cost_from_header) for the common case
+    /// see [`cost_from_response_header`](Self::cost_from_response_header) for the common case
     /// and the module docs for the bound.
     ///
     /// The request's cost to this rule ([`cost`](Self::cost), 1 by
@@ -52,7 +52,7 @@ impl Rule {
     /// response is known, what its cost exceeds that by is charged (see
     /// [`Limiter::charge`](crate::Limiter::charge)), whatever is left, on a
     /// task of its own: the response is not held up. With
-    /// [`cost_from_body`](Self::cost_from_body) too, both are added, and the
+    /// [`cost_from_response_chunks`](Self::cost_from_response_chunks) too, both are added, and the
     /// charge is made when the body ends. The response's RateLimit fields
     /// show the limit as the request found it, before its own charge.
     pub fn cost_from_response(
@@ -68,7 +68,7 @@ impl Rule {
     /// number from 0 to 2^53 (`100`, `100.0`, `1e2`: the one grammar of a
     /// cost, see [`cost_from_request_header`](Self::cost_from_request_header)).
     /// Absent, given more than once or not such a number: no cost told.
-    pub fn cost_from_header(self, name: http::HeaderName) -> Self {
+    pub fn cost_from_response_header(self, name: http::HeaderName) -> Self {
         self.cost_from_response(move |response| {
             match crate::key::cost::of_header(&response.headers, &name) {
                 crate::key::Told::Cost(cost) => Some(cost),
@@ -99,7 +99,7 @@ impl Rule {
     /// let layer = RateLimitLayer::builder()
     ///     .rule(
     ///         Rule::new(tokens, Global)
-    ///             .cost_from_json_body("usage.total_tokens")
+    ///             .cost_from_response_json("usage.total_tokens")
     ///             .cost_if_untold(4096),
     ///     )
     ///     .build()?;
@@ -116,7 +116,7 @@ impl Rule {
     /// client gone mid-stream pays for what it was sent). As with
     /// [`cost_from_response`](Self::cost_from_response), the request's own
     /// cost is taken when it arrives and only the excess is charged.
-    pub fn cost_from_body(
+    pub fn cost_from_response_chunks(
         mut self,
         cost: impl Fn(&bytes::Bytes) -> u64 + Send + Sync + 'static,
     ) -> Self {
@@ -152,14 +152,14 @@ impl Rule {
     /// let layer = RateLimitLayer::builder()
     ///     .rule(
     ///         Rule::new(tokens, Global)
-    ///             .cost_from_json_field("max_tokens") // (with ReadBody around the layer)
-    ///             .cost_from_json_body("usage.total_tokens")
+    ///             .cost_from_request_json("max_tokens") // (with ReadBody around the layer)
+    ///             .cost_from_response_json("usage.total_tokens")
     ///             .settle_estimates(0.1),
     ///     )
     ///     .build()?;
     /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
-    pub fn cost_from_json_body(mut self, path: &str) -> Self {
+    pub fn cost_from_response_json(mut self, path: &str) -> Self {
         self.cost_after.meter = Some(MeterSpec::json_path(path));
         self
     }
@@ -169,7 +169,7 @@ impl Rule {
     /// streams to the client; a longer body tells nothing, and so does a
     /// compressed one (the request forwarded asks for
     /// `Accept-Encoding: identity`).
-    pub fn cost_from_whole_body(
+    pub fn cost_from_response_body(
         mut self,
         max_bytes: usize,
         cost: impl Fn(&[u8]) -> Option<u64> + Send + Sync + 'static,
@@ -453,18 +453,13 @@ pub(super) async fn give_back<B>(
     response: Response<B>,
 ) -> (Response<B>, SmallVec<[usize; 2]>) {
     let (head, body) = response.into_parts();
-    let all = config
-        .refund_if
-        .as_ref()
-        .is_some_and(|refund| refund(&head));
     // (a lease is given back when the body ends, not here)
     let refunded = |charged: &ChargedTo| {
         let rule = rules.get(charged.check).and_then(|&r| config.rules.get(r));
         !charged.limit.is_concurrency()
-            && (all
-                || rule
-                    .and_then(|rule| rule.refund_if.as_ref())
-                    .is_some_and(|refund| refund(&head)))
+            && rule
+                .and_then(|rule| rule.refund_if.as_ref())
+                .is_some_and(|refund| refund(&head))
     };
     let mut given_back: SmallVec<[usize; 2]> = (refund.charged().iter().enumerate())
         .filter(|(_, charged)| refunded(charged))

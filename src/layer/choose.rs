@@ -224,8 +224,11 @@ impl Rule {
         self
     }
 
-    /// What each request costs this rule, read from the top-level field
-    /// `field` of its JSON object body (`max_tokens`): a JSON number that
+    /// What each request costs this rule, read at the dotted `path` of its
+    /// JSON object body (`"max_tokens"`, `"options.max_tokens"`: the path
+    /// syntax of [`cost_from_response_json`](Self::cost_from_response_json);
+    /// a path with an empty name is a build error,
+    /// [`ConfigError::Layer`](crate::ConfigError::Layer)): a JSON number that
     /// is a whole number from 0 to 2^53 (`100`, `100.0`, `1e2`; see
     /// [`cost_from_request_header`](Self::cost_from_request_header)). The
     /// body is read once, before the layer, by
@@ -239,10 +242,13 @@ impl Rule {
     /// number (`null` included), or a body not read whole (over
     /// `ReadBody`'s bound, slow, no `ReadBody`) or no JSON object is
     /// refused (400), and an absent field is charged the fallback and
-    /// written into the body forwarded.
-    pub fn cost_from_json_field(mut self, field: impl Into<String>) -> Self {
-        self.cost = Arrival::JsonField {
-            field: Arc::from(field.into()),
+    /// written into the body forwarded (as `"max_tokens":N` right after the
+    /// body's `{`; for a longer path, as `"options":{"max_tokens":N}` when
+    /// the body has no `options`: one that has it without the field cannot
+    /// be written into and is refused, 400).
+    pub fn cost_from_request_json(mut self, path: &str) -> Self {
+        self.cost = Arrival::Json {
+            path: crate::read::JsonPath::parse(path),
             warned: Arc::default(),
         };
         self
@@ -251,9 +257,9 @@ impl Rule {
     /// Takes this rule's cost on arrival as an estimate, settled after the
     /// response to the cost the rule reads from it
     /// ([`cost_from_response`](Self::cost_from_response),
-    /// [`cost_from_header`](Self::cost_from_header),
-    /// [`cost_from_body`](Self::cost_from_body),
-    /// [`cost_from_json_body`](Self::cost_from_json_body)): what the
+    /// [`cost_from_response_header`](Self::cost_from_response_header),
+    /// [`cost_from_response_chunks`](Self::cost_from_response_chunks),
+    /// [`cost_from_response_json`](Self::cost_from_response_json)): what the
     /// estimate was over is given back, what it was under is charged in
     /// full, into debt if need be (at most the limit's capacity, as
     /// [`Limiter::charge`](crate::Limiter::charge) does).
@@ -322,7 +328,7 @@ impl Rule {
     ///     .rule(
     ///         Rule::new(tokens, Global)
     ///             .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
-    ///             .cost_from_header(HeaderName::from_static("x-tokens-used"))
+    ///             .cost_from_response_header(HeaderName::from_static("x-tokens-used"))
     ///             .settle_estimates(0.05),
     ///     )
     ///     .build()?;

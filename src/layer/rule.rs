@@ -9,6 +9,7 @@ use super::after::CostAfter;
 use super::MissingKey;
 use crate::key::{KeyExtractor, KeyKind, Told};
 use crate::live::Current;
+use crate::read::JsonPath;
 use crate::{ConfigError, Limit, LimitSource, Quota};
 
 pub(crate) type RequestPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
@@ -30,13 +31,13 @@ type TierChoice = Arc<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync
 ///   (the permit, taken when the request arrived, is given back);
 /// - [`cost`](Self::cost), [`cost_from_request`](Self::cost_from_request),
 ///   [`cost_from_request_header`](Self::cost_from_request_header),
-///   [`cost_from_json_field`](Self::cost_from_json_field): what a request
+///   [`cost_from_request_json`](Self::cost_from_request_json): what a request
 ///   costs this limit on arrival (each rule its own);
 /// - [`cost_from_response`](Self::cost_from_response),
-///   [`cost_from_header`](Self::cost_from_header),
-///   [`cost_from_body`](Self::cost_from_body),
-///   [`cost_from_json_body`](Self::cost_from_json_body) and
-///   [`cost_from_whole_body`](Self::cost_from_whole_body): a cost known only
+///   [`cost_from_response_header`](Self::cost_from_response_header),
+///   [`cost_from_response_chunks`](Self::cost_from_response_chunks),
+///   [`cost_from_response_json`](Self::cost_from_response_json) and
+///   [`cost_from_response_body`](Self::cost_from_response_body): a cost known only
 ///   from the response, charged after it, or settling an estimate
 ///   ([`settle_estimates`](Self::settle_estimates)); and what a response
 ///   that tells none costs ([`cost_if_untold`](Self::cost_if_untold));
@@ -142,15 +143,15 @@ impl Rule {
 
     /// Requests for which `skip` answers `true` are exempt from this limit:
     /// never counted by it, never refused by it (the layer's other limits
-    /// still apply). For an exemption from every limit of the layer, see
-    /// [`RateLimitLayerBuilder::skip_if`](super::RateLimitLayerBuilder::skip_if).
+    /// still apply). A request every rule of a layer skips is forwarded
+    /// without a decision.
     pub fn skip_if(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
         self.skip = Some(Arc::new(skip));
         self
     }
 
-    /// What a request without this limit's key gets (default: the layer's
-    /// [`on_missing_key`](super::RateLimitLayerBuilder::on_missing_key)).
+    /// What a request without this limit's key gets (default:
+    /// [`MissingKey::Reject`] with 400 Bad Request).
     /// [`MissingKey::Shared`] counts keyless requests under a key kept apart
     /// from every real key of the limit.
     pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
@@ -233,7 +234,7 @@ impl Rule {
     /// Validates the rule and resolves its policies against the layer's;
     /// a live limit is told what the layer needs of its values: a fixed
     /// `cost` it holds, the algorithm of its tiers.
-    pub(crate) fn compile(self, layer_missing: &MissingKey) -> Result<CompiledRule, ConfigError> {
+    pub(crate) fn compile(self) -> Result<CompiledRule, ConfigError> {
         let name = self.limit.name().to_owned();
         let current = Limit::clone(&self.limit.load());
         if current.is_concurrency() && self.cost_after.any() {
@@ -243,6 +244,9 @@ impl Rule {
             )));
         }
         if let Some(Err(why)) = &self.cost_after.meter {
+            return Err(ConfigError::Layer(format!("limit {name:?}: {why}")));
+        }
+        if let Arrival::Json { path: Err(why), .. } = &self.cost {
             return Err(ConfigError::Layer(format!("limit {name:?}: {why}")));
         }
         if current.is_concurrency() && !matches!(self.cost, Arrival::Fixed(1)) {
@@ -262,8 +266,8 @@ impl Rule {
             Some(_) if !self.cost_after.any() => {
                 return Err(ConfigError::Layer(format!(
                     "limit {name:?}: an estimate is settled to the cost read after the \
-                     response (cost_from_response, cost_from_header, cost_from_body, \
-                     cost_from_json_body, cost_from_whole_body): the rule reads none"
+                     response (cost_from_response, cost_from_response_header, cost_from_response_chunks, \
+                     cost_from_response_json, cost_from_response_body): the rule reads none"
                 )))
             }
             Some(_) if self.fallback == Some(0) => {
@@ -295,7 +299,7 @@ impl Rule {
             Arrival::Fixed(cost) => Some(cost),
             _ => None,
         };
-        let on_missing = self.on_missing.unwrap_or_else(|| layer_missing.clone());
+        let on_missing = self.on_missing.unwrap_or_default();
         check_missing(&on_missing)?;
         if matches!(&on_missing, MissingKey::Shared(key) if key.is_empty()) {
             return Err(ConfigError::Layer(format!(
@@ -395,11 +399,11 @@ pub(crate) enum Arrival {
     /// Read from the request header of this name
     /// ([`Rule::cost_from_request_header`]).
     Header(http::HeaderName),
-    /// Read from the top-level field of the JSON body
-    /// ([`Rule::cost_from_json_field`]), warned once when no body was
-    /// read.
-    JsonField {
-        field: Arc<str>,
+    /// Read at a dotted path of the JSON body
+    /// ([`Rule::cost_from_request_json`]; `Err`: the path is no path, a
+    /// build error), warned once when no body was read.
+    Json {
+        path: Result<JsonPath, String>,
         warned: Arc<std::sync::atomic::AtomicBool>,
     },
 }
@@ -411,7 +415,11 @@ impl Arrival {
             Arrival::Fixed(cost) => Told::Cost(*cost),
             Arrival::Request(cost) => cost(parts).map_or(Told::Absent, Told::Cost),
             Arrival::Header(name) => crate::key::cost::of_header(&parts.headers, name),
-            Arrival::JsonField { field, warned } => crate::key::json_cost(parts, field, warned),
+            Arrival::Json {
+                path: Ok(path),
+                warned,
+            } => crate::key::json_cost(parts, path, warned),
+            Arrival::Json { path: Err(_), .. } => Told::Unreadable,
         }
     }
 
@@ -419,7 +427,7 @@ impl Arrival {
     fn same_place(&self, other: &Arrival) -> bool {
         match (self, other) {
             (Arrival::Header(a), Arrival::Header(b)) => a == b,
-            (Arrival::JsonField { field: a, .. }, Arrival::JsonField { field: b, .. }) => a == b,
+            (Arrival::Json { path: Ok(a), .. }, Arrival::Json { path: Ok(b), .. }) => a == b,
             _ => false,
         }
     }
@@ -434,8 +442,8 @@ impl Arrival {
                 parts.headers.insert(name, http::HeaderValue::from(cost));
                 true
             }
-            Arrival::JsonField { field, .. } => crate::key::write_cost(parts, field, cost),
-            Arrival::Fixed(_) | Arrival::Request(_) => false,
+            Arrival::Json { path: Ok(path), .. } => crate::key::write_cost(parts, path, cost),
+            Arrival::Json { path: Err(_), .. } | Arrival::Fixed(_) | Arrival::Request(_) => false,
         }
     }
 }
@@ -632,7 +640,7 @@ impl CompiledRule {
     }
 
     /// Whether the rule reads its cost from the response body
-    /// ([`Rule::cost_from_json_body`], [`Rule::cost_from_whole_body`]): the
+    /// ([`Rule::cost_from_response_json`], [`Rule::cost_from_response_body`]): the
     /// body must come as it is sent, not compressed.
     pub(crate) fn meters_body(&self) -> bool {
         self.cost_after.meter.is_some()
