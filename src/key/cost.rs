@@ -72,15 +72,24 @@ pub(crate) fn of_text(text: &[u8]) -> Option<u64> {
 /// What the header `name` of `headers` tells as a cost: absent when it
 /// is not there, unreadable when it is there more than once (readers
 /// disagree about which line counts) or its value is no cost.
-pub(crate) fn of_header(headers: &http::HeaderMap, name: &http::HeaderName) -> super::Told {
+pub(crate) fn of_header(headers: &http::HeaderMap, name: &http::HeaderName) -> Told {
     let mut lines = headers.get_all(name).iter();
     match (lines.next(), lines.next()) {
-        (None, _) => super::Told::Absent,
-        (Some(value), None) => {
-            of_text(value.as_bytes()).map_or(super::Told::Unreadable, super::Told::Cost)
-        }
-        (Some(_), Some(_)) => super::Told::Unreadable,
+        (None, _) => Told::Absent,
+        (Some(value), None) => of_text(value.as_bytes()).map_or(Told::Unreadable, Told::Cost),
+        (Some(_), Some(_)) => Told::Unreadable,
     }
+}
+
+/// What a request tells of its cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Told {
+    /// A cost.
+    Cost(u64),
+    /// Nothing: the header or field is not there.
+    Absent,
+    /// Something that cannot be read as one cost unambiguously.
+    Unreadable,
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@ use http::request::Parts;
 use http::Response;
 
 use super::body::RejectionBody;
+use super::compiled::CompiledRule;
 use super::outage::{OutageLog, DEFAULT_LOG_INTERVAL};
-use super::rule::{CompiledRule, RequestPredicate};
+use super::rule::RequestPredicate;
 use super::{Config, OnStoreError, RateLimitLayer, Rejection, Rejector, Rule, DEFAULT_MAX_WAITING};
 use crate::fields::HeaderSet;
 use crate::key::KeyExtractor;

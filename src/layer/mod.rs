@@ -83,9 +83,12 @@
 //! ([`RateLimitLayerBuilder::store_error_log_interval`]).
 
 mod after;
+mod arrival;
 mod body;
 mod builder;
 mod choose;
+mod compiled;
+mod costs;
 mod future;
 mod info;
 mod meter;
@@ -118,8 +121,9 @@ pub use crate::fields::{
 pub use crate::plan::{OnLookupError, Plan, PlanResolver, PlanResolverBuilder};
 
 use self::body::RejectionResponse;
+use self::compiled::CompiledRule;
 use self::outage::OutageLog;
-use self::rule::{CompiledRule, RequestPredicate};
+use self::rule::RequestPredicate;
 use crate::fields::HeaderSet;
 use crate::key::KeyExtractor;
 use crate::{Decision, Error, LimitSource, Limiter};
