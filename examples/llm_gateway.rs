@@ -101,12 +101,15 @@ pub fn app(
     let api_key = Bearer.hashed();
     let chat = RateLimitLayer::builder()
         .store(store.clone())
-        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
-        .limit(limit("requests")?, api_key)
+        .rule(
+            Rule::new(limit("requests")?, api_key)
+                .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
+        )
         .rule(
             Rule::new(limit("tokens")?, tenant)
-                .cost_from_json_field("max_tokens")
-                .cost_from_json_body("usage.total_tokens")
+                .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+                .cost_from_request_json("max_tokens")
+                .cost_from_response_json("usage.total_tokens")
                 .settle_estimates(0.1),
         )
         .build()?;

@@ -105,7 +105,8 @@ use tower_ratelimit::layer::{
 };
 use tower_ratelimit::watch::{FileWatch, LimitsFile};
 use tower_ratelimit::{
-    Limit, LiveLimit, LiveLimits, MemoryStore, Penalty, Quota, RedisStore, RedisStoreBuilder, Store,
+    ConfigError, Limit, LimitSource, LiveLimit, LiveLimits, MemoryStore, Penalty, Quota,
+    RedisStore, RedisStoreBuilder, Store,
 };
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -180,18 +181,46 @@ struct Setup<S> {
 impl<S: Into<Store> + Clone> Setup<S> {
     /// A layer over the shared store, without limits yet; requests with the
     /// internal token are exempt from all of its limits.
-    fn bare(&self) -> RateLimitLayerBuilder {
-        let token = self.internal_token.clone();
-        RateLimitLayer::builder()
-            .store(self.store.clone())
-            .on_store_error(self.on_store_error)
-            .deny_if(deny_listed)
-            .skip_if(move |request: &Parts| internal(request, token.as_deref()))
+    fn bare(&self) -> Exempting {
+        Exempting {
+            builder: RateLimitLayer::builder()
+                .store(self.store.clone())
+                .on_store_error(self.on_store_error)
+                .deny_if(deny_listed),
+            token: self.internal_token.clone(),
+        }
     }
 
     /// A layer over the shared store with the per-IP limit.
-    fn layer(&self, per_ip: &LiveLimit) -> RateLimitLayerBuilder {
+    fn layer(&self, per_ip: &LiveLimit) -> Exempting {
         self.bare().limit(per_ip, self.client_ip.clone())
+    }
+}
+
+/// A layer being built whose every rule exempts the requests that carry
+/// the internal token (`Rule::skip_if`).
+struct Exempting {
+    builder: RateLimitLayerBuilder,
+    token: Option<Arc<[u8]>>,
+}
+
+impl Exempting {
+    /// Adds `limit`, keyed by `key`.
+    fn limit(self, limit: impl Into<LimitSource>, key: impl KeyExtractor) -> Self {
+        self.rule(Rule::new(limit, key))
+    }
+
+    /// Adds `rule`, exempting internal requests.
+    fn rule(mut self, rule: Rule) -> Self {
+        let token = self.token.clone();
+        let rule = rule.skip_if(move |request: &Parts| internal(request, token.as_deref()));
+        self.builder = self.builder.rule(rule);
+        self
+    }
+
+    /// The layer.
+    fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        self.builder.build()
     }
 }
 
@@ -384,7 +413,7 @@ fn app<S: Into<Store> + Clone>(
                 Limit::new("tokens", Quota::per_hour(2000).sliding_window())?,
                 setup.client_ip.clone(),
             )
-            .cost_from_header(header::HeaderName::from_static("x-tokens-used")),
+            .cost_from_response_header(header::HeaderName::from_static("x-tokens-used")),
         )
         .build()?;
 

@@ -147,7 +147,8 @@ mod penalty;
 #[cfg(feature = "resolver")]
 mod plan;
 mod quota;
-pub mod store;
+mod read;
+mod store;
 mod sync;
 mod text;
 #[cfg(feature = "watch")]

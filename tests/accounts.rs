@@ -39,7 +39,7 @@ fn requests() -> Limit {
 fn budget(limit: Limit) -> Rule {
     Rule::new(limit, Global)
         .cost_from_request_header(HeaderName::from_static(ESTIMATE))
-        .cost_from_header(HeaderName::from_static(USED))
+        .cost_from_response_header(HeaderName::from_static(USED))
         .settle_estimates(0.05)
 }
 
@@ -181,7 +181,7 @@ async fn a_grant_of_cost_zero_is_settled_after_the_response() {
     for (store, builder, looker) in stores("accounts-cost-zero", tokens) {
         let rule = Rule::new(tokens(), Global)
             .cost(0)
-            .cost_from_header(HeaderName::from_static(USED));
+            .cost_from_response_header(HeaderName::from_static(USED));
         let app = app(builder.timeout(PATIENT).rule(rule).build().expect("layer"));
         assert_eq!(send(&app, call(None, Some(30))).await, StatusCode::OK);
         settles_to(&looker, 970, store).await;
@@ -406,9 +406,9 @@ async fn costs_read_from_the_response_body_settle_the_estimate() {
         "tokens\":31}}\n\ndata: [DONE]\n\n",
     ];
     let words = vec!["word ", "word ", "word"];
-    let by_path: fn(Rule) -> Rule = |rule| rule.cost_from_json_body("usage.total_tokens");
+    let by_path: fn(Rule) -> Rule = |rule| rule.cost_from_response_json("usage.total_tokens");
     let by_words: fn(Rule) -> Rule = |rule| {
-        rule.cost_from_whole_body(64, |body| Some(body.split(|&b| b == b' ').count() as u64))
+        rule.cost_from_response_body(64, |body| Some(body.split(|&b| b == b' ').count() as u64))
     };
     let bodies = [
         ("application/json", json, by_path, 57),
@@ -463,7 +463,7 @@ async fn a_stream_dropped_mid_way_settles_to_the_usage_it_sent() {
         for (store, builder, looker) in stores("accounts-dropped", tokens) {
             let rule = Rule::new(tokens(), Global)
                 .cost_from_request_header(HeaderName::from_static(ESTIMATE))
-                .cost_from_json_body("usage.total_tokens")
+                .cost_from_response_json("usage.total_tokens")
                 .settle_estimates(0.1);
             let layer = builder.timeout(PATIENT).rule(rule).build().expect("layer");
             // the stream never ends: the client reads what was sent, then goes

@@ -175,7 +175,7 @@ async fn a_cost_read_from_a_response_header_is_charged_after_the_response() {
             )
             .layer(layer(
                 make(),
-                Rule::new(tokens.clone(), Global).cost_from_header(used.clone()),
+                Rule::new(tokens.clone(), Global).cost_from_response_header(used.clone()),
             ));
         let looker = limiter(make(), tokens.clone());
         for (i, left) in [(1, 6), (2, 2), (3, 0)] {
@@ -217,7 +217,8 @@ async fn a_cost_counted_in_the_body_is_charged_when_it_ends() {
             )
             .layer(layer(
                 make(),
-                Rule::new(bytes.clone(), Global).cost_from_body(|chunk| chunk.len() as u64),
+                Rule::new(bytes.clone(), Global)
+                    .cost_from_response_chunks(|chunk| chunk.len() as u64),
             ));
         let looker = limiter(make(), bytes.clone());
         let response = app
@@ -252,7 +253,7 @@ async fn an_unreadable_or_small_cost_charges_nothing_more() {
             )
             .layer(layer(
                 StoreKind::Memory(store.clone()),
-                Rule::new(tokens.clone(), Global).cost_from_header(used.clone()),
+                Rule::new(tokens.clone(), Global).cost_from_response_header(used.clone()),
             ));
         let looker = limiter(StoreKind::Memory(store.clone()), tokens.clone());
         let before = looker.peek("global", 1).await.expect("peek").remaining();
@@ -310,7 +311,9 @@ async fn in_delay_mode_a_request_waits_for_a_free_permit() {
 fn a_concurrency_limit_charges_no_cost_after_the_response() {
     let streams = Limit::concurrency("streams", 1, Duration::from_secs(60)).expect("limit");
     let built = RateLimitLayer::builder()
-        .rule(Rule::new(streams, Global).cost_from_header(HeaderName::from_static("x-cost")))
+        .rule(
+            Rule::new(streams, Global).cost_from_response_header(HeaderName::from_static("x-cost")),
+        )
         .build();
     assert!(matches!(built, Err(tower_ratelimit::ConfigError::Layer(_))));
 }

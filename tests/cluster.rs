@@ -531,7 +531,7 @@ async fn leases_and_charges_across_slots() {
                 tokens.clone(),
                 Header::new(HeaderName::from_static("x-tenant")),
             )
-            .cost_from_header(HeaderName::from_static("x-tokens-used")),
+            .cost_from_response_header(HeaderName::from_static("x-tokens-used")),
         )
         .timeout(PATIENT)
         .build()

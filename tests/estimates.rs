@@ -38,7 +38,7 @@ fn layer(store: impl Into<Store>, share: f64) -> RateLimitLayer {
         .rule(
             Rule::new(tokens(), Global)
                 .cost_from_request_header(HeaderName::from_static(ESTIMATE))
-                .cost_from_header(HeaderName::from_static(USED))
+                .cost_from_response_header(HeaderName::from_static(USED))
                 .settle_estimates(share),
         )
         .build()
@@ -254,7 +254,7 @@ fn estimates_need_a_share_and_a_cost_after_the_response() {
         let built = RateLimitLayer::builder()
             .rule(
                 Rule::new(tokens(), Global)
-                    .cost_from_header(HeaderName::from_static(USED))
+                    .cost_from_response_header(HeaderName::from_static(USED))
                     .settle_estimates(share),
             )
             .build();

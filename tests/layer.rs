@@ -718,8 +718,7 @@ async fn missing_keys_follow_the_configured_policy() {
     let api_key = || Header::new(HeaderName::from_static("x-api-key"));
     let keyed = |policy: MissingKey| {
         RateLimitLayer::builder()
-            .limit(limit("per-key", per_minute(1)), api_key())
-            .on_missing_key(policy)
+            .rule(Rule::new(limit("per-key", per_minute(1)), api_key()).on_missing_key(policy))
             .build()
             .expect("layer")
     };
@@ -749,8 +748,10 @@ async fn missing_keys_follow_the_configured_policy() {
         .expect("request");
     assert_eq!(send(&app, with_key).await.0, StatusCode::OK);
     let err = RateLimitLayer::builder()
-        .limit(limit("x", per_minute(1)), api_key())
-        .on_missing_key(MissingKey::Reject(StatusCode::OK))
+        .rule(
+            Rule::new(limit("x", per_minute(1)), api_key())
+                .on_missing_key(MissingKey::Reject(StatusCode::OK)),
+        )
         .build();
     assert!(matches!(err, Err(ConfigError::Layer(_))));
 }
@@ -1054,11 +1055,13 @@ async fn a_trusted_proxy_naming_no_client_gives_no_key_when_required() {
     let app = |resolver: ClientIpResolver, policy: MissingKey| {
         hello_app(
             RateLimitLayer::builder()
-                .limit(
-                    limit("per-ip", per_minute(1)),
-                    ClientIp::with_resolver(resolver),
+                .rule(
+                    Rule::new(
+                        limit("per-ip", per_minute(1)),
+                        ClientIp::with_resolver(resolver),
+                    )
+                    .on_missing_key(policy),
                 )
-                .on_missing_key(policy)
                 .build()
                 .expect("layer"),
         )
@@ -1329,9 +1332,11 @@ async fn handlers_read_the_decision_under_every_policy() {
                     .build()
                     .expect("store"),
             )
-            .limit(limit("per-ip", per_minute(3)), ClientIp::peer())
+            .rule(
+                Rule::new(limit("per-ip", per_minute(3)), ClientIp::peer())
+                    .on_missing_key(MissingKey::Skip),
+            )
             .on_store_error(policy)
-            .on_missing_key(MissingKey::Skip)
             .timeout(Duration::from_millis(200))
             .build()
             .expect("layer");
@@ -1634,8 +1639,10 @@ async fn an_empty_key_gets_the_missing_key_policy() {
     let layer = |policy: MissingKey| {
         RateLimitLayer::builder()
             .store(store.clone())
-            .limit(limit("per-user", per_minute(1)), Ext::<UserId>::new())
-            .on_missing_key(policy)
+            .rule(
+                Rule::new(limit("per-user", per_minute(1)), Ext::<UserId>::new())
+                    .on_missing_key(policy),
+            )
             .build()
     };
     let reject = hello_app(layer(MissingKey::default()).expect("layer"));

@@ -202,8 +202,8 @@ struct RuleSpec {
     /// Exempt when the request has `x-skip`.
     skip: bool,
     refund: Option<RefundOn>,
-    /// `Rule::cost_from_header(x-used)`, or, with `body`,
-    /// `Rule::cost_from_json_body("usage")`.
+    /// `Rule::cost_from_response_header(x-used)`, or, with `body`,
+    /// `Rule::cost_from_response_json("usage")`.
     after: bool,
     body: bool,
     cost: CostSpec,
@@ -2265,13 +2265,18 @@ fn build_layer(store: impl Into<Store>, spec: &LayerSpec) -> RateLimitLayer {
                     .then_some("pro")
             });
         }
-        if let Some(on) = r.refund {
-            rule = rule.refund_if(move |head| on.matches(head.status.as_u16()));
+        // (the layer-wide refund of the spec: each rule's own predicate too)
+        let (own, all) = (r.refund, spec.refund_all);
+        if own.is_some() || all.is_some() {
+            rule = rule.refund_if(move |head| {
+                let status = head.status.as_u16();
+                own.is_some_and(|on| on.matches(status)) || all.is_some_and(|on| on.matches(status))
+            });
         }
         if r.after && r.body {
-            rule = rule.cost_from_json_body("usage");
+            rule = rule.cost_from_response_json("usage");
         } else if r.after {
-            rule = rule.cost_from_header(HeaderName::from_static(USED));
+            rule = rule.cost_from_response_header(HeaderName::from_static(USED));
         }
         if let Some(n) = r.untold {
             rule = rule.cost_if_untold(n);
@@ -2280,9 +2285,6 @@ fn build_layer(store: impl Into<Store>, spec: &LayerSpec) -> RateLimitLayer {
     }
     if spec.delay_ms > 0 {
         builder = builder.delay(Duration::from_millis(spec.delay_ms as u64));
-    }
-    if let Some(on) = spec.refund_all {
-        builder = builder.refund_if(move |head| on.matches(head.status.as_u16()));
     }
     with_costs(builder, spec).build().expect("a valid layer")
 }

@@ -303,7 +303,7 @@ fn an_estimate_too_large_has_its_own_outcome() {
         let builder = RateLimitLayer::builder().rule(
             Rule::new(limit, Global)
                 .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
-                .cost_from_header(used)
+                .cost_from_response_header(used)
                 .settle_estimates(0.1),
         );
         let builder = if custom {
@@ -370,7 +370,7 @@ fn an_unreadable_estimate_and_a_kept_one_are_counted() {
         .rule(
             Rule::new(limit, Global)
                 .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
-                .cost_from_header(HeaderName::from_static("x-tokens-used"))
+                .cost_from_response_header(HeaderName::from_static("x-tokens-used"))
                 .settle_estimates(0.1),
         )
         .build()

@@ -48,7 +48,7 @@ fn tokens() -> Limit {
 /// Where a rule reads the estimate from.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Side {
-    /// `cost_from_json_field("max_tokens")`.
+    /// `cost_from_request_json("max_tokens")`.
     Field,
     /// `cost_from_request_header("x-max-tokens")`.
     Header,
@@ -189,10 +189,10 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 fn llm_rule(side: Side) -> Rule {
     let rule = Rule::new(tokens(), Global);
     let rule = match side {
-        Side::Field => rule.cost_from_json_field("max_tokens"),
+        Side::Field => rule.cost_from_request_json("max_tokens"),
         Side::Header => rule.cost_from_request_header(HeaderName::from_static(MAX_TOKENS)),
     };
-    rule.cost_from_json_body("usage.total_tokens")
+    rule.cost_from_response_json("usage.total_tokens")
         .settle_estimates(0.05)
 }
 
@@ -381,8 +381,8 @@ async fn rules_reading_one_place_write_it_once() {
         let small = Limit::new("small", Quota::per_day(400).fixed_window()).expect("limit");
         let small_looker = patient_limiter(made.clone(), small.clone());
         let second = Rule::new(small, Global)
-            .cost_from_json_field("max_tokens")
-            .cost_from_json_body("usage.total_tokens")
+            .cost_from_request_json("max_tokens")
+            .cost_from_response_json("usage.total_tokens")
             .settle_estimates(0.05);
         let up = Arc::new(Upstream::default());
         let layer = RateLimitLayer::builder()
@@ -429,6 +429,65 @@ async fn rules_reading_one_place_write_it_once() {
     }
 }
 
+/// A request path of several names is read as the response's is, and an
+/// absent estimate is written there when the body lacks the path's first
+/// name; a body that has it without the rest cannot be written into: 400.
+#[tokio::test]
+async fn a_nested_request_path_is_read_and_written() {
+    for (store, made, _) in stores("nested-path") {
+        let limit = Limit::new("nested", Quota::per_day(400).fixed_window()).expect("limit");
+        let looker = patient_limiter(made.clone(), limit.clone());
+        let rule = Rule::new(limit, Global)
+            .cost_from_request_json("options.max_tokens")
+            .cost_from_response_json("usage.total_tokens")
+            .settle_estimates(0.05)
+            .estimate_fallback(9);
+        let up = Arc::new(Upstream::default());
+        let layer = RateLimitLayer::builder()
+            .store(made.clone())
+            .timeout(PATIENT)
+            .rule(rule)
+            .build()
+            .expect("layer");
+        let app = Router::new()
+            .route("/v1/chat/completions", post(upstream))
+            .with_state(up.clone())
+            .layer(ReadBody::new().max_bytes(READ_BOUND).around(layer));
+        // told: 12 taken on arrival (the upstream, reading `max_tokens` at
+        // the top, serves its default; the estimate is what is charged
+        // until the answer settles it)
+        let body = r#"{"options":{"max_tokens":12},"messages":[]}"#;
+        let (status, _) = send(&app, request(body, &[], "stream-untold")).await;
+        assert_eq!(status, StatusCode::OK, "{store}");
+        settles_to(&looker, 400 - 12, store).await;
+        // absent: the fallback, written as `"options":{"max_tokens":9}`
+        let (status, _) = send(&app, request(r#"{"messages":[]}"#, &[], "stream-untold")).await;
+        assert_eq!(status, StatusCode::OK, "{store}");
+        let forwarded: Value = serde_json::from_slice(&up.body.lock().unwrap()).expect("json");
+        assert_eq!(
+            forwarded["options"]["max_tokens"],
+            json!(9),
+            "{store}: {forwarded}"
+        );
+        assert_eq!(forwarded["messages"], json!([]), "{store}");
+        assert_eq!(up.bad_lengths.load(Ordering::SeqCst), 0, "{store}");
+        settles_to(&looker, 400 - 12 - 9, store).await;
+        // `options` without the field: it cannot be written, refused
+        let calls = up.calls.load(Ordering::SeqCst);
+        let body = r#"{"options":{"temperature":1}}"#;
+        let (status, _) = send(&app, request(body, &[], "stream-untold")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{store}");
+        assert_eq!(up.calls.load(Ordering::SeqCst), calls, "{store}");
+        settles_to(&looker, 400 - 12 - 9, store).await;
+    }
+    // a path with an empty name does not build
+    let limit = Limit::new("bad-path", Quota::per_day(400).fixed_window()).expect("limit");
+    let built = RateLimitLayer::builder()
+        .rule(Rule::new(limit, Global).cost_from_request_json("options..max_tokens"))
+        .build();
+    assert!(matches!(built, Err(ConfigError::Layer(_))));
+}
+
 /// A fallback of 0 would be written as a maximum some upstreams read as
 /// none: a build error, as `cost_if_untold` over the capacity is.
 #[test]
@@ -438,7 +497,7 @@ fn a_fallback_of_zero_and_an_untold_cost_over_the_capacity_do_not_build() {
         .build();
     assert!(matches!(built, Err(ConfigError::Layer(_))));
     let rule = Rule::new(tokens(), Global)
-        .cost_from_json_body("usage.total_tokens")
+        .cost_from_response_json("usage.total_tokens")
         .cost_if_untold(BUDGET + 1);
     let built = RateLimitLayer::builder().rule(rule).build();
     assert!(matches!(built, Err(ConfigError::Layer(_))));
@@ -502,7 +561,7 @@ async fn a_stream_dropped_before_its_usage_keeps_the_estimate() {
 #[tokio::test]
 async fn an_answer_that_tells_nothing_costs_the_arrival_cost_or_cost_if_untold() {
     for (store, made, looker) in stores("untold") {
-        let plain = Rule::new(tokens(), Global).cost_from_json_body("usage.total_tokens");
+        let plain = Rule::new(tokens(), Global).cost_from_response_json("usage.total_tokens");
         let (app, _) = app_of(made.clone(), plain);
         let (status, _) = send(&app, request("{}", &[], "stream-untold")).await;
         assert_eq!(status, StatusCode::OK, "{store}");
@@ -512,7 +571,7 @@ async fn an_answer_that_tells_nothing_costs_the_arrival_cost_or_cost_if_untold()
         settles_to(&looker, BUDGET - 2, store).await;
 
         let most = Rule::new(tokens(), Global)
-            .cost_from_json_body("usage.total_tokens")
+            .cost_from_response_json("usage.total_tokens")
             .cost_if_untold(300);
         let (app, _) = app_of(made, most);
         let (status, _) = send(&app, request("{}", &[], "stream-untold")).await;

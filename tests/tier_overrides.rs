@@ -343,7 +343,7 @@ async fn a_charge_after_the_response_is_bounded_by_the_quota_that_decides() {
                 let pro = r.headers.get("x-plan").is_some_and(|p| p == "pro");
                 pro.then_some("pro")
             })
-            .cost_from_header(http::HeaderName::from_static("x-used"));
+            .cost_from_response_header(http::HeaderName::from_static("x-used"));
         let layer = layer(on.clone(), rule);
         let handler: fn(Request<String>) -> _ = tells_use;
         let svc = layer.layer(tower::service_fn(handler));

@@ -47,8 +47,7 @@ async fn status(layer: &RateLimitLayer, request: Request<Full<Bytes>>) -> Status
 fn layer(key: ClientIp) -> RateLimitLayer {
     let limit = Limit::new("per-ip", Quota::per_second(1000).token_bucket()).expect("limit");
     RateLimitLayer::builder()
-        .limit(limit, key)
-        .on_missing_key(MissingKey::Skip)
+        .rule(Rule::new(limit, key).on_missing_key(MissingKey::Skip))
         .build()
         .expect("layer")
 }

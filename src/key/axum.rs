@@ -12,21 +12,6 @@ use super::{extract_via_buf, KeyBuf, KeyExtractor};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MatchedRoute;
 
-/// The former name of [`MatchedRoute`].
-#[deprecated(
-    since = "0.2.0",
-    note = "renamed to `MatchedRoute`: `Route` clashed with `axum::routing::Route`"
-)]
-pub type Route = MatchedRoute;
-
-/// The former name of [`MatchedRoute`], as a value (`RateLimitLayer::new(limit, Route)`).
-#[deprecated(
-    since = "0.2.0",
-    note = "renamed to `MatchedRoute`: `Route` clashed with `axum::routing::Route`"
-)]
-#[allow(non_upper_case_globals)]
-pub const Route: MatchedRoute = MatchedRoute;
-
 impl KeyExtractor for MatchedRoute {
     fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
         extract_via_buf(self, parts)

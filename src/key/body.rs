@@ -1,24 +1,19 @@
-//! Keys from a request's body: [`ReadBody`] reads the start of the body
-//! before the rate-limit layer decides, and gives the body back whole;
-//! [`JsonField`] keys by a field of it.
+//! Reading a request's body before the decision: [`ReadBody`] reads the
+//! start of the body before the rate-limit layer decides, and gives the
+//! body back whole (or as the layer rewrote it); keys and costs read what
+//! it read ([`JsonField`](super::JsonField), `super::json`).
 
-use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::request::Parts;
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
-use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
-
-use super::{extract_via_buf, KeyBuf, KeyExtractor};
 
 /// The default of [`ReadBody::max_bytes`]: 16 KiB.
 pub const DEFAULT_MAX_BODY: usize = 16 * 1024;
@@ -27,18 +22,18 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What [`ReadBody`] read: the whole body, or `None` when it was longer
 /// than the bound, too slow, or failed; and the body to forward instead,
-/// when the rate-limit layer wrote a field into it (see [`write_cost`]),
+/// when the rate-limit layer wrote a field into it (see `write_cost` in `key/json.rs`),
 /// shared with the [`ReplayBody`] that gives the body back.
 #[derive(Clone)]
-struct BodyRead(Option<Bytes>, Rewrite);
+pub(super) struct BodyRead(pub(super) Option<Bytes>, pub(super) Rewrite);
 
 /// The body a [`ReplayBody`] gives back instead of what was read, set
 /// before the body is forwarded.
-type Rewrite = Arc<std::sync::Mutex<Option<Bytes>>>;
+pub(super) type Rewrite = Arc<std::sync::Mutex<Option<Bytes>>>;
 
 /// A Tower layer that reads the start of each request's body, at most
 /// [`max_bytes`](Self::max_bytes) within [`timeout`](Self::timeout), for
-/// keys such as [`JsonField`] to read, and gives the inner service the body
+/// keys such as [`JsonField`](super::JsonField) to read, and gives the inner service the body
 /// back unchanged (the bytes read, then the rest). Put it around the
 /// rate-limit layer with [`around`](Self::around): keys are read before the
 /// decision.
@@ -243,7 +238,7 @@ pin_project! {
     /// the chunk that went over its bound, if one did), then the rest of
     /// the original body, frame for frame. When the rate-limit layer wrote
     /// a request's cost into the body it read whole
-    /// ([`Rule::cost_from_json_field`](crate::layer::Rule::cost_from_json_field)
+    /// ([`Rule::cost_from_request_json`](crate::layer::Rule::cost_from_request_json)
     /// with [`settle_estimates`](crate::layer::Rule::settle_estimates)),
     /// that body instead of what was read.
     pub struct ReplayBody<B: Body> {
@@ -320,239 +315,5 @@ impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
 impl From<ReplayBody<axum::body::Body>> for axum::body::Body {
     fn from(body: ReplayBody<axum::body::Body>) -> Self {
         axum::body::Body::new(body)
-    }
-}
-
-type Normalize = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
-
-/// The key is a string field of a JSON object body (such as the `username`
-/// of a login), as read by a [`ReadBody`] around the layer: one call keys a
-/// rule by it. A body without that field, with it twice (parsers disagree
-/// about which one counts), with it not a string, not a JSON object, or not
-/// read has no key (the rule's [`MissingKey`](crate::layer::MissingKey)
-/// applies). Without a `ReadBody` around the layer, every request has none,
-/// and one `warn` line says so.
-///
-/// Key by the form your handler matches: when it trims and lowercases the
-/// name, so must the key ([`normalize`](Self::normalize)), or ` Ann` and
-/// `ann` are counted apart for one account. Every distinct value is a key,
-/// so limit the senders too (a rule keyed by the client IP).
-///
-/// ```
-/// # #[cfg(feature = "axum")] {
-/// use axum::{routing::post, Router};
-/// use tower_ratelimit::key::{ClientIp, JsonField, ReadBody};
-/// use tower_ratelimit::layer::RateLimitLayer;
-/// use tower_ratelimit::{Limit, Quota};
-///
-/// let logins = Limit::new("login", Quota::per_minute(5).sliding_log())?;
-/// let username = JsonField::new("username").normalize(|name| Some(name.trim().to_lowercase()));
-/// let limited = RateLimitLayer::builder()
-///     .limit(logins, (username, ClientIp::peer()))
-///     .build()?;
-/// // the handler still reads the whole body
-/// let app: Router = Router::new()
-///     .route("/login", post(|body: String| async move { body }))
-///     .layer(ReadBody::new().max_bytes(4096).around(limited));
-/// # }
-/// # Ok::<(), tower_ratelimit::ConfigError>(())
-/// ```
-#[derive(Clone)]
-pub struct JsonField {
-    field: Arc<str>,
-    normalize: Option<Normalize>,
-    warned: Arc<AtomicBool>,
-}
-
-impl std::fmt::Debug for JsonField {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("JsonField").field(&self.field).finish()
-    }
-}
-
-impl JsonField {
-    /// The top-level field `field` of the body's JSON object.
-    pub fn new(field: impl Into<String>) -> Self {
-        Self {
-            field: Arc::from(field.into()),
-            normalize: None,
-            warned: Arc::default(),
-        }
-    }
-
-    /// Keys by `normalize(value)` instead of the value; `None` is no key.
-    pub fn normalize(
-        mut self,
-        normalize: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.normalize = Some(Arc::new(normalize));
-        self
-    }
-
-    /// The field's value in `body`, if it is there once, as a string.
-    fn value(&self, body: &[u8]) -> Option<String> {
-        match field_of(body, &self.field)?? {
-            serde_json::Value::String(text) => Some(text),
-            _ => None,
-        }
-    }
-}
-
-impl KeyExtractor for JsonField {
-    fn extract(&self, parts: &Parts) -> Option<Vec<u8>> {
-        extract_via_buf(self, parts)
-    }
-
-    fn extract_into(&self, parts: &Parts, key: &mut KeyBuf) -> bool {
-        let Some(BodyRead(read, _)) = parts.extensions.get::<BodyRead>() else {
-            if !self.warned.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    target: "tower_ratelimit",
-                    field = %self.field,
-                    "JsonField: no body was read, so no request has this key; put \
-                     ReadBody around the rate-limit layer (ReadBody::new().around(layer))"
-                );
-            }
-            return false;
-        };
-        let value = read.as_deref().and_then(|body| self.value(body));
-        let value = match &self.normalize {
-            Some(normalize) => value.and_then(|value| normalize(&value)),
-            None => value,
-        };
-        value.is_some_and(|value| key.write_str(&value).is_ok())
-    }
-
-    /// `JsonField(field)`.
-    fn key_kind(&self) -> String {
-        format!("JsonField({})", self.field)
-    }
-}
-
-/// What the top-level field `field` of the JSON body [`ReadBody`] read
-/// tells as a cost ([`Rule::cost_from_json_field`](crate::layer::Rule::cost_from_json_field)):
-/// the cost (read as [`cost`](super::cost) says), or absent (the body is a
-/// JSON object without the field), or unreadable: the body was not read
-/// (no `ReadBody` around the layer: warned once through `warned`; or
-/// over its bound, too slow, failed), is no JSON object, has the field
-/// twice, or the field is no cost (`null` included).
-pub(crate) fn json_cost(parts: &Parts, field: &str, warned: &AtomicBool) -> Told {
-    let Some(BodyRead(read, _)) = parts.extensions.get::<BodyRead>() else {
-        if !warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                target: "tower_ratelimit",
-                field,
-                "cost_from_json_field: no body was read, so no request tells its cost; put \
-                 ReadBody around the rate-limit layer (ReadBody::new().around(layer))"
-            );
-        }
-        return Told::Unreadable;
-    };
-    let Some(body) = read.as_deref() else {
-        return Told::Unreadable;
-    };
-    match field_of(body, field) {
-        Some(None) => Told::Absent,
-        Some(Some(serde_json::Value::Number(number))) => {
-            super::cost::of_number(&number).map_or(Told::Unreadable, Told::Cost)
-        }
-        _ => Told::Unreadable,
-    }
-}
-
-/// What a request tells of its cost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Told {
-    /// A cost.
-    Cost(u64),
-    /// Nothing: the header or field is not there.
-    Absent,
-    /// Something that cannot be read as one cost unambiguously.
-    Unreadable,
-}
-
-/// Writes `"field":cost` into the JSON object body [`ReadBody`] read whole
-/// (which [`json_cost`] found without the field), so that the body
-/// forwarded says the cost charged: right after its opening brace, the
-/// rest unchanged byte for byte; `Content-Length`, if the request has
-/// one, set to the new length. `false` when there is no such body.
-pub(crate) fn write_cost(parts: &mut Parts, field: &str, cost: u64) -> bool {
-    let Some(BodyRead(Some(body), rewrite)) = parts.extensions.get_mut::<BodyRead>() else {
-        return false;
-    };
-    let Some(brace) = body.iter().position(|b| !b.is_ascii_whitespace()) else {
-        return false;
-    };
-    if body[brace] != b'{' {
-        return false;
-    }
-    let empty = body[brace + 1..]
-        .iter()
-        .find(|b| !b.is_ascii_whitespace())
-        .is_some_and(|&b| b == b'}');
-    let Ok(name) = serde_json::to_string(field) else {
-        return false;
-    };
-    let mut written = Vec::with_capacity(body.len() + name.len() + 24);
-    written.extend_from_slice(&body[..=brace]);
-    written.extend_from_slice(name.as_bytes());
-    written.push(b':');
-    written.extend_from_slice(cost.to_string().as_bytes());
-    if !empty {
-        written.push(b',');
-    }
-    written.extend_from_slice(&body[brace + 1..]);
-    let written = Bytes::from(written);
-    *crate::sync::lock(rewrite) = Some(written.clone());
-    *body = written;
-    let length = body.len();
-    if parts.headers.contains_key(http::header::CONTENT_LENGTH) {
-        parts.headers.insert(
-            http::header::CONTENT_LENGTH,
-            http::HeaderValue::from(length),
-        );
-    }
-    true
-}
-
-/// The top-level field `field` of the JSON object `body` (`Some(None)`:
-/// absent); `None` when the body is no JSON object, or has the field
-/// twice.
-fn field_of(body: &[u8], field: &str) -> Option<Option<serde_json::Value>> {
-    let mut json = serde_json::Deserializer::from_slice(body);
-    let value = FieldOf(field).deserialize(&mut json).ok()?;
-    json.end().ok()?;
-    Some(value)
-}
-
-/// Finds one field of a JSON object, skipping the others unparsed into
-/// values; an error when the body is no object or has the field twice.
-struct FieldOf<'f>(&'f str);
-
-impl<'de> DeserializeSeed<'de> for FieldOf<'_> {
-    type Value = Option<serde_json::Value>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, json: D) -> Result<Self::Value, D::Error> {
-        json.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for FieldOf<'_> {
-    type Value = Option<serde_json::Value>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        while let Some(name) = map.next_key::<String>()? {
-            if name != self.0 {
-                map.next_value::<IgnoredAny>()?;
-            } else if found.replace(map.next_value()?).is_some() {
-                return Err(A::Error::custom("the field is given twice"));
-            }
-        }
-        Ok(found)
     }
 }

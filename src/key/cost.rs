@@ -1,8 +1,8 @@
 //! The one grammar of a cost, read the same way by every reader: a
 //! request's header ([`Rule::cost_from_request_header`]) and JSON field
-//! ([`Rule::cost_from_json_field`]), a response's header
-//! ([`Rule::cost_from_header`]) and JSON or event-stream body
-//! ([`Rule::cost_from_json_body`]).
+//! ([`Rule::cost_from_request_json`]), a response's header
+//! ([`Rule::cost_from_response_header`]) and JSON or event-stream body
+//! ([`Rule::cost_from_response_json`]).
 //!
 //! A cost is a JSON number token (RFC 8259, section 6; in a header, the
 //! whole value) whose value is an integer from 0 to [`MAX_COST`] (2^53):
@@ -15,9 +15,9 @@
 //! upstream in any language) reads the same number.
 //!
 //! [`Rule::cost_from_request_header`]: crate::layer::Rule::cost_from_request_header
-//! [`Rule::cost_from_json_field`]: crate::layer::Rule::cost_from_json_field
-//! [`Rule::cost_from_header`]: crate::layer::Rule::cost_from_header
-//! [`Rule::cost_from_json_body`]: crate::layer::Rule::cost_from_json_body
+//! [`Rule::cost_from_request_json`]: crate::layer::Rule::cost_from_request_json
+//! [`Rule::cost_from_response_header`]: crate::layer::Rule::cost_from_response_header
+//! [`Rule::cost_from_response_json`]: crate::layer::Rule::cost_from_response_json
 
 /// The largest cost (2^53): every integer up to it is exact as an `f64`.
 pub(crate) const MAX_COST: u64 = 1 << 53;
@@ -72,15 +72,24 @@ pub(crate) fn of_text(text: &[u8]) -> Option<u64> {
 /// What the header `name` of `headers` tells as a cost: absent when it
 /// is not there, unreadable when it is there more than once (readers
 /// disagree about which line counts) or its value is no cost.
-pub(crate) fn of_header(headers: &http::HeaderMap, name: &http::HeaderName) -> super::Told {
+pub(crate) fn of_header(headers: &http::HeaderMap, name: &http::HeaderName) -> Told {
     let mut lines = headers.get_all(name).iter();
     match (lines.next(), lines.next()) {
-        (None, _) => super::Told::Absent,
-        (Some(value), None) => {
-            of_text(value.as_bytes()).map_or(super::Told::Unreadable, super::Told::Cost)
-        }
-        (Some(_), Some(_)) => super::Told::Unreadable,
+        (None, _) => Told::Absent,
+        (Some(value), None) => of_text(value.as_bytes()).map_or(Told::Unreadable, Told::Cost),
+        (Some(_), Some(_)) => Told::Unreadable,
     }
+}
+
+/// What a request tells of its cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Told {
+    /// A cost.
+    Cost(u64),
+    /// Nothing: the header or field is not there.
+    Absent,
+    /// Something that cannot be read as one cost unambiguously.
+    Unreadable,
 }
 
 #[cfg(test)]

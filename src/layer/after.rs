@@ -2,7 +2,7 @@
 //! response (`give_back`), a reservation's wait (`wait_for`), the leases of
 //! concurrency limits, held until its body ends, and the costs charged
 //! after it ([`Rule::cost_from_response`](super::Rule::cost_from_response),
-//! [`Rule::cost_from_body`](super::Rule::cost_from_body)).
+//! [`Rule::cost_from_response_chunks`](super::Rule::cost_from_response_chunks)).
 
 use std::sync::Arc;
 
@@ -11,176 +11,11 @@ use http::response::Parts as ResponseParts;
 use http::Response;
 use smallvec::SmallVec;
 
-use super::meter::{Meter, MeterSpec};
-use super::{Config, Rule};
+use super::costs::BodyCost;
+use super::meter::Meter;
+use super::Config;
 use crate::limiter::{run_detached, Charged, ChargedTo, LeaseGuard, Refund, RefundOnDrop};
 use crate::Limiter;
-
-/// How a rule's cost after the response is read (see
-/// [`Rule::cost_from_response`], [`Rule::cost_from_body`]).
-#[derive(Clone, Default)]
-pub(crate) struct CostAfter {
-    pub(crate) head: Option<HeadCost>,
-    pub(crate) body: Option<BodyCost>,
-    /// A cost read out of the body ([`Rule::cost_from_json_body`],
-    /// [`Rule::cost_from_whole_body`]), or why it cannot be.
-    pub(crate) meter: Option<Result<MeterSpec, String>>,
-    /// What a request costs in all when its response tells no cost
-    /// ([`Rule::cost_if_untold`]).
-    pub(crate) untold: Option<u64>,
-}
-
-pub(crate) type HeadCost = Arc<dyn Fn(&ResponseParts) -> Option<u64> + Send + Sync>;
-pub(crate) type BodyCost = Arc<dyn Fn(&bytes::Bytes) -> u64 + Send + Sync>;
-
-impl CostAfter {
-    /// Whether the rule charges anything after the response.
-    pub(crate) fn any(&self) -> bool {
-        self.head.is_some() || self.body.is_some() || self.meter.is_some()
-    }
-}
-
-/// Costs read from the response.
-impl Rule {
-    /// Charges this limit, after the response, the cost `cost` reads from
-    /// its head (`None`: nothing more), such as the tokens an LLM reports:
-    /// see [`cost_from_header`](Self::cost_from_header) for the common case
-    /// and the module docs for the bound.
-    ///
-    /// The request's cost to this rule ([`cost`](Self::cost), 1 by
-    /// default) is taken when it arrives, so a key already in debt is refused; once the
-    /// response is known, what its cost exceeds that by is charged (see
-    /// [`Limiter::charge`](crate::Limiter::charge)), whatever is left, on a
-    /// task of its own: the response is not held up. With
-    /// [`cost_from_body`](Self::cost_from_body) too, both are added, and the
-    /// charge is made when the body ends. The response's RateLimit fields
-    /// show the limit as the request found it, before its own charge.
-    pub fn cost_from_response(
-        mut self,
-        cost: impl Fn(&ResponseParts) -> Option<u64> + Send + Sync + 'static,
-    ) -> Self {
-        self.cost_after.head = Some(Arc::new(cost));
-        self
-    }
-
-    /// [`cost_from_response`](Self::cost_from_response) read from the
-    /// response header `name`: one JSON number token that is a whole
-    /// number from 0 to 2^53 (`100`, `100.0`, `1e2`: the one grammar of a
-    /// cost, see [`cost_from_request_header`](Self::cost_from_request_header)).
-    /// Absent, given more than once or not such a number: no cost told.
-    pub fn cost_from_header(self, name: http::HeaderName) -> Self {
-        self.cost_from_response(move |response| {
-            match crate::key::cost::of_header(&response.headers, &name) {
-                crate::key::Told::Cost(cost) => Some(cost),
-                _ => None,
-            }
-        })
-    }
-
-    /// What a request costs this limit in all when its response tells no
-    /// cost (the response's head and body read as the rule says: a header
-    /// absent, a stream without its usage, a compressed or unreadable
-    /// body): the most a request may cost, say. Without it such a request
-    /// costs what it paid on arrival: its [`cost`](Self::cost) (1 by
-    /// default), or its [estimate](Self::settle_estimates), kept. With it,
-    /// what `cost` exceeds that by is charged, as a cost told would be.
-    /// A request dropped before its response pays only what it paid on
-    /// arrival. Over the limit's capacity, or on a rule that reads no cost
-    /// after the response, the layer does not build
-    /// ([`ConfigError::Layer`](crate::ConfigError::Layer)).
-    ///
-    /// ```
-    /// use tower_ratelimit::key::Global;
-    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
-    /// use tower_ratelimit::{Limit, Quota};
-    ///
-    /// // a call that reports no usage pays 4096 tokens, the most it may use
-    /// let tokens = Limit::new("tokens", Quota::per_minute(100_000).sliding_window())?;
-    /// let layer = RateLimitLayer::builder()
-    ///     .rule(
-    ///         Rule::new(tokens, Global)
-    ///             .cost_from_json_body("usage.total_tokens")
-    ///             .cost_if_untold(4096),
-    ///     )
-    ///     .build()?;
-    /// # Ok::<(), tower_ratelimit::ConfigError>(())
-    /// ```
-    pub fn cost_if_untold(mut self, cost: u64) -> Self {
-        self.cost_after.untold = Some(cost);
-        self
-    }
-
-    /// Charges this limit, after the response, the cost `cost` counts in
-    /// each chunk of its body as it streams (the bytes served:
-    /// `|chunk| chunk.len() as u64`), when the body ends or is dropped (a
-    /// client gone mid-stream pays for what it was sent). As with
-    /// [`cost_from_response`](Self::cost_from_response), the request's own
-    /// cost is taken when it arrives and only the excess is charged.
-    pub fn cost_from_body(
-        mut self,
-        cost: impl Fn(&bytes::Bytes) -> u64 + Send + Sync + 'static,
-    ) -> Self {
-        self.cost_after.body = Some(Arc::new(cost));
-        self
-    }
-
-    /// Charges this limit, after the response, the integer at the dotted
-    /// `path` (`"usage.total_tokens"`) of the response's JSON body (a
-    /// whole number from 0 to 2^53 in the one grammar of a cost: `100`,
-    /// `100.0`, `1e2`; see
-    /// [`cost_from_request_header`](Self::cost_from_request_header)), read
-    /// as the body streams to the client (unchanged, and without waiting
-    /// for its end), whatever its chunks, and settled when it ends or is
-    /// dropped. A streamed response (`content-type: text/event-stream`,
-    /// server-sent events, as a streamed completion is) tells the number
-    /// at `path` in the JSON data of the last event that carries one, so
-    /// a stream dropped mid-way tells the usage it had sent. A body that
-    /// is not JSON, is cut short, is over 1 MiB, compressed (a
-    /// `Content-Encoding` other than `identity`: the request forwarded asks
-    /// for `Accept-Encoding: identity`), or has no such number there
-    /// tells nothing (for an [estimate](Self::settle_estimates): it is
-    /// kept; see also [`cost_if_untold`](Self::cost_if_untold)). A path
-    /// with an empty segment is a build error
-    /// ([`ConfigError::Layer`](crate::ConfigError::Layer)).
-    ///
-    /// ```
-    /// use tower_ratelimit::key::Global;
-    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
-    /// use tower_ratelimit::{Limit, Quota};
-    ///
-    /// let tokens = Limit::new("tokens", Quota::per_minute(10_000).sliding_window())?;
-    /// let layer = RateLimitLayer::builder()
-    ///     .rule(
-    ///         Rule::new(tokens, Global)
-    ///             .cost_from_json_field("max_tokens") // (with ReadBody around the layer)
-    ///             .cost_from_json_body("usage.total_tokens")
-    ///             .settle_estimates(0.1),
-    ///     )
-    ///     .build()?;
-    /// # Ok::<(), tower_ratelimit::ConfigError>(())
-    /// ```
-    pub fn cost_from_json_body(mut self, path: &str) -> Self {
-        self.cost_after.meter = Some(MeterSpec::json_path(path));
-        self
-    }
-
-    /// Charges this limit, after the response, what `cost` makes of its
-    /// whole body (`None`: nothing told), kept up to `max_bytes` as it
-    /// streams to the client; a longer body tells nothing, and so does a
-    /// compressed one (the request forwarded asks for
-    /// `Accept-Encoding: identity`).
-    pub fn cost_from_whole_body(
-        mut self,
-        max_bytes: usize,
-        cost: impl Fn(&[u8]) -> Option<u64> + Send + Sync + 'static,
-    ) -> Self {
-        self.cost_after.meter = Some(Ok(MeterSpec::Whole {
-            max_bytes,
-            cost: Arc::new(cost),
-        }));
-        self
-    }
-}
 
 /// Held by a response body until it ends or is dropped; then settles each
 /// rule's charge that its body tells (a charge the head tells is settled
@@ -453,18 +288,13 @@ pub(super) async fn give_back<B>(
     response: Response<B>,
 ) -> (Response<B>, SmallVec<[usize; 2]>) {
     let (head, body) = response.into_parts();
-    let all = config
-        .refund_if
-        .as_ref()
-        .is_some_and(|refund| refund(&head));
     // (a lease is given back when the body ends, not here)
     let refunded = |charged: &ChargedTo| {
         let rule = rules.get(charged.check).and_then(|&r| config.rules.get(r));
         !charged.limit.is_concurrency()
-            && (all
-                || rule
-                    .and_then(|rule| rule.refund_if.as_ref())
-                    .is_some_and(|refund| refund(&head)))
+            && rule
+                .and_then(|rule| rule.refund_if.as_ref())
+                .is_some_and(|refund| refund(&head))
     };
     let mut given_back: SmallVec<[usize; 2]> = (refund.charged().iter().enumerate())
         .filter(|(_, charged)| refunded(charged))

@@ -9,12 +9,10 @@ use http::request::Parts;
 use http::Response;
 
 use super::body::RejectionBody;
+use super::compiled::CompiledRule;
 use super::outage::{OutageLog, DEFAULT_LOG_INTERVAL};
-use super::rule::{CompiledRule, RequestPredicate, ResponsePredicate};
-use super::{
-    Config, MissingKey, OnStoreError, RateLimitLayer, Rejection, Rejector, Rule,
-    DEFAULT_MAX_WAITING,
-};
+use super::rule::RequestPredicate;
+use super::{Config, OnStoreError, RateLimitLayer, Rejection, Rejector, Rule, DEFAULT_MAX_WAITING};
 use crate::fields::HeaderSet;
 use crate::key::KeyExtractor;
 use crate::store::fleet::FleetShare;
@@ -26,12 +24,9 @@ use crate::{ConfigError, Limit, LimitSource, Limiter, MemoryStore, DEFAULT_TIMEO
 pub struct RateLimitLayerBuilder {
     store: Option<Store>,
     rules: Vec<Rule>,
-    skip: Option<RequestPredicate>,
     deny: Option<RequestPredicate>,
-    refund_if: Option<ResponsePredicate>,
     timeout: Duration,
     on_error: OnStoreError,
-    on_missing: MissingKey,
     max_delay: Duration,
     max_waiting: usize,
     headers: HeaderSet,
@@ -53,12 +48,9 @@ impl RateLimitLayerBuilder {
         Self {
             store: None,
             rules: Vec::new(),
-            skip: None,
             deny: None,
-            refund_if: None,
             timeout: DEFAULT_TIMEOUT,
             on_error: OnStoreError::default(),
-            on_missing: MissingKey::default(),
             max_delay: Duration::ZERO,
             max_waiting: DEFAULT_MAX_WAITING,
             headers: HeaderSet::default(),
@@ -87,35 +79,13 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Requests for which `skip` answers `true` are exempt from every limit
-    /// of this layer: never counted, never refused, forwarded without a
-    /// decision. For internal networks, health checkers, an allow-list of
-    /// API keys; for one limit only, see [`Rule::skip_if`].
-    ///
-    /// ```
-    /// use tower_ratelimit::key::ClientIp;
-    /// use tower_ratelimit::layer::RateLimitLayer;
-    /// use tower_ratelimit::{Limit, Quota};
-    ///
-    /// let layer = RateLimitLayer::builder()
-    ///     .limit(Limit::new("api", Quota::per_second(10).allow_burst(20).gcra())?, ClientIp::peer())
-    ///     .skip_if(|request| request.headers.get("x-internal-token").is_some_and(|t| t == "s3cret"))
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), tower_ratelimit::ConfigError>(())
-    /// ```
-    pub fn skip_if(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
-        self.skip = Some(Arc::new(skip));
-        self
-    }
-
     /// Requests for which `deny` answers `true` are refused by the layer
     /// at once, without asking the store: 403 Forbidden with the layer's
     /// problem-details body (`PERMISSION_DENIED` for a gRPC call with the
     /// `grpc` feature; a custom
     /// [`on_rejection`](Self::on_rejection) handler gets
     /// [`Rejection::DenyListed`]). The deny-list beside the exemptions of
-    /// [`skip_if`](Self::skip_if), and checked before them: known abusers,
+    /// [`Rule::skip_if`], and checked before them: known abusers,
     /// banned address ranges. Counted `deny_listed` under every limit of
     /// the layer (see [`crate::metrics`]). For bans that come and go, see
     /// [`Limit::with_penalty`](crate::Limit::with_penalty) and
@@ -140,17 +110,6 @@ impl RateLimitLayerBuilder {
     /// ```
     pub fn deny_if(mut self, deny: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
         self.deny = Some(Arc::new(deny));
-        self
-    }
-
-    /// Gives the permits of a request back, in every limit, when `refund`
-    /// answers `true` for its response: the request does not count. For one
-    /// limit only, and the details, see [`Rule::refund_if`].
-    pub fn refund_if(
-        mut self,
-        refund: impl Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
-    ) -> Self {
-        self.refund_if = Some(Arc::new(refund));
         self
     }
 
@@ -194,13 +153,6 @@ impl RateLimitLayerBuilder {
     /// `warn` line per interval.
     pub fn store_error_log_interval(mut self, interval: Duration) -> Self {
         self.log_interval = interval;
-        self
-    }
-
-    /// The policy for requests without a key (default: 400), for every limit
-    /// without one of its own ([`Rule::on_missing_key`]).
-    pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
-        self.on_missing = policy;
         self
     }
 
@@ -287,14 +239,13 @@ impl RateLimitLayerBuilder {
             ));
         }
         let store = self.store.unwrap_or_else(|| MemoryStore::new().into());
-        super::rule::check_missing(&self.on_missing)?;
         let rules = self
             .rules
             .into_iter()
             .map(|#[allow(unused_mut)] mut rule| {
                 #[cfg(feature = "resolver")]
                 super::resolved::choose_plan_tiers(&mut rule)?;
-                rule.compile(&self.on_missing)
+                rule.compile()
             })
             .collect::<Result<Vec<CompiledRule>, ConfigError>>()?;
         for rule in &rules {
@@ -354,8 +305,7 @@ impl RateLimitLayerBuilder {
             .map(|value| (shown.len(), super::response::shared_value(&value)))
         };
         let settles_after = rules.iter().any(CompiledRule::settles_after);
-        let refunds_on_response =
-            self.refund_if.is_some() || rules.iter().any(|r| r.refund_if.is_some());
+        let refunds_on_response = rules.iter().any(|r| r.refund_if.is_some());
         let refundable = refunds_on_response || settles_after || !self.max_delay.is_zero();
         // (a resolved rule's plan is awaited: never within `call`)
         let at_once = limiter.answers_at_once()
@@ -371,9 +321,7 @@ impl RateLimitLayerBuilder {
                 rules,
                 fallback,
                 on_error: self.on_error,
-                skip: self.skip,
                 deny: self.deny,
-                refund_if: self.refund_if,
                 refundable,
                 refunds_on_response,
                 settles_after,

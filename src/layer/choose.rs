@@ -1,17 +1,15 @@
 //! The limits that apply to a request: per rule, its exemption, tier and
 //! key (or the missing-key policy), and what the request costs it; and
-//! the methods of [`Rule`] that say what a request costs on arrival.
-
-use std::sync::Arc;
+//! the fallbacks of estimates not told written into the request.
 
 use http::request::Parts;
 use http::Response;
 use smallvec::SmallVec;
 
+use super::arrival::Cost;
 use super::refusal::rejection;
 use super::response::Protocol;
-use super::rule::{Arrival, Cost};
-use super::{Config, MissingKey, Rejection, ResponseBody, Rule};
+use super::{Config, MissingKey, Rejection, ResponseBody};
 use crate::key::KeyBuf;
 use crate::limiter::Checks;
 use crate::live::Current;
@@ -172,178 +170,4 @@ pub(super) fn checks_of<'a>(chosen: &'a Chosen<'_>) -> Checks<'a> {
         });
     }
     checks
-}
-
-/// What a request costs a rule when it arrives.
-impl Rule {
-    /// Every request costs this rule `cost` (default 1): checked against
-    /// the capacity of its limit (and tiers) when the layer is built
-    /// ([`ConfigError::FixedCostExceedsCapacity`](crate::ConfigError::FixedCostExceedsCapacity)).
-    /// Each rule of a layer has its own cost: a request can cost 1 to a
-    /// request-count rule and 500 to a token budget, decided together in
-    /// one store call.
-    pub fn cost(mut self, cost: u64) -> Self {
-        self.cost = Arrival::Fixed(cost);
-        self
-    }
-
-    /// What each request costs this rule, computed from its head
-    /// (weighted endpoints). `None` (not told) counts as the
-    /// [fallback](Self::estimate_fallback): 1 unless set, or, for a rule
-    /// that [settles estimates](Self::settle_estimates), the most one
-    /// request may ask for (the function's request is not changed: the
-    /// upstream is told nothing of it). A cost over the limit's capacity
-    /// is answered 429 without `Retry-After`.
-    ///
-    /// A cost the client chooses (a header, a body field) is only as
-    /// honest as the client: settle it after the response
-    /// ([`settle_estimates`](Self::settle_estimates)) when the real cost
-    /// is known then.
-    pub fn cost_from_request(
-        mut self,
-        cost: impl Fn(&Parts) -> Option<u64> + Send + Sync + 'static,
-    ) -> Self {
-        self.cost = Arrival::Request(Arc::new(cost));
-        self
-    }
-
-    /// What each request costs this rule, read from its header `name` (an
-    /// LLM call's `max_tokens`, say). The value is one JSON number token
-    /// that is a whole number from 0 to 2^53 (`100`, `100.0`, `1e2`: the
-    /// one grammar of a cost, the same for every reader of a request or a
-    /// response; not `"100"`, `-1`, `1.5`, `+5`, `1e400`).
-    ///
-    /// Without [`settle_estimates`](Self::settle_estimates), a header
-    /// absent, given more than once or not such a number counts as the
-    /// [fallback](Self::estimate_fallback) (1 unless set). With it, see
-    /// there: a header given more than once or not such a number is
-    /// refused (400), and an absent one is charged the fallback and set
-    /// to it on the request forwarded.
-    pub fn cost_from_request_header(mut self, name: http::HeaderName) -> Self {
-        self.cost = Arrival::Header(name);
-        self
-    }
-
-    /// What each request costs this rule, read from the top-level field
-    /// `field` of its JSON object body (`max_tokens`): a JSON number that
-    /// is a whole number from 0 to 2^53 (`100`, `100.0`, `1e2`; see
-    /// [`cost_from_request_header`](Self::cost_from_request_header)). The
-    /// body is read once, before the layer, by
-    /// [`ReadBody`](crate::key::ReadBody), whatever number of rules and
-    /// keys ([`JsonField`](crate::key::JsonField)) read it; without
-    /// `ReadBody` around the layer no request tells it (warned once).
-    ///
-    /// Without [`settle_estimates`](Self::settle_estimates), a field not
-    /// told or unreadable counts as the [fallback](Self::estimate_fallback)
-    /// (1 unless set). With it, see there: a field given twice, not such a
-    /// number (`null` included), or a body not read whole (over
-    /// `ReadBody`'s bound, slow, no `ReadBody`) or no JSON object is
-    /// refused (400), and an absent field is charged the fallback and
-    /// written into the body forwarded.
-    pub fn cost_from_json_field(mut self, field: impl Into<String>) -> Self {
-        self.cost = Arrival::JsonField {
-            field: Arc::from(field.into()),
-            warned: Arc::default(),
-        };
-        self
-    }
-
-    /// Takes this rule's cost on arrival as an estimate, settled after the
-    /// response to the cost the rule reads from it
-    /// ([`cost_from_response`](Self::cost_from_response),
-    /// [`cost_from_header`](Self::cost_from_header),
-    /// [`cost_from_body`](Self::cost_from_body),
-    /// [`cost_from_json_body`](Self::cost_from_json_body)): what the
-    /// estimate was over is given back, what it was under is charged in
-    /// full, into debt if need be (at most the limit's capacity, as
-    /// [`Limiter::charge`](crate::Limiter::charge) does).
-    ///
-    /// `max_share` (in (0, 1]) is the most one request may *ask for*, as
-    /// a share of the limit's capacity (rounded down, at least 1): an
-    /// estimate over it is refused with 400 (a problem body;
-    /// [`Rejection::EstimateTooLarge`](super::Rejection::EstimateTooLarge)),
-    /// taking nothing of any rule, except by a rule in
-    /// [shadow mode](crate::Limit::shadow), which counts it as a
-    /// would-refuse.
-    ///
-    /// The estimate is the number the upstream sees:
-    ///
-    /// - one that cannot be read unambiguously is refused with 400
-    ///   ([`Rejection::EstimateUnreadable`](super::Rejection::EstimateUnreadable)),
-    ///   taking nothing: a header given more than once, a JSON name given
-    ///   twice, a value that is not a whole number from 1 to 2^53 (a
-    ///   string, a negative, a fraction, `null`; and 0, which some
-    ///   upstreams read as "no maximum"), a body over
-    ///   [`ReadBody`](crate::key::ReadBody)'s bound or no JSON object;
-    /// - one not told (the header or field absent) is charged the
-    ///   [fallback](Self::estimate_fallback) (by default the most one
-    ///   request may ask for), and the request forwarded says so: the
-    ///   header is set to it, or the field is written into the JSON body
-    ///   (`Content-Length` updated); where rules read one place, once, the
-    ///   smallest of their fallbacks (a rule without estimates reading it
-    ///   reads the request as it came).
-    ///   With [`cost_from_request`](Self::cost_from_request), the function's
-    ///   `None` is charged the fallback and nothing is written: the
-    ///   function must only answer `None` where the upstream's own
-    ///   default is at most that;
-    /// - a response that tells no cost (a stream without its usage event, a
-    ///   client gone before it, a compressed body) keeps the estimate,
-    ///   counted `result="estimate_kept"` under
-    ///   [`CHARGES`](crate::metrics::CHARGES); so does a request dropped
-    ///   before its response (not counted there). A rule that reads the
-    ///   response body asks the upstream for it uncompressed
-    ///   (`Accept-Encoding: identity`).
-    ///
-    /// What the upstream must honour: the header or field (as forwarded)
-    /// as the most it serves, and a usage it reports at most what it
-    /// served. Then a budget of capacity C is exceeded by at most the
-    /// costs, beyond their estimates, that responses tell of the requests
-    /// granted before it ran out and not yet settled, each at most C (a
-    /// charge into debt is capped at C): one request at a time, at most C
-    /// beyond the budget (0 when the usage told is at most the estimate,
-    /// as an upstream that honours the estimate and counts only what it
-    /// serves reports), then the client waits out its debt; with N in
-    /// flight, at most N × C (0 likewise). For every form above, on the
-    /// memory store and on Redis (`BOUNDS.md`, "Settled costs").
-    ///
-    /// Outside (0, 1], on a rule that reads no cost after the response, or
-    /// with a fallback of 0, the layer does not build
-    /// ([`ConfigError::Layer`](crate::ConfigError::Layer)).
-    ///
-    /// ```
-    /// use http::HeaderName;
-    /// use tower_ratelimit::key::Global;
-    /// use tower_ratelimit::layer::{RateLimitLayer, Rule};
-    /// use tower_ratelimit::{Limit, Quota};
-    ///
-    /// // 100 000 tokens a day; a call pays its max_tokens, then what it used
-    /// let tokens = Limit::new("tokens", Quota::per_day(100_000).fixed_window())?;
-    /// let layer = RateLimitLayer::builder()
-    ///     .rule(
-    ///         Rule::new(tokens, Global)
-    ///             .cost_from_request_header(HeaderName::from_static("x-max-tokens"))
-    ///             .cost_from_header(HeaderName::from_static("x-tokens-used"))
-    ///             .settle_estimates(0.05),
-    ///     )
-    ///     .build()?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn settle_estimates(mut self, max_share: f64) -> Self {
-        self.estimates = Some(max_share);
-        self
-    }
-
-    /// What a cost that the request does not tell counts as: default 1
-    /// (absent or unreadable), or, for a rule that
-    /// [settles estimates](Self::settle_estimates), the most one request
-    /// may ask for (absent only: an unreadable estimate is refused). For an
-    /// estimate, the request forwarded is told it (the header set, or the
-    /// field written into the JSON body): the upstream must honour it as
-    /// the most it serves. At least 1 for an estimate
-    /// ([`ConfigError::Layer`](crate::ConfigError::Layer) when the layer
-    /// is built otherwise).
-    pub fn estimate_fallback(mut self, cost: u64) -> Self {
-        self.fallback = Some(cost);
-        self
-    }
 }

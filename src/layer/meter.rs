@@ -17,16 +17,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use crate::read::{sse, JsonPath, Value};
 
 /// The most bytes of a plain JSON body kept to read its cost (1 MiB); a
 /// longer body tells none. Also the most an event stream keeps of its
 /// current event (a longer event is skipped).
 pub(crate) const MAX_JSON_BODY: usize = 1024 * 1024;
-
-/// The byte order mark an event stream may start with (ignored, per the
-/// WHATWG parsing rules).
-const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// A function of a whole body giving its cost.
 type WholeCost = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
@@ -54,7 +51,7 @@ pub(crate) enum MeterSpec {
     /// given twice in one object on the way (parsers disagree about which
     /// counts) makes that JSON unreadable. An empty path names the whole
     /// JSON value.
-    JsonPath(Arc<[Box<str>]>),
+    JsonPath(JsonPath),
     /// A function of the whole body, kept up to `max_bytes` (a body over
     /// that: no cost told).
     Whole {
@@ -78,20 +75,9 @@ impl fmt::Debug for MeterSpec {
 }
 
 impl MeterSpec {
-    /// Parses `"usage.total_tokens"` (non-empty segments separated by
-    /// `'.'`); `Err(message)` if the path is empty or a segment is empty.
+    /// Parses `"usage.total_tokens"` (see [`JsonPath::parse`]).
     pub(crate) fn json_path(path: &str) -> Result<Self, String> {
-        if path.is_empty() {
-            return Err("the JSON path of a cost is empty".to_owned());
-        }
-        let segments: Vec<Box<str>> = path.split('.').map(Box::from).collect();
-        if segments.iter().any(|segment| segment.is_empty()) {
-            return Err(format!(
-                "the JSON path {path:?} of a cost has an empty segment \
-                 (segments are names separated by single dots)"
-            ));
-        }
-        Ok(MeterSpec::JsonPath(segments.into()))
+        JsonPath::parse(path).map(MeterSpec::JsonPath)
     }
 
     /// A meter for one response with head `head` (one that tells nothing
@@ -199,7 +185,7 @@ enum State {
 /// What is read from a buffered body.
 enum Read {
     /// The number at this path of the body's JSON.
-    Json(Arc<[Box<str>]>),
+    Json(JsonPath),
     /// This function of the body.
     Whole(WholeCost),
 }
@@ -267,211 +253,42 @@ impl Buffered {
             return None;
         }
         match &self.read {
-            Read::Json(path) => match find(&self.body, path)? {
-                Found::Told(cost) => cost,
-                Found::Absent => None,
-            },
+            Read::Json(path) => cost_at(&self.body, path)?,
             Read::Whole(cost) => cost(&self.body),
         }
     }
 }
 
-/// What a line of an event stream is known to be so far.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Line {
-    /// Too short to tell: kept (at most a few bytes).
-    Undecided,
-    /// A `data:` field: its value added to the event's data as it comes
-    /// (`data:` and the space after it left out); `fresh` until a byte of the value has come (the first
-    /// one, if a space, is left out).
-    Data {
-        /// No byte of the value has come yet.
-        fresh: bool,
-    },
-    /// A comment, a field the meter does not read, or a line of an event
-    /// over the bound: not kept.
-    Ignored,
-}
-
-/// A stream of server-sent events, read line by line as it arrives, per the
-/// WHATWG parsing rules (lines end in `\n`, `\r\n` or `\r`; an empty line
-/// ends an event; the `data:` lines of one event are joined with `\n`, one
-/// space after the colon stripped; lines starting with `:` are comments; a
-/// leading byte order mark is ignored). A last event without the empty line
-/// after it when the stream ends is not dispatched, as the rules say: its
-/// usage is not told, as it would not be to a browser's `EventSource`.
+/// An event stream read for the number at a path of each event's JSON
+/// data: the last event that carries one tells the cost.
 struct Events {
+    /// The events.
+    stream: sse::Events,
     /// The path of the number in each event's JSON data.
-    path: Arc<[Box<str>]>,
+    path: JsonPath,
     /// The cost told by the last event that carried the path.
     told: Option<u64>,
-    /// The first bytes of the current line while they do not tell what
-    /// it is (see [`Line`]; at most the byte order mark and `data`).
-    line: Vec<u8>,
-    /// What the current line is.
-    kind: Line,
-    /// The current event's data lines, each followed by `\n` once it
-    /// ended, at most [`MAX_JSON_BODY`] bytes and that `\n`.
-    data: Vec<u8>,
-    /// Whether the current event went over the bound (it is skipped).
-    over: bool,
-    /// Whether the last byte was a `\r` ending a line (a `\n` right after
-    /// it, perhaps in the next chunk, ends no other line).
-    after_cr: bool,
-    /// Whether no line has ended yet (a byte order mark may come first).
-    at_start: bool,
 }
 
 impl Events {
     /// A reader of an event stream, for the number at `path`.
-    fn new(path: Arc<[Box<str>]>) -> Self {
+    fn new(path: JsonPath) -> Self {
         Events {
+            stream: sse::Events::new(MAX_JSON_BODY),
             path,
             told: None,
-            line: Vec::new(),
-            kind: Line::Undecided,
-            data: Vec::new(),
-            over: false,
-            after_cr: false,
-            at_start: true,
         }
     }
 
-    /// Reads the lines of one chunk.
-    fn chunk(&mut self, mut data: &[u8]) {
-        if self.after_cr {
-            if let Some((&first, rest)) = data.split_first() {
-                self.after_cr = false;
-                if first == b'\n' {
-                    data = rest;
-                }
-            }
-        }
-        while !data.is_empty() {
-            let Some(end) = data.iter().position(|&b| b == b'\n' || b == b'\r') else {
-                self.take(data);
-                return;
-            };
-            self.take(&data[..end]);
-            self.end_line();
-            let cr = data[end] == b'\r';
-            data = &data[end + 1..];
-            if cr {
-                match data.split_first() {
-                    Some((b'\n', rest)) => data = rest,
-                    Some(_) => {}
-                    None => self.after_cr = true,
-                }
-            }
-        }
-    }
-
-    /// Adds `bytes` (no line end among them) to the current line.
-    fn take(&mut self, mut bytes: &[u8]) {
-        // an undecided line is told by its first few bytes: kept one by one
-        while self.kind == Line::Undecided {
-            let Some((&first, rest)) = bytes.split_first() else {
-                return;
-            };
-            self.line.push(first);
-            bytes = rest;
-            self.kind = self.classify();
-            if self.kind != Line::Undecided {
-                self.line.clear();
-            }
-        }
-        let Line::Data { fresh } = self.kind else {
-            return;
-        };
-        if fresh {
-            let Some((&first, rest)) = bytes.split_first() else {
-                return;
-            };
-            self.kind = Line::Data { fresh: false };
-            if first == b' ' {
-                bytes = rest;
-            }
-        }
-        if bytes.len() > MAX_JSON_BODY - self.data.len().min(MAX_JSON_BODY) {
-            self.skip_event();
-        } else {
-            self.data.extend_from_slice(bytes);
-        }
-    }
-
-    /// Skips the current event (over the bound): nothing more of it is
-    /// kept.
-    fn skip_event(&mut self) {
-        self.over = true;
-        self.kind = Line::Ignored;
-        self.line = Vec::new();
-        self.data = Vec::new();
-    }
-
-    /// What the current (undecided) line is, by its first bytes; a byte
-    /// order mark at the start of the stream is dropped.
-    fn classify(&mut self) -> Line {
-        if self.at_start {
-            if self.line.len() < BOM.len() && BOM.starts_with(&self.line) {
-                return Line::Undecided;
-            }
-            self.at_start = false;
-            if self.line.starts_with(BOM) {
-                self.line.drain(..BOM.len());
-            }
-        }
-        if self.over || self.line.first() == Some(&b':') {
-            Line::Ignored
-        } else if self.line.starts_with(b"data:") {
-            Line::Data { fresh: true }
-        } else if b"data:".starts_with(&self.line) {
-            Line::Undecided
-        } else {
-            Line::Ignored
-        }
-    }
-
-    /// Ends the current line: an empty one ends the event, a data line
-    /// adds to its data.
-    fn end_line(&mut self) {
-        let line = std::mem::take(&mut self.line);
-        let kind = std::mem::replace(&mut self.kind, Line::Undecided);
-        self.at_start = false;
-        match kind {
-            Line::Ignored => {}
-            Line::Data { .. } => self.end_data_line(),
-            // `data` alone is a data field with an empty value
-            Line::Undecided if line == b"data" && !self.over => self.end_data_line(),
-            Line::Undecided if line.is_empty() => self.dispatch(),
-            // a field named by a prefix of `data` (or of the byte order mark)
-            Line::Undecided => {}
-        }
-        // the buffer (a few bytes) is reused
-        self.line = line;
-        self.line.clear();
-    }
-
-    /// Ends a data line of the current event (its value added to the
-    /// event's data already), unless that takes the data over the bound.
-    fn end_data_line(&mut self) {
-        // the last `\n` is not part of the event's data
-        if self.data.len() > MAX_JSON_BODY {
-            self.skip_event();
-        } else {
-            self.data.push(b'\n');
-        }
-    }
-
-    /// Ends the current event: its data, if it is JSON carrying the path,
+    /// Reads one chunk: each event it completes that carries the path
     /// tells the cost so far.
-    fn dispatch(&mut self) {
-        let over = std::mem::replace(&mut self.over, false);
-        if !over && self.data.pop().is_some() {
-            if let Some(Found::Told(cost)) = find(&self.data, &self.path) {
-                self.told = cost;
+    fn chunk(&mut self, data: &[u8]) {
+        let (path, told) = (&self.path, &mut self.told);
+        self.stream.chunk(data, &mut |event| {
+            if let Some(found) = cost_at(event, path) {
+                *told = found;
             }
-        }
-        self.data.clear();
+        });
     }
 
     /// The cost told by the last complete event that carried the path.
@@ -480,158 +297,14 @@ impl Events {
     }
 }
 
-/// What a JSON value holds at a path.
-#[derive(Debug, PartialEq, Eq)]
-enum Found {
-    /// Nothing, or `null`.
-    Absent,
-    /// A value: the cost when it is one.
-    Told(Option<u64>),
-}
-
-/// What the JSON `json` holds at `path`; `None` when `json` is not one
-/// JSON value, or names a field twice in an object on the way.
-fn find(json: &[u8], path: &[Box<str>]) -> Option<Found> {
-    let mut reader = serde_json::Deserializer::from_slice(json);
-    let found = At(path).deserialize(&mut reader).ok()?;
-    reader.end().ok()?;
-    Some(found)
-}
-
-/// Reads the value at a path of the JSON, skipping everything else
-/// unparsed into values.
-struct At<'p>(&'p [Box<str>]);
-
-impl<'de> DeserializeSeed<'de> for At<'_> {
-    type Value = Found;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, json: D) -> Result<Found, D::Error> {
-        if self.0.is_empty() {
-            json.deserialize_any(Leaf)
-        } else {
-            json.deserialize_any(self)
-        }
-    }
-}
-
-impl<'de> Visitor<'de> for At<'_> {
-    type Value = Found;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
-        let Some((name, rest)) = self.0.split_first() else {
-            return Err(A::Error::custom("no name to look for"));
-        };
-        let mut found = None;
-        while let Some(matches) = map.next_key_seed(NameIs(name))? {
-            if !matches {
-                map.next_value::<IgnoredAny>()?;
-            } else if found.replace(map.next_value_seed(At(rest))?).is_some() {
-                return Err(A::Error::custom("a name is given twice"));
-            }
-        }
-        Ok(found.unwrap_or(Found::Absent))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Found, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Found::Absent)
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Found, E> {
-        Ok(Found::Absent)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Found, E> {
-        Ok(Found::Absent)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Found, E> {
-        Ok(Found::Absent)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Found, E> {
-        Ok(Found::Absent)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Found, E> {
-        Ok(Found::Absent)
-    }
-
-    fn visit_unit<E>(self) -> Result<Found, E> {
-        Ok(Found::Absent)
-    }
-}
-
-/// Reads the value at the end of a path: the cost it is, if it is one.
-struct Leaf;
-
-impl<'de> Visitor<'de> for Leaf {
-    type Value = Found;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    // (the one grammar of a cost: `key/cost.rs`)
-    fn visit_u64<E>(self, value: u64) -> Result<Found, E> {
-        Ok(Found::Told(crate::key::cost::of_u64(value)))
-    }
-
-    fn visit_i64<E>(self, value: i64) -> Result<Found, E> {
-        Ok(Found::Told(crate::key::cost::of_i64(value)))
-    }
-
-    fn visit_f64<E>(self, value: f64) -> Result<Found, E> {
-        Ok(Found::Told(crate::key::cost::of_f64(value)))
-    }
-
-    fn visit_unit<E>(self) -> Result<Found, E> {
-        Ok(Found::Absent)
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Found, E> {
-        Ok(Found::Told(None))
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Found, E> {
-        Ok(Found::Told(None))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Found::Told(None))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Found, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Found::Told(None))
-    }
-}
-
-/// Reads an object's name: whether it is this one, without keeping it.
-struct NameIs<'n>(&'n str);
-
-impl<'de> DeserializeSeed<'de> for NameIs<'_> {
-    type Value = bool;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, json: D) -> Result<bool, D::Error> {
-        json.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for NameIs<'_> {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a name")
-    }
-
-    fn visit_str<E>(self, name: &str) -> Result<bool, E> {
-        Ok(name == self.0)
+/// What the JSON `json` tells at `path`: `None` when it tells nothing (not
+/// JSON, the path absent or `null`), else the cost (`Some(None)` for a
+/// value that is no cost).
+fn cost_at(json: &[u8], path: &JsonPath) -> Option<Option<u64>> {
+    match crate::read::find(json, path)?? {
+        Value::Null => None,
+        Value::Number(cost) => Some(cost),
+        Value::String(_) | Value::Other => Some(None),
     }
 }
 
@@ -714,7 +387,7 @@ mod tests {
             panic!("not a path");
         };
         assert_eq!(
-            &*path,
+            path.names(),
             &["usage".into(), "total_tokens".into()] as &[Box<str>]
         );
         assert!(MeterSpec::json_path("tokens").is_ok());
@@ -945,19 +618,6 @@ mod tests {
     }
 
     #[test]
-    fn data_lines_joined_and_one_space_stripped() {
-        let mut events = Events::new(Arc::from(Vec::new()));
-        events.chunk(b"data:  two spaces\ndata:none\ndata\ndata: one\nignored: x\n");
-        assert_eq!(events.data, b" two spaces\nnone\n\none\n");
-        events.chunk(b"\n");
-        assert!(events.data.is_empty());
-        // an empty path names the whole value
-        events.chunk(b"data:\n");
-        events.chunk(b"data: 42\n\n");
-        assert_eq!(events.finish(), Some(42));
-    }
-
-    #[test]
     fn byte_order_mark_and_field_names() {
         let bom = "\u{feff}data: {\"usage\":{\"total_tokens\":5}}\n\n";
         assert_eq!(events(bom), Some(5));
@@ -1003,14 +663,14 @@ mod tests {
             let State::Events(events) = &meter.state else {
                 panic!("not an event stream");
             };
-            assert!(events.line.capacity() + events.data.capacity() <= 2 * MAX_JSON_BODY);
+            assert!(events.stream.kept() <= 2 * MAX_JSON_BODY);
         }
         meter.chunk(b"\"}\ndata: more\n\n");
         {
             let State::Events(events) = &meter.state else {
                 panic!("not an event stream");
             };
-            assert!(!events.over);
+            assert!(!events.stream.skipping());
             assert_eq!(events.told, Some(3), "the big event was skipped");
         }
         // over the bound with several data lines

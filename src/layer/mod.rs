@@ -62,12 +62,12 @@
 //! | no key for a limit | per [`MissingKey`] (the layer's, or the limit's own [`Rule::on_missing_key`]): 400 by default; when every limit is skipped, forwarded without a decision |
 //! | a resolved limit's plan (feature `resolver`, `Rule::resolved`) is not found: no lookup key, an unknown one, one too long | as no key for that limit, per [`MissingKey`] |
 //! | a resolved limit's lookup fails or times out | per the resolver's `OnLookupError`: 503 with `Retry-After` (1 s) by default, as a store failing closed (not for a shadow limit), or as no key; logged at `warn` at most once per interval |
-//! | exempt ([`RateLimitLayerBuilder::skip_if`]; one limit: [`Rule::skip_if`]) | forwarded without a decision (that limit left out), nothing counted |
+//! | exempt from a limit ([`Rule::skip_if`]) | that limit left out of the decision (every limit: forwarded without one), nothing counted |
 //! | deny-listed ([`RateLimitLayerBuilder::deny_if`]) | 403 Forbidden with a generic problem body, without asking the store; counted `deny_listed` under every limit of the layer; before exemptions (a request both deny-listed and exempt is refused) |
 //! | a key blocked by a limit's [penalty](crate::Limit::with_penalty) | 429 like any refusal: `Retry-After` the time left of the block, `RateLimit` remaining 0; answered from the cache of denials while the block lasts (see [`LimiterBuilder::cache_denials`](crate::LimiterBuilder::cache_denials)) |
-//! | the response says the request does not count ([`RateLimitLayerBuilder::refund_if`], [`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned, and the response's rate-limit fields show what remains after it |
+//! | the response says the request does not count ([`Rule::refund_if`]) | the permit taken on arrival is given back before the response is returned, and the response's rate-limit fields show what remains after it |
 //! | a [concurrency limit](crate::Limit::concurrency) grants | its permit (a lease, renewed meanwhile) is held from the decision through the handler until the response body has been sent, then given back; at once when the request is dropped (the client went away), the inner service fails or the body is dropped; when a client stops reading, a lease time after the body had data the server did not ask for, and at the limit's [maximum hold](crate::Limit::hold_at_most) if it sets one (none by default: a client that reads keeps it), when the body ends with an error; a request it refuses gets 429 with `Retry-After` until the oldest lease would expire (an upper bound); in delay mode it waits instead, decided again at pauses of 10 ms to 200 ms, until a permit is free or `max_delay` is over |
-//! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_header`], [`Rule::cost_from_body`], [`Rule::cost_from_json_body`], [`Rule::cost_from_whole_body`]) | the request's cost to that rule ([`Rule::cost`], 1 by default) is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own (with [`Rule::settle_estimates`], what it cost less is given back); a key in debt gets 429 until paid back. Every rule's charge goes in one store call, every surplus in one more. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs, beyond what they paid on arrival (each at most the capacity), of the responses admitted before it ran out and still unsettled. A response that tells no cost costs what was paid on arrival (an estimate kept, counted `result="estimate_kept"`), or [`Rule::cost_if_untold`]; a metered body is asked for with `Accept-Encoding: identity`, and a compressed one tells none |
+//! | a rule charges a cost after the response ([`Rule::cost_from_response`], [`Rule::cost_from_response_header`], [`Rule::cost_from_response_chunks`], [`Rule::cost_from_response_json`], [`Rule::cost_from_response_body`]) | the request's cost to that rule ([`Rule::cost`], 1 by default) is taken on arrival; what the response costs beyond it (at most the limit's capacity) is charged, whatever is left, when the head is known or, with a body cost, when the body ends or is dropped, on a task of its own (with [`Rule::settle_estimates`], what it cost less is given back); a key in debt gets 429 until paid back. Every rule's charge goes in one store call, every surplus in one more. A charge that fails is tried again while the timeout lasts, then logged and counted (`tower_ratelimit_charges_total{result="failed"}`). A budget is exceeded by at most the costs, beyond what they paid on arrival (each at most the capacity), of the responses admitted before it ran out and still unsettled. A response that tells no cost costs what was paid on arrival (an estimate kept, counted `result="estimate_kept"`), or [`Rule::cost_if_untold`]; a metered body is asked for with `Accept-Encoding: identity`, and a compressed one tells none |
 //! | an estimate not told ([`Rule::settle_estimates`]) | charged [`Rule::estimate_fallback`], which is written into the request forwarded (the header set, the JSON field written into the body) |
 //! | an estimate over the share of a limit one request may take ([`Rule::settle_estimates`]) | 400 with a problem body naming the limit, the estimate and the most one request may take, nothing taken; counted `estimate_too_large` under the limit |
 //! | an estimate that cannot be read unambiguously ([`Rule::settle_estimates`]) | 400 with a problem body naming the limit, nothing taken; counted `estimate_unreadable` under the limit |
@@ -83,9 +83,12 @@
 //! ([`RateLimitLayerBuilder::store_error_log_interval`]).
 
 mod after;
+mod arrival;
 mod body;
 mod builder;
 mod choose;
+mod compiled;
+mod costs;
 mod future;
 mod info;
 mod meter;
@@ -118,8 +121,9 @@ pub use crate::fields::{
 pub use crate::plan::{OnLookupError, Plan, PlanResolver, PlanResolverBuilder};
 
 use self::body::RejectionResponse;
+use self::compiled::CompiledRule;
 use self::outage::OutageLog;
-use self::rule::{CompiledRule, RequestPredicate, ResponsePredicate};
+use self::rule::RequestPredicate;
 use crate::fields::HeaderSet;
 use crate::key::KeyExtractor;
 use crate::{Decision, Error, LimitSource, Limiter};
@@ -228,9 +232,8 @@ impl Default for OnStoreError {
 
 /// What to do with a request that has no key for a limit (e.g. no API key
 /// header, no peer address, or a key that comes out empty: see
-/// [`Error::EmptyKey`]): for every limit of a layer
-/// ([`RateLimitLayerBuilder::on_missing_key`]) or for one
-/// ([`Rule::on_missing_key`]).
+/// [`Error::EmptyKey`]), set for each limit with
+/// [`Rule::on_missing_key`] (default: [`MissingKey::Reject`] 400).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
@@ -312,12 +315,8 @@ pub(crate) struct Config {
     pub(crate) rules: Vec<CompiledRule>,
     pub(crate) fallback: Option<Limiter>,
     pub(crate) on_error: OnStoreError,
-    /// Requests exempt from every limit of the layer.
-    pub(crate) skip: Option<RequestPredicate>,
     /// Requests refused by the layer without a decision (403).
     pub(crate) deny: Option<RequestPredicate>,
-    /// Responses whose requests do not count, in any limit.
-    pub(crate) refund_if: Option<ResponsePredicate>,
     /// Whether any grant may be given back (a refund predicate, delay mode,
     /// a lease, a cost charged after the response).
     pub(crate) refundable: bool,

@@ -117,11 +117,6 @@ where
         if config.deny.as_ref().is_some_and(|deny| deny(&parts)) {
             return ResponseFuture::ready(Ok(deny_listed(config, &parts)));
         }
-        if config.skip.as_ref().is_some_and(|skip| skip(&parts)) {
-            // exempt: never counted, never refused
-            parts.extensions.insert(RateLimitInfo::new(None, false));
-            return forward(inner, parts, body, None);
-        }
         if config.at_once {
             let decided = {
                 let decided = std::pin::pin!(decide(config, &mut parts));

@@ -14,7 +14,7 @@ mod shared;
 use std::future::Future;
 use std::pin::Pin;
 
-pub use self::memory::{MemoryStore, MemoryStoreBuilder, DEFAULT_MAX_KEYS, DEFAULT_SWEEP_INTERVAL};
+pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisStore, RedisStoreBuilder};

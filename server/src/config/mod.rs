@@ -164,7 +164,10 @@ pub struct RateLimitConfig {
 impl RateLimitConfig {
     /// Loads `(file name, contents)` pairs; `merge_domains` as
     /// `MERGE_DOMAIN_CONFIG` (else a domain in two files is an error).
-    pub fn from_files(files: &[(String, String)], merge_domains: bool) -> Result<Self, ConfigError> {
+    pub fn from_files(
+        files: &[(String, String)],
+        merge_domains: bool,
+    ) -> Result<Self, ConfigError> {
         let _ = (files, merge_domains);
         todo!("srv-config")
     }

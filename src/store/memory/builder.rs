@@ -38,6 +38,13 @@ impl std::fmt::Debug for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
+    /// The default bound on stored key states (1,000,000): see
+    /// [`max_keys`](Self::max_keys).
+    pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+    /// The default pause between background sweeps (1 s): see
+    /// [`sweep_interval`](Self::sweep_interval).
+    pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
     /// The clock decisions read (default:
     /// [`SystemClock`](crate::SystemClock)), e.g. a [`crate::ManualClock`]
     /// in tests.
@@ -47,7 +54,7 @@ impl MemoryStoreBuilder {
     }
 
     /// The most key states the store holds (one per key and limit; default
-    /// [`DEFAULT_MAX_KEYS`](super::DEFAULT_MAX_KEYS), about 100 MB of GCRA
+    /// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS), about 100 MB of GCRA
     /// states: far more clients than one process serves within a window,
     /// and a ceiling on what a flood of made-up keys can take). From 1 to
     /// `u32::MAX`.
@@ -129,7 +136,7 @@ impl MemoryStoreBuilder {
     }
 
     /// The pause between background sweeps of expired states (default
-    /// [`DEFAULT_SWEEP_INTERVAL`](super::DEFAULT_SWEEP_INTERVAL)). Expired
+    /// [`DEFAULT_SWEEP_INTERVAL`](Self::DEFAULT_SWEEP_INTERVAL)). Expired
     /// states are never read (they decide as fresh ones); the interval only
     /// bounds how long their memory stays taken. A sweep holds a shard's lock
     /// for a bounded slice of keys. Sweeps run on Tokio's timer, in the

@@ -40,7 +40,6 @@ mod table;
 pub use self::builder::MemoryStoreBuilder;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use smallvec::SmallVec;
 
@@ -57,12 +56,6 @@ use crate::Error;
 
 /// Number of independently locked shards.
 const SHARDS: usize = 32;
-
-/// The default bound on stored key states: see [`MemoryStoreBuilder::max_keys`].
-pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
-/// The default pause between background sweeps: see
-/// [`MemoryStoreBuilder::sweep_interval`].
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The memory engine: its components (see the module).
 struct Inner {
@@ -143,8 +136,8 @@ impl MemoryStore {
     pub fn builder() -> MemoryStoreBuilder {
         MemoryStoreBuilder {
             clock: Arc::new(SystemClock::new()),
-            max_keys: DEFAULT_MAX_KEYS,
-            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            max_keys: MemoryStoreBuilder::DEFAULT_MAX_KEYS,
+            sweep_interval: MemoryStoreBuilder::DEFAULT_SWEEP_INTERVAL,
         }
     }
 
