@@ -407,10 +407,8 @@ impl Loader<'_> {
         let flag = |name: &str| bool_field(descriptor, name).map_err(|m| self.err(m));
 
         let unit = Unit::from_name(&unit_text);
-        if unlimited {
-            if unit.is_some() {
-                return Err(self.err("should not specify rate limit unit when unlimited"));
-            }
+        if unlimited && unit.is_some() {
+            return Err(self.err("should not specify rate limit unit when unlimited"));
         }
         let block = rl.get(super::load::TOWER);
         // The unit may be left out where the opt-in block gives a window.
