@@ -361,6 +361,15 @@ fn errors_beyond_envoyproxy() {
         e.ends_with("cannot unmarshal !!str `maybe` into bool"),
         "{e}"
     );
+    // Types are read for the whole file before the checks, as Go decodes it
+    // whole first: the bad type of the second descriptor is reported, not
+    // the empty key of the first.
+    let e =
+        inline_err("domain: d\ndescriptors:\n  - value: v\n  - key: b\n    quota_mode: \"yes\"\n");
+    assert!(
+        e.ends_with("line 5: cannot unmarshal !!str `yes` into bool"),
+        "{e}"
+    );
     // A float anywhere: validateYamlKeys' catch-all.
     let e = inline_err("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1.5\n");
     assert_eq!(e, "inline.yaml: error checking config");
