@@ -447,7 +447,16 @@ impl Watch {
         };
         self.watcher
             .watch(&path, RecursiveMode::NonRecursive)
-            .map_err(|source| RuntimeError::Watch { path, source })
+            .map_err(|source| RuntimeError::Watch { path, source })?;
+        // Beyond goruntime: the folder holding the config folder, so that a
+        // config folder removed and made again is seen (best effort).
+        let config_dir = settings.config_dir();
+        if let Some(parent) = config_dir.parent().filter(|p| p.is_dir()) {
+            if let Err(e) = self.watcher.watch(parent, RecursiveMode::NonRecursive) {
+                tracing::debug!(path = %parent.display(), error = %e, "runtime: cannot watch");
+            }
+        }
+        Ok(())
     }
 
     fn arm_config_dir(&mut self, settings: &RuntimeSettings) {

@@ -1697,10 +1697,23 @@ fn runtime_follows_plain_rewrites_of_the_config_folder() {
         !c.has_domain("b") && rpu(c, "a", "k") == Some(2)
     });
 
+    // The config folder removed and made again (beyond goruntime, which
+    // loses its watch then).
+    std::fs::remove_dir_all(&dir).unwrap();
+    wait_for(&mut rx, "the removed folder", |c| c.is_empty());
+    write(&dir.join("d.yaml"), &limit_yaml("d", 4));
+    wait_for(&mut rx, "the folder made again", |c| {
+        rpu(c, "d", "k") == Some(4)
+    });
+    write(&dir.join("d.yaml"), &limit_yaml("d", 5));
+    wait_for(&mut rx, "a rewrite in the new folder", |c| {
+        rpu(c, "d", "k") == Some(5)
+    });
+
     // A reload on demand, and a receiver subscribed later.
     let reloaded = handle.reload().unwrap();
-    assert!(reloaded.has_domain("a"));
-    assert!(handle.subscribe().borrow().has_domain("a"));
+    assert!(reloaded.has_domain("d"));
+    assert!(handle.subscribe().borrow().has_domain("d"));
 }
 
 #[test]
@@ -1714,4 +1727,31 @@ fn runtime_without_the_config_folder() {
     let (rx, handle) = Runtime::start(settings(&tmp.path().join("none"), true)).unwrap();
     assert!(rx.borrow().is_empty());
     assert_eq!(handle.stats().successes(), 1);
+}
+
+// ---------------------------------------------------------------- windows as envoyproxy aligns them
+
+#[tokio::test]
+async fn default_limits_reset_where_envoyproxy_resets() {
+    use tower_ratelimit::{Limiter, ManualClock, MemoryStore};
+    // envoyproxy's CalculateReset: unit seconds - now % unit seconds.
+    let now_secs: u64 = 1_765_000_123;
+    let c = inline(
+        "domain: d\ndescriptors:\n  - key: s\n    rate_limit: {unit: second, requests_per_unit: 2}\n  - key: h\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  - key: w\n    rate_limit: {unit: week, requests_per_unit: 2}\n  - key: m\n    rate_limit: {unit: month, requests_per_unit: 2}\n  - key: y\n    rate_limit: {unit: year, requests_per_unit: 2}\n",
+    );
+    for key in ["s", "h", "w", "m", "y"] {
+        let m = hit(&c, "d", &[(key, "v")]);
+        let unit = m.rule.unit.unwrap();
+        let clock = ManualClock::new(i64::try_from(now_secs).unwrap() * 1_000_000);
+        let limiter = Limiter::new(
+            MemoryStore::with_clock(clock),
+            m.rule.limit.clone().unwrap(),
+        );
+        let d = limiter.check(m.counter_key.as_bytes(), 1).await.unwrap();
+        assert!(d.is_allowed());
+        let expected = Duration::from_secs(unit.seconds() - now_secs % unit.seconds());
+        assert_eq!(d.reset_after(), expected, "{key}");
+        let d = limiter.check(m.counter_key.as_bytes(), 2).await.unwrap();
+        assert!(!d.is_allowed(), "{key}: a third hit in the window is over");
+    }
 }
