@@ -6,3 +6,5 @@
 
 pub mod config;
 pub mod proto;
+pub mod service;
+pub mod stats;
