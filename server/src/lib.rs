@@ -8,3 +8,4 @@ pub mod config;
 pub mod proto;
 pub mod service;
 pub mod stats;
+pub mod runtime;
