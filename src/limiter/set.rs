@@ -19,9 +19,11 @@ use crate::{Error, Limit};
 #[derive(Debug, Clone, Copy)]
 pub struct SetItem<'a> {
     /// The limit. Any limit: the limiter's own limits take no part in a
-    /// set, and a set's limits need not be registered anywhere (a limit
-    /// made for one request, such as a client's override, costs nothing
-    /// past the call).
+    /// set, and a set's limits are registered nowhere. (A limit's name is
+    /// kept for the process's life, as every limit's: limits made for one
+    /// request, such as a client's override, should share one name; the
+    /// stores keep their state by name and key, and the Lua library's
+    /// cache of parsed limits is bounded.)
     pub limit: &'a Limit,
     /// The key (not empty).
     pub key: &'a [u8],
@@ -93,6 +95,10 @@ impl Limiter {
     /// Decides a set of items, each a limit, a key and a cost, in one store
     /// call (one `FCALL` on Redis; on Redis Cluster one per hash slot the
     /// keys fall in, in parallel), at one clock, counted as `mode` says.
+    /// (On Redis Cluster, [`SetMode::EachSparing`] and a set of
+    /// [`SetMode::AllOrNothing`] with a refund or a check of 0 look at the
+    /// items of one slot at a time: an item over spares, or refuses, only
+    /// the items of its slot. [`SetMode::EachCounted`] is exact.)
     /// The decision has one status per item, in order: its limit, what is
     /// left after the counting ([`LimitStatus::remaining`]), when its limit
     /// is whole again ([`LimitStatus::reset_after`]) and whether it is over
