@@ -6,6 +6,6 @@
 
 pub mod config;
 pub mod proto;
+pub mod runtime;
 pub mod service;
 pub mod stats;
-pub mod runtime;
