@@ -5,4 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod proto;
 pub mod runtime;
+pub mod service;
+pub mod stats;

@@ -25,7 +25,7 @@
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use crate::algorithm::{Params, Reply, Status, Statuses, VerdictCode};
+use crate::algorithm::{EachMode, Params, Reply, Status, Statuses, VerdictCode};
 use crate::store::{keys, Answer, Check, Deadline, Engine, Settle, Settled};
 use crate::Error;
 
@@ -94,6 +94,105 @@ impl<'a> Split<'a> {
 
     /// Decides across slots: each slot's checks in parallel, what they
     /// granted given back when one refused (see the module docs).
+    /// A set over several slots: each slot's checks decided by `mode` in a
+    /// call of their own, in parallel, the replies merged. Each check of
+    /// [`EachMode::Counted`] counts on its own. With the other modes, when
+    /// a check is over in one slot, the slots where none was (which counted
+    /// all of their checks' costs) give them back, as the crate's own
+    /// decisions across slots do: not atomic with the calls (a request in
+    /// between may be refused by what is given back a moment later). A
+    /// refund among the checks stays applied, as on one slot.
+    pub(super) async fn each_set(
+        &self,
+        mode: EachMode,
+        deadline: Deadline,
+    ) -> Result<Reply, Error> {
+        let store = self.store;
+        let mut replies = self.each(|checks| store.each(checks, mode, deadline)).await;
+        let over_somewhere = replies.iter().any(|r| match r {
+            Ok(reply) => !reply.granted(),
+            Err(_) => false,
+        });
+        if over_somewhere && mode != EachMode::Counted {
+            for ((_, checks), reply) in self.groups.iter().zip(replies.iter_mut()) {
+                let Ok(reply) = reply else { continue };
+                if !reply.granted() {
+                    continue;
+                }
+                let taken: SmallVec<[Check<'a>; 2]> =
+                    checks.iter().filter(|c| c.cost > 0).copied().collect();
+                if taken.is_empty() {
+                    continue;
+                }
+                let refund = Settle::Refund { at: reply.at() };
+                match store.settle(&taken, refund, deadline).get().await {
+                    Ok(_) => {
+                        for (j, check) in checks.iter().enumerate() {
+                            if check.cost <= 0 {
+                                continue;
+                            }
+                            let capacity =
+                                reply.stored(j).unwrap_or(check.limit.params()).capacity();
+                            if let Some(status) = reply.limits.get_mut(j) {
+                                status.give_back(check.cost, capacity);
+                            }
+                        }
+                    }
+                    Err(error) => tracing::warn!(
+                        target: "tower_ratelimit::redis",
+                        %error,
+                        "could not give back the costs of a set refused in another slot: \
+                         its limits count them until their windows pass"
+                    ),
+                }
+            }
+        }
+        let allows = Status::Allows {
+            wait: 0,
+            remaining: 0,
+            reset: 0,
+        };
+        let mut limits: Statuses = smallvec::smallvec![allows; self.len];
+        let mut stored: Option<Box<[Option<Params>]>> = None;
+        let (mut never, mut over, mut wait, mut now) = (false, false, 0i64, 0i64);
+        for ((group, _), reply) in self.groups.iter().zip(replies) {
+            let reply = reply?;
+            now = now.max(reply.now);
+            for (j, (&index, status)) in group.iter().zip(&reply.limits).enumerate() {
+                if let Some(params) = reply.stored(j) {
+                    let all = stored.get_or_insert_with(|| vec![None; self.len].into());
+                    if let Some(slot) = all.get_mut(index) {
+                        *slot = Some(*params);
+                    }
+                }
+                if let Some(slot) = limits.get_mut(index) {
+                    *slot = *status;
+                }
+                match status.wait() {
+                    Some(w) => {
+                        over |= w > 0;
+                        wait = wait.max(w);
+                    }
+                    None => never = true,
+                }
+            }
+        }
+        let (verdict, wait) = if never {
+            (VerdictCode::Never, -1)
+        } else if over {
+            (VerdictCode::Denied, wait)
+        } else {
+            (VerdictCode::Granted, 0)
+        };
+        Ok(Reply {
+            verdict,
+            wait,
+            now,
+            limits,
+            stored,
+        })
+    }
+
     pub(super) async fn decide(&self, dry: bool, deadline: Deadline) -> Result<Reply, Error> {
         let store = self.store;
         let replies = self
