@@ -5,3 +5,8 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod health;
+pub mod logging;
+pub mod settings;
+pub mod stats;
+mod sync;
