@@ -6,7 +6,9 @@
 
 pub mod config;
 pub mod health;
+pub mod json;
 pub mod logging;
+pub mod proto;
 pub mod settings;
 pub mod stats;
 mod sync;
