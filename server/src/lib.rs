@@ -9,6 +9,7 @@ pub mod health;
 pub mod json;
 pub mod logging;
 pub mod proto;
+pub mod runtime;
 pub mod settings;
 pub mod stats;
 mod sync;

@@ -197,29 +197,7 @@ pub enum Backend {
     Redis(RedisSettings),
 }
 
-/// Where the rate limit configuration is read (envoyproxy/ratelimit's
-/// `RUNTIME_*` variables): `root/subdirectory/app_directory/*.yaml`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeSettings {
-    /// `RUNTIME_ROOT` (default `/srv/runtime_data/current`).
-    pub root: PathBuf,
-    /// `RUNTIME_SUBDIRECTORY` (default empty).
-    pub subdirectory: String,
-    /// `RUNTIME_APPDIRECTORY` (default `config`).
-    pub app_directory: String,
-    /// `RUNTIME_WATCH_ROOT` (default true): watch the root for a symlink
-    /// swap; false: watch the config directory itself.
-    pub watch_root: bool,
-    /// `RUNTIME_IGNOREDOTFILES` (default false).
-    pub ignore_dotfiles: bool,
-}
-
-impl RuntimeSettings {
-    /// The directory whose `*.yaml` files are the configuration.
-    pub fn config_dir(&self) -> PathBuf {
-        self.root.join(&self.subdirectory).join(&self.app_directory)
-    }
-}
+pub use crate::runtime::RuntimeSettings;
 
 /// The names of the headers added when `LIMIT_RESPONSE_HEADERS_ENABLED`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,10 +278,8 @@ pub struct Settings {
     /// `CACHE_KEY_PREFIX` (default empty): the prefix of every Redis key;
     /// this server's own prefix `rl` when empty.
     pub cache_key_prefix: String,
-    /// Where the configuration is read.
+    /// Where the configuration is read (`RUNTIME_*`, `MERGE_DOMAIN_CONFIG`).
     pub runtime: RuntimeSettings,
-    /// `MERGE_DOMAIN_CONFIG` (default false): a domain may span files.
-    pub merge_domain_config: bool,
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` (default false): unhealthy
     /// until a configuration with at least one domain is loaded.
     pub healthy_with_at_least_one_config_loaded: bool,
@@ -942,9 +918,10 @@ impl Settings {
                 subdirectory: env.string("RUNTIME_SUBDIRECTORY", ""),
                 app_directory: env.string("RUNTIME_APPDIRECTORY", "config"),
                 watch_root: env.boolean("RUNTIME_WATCH_ROOT", true)?,
-                ignore_dotfiles: env.boolean("RUNTIME_IGNOREDOTFILES", false)?,
+                ignore_dot_files: env.boolean("RUNTIME_IGNOREDOTFILES", false)?,
+                merge_domains: env.boolean("MERGE_DOMAIN_CONFIG", false)?,
+                ..RuntimeSettings::default()
             },
-            merge_domain_config: env.boolean("MERGE_DOMAIN_CONFIG", false)?,
             healthy_with_at_least_one_config_loaded: env
                 .boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
             force_start_without_initial_config: env
@@ -1200,7 +1177,7 @@ mod tests {
             PathBuf::from("/data/ratelimit/config")
         );
         assert!(!s.runtime.watch_root);
-        assert!(s.runtime.ignore_dotfiles);
+        assert!(s.runtime.ignore_dot_files);
         assert_eq!(s.no_effect.len(), 1);
         assert_eq!(s.no_effect[0].0, "USE_STATSD");
     }

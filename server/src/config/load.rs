@@ -68,7 +68,9 @@ pub(super) fn load_file(
     };
     validate_keys(&root, Place::Top).map_err(err)?;
 
-    // The typed reading (yaml.v2's second Unmarshal, into YamlRoot).
+    // The typed reading (yaml.v2's second Unmarshal, into YamlRoot): the
+    // whole document's types before any of the checks below, as in Go.
+    check_types(&root).map_err(err)?;
     let domain = string_field(&root, "domain").map_err(err)?;
     let descriptors = descriptor_list(&root).map_err(err)?;
     let tower_block = match root.get(TOWER) {
@@ -272,6 +274,64 @@ fn descriptor_list(map: &Node) -> Result<&[Node], String> {
     }
 }
 
+/// Every field of a file read as its Go type, as yaml.v2 decodes the whole
+/// document into `YamlRoot` before `loadConfig` checks anything.
+fn check_types(root: &Node) -> Result<(), String> {
+    string_field(root, "domain")?;
+    check_descriptors(descriptor_list(root)?, 0)
+}
+
+fn check_descriptors(descriptors: &[Node], depth: usize) -> Result<(), String> {
+    for d in descriptors {
+        string_field(d, "key")?;
+        string_field(d, "value")?;
+        for flag in [
+            "shadow_mode",
+            "quota_mode",
+            "detailed_metric",
+            "value_to_metric",
+            "share_threshold",
+        ] {
+            bool_field(d, flag)?;
+        }
+        if let Some(meta) = d.get("metadata") {
+            if !matches!(meta.kind, Kind::Null(_) | Kind::Map(_)) {
+                return Err(unmarshal(meta, "map[string]interface {}"));
+            }
+        }
+        match d.get("rate_limit") {
+            Some(rl) if rl.as_map().is_some() => {
+                u32_field(rl, "requests_per_unit")?;
+                string_field(rl, "unit")?;
+                bool_field(rl, "unlimited")?;
+                string_field(rl, "name")?;
+                match rl.get("replaces") {
+                    None => {}
+                    Some(n) => match &n.kind {
+                        Kind::Null(_) => {}
+                        Kind::Seq(items) => {
+                            for item in items {
+                                if item.as_map().is_none() {
+                                    return Err(unmarshal(item, "config.yamlReplaces"));
+                                }
+                                string_field(item, "name")?;
+                            }
+                        }
+                        _ => return Err(unmarshal(n, "[]config.yamlReplaces")),
+                    },
+                }
+            }
+            Some(rl) if !rl.is_null() => return Err(unmarshal(rl, "config.YamlRateLimit")),
+            _ => {}
+        }
+        // (The parser bounds the depth; this keeps the walk's own bound.)
+        if depth < 128 {
+            check_descriptors(descriptor_list(d)?, depth + 1)?;
+        }
+    }
+    Ok(())
+}
+
 /// What loading a file adds.
 struct Loader<'a> {
     file: &'a str,
@@ -407,10 +467,8 @@ impl Loader<'_> {
         let flag = |name: &str| bool_field(descriptor, name).map_err(|m| self.err(m));
 
         let unit = Unit::from_name(&unit_text);
-        if unlimited {
-            if unit.is_some() {
-                return Err(self.err("should not specify rate limit unit when unlimited"));
-            }
+        if unlimited && unit.is_some() {
+            return Err(self.err("should not specify rate limit unit when unlimited"));
         }
         let block = rl.get(super::load::TOWER);
         // The unit may be left out where the opt-in block gives a window.

@@ -2,9 +2,13 @@
 //! wildcard values and their rate limits, validated as it validates them,
 //! plus this server's opt-in extension (the `tower_ratelimit` blocks).
 //!
-//! INTERFACE STUB (written before the parser): the `srv-config` branch
-//! implements it; the `srv-engine` branch codes against it. Names and
-//! signatures below may grow but not change without telling the other side.
+//! The parser builds the YAML tree itself from saphyr-parser's events
+//! (`yaml.rs`: scalars resolved as Go's yaml.v2 resolves them, duplicate
+//! keys refused), checks and loads it as envoyproxy's `config_impl.go` does
+//! (`load.rs`: same order, same messages), and builds each rule's crate
+//! limit (`tower.rs`, with the opt-in blocks). [`RateLimitConfig::get_limit`]
+//! is envoyproxy's `GetLimit`, with its stats keys and the counter key of
+//! its `base_limiter`.
 
 mod load;
 mod tower;
@@ -164,7 +168,9 @@ pub struct Rule {
     pub full_key: String,
     /// `requests_per_unit`.
     pub requests_per_unit: u32,
-    /// `unit` (`None` only when `unlimited`).
+    /// `unit` (`None` only when `unlimited`). A rule whose extension gives
+    /// a `window` or `calendar` may leave `unit` out; it then reports the
+    /// calendar's unit, or the longest unit that fits in the window.
     pub unit: Option<Unit>,
     /// `unlimited: true`: never over the limit, nothing counted.
     pub unlimited: bool,
@@ -184,9 +190,15 @@ pub struct Rule {
     pub share_threshold: bool,
     /// The opt-in extension, if any.
     pub extension: Option<Extension>,
-    /// The crate's limit for this rule (`None` when `unlimited`): built
-    /// once at load, named after `full_key`. Default behaviour: a fixed
-    /// window of `requests_per_unit` per unit aligned to the epoch.
+    /// The crate's limit for this rule: built once at load, named after
+    /// the rule's domain and descriptor path (injectively, in the
+    /// characters a limit name allows; see `tower::limit_name`). Default
+    /// behaviour: a fixed window of `requests_per_unit` per unit aligned to
+    /// the epoch (a month 30 days, a year 365, as envoyproxy divides time);
+    /// with an [`Extension`], its quota. `None` when `unlimited`, and when
+    /// `requests_per_unit` is 0 (the crate refuses an empty quota): such a
+    /// rule is over the limit at every hit, as envoyproxy's
+    /// count-after-hit > 0 makes it, and needs no store.
     pub limit: Option<tower_ratelimit::Limit>,
 }
 
@@ -204,12 +216,17 @@ pub struct Domain {
 pub struct Matched {
     /// The rule.
     pub rule: Arc<Rule>,
-    /// The stats key for this request (`full_key`, or with the value added
-    /// by `detailed_metric` / `value_to_metric`).
+    /// The stats key for this request (`full_key`, or with the values added
+    /// by `detailed_metric` / `value_to_metric`, or the wildcard patterns
+    /// of `share_threshold`): what envoyproxy's `GetLimit` sets the
+    /// returned limit's `FullKey` and stats to.
     pub stats_key: String,
     /// The counter key's descriptor part, as envoyproxy/ratelimit builds its
-    /// cache key (`key_value` pairs joined by `_`; a `share_threshold`
-    /// wildcard keeps its pattern, not the value).
+    /// cache key: every entry's `key_value`, joined by `_`
+    /// (`key1_value1_subkey1_something`); a `share_threshold` wildcard's
+    /// entry has its pattern in place of the value (`files_files/*`), so
+    /// all its values count together. envoyproxy's whole Redis key is
+    /// `CACHE_KEY_PREFIX + domain + "_" + counter_key + "_" + window start`.
     pub counter_key: String,
     /// Whether the domain opts into the crate's behaviour.
     pub tower: bool,
@@ -270,15 +287,17 @@ impl RateLimitConfig {
     pub fn get_limit(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Matched> {
         let tree = self.domains.get(domain)?;
         let mut level = &tree.root;
-        let mut detailed_key = String::from(domain);
-        let mut value_key = String::from(domain);
+        let mut value_key = String::with_capacity(domain.len() + 16 * entries.len());
+        value_key.push_str(domain);
         // The wildcard pattern a share_threshold entry counts under, by index.
-        let mut shared: Vec<Option<String>> = vec![None; entries.len()];
+        let mut shared: Vec<Option<&str>> = vec![None; entries.len()];
         let mut found: Option<&Arc<Rule>> = None;
+        let mut key_value = String::new();
         for (i, &(key, value)) in entries.iter().enumerate() {
-            let key_value = format!("{key}_{value}");
-            detailed_key.push('.');
-            detailed_key.push_str(&key_value);
+            key_value.clear();
+            key_value.push_str(key);
+            key_value.push('_');
+            key_value.push_str(value);
             let mut next = level.children.get(&key_value);
             let mut wildcard: Option<&str> = None;
             if next.is_none() {
@@ -295,20 +314,18 @@ impl RateLimitConfig {
             if next.is_none() {
                 next = level.children.get(key);
             }
-            let key_prefix = format!("{key}_");
             if let (Some(_), Some(n)) = (wildcard, next) {
                 if n.share_threshold && !n.wildcard_pattern.is_empty() {
-                    let pattern = n.wildcard_pattern.strip_prefix(&key_prefix);
-                    shared[i] = Some(pattern.unwrap_or(&n.wildcard_pattern).to_string());
+                    shared[i] = Some(strip_key(&n.wildcard_pattern, key));
                 }
             }
             value_key.push('.');
             value_key.push_str(key);
             if let Some(n) = next {
-                let shown: &str = match (wildcard, &shared[i]) {
+                let shown: &str = match (wildcard, shared[i]) {
                     (Some(_), Some(pattern)) => pattern,
                     (Some(_), None) if n.value_to_metric => value,
-                    (Some(pattern), None) => pattern.strip_prefix(&key_prefix).unwrap_or(pattern),
+                    (Some(pattern), None) => strip_key(pattern, key),
                     (None, _) if by_value || n.value_to_metric => value,
                     (None, _) => "",
                 };
@@ -327,36 +344,35 @@ impl RateLimitConfig {
             level = n;
         }
         let rule = Arc::clone(found?);
-        let any_shared = shared.iter().any(Option::is_some);
+        // A rule is found only at the last entry: every entry was looked at.
         let stats_key = if rule.detailed_metric {
-            if any_shared {
-                let mut key = String::from(domain);
-                for (i, &(k, v)) in entries.iter().enumerate() {
-                    key.push('.');
-                    key.push_str(k);
-                    match &shared[i] {
-                        Some(pattern) => {
-                            key.push('_');
-                            key.push_str(pattern);
-                        }
-                        None if !v.is_empty() => {
-                            key.push('_');
-                            key.push_str(v);
-                        }
-                        None => {}
+            let any_shared = shared.iter().any(Option::is_some);
+            let mut key = String::from(domain);
+            for (i, &(k, v)) in entries.iter().enumerate() {
+                key.push('.');
+                key.push_str(k);
+                match shared[i] {
+                    Some(pattern) => {
+                        key.push('_');
+                        key.push_str(pattern);
                     }
+                    // Without share_threshold anywhere, envoyproxy writes
+                    // `key_value` even for an empty value.
+                    None if !v.is_empty() || !any_shared => {
+                        key.push('_');
+                        key.push_str(v);
+                    }
+                    None => {}
                 }
-                key
-            } else {
-                detailed_key
             }
+            key
         } else {
             value_key
         };
         let counter_key = entries
             .iter()
             .enumerate()
-            .map(|(i, &(k, v))| format!("{k}_{}", shared[i].as_deref().unwrap_or(v)))
+            .map(|(i, &(k, v))| format!("{k}_{}", shared[i].unwrap_or(v)))
             .collect::<Vec<_>>()
             .join("_");
         Some(Matched {
@@ -416,6 +432,14 @@ impl RateLimitConfig {
         }
         out
     }
+}
+
+/// A wildcard pattern without its `key_` (envoyproxy's `TrimPrefix`).
+fn strip_key<'p>(pattern: &'p str, key: &str) -> &'p str {
+    pattern
+        .strip_prefix(key)
+        .and_then(|rest| rest.strip_prefix('_'))
+        .unwrap_or(pattern)
 }
 
 /// Whether `value` matches a wildcard pattern split on `*` (each `*`

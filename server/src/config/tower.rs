@@ -195,9 +195,11 @@ fn duration(node: &Node) -> Result<Duration, String> {
     let line = node.line;
     let text = match &node.kind {
         Kind::Str(s) => s.as_str(),
-        Kind::Int(..) | Kind::Float(..) => return Err(format!(
+        Kind::Int(..) | Kind::Float(..) => {
+            return Err(format!(
             "`window` is a bare number (line {line}): write its unit too, like \"90s\" or \"15m\""
-        )),
+        ))
+        }
         _ => {
             return Err(format!(
                 "`window` must be a duration like \"90s\" (line {line})"
