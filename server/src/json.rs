@@ -353,9 +353,9 @@ fn duration(d: &prost_types::Duration) -> Value {
     let sign = if negative { "-" } else { "" };
     let text = if nanos == 0 {
         format!("{sign}{secs}s")
-    } else if nanos % 1_000_000 == 0 {
+    } else if nanos.is_multiple_of(1_000_000) {
         format!("{sign}{secs}.{:03}s", nanos / 1_000_000)
-    } else if nanos % 1_000 == 0 {
+    } else if nanos.is_multiple_of(1_000) {
         format!("{sign}{secs}.{:06}s", nanos / 1_000)
     } else {
         format!("{sign}{secs}.{nanos:09}s")

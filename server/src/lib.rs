@@ -10,6 +10,7 @@ pub mod json;
 pub mod logging;
 pub mod proto;
 pub mod runtime;
+pub mod server;
 pub mod settings;
 pub mod stats;
 mod sync;
