@@ -8,6 +8,7 @@ pub mod config;
 pub mod health;
 pub mod json;
 pub mod logging;
+pub mod metrics;
 pub mod proto;
 pub mod runtime;
 pub mod server;

@@ -19,10 +19,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::health::{Component, Health};
+use crate::metrics::Metrics;
 use crate::proto::rate_limit_response::Code;
 use crate::proto::{RateLimitRequest, RateLimitResponse, RateLimitServiceServer};
 use crate::settings::{Backend, RedisTarget, Settings};
-use crate::stats::{Stats, StatsHook};
 
 /// Why the server could not start: the setting at fault and what went
 /// wrong. Displayed as `"{VARIABLE}: {message}"`.
@@ -61,7 +61,7 @@ pub struct Running {
     /// The Prometheus listener's address, when `USE_PROMETHEUS`.
     pub prometheus_addr: Option<SocketAddr>,
     /// The server's counters.
-    pub stats: Arc<Stats>,
+    pub stats: Arc<Metrics>,
     /// The server's health.
     pub health: Arc<Health>,
     stop: watch::Sender<bool>,
@@ -105,7 +105,7 @@ pub struct Parts<'a> {
     /// The configuration in force.
     pub config: watch::Receiver<Arc<crate::config::RateLimitConfig>>,
     /// Where the decisions are counted.
-    pub stats: Arc<dyn StatsHook>,
+    pub stats: Arc<Metrics>,
     /// Every setting.
     pub settings: &'a Settings,
 }
@@ -114,7 +114,7 @@ pub struct Parts<'a> {
 struct AppState<S> {
     service: Arc<S>,
     health: Arc<Health>,
-    stats: Arc<Stats>,
+    stats: Arc<Metrics>,
     config: watch::Receiver<Arc<crate::config::RateLimitConfig>>,
     prometheus_millis: bool,
 }
@@ -176,7 +176,7 @@ pub async fn start_with<S: Decide>(
     settings: Settings,
     service: impl FnOnce(Parts<'_>) -> S,
 ) -> Result<Running, StartError> {
-    let stats = Arc::new(Stats::new());
+    let stats = Arc::new(Metrics::new());
     let store = build_store(&settings)?;
     let memory = matches!(settings.backend, Backend::Memory);
 
@@ -490,7 +490,7 @@ async fn probe_store(
 /// `ratelimit_service_total_requests` and `..._response_time_seconds`.
 struct TimedService<S> {
     inner: Arc<S>,
-    stats: Arc<Stats>,
+    stats: Arc<Metrics>,
 }
 
 impl<S: Decide> crate::proto::RateLimitService for TimedService<S> {

@@ -1,10 +1,11 @@
-//! The service's counters, as envoyproxy/ratelimit counts them
+//! The server's counters, as envoyproxy/ratelimit counts them
 //! (`src/stats/manager_impl.go`), and their two listings: the debug port's
 //! `/stats` (statsd names) and Prometheus (the names of envoyproxy/ratelimit's
 //! default statsd-exporter mapping, `src/stats/prom/default_mapper.yaml`).
 //!
-//! The decision logic reports through [`StatsHook`]; [`Stats`] is the
-//! server's implementation, kept in memory and read when scraped.
+//! The decision logic reports through [`crate::stats::Stats`], which
+//! [`Metrics`] implements; the server adds the configuration loads and the
+//! gRPC calls' times. Kept in memory, read when scraped.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -12,50 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-/// What one descriptor of one request adds to its rule's counters, in hits
-/// (a request's `hits_addend`), as envoyproxy/ratelimit adds them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RuleCounts {
-    /// `total_hits`: every hit asked for.
-    pub total_hits: u64,
-    /// `over_limit`: hits past the limit.
-    pub over_limit: u64,
-    /// `near_limit`: hits past `NEAR_LIMIT_RATIO` of the limit, within it.
-    pub near_limit: u64,
-    /// `over_limit_with_local_cache`: hits refused by the local cache of
-    /// keys known to be over their limit.
-    pub over_limit_with_local_cache: u64,
-    /// `within_limit`: hits within the limit.
-    pub within_limit: u64,
-    /// `shadow_mode`: hits over the limit let through by shadow mode.
-    pub shadow_mode: u64,
-}
-
-/// How a call to `ShouldRateLimit` failed (the `err_type` label of
-/// `ratelimit_service_should_rate_limit_error`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallError {
-    /// The store failed (`redis_error`, whatever the store).
-    Store,
-    /// The request or the service failed (`service_error`).
-    Service,
-}
-
-/// What the decision logic and the config loader report. Every method is
-/// cheap and never fails; the server's [`Stats`] implements it.
-pub trait StatsHook: Send + Sync + 'static {
-    /// One descriptor decided under the rule whose stats key is `key`
-    /// (`domain.key_value...`, [`crate::config::Matched::stats_key`]).
-    fn rate_limit(&self, key: &str, counts: RuleCounts);
-    /// A request for a domain the configuration does not have.
-    fn domain_not_found(&self, domain: &str);
-    /// A call that failed.
-    fn call_error(&self, error: CallError);
-    /// A request let through by the global `SHADOW_MODE`.
-    fn global_shadow_mode(&self);
-    /// A configuration loaded (`true`) or refused (`false`).
-    fn config_load(&self, ok: bool);
-}
+use crate::stats::{Counter, Event, Stats};
 
 /// A rule's counters.
 #[derive(Debug, Default)]
@@ -69,21 +27,14 @@ struct RuleCounters {
 }
 
 impl RuleCounters {
-    fn add(&self, c: RuleCounts) {
-        for (counter, n) in [
-            (&self.total_hits, c.total_hits),
-            (&self.over_limit, c.over_limit),
-            (&self.near_limit, c.near_limit),
-            (
-                &self.over_limit_with_local_cache,
-                c.over_limit_with_local_cache,
-            ),
-            (&self.within_limit, c.within_limit),
-            (&self.shadow_mode, c.shadow_mode),
-        ] {
-            if n != 0 {
-                counter.fetch_add(n, Ordering::Relaxed);
-            }
+    fn counter(&self, counter: Counter) -> &AtomicU64 {
+        match counter {
+            Counter::TotalHits => &self.total_hits,
+            Counter::OverLimit => &self.over_limit,
+            Counter::NearLimit => &self.near_limit,
+            Counter::OverLimitWithLocalCache => &self.over_limit_with_local_cache,
+            Counter::WithinLimit => &self.within_limit,
+            Counter::ShadowMode => &self.shadow_mode,
         }
     }
 
@@ -127,7 +78,7 @@ struct Timings {
 
 /// The server's counters.
 #[derive(Debug, Default)]
-pub struct Stats {
+pub struct Metrics {
     rules: RwLock<HashMap<String, Arc<RuleCounters>>>,
     domains_not_found: RwLock<HashMap<String, Arc<AtomicU64>>>,
     store_errors: AtomicU64,
@@ -189,7 +140,7 @@ fn ipv4_at(b: &[u8]) -> Option<usize> {
     Some(i)
 }
 
-impl Stats {
+impl Metrics {
     /// Empty counters.
     pub fn new() -> Self {
         Self::default()
@@ -279,7 +230,11 @@ impl Stats {
     /// envoyproxy/ratelimit's default mapping: per rule
     /// `ratelimit_service_rate_limit_{near_limit,over_limit,total_hits,within_limit,shadow_mode}`
     /// labelled `domain`, `key1` and, for keys of two or more levels,
-    /// `key2`; `ratelimit_service_should_rate_limit_error{err_type}`,
+    /// `key2` (and `..._over_limit_with_local_cache`, which the mapping
+    /// leaves out, named as its siblings);
+    /// `ratelimit_service_should_rate_limit_error{err_type}`,
+    /// `ratelimit_service_global_shadow_mode`,
+    /// `ratelimit_service_rate_limit_domain_not_found{domain}`,
     /// `ratelimit_service_total_requests{grpc_method}`,
     /// `ratelimit_service_response_time_seconds{grpc_method}` (a histogram;
     /// in milliseconds, without the `_seconds`-scale, when `millis`), and
@@ -292,15 +247,10 @@ impl Stats {
                 continue;
             };
             for (stat, v) in c.read() {
-                let family = match stat {
-                    "near_limit" => "ratelimit_service_rate_limit_near_limit",
-                    "over_limit" => "ratelimit_service_rate_limit_over_limit",
-                    "total_hits" => "ratelimit_service_rate_limit_total_hits",
-                    "within_limit" => "ratelimit_service_rate_limit_within_limit",
-                    "shadow_mode" => "ratelimit_service_rate_limit_shadow_mode",
-                    // unmapped in envoyproxy/ratelimit's default mapping
-                    _ => continue,
+                let Some(counter) = Counter::ALL.into_iter().find(|c| c.suffix() == stat) else {
+                    continue;
                 };
+                let family = counter.prometheus_name();
                 families
                     .entry(family)
                     .or_default()
@@ -308,7 +258,7 @@ impl Stats {
             }
         }
         let errors = families
-            .entry("ratelimit_service_should_rate_limit_error")
+            .entry(crate::stats::SHOULD_RATE_LIMIT_ERROR)
             .or_default();
         errors.push((
             "{err_type=\"redis_error\"}".into(),
@@ -318,6 +268,22 @@ impl Stats {
             "{err_type=\"service_error\"}".into(),
             self.service_errors.load(Ordering::Relaxed),
         ));
+        families.insert(
+            crate::stats::GLOBAL_SHADOW_MODE,
+            vec![(
+                String::new(),
+                self.global_shadow_mode.load(Ordering::Relaxed),
+            )],
+        );
+        for (domain, c) in crate::sync::read(&self.domains_not_found).iter() {
+            families
+                .entry(crate::stats::DOMAIN_NOT_FOUND)
+                .or_default()
+                .push((
+                    format!("{{domain=\"{}\"}}", escape(&sanitize_stat_name(domain))),
+                    c.load(Ordering::Relaxed),
+                ));
+        }
         families.insert(
             "ratelimit_service_total_requests",
             vec![(
@@ -423,9 +389,15 @@ fn escape(v: &str) -> String {
     out
 }
 
-impl StatsHook for Stats {
-    fn rate_limit(&self, key: &str, counts: RuleCounts) {
-        self.rule(key).add(counts);
+impl Metrics {
+    /// A configuration loaded (`true`) or refused (`false`).
+    pub fn config_load(&self, ok: bool) {
+        if ok {
+            &self.config_load_success
+        } else {
+            &self.config_load_error
+        }
+        .fetch_add(1, Ordering::Relaxed);
     }
 
     fn domain_not_found(&self, domain: &str) {
@@ -444,26 +416,30 @@ impl StatsHook for Stats {
             .or_default()
             .fetch_add(1, Ordering::Relaxed);
     }
+}
 
-    fn call_error(&self, error: CallError) {
-        match error {
-            CallError::Store => &self.store_errors,
-            CallError::Service => &self.service_errors,
+impl Stats for Metrics {
+    fn add(&self, stats_key: &str, counter: Counter, n: u64) {
+        if n != 0 {
+            self.rule(stats_key)
+                .counter(counter)
+                .fetch_add(n, Ordering::Relaxed);
         }
-        .fetch_add(1, Ordering::Relaxed);
     }
 
-    fn global_shadow_mode(&self) {
-        self.global_shadow_mode.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn config_load(&self, ok: bool) {
-        if ok {
-            &self.config_load_success
-        } else {
-            &self.config_load_error
+    fn event(&self, event: Event<'_>) {
+        match event {
+            Event::StoreError => {
+                self.store_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Event::ServiceError => {
+                self.service_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Event::GlobalShadowMode => {
+                self.global_shadow_mode.fetch_add(1, Ordering::Relaxed);
+            }
+            Event::DomainNotFound(domain) => self.domain_not_found(domain),
         }
-        .fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -484,56 +460,37 @@ mod tests {
 
     #[test]
     fn prometheus_names_and_labels() {
-        let s = Stats::new();
-        s.rate_limit(
-            "domain1.key1_val1",
-            RuleCounts {
-                total_hits: 3,
-                over_limit: 1,
-                within_limit: 2,
-                ..Default::default()
-            },
-        );
-        s.rate_limit(
-            "domain1.key1_val1.key2_val2.key3",
-            RuleCounts {
-                total_hits: 1,
-                within_limit: 1,
-                ..Default::default()
-            },
-        );
+        let s = Metrics::new();
+        s.add("domain1.key1_val1", Counter::TotalHits, 3);
+        s.add("domain1.key1_val1", Counter::OverLimit, 1);
+        s.add("domain1.key1_val1", Counter::WithinLimit, 2);
+        s.add("domain1.key1_val1.key2_val2.key3", Counter::TotalHits, 1);
+        s.event(Event::DomainNotFound("nowhere"));
+        s.event(Event::StoreError);
         s.config_load(true);
         s.observe_call(Duration::from_millis(3));
         let text = s.prometheus(false);
-        assert!(text.contains(
-            "ratelimit_service_rate_limit_over_limit{domain=\"domain1\",key1=\"key1_val1\"} 1\n"
-        ));
-        assert!(text.contains(
-            "ratelimit_service_rate_limit_total_hits{domain=\"domain1\",key1=\"key1_val1\",key2=\"key2_val2\"} 1\n"
-        ));
-        assert!(text.contains("ratelimit_service_config_load_success 1\n"));
-        assert!(
-            text.contains("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 1\n")
-        );
-        assert!(text.contains(
-            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"0.005\"} 1\n"
-        ));
-        assert!(!text.contains("over_limit_with_local_cache"));
+        for line in [
+            "ratelimit_service_rate_limit_over_limit{domain=\"domain1\",key1=\"key1_val1\"} 1\n",
+            "ratelimit_service_rate_limit_total_hits{domain=\"domain1\",key1=\"key1_val1\",key2=\"key2_val2\"} 1\n",
+            "ratelimit_service_config_load_success 1\n",
+            "ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"} 1\n",
+            "ratelimit_service_rate_limit_domain_not_found{domain=\"nowhere\"} 1\n",
+            "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 1\n",
+            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"0.005\"} 1\n",
+            "# TYPE ratelimit_service_rate_limit_over_limit counter\n",
+        ] {
+            assert!(text.contains(line), "{line} not in:\n{text}");
+        }
         let listing = s.statsd_listing();
         assert!(listing.contains("ratelimit.service.rate_limit.domain1.key1_val1.total_hits: 3\n"));
     }
 
     #[test]
     fn keys_are_bounded() {
-        let s = Stats::new();
+        let s = Metrics::new();
         for i in 0..MAX_KEYS + 5 {
-            s.rate_limit(
-                &format!("d.k_{i}"),
-                RuleCounts {
-                    total_hits: 1,
-                    ..Default::default()
-                },
-            );
+            s.add(&format!("d.k_{i}"), Counter::TotalHits, 1);
         }
         assert_eq!(crate::sync::read(&s.rules).len(), MAX_KEYS + 1);
         assert!(s
