@@ -33,6 +33,7 @@ mod deny_cache;
 mod grant;
 mod hot;
 mod lease;
+mod set;
 mod shadow;
 
 use std::sync::Arc;
@@ -49,6 +50,7 @@ pub use self::grant::{Grant, Refundable};
 pub(crate) use self::hot::HotPools;
 pub use self::lease::Lease;
 pub(crate) use self::lease::{Held as LeaseHeld, LeaseGuard};
+pub use self::set::{SetItem, SetMode};
 use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;
