@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod proto;
 pub mod runtime;
 pub mod server;
+pub mod service;
 pub mod settings;
 pub mod stats;
 mod sync;

@@ -171,6 +171,22 @@ pub mod rate_limit_response {
             /// A week.
             Week = 7,
         }
+
+        impl Unit {
+            /// Its name in the `.proto` file (`SECOND`, ...).
+            pub fn as_str_name(&self) -> &'static str {
+                match self {
+                    Unit::Unknown => "UNKNOWN",
+                    Unit::Second => "SECOND",
+                    Unit::Minute => "MINUTE",
+                    Unit::Hour => "HOUR",
+                    Unit::Day => "DAY",
+                    Unit::Month => "MONTH",
+                    Unit::Year => "YEAR",
+                    Unit::Week => "WEEK",
+                }
+            }
+        }
     }
 
     /// `RateLimitResponse.Quota` (not handed out by this server).

@@ -384,6 +384,9 @@ impl Limiter {
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = non_empty(key.as_ref())?;
+        if self.inner.limits.is_empty() {
+            return Err(Error::Config(crate::ConfigError::NoLimits));
+        }
         let limits = self.current();
         let checks = Self::checks(limits.iter().map(|l| (&**l, key)), 0);
         if let (Some(denials), Some(check)) = (&self.inner.denials, checks.first()) {

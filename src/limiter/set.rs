@@ -100,8 +100,9 @@ impl Limiter {
     /// else denied with the longest wait among the items over
     /// ([`Verdict::CostExceedsCapacity`] when a cost exceeds a capacity).
     ///
-    /// The limiter's own limits take no part: its store, timeout and
-    /// metrics of store calls are used. Each item's limit is decided as
+    /// The limiter's own limits take no part (a limiter for sets alone is
+    /// built with [`LimiterBuilder::build_for_sets`](crate::LimiterBuilder::build_for_sets)):
+    /// its store, timeout and metrics of store calls are used. Each item's limit is decided as
     /// configured but for its [shadow mode](Limit::shadow), [penalty](Limit::with_penalty)
     /// and [hot-key](Limit::with_hot_key) batches, which a set neither reads nor
     /// feeds (a caller that wants a shadow limit reads its status and lets
