@@ -49,6 +49,10 @@ fn start_error(variable: &'static str, message: impl Into<String>) -> StartError
     }
 }
 
+/// How long a stop waits for calls in flight and open connections before
+/// it closes them.
+pub const STOP_GRACE: Duration = Duration::from_secs(15);
+
 /// A started server.
 #[derive(Debug)]
 pub struct Running {
@@ -65,7 +69,11 @@ pub struct Running {
     /// The server's health.
     pub health: Arc<Health>,
     stop: watch::Sender<bool>,
+    /// The listeners' tasks: one ending by itself is a failure.
     tasks: JoinSet<()>,
+    /// Tasks that end by themselves (the store probe) or on stop (the
+    /// configuration's health).
+    background: JoinSet<()>,
 }
 
 impl Running {
@@ -74,7 +82,16 @@ impl Running {
     pub async fn stop(mut self) {
         self.health.shutting_down().await;
         let _ = self.stop.send(true);
-        while self.tasks.join_next().await.is_some() {}
+        let drained = tokio::time::timeout(STOP_GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+            while self.background.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("connections still open after {STOP_GRACE:?}: closing them");
+            self.tasks.shutdown().await;
+            self.background.shutdown().await;
+        }
     }
 
     /// Waits until a server task ends by itself (a listener failing); a
@@ -156,9 +173,6 @@ fn build_store(settings: &Settings) -> Result<tower_ratelimit::Store, StartError
         }
     }
     .lanes(redis.pool_size);
-    if !settings.cache_key_prefix.is_empty() {
-        builder = builder.prefix(settings.cache_key_prefix.clone());
-    }
     if let Some(ca) = &redis.tls_ca {
         builder = builder.tls_root_certificate(read_file("REDIS_TLS_CACERT", ca)?);
     }
@@ -168,13 +182,56 @@ fn build_store(settings: &Settings) -> Result<tower_ratelimit::Store, StartError
     Ok(store.into())
 }
 
+/// Starts the server on the decision logic of [`crate::service`]: what the
+/// `ratelimit` binary runs.
+pub async fn start(settings: Settings) -> Result<Running, StartError> {
+    start_with(settings, |parts| {
+        let s = parts.settings;
+        let options = crate::service::Options {
+            shadow_mode: s.service.shadow_mode,
+            quota_mode: s.service.quota_mode,
+            stop_increment_when_over_limit: s.service.stop_increment_when_over_limit,
+            near_limit_ratio: s.service.near_limit_ratio,
+            local_cache_size_in_bytes: usize::try_from(s.service.local_cache_size)
+                .unwrap_or(usize::MAX),
+            cache_key_prefix: s.cache_key_prefix.clone(),
+            response_headers: s.service.response_headers.as_ref().map(|h| {
+                crate::service::ResponseHeaders {
+                    limit: h.limit.clone(),
+                    remaining: h.remaining.clone(),
+                    reset: h.reset.clone(),
+                }
+            }),
+            dynamic_metadata: s.service.response_dynamic_metadata,
+            store_timeout: match &s.backend {
+                Backend::Redis(redis) => redis.timeout,
+                Backend::Memory => crate::service::Options::default().store_timeout,
+            },
+        };
+        crate::service::Service::new(parts.store, parts.config, options, parts.stats)
+            .map_err(|e| start_error("REDIS_TIMEOUT", e.to_string()))
+    })
+    .await
+}
+
+impl Decide for crate::service::Service {
+    async fn should_rate_limit(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        crate::service::Service::should_rate_limit(self, request)
+            .await
+            .map_err(Into::into)
+    }
+}
+
 /// Starts the server: binds every listener (an address in use is a
 /// [`StartError`] naming its variable), starts the configuration watcher,
 /// builds the decision logic with `service`, and serves until
 /// [`Running::stop`].
 pub async fn start_with<S: Decide>(
     settings: Settings,
-    service: impl FnOnce(Parts<'_>) -> S,
+    service: impl FnOnce(Parts<'_>) -> Result<S, StartError>,
 ) -> Result<Running, StartError> {
     let stats = Arc::new(Metrics::new());
     let store = build_store(&settings)?;
@@ -241,17 +298,18 @@ pub async fn start_with<S: Decide>(
         config: config_rx.clone(),
         stats: stats.clone(),
         settings: &settings,
-    }));
+    })?);
 
     let (stop, stopped) = watch::channel(false);
     let mut tasks = JoinSet::new();
+    let mut background = JoinSet::new();
 
     // health follows the configuration (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED)
     {
         let health = health.clone();
         let mut config = config_rx.clone();
         let mut stopped = stopped.clone();
-        tasks.spawn(async move {
+        background.spawn(async move {
             loop {
                 let has_domains = !config.borrow_and_update().is_empty();
                 health.set(Component::Config, has_domains).await;
@@ -266,7 +324,7 @@ pub async fn start_with<S: Decide>(
     }
 
     if let Backend::Redis(redis) = &settings.backend {
-        tasks.spawn(probe_store(
+        background.spawn(probe_store(
             store.clone(),
             redis.clone(),
             health.clone(),
@@ -391,6 +449,7 @@ pub async fn start_with<S: Decide>(
         health,
         stop,
         tasks,
+        background,
     })
 }
 

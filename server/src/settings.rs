@@ -275,8 +275,7 @@ pub struct Settings {
     pub prometheus_response_time_ms: bool,
     /// The store.
     pub backend: Backend,
-    /// `CACHE_KEY_PREFIX` (default empty): the prefix of every Redis key;
-    /// this server's own prefix `rl` when empty.
+    /// `CACHE_KEY_PREFIX` (default empty): put before every counter key.
     pub cache_key_prefix: String,
     /// Where the configuration is read (`RUNTIME_*`, `MERGE_DOMAIN_CONFIG`).
     pub runtime: RuntimeSettings,
@@ -371,26 +370,14 @@ const NO_EFFECT: &[(&str, &str)] = &[
         "EXPIRATION_JITTER_MAX_SECONDS",
         "keys expire when their state no longer matters, not at window ends shared by many keys",
     ),
-    (
-        "USE_STATSD",
-        "there is no statsd sink here: use USE_PROMETHEUS",
-    ),
-    (
-        "USE_DOG_STATSD",
-        "there is no statsd sink here: use USE_PROMETHEUS",
-    ),
+    ("USE_STATSD", "no statsd sink: use USE_PROMETHEUS"),
+    ("USE_DOG_STATSD", "no statsd sink: use USE_PROMETHEUS"),
     (
         "USE_DOG_STATSD_MOGRIFIERS",
-        "there is no statsd sink here: use USE_PROMETHEUS",
+        "no statsd sink: use USE_PROMETHEUS",
     ),
-    (
-        "STATSD_HOST",
-        "there is no statsd sink here: use USE_PROMETHEUS",
-    ),
-    (
-        "STATSD_PORT",
-        "there is no statsd sink here: use USE_PROMETHEUS",
-    ),
+    ("STATSD_HOST", "no statsd sink: use USE_PROMETHEUS"),
+    ("STATSD_PORT", "no statsd sink: use USE_PROMETHEUS"),
     (
         "STATS_FLUSH_INTERVAL",
         "counters are read live when scraped",
@@ -404,47 +391,23 @@ const NO_EFFECT: &[(&str, &str)] = &[
         "PROMETHEUS_MAPPER_YAML",
         "the metric names are envoyproxy/ratelimit's default mapping, fixed",
     ),
-    ("TRACING_ENABLED", "there is no OpenTelemetry tracing here"),
-    (
-        "TRACING_SERVICE_NAME",
-        "there is no OpenTelemetry tracing here",
-    ),
-    (
-        "TRACING_SERVICE_NAMESPACE",
-        "there is no OpenTelemetry tracing here",
-    ),
-    (
-        "TRACING_SERVICE_INSTANCE_ID",
-        "there is no OpenTelemetry tracing here",
-    ),
-    (
-        "TRACING_EXPORTER_PROTOCOL",
-        "there is no OpenTelemetry tracing here",
-    ),
-    (
-        "TRACING_SAMPLING_RATE",
-        "there is no OpenTelemetry tracing here",
-    ),
-    ("MEMCACHE_HOST_PORT", "there is no memcache backend here"),
-    (
-        "MEMCACHE_MAX_IDLE_CONNS",
-        "there is no memcache backend here",
-    ),
-    ("MEMCACHE_SRV", "there is no memcache backend here"),
-    ("MEMCACHE_SRV_REFRESH", "there is no memcache backend here"),
-    ("MEMCACHE_TLS", "there is no memcache backend here"),
-    (
-        "MEMCACHE_TLS_CLIENT_CERT",
-        "there is no memcache backend here",
-    ),
-    (
-        "MEMCACHE_TLS_CLIENT_KEY",
-        "there is no memcache backend here",
-    ),
-    ("MEMCACHE_TLS_CACERT", "there is no memcache backend here"),
+    ("TRACING_ENABLED", "no OpenTelemetry tracing"),
+    ("TRACING_SERVICE_NAME", "no OpenTelemetry tracing"),
+    ("TRACING_SERVICE_NAMESPACE", "no OpenTelemetry tracing"),
+    ("TRACING_SERVICE_INSTANCE_ID", "no OpenTelemetry tracing"),
+    ("TRACING_EXPORTER_PROTOCOL", "no OpenTelemetry tracing"),
+    ("TRACING_SAMPLING_RATE", "no OpenTelemetry tracing"),
+    ("MEMCACHE_HOST_PORT", "no memcache backend"),
+    ("MEMCACHE_MAX_IDLE_CONNS", "no memcache backend"),
+    ("MEMCACHE_SRV", "no memcache backend"),
+    ("MEMCACHE_SRV_REFRESH", "no memcache backend"),
+    ("MEMCACHE_TLS", "no memcache backend"),
+    ("MEMCACHE_TLS_CLIENT_CERT", "no memcache backend"),
+    ("MEMCACHE_TLS_CLIENT_KEY", "no memcache backend"),
+    ("MEMCACHE_TLS_CACERT", "no memcache backend"),
     (
         "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
-        "there is no memcache backend here",
+        "no memcache backend",
     ),
     (
         "CONFIG_GRPC_XDS_NODE_ID",
@@ -851,14 +814,6 @@ impl Settings {
         };
 
         let cache_key_prefix = env.string("CACHE_KEY_PREFIX", "");
-        if cache_key_prefix.contains(['{', '}'])
-            || cache_key_prefix.chars().any(char::is_whitespace)
-        {
-            return Err(unsupported(
-                "CACHE_KEY_PREFIX",
-                "a prefix may hold neither braces nor white space",
-            ));
-        }
 
         let backend = backend(&env)?;
 
@@ -1257,7 +1212,6 @@ mod tests {
                 "GRPC_SERVER_TLS_CERT",
             ),
             (&[("CONFIG_TYPE", "GRPC_XDS_SOTW")][..], "CONFIG_TYPE"),
-            (&[("CACHE_KEY_PREFIX", "{a}")][..], "CACHE_KEY_PREFIX"),
             (&[("PROMETHEUS_ADDR", "9090")][..], "PROMETHEUS_ADDR"),
             (
                 &[
