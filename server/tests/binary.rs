@@ -489,6 +489,12 @@ async fn redis_unreachable_is_unhealthy_and_unavailable() {
         .await
         .expect_err("no store, no decision");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    let prometheus = server.prometheus.clone().expect("USE_PROMETHEUS is on");
+    let (_, metrics) = http("GET", &format!("http://{prometheus}/metrics"), "").await;
+    assert!(
+        metrics.contains("ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"} 1\n"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -668,4 +674,99 @@ async fn serves_grpc_over_tls() {
     let out = command(&env).output().expect("run the binary");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("GRPC_SERVER_TLS_KEY"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_symlink_swap_of_the_root() {
+    // RUNTIME_ROOT is a symlink to a version folder, swapped atomically to
+    // the next version (as a deployment or a ConfigMap does)
+    let top = tempfile::tempdir().expect("a temporary directory");
+    let version = |name: &str, yaml: &str| {
+        let dir = top.path().join(name).join("config");
+        std::fs::create_dir_all(&dir).expect("a version folder");
+        std::fs::write(dir.join("limits.yaml"), yaml).expect("write the config");
+    };
+    version("v1", CONFIG);
+    version(
+        "v2",
+        &CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 3"),
+    );
+    let current = top.path().join("current");
+    std::os::unix::fs::symlink(top.path().join("v1"), &current).expect("the current link");
+
+    let runtime = Runtime::new(CONFIG);
+    let mut env: Vec<(String, String)> = base_env(&runtime)
+        .into_iter()
+        .filter(|(k, _)| k != "RUNTIME_ROOT" && k != "RUNTIME_WATCH_ROOT")
+        .collect();
+    env.push(("RUNTIME_ROOT".into(), current.display().to_string()));
+    let server = Server::start(&env);
+    let mut client = server.client().await;
+    assert_eq!(oks_before_over_limit(&mut client, "v1", 5).await, 2);
+
+    let next = top.path().join("next");
+    std::os::unix::fs::symlink(top.path().join("v2"), &next).expect("the next link");
+    std::fs::rename(&next, &current).expect("swap the link");
+    let dump_url = format!("http://{}/rlconfig", server.debug);
+    eventually("the swapped configuration in /rlconfig", || async {
+        let (_, dump) = http("GET", &dump_url, "").await;
+        dump.contains("requests_per_unit=3")
+    })
+    .await;
+    assert_eq!(oks_before_over_limit(&mut client, "v2", 6).await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_once_a_config_is_loaded_when_asked() {
+    let runtime = Runtime::new("");
+    std::fs::remove_file(runtime.file()).expect("no config file");
+    let mut env = base_env(&runtime);
+    env.push((
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED".into(),
+        "true".into(),
+    ));
+    let server = Server::start(&env);
+    let healthcheck = format!("http://{}/healthcheck", server.http);
+    assert_eq!(http("GET", &healthcheck, "").await.0, 500);
+    assert_eq!(
+        grpc_health(&server, "ratelimit").await,
+        Some(2),
+        "NOT_SERVING"
+    );
+    runtime.write(CONFIG);
+    eventually("/healthcheck OK once a domain is loaded", || async {
+        http("GET", &healthcheck, "").await.0 == 200
+    })
+    .await;
+    assert_eq!(grpc_health(&server, "ratelimit").await, Some(SERVING));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_settings_reach_the_service() {
+    let runtime = Runtime::new(CONFIG);
+    let mut env = base_env(&runtime);
+    env.push(("SHADOW_MODE".into(), "true".into()));
+    env.push(("LIMIT_RESPONSE_HEADERS_ENABLED".into(), "true".into()));
+    env.push(("LIMIT_REMAINING_HEADER".into(), "X-Left".into()));
+    let server = Server::start(&env);
+    let json = format!("http://{}/json", server.http);
+    let body =
+        r#"{"domain":"rl-test","descriptors":[{"entries":[{"key":"user","value":"shadow"}]}]}"#;
+    for _ in 0..4 {
+        // SHADOW_MODE: past the limit of 2, still OK
+        let (status, answer) = http("POST", &json, body).await;
+        assert_eq!(status, 200, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+        assert_eq!(answer["overallCode"], "OK");
+        let headers = answer["responseHeadersToAdd"]
+            .as_array()
+            .expect("response headers");
+        assert!(headers.iter().any(|h| h["key"] == "X-Left"), "{headers:?}");
+    }
+    let prometheus = server.prometheus.clone().expect("USE_PROMETHEUS is on");
+    let (_, metrics) = http("GET", &format!("http://{prometheus}/metrics"), "").await;
+    assert!(
+        !metrics.contains("ratelimit_service_global_shadow_mode 0\n"),
+        "the global shadow mode let requests through: {metrics}"
+    );
 }
