@@ -43,14 +43,28 @@ fn free_port() -> u16 {
 struct TestRedis {
     port: u16,
     child: Child,
+    cli: Vec<String>,
 }
 
 impl TestRedis {
     fn start() -> TestRedis {
+        Self::start_with("", &[])
+    }
+
+    /// A server with extra options (shell words): `listen` is the port
+    /// option (`--port P`, or `--port 0 --tls-port P`), `cli` what
+    /// `redis-cli` needs to reach it.
+    fn start_with(options: &str, cli: &[&str]) -> TestRedis {
         let port = free_port();
+        let options = options.replace("--tls-port P", "");
+        let listen = if options.contains("--tls-") {
+            format!("--port 0 --tls-port {port}")
+        } else {
+            format!("--port {port}")
+        };
         let script = format!(
-            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
-             --loglevel warning & pid=$!; read _; kill $pid; wait $pid"
+            "redis-server {listen} --bind 127.0.0.1 --save '' --appendonly no \
+             --loglevel warning {options} & pid=$!; read _; kill $pid; wait $pid"
         );
         let child = Command::new("sh")
             .arg("-c")
@@ -59,7 +73,11 @@ impl TestRedis {
             .stdout(Stdio::null())
             .spawn()
             .expect("sh to start redis-server");
-        let redis = TestRedis { port, child };
+        let redis = TestRedis {
+            port,
+            child,
+            cli: cli.iter().map(|s| s.to_string()).collect(),
+        };
         let deadline = Instant::now() + PATIENCE;
         while redis.cli(&["PING"]).as_deref() != Some("PONG") {
             assert!(
@@ -74,6 +92,7 @@ impl TestRedis {
     fn cli(&self, args: &[&str]) -> Option<String> {
         let out = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
+            .args(&self.cli)
             .args(args)
             .output()
             .ok()?;
@@ -597,21 +616,33 @@ async fn a_setting_without_effect_is_said_once() {
 /// A CA and a certificate for `localhost` signed by it (PEM), made by the
 /// test.
 fn certificates() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    certificates_for(&["localhost"])
+}
+
+/// A CA and a certificate for `names` signed by it (PEM).
+fn certificates_for(names: &[&str]) -> (String, String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    // OpenSSL (redis-server, redis-cli) wants names on both certificates
+    ca.distinguished_name
+        .push(DnType::CommonName, "ratelimit test CA");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
     let ca_key = KeyPair::generate().expect("CA key");
     let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
     let issuer = Issuer::new(ca, ca_key);
     let server_key = KeyPair::generate().expect("server key");
-    let server_cert = CertificateParams::new(vec!["localhost".to_owned()])
-        .expect("server parameters")
-        .signed_by(&server_key, &issuer)
-        .expect("server certificate");
+    let server_cert =
+        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .expect("server parameters")
+            .signed_by(&server_key, &issuer)
+            .expect("server certificate");
     (ca_cert.pem(), server_cert.pem(), server_key.serialize_pem())
 }
 
@@ -769,4 +800,87 @@ async fn service_settings_reach_the_service() {
         !metrics.contains("ratelimit_service_global_shadow_mode 0\n"),
         "the global shadow mode let requests through: {metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_auth_as_envoyproxy_reads_it() {
+    let redis = TestRedis::start_with(
+        "--requirepass s3cret --user limiter on '>pw' '~*' '&*' '+@all'",
+        &["--no-auth-warning", "-a", "s3cret"],
+    );
+    let runtime = Runtime::new(CONFIG);
+    for (auth, works) in [
+        // a password alone; one holding a colon is a user and a password
+        ("s3cret", true),
+        ("limiter:pw", true),
+        ("wrong", false),
+    ] {
+        let mut env = base_env(&runtime);
+        env.push(("REDIS_URL".into(), format!("127.0.0.1:{}", redis.port)));
+        env.push(("REDIS_AUTH".into(), auth.into()));
+        env.push(("REDIS_TIMEOUT".into(), "500ms".into()));
+        let server = Server::start(&env);
+        let mut client = server.client().await;
+        let answer = client
+            .should_rate_limit(request("rl-test", "user", auth))
+            .await;
+        assert_eq!(answer.is_ok(), works, "REDIS_AUTH={auth}: {answer:?}");
+        assert!(
+            !server.log().join("\n").contains("pw@") && !server.log().join("\n").contains("s3cret"),
+            "the password is in the log"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_trusting_a_ca() {
+    let files = tempfile::tempdir().expect("a temporary directory");
+    let (ca, cert, key) = certificates_for(&["127.0.0.1", "localhost"]);
+    let path = |name: &str| files.path().join(name).display().to_string();
+    std::fs::write(path("ca.pem"), &ca).expect("write the CA");
+    std::fs::write(path("cert.pem"), &cert).expect("write the certificate");
+    std::fs::write(path("key.pem"), &key).expect("write the key");
+    let redis = TestRedis::start_with(
+        &format!(
+            "--tls-port P --tls-cert-file '{}' --tls-key-file '{}' --tls-ca-cert-file '{}' \
+             --tls-auth-clients no",
+            path("cert.pem"),
+            path("key.pem"),
+            path("ca.pem")
+        ),
+        &["--tls", "--cacert", &path("ca.pem")],
+    );
+    let runtime = Runtime::new(CONFIG);
+    let mut env = base_env(&runtime);
+    env.push(("REDIS_URL".into(), format!("127.0.0.1:{}", redis.port)));
+    env.push(("REDIS_TLS".into(), "true".into()));
+    env.push(("REDIS_TLS_CACERT".into(), path("ca.pem")));
+    let server = Server::start(&env);
+    let mut client = server.client().await;
+    assert_eq!(oks_before_over_limit(&mut client, "tls", 5).await, 2);
+    assert!(!redis.cli(&["--scan"]).unwrap_or_default().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_grpc_on_a_unix_socket() {
+    let runtime = Runtime::new(CONFIG);
+    let socket_dir = tempfile::tempdir().expect("a temporary directory");
+    let socket = socket_dir.path().join("ratelimit.sock");
+    let mut env = base_env(&runtime);
+    env.push(("GRPC_UDS".into(), socket.display().to_string()));
+    let server = Server::start(&env);
+    assert_eq!(server.grpc, socket.display().to_string());
+    let path = socket.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://ratelimit.local")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .expect("a connection over the socket");
+    let mut client = RateLimitServiceClient::new(channel);
+    assert_eq!(oks_before_over_limit(&mut client, "uds", 5).await, 2);
 }
