@@ -62,10 +62,20 @@ impl TestRedis {
         } else {
             format!("--port {port}")
         };
-        let script = format!(
-            "redis-server {listen} --bind 127.0.0.1 --save '' --appendonly no \
-             --loglevel warning {options} & pid=$!; read _; kill $pid; wait $pid"
-        );
+        Self::run(
+            &format!(
+                "redis-server {listen} --bind 127.0.0.1 --save '' --appendonly no \
+                 --loglevel warning {options}"
+            ),
+            port,
+            cli,
+        )
+    }
+
+    /// Runs `command` (shell words) under the wrapper and waits until
+    /// `port` answers PING.
+    fn run(command: &str, port: u16, cli: &[&str]) -> TestRedis {
+        let script = format!("{command} & pid=$!; read _; kill $pid; wait $pid");
         let child = Command::new("sh")
             .arg("-c")
             .arg(script)
@@ -883,4 +893,114 @@ async fn serves_grpc_on_a_unix_socket() {
         .expect("a connection over the socket");
     let mut client = RateLimitServiceClient::new(channel);
     assert_eq!(oks_before_over_limit(&mut client, "uds", 5).await, 2);
+}
+
+/// Polls `f` (blocking) until it is true, at most [`PATIENCE`].
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A free port whose cluster bus port (+10000) is free too.
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_on_a_redis_cluster() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let nodes: Vec<TestRedis> = (0..3)
+        .map(|_| {
+            let port = free_cluster_port();
+            TestRedis::run(
+                &format!(
+                    "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
+                     --loglevel warning --cluster-enabled yes --dir '{}' \
+                     --cluster-config-file nodes-{port}.conf",
+                    dir.path().display()
+                ),
+                port,
+                &[],
+            )
+        })
+        .collect();
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let created = Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(&addrs)
+        .arg("--cluster-yes")
+        .stdout(Stdio::null())
+        .status()
+        .expect("redis-cli --cluster create");
+    assert!(created.success(), "the cluster was not created");
+    wait_until("cluster_state:ok on every node", || {
+        nodes.iter().all(|n| {
+            n.cli(&["CLUSTER", "INFO"])
+                .is_some_and(|info| info.contains("cluster_state:ok"))
+        })
+    });
+
+    let runtime = Runtime::new(CONFIG);
+    let mut env = base_env(&runtime);
+    env.push(("REDIS_TYPE".into(), "cluster".into()));
+    env.push(("REDIS_URL".into(), addrs.join(",")));
+    let server = Server::start(&env);
+    let mut client = server.client().await;
+    assert_eq!(oks_before_over_limit(&mut client, "cluster", 5).await, 2);
+    let keys: usize = nodes
+        .iter()
+        .map(|n| n.cli(&["DBSIZE"]).and_then(|v| v.parse().ok()).unwrap_or(0))
+        .sum();
+    assert!(keys > 0, "no key in the cluster");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_on_the_master_a_sentinel_names() {
+    let master = TestRedis::start();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!("sentinel monitor mymaster 127.0.0.1 {} 1\n", master.port),
+    )
+    .expect("write sentinel.conf");
+    let port = free_port();
+    let sentinel = TestRedis::run(
+        &format!(
+            "redis-server '{}' --sentinel --port {port} --bind 127.0.0.1 --loglevel warning",
+            conf.display()
+        ),
+        port,
+        &[],
+    );
+    wait_until("the sentinel names the master", || {
+        sentinel
+            .cli(&["SENTINEL", "get-master-addr-by-name", "mymaster"])
+            .is_some_and(|a| a.contains(&master.port.to_string()))
+    });
+
+    let runtime = Runtime::new(CONFIG);
+    let mut env = base_env(&runtime);
+    env.push(("REDIS_TYPE".into(), "sentinel".into()));
+    env.push(("REDIS_URL".into(), format!("mymaster,127.0.0.1:{port}")));
+    let server = Server::start(&env);
+    let mut client = server.client().await;
+    assert_eq!(oks_before_over_limit(&mut client, "sentinel", 5).await, 2);
+    let keys: usize = master
+        .cli(&["DBSIZE"])
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(keys > 0, "no key on the master");
 }
