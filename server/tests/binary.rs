@@ -614,13 +614,18 @@ async fn a_setting_without_effect_is_said_once() {
         .collect();
     assert_eq!(said.len(), 1, "{log:#?}");
     assert!(said[0].contains("has no effect here"), "{}", said[0]);
-    // LOG_FORMAT=json: every line is a JSON object
+    // LOG_FORMAT=json: every line is a JSON object shaped as logrus's
     for line in &log {
-        assert!(
-            serde_json::from_str::<serde_json::Value>(line).is_ok_and(|v| v.is_object()),
-            "not JSON: {line}"
-        );
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        assert!(v["@timestamp"].is_string(), "{line}");
+        assert!(v["@message"].is_string(), "{line}");
+        assert!(v["level"].is_string(), "{line}");
     }
+    let said: serde_json::Value = serde_json::from_str(said[0]).expect("a JSON line");
+    assert_eq!(said["level"], "warning");
+    assert!(said["@message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("REDIS_PIPELINE_WINDOW has no effect here")));
 }
 
 /// A CA and a certificate for `localhost` signed by it (PEM), made by the
