@@ -1009,3 +1009,101 @@ async fn serves_on_the_master_a_sentinel_names() {
         .unwrap_or(0);
     assert!(keys > 0, "no key on the master");
 }
+
+#[test]
+fn gives_up_on_redis_after_the_startup_time() {
+    let runtime = Runtime::new(CONFIG);
+    let mut env = base_env(&runtime);
+    env.push(("REDIS_URL".into(), format!("127.0.0.1:{}", free_port())));
+    env.push(("REDIS_TIMEOUT".into(), "100ms".into()));
+    env.push(("REDIS_STARTUP_INITIAL_INTERVAL".into(), "50ms".into()));
+    env.push(("REDIS_STARTUP_MAX_ELAPSED_TIME".into(), "2s".into()));
+    let mut server = Server::start(&env);
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still waiting for Redis");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "{status}");
+    assert!(
+        server
+            .log()
+            .iter()
+            .any(|l| l.contains("timed out waiting for Redis")),
+        "{:#?}",
+        server.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_needs_a_client_certificate() {
+    use rcgen::{CertificateParams, DnType, Issuer, KeyPair};
+    let runtime = Runtime::new(CONFIG);
+    let (ca, cert, key) = certificates();
+    // a client CA and a client certificate it signs
+    let mut client_ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    client_ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    client_ca
+        .distinguished_name
+        .push(DnType::CommonName, "client CA");
+    let client_ca_key = KeyPair::generate().expect("client CA key");
+    let client_ca_cert = client_ca.self_signed(&client_ca_key).expect("client CA");
+    let issuer = Issuer::new(client_ca, client_ca_key);
+    let client_key = KeyPair::generate().expect("client key");
+    let mut client_params =
+        CertificateParams::new(vec!["envoy".to_owned()]).expect("client parameters");
+    client_params
+        .distinguished_name
+        .push(DnType::CommonName, "envoy");
+    let client_cert = client_params
+        .signed_by(&client_key, &issuer)
+        .expect("client certificate");
+
+    let files = tempfile::tempdir().expect("a temporary directory");
+    let path = |name: &str| files.path().join(name).display().to_string();
+    std::fs::write(path("cert.pem"), cert).expect("write");
+    std::fs::write(path("key.pem"), key).expect("write");
+    std::fs::write(path("client-ca.pem"), client_ca_cert.pem()).expect("write");
+    let mut env = base_env(&runtime);
+    env.push(("GRPC_SERVER_USE_TLS".into(), "true".into()));
+    env.push(("GRPC_SERVER_TLS_CERT".into(), path("cert.pem")));
+    env.push(("GRPC_SERVER_TLS_KEY".into(), path("key.pem")));
+    env.push(("GRPC_CLIENT_TLS_CACERT".into(), path("client-ca.pem")));
+    let server = Server::start(&env);
+
+    let call = |identity: Option<tonic::transport::Identity>| {
+        let mut tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
+            .domain_name("localhost");
+        if let Some(identity) = identity {
+            tls = tls.identity(identity);
+        }
+        let url = format!("https://{}", server.grpc);
+        async move {
+            let channel = tonic::transport::Endpoint::new(url)
+                .ok()?
+                .tls_config(tls)
+                .ok()?
+                .connect()
+                .await
+                .ok()?;
+            RateLimitServiceClient::new(channel)
+                .should_rate_limit(request("rl-test", "user", "mtls"))
+                .await
+                .ok()
+        }
+    };
+    assert!(
+        call(None).await.is_none(),
+        "no client certificate, no answer"
+    );
+    let identity =
+        tonic::transport::Identity::from_pem(client_cert.pem(), client_key.serialize_pem());
+    assert!(
+        call(Some(identity)).await.is_some(),
+        "a certificate of the client CA is answered"
+    );
+}
