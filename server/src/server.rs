@@ -242,7 +242,13 @@ pub async fn start_with<S: Decide>(
     let debug = bind("DEBUG_PORT", settings.debug_addr()).await?;
     let grpc = match &settings.grpc_uds {
         Some(path) => {
-            let _ = std::fs::remove_file(path);
+            // a socket left by an earlier run is replaced; any other file
+            // at the path is left alone (the bind below then fails)
+            if std::fs::symlink_metadata(path)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+            {
+                let _ = std::fs::remove_file(path);
+            }
             let uds = tokio::net::UnixListener::bind(path).map_err(|e| {
                 start_error(
                     "GRPC_UDS",

@@ -898,6 +898,16 @@ async fn serves_grpc_on_a_unix_socket() {
         .expect("a connection over the socket");
     let mut client = RateLimitServiceClient::new(channel);
     assert_eq!(oks_before_over_limit(&mut client, "uds", 5).await, 2);
+
+    // a file that is not a socket is left alone: the start stops instead
+    let file = socket_dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep me").expect("write a file");
+    let mut env = base_env(&runtime);
+    env.push(("GRPC_UDS".into(), file.display().to_string()));
+    let out = command(&env).output().expect("run the binary");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GRPC_UDS"));
+    assert_eq!(std::fs::read_to_string(&file).ok().as_deref(), Some("keep me"));
 }
 
 /// Polls `f` (blocking) until it is true, at most [`PATIENCE`].
