@@ -597,10 +597,8 @@ async fn json<S: Decide>(State(state): State<AppState<S>>, body: Bytes) -> Respo
             return plain_status(StatusCode::BAD_REQUEST);
         }
     };
-    let started = Instant::now();
-    let answer = state.service.should_rate_limit(request).await;
-    state.stats.observe_call(started.elapsed());
-    let response = match answer {
+    // not a gRPC call: envoyproxy/ratelimit's request counters leave it out
+    let response = match state.service.should_rate_limit(request).await {
         Ok(r) => r,
         Err(status) => {
             tracing::warn!("error: {}", status.message());
