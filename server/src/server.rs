@@ -176,6 +176,12 @@ fn build_store(settings: &Settings) -> Result<tower_ratelimit::Store, StartError
     if let Some(ca) = &redis.tls_ca {
         builder = builder.tls_root_certificate(read_file("REDIS_TLS_CACERT", ca)?);
     }
+    if let Some((cert, key)) = &redis.tls_client {
+        builder = builder.tls_client_certificate(
+            read_file("REDIS_TLS_CLIENT_CERT", cert)?,
+            read_file("REDIS_TLS_CLIENT_KEY", key)?,
+        );
+    }
     let store = builder
         .build()
         .map_err(|e| start_error("REDIS_URL", e.to_string()))?;

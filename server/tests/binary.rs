@@ -877,6 +877,56 @@ async fn redis_over_tls_trusting_a_ca() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_with_a_client_certificate() {
+    let files = tempfile::tempdir().expect("a temporary directory");
+    // one certificate the CA signed serves the server and the client
+    let (ca, cert, key) = certificates_for(&["127.0.0.1", "localhost"]);
+    let path = |name: &str| files.path().join(name).display().to_string();
+    std::fs::write(path("ca.pem"), &ca).expect("write the CA");
+    std::fs::write(path("cert.pem"), &cert).expect("write the certificate");
+    std::fs::write(path("key.pem"), &key).expect("write the key");
+    let redis = TestRedis::start_with(
+        &format!(
+            "--tls-port P --tls-cert-file '{}' --tls-key-file '{}' --tls-ca-cert-file '{}' \
+             --tls-auth-clients yes",
+            path("cert.pem"),
+            path("key.pem"),
+            path("ca.pem")
+        ),
+        &[
+            "--tls",
+            "--cacert",
+            &path("ca.pem"),
+            "--cert",
+            &path("cert.pem"),
+            "--key",
+            &path("key.pem"),
+        ],
+    );
+    let runtime = Runtime::new(CONFIG);
+    let mut env = base_env(&runtime);
+    env.push(("REDIS_URL".into(), format!("127.0.0.1:{}", redis.port)));
+    env.push(("REDIS_TLS".into(), "true".into()));
+    env.push(("REDIS_TLS_CACERT".into(), path("ca.pem")));
+    env.push(("REDIS_TIMEOUT".into(), "500ms".into()));
+    {
+        // without a client certificate, Redis refuses the connection
+        let server = Server::start(&env);
+        let mut client = server.client().await;
+        let refused = client
+            .should_rate_limit(request("rl-test", "user", "anonymous"))
+            .await
+            .expect_err("no client certificate, no store");
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    }
+    env.push(("REDIS_TLS_CLIENT_CERT".into(), path("cert.pem")));
+    env.push(("REDIS_TLS_CLIENT_KEY".into(), path("key.pem")));
+    let server = Server::start(&env);
+    let mut client = server.client().await;
+    assert_eq!(oks_before_over_limit(&mut client, "mtls", 5).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_grpc_on_a_unix_socket() {
     let runtime = Runtime::new(CONFIG);
     let socket_dir = tempfile::tempdir().expect("a temporary directory");
@@ -907,7 +957,10 @@ async fn serves_grpc_on_a_unix_socket() {
     let out = command(&env).output().expect("run the binary");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("GRPC_UDS"));
-    assert_eq!(std::fs::read_to_string(&file).ok().as_deref(), Some("keep me"));
+    assert_eq!(
+        std::fs::read_to_string(&file).ok().as_deref(),
+        Some("keep me")
+    );
 }
 
 /// Polls `f` (blocking) until it is true, at most [`PATIENCE`].
