@@ -164,7 +164,7 @@ enum Slot {
     /// An `unlimited` rule.
     Unlimited,
     /// A rule with a limit.
-    Limited(Rule),
+    Limited(Box<Rule>),
 }
 
 /// A descriptor's rule, as the service decides with it.
@@ -304,7 +304,7 @@ impl Service {
                 key: self.counter_key(domain, &override_counter_key(descriptor)),
                 source: None,
             };
-            return Ok(Slot::Limited(rule));
+            return Ok(Slot::Limited(Box::new(rule)));
         }
         let entries: Vec<(&str, &str)> = descriptor
             .entries
@@ -328,7 +328,7 @@ impl Service {
         let Some(unit) = rule.unit else {
             return Ok(Slot::Free);
         };
-        Ok(Slot::Limited(Rule {
+        Ok(Slot::Limited(Box::new(Rule {
             stats_key,
             requests_per_unit: rule.requests_per_unit,
             unit,
@@ -338,7 +338,7 @@ impl Service {
             limit: rule.limit.clone().filter(|_| rule.requests_per_unit > 0),
             key: self.counter_key(domain, &counter_key),
             source: Some(rule),
-        }))
+        })))
     }
 
     /// The counter key of a descriptor: `CACHE_KEY_PREFIX`, the domain and
@@ -589,11 +589,9 @@ impl Service {
         if self.options.dynamic_metadata {
             let mut found = serde_json::Map::new();
             for i in passed {
-                if let Some(Slot::Limited(Rule {
-                    source: Some(rule), ..
-                })) = slots.get(i)
-                {
-                    if let Some(meta) = config.metadata(rule) {
+                if let Some(Slot::Limited(limited)) = slots.get(i) {
+                    let meta = limited.source.as_ref().and_then(|r| config.metadata(r));
+                    if let Some(meta) = meta {
                         merge(&mut found, meta);
                     }
                 }

@@ -34,7 +34,8 @@
 //!
 //! Beyond their cases (the protocol's fields they do not test, and this
 //! server's opt-in mode): `hits_addend_*`, `an_override_*`,
-//! `negative_hits_*`, `near_limit_*`, `crate_mode_*`.
+//! `negative_hits_*`, `near_limit_*`, `crate_mode_*`, and the service
+//! behind tonic's transport (`the_service_answers_over_grpc`).
 //!
 //! Left out, and why: `TestServiceTracer` (tracing spans), health checks
 //! and `TestInitialLoadError` (the server and config loader's, not the
@@ -1065,4 +1066,46 @@ async fn crate_mode_decides_all_or_nothing() {
         }
         assert_eq!(codes, [OK, OK, OK, OVER], "{}", under.store);
     }
+}
+
+/// The service behind tonic's transport, called by the crate's client: its
+/// answers and its errors as gRPC statuses.
+#[tokio::test]
+async fn the_service_answers_over_grpc() {
+    use tower_ratelimit_server::proto::{RateLimitServiceClient, RateLimitServiceServer};
+    let (_tx, rx) = watch::channel(config(&[BASIC]));
+    let service = Service::new(
+        MemoryStore::new(),
+        rx,
+        Options::default(),
+        Arc::new(Counts::default()),
+    )
+    .expect("service");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(service))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let mut client = RateLimitServiceClient::connect(format!("http://{address}"))
+        .await
+        .expect("connect");
+    clear_of_window_end(60).await;
+    let v = unique();
+    let req = || request("basic", vec![descriptor(&[("one_per_minute", &v)])], 0);
+    let first = client.should_rate_limit(req()).await.expect("answer");
+    assert_eq!(first.get_ref().overall_code, OK);
+    let second = client.should_rate_limit(req()).await.expect("answer");
+    assert_eq!(second.get_ref().overall_code, OVER);
+    assert_eq!(brief(&second.get_ref().statuses[0]), (OVER, 1, MINUTE, 0));
+    let refused = client
+        .should_rate_limit(request("", vec![], 0))
+        .await
+        .expect_err("an empty domain");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert_eq!(refused.message(), EMPTY_DOMAIN);
+    server.abort();
 }
