@@ -833,7 +833,6 @@ async fn redis_auth_as_envoyproxy_reads_it() {
         let mut env = base_env(&runtime);
         env.push(("REDIS_URL".into(), format!("127.0.0.1:{}", redis.port)));
         env.push(("REDIS_AUTH".into(), auth.into()));
-        env.push(("REDIS_TIMEOUT".into(), "500ms".into()));
         let server = Server::start(&env);
         let mut client = server.client().await;
         let answer = client
@@ -908,7 +907,6 @@ async fn redis_over_tls_with_a_client_certificate() {
     env.push(("REDIS_URL".into(), format!("127.0.0.1:{}", redis.port)));
     env.push(("REDIS_TLS".into(), "true".into()));
     env.push(("REDIS_TLS_CACERT".into(), path("ca.pem")));
-    env.push(("REDIS_TIMEOUT".into(), "500ms".into()));
     {
         // without a client certificate, Redis refuses the connection
         let server = Server::start(&env);
