@@ -174,6 +174,9 @@ struct Rule {
     unit: Unit,
     name: Option<String>,
     shadow: bool,
+    /// The extension's `charged`: hits counted past the limit (a report
+    /// after the response).
+    charged: bool,
     quota: bool,
     /// `None`: a limit of 0 requests, over at once.
     limit: Option<Limit>,
@@ -299,6 +302,7 @@ impl Service {
                 unit,
                 name: None,
                 shadow: false,
+                charged: false,
                 quota: false,
                 limit: self.override_limit(limit.requests_per_unit, unit),
                 key: self.counter_key(domain, &override_counter_key(descriptor)),
@@ -334,6 +338,7 @@ impl Service {
             unit,
             name: rule.name.clone(),
             shadow: rule.shadow_mode,
+            charged: rule.extension.as_ref().is_some_and(|e| e.charged),
             quota: rule.quota_mode,
             limit: rule.limit.clone().filter(|_| rule.requests_per_unit > 0),
             key: self.counter_key(domain, &counter_key),
@@ -434,7 +439,10 @@ impl Service {
                 cost,
                 refund: descriptors.get(i).is_some_and(|d| d.is_negative_hits),
             };
-            if tower && rule.shadow {
+            // (in the crate's mode a shadow rule never refuses the others,
+            // and a charged rule's report is counted past its limit: both
+            // decided apart, each counted on its own)
+            if tower && (rule.shadow || rule.charged) {
                 apart.push((i, item));
             } else {
                 enforced.push((i, item));

@@ -1111,6 +1111,70 @@ async fn crate_mode_decides_all_or_nothing() {
     }
 }
 
+const CHARGED: &str = "
+domain: charged
+tower_ratelimit: {}
+descriptors:
+  - key: tokens
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+      tower_ratelimit:
+        charged: true
+  - key: plain
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+";
+
+/// In the crate's mode, a `charged` rule's hits (a cost Envoy reports
+/// after the response, `apply_on_stream_done`) are counted past the limit,
+/// and a check of 0 then finds nothing left; a plain rule's denial takes
+/// nothing, so the same report would be lost.
+#[tokio::test]
+async fn a_charged_rule_counts_a_report_past_its_limit() {
+    clear_of_window_end(60).await;
+    for under in services(&[CHARGED], Options::default()) {
+        let v = unique();
+        let with_hits = |key: &str, hits: u64| {
+            let mut d = descriptor(&[(key, &v)]);
+            d.hits_addend = Some(hits);
+            request("charged", vec![d], 1)
+        };
+        for key in ["tokens", "plain"] {
+            // may it start? (a check of 0)
+            assert_eq!(
+                ask(&under, with_hits(key, 0)).await.overall_code,
+                OK,
+                "{key}"
+            );
+            // the response reports 25: over a budget of 10
+            let report = ask(&under, with_hits(key, 25)).await;
+            assert_eq!(report.overall_code, OVER, "{key} {}", under.store);
+        }
+        // charged: counted into debt, the next check finds nothing left
+        let check = ask(&under, with_hits("tokens", 0)).await;
+        assert_eq!(check.overall_code, OVER, "{}", under.store);
+        // plain: the refused report took nothing
+        let check = ask(&under, with_hits("plain", 0)).await;
+        assert_eq!(check.overall_code, OK, "{}", under.store);
+        assert_eq!(brief(&check.statuses[0]).3, 10, "{}", under.store);
+    }
+    // `charged` is refused outside a domain that opts in
+    let file = "
+domain: plain
+descriptors:
+  - key: tokens
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+      tower_ratelimit:
+        charged: true
+";
+    let files = [("plain.yaml".to_owned(), file.to_owned())];
+    assert!(RateLimitConfig::from_files(&files, false).is_err());
+}
+
 /// The service behind tonic's transport, called by the crate's client: its
 /// answers and its errors as gRPC statuses.
 #[tokio::test]

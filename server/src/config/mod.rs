@@ -158,6 +158,11 @@ pub struct Extension {
     /// A calendar period (`day`, `week`, `month`, `year`) with a UTC offset
     /// in seconds, replacing the unit's window.
     pub calendar: Option<(tower_ratelimit::Period, i64)>,
+    /// `charged: true`: the rule's hits report work already done (Envoy's
+    /// `apply_on_stream_done`, a cost read from the response): they are
+    /// counted even past the limit, into debt the window pays back, and a
+    /// call with `hits_addend: 0` asks whether anything is left.
+    pub charged: bool,
 }
 
 /// One rate limit of the configuration (or of a request's override).

@@ -27,6 +27,12 @@
 //!       requests_per_unit: 100
 //!       tower_ratelimit:
 //!         window: 15m               # any length, in place of the unit's
+//!   - key: tokens
+//!     rate_limit:
+//!       unit: minute
+//!       requests_per_unit: 100000
+//!       tower_ratelimit:
+//!         charged: true             # hits reported after the response: counted past the limit
 //! ```
 
 use std::time::Duration;
@@ -39,7 +45,14 @@ use super::yaml::{Kind, Node};
 use super::{Algorithm, Extension, Unit};
 
 /// The keys of a `tower_ratelimit` block.
-pub(super) const KEYS: [&str; 5] = ["algorithm", "burst", "window", "calendar", "utc_offset"];
+pub(super) const KEYS: [&str; 6] = [
+    "algorithm",
+    "burst",
+    "window",
+    "calendar",
+    "utc_offset",
+    "charged",
+];
 
 /// What a domain-level block says.
 pub(super) struct DomainBlock {
@@ -90,6 +103,7 @@ impl Extension {
             burst: None,
             window: None,
             calendar: None,
+            charged: false,
         }
     }
 }
@@ -183,11 +197,20 @@ pub(super) fn rule_block(node: &Node, default: Option<Algorithm>) -> Result<Exte
     if offset.is_some() && calendar.is_none() {
         return Err("`utc_offset` goes with `calendar` (the periods it moves)".into());
     }
+    let charged = match node.get("charged") {
+        None => false,
+        Some(n) => match n.kind {
+            Kind::Null(_) => false,
+            Kind::Bool(b, _) => b,
+            _ => return Err(format!("`charged` must be true or false (line {})", n.line)),
+        },
+    };
     Ok(Extension {
         algorithm,
         burst,
         window,
         calendar: calendar.map(|p| (p, offset.unwrap_or(0))),
+        charged,
     })
 }
 
