@@ -48,8 +48,8 @@ end
 -- After the options, runs of decisions: "#<keys>:<args>:<count>", then the
 -- run's arguments (its own options, if any, then its limits), shared by its
 -- `count` decisions (":<count>" may be left out: 1), each of which takes
--- its `keys` keys in order from KEYS; a decision's options may not name an
--- operation. The decisions of a batch usually share one limit: a run's
+-- its `keys` keys in order from KEYS; a decision's options may name no
+-- operation but op 9 (a set, decided as its own call would be). The decisions of a batch usually share one limit: a run's
 -- string travels, and is read, once. Reply: each decision's reply after its
 -- length (a little-endian double); a decision that fails (a Lua error, or
 -- an error reply, for it alone: nothing here reads a value that makes one,
@@ -58,7 +58,7 @@ end
 -- decision's reply starts with its outcome, a double whose first byte is
 -- 0.) A decision fails before it writes: every value it reads is checked
 -- first (see "A state is one STRING" in common.lua, `kept_quota`).
-local NOT_BATCHED = 'a batch holds decisions only'
+local NOT_BATCHED = 'a batch holds decisions and sets only'
 local ks, as, nks, nas = {}, {}, 0, 0 -- reused for each decision of a batch
 -- Run headers, parsed once: { keys, args, count }, or false when malformed.
 local heads, n_heads = {}, 0
@@ -134,8 +134,9 @@ function batch(keys, args)
     for i = 1, na do as[i] = args[a + i] end
     for i = na + 1, nas do as[i] = nil end
     nas = na
-    if string.byte(as[1], 1) == 111 and ints(string.sub(as[1], 3))[OPT_OP] then
-      return redis.error_reply(NOT_BATCHED)
+    if string.byte(as[1], 1) == 111 then
+      local op = ints(string.sub(as[1], 3))[OPT_OP]
+      if op and op ~= 0 and op ~= OP_EACH then return redis.error_reply(NOT_BATCHED) end
     end
     -- a string the library cannot read fails the run's decisions
     local readable, s = true, false

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{command_calls, unique_prefix, TestRedis, PATIENT};
-use tower_ratelimit::{Limit, Limiter, Quota, RedisStore};
+use tower_ratelimit::{Limit, Limiter, Quota, RedisStore, SetItem, SetMode};
 
 fn limiter(server: &TestRedis, limit: Limit, coalesce: bool) -> Limiter {
     let store = RedisStore::builder(server.url.clone())
@@ -91,6 +91,57 @@ async fn each_coalesced_decision_gets_its_own_reply() {
         assert_eq!(decision.expect("decided").remaining(), 100 - i, "key-{i}");
     }
     assert!(fcalls(&server) - before < 50, "the looks were coalesced");
+}
+
+/// Sets (`Limiter::decide_set`, as the Envoy service counts descriptors)
+/// coalesce with each other and with decisions: many at once go out in
+/// fewer calls, and each caller still reads its own counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sets_are_coalesced_and_each_gets_its_own_reply() {
+    let server = TestRedis::spawn();
+    let quota = Quota::per_hour(100).fixed_window();
+    let limit = Limit::new("sets", quota).expect("limit");
+    let limiter = limiter(&server, limit.clone(), true);
+    limiter
+        .peek("warm", 1)
+        .await
+        .expect("the library is loaded");
+    let before = fcalls(&server);
+    let tasks: Vec<_> = (0..200u64)
+        .map(|i| {
+            let (limiter, limit) = (limiter.clone(), limit.clone());
+            tokio::spawn(async move {
+                let key = format!("key-{}", i % 20).into_bytes();
+                let set = [SetItem::new(&limit, &key, 1)];
+                let mode = if i % 2 == 0 {
+                    SetMode::EachCounted
+                } else {
+                    SetMode::EachSparing
+                };
+                let counted = limiter.decide_set(&set, mode).await;
+                // and a decision of its own among them
+                let checked = limiter.check(format!("other-{i}"), 1).await;
+                (counted, checked)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (counted, checked) = task.await.expect("task");
+        assert!(counted.expect("decided").is_allowed());
+        assert!(checked.expect("decided").is_allowed());
+    }
+    let calls = fcalls(&server) - before;
+    assert!(
+        calls < 200,
+        "{calls} calls for 200 sets and 200 decisions (200 sets alone, uncoalesced, are 200 calls)"
+    );
+    // each key was counted 10 times, once per set
+    for k in 0..20 {
+        let key = format!("key-{k}");
+        let peeked = limiter.peek(&key, 1).await.expect("peek");
+        assert_eq!(peeked.remaining(), 90, "{key}");
+    }
+    println!("400 concurrent sets and decisions in {calls} calls");
 }
 
 /// A lone decision goes out at once, on its own: one call each.

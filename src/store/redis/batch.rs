@@ -1,4 +1,5 @@
-//! Coalesced decisions. While a decision's call is in flight, the decisions
+//! Coalesced decisions (and sets, `Limiter::decide_set`: op 9 rides in a
+//! batch as a decision does). While a decision's call is in flight, the decisions
 //! that arrive meanwhile wait, and go out together as one call of the
 //! library (op 7 of `lua/dispatch.lua`) when it lands: each decided on its own,
 //! as its own call would decide it, and each caller given its own reply.

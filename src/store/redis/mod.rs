@@ -330,8 +330,13 @@ impl Engine for RedisStore {
             if let Some(split) = self.split(checks) {
                 return Box::pin(split.each_set(mode, deadline)).await;
             }
+            // keys in one slot: one call, perhaps in a batch with decisions
+            // and other sets
+            let encoded = self.inner.encoder.each(checks, mode);
             let packed = self
-                .call(&self.inner.encoder.each(checks, mode), deadline)
+                .inner
+                .coalescer
+                .decide(self, checks, encoded, deadline)
                 .await?;
             stored::report_ignored(self.prefix(), &packed, checks, 0);
             read_reply(&packed, checks.len(), Reply::from_packed, "a set of ")
