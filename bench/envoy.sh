@@ -14,9 +14,11 @@
 #   OURS: a `ratelimit` binary (else this tree's, built in release)
 #   LIMITADOR: a `limitador-server` binary, else built from LIMITADOR_GIT (a
 #     clone of Kuadrant/limitador) into $OUT: its files copied out with git,
-#     its RocksDB disk storage trimmed (the `limitador` dependency without
-#     default features, `redis_storage` only, the `disk` command made to exit)
-#     so that no RocksDB is compiled; the Redis path is untouched. Never a
+#     trimmed to build in minutes on a small shared machine: its RocksDB disk
+#     storage (the `limitador` dependency without default features,
+#     `redis_storage` only, the `disk` command made to exit) and its vendored
+#     OpenSSL (the system's libssl-dev instead); the Redis path is untouched.
+#     Built with its own release profile (LTO, one codegen unit). Never a
 #     dependency of this repository, nothing of it kept here.
 #   OUT [/tmp/ratelimit-envoy-bench]: logs, configs, builds.
 # Everything listens on 127.0.0.1; every run stops by itself.
@@ -56,6 +58,8 @@ build_limitador() {
   local src="$OUT/limitador-src"
   [ -n "${LIMITADOR_GIT:-}" ] || { echo "set LIMITADOR or LIMITADOR_GIT (a Kuadrant/limitador clone)" >&2; exit 1; }
   need protoc protobuf-compiler
+  need pkg-config pkg-config
+  [ -e /usr/include/openssl/ssl.h ] || { echo "missing OpenSSL headers: apt-get install -y libssl-dev" >&2; exit 1; }
   log "copying Kuadrant/limitador at $(git -C "$LIMITADOR_GIT" rev-parse --short HEAD) to $src"
   rm -rf "$src"; mkdir -p "$src"
   # File by file: a mirror may lack large blobs the build does not need.
@@ -64,7 +68,7 @@ build_limitador() {
     git -C "$LIMITADOR_GIT" cat-file blob "$sha" >"$src/$path" 2>/dev/null || rm -f "$src/$path"
   done
   python3 - "$src" <<'EOF'
-import sys
+import re, sys
 src = sys.argv[1]
 def edit(path, old, new):
     p = f"{src}/{path}"; s = open(p).read()
@@ -72,6 +76,10 @@ def edit(path, old, new):
     open(p, "w").write(s.replace(old, new))
 edit("limitador-server/Cargo.toml", 'limitador = { path = "../limitador" }',
      'limitador = { path = "../limitador", default-features = false, features = ["redis_storage"] }')
+p = f"{src}/limitador-server/Cargo.toml"; s = open(p).read()
+s, n = re.subn(r'(openssl = \{ version = "[^"]+"), features = \["vendored"\] \}', r'\1 }', s)
+if n != 1: sys.exit("trim: the vendored openssl line not found")
+open(p, "w").write(s)
 edit("limitador-server/src/main.rs", "use limitador::storage::disk::DiskStorage;\n", "")
 p = f"{src}/limitador-server/src/main.rs"; s = open(p).read()
 start = s.index("    fn disk_limiter(cfg: DiskStorageConfiguration) -> Self {")
