@@ -90,6 +90,10 @@ s = s[:start] + ("    fn disk_limiter(cfg: DiskStorageConfiguration) -> Self {\n
 s = s.replace("storage::disk::OptimizeFor::Space", "()").replace("storage::disk::OptimizeFor::Throughput", "()")
 open(p, "w").write(s)
 edit("limitador-server/src/config.rs", "pub optimization: storage::disk::OptimizeFor,", "pub optimization: (),")
+# The Redis keys use the `bin` module, gated on the disk storage feature.
+edit("limitador/src/storage/keys.rs", '#[cfg(feature = "disk_storage")]\npub mod bin {', "pub mod bin {")
+edit("limitador/src/counter.rs", '#[cfg(feature = "disk_storage")]\n    pub(crate) fn variables_for_key',
+     "pub(crate) fn variables_for_key")
 EOF
   log "building limitador-server (release, its own profile: LTO, one codegen unit; long)"
   (cd "$src" && nice -n 19 cargo build --release --quiet -p limitador-server)
