@@ -26,6 +26,7 @@ local function decide(keys, args)
     if op == OP_PENALTY then return penalty(keys, args, opts) end
     if op == OP_BATCH then return batch(keys, args) end
     if op == OP_FLEET then return heartbeat(keys, args) end
+    if op == OP_EACH then return each(keys, args, opts) end
     first = 2
   end
   local store_now = clock(opts)

@@ -205,6 +205,56 @@ end
 -- Packing formats of a reply, by its number of limits.
 local formats = {}
 
+-- Op 9: a set, each limit with its own key and cost, decided at one clock
+-- by the mode in slot OPT_AT (EACH_ in wire.lua). A negative cost is a
+-- refund: given back as a grant made now would be, the limit then checked
+-- at a cost of 0. A limit is over when its cost does not fit now (a cost
+-- of 0: when it is spent beyond its capacity). EACH_COUNTED counts every
+-- cost now, past the capacity too; EACH_SPARING the same unless a limit is
+-- over, then only the limits over; EACH_ALL every cost if none is over,
+-- else none. Reply: a decision's (see "Reply" in driver.lua), each status
+-- after the counting: LIMIT_ALLOWS with a wait of 0 (within) or until the
+-- cost fits (over), LIMIT_NEVER for a cost over a capacity; the outcome 0
+-- when none is over, else 1 (2 for a cost over a capacity). Penalties
+-- are neither read nor fed.
+local function each(keys, args, opts)
+  local store_now = clock(opts)
+  local from, mode = store_now - opts[OPT_SLACK], opts[OPT_AT]
+  local n = #args - 1
+  local limits, now, notes = load_limits(keys, args, 2, n, store_now, from)
+  local over, never, wait = false, false, 0
+  for i = 1, n do
+    local l = limits[i]
+    l.alg.prepare(l.st, l.s, now)
+    local c = l.cost
+    if c < 0 then
+      l.alg.refund(l.st, l.s, now, now, -c)
+      c = 0
+    end
+    l.c = c
+    local t = l.alg.earliest(l.st, l.s, now, c)
+    l.t = t
+    if t < 0 then never = true elseif t - now > wait then wait = t - now end
+    if t ~= now then over = true end
+  end
+  local reply = { 0, now }
+  if never then reply[1] = 2 elseif over then reply[1] = 1 end
+  for i = 1, n do
+    local l = limits[i]
+    local counted = mode == EACH_COUNTED or not over
+      or (mode == EACH_SPARING and l.t ~= now)
+    if counted and l.c > 0 then l.alg.grant(l.st, l.s, now, l.c) end
+    l.alg.save(l.st, l.s, now, from)
+    local remaining, reset = l.alg.status(l.st, l.s, now, now)
+    local kind, t = LIMIT_ALLOWS, l.t - now
+    if l.t < 0 then kind, t = LIMIT_NEVER, 0 end
+    reply[4 * i - 1], reply[4 * i], reply[4 * i + 1], reply[4 * i + 2] = kind, t, remaining, reset
+  end
+  local packed = struct.pack('<' .. string.rep('d', 2 + 4 * n), unpack(reply))
+  if notes ~= '' then packed = packed .. notes end
+  return packed
+end
+
 -- The decision over loaded limits at the decision's clock `now`: each
 -- prepared, T the earliest time all allow their cost, all granted at T or
 -- none (none while a limit is blocked); the packed reply.

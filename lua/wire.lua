@@ -18,9 +18,11 @@
 -- A call's options, `o:<slot 1>:<slot 2>:...` (`wire::Opt`), by slot:
 local OPT_NOW, OPT_MAX_WAIT, OPT_DRY, OPT_SLACK, OPT_OP, OPT_AT, OPT_BLOCK = 1, 2, 3, 4, 5, 6, 7
 -- The operations, in slot OPT_OP (`wire::Op`; absent or 0: decide):
-local OP_REFUND, OP_TAKE, OP_QUOTAS, OP_CHARGE, OP_RENEW, OP_PENALTY, OP_BATCH, OP_FLEET = 1, 2, 3, 4, 5, 6, 7, 8
+local OP_REFUND, OP_TAKE, OP_QUOTAS, OP_CHARGE, OP_RENEW, OP_PENALTY, OP_BATCH, OP_FLEET, OP_EACH = 1, 2, 3, 4, 5, 6, 7, 8, 9
 -- What a penalty call (OP_PENALTY) does, in slot OPT_AT (`wire::PENALTY_CODES`):
 local PEN_READ, PEN_BLOCK, PEN_UNBLOCK = 0, 1, 2
+-- How a set (OP_EACH) is decided, in slot OPT_AT (`wire::EACH_MODES`):
+local EACH_COUNTED, EACH_SPARING, EACH_ALL = 0, 1, 2
 -- A decision's reply: its outcome and clock, then each limit's status,
 -- 4 doubles: its kind (`wire::StatusKind`), then its wait (us),
 -- remaining and reset (us) (see driver.lua). build.rs

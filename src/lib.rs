@@ -174,7 +174,8 @@ pub use error::{ConfigError, Error};
 pub use hot::HotKey;
 pub use limit::Limit;
 pub use limiter::{
-    Admin, Grant, Inspection, Lease, Limiter, LimiterBuilder, Refundable, DEFAULT_TIMEOUT, MAX_WAIT,
+    Admin, Grant, Inspection, Lease, Limiter, LimiterBuilder, Refundable, SetItem, SetMode,
+    DEFAULT_TIMEOUT, MAX_WAIT,
 };
 pub use live::{LimitSource, LiveLimit, LiveLimits};
 pub use penalty::{Penalty, DEFAULT_FORGET_AFTER};

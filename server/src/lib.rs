@@ -5,3 +5,14 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod health;
+pub mod json;
+pub mod logging;
+pub mod metrics;
+pub mod proto;
+pub mod runtime;
+pub mod server;
+pub mod service;
+pub mod settings;
+pub mod stats;
+mod sync;

@@ -98,3 +98,78 @@ pub(crate) fn take(ops: &mut [Operand<'_>], most: i64, now: i64) -> (Reply, i64)
     }
     (decide(ops, now, 0, k == 0), k)
 }
+
+/// How [`each`] decides a set: the store's side of `SetMode`, its code in
+/// slot `OPT_AT` of op 9 (`wire::EACH_MODES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EachMode {
+    /// Each limit's cost counted now, whether it fits or not.
+    Counted = 0,
+    /// Each limit's cost counted now, unless another limit is over: then
+    /// only the limits over are counted.
+    Sparing = 1,
+    /// Every limit's cost counted now if every one fits, else none.
+    All = 2,
+}
+
+/// A set decided in one step at `now`: the mirror of `each` (op 9) in
+/// `lua/limits.lua`. A negative cost is a refund: the amount is given
+/// back as a grant made at `now` would be (see [`State::refund`]), and the
+/// limit is then checked at a cost of 0. Each other limit is over when its
+/// cost does not fit now (a cost of 0: when it is spent beyond its
+/// capacity); it is counted (granted at `now`, past its capacity too) as
+/// `mode` says. Statuses: `Allows` with a wait of 0 (within) or until it
+/// fits (over), `Never` for a cost over a capacity; remaining and reset
+/// after the counting. The verdict: granted when no limit is over, else
+/// denied (never, when a cost exceeds a capacity), waiting for the longest.
+pub(crate) fn each(ops: &mut [Operand<'_>], now: i64, mode: EachMode) -> Reply {
+    let mut fits: smallvec::SmallVec<[Option<i64>; 2]> = smallvec::SmallVec::new();
+    let (mut over, mut never, mut wait) = (false, false, 0);
+    for op in ops.iter_mut() {
+        if op.cost < 0 {
+            op.state.refund(op.p, now, now, -op.cost);
+            op.cost = 0;
+        }
+        let t = op.state.earliest(op.p, now, op.cost);
+        match t {
+            Some(t) => wait = wait.max(t - now),
+            None => never = true,
+        }
+        over |= t != Some(now);
+        fits.push(t);
+    }
+    let mut limits = Statuses::with_capacity(ops.len());
+    for (op, t) in ops.iter_mut().zip(fits) {
+        let counted = match mode {
+            EachMode::Counted => true,
+            EachMode::Sparing => !over || t != Some(now),
+            EachMode::All => !over,
+        };
+        if counted && op.cost > 0 {
+            op.state.grant(op.p, now, op.cost);
+        }
+        let (remaining, reset) = op.state.status(op.p, now, now);
+        limits.push(match t {
+            Some(t) => Status::Allows {
+                wait: t - now,
+                remaining,
+                reset,
+            },
+            None => Status::Never { remaining, reset },
+        });
+    }
+    let (verdict, wait) = if never {
+        (VerdictCode::Never, -1)
+    } else if over {
+        (VerdictCode::Denied, wait)
+    } else {
+        (VerdictCode::Granted, 0)
+    };
+    Reply {
+        verdict,
+        wait,
+        now,
+        limits,
+        stored: None,
+    }
+}

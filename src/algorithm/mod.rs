@@ -23,7 +23,7 @@ use self::params::Shape;
 use crate::quota::{Algorithm, Quota};
 use crate::ConfigError;
 
-pub(crate) use self::driver::{charge, decide, take, Operand};
+pub(crate) use self::driver::{charge, decide, each, take, EachMode, Operand};
 #[cfg(feature = "redis")]
 pub(crate) use self::reply::ignored;
 #[cfg(feature = "redis")]

@@ -31,12 +31,15 @@ pub(crate) enum Op {
     /// The fleet's heartbeat: register an instance, count the instances
     /// (`lua/fleet.lua`).
     Fleet = 8,
+    /// A set of limits, keys and costs decided in one call by the mode in
+    /// slot [`Opt::At`] ([`EACH_MODES`]); a negative cost is a refund.
+    Each = 9,
 }
 
 impl Op {
     /// Every operation, for `lua/wire.lua`.
     #[cfg(test)]
-    const ALL: [Op; 8] = [
+    const ALL: [Op; 9] = [
         Op::Refund,
         Op::Take,
         Op::Quotas,
@@ -45,6 +48,7 @@ impl Op {
         Op::Penalty,
         Op::Batch,
         Op::Fleet,
+        Op::Each,
     ];
 
     /// Its name in the scripts, after `OP_`.
@@ -59,6 +63,7 @@ impl Op {
             Op::Penalty => "PENALTY",
             Op::Batch => "BATCH",
             Op::Fleet => "FLEET",
+            Op::Each => "EACH",
         }
     }
 }
@@ -119,6 +124,13 @@ impl Opt {
 /// the codes of the store's `Penalty::{Read, Block, Unblock}`.
 #[cfg_attr(not(any(test, feature = "redis")), allow(dead_code))]
 pub(crate) const PENALTY_CODES: [(&str, i64); 3] = [("READ", 0), ("BLOCK", 1), ("UNBLOCK", 2)];
+
+/// How a set ([`Op::Each`]) is decided, in slot [`Opt::At`]: each limit
+/// counted whatever is left, each counted unless another is over (then
+/// only those over are counted), or all granted together or none; the
+/// codes of `SetMode::{EachCounted, EachSparing, AllOrNothing}`.
+#[cfg(test)]
+pub(crate) const EACH_MODES: [(&str, i64); 3] = [("COUNTED", 0), ("SPARING", 1), ("ALL", 2)];
 
 /// A call's options as the scripts read them: `o` and each slot up to the
 /// last one set.
@@ -270,6 +282,15 @@ pub(crate) fn lua() -> String {
     );
     let _ = writeln!(
         out,
+        "-- How a set (OP_EACH) is decided, in slot OPT_AT (`wire::EACH_MODES`):\n\
+         local {} = {}",
+        EACH_MODES
+            .map(|(name, _)| format!("EACH_{name}"))
+            .join(", "),
+        EACH_MODES.map(|(_, code)| code.to_string()).join(", "),
+    );
+    let _ = writeln!(
+        out,
         "-- A decision's reply: its outcome and clock, then each limit's status,\n\
          -- {STATUS_FIELDS} doubles: its kind (`wire::StatusKind`), then its wait (us),\n\
          -- remaining and reset (us) (see driver.lua). build.rs\n\
@@ -302,6 +323,13 @@ pub(crate) fn lua() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_set_modes_codes_are_the_stores() {
+        use crate::algorithm::EachMode;
+        let modes = [EachMode::Counted, EachMode::Sparing, EachMode::All];
+        assert_eq!(EACH_MODES.map(|(_, code)| code), modes.map(|m| m as i64));
+    }
 
     #[test]
     fn ids_are_places_in_the_list() {

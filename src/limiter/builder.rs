@@ -96,6 +96,52 @@ impl LimiterBuilder {
     }
 }
 
+impl LimiterBuilder {
+    /// Builds a limiter for [sets](Limiter::decide_set), whose limits come
+    /// with each call: limits of its own are optional (unique names). With
+    /// none, its other decisions (`check`, `peek`, `reset`, ...) answer
+    /// [`Error::Config`](crate::Error::Config) with
+    /// [`ConfigError::NoLimits`]; a set is decided with its store,
+    /// [timeout](Self::timeout) and (for a plain all-or-nothing set) its
+    /// [cache of denials](Self::cache_denials).
+    ///
+    /// ```
+    /// use tower_ratelimit::{Limit, Limiter, MemoryStore, Quota, SetItem, SetMode};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let limiter = Limiter::builder(MemoryStore::new()).build_for_sets()?;
+    /// let tenant = Limit::new("tenant", Quota::per_minute(1).fixed_window())?;
+    /// let set = [SetItem::new(&tenant, b"acme", 1)];
+    /// assert!(limiter.decide_set(&set, SetMode::AllOrNothing).await?.is_allowed());
+    /// assert!(!limiter.decide_set(&set, SetMode::AllOrNothing).await?.is_allowed());
+    /// assert!(limiter.check("acme", 1).await.is_err()); // no limits of its own
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn build_for_sets(self) -> Result<Limiter, ConfigError> {
+        for (i, limit) in self.limits.iter().enumerate() {
+            if self.limits[..i].iter().any(|l| l.name() == limit.name()) {
+                return Err(ConfigError::DuplicateName(limit.name().to_owned()));
+            }
+        }
+        register(&self.store, &self.limits);
+        let clock = local_clock(&self.store);
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                denials: clock
+                    .clone()
+                    .filter(|_| self.cache_denials)
+                    .map(DenyCache::new),
+                hot: hot_pools(&self.store),
+                store: self.store,
+                limits: self.limits,
+                timeout: self.timeout,
+                outage: Default::default(),
+            }),
+        })
+    }
+}
+
 impl Limiter {
     /// A limiter with one limit, fixed or [live](crate::LiveLimit).
     pub fn new(store: impl Into<Store>, limit: impl Into<LimitSource>) -> Self {

@@ -86,6 +86,10 @@ impl Limiter {
         checks: &'a [Check<'a>],
         ask: Ask,
     ) -> Answer<'a, Result<Grant, Error>> {
+        // a limiter for sets alone has no limits of its own to decide
+        if checks.is_empty() && self.inner.limits.is_empty() {
+            return Answer::Now(Err(Error::Config(crate::ConfigError::NoLimits)));
+        }
         // (one pass over the checks: this runs for every decision)
         let (mut empty, mut leases, mut shadow) = (false, false, false);
         for check in checks {

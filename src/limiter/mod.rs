@@ -33,6 +33,7 @@ mod deny_cache;
 mod grant;
 mod hot;
 mod lease;
+mod set;
 mod shadow;
 
 use std::sync::Arc;
@@ -49,6 +50,7 @@ pub use self::grant::{Grant, Refundable};
 pub(crate) use self::hot::HotPools;
 pub use self::lease::Lease;
 pub(crate) use self::lease::{Held as LeaseHeld, LeaseGuard};
+pub use self::set::{SetItem, SetMode};
 use crate::decision::Decision;
 use crate::live::Current;
 use crate::metrics::StoreTimer;
@@ -382,6 +384,9 @@ impl Limiter {
     /// Forgets `key`'s state in every limit: the next check sees fresh limits.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = non_empty(key.as_ref())?;
+        if self.inner.limits.is_empty() {
+            return Err(Error::Config(crate::ConfigError::NoLimits));
+        }
         let limits = self.current();
         let checks = Self::checks(limits.iter().map(|l| (&**l, key)), 0);
         if let (Some(denials), Some(check)) = (&self.inner.denials, checks.first()) {

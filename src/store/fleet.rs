@@ -223,6 +223,24 @@ impl Engine for FleetShare {
         self.memory.reset(checks, deadline)
     }
 
+    /// A set decided on the fleet's share of each cost (a refund's amount
+    /// given back as it is).
+    fn each<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        mode: crate::algorithm::EachMode,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Reply, Error>> {
+        let Some(scaled) = self.scaled(checks) else {
+            return self.memory.each(checks, mode, deadline);
+        };
+        on_scaled(scaled, move |s| {
+            self.memory
+                .each(s, mode, deadline)
+                .map(move |r| r.map(|reply| Self::unscaled(checks, s, reply)))
+        })
+    }
+
     /// A refund gives back the share its grant took (the fleet's count
     /// does not change while the store is down, when the fallback
     /// decides); a charge takes the share of its cost.

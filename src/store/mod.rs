@@ -118,6 +118,16 @@ pub(crate) trait Engine: Send + Sync + 'static {
         how: Settle,
         deadline: Deadline,
     ) -> Answer<'a, Result<Settled, Error>>;
+    /// Decides a set at one clock (op 9, `each` in `lua/limits.lua`, and
+    /// its mirror [`crate::algorithm::each`]): each check with its own
+    /// limit, key and cost (negative: a refund), counted as `mode` says.
+    /// Penalties are neither read nor fed.
+    fn each<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        mode: crate::algorithm::EachMode,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Reply, Error>>;
     /// Forgets the state of every check's key.
     fn reset<'a>(
         &'a self,

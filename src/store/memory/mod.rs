@@ -287,6 +287,25 @@ impl Engine for MemoryStore {
         })))
     }
 
+    fn each<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        mode: algorithm::EachMode,
+        _: Deadline,
+    ) -> Answer<'a, Result<Reply, Error>> {
+        let inner = &*self.inner;
+        let reply = bounded_keys(checks, |checks| {
+            inner.kept.with(checks, |checks| {
+                inner.decide(checks, &mut [], |ops, now| {
+                    (algorithm::each(ops, now, mode), true)
+                })
+            })
+        });
+        #[cfg(feature = "metrics")]
+        inner.size_gauge.report(reply.now, || self.len());
+        Answer::Now(Ok(reply))
+    }
+
     fn reset<'a>(&'a self, checks: &'a [Check<'a>], _: Deadline) -> Answer<'a, Result<(), Error>> {
         bounded_keys(checks, |checks| self.inner.states.reset(checks));
         Answer::Now(Ok(()))

@@ -334,7 +334,7 @@ impl States {
         store_now: i64,
     ) -> Put {
         let p = check.limit.params();
-        let write = (write && check.cost > 0) || place.moved;
+        let write = (write && check.cost != 0) || place.moved;
         match place.found {
             Found::Live(i) | Found::Expired(i) if write => {
                 self.save(table, i, state, p, now, store_now);

@@ -25,7 +25,7 @@
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use crate::algorithm::{Params, Reply, Status, Statuses, VerdictCode};
+use crate::algorithm::{EachMode, Params, Reply, Status, Statuses, VerdictCode};
 use crate::store::{keys, Answer, Check, Deadline, Engine, Settle, Settled};
 use crate::Error;
 
@@ -94,6 +94,64 @@ impl<'a> Split<'a> {
 
     /// Decides across slots: each slot's checks in parallel, what they
     /// granted given back when one refused (see the module docs).
+    /// A set over several slots: each slot's checks decided by `mode` in a
+    /// call of their own, in parallel, the replies merged. Exact for
+    /// [`EachMode::Counted`] (each check counts on its own); the other
+    /// modes look at the checks of one slot only (a check over in one
+    /// slot spares, or refuses, only the checks of its slot).
+    pub(super) async fn each_set(
+        &self,
+        mode: EachMode,
+        deadline: Deadline,
+    ) -> Result<Reply, Error> {
+        let store = self.store;
+        let replies = self.each(|checks| store.each(checks, mode, deadline)).await;
+        let allows = Status::Allows {
+            wait: 0,
+            remaining: 0,
+            reset: 0,
+        };
+        let mut limits: Statuses = smallvec::smallvec![allows; self.len];
+        let mut stored: Option<Box<[Option<Params>]>> = None;
+        let (mut never, mut over, mut wait, mut now) = (false, false, 0i64, 0i64);
+        for ((group, _), reply) in self.groups.iter().zip(replies) {
+            let reply = reply?;
+            now = now.max(reply.now);
+            for (j, (&index, status)) in group.iter().zip(&reply.limits).enumerate() {
+                if let Some(params) = reply.stored(j) {
+                    let all = stored.get_or_insert_with(|| vec![None; self.len].into());
+                    if let Some(slot) = all.get_mut(index) {
+                        *slot = Some(*params);
+                    }
+                }
+                if let Some(slot) = limits.get_mut(index) {
+                    *slot = *status;
+                }
+                match status.wait() {
+                    Some(w) => {
+                        over |= w > 0;
+                        wait = wait.max(w);
+                    }
+                    None => never = true,
+                }
+            }
+        }
+        let (verdict, wait) = if never {
+            (VerdictCode::Never, -1)
+        } else if over {
+            (VerdictCode::Denied, wait)
+        } else {
+            (VerdictCode::Granted, 0)
+        };
+        Ok(Reply {
+            verdict,
+            wait,
+            now,
+            limits,
+            stored,
+        })
+    }
+
     pub(super) async fn decide(&self, dry: bool, deadline: Deadline) -> Result<Reply, Error> {
         let store = self.store;
         let replies = self

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::algorithm::wire::{Op, Opt, Options, PENALTY_KEY};
-use crate::algorithm::Params;
+use crate::algorithm::{EachMode, Params};
 use crate::clock::Clock;
 use crate::store::{keys, Check, Penalty, Settle};
 use crate::Limit;
@@ -62,6 +62,12 @@ impl Encoder {
     }
 
     /// A settlement: [`Op::Refund`], [`Op::Charge`] or [`Op::Renew`].
+    /// A set decided by `mode` (op 9); a check's negative cost a refund.
+    pub(super) fn each(&self, checks: &[Check<'_>], mode: EachMode) -> Encoded {
+        let options = self.options(Op::Each).with(Opt::At, mode as i64);
+        self.call(checks, Some(options))
+    }
+
     pub(super) fn settle(&self, checks: &[Check<'_>], how: Settle) -> Encoded {
         let options = match how {
             Settle::Refund { at } => self.options(Op::Refund).with(Opt::At, at),

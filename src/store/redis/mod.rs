@@ -318,6 +318,26 @@ impl Engine for RedisStore {
         }))
     }
 
+    fn each<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        mode: crate::algorithm::EachMode,
+        deadline: Deadline,
+    ) -> Answer<'a, Result<Reply, Error>> {
+        let deadline = deadline.start();
+        Answer::Later(Box::pin(async move {
+            #[cfg(feature = "cluster")]
+            if let Some(split) = self.split(checks) {
+                return Box::pin(split.each_set(mode, deadline)).await;
+            }
+            let packed = self
+                .call(&self.inner.encoder.each(checks, mode), deadline)
+                .await?;
+            stored::report_ignored(self.prefix(), &packed, checks, 0);
+            read_reply(&packed, checks.len(), Reply::from_packed, "a set of ")
+        }))
+    }
+
     fn reset<'a>(
         &'a self,
         checks: &'a [Check<'a>],
