@@ -227,6 +227,38 @@ async fn each_counted_puts_a_bucket_in_debt() {
     }
 }
 
+/// Items of one limit and key are one counter: summed, each answered with
+/// its status (two identical descriptors in one request count twice).
+#[tokio::test]
+async fn items_of_one_counter_are_summed() {
+    let a = fixed("a", 3);
+    let clock = ManualClock::new(T0);
+    for (store, limiter) in common::limiters_on_clock(&unique_prefix("sets"), &a, &clock) {
+        let twice = [SetItem::new(&a, b"k", 1), SetItem::new(&a, b"k", 1)];
+        for mode in [SetMode::EachCounted, SetMode::AllOrNothing] {
+            limiter.reset("k").await.expect("reset");
+            let d = limiter.decide_set(&twice, mode).await.expect("set");
+            assert_eq!(seen(&d), (true, vec![(false, 1), (false, 1)]), "{store}");
+            // 2 + 2 > 3: over for both; counted (4) only when counted always
+            let d = limiter.decide_set(&twice, mode).await.expect("set");
+            let left = if mode == SetMode::EachCounted { 0 } else { 1 };
+            let expected = (false, vec![(true, left), (true, left)]);
+            assert_eq!(seen(&d), expected, "{store} {mode:?}");
+            let check = [SetItem::new(&a, b"k", 0)];
+            let d = limiter.decide_set(&check, SetMode::EachCounted).await;
+            let over = mode == SetMode::EachCounted; // 4 > 3
+            assert_eq!(seen(&d.expect("check")).0, !over, "{store} {mode:?}");
+        }
+        // a take and a refund of one counter: their sum (2 - 2 = a check)
+        let net = [SetItem::new(&a, b"n", 2), SetItem::refund(&a, b"n", 2)];
+        let d = limiter
+            .decide_set(&net, SetMode::EachCounted)
+            .await
+            .expect("net");
+        assert_eq!(seen(&d), (true, vec![(false, 3), (false, 3)]), "{store}");
+    }
+}
+
 /// An empty key is refused; an empty set is allowed at once.
 #[tokio::test]
 async fn an_empty_key_is_refused_and_an_empty_set_allowed() {
@@ -284,5 +316,74 @@ async fn a_set_is_one_store_call_on_redis() {
         let after = common::command_calls(&mut conn, "fcall");
         assert_eq!(d.statuses().len(), 5);
         assert_eq!(after - before, 1, "{mode:?}: one FCALL");
+    }
+}
+
+/// The memory store and Redis give the same set decisions (the Lua op and
+/// its Rust mirror): every algorithm, every mode, refunds and checks of 0,
+/// on two keys, along one drawn sequence (a fixed seed: the same draws on
+/// every run).
+#[tokio::test]
+async fn memory_and_redis_decide_sets_alike() {
+    let limits = [
+        Limit::new("fw", Quota::per_second(5).fixed_window()),
+        Limit::new("sw", Quota::per_second(5).sliding_window()),
+        Limit::new("sl", Quota::per_second(5).sliding_log()),
+        Limit::new("tb", Quota::per_second(5).allow_burst(5).token_bucket()),
+        Limit::new("gc", Quota::per_second(5).allow_burst(5).gcra()),
+    ]
+    .map(|l| l.expect("a limit"));
+    let modes = [
+        SetMode::AllOrNothing,
+        SetMode::EachCounted,
+        SetMode::EachSparing,
+    ];
+    let clock = ManualClock::new(T0);
+    let stores = common::limiters_on_clock(&unique_prefix("sets"), &limits[0], &clock);
+    // a small linear congruential generator: reproducible draws
+    let mut seed: u64 = 0x5eed;
+    let mut draw = |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let keys: [&[u8]; 2] = [b"k1", b"k2"];
+    let mut at = T0;
+    for step in 0..300 {
+        at += i64::try_from(draw(400_000)).unwrap_or(0);
+        let mode = modes[draw(3) as usize];
+        let items: Vec<SetItem<'_>> = (0..1 + draw(3))
+            .map(|_| {
+                let limit = &limits[draw(5) as usize];
+                let key = keys[draw(2) as usize];
+                let cost = draw(4);
+                if draw(5) == 0 {
+                    SetItem::refund(limit, key, cost)
+                } else {
+                    SetItem::new(limit, key, cost)
+                }
+            })
+            .collect();
+        clock.set(at);
+        let mut seen = Vec::new();
+        for (store, limiter) in &stores {
+            let d = limiter.decide_set(&items, mode).await.expect("set");
+            let statuses: Vec<_> = d
+                .statuses()
+                .iter()
+                .map(|s| (s.is_violated(), s.remaining(), s.reset_after()))
+                .collect();
+            seen.push((*store, d.verdict(), statuses));
+        }
+        for other in &seen[1..] {
+            assert_eq!(
+                (&seen[0].1, &seen[0].2),
+                (&other.1, &other.2),
+                "step {step}, {mode:?}, {items:?}: {} and {}",
+                seen[0].0,
+                other.0
+            );
+        }
     }
 }

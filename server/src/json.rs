@@ -322,7 +322,7 @@ fn quota(q: &Quota) -> Value {
         o.insert("requests".into(), Value::from(q.requests));
     }
     if let Some(t) = &q.valid_until {
-        o.insert("validUntil".into(), Value::String(timestamp(t)));
+        o.insert("validUntil".into(), Value::String(rfc3339(t)));
     }
     if !q.id.is_empty() {
         o.insert("id".into(), Value::String(q.id.clone()));
@@ -364,7 +364,7 @@ fn duration(d: &prost_types::Duration) -> Value {
 }
 
 /// `google.protobuf.Timestamp` as RFC 3339 in UTC.
-fn timestamp(t: &prost_types::Timestamp) -> String {
+pub(crate) fn rfc3339(t: &prost_types::Timestamp) -> String {
     // days since the epoch to a civil date (Howard Hinnant's algorithm)
     let days = t.seconds.div_euclid(86_400);
     let secs = t.seconds.rem_euclid(86_400);
@@ -541,7 +541,7 @@ mod tests {
         assert_eq!(base64(b"fo"), "Zm8=");
         assert_eq!(base64(b"foobar"), "Zm9vYmFy");
         assert_eq!(
-            timestamp(&prost_types::Timestamp {
+            rfc3339(&prost_types::Timestamp {
                 seconds: 1_700_000_000,
                 nanos: 5_000_000
             }),

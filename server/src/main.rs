@@ -1,7 +1,7 @@
 //! `ratelimit`: Envoy's rate limit service, configured as
 //! envoyproxy/ratelimit is (its environment variables and YAML files).
 //! Exits 1 when the environment cannot be used (the message names the
-//! variable), 0 after a graceful stop on SIGTERM or SIGINT.
+//! variable), 0 after a graceful stop on SIGTERM, SIGINT or SIGHUP.
 
 use tower_ratelimit_server::{logging, server, settings::Settings};
 
@@ -51,12 +51,14 @@ fn main() -> std::process::ExitCode {
     })
 }
 
-/// Resolves on SIGTERM or SIGINT with the signal's name.
+/// Resolves on SIGTERM, SIGINT or SIGHUP (as envoyproxy/ratelimit stops on
+/// each) with the signal's name.
 async fn shutdown_signal() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         // no signal handling: run until killed
         return std::future::pending().await;
@@ -64,5 +66,6 @@ async fn shutdown_signal() -> &'static str {
     tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+        _ = hup.recv() => "SIGHUP",
     }
 }

@@ -358,7 +358,8 @@ impl Runtime {
     }
 
     /// As [`start`](Self::start), calling `on_load` after each load
-    /// (success or error), from the watching thread.
+    /// (success or error): the first from this call, the others from the
+    /// watching thread (or from [`RuntimeHandle::reload`]'s caller).
     pub fn start_with(
         settings: RuntimeSettings,
         on_load: impl Fn(&LoadOutcome) + Send + Sync + 'static,

@@ -176,6 +176,12 @@ fn build_store(settings: &Settings) -> Result<tower_ratelimit::Store, StartError
     if let Some(ca) = &redis.tls_ca {
         builder = builder.tls_root_certificate(read_file("REDIS_TLS_CACERT", ca)?);
     }
+    if let Some((cert, key)) = &redis.tls_client {
+        builder = builder.tls_client_certificate(
+            read_file("REDIS_TLS_CLIENT_CERT", cert)?,
+            read_file("REDIS_TLS_CLIENT_KEY", key)?,
+        );
+    }
     let store = builder
         .build()
         .map_err(|e| start_error("REDIS_URL", e.to_string()))?;
@@ -242,7 +248,13 @@ pub async fn start_with<S: Decide>(
     let debug = bind("DEBUG_PORT", settings.debug_addr()).await?;
     let grpc = match &settings.grpc_uds {
         Some(path) => {
-            let _ = std::fs::remove_file(path);
+            // a socket left by an earlier run is replaced; any other file
+            // at the path is left alone (the bind below then fails)
+            if std::fs::symlink_metadata(path)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+            {
+                let _ = std::fs::remove_file(path);
+            }
             let uds = tokio::net::UnixListener::bind(path).map_err(|e| {
                 start_error(
                     "GRPC_UDS",
@@ -591,10 +603,8 @@ async fn json<S: Decide>(State(state): State<AppState<S>>, body: Bytes) -> Respo
             return plain_status(StatusCode::BAD_REQUEST);
         }
     };
-    let started = Instant::now();
-    let answer = state.service.should_rate_limit(request).await;
-    state.stats.observe_call(started.elapsed());
-    let response = match answer {
+    // not a gRPC call: envoyproxy/ratelimit's request counters leave it out
+    let response = match state.service.should_rate_limit(request).await {
         Ok(r) => r,
         Err(status) => {
             tracing::warn!("error: {}", status.message());

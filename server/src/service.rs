@@ -164,7 +164,7 @@ enum Slot {
     /// An `unlimited` rule.
     Unlimited,
     /// A rule with a limit.
-    Limited(Rule),
+    Limited(Box<Rule>),
 }
 
 /// A descriptor's rule, as the service decides with it.
@@ -178,6 +178,8 @@ struct Rule {
     /// `None`: a limit of 0 requests, over at once.
     limit: Option<Limit>,
     key: Vec<u8>,
+    /// The configuration's rule (none for an override): its metadata.
+    source: Option<Arc<crate::config::Rule>>,
 }
 
 /// A descriptor's outcome.
@@ -271,7 +273,7 @@ impl Service {
             .decide(&request.descriptors, &slots, &hits, tower)
             .await?;
 
-        Ok(self.respond(&request, &slots, &hits, outcomes))
+        Ok(self.respond(&config, &request, &slots, &hits, outcomes))
     }
 
     /// The rule of one descriptor: the request's override (in a known
@@ -300,8 +302,9 @@ impl Service {
                 quota: false,
                 limit: self.override_limit(limit.requests_per_unit, unit),
                 key: self.counter_key(domain, &override_counter_key(descriptor)),
+                source: None,
             };
-            return Ok(Slot::Limited(rule));
+            return Ok(Slot::Limited(Box::new(rule)));
         }
         let entries: Vec<(&str, &str)> = descriptor
             .entries
@@ -317,7 +320,7 @@ impl Service {
             counter_key,
             tower: in_tower,
         } = matched;
-        *tower |= in_tower;
+        *tower |= in_tower || config.domain(domain).is_some_and(|d| d.tower);
         replacing.extend(rule.replaces.iter().cloned());
         if rule.unlimited {
             return Ok(Slot::Unlimited);
@@ -325,7 +328,7 @@ impl Service {
         let Some(unit) = rule.unit else {
             return Ok(Slot::Free);
         };
-        Ok(Slot::Limited(Rule {
+        Ok(Slot::Limited(Box::new(Rule {
             stats_key,
             requests_per_unit: rule.requests_per_unit,
             unit,
@@ -334,7 +337,8 @@ impl Service {
             quota: rule.quota_mode,
             limit: rule.limit.clone().filter(|_| rule.requests_per_unit > 0),
             key: self.counter_key(domain, &counter_key),
-        }))
+            source: Some(rule),
+        })))
     }
 
     /// The counter key of a descriptor: `CACHE_KEY_PREFIX`, the domain and
@@ -496,12 +500,14 @@ impl Service {
     /// The response: statuses, stats, overall code, headers, metadata.
     fn respond(
         &self,
+        config: &RateLimitConfig,
         request: &RateLimitRequest,
         slots: &[Slot],
         hits: &[u64],
         outcomes: Vec<Option<Outcome>>,
     ) -> RateLimitResponse {
         let mut statuses = Vec::with_capacity(slots.len());
+        let mut passed = Vec::new();
         let (mut failed_rate, mut failed_quota, mut total_quota) = (0, 0, 0);
         // the descriptor closest to its limit, for the headers
         let mut closest: Option<usize> = None;
@@ -555,6 +561,8 @@ impl Service {
                         closest = Some(i);
                         least = 0;
                     }
+                } else {
+                    passed.push(i);
                 }
                 if quota_mode {
                     total_quota += 1;
@@ -579,7 +587,16 @@ impl Service {
             self.stats.event(Event::GlobalShadowMode);
         }
         if self.options.dynamic_metadata {
-            response.dynamic_metadata = Some(metadata(request));
+            let mut found = serde_json::Map::new();
+            for i in passed {
+                if let Some(Slot::Limited(limited)) = slots.get(i) {
+                    let meta = limited.source.as_ref().and_then(|r| config.metadata(r));
+                    if let Some(meta) = meta {
+                        merge(&mut found, meta);
+                    }
+                }
+            }
+            response.dynamic_metadata = Some(metadata(request, found));
         }
         response.overall_code = overall as i32;
         response.statuses = statuses;
@@ -716,7 +733,10 @@ fn headers(names: &ResponseHeaders, status: &DescriptorStatus) -> Vec<HeaderValu
 /// `RESPONSE_DYNAMIC_METADATA`: the request as envoyproxy/ratelimit
 /// describes it (`domain`, `descriptors` with their `entries` as
 /// `key=value`, `limit` and `hitsAddend`, and the request's `hitsAddend`).
-fn metadata(request: &RateLimitRequest) -> prost_types::Struct {
+fn metadata(
+    request: &RateLimitRequest,
+    found: serde_json::Map<String, serde_json::Value>,
+) -> prost_types::Struct {
     let string = |s: String| Value {
         kind: Some(Kind::StringValue(s)),
     };
@@ -761,7 +781,50 @@ fn metadata(request: &RateLimitRequest) -> prost_types::Struct {
             number(u64::from(request.hits_addend)),
         );
     }
+    if !found.is_empty() {
+        fields.insert(
+            "metadata".to_owned(),
+            json_value(serde_json::Value::Object(found)),
+        );
+    }
     prost_types::Struct { fields }
+}
+
+/// Merges `from` into `into` as envoyproxy/ratelimit merges the metadata
+/// of the passed descriptors' rules: a key already there keeps its value,
+/// but two objects under one key are merged the same way.
+fn merge(
+    into: &mut serde_json::Map<String, serde_json::Value>,
+    from: &serde_json::Map<String, serde_json::Value>,
+) {
+    for (key, value) in from {
+        match (into.get_mut(key), value) {
+            (Some(serde_json::Value::Object(have)), serde_json::Value::Object(more)) => {
+                merge(have, more)
+            }
+            (Some(_), _) => {}
+            (None, _) => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// A JSON value as a `google.protobuf.Value`.
+fn json_value(value: serde_json::Value) -> Value {
+    let kind = match value {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(b),
+        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        serde_json::Value::String(s) => Kind::StringValue(s),
+        serde_json::Value::Array(items) => Kind::ListValue(ListValue {
+            values: items.into_iter().map(json_value).collect(),
+        }),
+        serde_json::Value::Object(map) => Kind::StructValue(prost_types::Struct {
+            fields: map.into_iter().map(|(k, v)| (k, json_value(v))).collect(),
+        }),
+    };
+    Value { kind: Some(kind) }
 }
 
 /// envoyproxy/ratelimit's local cache of over-limit keys

@@ -7,8 +7,8 @@
 //! tracing, radix's pipelining knobs) is accepted and listed in
 //! [`Settings::no_effect`], for the binary to say once in its log. A
 //! variable whose value cannot be read, or that asks for something this
-//! server cannot do safely (a Redis client certificate, a SAN check of gRPC
-//! clients), is a [`SettingsError`] that names it: the binary exits with it
+//! server cannot do safely (a SAN check of gRPC clients, an unverified
+//! Redis certificate), is a [`SettingsError`] that names it: the binary exits with it
 //! rather than run differently from what was asked.
 //!
 //! Differences from envoyproxy/ratelimit, all on purpose:
@@ -173,6 +173,10 @@ pub struct RedisSettings {
     /// `REDIS_TLS_CACERT`: a CA certificate (PEM file) trusted besides the
     /// system's roots.
     pub tls_ca: Option<PathBuf>,
+    /// `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY`: a client
+    /// certificate (PEM file) and its key (PEM file) for servers that
+    /// require one.
+    pub tls_client: Option<(PathBuf, PathBuf)>,
     /// `REDIS_TIMEOUT` (default 10 s): how long one decision may wait for
     /// Redis before it fails (`UNAVAILABLE`).
     pub timeout: Duration,
@@ -981,18 +985,25 @@ fn backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend, Setti
     };
 
     let tls = env.boolean("REDIS_TLS", false)?;
-    if env.get("REDIS_TLS_CLIENT_CERT").is_some() {
-        return Err(unsupported(
-            "REDIS_TLS_CLIENT_CERT",
-            "client certificates to Redis are not supported here",
-        ));
-    }
-    if env.get("REDIS_TLS_CLIENT_KEY").is_some() {
-        return Err(unsupported(
-            "REDIS_TLS_CLIENT_KEY",
-            "client certificates to Redis are not supported here",
-        ));
-    }
+    let tls_client = match (
+        env.get("REDIS_TLS_CLIENT_CERT"),
+        env.get("REDIS_TLS_CLIENT_KEY"),
+    ) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+        (Some(_), None) => {
+            return Err(unsupported(
+                "REDIS_TLS_CLIENT_KEY",
+                "REDIS_TLS_CLIENT_CERT is set but not the key that goes with it",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(unsupported(
+                "REDIS_TLS_CLIENT_CERT",
+                "REDIS_TLS_CLIENT_KEY is set but not the certificate that goes with it",
+            ))
+        }
+    };
     if env.boolean("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)? {
         return Err(unsupported(
             "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
@@ -1062,6 +1073,7 @@ fn backend<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Backend, Setti
         target,
         pool_size,
         tls_ca,
+        tls_client,
         timeout: env.duration("REDIS_TIMEOUT", Duration::from_secs(10))?,
         startup_initial_interval: env
             .duration("REDIS_STARTUP_INITIAL_INTERVAL", Duration::from_secs(1))?,
@@ -1206,6 +1218,10 @@ mod tests {
                 "REDIS_TIMEOUT",
             ),
             (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE"),
+            (
+                &[("REDIS_URL", "h:1"), ("REDIS_TLS_CLIENT_CERT", "c.pem")][..],
+                "REDIS_TLS_CLIENT_KEY",
+            ),
             (&[("BACKEND_TYPE", "redis")][..], "REDIS_URL"),
             (
                 &[("GRPC_SERVER_USE_TLS", "true")][..],

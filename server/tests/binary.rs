@@ -614,13 +614,18 @@ async fn a_setting_without_effect_is_said_once() {
         .collect();
     assert_eq!(said.len(), 1, "{log:#?}");
     assert!(said[0].contains("has no effect here"), "{}", said[0]);
-    // LOG_FORMAT=json: every line is a JSON object
+    // LOG_FORMAT=json: every line is a JSON object shaped as logrus's
     for line in &log {
-        assert!(
-            serde_json::from_str::<serde_json::Value>(line).is_ok_and(|v| v.is_object()),
-            "not JSON: {line}"
-        );
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        assert!(v["@timestamp"].is_string(), "{line}");
+        assert!(v["@message"].is_string(), "{line}");
+        assert!(v["level"].is_string(), "{line}");
     }
+    let said: serde_json::Value = serde_json::from_str(said[0]).expect("a JSON line");
+    assert_eq!(said["level"], "warning");
+    assert!(said["@message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("REDIS_PIPELINE_WINDOW has no effect here")));
 }
 
 /// A CA and a certificate for `localhost` signed by it (PEM), made by the
@@ -828,7 +833,6 @@ async fn redis_auth_as_envoyproxy_reads_it() {
         let mut env = base_env(&runtime);
         env.push(("REDIS_URL".into(), format!("127.0.0.1:{}", redis.port)));
         env.push(("REDIS_AUTH".into(), auth.into()));
-        env.push(("REDIS_TIMEOUT".into(), "500ms".into()));
         let server = Server::start(&env);
         let mut client = server.client().await;
         let answer = client
@@ -872,6 +876,55 @@ async fn redis_over_tls_trusting_a_ca() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_with_a_client_certificate() {
+    let files = tempfile::tempdir().expect("a temporary directory");
+    // one certificate the CA signed serves the server and the client
+    let (ca, cert, key) = certificates_for(&["127.0.0.1", "localhost"]);
+    let path = |name: &str| files.path().join(name).display().to_string();
+    std::fs::write(path("ca.pem"), &ca).expect("write the CA");
+    std::fs::write(path("cert.pem"), &cert).expect("write the certificate");
+    std::fs::write(path("key.pem"), &key).expect("write the key");
+    let redis = TestRedis::start_with(
+        &format!(
+            "--tls-port P --tls-cert-file '{}' --tls-key-file '{}' --tls-ca-cert-file '{}' \
+             --tls-auth-clients yes",
+            path("cert.pem"),
+            path("key.pem"),
+            path("ca.pem")
+        ),
+        &[
+            "--tls",
+            "--cacert",
+            &path("ca.pem"),
+            "--cert",
+            &path("cert.pem"),
+            "--key",
+            &path("key.pem"),
+        ],
+    );
+    let runtime = Runtime::new(CONFIG);
+    let mut env = base_env(&runtime);
+    env.push(("REDIS_URL".into(), format!("127.0.0.1:{}", redis.port)));
+    env.push(("REDIS_TLS".into(), "true".into()));
+    env.push(("REDIS_TLS_CACERT".into(), path("ca.pem")));
+    {
+        // without a client certificate, Redis refuses the connection
+        let server = Server::start(&env);
+        let mut client = server.client().await;
+        let refused = client
+            .should_rate_limit(request("rl-test", "user", "anonymous"))
+            .await
+            .expect_err("no client certificate, no store");
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    }
+    env.push(("REDIS_TLS_CLIENT_CERT".into(), path("cert.pem")));
+    env.push(("REDIS_TLS_CLIENT_KEY".into(), path("key.pem")));
+    let server = Server::start(&env);
+    let mut client = server.client().await;
+    assert_eq!(oks_before_over_limit(&mut client, "mtls", 5).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_grpc_on_a_unix_socket() {
     let runtime = Runtime::new(CONFIG);
     let socket_dir = tempfile::tempdir().expect("a temporary directory");
@@ -893,6 +946,19 @@ async fn serves_grpc_on_a_unix_socket() {
         .expect("a connection over the socket");
     let mut client = RateLimitServiceClient::new(channel);
     assert_eq!(oks_before_over_limit(&mut client, "uds", 5).await, 2);
+
+    // a file that is not a socket is left alone: the start stops instead
+    let file = socket_dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep me").expect("write a file");
+    let mut env = base_env(&runtime);
+    env.push(("GRPC_UDS".into(), file.display().to_string()));
+    let out = command(&env).output().expect("run the binary");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GRPC_UDS"));
+    assert_eq!(
+        std::fs::read_to_string(&file).ok().as_deref(),
+        Some("keep me")
+    );
 }
 
 /// Polls `f` (blocking) until it is true, at most [`PATIENCE`].
@@ -1003,4 +1069,102 @@ async fn serves_on_the_master_a_sentinel_names() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     assert!(keys > 0, "no key on the master");
+}
+
+#[test]
+fn gives_up_on_redis_after_the_startup_time() {
+    let runtime = Runtime::new(CONFIG);
+    let mut env = base_env(&runtime);
+    env.push(("REDIS_URL".into(), format!("127.0.0.1:{}", free_port())));
+    env.push(("REDIS_TIMEOUT".into(), "100ms".into()));
+    env.push(("REDIS_STARTUP_INITIAL_INTERVAL".into(), "50ms".into()));
+    env.push(("REDIS_STARTUP_MAX_ELAPSED_TIME".into(), "2s".into()));
+    let mut server = Server::start(&env);
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still waiting for Redis");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "{status}");
+    assert!(
+        server
+            .log()
+            .iter()
+            .any(|l| l.contains("timed out waiting for Redis")),
+        "{:#?}",
+        server.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_needs_a_client_certificate() {
+    use rcgen::{CertificateParams, DnType, Issuer, KeyPair};
+    let runtime = Runtime::new(CONFIG);
+    let (ca, cert, key) = certificates();
+    // a client CA and a client certificate it signs
+    let mut client_ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    client_ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    client_ca
+        .distinguished_name
+        .push(DnType::CommonName, "client CA");
+    let client_ca_key = KeyPair::generate().expect("client CA key");
+    let client_ca_cert = client_ca.self_signed(&client_ca_key).expect("client CA");
+    let issuer = Issuer::new(client_ca, client_ca_key);
+    let client_key = KeyPair::generate().expect("client key");
+    let mut client_params =
+        CertificateParams::new(vec!["envoy".to_owned()]).expect("client parameters");
+    client_params
+        .distinguished_name
+        .push(DnType::CommonName, "envoy");
+    let client_cert = client_params
+        .signed_by(&client_key, &issuer)
+        .expect("client certificate");
+
+    let files = tempfile::tempdir().expect("a temporary directory");
+    let path = |name: &str| files.path().join(name).display().to_string();
+    std::fs::write(path("cert.pem"), cert).expect("write");
+    std::fs::write(path("key.pem"), key).expect("write");
+    std::fs::write(path("client-ca.pem"), client_ca_cert.pem()).expect("write");
+    let mut env = base_env(&runtime);
+    env.push(("GRPC_SERVER_USE_TLS".into(), "true".into()));
+    env.push(("GRPC_SERVER_TLS_CERT".into(), path("cert.pem")));
+    env.push(("GRPC_SERVER_TLS_KEY".into(), path("key.pem")));
+    env.push(("GRPC_CLIENT_TLS_CACERT".into(), path("client-ca.pem")));
+    let server = Server::start(&env);
+
+    let call = |identity: Option<tonic::transport::Identity>| {
+        let mut tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
+            .domain_name("localhost");
+        if let Some(identity) = identity {
+            tls = tls.identity(identity);
+        }
+        let url = format!("https://{}", server.grpc);
+        async move {
+            let channel = tonic::transport::Endpoint::new(url)
+                .ok()?
+                .tls_config(tls)
+                .ok()?
+                .connect()
+                .await
+                .ok()?;
+            RateLimitServiceClient::new(channel)
+                .should_rate_limit(request("rl-test", "user", "mtls"))
+                .await
+                .ok()
+        }
+    };
+    assert!(
+        call(None).await.is_none(),
+        "no client certificate, no answer"
+    );
+    let identity =
+        tonic::transport::Identity::from_pem(client_cert.pem(), client_key.serialize_pem());
+    assert!(
+        call(Some(identity)).await.is_some(),
+        "a certificate of the client CA is answered"
+    );
 }

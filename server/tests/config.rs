@@ -40,11 +40,18 @@
 //!   checked, which is what those assertions establish.
 //!
 //! Also: test/integration/runtime/current/ratelimit/{config/*.yaml,reload.yaml}
-//! load (rewritten under tests/config/integration/), and what this server
-//! adds: duplicate YAML keys refused, typed errors, the dump, the crate
-//! limits of every rule, the extension's cases, and the runtime folder
-//! followed live (a symlink swap, a plain rewrite with
-//! RUNTIME_WATCH_ROOT=false, a bad file keeping the old configuration).
+//! load (rewritten under tests/config/integration/); config_impl.go's
+//! share_threshold-without-wildcard check; yaml.v2's typed errors (and
+//! that the whole file's types are read before the checks, as Go decodes
+//! it whole first); what this server adds: duplicate YAML keys refused,
+//! nesting bounded, the dump, every rule's crate limit (its windows reset
+//! where envoyproxy's reset, second to year, decided on the memory store;
+//! names distinct), the extension's cases and errors; and the runtime
+//! folder read as goruntime names its files and followed live: a
+//! ConfigMap's `..data` swap and a `RUNTIME_ROOT` symlink swap with
+//! RUNTIME_WATCH_ROOT=true, plain rewrites, new and removed files and a
+//! folder made again with RUNTIME_WATCH_ROOT=false, a bad set keeping the
+//! configuration in force (and counted), each seen within a bounded wait.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

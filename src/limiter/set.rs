@@ -3,6 +3,7 @@
 //! own ([`SetMode`]): what a rate limit service decides for the
 //! descriptors of one request.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -19,9 +20,11 @@ use crate::{Error, Limit};
 #[derive(Debug, Clone, Copy)]
 pub struct SetItem<'a> {
     /// The limit. Any limit: the limiter's own limits take no part in a
-    /// set, and a set's limits need not be registered anywhere (a limit
-    /// made for one request, such as a client's override, costs nothing
-    /// past the call).
+    /// set, and a set's limits are registered nowhere. (A limit's name is
+    /// kept for the process's life, as every limit's: limits made for one
+    /// request, such as a client's override, should share one name; the
+    /// stores keep their state by name and key, and the Lua library's
+    /// cache of parsed limits is bounded.)
     pub limit: &'a Limit,
     /// The key (not empty).
     pub key: &'a [u8],
@@ -93,6 +96,10 @@ impl Limiter {
     /// Decides a set of items, each a limit, a key and a cost, in one store
     /// call (one `FCALL` on Redis; on Redis Cluster one per hash slot the
     /// keys fall in, in parallel), at one clock, counted as `mode` says.
+    /// (On Redis Cluster, [`SetMode::EachSparing`] and a set of
+    /// [`SetMode::AllOrNothing`] with a refund or a check of 0 look at the
+    /// items of one slot at a time: an item over spares, or refuses, only
+    /// the items of its slot. [`SetMode::EachCounted`] is exact.)
     /// The decision has one status per item, in order: its limit, what is
     /// left after the counting ([`LimitStatus::remaining`]), when its limit
     /// is whole again ([`LimitStatus::reset_after`]) and whether it is over
@@ -114,6 +121,9 @@ impl Limiter {
     /// items (as [`check`](Limiter::check), with a key and cost per limit),
     /// which the cache of denials may answer.
     ///
+    /// Items of one limit (by name) and key are one counter: their costs
+    /// (a refund's negative) are summed and decided once, with the first
+    /// one's limit, and each of them answered with the counter's status.
     /// An item with an empty key is refused ([`Error::EmptyKey`]); an empty
     /// set is allowed at once.
     ///
@@ -151,30 +161,55 @@ impl Limiter {
         if items.iter().any(|item| item.key.is_empty()) {
             return Err(Error::EmptyKey);
         }
-        let checks: SmallVec<[Check<'_>; 2]> = items
-            .iter()
-            .map(|item| {
-                let cost = Self::cost(item.cost);
-                Check {
-                    limit: item.limit,
-                    key: item.key,
-                    cost: if item.refund { -cost } else { cost },
-                }
-            })
-            .collect();
-        let plain = |c: &Check<'_>| !c.limit.is_shadow() && !c.limit.is_concurrency();
-        if mode == SetMode::AllOrNothing && checks.iter().all(|c| c.cost > 0 && plain(c)) {
-            return self.decided(&checks, Ask::NOW).await;
+        // one check per counter (limit name and key): the items of one
+        // counter summed, each answered with its counter's status
+        let mut checks: SmallVec<[Check<'_>; 2]> = SmallVec::new();
+        let mut of_item: SmallVec<[usize; 2]> = SmallVec::with_capacity(items.len());
+        let mut counters: HashMap<(&str, &[u8]), usize> = HashMap::new();
+        for item in items {
+            let cost = Self::cost(item.cost);
+            let cost = if item.refund { -cost } else { cost };
+            let at = *counters
+                .entry((item.limit.name(), item.key))
+                .or_insert_with(|| {
+                    checks.push(Check {
+                        limit: item.limit,
+                        key: item.key,
+                        cost: 0,
+                    });
+                    checks.len() - 1
+                });
+            if let Some(check) = checks.get_mut(at) {
+                check.cost = check.cost.saturating_add(cost);
+            }
+            of_item.push(at);
         }
-        let store = &self.inner.store;
-        let timer = StoreTimer::start();
-        let reply = store
-            .engine()
-            .each(&checks, mode.code(), self.deadline())
-            .get()
-            .await;
-        self.called(timer, "decide_set", reply.is_err());
-        Self::decision_of_set(&checks, reply?)
+        let plain = |c: &Check<'_>| !c.limit.is_shadow() && !c.limit.is_concurrency();
+        let decision =
+            if mode == SetMode::AllOrNothing && checks.iter().all(|c| c.cost > 0 && plain(c)) {
+                self.decided(&checks, Ask::NOW).await?
+            } else {
+                let store = &self.inner.store;
+                let timer = StoreTimer::start();
+                let reply = store
+                    .engine()
+                    .each(&checks, mode.code(), self.deadline())
+                    .get()
+                    .await;
+                self.called(timer, "decide_set", reply.is_err());
+                Self::decision_of_set(&checks, reply?)?
+            };
+        if checks.len() == items.len() {
+            return Ok(decision);
+        }
+        // back to one status per item
+        let mut per_item = decision.clone();
+        per_item.statuses = of_item
+            .iter()
+            .filter_map(|&at| decision.statuses.get(at).cloned())
+            .collect();
+        per_item.bind();
+        Ok(per_item)
     }
 
     /// The decision of a set's `reply` (see `each` in `lua/limits.lua`):
