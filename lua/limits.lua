@@ -250,7 +250,12 @@ local function each(keys, args, opts)
     if l.t < 0 then kind, t = LIMIT_NEVER, 0 end
     reply[4 * i - 1], reply[4 * i], reply[4 * i + 1], reply[4 * i + 2] = kind, t, remaining, reset
   end
-  local packed = struct.pack('<' .. string.rep('d', 2 + 4 * n), unpack(reply))
+  local format = formats[n]
+  if not format then
+    format = '<' .. string.rep('d', 2 + 4 * n)
+    formats[n] = format
+  end
+  local packed = struct.pack(format, unpack(reply))
   if notes ~= '' then packed = packed .. notes end
   return packed
 end

@@ -114,8 +114,17 @@ fn config(files: &[&str]) -> Arc<RateLimitConfig> {
     Arc::new(RateLimitConfig::from_files(&files, false).expect("a valid configuration"))
 }
 
+/// Store calls in these tests may take this long: a loaded machine must not
+/// turn a slow answer (the first call loads the Lua library) into an
+/// `UNAVAILABLE`. (The store's timeout has tests in the crate.)
+const PATIENT: Duration = Duration::from_secs(10);
+
 /// The service over the memory store, and over a Redis of its own.
 fn services(files: &[&str], options: Options) -> Vec<Under> {
+    let options = Options {
+        store_timeout: PATIENT,
+        ..options
+    };
     let config = config(files);
     let mut all = Vec::new();
     for store in ["memory", "redis"] {
@@ -396,6 +405,7 @@ async fn a_cache_key_prefix_keeps_counters_apart() {
         let (_tx, rx) = watch::channel(Arc::clone(&config));
         let options = Options {
             cache_key_prefix: prefix.into(),
+            store_timeout: PATIENT,
             ..Options::default()
         };
         services
@@ -570,7 +580,7 @@ async fn a_failed_store_answers_unavailable() {
     let stats = Arc::new(Counts::default());
     let (_tx, rx) = watch::channel(config(&[BASIC]));
     let options = Options {
-        store_timeout: Duration::from_millis(300),
+        store_timeout: Duration::from_secs(2),
         ..Options::default()
     };
     let service = Service::new(store, rx, options, stats.clone()).expect("service");
@@ -1024,6 +1034,11 @@ descriptors:
       tower_ratelimit:
         algorithm: token_bucket
         burst: 3
+  - key: watched
+    shadow_mode: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
 ";
 
 #[tokio::test]
@@ -1065,6 +1080,34 @@ async fn crate_mode_decides_all_or_nothing() {
             codes.push(ask(&under, bucket()).await.overall_code);
         }
         assert_eq!(codes, [OK, OK, OK, OVER], "{}", under.store);
+        // a rule in shadow mode over refuses nothing, and takes its hits
+        // whatever the others say
+        let w = unique();
+        let watched = || {
+            request(
+                "tower",
+                vec![descriptor(&[("watched", &w)]), descriptor(&[("path", &w)])],
+                1,
+            )
+        };
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let r = ask(&under, watched()).await;
+            seen.push((
+                r.overall_code,
+                r.statuses.iter().map(brief).collect::<Vec<_>>(),
+            ));
+        }
+        assert_eq!(
+            seen,
+            [
+                (OK, vec![(OK, 1, MINUTE, 0), (OK, 10, MINUTE, 9)]),
+                (OK, vec![(OK, 1, MINUTE, 0), (OK, 10, MINUTE, 8)]),
+            ],
+            "{}",
+            under.store
+        );
+        assert_eq!(under.stats.get("tower.watched", Counter::ShadowMode), 1);
     }
 }
 

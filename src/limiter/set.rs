@@ -96,10 +96,10 @@ impl Limiter {
     /// Decides a set of items, each a limit, a key and a cost, in one store
     /// call (one `FCALL` on Redis; on Redis Cluster one per hash slot the
     /// keys fall in, in parallel), at one clock, counted as `mode` says.
-    /// (On Redis Cluster, [`SetMode::EachSparing`] and a set of
-    /// [`SetMode::AllOrNothing`] with a refund or a check of 0 look at the
-    /// items of one slot at a time: an item over spares, or refuses, only
-    /// the items of its slot. [`SetMode::EachCounted`] is exact.)
+    /// (On Redis Cluster, with [`SetMode::EachSparing`] and
+    /// [`SetMode::AllOrNothing`], the slots where no item was over give
+    /// back what they counted when an item is over in another slot, as the
+    /// crate's decisions across slots do: not atomically with the calls.)
     /// The decision has one status per item, in order: its limit, what is
     /// left after the counting ([`LimitStatus::remaining`]), when its limit
     /// is whole again ([`LimitStatus::reset_after`]) and whether it is over

@@ -95,17 +95,58 @@ impl<'a> Split<'a> {
     /// Decides across slots: each slot's checks in parallel, what they
     /// granted given back when one refused (see the module docs).
     /// A set over several slots: each slot's checks decided by `mode` in a
-    /// call of their own, in parallel, the replies merged. Exact for
-    /// [`EachMode::Counted`] (each check counts on its own); the other
-    /// modes look at the checks of one slot only (a check over in one
-    /// slot spares, or refuses, only the checks of its slot).
+    /// call of their own, in parallel, the replies merged. Each check of
+    /// [`EachMode::Counted`] counts on its own. With the other modes, when
+    /// a check is over in one slot, the slots where none was (which counted
+    /// all of their checks' costs) give them back, as the crate's own
+    /// decisions across slots do: not atomic with the calls (a request in
+    /// between may be refused by what is given back a moment later). A
+    /// refund among the checks stays applied, as on one slot.
     pub(super) async fn each_set(
         &self,
         mode: EachMode,
         deadline: Deadline,
     ) -> Result<Reply, Error> {
         let store = self.store;
-        let replies = self.each(|checks| store.each(checks, mode, deadline)).await;
+        let mut replies = self.each(|checks| store.each(checks, mode, deadline)).await;
+        let over_somewhere = replies.iter().any(|r| match r {
+            Ok(reply) => !reply.granted(),
+            Err(_) => false,
+        });
+        if over_somewhere && mode != EachMode::Counted {
+            for ((_, checks), reply) in self.groups.iter().zip(replies.iter_mut()) {
+                let Ok(reply) = reply else { continue };
+                if !reply.granted() {
+                    continue;
+                }
+                let taken: SmallVec<[Check<'a>; 2]> =
+                    checks.iter().filter(|c| c.cost > 0).copied().collect();
+                if taken.is_empty() {
+                    continue;
+                }
+                let refund = Settle::Refund { at: reply.at() };
+                match store.settle(&taken, refund, deadline).get().await {
+                    Ok(_) => {
+                        for (j, check) in checks.iter().enumerate() {
+                            if check.cost <= 0 {
+                                continue;
+                            }
+                            let capacity =
+                                reply.stored(j).unwrap_or(check.limit.params()).capacity();
+                            if let Some(status) = reply.limits.get_mut(j) {
+                                status.give_back(check.cost, capacity);
+                            }
+                        }
+                    }
+                    Err(error) => tracing::warn!(
+                        target: "tower_ratelimit::redis",
+                        %error,
+                        "could not give back the costs of a set refused in another slot: \
+                         its limits count them until their windows pass"
+                    ),
+                }
+            }
+        }
         let allows = Status::Allows {
             wait: 0,
             remaining: 0,
