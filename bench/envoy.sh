@@ -160,7 +160,7 @@ start_server() { # name descriptors redis_port -> SERVER_PID, GRPC
 RESULTS="$OUT/results.tsv"
 printf 'server\tdescriptors\tdecisions/s\tserver µs CPU/decision\tdecisions per server CPU s\tRedis µs CPU/decision\tRedis commands/decision\tp50 µs\tp99 µs\n' >"$RESULTS"
 FIXED="$OUT/fixed-rate.tsv"
-printf 'server\trate\tdecisions/s\tp50 µs\tp99 µs\tserver µs CPU/decision\n' >"$FIXED"
+printf 'server\trate\tdecisions/s\tp50 µs\tp99 µs\tserver µs CPU/decision\tsender late p99/max µs\n' >"$FIXED"
 
 for server in $SERVERS; do
   for d in $DESCRIPTORS; do
@@ -196,9 +196,9 @@ for server in $SERVERS; do
       s1=$(cpu_of "$SERVER_PID")
       log "$server fixed: $line"
       n=$(field requests "$line")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$server" "$RATE" "$(field decisions_per_s "$line")" \
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$server" "$RATE" "$(field decisions_per_s "$line")" \
         "$(field p50_us "$line")" "$(field p99_us "$line")" \
-        "$(div "($s1-$s0)*1e6" "$n")" >>"$FIXED"
+        "$(div "($s1-$s0)*1e6" "$n")" "$(field late_p99_us "$line")/$(field late_max_us "$line")" >>"$FIXED"
     fi
     kill "$SERVER_PID" "$redis_pid" 2>/dev/null || true
     wait "$SERVER_PID" "$redis_pid" 2>/dev/null || true
@@ -207,5 +207,5 @@ done
 
 echo "== closed loop: $INFLIGHT in flight, one HTTP/2 connection, ${DURATION}s; server on core $CPU_SERVER, client on $CPU_CLIENT, Redis on $CPU_REDIS"
 column -t -s $'\t' "$RESULTS"
-echo "== fixed rate (open loop, latency from when each request was due)"
+echo "== fixed rate (open loop, latency from each request's dispatch, a wait for a slot included)"
 column -t -s $'\t' "$FIXED"

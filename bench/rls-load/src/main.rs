@@ -5,8 +5,11 @@
 //! - closed loop (default): `--inflight N` requests always in flight, each
 //!   sent as soon as the one before it on its slot is answered;
 //! - open loop (`--rate R`): a request every 1/R seconds whatever the
-//!   answers, its latency counted from when it was due (so a slow server
-//!   cannot hide its queue), at most `--inflight` outstanding at once.
+//!   answers, at most `--inflight` outstanding at once. Its latency is
+//!   counted from when the sender dispatched it, the wait for a free slot
+//!   included (so a slow server cannot hide its queue); how late the sender
+//!   itself dispatched against the schedule (tokio's timer ticks in
+//!   milliseconds) is reported apart, as `late_p99_us` and `late_max_us`.
 //!
 //! Each request carries `--descriptors D` descriptors, the i-th with one entry
 //! `d<i> = v<n mod values>`, so `--values` keys per descriptor are hit in turn.
@@ -135,6 +138,9 @@ struct Tally {
     other: u64,
     errors: u64,
     first_error: Option<String>,
+    /// Open loop: how late the sender dispatched (p99 and most), in µs.
+    late_p99_us: u32,
+    late_max_us: u32,
 }
 
 impl Tally {
@@ -166,7 +172,8 @@ fn request(args: &Args, n: u64) -> RateLimitRequest {
     }
 }
 
-/// One call; its outcome goes into `tally`, its latency counted from `due`.
+/// One call; its outcome goes into `tally`, its latency counted from `due`
+/// (when it was sent, or dispatched to wait for a slot).
 async fn call(
     client: &mut tonic::client::Grpc<Channel>,
     message: RateLimitRequest,
@@ -227,6 +234,7 @@ async fn run(args: Arc<Args>) -> Result<(Tally, Duration), String> {
     let start = Instant::now();
     let end = start + args.duration;
     let mut tally = Tally::default();
+    let mut late_us = Vec::new();
     match args.rate {
         None => {
             let mut slots = Vec::with_capacity(args.inflight);
@@ -259,15 +267,22 @@ async fn run(args: Arc<Args>) -> Result<(Tally, Duration), String> {
                     break;
                 }
                 tokio::time::sleep_until(due.into()).await;
+                let dispatched = Instant::now();
+                late_us.push(
+                    dispatched
+                        .duration_since(due)
+                        .as_micros()
+                        .min(u32::MAX as u128) as u32,
+                );
                 let mut client = client.clone();
                 let message = request(&args, n);
                 let permits = Arc::clone(&permits);
                 let sender = sender.clone();
                 tokio::spawn(async move {
                     let mut one = Tally::default();
-                    // The wait for a permit counts in the latency (from `due`).
+                    // The wait for a permit counts in the latency.
                     if let Ok(_permit) = permits.acquire().await {
-                        call(&mut client, message, due, &mut one).await;
+                        call(&mut client, message, dispatched, &mut one).await;
                     }
                     let _ = sender.send(one);
                 });
@@ -279,6 +294,9 @@ async fn run(args: Arc<Args>) -> Result<(Tally, Duration), String> {
             }
         }
     }
+    late_us.sort_unstable();
+    tally.late_p99_us = percentile(&late_us, 99.0);
+    tally.late_max_us = late_us.last().copied().unwrap_or(0);
     Ok((tally, start.elapsed()))
 }
 
@@ -313,7 +331,8 @@ fn main() -> ExitCode {
     let secs = elapsed.as_secs_f64();
     println!(
         "requests={requests} ok={} over_limit={} other={} errors={} secs={secs:.3} \
-         decisions_per_s={:.0} descriptors_per_s={:.0} p50_us={} p99_us={} max_us={}",
+         decisions_per_s={:.0} descriptors_per_s={:.0} p50_us={} p99_us={} max_us={} \
+         late_p99_us={} late_max_us={}",
         tally.ok,
         tally.over,
         tally.other,
@@ -323,6 +342,8 @@ fn main() -> ExitCode {
         percentile(&tally.latencies_us, 50.0),
         percentile(&tally.latencies_us, 99.0),
         tally.latencies_us.last().copied().unwrap_or(0),
+        tally.late_p99_us,
+        tally.late_max_us,
     );
     if let Some(error) = tally.first_error {
         eprintln!("first error: {error}");
