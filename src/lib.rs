@@ -103,7 +103,7 @@
 //! | 4 | `metrics` | the counters and gauges, read off a limit's status |
 //! | 3 | `algorithm`, `decision` | the in-process mirror of `lua/`; what a check returns |
 //! | 2 | `quota`, `fields`, `penalty`, `hot` | what a quota is; the rate-limit header fields a decision and the layer write; penalties; hot keys |
-//! | 1 | `calendar`, `clock`, `error`, `grpc`, `sync`, `text` | shared below everything: calendar periods, time, errors, gRPC statuses, the lock, text on the stack |
+//! | 1 | `calendar`, `clock`, `error`, `grpc`, `read`, `sync`, `text` | shared below everything: calendar periods, time, errors, gRPC statuses, the JSON and event-stream readers, the lock, text on the stack |
 //!
 //! # Features
 //!

@@ -40,6 +40,15 @@ pub(crate) fn of_f64(value: f64) -> Option<u64> {
     (value.fract() == 0.0 && (0.0..=MAX_COST as f64).contains(&value)).then_some(value as u64)
 }
 
+/// The cost a JSON number of a body is (see `crate::read`), if it is one.
+pub(crate) fn of_json(number: crate::read::Number) -> Option<u64> {
+    match number {
+        crate::read::Number::U64(value) => of_u64(value),
+        crate::read::Number::I64(value) => of_i64(value),
+        crate::read::Number::F64(value) => of_f64(value),
+    }
+}
+
 /// A JSON number read as a cost.
 pub(crate) fn of_number(number: &serde_json::Number) -> Option<u64> {
     if let Some(value) = number.as_u64() {

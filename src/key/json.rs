@@ -149,7 +149,9 @@ pub(crate) fn json_cost(parts: &Parts, path: &JsonPath, warned: &AtomicBool) -> 
     };
     match crate::read::find(body, path) {
         Some(None) => Told::Absent,
-        Some(Some(Value::Number(Some(cost)))) => Told::Cost(cost),
+        Some(Some(Value::Number(number))) => {
+            super::cost::of_json(number).map_or(Told::Unreadable, Told::Cost)
+        }
         _ => Told::Unreadable,
     }
 }

@@ -303,7 +303,7 @@ impl Events {
 fn cost_at(json: &[u8], path: &JsonPath) -> Option<Option<u64>> {
     match crate::read::find(json, path)?? {
         Value::Null => None,
-        Value::Number(cost) => Some(cost),
+        Value::Number(number) => Some(crate::key::cost::of_json(number)),
         Value::String(_) | Value::Other => Some(None),
     }
 }

@@ -57,14 +57,25 @@ impl JsonPath {
     }
 }
 
+/// A JSON number: a whole number that fits `u64` or `i64`, else a float.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Number {
+    /// A non-negative whole number.
+    U64(u64),
+    /// A negative whole number.
+    I64(i64),
+    /// Any other number.
+    F64(f64),
+}
+
 /// The value found at the end of a path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Value {
     /// `null`.
     Null,
-    /// A number: the cost it is in the crate's one grammar (see
-    /// `key/cost.rs`), or `None` when it is no cost.
-    Number(Option<u64>),
+    /// A number, as the JSON text wrote it (read as a cost by
+    /// `key/cost.rs`'s one grammar).
+    Number(Number),
     /// A string.
     String(String),
     /// `true`, `false`, an object or an array.
@@ -159,17 +170,16 @@ impl<'de> Visitor<'de> for Leaf {
         f.write_str("any JSON value")
     }
 
-    // (the one grammar of a cost: `key/cost.rs`)
     fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
-        Ok(Value::Number(crate::key::cost::of_u64(value)))
+        Ok(Value::Number(Number::U64(value)))
     }
 
     fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
-        Ok(Value::Number(crate::key::cost::of_i64(value)))
+        Ok(Value::Number(Number::I64(value)))
     }
 
     fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
-        Ok(Value::Number(crate::key::cost::of_f64(value)))
+        Ok(Value::Number(Number::F64(value)))
     }
 
     fn visit_unit<E>(self) -> Result<Value, E> {
@@ -247,7 +257,7 @@ mod tests {
         let json = r#"{"model":"m","usage":{"total_tokens":12,"who":"ann","n":null},"x":[1]}"#;
         assert_eq!(
             at(json, "usage.total_tokens"),
-            Some(Some(Value::Number(Some(12))))
+            Some(Some(Value::Number(Number::U64(12))))
         );
         assert_eq!(
             at(json, "usage.who"),
@@ -259,10 +269,13 @@ mod tests {
         assert_eq!(at(json, "usage.none"), Some(None));
         assert_eq!(at(json, "model.deeper"), Some(None));
         assert_eq!(at(json, "x.0"), Some(None));
-        assert_eq!(at(r#"{"a":-1.5}"#, "a"), Some(Some(Value::Number(None))));
+        assert_eq!(
+            at(r#"{"a":-1.5}"#, "a"),
+            Some(Some(Value::Number(Number::F64(-1.5))))
+        );
         assert_eq!(
             at(r#"{"a":1e2}"#, "a"),
-            Some(Some(Value::Number(Some(100))))
+            Some(Some(Value::Number(Number::F64(100.0))))
         );
     }
 
@@ -275,7 +288,7 @@ mod tests {
         // a name given twice off the path is not read
         assert_eq!(
             at(r#"{"b":1,"b":2,"a":3}"#, "a"),
-            Some(Some(Value::Number(Some(3))))
+            Some(Some(Value::Number(Number::U64(3))))
         );
     }
 }

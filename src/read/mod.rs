@@ -8,4 +8,4 @@
 pub(crate) mod json;
 pub(crate) mod sse;
 
-pub(crate) use self::json::{find, JsonPath, Value};
+pub(crate) use self::json::{find, JsonPath, Number, Value};
