@@ -73,26 +73,7 @@ impl LimiterBuilder {
         if self.limits.is_empty() {
             return Err(ConfigError::NoLimits);
         }
-        for (i, limit) in self.limits.iter().enumerate() {
-            if self.limits[..i].iter().any(|l| l.name() == limit.name()) {
-                return Err(ConfigError::DuplicateName(limit.name().to_owned()));
-            }
-        }
-        register(&self.store, &self.limits);
-        let clock = local_clock(&self.store);
-        Ok(Limiter {
-            inner: Arc::new(Inner {
-                denials: clock
-                    .clone()
-                    .filter(|_| self.cache_denials)
-                    .map(DenyCache::new),
-                hot: hot_pools(&self.store),
-                store: self.store,
-                limits: self.limits,
-                timeout: self.timeout,
-                outage: Default::default(),
-            }),
-        })
+        self.build_for_sets()
     }
 }
 

@@ -291,6 +291,40 @@ impl Limiter {
         i64::try_from(cost.min(1 << 53)).unwrap_or(i64::MAX)
     }
 
+    /// The status of `check`, the `i`-th limit of `reply`, as `status`
+    /// says (its capacity and window a stored quota's when one decided).
+    pub(super) fn limit_status(
+        check: &Check<'_>,
+        reply: &Reply,
+        i: usize,
+        status: &algorithm::Status,
+        violated: bool,
+        shadow: bool,
+    ) -> LimitStatus {
+        let us = |us: i64| u64::try_from(us).unwrap_or(0);
+        let limit = check.limit;
+        let (capacity, window_us) = match reply.stored(i) {
+            Some(params) => (
+                u64::try_from(params.capacity()).unwrap_or(0),
+                params.policy_window_us(),
+            ),
+            None => (limit.capacity(), limit.policy_window_us()),
+        };
+        LimitStatus {
+            name: limit.shared_name(),
+            algorithm: limit.quota().algorithm(),
+            limit: capacity,
+            window_us,
+            remaining: us(status.remaining()),
+            wait_us: status.wait().map_or(u64::MAX, us),
+            reset_us: us(status.reset()),
+            violated: violated && !shadow,
+            shadow,
+            would_refuse: violated && shadow,
+            blocked: matches!(status, algorithm::Status::Blocked { .. }),
+        }
+    }
+
     #[inline(always)]
     pub(super) fn decision_of(
         checks: &[Check<'_>],
@@ -317,15 +351,6 @@ impl Limiter {
         };
         let mut decision = Decision::unbound(verdict, wait);
         for (i, (check, status)) in checks.iter().zip(&reply.limits).enumerate() {
-            let limit = check.limit;
-            // a stored quota, when one decided
-            let (capacity, window_us) = match reply.stored(i) {
-                Some(params) => (
-                    u64::try_from(params.capacity()).unwrap_or(0),
-                    params.policy_window_us(),
-                ),
-                None => (limit.capacity(), limit.policy_window_us()),
-            };
             let blocked = matches!(status, algorithm::Status::Blocked { .. });
             let wait = status.wait();
             // (a block refuses whatever the wait allowed: it is never
@@ -336,20 +361,9 @@ impl Limiter {
                 algorithm::VerdictCode::Granted => false,
             };
             // a limit in shadow mode never refuses
-            let shadow = limit.is_shadow();
-            decision.statuses.push(LimitStatus {
-                name: limit.shared_name(),
-                algorithm: limit.quota().algorithm(),
-                limit: capacity,
-                window_us,
-                remaining: us(status.remaining()),
-                wait_us: wait.map_or(u64::MAX, us),
-                reset_us: us(status.reset()),
-                violated: violated && !shadow,
-                shadow,
-                would_refuse: violated && shadow,
-                blocked,
-            });
+            let shadow = check.limit.is_shadow();
+            let status = Self::limit_status(check, &reply, i, status, violated, shadow);
+            decision.statuses.push(status);
         }
         decision.bind();
         if reply.granted() {

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use super::{Ask, Limiter};
 use crate::algorithm::{self, EachMode, Reply};
-use crate::decision::{Decision, LimitStatus, Verdict};
+use crate::decision::{Decision, Verdict};
 use crate::metrics::StoreTimer;
 use crate::store::Check;
 use crate::{Error, Limit};
@@ -232,29 +232,10 @@ impl Limiter {
         };
         let mut decision = Decision::unbound(verdict, 0);
         for (i, (check, status)) in checks.iter().zip(&reply.limits).enumerate() {
-            let limit = check.limit;
-            let (capacity, window_us) = match reply.stored(i) {
-                Some(params) => (
-                    u64::try_from(params.capacity()).unwrap_or(0),
-                    params.policy_window_us(),
-                ),
-                None => (limit.capacity(), limit.policy_window_us()),
-            };
-            let wait = status.wait();
-            let blocked = matches!(status, algorithm::Status::Blocked { .. });
-            decision.statuses.push(LimitStatus {
-                name: limit.shared_name(),
-                algorithm: limit.quota().algorithm(),
-                limit: capacity,
-                window_us,
-                remaining: us(status.remaining()),
-                wait_us: wait.map_or(u64::MAX, us),
-                reset_us: us(status.reset()),
-                violated: wait != Some(0),
-                shadow: false,
-                would_refuse: false,
-                blocked,
-            });
+            // (a set reports each item over or not: shadow mode is its caller's)
+            let violated = status.wait() != Some(0);
+            let status = Self::limit_status(check, &reply, i, status, violated, false);
+            decision.statuses.push(status);
         }
         decision.bind();
         decision.at = reply.at();
