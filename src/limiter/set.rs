@@ -101,9 +101,9 @@ impl Limiter {
     /// back what they counted when an item is over in another slot, as the
     /// crate's decisions across slots do: not atomically with the calls.)
     /// The decision has one status per item, in order: its limit, what is
-    /// left after the counting ([`LimitStatus::remaining`]), when its limit
-    /// is whole again ([`LimitStatus::reset_after`]) and whether it is over
-    /// ([`LimitStatus::is_violated`]); it is allowed when no item is over,
+    /// left after the counting ([`LimitStatus::remaining`](crate::LimitStatus::remaining)), when its limit
+    /// is whole again ([`LimitStatus::reset_after`](crate::LimitStatus::reset_after)) and whether it is over
+    /// ([`LimitStatus::is_violated`](crate::LimitStatus::is_violated)); it is allowed when no item is over,
     /// else denied with the longest wait among the items over
     /// ([`Verdict::CostExceedsCapacity`] when a cost exceeds a capacity).
     ///
