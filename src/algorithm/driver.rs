@@ -158,13 +158,7 @@ pub(crate) fn each(ops: &mut [Operand<'_>], now: i64, mode: EachMode) -> Reply {
             None => Status::Never { remaining, reset },
         });
     }
-    let (verdict, wait) = if never {
-        (VerdictCode::Never, -1)
-    } else if over {
-        (VerdictCode::Denied, wait)
-    } else {
-        (VerdictCode::Granted, 0)
-    };
+    let (verdict, wait) = VerdictCode::gathered(never, over, wait);
     Reply {
         verdict,
         wait,

@@ -108,6 +108,19 @@ impl VerdictCode {
             _ => None,
         }
     }
+
+    /// The verdict and wait of statuses gathered now: never when a cost
+    /// exceeds a capacity (wait -1), else denied for the longest `wait`
+    /// when one is `over`, else granted now (wait 0).
+    pub(crate) fn gathered(never: bool, over: bool, wait: i64) -> (Self, i64) {
+        if never {
+            (VerdictCode::Never, -1)
+        } else if over {
+            (VerdictCode::Denied, wait)
+        } else {
+            (VerdictCode::Granted, 0)
+        }
+    }
 }
 
 /// What a store answers for one decision, in the units of the scripts.

@@ -92,8 +92,6 @@ impl<'a> Split<'a> {
         Ok(settled)
     }
 
-    /// Decides across slots: each slot's checks in parallel, what they
-    /// granted given back when one refused (see the module docs).
     /// A set over several slots: each slot's checks decided by `mode` in a
     /// call of their own, in parallel, the replies merged. Each check of
     /// [`EachMode::Counted`] counts on its own. With the other modes, when
@@ -177,13 +175,7 @@ impl<'a> Split<'a> {
                 }
             }
         }
-        let (verdict, wait) = if never {
-            (VerdictCode::Never, -1)
-        } else if over {
-            (VerdictCode::Denied, wait)
-        } else {
-            (VerdictCode::Granted, 0)
-        };
+        let (verdict, wait) = VerdictCode::gathered(never, over, wait);
         Ok(Reply {
             verdict,
             wait,
@@ -193,6 +185,8 @@ impl<'a> Split<'a> {
         })
     }
 
+    /// Decides across slots: each slot's checks in parallel, what they
+    /// granted given back when one refused (see the module docs).
     pub(super) async fn decide(&self, dry: bool, deadline: Deadline) -> Result<Reply, Error> {
         let store = self.store;
         let replies = self
@@ -256,13 +250,7 @@ impl<'a> Split<'a> {
         for reply in replies {
             reply?;
         }
-        let (verdict, wait) = if never {
-            (VerdictCode::Never, -1)
-        } else if wait > 0 {
-            (VerdictCode::Denied, wait)
-        } else {
-            (VerdictCode::Granted, 0)
-        };
+        let (verdict, wait) = VerdictCode::gathered(never, wait > 0, wait);
         Ok(Reply {
             verdict,
             wait,
